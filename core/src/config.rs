@@ -1,0 +1,352 @@
+//! Every setting of the library, declared once with its default and its
+//! meaning (UCC's way), resolved once per communicator and passed down.
+//!
+//! Precedence, highest first: the API (a communicator's config), the
+//! environment (`NCCL_<KEY>`), the configuration file (`NCCL_CONF_FILE`, else
+//! `~/.nccl.conf`, then `/etc/nccl.conf`, in NCCL's `KEY=VALUE` form), the
+//! default. `oxccl info` prints [`Config::entries`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Where a resolved value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Api,
+    Env,
+    File(PathBuf),
+    Default,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Api => write!(f, "api"),
+            Source::Env => write!(f, "env"),
+            Source::File(p) => write!(f, "file {}", p.display()),
+            Source::Default => write!(f, "default"),
+        }
+    }
+}
+
+/// A value type a parameter can have.
+pub trait ParamValue: Sized {
+    fn parse(s: &str) -> std::result::Result<Self, String>;
+}
+
+impl ParamValue for String {
+    fn parse(s: &str) -> std::result::Result<Self, String> {
+        Ok(s.to_string())
+    }
+}
+
+impl ParamValue for Option<String> {
+    fn parse(s: &str) -> std::result::Result<Self, String> {
+        Ok((!s.is_empty()).then(|| s.to_string()))
+    }
+}
+
+impl ParamValue for u64 {
+    fn parse(s: &str) -> std::result::Result<Self, String> {
+        parse_size(s).ok_or_else(|| {
+            format!("expected a non-negative integer (K/M/G suffixes allowed), got {s:?}")
+        })
+    }
+}
+
+impl ParamValue for usize {
+    fn parse(s: &str) -> std::result::Result<Self, String> {
+        u64::parse(s).map(|v| v as usize)
+    }
+}
+
+impl ParamValue for f64 {
+    fn parse(s: &str) -> std::result::Result<Self, String> {
+        s.trim()
+            .parse()
+            .map_err(|_| format!("expected a number, got {s:?}"))
+    }
+}
+
+impl ParamValue for bool {
+    fn parse(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" | "" => Ok(false),
+            _ => Err(format!("expected 0 or 1, got {s:?}")),
+        }
+    }
+}
+
+fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last()? {
+        (i, 'k' | 'K') => (&s[..i], 1u64 << 10),
+        (i, 'm' | 'M') => (&s[..i], 1 << 20),
+        (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    num.trim().parse::<u64>().ok()?.checked_mul(mult)
+}
+
+/// One declared parameter, as `oxccl info` lists it.
+#[derive(Debug, Clone, Copy)]
+pub struct ParamDef {
+    /// Key without prefix; the environment variable is `NCCL_<key>`.
+    pub key: &'static str,
+    pub default: &'static str,
+    pub doc: &'static str,
+}
+
+impl ParamDef {
+    pub fn env_name(&self) -> String {
+        format!("NCCL_{}", self.key)
+    }
+}
+
+/// One resolved parameter.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub def: ParamDef,
+    pub value: String,
+    pub source: Source,
+}
+
+macro_rules! params {
+    ($( $(#[doc = $doc:literal])* $field:ident : $ty:ty = $key:literal, $default:literal; )*) => {
+        /// Every parameter oxccl reads.
+        pub const PARAMS: &[ParamDef] = &[
+            $( ParamDef { key: $key, default: $default, doc: concat!($($doc),*) }, )*
+        ];
+
+        /// The resolved settings of one communicator.
+        #[derive(Debug, Clone)]
+        pub struct Config {
+            $( $(#[doc = $doc])* pub $field: $ty, )*
+            entries: BTreeMap<&'static str, Entry>,
+        }
+
+        impl Config {
+            fn from_raw(raw: &BTreeMap<&'static str, (String, Source)>) -> Result<Config> {
+                let mut entries = BTreeMap::new();
+                $(
+                    let def = ParamDef { key: $key, default: $default, doc: concat!($($doc),*) };
+                    let (value, source) = raw
+                        .get($key)
+                        .cloned()
+                        .unwrap_or_else(|| ($default.to_string(), Source::Default));
+                    let $field = <$ty as ParamValue>::parse(&value).map_err(|why| {
+                        Error::InvalidArgument(format!(
+                            "NCCL_{} (from {}): {}", $key, source, why
+                        ))
+                    })?;
+                    entries.insert($key, Entry { def, value, source });
+                )*
+                Ok(Config { $( $field, )* entries })
+            }
+        }
+    };
+}
+
+params! {
+    /// host:port of the bootstrap root, replacing the address in the unique id.
+    comm_id: Option<String> = "COMM_ID", "";
+    /// Interfaces to use: prefix list, `^` to exclude, `=` for exact names.
+    socket_ifname: Option<String> = "SOCKET_IFNAME", "";
+    /// Address family of the interfaces: AF_INET, AF_INET6 or empty for either.
+    socket_family: Option<String> = "SOCKET_FAMILY", "";
+    /// Sockets per helper thread of the socket network.
+    nsocks_perthread: u64 = "NSOCKS_PERTHREAD", "2";
+    /// Helper threads per connection of the socket network.
+    socket_nthreads: u64 = "SOCKET_NTHREADS", "2";
+    /// Seconds an operation or the bootstrap may wait on a peer before failing with the ranks it waited for.
+    timeout_s: f64 = "TIMEOUT", "300";
+    /// Logging: VERSION, WARN, INFO, TRACE (NCCL's levels).
+    debug: Option<String> = "DEBUG", "";
+    /// Subsystems logged: INIT,COLL,P2P,NET,BOOTSTRAP,ENV,ALL; `^` excludes.
+    debug_subsys: Option<String> = "DEBUG_SUBSYS", "";
+    /// Algorithm for collectives: Ring or Tree (recursive doubling); empty lets the cost model choose.
+    algo: Option<String> = "ALGO", "";
+    /// Network to use by name (e.g. Socket); empty takes the first that has devices.
+    net: Option<String> = "NET", "";
+    /// Smallest number of channels (parallel lanes per collective).
+    min_nchannels: u64 = "MIN_NCHANNELS", "1";
+    /// Largest number of channels.
+    max_nchannels: u64 = "MAX_NCHANNELS", "4";
+    /// Bytes of one pipelined slice on the network.
+    chunk_size: u64 = "CHUNK_SIZE", "512K";
+    /// Configuration file in KEY=VALUE form (replaces ~/.nccl.conf and /etc/nccl.conf).
+    conf_file: Option<String> = "CONF_FILE", "";
+}
+
+impl Config {
+    /// Resolves every parameter from the environment, the configuration file
+    /// and the defaults.
+    pub fn load() -> Result<Config> {
+        Config::load_with(&[])
+    }
+
+    /// As [`Config::load`], with values given through the API on top.
+    pub fn load_with(api: &[(&str, &str)]) -> Result<Config> {
+        let mut raw: BTreeMap<&'static str, (String, Source)> = BTreeMap::new();
+        if let Some((path, text)) = conf_file()? {
+            for (key, value) in parse_conf(&text) {
+                if let Some(def) = lookup(&key) {
+                    raw.insert(def.key, (value, Source::File(path.clone())));
+                }
+            }
+        }
+        for def in PARAMS {
+            if let Ok(v) = std::env::var(def.env_name()) {
+                raw.insert(def.key, (v, Source::Env));
+            }
+        }
+        for (key, value) in api {
+            let key = key.strip_prefix("NCCL_").unwrap_or(key);
+            let def = lookup(key).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "unknown setting {key:?}: `oxccl info` lists every setting"
+                ))
+            })?;
+            raw.insert(def.key, (value.to_string(), Source::Api));
+        }
+        Config::from_raw(&raw)
+    }
+
+    /// Every parameter with its resolved value and where it came from.
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.values()
+    }
+
+    pub fn source(&self, key: &str) -> Option<&Source> {
+        self.entries.get(key).map(|e| &e.source)
+    }
+
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.timeout_s.max(0.001))
+    }
+}
+
+fn lookup(key: &str) -> Option<&'static ParamDef> {
+    PARAMS.iter().find(|d| d.key == key)
+}
+
+/// NCCL's configuration file: the one NCCL_CONF_FILE names, else the first of
+/// ~/.nccl.conf and /etc/nccl.conf that exists.
+fn conf_file() -> Result<Option<(PathBuf, String)>> {
+    if let Ok(p) = std::env::var("NCCL_CONF_FILE") {
+        let path = PathBuf::from(p);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "NCCL_CONF_FILE={}: cannot read it: {e}",
+                path.display()
+            ))
+        })?;
+        return Ok(Some((path, text)));
+    }
+    let home = std::env::var_os("HOME").map(|h| Path::new(&h).join(".nccl.conf"));
+    for path in home.into_iter().chain([PathBuf::from("/etc/nccl.conf")]) {
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            return Ok(Some((path, text)));
+        }
+    }
+    Ok(None)
+}
+
+/// Lines of `KEY=VALUE`; `#` starts a comment; keys may carry the NCCL_ prefix.
+pub(crate) fn parse_conf(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| {
+            let k = k.trim();
+            (
+                k.strip_prefix("NCCL_").unwrap_or(k).to_string(),
+                v.trim().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse() {
+        let raw = BTreeMap::new();
+        let c = Config::from_raw(&raw).unwrap();
+        assert_eq!(c.chunk_size, 512 << 10);
+        assert_eq!(c.source("CHUNK_SIZE"), Some(&Source::Default));
+        assert_eq!(c.entries().count(), PARAMS.len());
+    }
+
+    #[test]
+    fn bad_value_names_the_variable() {
+        let mut raw = BTreeMap::new();
+        raw.insert("TIMEOUT", ("soon".to_string(), Source::Env));
+        let e = Config::from_raw(&raw).unwrap_err();
+        assert!(e.to_string().contains("NCCL_TIMEOUT"), "{e}");
+    }
+
+    #[test]
+    fn api_overrides_and_unknown_key_is_named() {
+        let c = Config::load_with(&[("NCCL_ALGO", "Ring")]).unwrap();
+        assert_eq!(c.algo.as_deref(), Some("Ring"));
+        assert_eq!(c.source("ALGO"), Some(&Source::Api));
+        let e = Config::load_with(&[("NO_SUCH_KEY", "1")]).unwrap_err();
+        assert!(e.to_string().contains("NO_SUCH_KEY"));
+    }
+
+    #[test]
+    fn conf_lines() {
+        let v = parse_conf("# c\nNCCL_DEBUG=INFO\n SOCKET_IFNAME = eth # x\n\nbad\n");
+        assert_eq!(
+            v,
+            vec![
+                ("DEBUG".into(), "INFO".into()),
+                ("SOCKET_IFNAME".into(), "eth".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4M"), Some(4 << 20));
+        assert_eq!(parse_size("12"), Some(12));
+        assert_eq!(parse_size("x"), None);
+    }
+
+    /// Every NCCL_ variable named in the core's sources is declared above.
+    #[test]
+    fn every_variable_read_is_declared() {
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+        let mut undeclared = Vec::new();
+        visit(Path::new(src), &mut |text| {
+            for (i, _) in text.match_indices("\"NCCL_") {
+                let name: String = text[i + 6..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || *c == '_' || c.is_ascii_digit())
+                    .collect();
+                if !name.is_empty() && lookup(&name).is_none() && name != "CONF_FILE" {
+                    undeclared.push(name);
+                }
+            }
+        });
+        assert!(undeclared.is_empty(), "undeclared: {undeclared:?}");
+    }
+
+    fn visit(dir: &Path, f: &mut dyn FnMut(&str)) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                visit(&p, f);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                f(&std::fs::read_to_string(&p).unwrap());
+            }
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The plugin interfaces of oxccl.
+//!
+//! A plugin (network, tuner, profiler) depends on this crate only: it holds the
+//! traits the core calls and the types crossing that boundary, and no logic of
+//! the core. The network interface mirrors NCCL's `ncclNet` (devices,
+//! properties, non-blocking listen/connect/accept, tagged `isend`/`irecv`/`test`)
+//! so that one implementation can be exported through NCCL's C ABI as well.
+
+pub mod net;
+
+pub use net::{
+    builtin_nets, BuiltinNet, ListenComm, MrHandle, Net, NetError, NetHandle, NetProperties,
+    NetResult, PtrType, RecvComm, Request, SendComm, NET_HANDLE_MAXSIZE,
+};
+
+/// Re-exported so that plugin crates can register built-ins without naming
+/// `inventory` in their own manifests.
+pub use inventory;

@@ -1,0 +1,176 @@
+//! The network interface, modelled on NCCL's `ncclNet` (v8 to v12).
+//!
+//! Every call returns at once: an operation that cannot complete yet returns
+//! `Ok(None)` and is called again by the core (a `Poll`-like contract, not a
+//! status code). This is what lets one proxy thread drive many connections.
+
+use std::fmt;
+
+/// Size of the opaque connection handle a listener hands to its peer
+/// (NCCL's `NCCL_NET_HANDLE_MAXSIZE`).
+pub const NET_HANDLE_MAXSIZE: usize = 128;
+
+/// Opaque bytes produced by [`Net::listen`] and carried by the core (through
+/// the bootstrap network) to the rank that calls [`Net::connect`]. The
+/// connecting side may use it to store its connection state between calls, as
+/// NCCL allows.
+pub type NetHandle = [u8; NET_HANDLE_MAXSIZE];
+
+/// Where a buffer lives (NCCL's `NCCL_PTR_HOST`, `NCCL_PTR_CUDA`, `NCCL_PTR_DMABUF`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum PtrType {
+    Host = 1,
+    Cuda = 2,
+    Dmabuf = 4,
+}
+
+/// Properties of one network device (NCCL's `ncclNetProperties_t`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetProperties {
+    pub name: String,
+    /// sysfs path of the PCI device, for topology detection.
+    pub pci_path: String,
+    /// Unique id of the NIC; ports of one NIC share it.
+    pub guid: u64,
+    /// Bit mask of [`PtrType`] values the device can send from and receive into.
+    pub ptr_support: i32,
+    /// Whether a registration is valid for every connection of the device.
+    pub reg_is_global: bool,
+    /// Port speed in Mbit/s.
+    pub speed_mbps: i32,
+    pub port: i32,
+    /// One-way latency in microseconds.
+    pub latency_us: f32,
+    /// Connections the device can hold at once.
+    pub max_comms: i32,
+    /// Buffers one `irecv` may take (multi-receive); 1 when unsupported.
+    pub max_recvs: i32,
+    /// Largest single message the device carries.
+    pub max_p2p_bytes: usize,
+}
+
+/// Failures a network reports; mapped onto NCCL's result codes at the C ABI.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NetError {
+    /// The caller passed something the plugin cannot use (`ncclInvalidArgument`).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The operating system refused (`ncclSystemError`): a socket, a device.
+    #[error("system error: {0}")]
+    System(String),
+    /// The peer closed or broke the connection (`ncclRemoteError`).
+    #[error("remote error: {0}")]
+    Remote(String),
+    /// A bug or inconsistent state inside the plugin (`ncclInternalError`).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type NetResult<T> = Result<T, NetError>;
+
+/// A registered memory region, opaque to the core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MrHandle(pub usize);
+
+/// An outstanding `isend` or `irecv`.
+pub trait Request: Send {
+    /// `Ok(None)` while in flight; `Ok(Some(sizes))` once done, one size per
+    /// buffer of the operation (the received size for a receive).
+    fn test(&mut self) -> NetResult<Option<Vec<usize>>>;
+}
+
+/// A network implementation (NCCL's `ncclNet_t`).
+pub trait Net: Send + Sync {
+    /// Name shown in logs and `oxccl info` (NCCL's `name`).
+    fn name(&self) -> &str;
+    /// Number of usable devices; 0 means "this network cannot run here".
+    fn devices(&self) -> NetResult<usize>;
+    fn properties(&self, dev: usize) -> NetResult<NetProperties>;
+    /// Opens a listening endpoint on `dev`. The handle goes to the peer, which
+    /// passes it to [`Net::connect`].
+    fn listen(&self, dev: usize) -> NetResult<(NetHandle, Box<dyn ListenComm>)>;
+    /// Connects to the listener described by `handle`. Never blocks: returns
+    /// `Ok(None)` until the connection is established, and is called again
+    /// with the same handle (which it may modify to keep its progress).
+    fn connect(&self, dev: usize, handle: &mut NetHandle) -> NetResult<Option<Box<dyn SendComm>>>;
+}
+
+/// A listening endpoint.
+pub trait ListenComm: Send {
+    /// Never blocks: `Ok(None)` until a peer has connected.
+    fn accept(&mut self) -> NetResult<Option<Box<dyn RecvComm>>>;
+}
+
+/// The sending end of a connection. Messages arrive in the order they are
+/// sent; the core relies on that order and on nothing else for matching.
+pub trait SendComm: Send {
+    fn reg_mr(&mut self, ptr: *mut u8, size: usize, ptr_type: PtrType) -> NetResult<MrHandle>;
+    fn dereg_mr(&mut self, mr: MrHandle) -> NetResult<()>;
+    /// Starts sending `size` bytes at `data`. `Ok(None)` means "no resources
+    /// now, try again later".
+    ///
+    /// # Safety
+    /// `data` must be valid for reads of `size` bytes and left unchanged until
+    /// the returned request has completed.
+    unsafe fn isend(
+        &mut self,
+        data: *const u8,
+        size: usize,
+        tag: i32,
+        mr: Option<MrHandle>,
+    ) -> NetResult<Option<Box<dyn Request>>>;
+}
+
+/// The receiving end of a connection.
+pub trait RecvComm: Send {
+    fn reg_mr(&mut self, ptr: *mut u8, size: usize, ptr_type: PtrType) -> NetResult<MrHandle>;
+    fn dereg_mr(&mut self, mr: MrHandle) -> NetResult<()>;
+    /// Posts a receive of at most `size` bytes into `data`. A message larger
+    /// than `size` is an error ("truncated"), a smaller one completes with its
+    /// own size. `Ok(None)` means "try again later".
+    ///
+    /// # Safety
+    /// `data` must be valid for writes of `size` bytes, and not otherwise
+    /// accessed, until the returned request has completed.
+    unsafe fn irecv(
+        &mut self,
+        data: *mut u8,
+        size: usize,
+        tag: i32,
+        mr: Option<MrHandle>,
+    ) -> NetResult<Option<Box<dyn Request>>>;
+    /// Makes data received into GPU memory visible to the GPU. Host-only
+    /// networks have nothing to do.
+    fn iflush(&mut self, _data: *mut u8, _size: usize) -> NetResult<Option<Box<dyn Request>>> {
+        Ok(None)
+    }
+}
+
+/// A network linked into the binary, found by the core with `inventory`
+/// without any file beside the library.
+pub struct BuiltinNet {
+    pub name: &'static str,
+    /// Lower runs first when no network is named (NCCL tries IB before Socket).
+    pub priority: i32,
+    pub init: fn() -> NetResult<Box<dyn Net>>,
+}
+
+impl fmt::Debug for BuiltinNet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BuiltinNet")
+            .field("name", &self.name)
+            .field("priority", &self.priority)
+            .finish()
+    }
+}
+
+inventory::collect!(BuiltinNet);
+
+/// All networks linked into this binary, in order of preference.
+pub fn builtin_nets() -> Vec<&'static BuiltinNet> {
+    let mut v: Vec<_> = inventory::iter::<BuiltinNet>.into_iter().collect();
+    v.sort_by_key(|b| b.priority);
+    v
+}
