@@ -1,1 +1,33 @@
-fn main() {}
+use clap::{Parser, Subcommand};
+
+/// oxccl: collective communication for GPUs, with NCCL-ABI plugins.
+#[derive(Parser)]
+#[command(name = "oxccl", version)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Benchmark and check collectives (nccl-tests' columns).
+    Perf(oxccl_cli::perf::PerfArgs),
+    /// Resolved settings, networks and interfaces.
+    Info,
+}
+
+fn main() {
+    oxccl::log::init();
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Perf(a) => oxccl_cli::perf::main(a),
+        Cmd::Info => oxccl_cli::info::main(),
+    };
+    match r {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("oxccl: {e}");
+            std::process::exit(2);
+        }
+    }
+}

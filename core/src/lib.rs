@@ -6,3 +6,19 @@ pub mod config;
 pub mod error;
 
 pub use error::{Error, Result};
+pub mod dtype;
+pub mod reduce;
+
+pub use dtype::{DataType, RedOp};
+pub mod algo;
+pub mod comm;
+pub mod exec;
+pub mod group;
+pub mod log;
+pub mod op;
+pub mod transport;
+
+pub use bootstrap::UniqueId;
+pub use comm::{net_summary, Comm, CommConfig, InitState, SPLIT_NOCOLOR};
+pub use group::{all_to_all, gather, group_end, group_start, scatter, Group};
+pub use op::{Op, OpKind};

@@ -1,1 +1,86 @@
-//! Helpers of the integration tests.
+//! The harness of the multi-process tests: a test re-runs its own test
+//! binary as N child processes, each one rank, joined to a communicator
+//! rooted in the parent, all bounded by a time limit and killed past it.
+
+use std::time::Duration;
+
+pub use oxccl_cli::check;
+use oxccl_cli::launch::{self, Finished, Output};
+
+const CHILD: &str = "OXCCL_TEST_CHILD";
+
+/// What a child rank gets.
+pub struct Rank {
+    pub rank: usize,
+    pub nranks: usize,
+    pub id: oxccl::UniqueId,
+}
+
+impl Rank {
+    /// Joins the test's communicator with extra settings.
+    pub fn comm(&self, settings: &[(&str, &str)]) -> oxccl::Comm {
+        let mut cfg = oxccl::CommConfig::default();
+        for (k, v) in settings {
+            cfg = cfg.with(k, v);
+        }
+        oxccl::Comm::init_rank(self.nranks, self.id, self.rank, &cfg).expect("init_rank")
+    }
+}
+
+/// In a child: runs `body` as this rank and returns true. In the parent:
+/// returns false (the parent then calls [`spawn`]).
+pub fn as_child(name: &str, body: impl FnOnce(Rank)) -> bool {
+    if std::env::var(CHILD).ok().as_deref() != Some(name) {
+        return false;
+    }
+    let env = launch::from_env()
+        .expect("rank environment")
+        .expect("launched by the harness");
+    body(Rank {
+        rank: env.rank,
+        nranks: env.nranks,
+        id: env.id,
+    });
+    true
+}
+
+/// Starts `n` children running the test `name` (its full path as the test
+/// harness names it), with `env`, and returns how each ended.
+pub fn spawn(name: &str, n: usize, env: &[(&str, &str)], limit: Duration) -> Vec<Finished> {
+    let args = vec![
+        name.to_string(),
+        "--exact".into(),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+    ];
+    let mut vars: Vec<(String, String)> = vec![
+        (CHILD.into(), name.into()),
+        ("NCCL_SOCKET_IFNAME".into(), "lo".into()),
+        ("NCCL_TIMEOUT".into(), "20".into()),
+    ];
+    vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    launch::spawn(n, &args, &vars, Output::Capture, limit).expect("spawn ranks")
+}
+
+/// Runs `body` on `n` ranks as processes and asserts every one succeeded.
+pub fn run(name: &str, n: usize, body: impl FnOnce(Rank)) {
+    if as_child(name, body) {
+        return;
+    }
+    let done = spawn(name, n, &[], Duration::from_secs(120));
+    assert_all_ok(&done);
+}
+
+pub fn assert_all_ok(done: &[Finished]) {
+    let bad: Vec<String> = done
+        .iter()
+        .filter(|f| !f.status.is_some_and(|s| s.success()))
+        .map(|f| {
+            format!(
+                "rank {} ended {:?}\n--- stdout\n{}\n--- stderr\n{}",
+                f.rank, f.status, f.stdout, f.stderr
+            )
+        })
+        .collect();
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}

@@ -1,0 +1,7 @@
+//! The `oxccl` command's library: the benchmark, the checker, and the local
+//! launcher, shared with the integration tests.
+
+pub mod check;
+pub mod info;
+pub mod launch;
+pub mod perf;

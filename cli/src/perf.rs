@@ -1,0 +1,484 @@
+//! `oxccl perf`: nccl-tests for oxccl. Times each collective over a range
+//! of sizes, checks every output against a reference on random data, and
+//! prints nccl-tests' columns (and JSON rows on request).
+
+use std::time::{Duration, Instant};
+
+use oxccl::{Comm, CommConfig, DataType, RedOp};
+use serde::Serialize;
+
+use crate::check::{self, Coll};
+use crate::launch::{self, RankEnv};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct PerfArgs {
+    /// Start this many local ranks as processes (otherwise join a job
+    /// launched by torchrun, mpirun or Slurm).
+    #[arg(long)]
+    pub ranks: Option<usize>,
+    /// Smallest size in bytes (K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "32M", value_parser = parse_bytes)]
+    pub min_bytes: usize,
+    /// Largest size in bytes.
+    #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = parse_bytes)]
+    pub max_bytes: usize,
+    /// Multiplication factor between sizes.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    pub step_factor: usize,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    pub iters: usize,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    pub warmup: usize,
+    /// Datatype (nccl-tests names: float, half, bfloat16, int8, f8e4m3, ...) or `all`.
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    pub dtype: String,
+    /// Reduction op (sum, prod, max, min, avg, premulsum) or `all`.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    pub redop: String,
+    /// Root of broadcast and reduce.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    pub root: usize,
+    /// Check results (1) or not (0).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    pub check: u8,
+    /// Collective: all_reduce, broadcast, reduce, all_gather, reduce_scatter, sendrecv, all_to_all, or all.
+    #[arg(
+        long = "coll",
+        visible_alias = "collective",
+        default_value = "all_reduce"
+    )]
+    pub coll: String,
+    /// Write one JSON object per row to this file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// Seconds a local run may take before its ranks are stopped.
+    #[arg(long, default_value_t = 3600)]
+    pub time_limit: u64,
+}
+
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (n, m) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    n.parse::<usize>()
+        .map(|v| v * m)
+        .map_err(|_| format!("{s:?} is not a size (e.g. 8, 64K, 16M, 1G)"))
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    op: &'static str,
+    bytes: usize,
+    count: usize,
+    dtype: &'static str,
+    redop: &'static str,
+    root: i64,
+    inplace: bool,
+    time_us: f64,
+    algbw: f64,
+    busbw: f64,
+    wrong: u64,
+}
+
+/// Runs the benchmark; returns the process exit code.
+pub fn main(args: PerfArgs) -> Result<i32, String> {
+    if let Some(n) = args.ranks {
+        if launch::from_env()?.is_none() {
+            return spawn_local(n, &args);
+        }
+    }
+    let env = launch::from_env()?.ok_or(
+        "no job to join: pass --ranks N to start N local ranks, or start under torchrun, mpirun or srun (with NCCL_COMM_ID set)",
+    )?;
+    run_rank(&args, &env)
+}
+
+fn spawn_local(n: usize, args: &PerfArgs) -> Result<i32, String> {
+    if n == 0 {
+        return Err("--ranks must be at least 1".into());
+    }
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut env = Vec::new();
+    // Ranks of one machine talk over loopback unless told otherwise.
+    if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
+        env.push(("NCCL_SOCKET_IFNAME".to_string(), "lo".to_string()));
+    }
+    let done = launch::spawn(
+        n,
+        &argv,
+        &env,
+        launch::Output::Rank0,
+        Duration::from_secs(args.time_limit),
+    )?;
+    let mut code = 0;
+    for f in &done {
+        match f.status {
+            Some(s) if s.success() => {}
+            Some(s) => {
+                eprintln!("oxccl perf: rank {} exited with {s}", f.rank);
+                code = 1;
+            }
+            None => {
+                eprintln!(
+                    "oxccl perf: rank {} was still running after {} s and was stopped",
+                    f.rank, args.time_limit
+                );
+                code = 1;
+            }
+        }
+    }
+    Ok(code)
+}
+
+fn list<T>(s: &str, all: &[T], parse: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String>
+where
+    T: Copy,
+{
+    if s == "all" {
+        return Ok(all.to_vec());
+    }
+    s.split(',').map(|x| parse(x.trim())).collect()
+}
+
+fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
+    let (rank, n) = (env.rank, env.nranks);
+    let colls = list(&args.coll, &Coll::ALL, |s| {
+        Coll::parse(s).ok_or_else(|| format!("unknown collective {s:?}"))
+    })?;
+    let dtypes = list(&args.dtype, &DataType::ALL, |s| {
+        DataType::parse(s).map_err(|e| e.to_string())
+    })?;
+    let all_ops = [
+        RedOp::Sum,
+        RedOp::Prod,
+        RedOp::Max,
+        RedOp::Min,
+        RedOp::Avg,
+        RedOp::PreMulSum(2.0),
+    ];
+    let ops = list(&args.redop, &all_ops, |s| {
+        RedOp::parse(s).map_err(|e| e.to_string())
+    })?;
+    if args.root >= n {
+        return Err(format!("root {} is out of range for {n} ranks", args.root));
+    }
+    if args.step_factor < 2 && args.min_bytes != args.max_bytes {
+        return Err("-f must be at least 2".into());
+    }
+    let comm =
+        Comm::init_rank(n, env.id, rank, &CommConfig::default()).map_err(|e| e.to_string())?;
+    let lead = rank == 0;
+    if lead {
+        println!(
+            "# oxccl perf: {n} ranks ({}), host memory, {} iterations, {} warm-up",
+            env.launcher, args.iters, args.warmup
+        );
+        println!("#");
+        println!(
+            "# {:>10} {:>12} {:>8} {:>9} {:>6}   {:^34}   {:^34}",
+            "", "", "", "", "", "out-of-place", "in-place"
+        );
+        println!(
+            "# {:>10} {:>12} {:>8} {:>9} {:>6}  {:>9} {:>8} {:>8} {:>6}  {:>9} {:>8} {:>8} {:>6}",
+            "size",
+            "count",
+            "type",
+            "redop",
+            "root",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong"
+        );
+        println!(
+            "# {:>10} {:>12} {:>8} {:>9} {:>6}  {:>9} {:>8} {:>8} {:>6}  {:>9} {:>8} {:>8} {:>6}",
+            "(B)",
+            "(elements)",
+            "",
+            "",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            ""
+        );
+    }
+    let mut rows = Vec::new();
+    let mut total_wrong = 0u64;
+    let mut busbw_sum = 0.0;
+    let mut busbw_n = 0usize;
+    for &coll in &colls {
+        let coll_ops: Vec<RedOp> = if coll.reduces() {
+            ops.clone()
+        } else {
+            vec![RedOp::Sum]
+        };
+        for &dtype in &dtypes {
+            for &op in &coll_ops {
+                let mut size = args.min_bytes;
+                loop {
+                    let mut line = String::new();
+                    let (cin, cout) = coll.counts(size, dtype, n);
+                    let root: i64 = if coll.has_root() {
+                        args.root as i64
+                    } else {
+                        -1
+                    };
+                    let redop = if coll.reduces() { op.name() } else { "none" };
+                    line += &format!(
+                        "{:>12} {:>12} {:>8} {:>9} {:>6}",
+                        size,
+                        cin.max(cout),
+                        dtype.name(),
+                        redop,
+                        root
+                    );
+                    for inplace in [false, true] {
+                        let case = Case {
+                            coll,
+                            dtype,
+                            op,
+                            root: args.root,
+                            size,
+                            inplace,
+                        };
+                        let r = measure(&comm, args, case).map_err(|e| e.to_string())?;
+                        match r {
+                            Some((time_us, wrong)) => {
+                                let algbw = size as f64 / time_us / 1e3;
+                                let busbw = algbw * coll.bus_factor(n);
+                                line += &format!(
+                                    "  {time_us:>9.2} {algbw:>8.2} {busbw:>8.2} {wrong:>6}"
+                                );
+                                total_wrong += wrong;
+                                busbw_sum += busbw;
+                                busbw_n += 1;
+                                rows.push(Row {
+                                    op: coll.name(),
+                                    bytes: size,
+                                    count: cin.max(cout),
+                                    dtype: dtype.name(),
+                                    redop,
+                                    root,
+                                    inplace,
+                                    time_us,
+                                    algbw,
+                                    busbw,
+                                    wrong,
+                                });
+                            }
+                            None => {
+                                line += &format!(
+                                    "  {:>9} {:>8} {:>8} {:>6}",
+                                    "N/A", "N/A", "N/A", "N/A"
+                                )
+                            }
+                        }
+                    }
+                    if lead {
+                        println!("{line}");
+                    }
+                    if size >= args.max_bytes {
+                        break;
+                    }
+                    size = (size * args.step_factor.max(2)).min(args.max_bytes);
+                }
+            }
+        }
+    }
+    if lead {
+        println!(
+            "# Out of bounds values : {total_wrong} {}",
+            if total_wrong == 0 { "OK" } else { "FAILED" }
+        );
+        println!(
+            "# Avg bus bandwidth    : {:.4}",
+            if busbw_n > 0 {
+                busbw_sum / busbw_n as f64
+            } else {
+                0.0
+            }
+        );
+        if let Some(path) = &args.json {
+            let text = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
+            std::fs::write(path, text + "\n")
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+    }
+    comm.destroy().map_err(|e| e.to_string())?;
+    Ok(if total_wrong == 0 { 0 } else { 1 })
+}
+
+/// One benchmark or test case: a collective on one size, type and op.
+#[derive(Debug, Clone, Copy)]
+pub struct Case {
+    pub coll: Coll,
+    pub dtype: DataType,
+    pub op: RedOp,
+    pub root: usize,
+    /// nccl-tests' size: bytes of the larger buffer of a rank.
+    pub size: usize,
+    pub inplace: bool,
+}
+
+impl Case {
+    /// Whether the variant exists (send/recv and all-to-all have no in-place form).
+    pub fn exists(&self) -> bool {
+        !(self.inplace && matches!(self.coll, Coll::SendRecv | Coll::AllToAll))
+    }
+
+    /// (input elements, output elements, NCCL's count) per rank.
+    pub fn counts(&self, n: usize) -> (usize, usize, usize) {
+        let (cin, cout) = self.coll.counts(self.size, self.dtype, n);
+        let count = match self.coll {
+            Coll::AllGather => cin,
+            Coll::ReduceScatter => cout,
+            Coll::AllToAll => cin / n,
+            _ => cin,
+        };
+        (cin, cout, count)
+    }
+
+    fn seed(&self) -> u64 {
+        0x0c0c_u64
+            ^ ((self.coll as u64) << 8)
+            ^ ((self.dtype as u64) << 16)
+            ^ ((self.size as u64) << 24)
+    }
+
+    /// Buffers for the case (for in-place, `output` is the single buffer).
+    pub fn buffers(&self, n: usize) -> (Vec<u8>, Vec<u8>) {
+        let (cin, cout, _) = self.counts(n);
+        let es = self.dtype.size();
+        (
+            vec![0u8; cin * es],
+            vec![0u8; cout.max(if self.inplace { cin } else { 0 }) * es],
+        )
+    }
+
+    /// Poisons the output and writes this rank's input where the variant reads it.
+    pub fn prepare(&self, rank: usize, n: usize, input: &mut [u8], output: &mut [u8]) {
+        let (_, _, count) = self.counts(n);
+        let (seed, es) = (self.seed(), self.dtype.size());
+        check::poison(output);
+        match (self.coll, self.inplace) {
+            (Coll::AllGather, true) => {
+                let b = count * es;
+                check::fill(
+                    &mut output[rank * b..(rank + 1) * b],
+                    seed,
+                    rank,
+                    0,
+                    self.dtype,
+                    self.op,
+                );
+            }
+            (_, true) => check::fill(output, seed, rank, 0, self.dtype, self.op),
+            _ => check::fill(input, seed, rank, 0, self.dtype, self.op),
+        }
+    }
+
+    /// Runs the collective once.
+    pub fn run(&self, comm: &Comm, input: &[u8], output: &mut [u8]) -> oxccl::Result<()> {
+        let (rank, n, root) = (comm.user_rank(), comm.count(), self.root);
+        let (dtype, op) = (self.dtype, self.op);
+        match (self.coll, self.inplace) {
+            (Coll::AllReduce, false) => comm.all_reduce(Some(input), output, dtype, op),
+            (Coll::AllReduce, true) => comm.all_reduce(None, output, dtype, op),
+            (Coll::Broadcast, false) => comm.broadcast(Some(input), output, dtype, root),
+            (Coll::Broadcast, true) => comm.broadcast(None, output, dtype, root),
+            (Coll::Reduce, false) => comm.reduce(Some(input), output, dtype, op, root),
+            (Coll::Reduce, true) => comm.reduce(None, output, dtype, op, root),
+            (Coll::AllGather, false) => comm.all_gather(Some(input), output, dtype),
+            (Coll::AllGather, true) => comm.all_gather(None, output, dtype),
+            (Coll::ReduceScatter, false) => comm.reduce_scatter(input, output, dtype, op),
+            (Coll::ReduceScatter, true) => comm.reduce_scatter_in_place(output, dtype, op),
+            (Coll::SendRecv, _) => {
+                let mut g = oxccl::Group::new();
+                g.send(comm, input, dtype, (rank + 1) % n)?;
+                g.recv(comm, output, dtype, (rank + n - 1) % n)?;
+                g.run()
+            }
+            (Coll::AllToAll, _) => oxccl::all_to_all(comm, input, output, dtype),
+        }
+    }
+
+    /// Elements of this rank's result that are wrong.
+    pub fn wrong(&self, rank: usize, n: usize, output: &[u8]) -> u64 {
+        let (_, _, count) = self.counts(n);
+        let es = self.dtype.size();
+        let out = match (self.coll, self.inplace) {
+            (Coll::ReduceScatter, true) => &output[rank * count * es..(rank + 1) * count * es],
+            _ => output,
+        };
+        check::check(
+            self.coll,
+            out,
+            self.seed(),
+            rank,
+            n,
+            count,
+            self.dtype,
+            self.op,
+            self.root,
+        )
+    }
+
+    /// Prepares, runs once and checks: this rank's #wrong.
+    pub fn check_once(&self, comm: &Comm) -> oxccl::Result<u64> {
+        let (rank, n) = (comm.user_rank(), comm.count());
+        let (mut input, mut output) = self.buffers(n);
+        self.prepare(rank, n, &mut input, &mut output);
+        self.run(comm, &input, &mut output)?;
+        Ok(self.wrong(rank, n, &output))
+    }
+}
+
+/// Runs one variant: warm-up, timed loop, then a checked run on fresh
+/// random data with a poisoned output. Returns (mean time across ranks in
+/// us, #wrong summed over ranks), or `None` where the variant does not exist.
+fn measure(comm: &Comm, args: &PerfArgs, case: Case) -> oxccl::Result<Option<(f64, u64)>> {
+    if !case.exists() {
+        return Ok(None);
+    }
+    let (rank, n) = (comm.user_rank(), comm.count());
+    let (mut input, mut output) = case.buffers(n);
+    case.prepare(rank, n, &mut input, &mut output);
+    for _ in 0..args.warmup {
+        case.run(comm, &input, &mut output)?;
+    }
+    comm.finalize()?;
+    let t0 = Instant::now();
+    for _ in 0..args.iters.max(1) {
+        case.run(comm, &input, &mut output)?;
+    }
+    let mine = t0.elapsed().as_secs_f64() * 1e6 / args.iters.max(1) as f64;
+    let mut wrong = 0u64;
+    if args.check != 0 {
+        case.prepare(rank, n, &mut input, &mut output);
+        case.run(comm, &input, &mut output)?;
+        wrong = case.wrong(rank, n, &output);
+    }
+    // Mean time and total #wrong over the ranks, outside the timed loop.
+    let mut stats = [0u8; 16];
+    stats[..8].copy_from_slice(&mine.to_ne_bytes());
+    stats[8..].copy_from_slice(&(wrong as f64).to_ne_bytes());
+    comm.all_reduce(None, &mut stats, DataType::Float64, RedOp::Sum)?;
+    let time = f64::from_ne_bytes(stats[..8].try_into().expect("8 bytes")) / n as f64;
+    let wrong = f64::from_ne_bytes(stats[8..].try_into().expect("8 bytes")) as u64;
+    Ok(Some((time, wrong)))
+}

@@ -1,0 +1,201 @@
+//! Algorithms as pure schedules: for one rank, the ordered steps that move
+//! and combine data. Host and GPU executors both run the same [`Step`]s.
+//!
+//! A step works element-wise over `count` elements, sliced by the executor
+//! for pipelining; for each slice:
+//!
+//! ```text
+//! received = data from `recv` (if any)
+//! local    = `src` (scaled on entry if it is this rank's input, see reduce.rs)
+//! result   = combine(local, received) | received | local
+//! result   = finalize ? post_op(result) : result
+//! `dst` <- result;  `send` <- send_local ? local : result
+//! ```
+//!
+//! which covers NCCL's primitives (send, recvReduceSend, recvReduceCopySend,
+//! recvCopySend, recv) and the exchange of recursive doubling.
+
+pub mod cost;
+pub mod rec_doubling;
+pub mod ring;
+
+/// Which user buffer a region lies in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buf {
+    Input,
+    Output,
+}
+
+/// `count` elements (given by the step) starting at `offset` elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    pub buf: Buf,
+    pub offset: usize,
+}
+
+impl Region {
+    pub fn input(offset: usize) -> Region {
+        Region {
+            buf: Buf::Input,
+            offset,
+        }
+    }
+    pub fn output(offset: usize) -> Region {
+        Region {
+            buf: Buf::Output,
+            offset,
+        }
+    }
+}
+
+/// One step of a schedule (see the module doc for its meaning).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    pub count: usize,
+    pub recv: Option<usize>,
+    pub send: Option<usize>,
+    pub src: Option<Region>,
+    pub dst: Option<Region>,
+    /// Send the local operand as it stands, before combining (an exchange);
+    /// the send is posted before waiting for the receive.
+    pub send_local: bool,
+    /// The result is final: apply the op's post-processing (integer average).
+    pub finalize: bool,
+}
+
+impl Step {
+    pub(crate) fn new(count: usize) -> Step {
+        Step {
+            count,
+            recv: None,
+            send: None,
+            src: None,
+            dst: None,
+            send_local: false,
+            finalize: false,
+        }
+    }
+    pub(crate) fn recv(mut self, peer: usize) -> Step {
+        self.recv = Some(peer);
+        self
+    }
+    pub(crate) fn send(mut self, peer: usize) -> Step {
+        self.send = Some(peer);
+        self
+    }
+    pub(crate) fn src(mut self, r: Region) -> Step {
+        self.src = Some(r);
+        self
+    }
+    pub(crate) fn dst(mut self, r: Region) -> Step {
+        self.dst = Some(r);
+        self
+    }
+    pub(crate) fn finalize(mut self) -> Step {
+        self.finalize = true;
+        self
+    }
+    pub(crate) fn send_local(mut self) -> Step {
+        self.send_local = true;
+        self
+    }
+}
+
+/// A collective, with its per-rank element count (`count` as NCCL defines
+/// it for each: all-gather's send count, reduce-scatter's receive count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coll {
+    AllReduce,
+    Broadcast { root: usize },
+    Reduce { root: usize },
+    AllGather,
+    ReduceScatter,
+}
+
+impl Coll {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Coll::AllReduce => "all_reduce",
+            Coll::Broadcast { .. } => "broadcast",
+            Coll::Reduce { .. } => "reduce",
+            Coll::AllGather => "all_gather",
+            Coll::ReduceScatter => "reduce_scatter",
+        }
+    }
+}
+
+/// An algorithm a collective can run with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algo {
+    /// Pipelined ring (chain for broadcast and reduce): bandwidth-optimal.
+    Ring,
+    /// Recursive doubling: log2(n) exchanges, for small all-reduces.
+    RecDoubling,
+}
+
+impl Algo {
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Ring => "Ring",
+            Algo::RecDoubling => "RecDoubling",
+        }
+    }
+
+    /// NCCL_ALGO names; `Tree` maps to our latency algorithm.
+    pub fn parse(s: &str) -> Option<Algo> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "ring" => Some(Algo::Ring),
+            "tree" | "recdoubling" | "rd" => Some(Algo::RecDoubling),
+            _ => None,
+        }
+    }
+
+    pub fn supports(self, coll: Coll) -> bool {
+        match self {
+            Algo::Ring => true,
+            Algo::RecDoubling => coll == Coll::AllReduce,
+        }
+    }
+}
+
+/// The steps of `rank` for the part `[lo, hi)` of each rank's block.
+pub fn schedule(
+    algo: Algo,
+    coll: Coll,
+    rank: usize,
+    nranks: usize,
+    count: usize,
+    lo: usize,
+    hi: usize,
+) -> Vec<Step> {
+    if nranks == 1 {
+        return local_only(coll, lo, hi);
+    }
+    match (algo, coll) {
+        (Algo::RecDoubling, Coll::AllReduce) => rec_doubling::all_reduce(rank, nranks, lo, hi),
+        (_, Coll::AllReduce) => ring::all_reduce(rank, nranks, lo, hi),
+        (_, Coll::AllGather) => ring::all_gather(rank, nranks, count, lo, hi),
+        (_, Coll::ReduceScatter) => ring::reduce_scatter(rank, nranks, count, lo, hi),
+        (_, Coll::Broadcast { root }) => ring::broadcast(rank, nranks, root, lo, hi),
+        (_, Coll::Reduce { root }) => ring::reduce(rank, nranks, root, lo, hi),
+    }
+}
+
+/// One rank: the output is the input, put through the op's pre and post steps.
+fn local_only(coll: Coll, lo: usize, hi: usize) -> Vec<Step> {
+    let _ = coll;
+    vec![Step::new(hi - lo)
+        .src(Region::input(lo))
+        .dst(Region::output(lo))
+        .finalize()]
+}
+
+/// Splits `[lo, hi)` into `parts` nearly equal consecutive pieces.
+pub(crate) fn split(lo: usize, hi: usize, parts: usize, i: usize) -> (usize, usize) {
+    let len = (hi - lo) as u128;
+    let at = |k: usize| lo + (len * k as u128 / parts as u128) as usize;
+    (at(i), at(i + 1))
+}
+
+#[cfg(test)]
+pub(crate) mod sim;

@@ -1,0 +1,394 @@
+//! A ready communicator and how it runs operations: collectives one after
+//! the other, each over its channels; point-to-point messages of a group all
+//! at once.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use oxccl_plugin::Net;
+use tracing::{debug, warn};
+
+use crate::algo::{self, cost, Algo, Region, Step};
+use crate::bootstrap::Bootstrap;
+use crate::config::Config;
+use crate::dtype::{DataType, RedOp};
+use crate::error::{Error, Result};
+use crate::exec::header::OpHeader;
+use crate::exec::mem::OpBuffers;
+use crate::exec::{self, ExecCtx, Lane};
+use crate::op::{Op, OpKind};
+use crate::reduce::Reducer;
+use crate::transport::{ConnKey, Connections};
+
+/// Connections of point-to-point messages live apart from the channels of
+/// collectives.
+const P2P_CHANNEL: usize = 1 << 16;
+
+pub(crate) struct Core {
+    pub rank: usize,
+    pub nranks: usize,
+    pub cfg: Config,
+    pub bootstrap: Bootstrap,
+    pub net: Arc<dyn Net>,
+    pub aborted: AtomicBool,
+    /// Collectives started, the number other ranks compare with on a timeout.
+    seq: AtomicU64,
+    splits: AtomicU64,
+    /// Point-to-point groups exchanged with each (peer, is_send).
+    p2p_seq: Mutex<BTreeMap<(usize, bool), u64>>,
+    conns: Mutex<Connections>,
+    forced_algo: Option<Algo>,
+    link: cost::LinkModel,
+}
+
+fn redop_code(op: RedOp) -> u8 {
+    match op {
+        RedOp::Sum => 0,
+        RedOp::Prod => 1,
+        RedOp::Max => 2,
+        RedOp::Min => 3,
+        RedOp::Avg => 4,
+        RedOp::PreMulSum(_) => 5,
+    }
+}
+
+impl Core {
+    pub fn new(
+        rank: usize,
+        nranks: usize,
+        cfg: Config,
+        bootstrap: Bootstrap,
+        net: Arc<dyn Net>,
+    ) -> Result<Core> {
+        let forced_algo = match cfg.algo.as_deref() {
+            None => None,
+            Some(s) => Some(Algo::parse(s).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "NCCL_ALGO={s:?} names no algorithm: expected Ring or Tree"
+                ))
+            })?),
+        };
+        Ok(Core {
+            rank,
+            nranks,
+            cfg,
+            bootstrap,
+            net,
+            aborted: AtomicBool::new(false),
+            seq: AtomicU64::new(0),
+            splits: AtomicU64::new(0),
+            p2p_seq: Mutex::default(),
+            conns: Mutex::default(),
+            forced_algo,
+            link: cost::LinkModel::default(),
+        })
+    }
+
+    /// Numbers the splits of this communicator, to keep their messages apart.
+    pub fn next_split(&self) -> u64 {
+        self.splits.fetch_add(1, Ordering::SeqCst)
+    }
+
+    fn ctx(&self, what: String, seq: Option<u64>) -> ExecCtx<'_> {
+        ExecCtx {
+            rank: self.rank,
+            what,
+            seq,
+            timeout: self.cfg.timeout(),
+            aborted: &self.aborted,
+            bootstrap: &self.bootstrap,
+        }
+    }
+
+    /// Runs the operations of one group on this communicator.
+    pub fn execute(&self, ops: &[(Op, OpBuffers)]) -> Result<()> {
+        let mut conns = self
+            .conns
+            .lock()
+            .map_err(|_| Error::Internal("connection table poisoned by an earlier panic".into()))?;
+        for (op, bufs) in ops.iter().filter(|(op, _)| op.kind.coll().is_some()) {
+            self.run_collective(&mut conns, op, *bufs)?;
+        }
+        let p2p: Vec<&(Op, OpBuffers)> = ops
+            .iter()
+            .filter(|(op, _)| op.kind.coll().is_none())
+            .collect();
+        if !p2p.is_empty() {
+            self.run_p2p(&mut conns, &p2p)?;
+        }
+        Ok(())
+    }
+
+    fn channels(&self, bytes: usize) -> usize {
+        let lo = self.cfg.min_nchannels.max(1) as usize;
+        let hi = (self.cfg.max_nchannels as usize).max(lo);
+        // A channel is worth its thread once each rank's chunk fills several slices.
+        let per = (self.cfg.chunk_size as usize).max(1) * 4 * self.nranks;
+        (bytes / per).clamp(lo, hi)
+    }
+
+    fn run_collective(&self, conns: &mut Connections, op: &Op, bufs: OpBuffers) -> Result<()> {
+        let coll = op.kind.coll().expect("a collective");
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        self.bootstrap.progress().store(seq + 1, Ordering::SeqCst);
+        if op.count == 0 {
+            return Ok(());
+        }
+        let n = self.nranks;
+        let bytes = op.count * op.dtype.size();
+        let algo = cost::choose(coll, bytes, n, self.link, self.forced_algo);
+        let nch = self.channels(bytes).min(op.count).max(1);
+        let what = format!("{} #{seq}", op.describe());
+        debug!(target: "oxccl::coll", rank = self.rank, "{what}: {} on {nch} channel(s)", algo.name());
+        let header = OpHeader {
+            seq,
+            kind: op.kind.code(),
+            dtype: op.dtype as u8,
+            redop: redop_code(op.redop),
+            root: op.kind.root() as u32,
+            count: op.count as u64,
+        };
+        let reducer = Reducer::new(op.dtype, op.redop, n);
+        let plans: Vec<Vec<Step>> = (0..nch)
+            .map(|c| {
+                let (lo, hi) = algo::split(0, op.count, nch, c);
+                algo::schedule(algo, coll, self.rank, n, op.count, lo, hi)
+            })
+            .collect();
+        let (sends, recvs) = peers_of(&plans, 0);
+        conns
+            .ensure(
+                &self.net,
+                &self.bootstrap,
+                &sends,
+                &recvs,
+                self.cfg.timeout(),
+            )
+            .map_err(|e| self.failed(e.context(&what)))?;
+        let mut lanes: Vec<Lane> = plans
+            .into_iter()
+            .enumerate()
+            .map(|(c, steps)| {
+                self.lane(
+                    conns,
+                    format!("channel {c}"),
+                    c,
+                    steps,
+                    vec![bufs],
+                    reducer,
+                    header,
+                )
+            })
+            .collect();
+        let ctx = self.ctx(what.clone(), Some(seq));
+        let result = if lanes.len() == 1 {
+            exec::run(&mut lanes, &ctx)
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = lanes
+                    .iter_mut()
+                    .map(|l| s.spawn(|| exec::run(std::slice::from_mut(l), &ctx)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Error::Internal("a channel thread panicked".into()))
+                        })
+                    })
+                    .collect::<Result<Vec<()>>>()
+                    .map(|_| ())
+            })
+        };
+        self.put_back(conns, lanes);
+        result.map_err(|e| self.failed(e.context(&what)))
+    }
+
+    /// Takes the connections a lane's steps use out of the table.
+    #[allow(clippy::too_many_arguments)]
+    fn lane(
+        &self,
+        conns: &mut Connections,
+        label: String,
+        chan: usize,
+        steps: Vec<Step>,
+        bufs: Vec<OpBuffers>,
+        reducer: Reducer,
+        header: OpHeader,
+    ) -> Lane {
+        let (s, r) = peers_of(std::slice::from_ref(&steps), chan);
+        let send = s
+            .iter()
+            .filter_map(|k| conns.send.remove(k).map(|c| (k.1, c)))
+            .collect();
+        let recv = r
+            .iter()
+            .filter_map(|k| conns.recv.remove(k).map(|c| (k.1, c)))
+            .collect();
+        let slice_bytes = (self.cfg.chunk_size as usize).max(64);
+        Lane {
+            label,
+            chan,
+            steps,
+            send,
+            recv,
+            bufs,
+            reducer,
+            header,
+            slice_bytes,
+        }
+    }
+
+    fn put_back(&self, conns: &mut Connections, lanes: Vec<Lane>) {
+        for lane in lanes {
+            let chan = lane.chan;
+            conns
+                .send
+                .extend(lane.send.into_iter().map(|(p, c)| ((chan, p), c)));
+            conns
+                .recv
+                .extend(lane.recv.into_iter().map(|(p, c)| ((chan, p), c)));
+        }
+    }
+
+    fn run_p2p(&self, conns: &mut Connections, ops: &[&(Op, OpBuffers)]) -> Result<()> {
+        let me = self.rank;
+        // Messages to oneself pair up in order and are copies.
+        let self_sends: Vec<_> = ops
+            .iter()
+            .filter(|(o, _)| o.kind == OpKind::Send { peer: me })
+            .collect();
+        let self_recvs: Vec<_> = ops
+            .iter()
+            .filter(|(o, _)| o.kind == OpKind::Recv { peer: me })
+            .collect();
+        if self_sends.len() != self_recvs.len() {
+            return Err(Error::InvalidUsage(format!(
+                "rank {me} posted {} send(s) to itself and {} receive(s) from itself in one group; they must pair up",
+                self_sends.len(),
+                self_recvs.len()
+            )));
+        }
+        for ((s, sb), (r, rb)) in self_sends.iter().zip(&self_recvs) {
+            if sb.in_bytes != rb.out_bytes {
+                return Err(Error::InvalidUsage(format!(
+                    "rank {me} sends {} to itself but receives {}",
+                    s.describe(),
+                    r.describe()
+                )));
+            }
+            let bytes = Reducer::new(DataType::Uint8, RedOp::Sum, 1);
+            let src = sb.span(Region::input(0), 0, sb.in_bytes, 1)?;
+            let dst = rb.span(Region::output(0), 0, rb.out_bytes, 1)?;
+            crate::exec::mem::produce(&bytes, dst, Some((src, false)), None, false);
+        }
+        // One lane per (peer, direction): messages to one peer keep their order.
+        let mut by_peer: BTreeMap<(usize, bool), (Vec<Step>, Vec<OpBuffers>)> = BTreeMap::new();
+        for (op, bufs) in ops {
+            let (peer, send, bytes) = match op.kind {
+                OpKind::Send { peer } if peer != me => (peer, true, bufs.in_bytes),
+                OpKind::Recv { peer } if peer != me => (peer, false, bufs.out_bytes),
+                _ => continue,
+            };
+            if bytes == 0 {
+                continue;
+            }
+            let step = if send {
+                Step::new(bytes).src(Region::input(0)).send(peer)
+            } else {
+                Step::new(bytes).recv(peer).dst(Region::output(0))
+            };
+            let e = by_peer.entry((peer, send)).or_default();
+            e.0.push(step);
+            e.1.push(*bufs);
+        }
+        if by_peer.is_empty() {
+            return Ok(());
+        }
+        let sends: Vec<ConnKey> = by_peer
+            .keys()
+            .filter(|k| k.1)
+            .map(|k| (P2P_CHANNEL, k.0))
+            .collect();
+        let recvs: Vec<ConnKey> = by_peer
+            .keys()
+            .filter(|k| !k.1)
+            .map(|k| (P2P_CHANNEL, k.0))
+            .collect();
+        conns
+            .ensure(
+                &self.net,
+                &self.bootstrap,
+                &sends,
+                &recvs,
+                self.cfg.timeout(),
+            )
+            .map_err(|e| self.failed(e))?;
+        let mut seqs = self
+            .p2p_seq
+            .lock()
+            .map_err(|_| Error::Internal("p2p counters poisoned".into()))?;
+        let copy = Reducer::new(DataType::Uint8, RedOp::Sum, 1);
+        let mut lanes = Vec::new();
+        let mut what = Vec::new();
+        for ((peer, send), (steps, bufs)) in by_peer {
+            let seq = seqs.entry((peer, send)).or_insert(0);
+            let total: usize = steps.iter().map(|s| s.count).sum();
+            let header = OpHeader {
+                seq: *seq,
+                kind: 5,
+                dtype: DataType::Uint8 as u8,
+                redop: 0,
+                root: 0,
+                count: total as u64,
+            };
+            *seq += 1;
+            let dir = if send { "send to" } else { "recv from" };
+            what.push(format!("{dir} rank {peer}"));
+            let label = format!("p2p {dir} rank {peer}");
+            lanes.push(self.lane(conns, label, P2P_CHANNEL, steps, bufs, copy, header));
+        }
+        drop(seqs);
+        let ctx = self.ctx(format!("group of send/recv ({})", what.join(", ")), None);
+        let result = exec::run(&mut lanes, &ctx);
+        self.put_back(conns, lanes);
+        result.map_err(|e| self.failed(e))
+    }
+
+    /// Tells the other ranks about a failure that started here, so that they
+    /// fail at once rather than at their timeout.
+    fn failed(&self, e: Error) -> Error {
+        let from_peer = self.bootstrap.remote_failure().is_some();
+        if !from_peer && !self.aborted.load(Ordering::Relaxed) {
+            warn!(target: "oxccl::coll", rank = self.rank, "{e}");
+            self.bootstrap.broadcast_failure(&e.to_string());
+        }
+        e
+    }
+}
+
+/// The connections steps use, as (channel, peer) keys.
+fn peers_of(plans: &[Vec<Step>], first_chan: usize) -> (Vec<ConnKey>, Vec<ConnKey>) {
+    let (mut s, mut r) = (Vec::new(), Vec::new());
+    for (i, steps) in plans.iter().enumerate() {
+        let chan = if first_chan == P2P_CHANNEL {
+            P2P_CHANNEL
+        } else {
+            first_chan + i
+        };
+        for st in steps {
+            if let Some(p) = st.send {
+                s.push((chan, p));
+            }
+            if let Some(p) = st.recv {
+                r.push((chan, p));
+            }
+        }
+    }
+    s.sort_unstable();
+    s.dedup();
+    r.sort_unstable();
+    r.dedup();
+    (s, r)
+}

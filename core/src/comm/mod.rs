@@ -1,0 +1,605 @@
+//! Communicators: creation (blocking or not), split, teardown, and the
+//! operations of the Rust API.
+
+mod core;
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use oxccl_plugin::Net;
+use tracing::info;
+
+use crate::bootstrap::{get_unique_id, Bootstrap, UniqueId};
+use crate::config::Config;
+use crate::dtype::{DataType, RedOp};
+use crate::error::{Error, Result};
+use crate::group;
+use crate::op::{Op, OpKind};
+
+pub(crate) use self::core::Core;
+
+/// NCCL_SPLIT_NOCOLOR: the rank joins no new communicator.
+pub const SPLIT_NOCOLOR: i32 = -1;
+
+/// Options of a new communicator (NCCL's `ncclConfig_t`).
+#[derive(Debug, Clone)]
+pub struct CommConfig {
+    /// When false, creation returns at once and [`Comm::async_error`]
+    /// reports [`InitState::InProgress`] until it completes.
+    pub blocking: bool,
+    /// Settings by key (`NCCL_` prefix optional), above the environment.
+    pub settings: Vec<(String, String)>,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        CommConfig {
+            blocking: true,
+            settings: Vec::new(),
+        }
+    }
+}
+
+impl CommConfig {
+    /// A configuration with one more setting.
+    pub fn with(mut self, key: &str, value: &str) -> CommConfig {
+        self.settings.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    fn resolve(&self) -> Result<Config> {
+        let pairs: Vec<(&str, &str)> = self
+            .settings
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        Config::load_with(&pairs)
+    }
+}
+
+/// Where a communicator's asynchronous work stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InitState {
+    Ready,
+    InProgress,
+}
+
+enum Status {
+    Initializing,
+    Ready(Arc<Core>),
+    Failed(Error),
+    Destroyed(&'static str),
+}
+
+struct Shared {
+    rank: usize,
+    nranks: usize,
+    status: Mutex<Status>,
+    ready: Condvar,
+}
+
+/// A communicator: one rank's membership in a group of ranks. Cloning
+/// gives another handle to the same communicator.
+#[derive(Clone)]
+pub struct Comm {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Comm(rank {} of {})",
+            self.shared.rank, self.shared.nranks
+        )
+    }
+}
+
+/// The network every communicator of this process uses, chosen once.
+fn network(cfg: &Config) -> Result<Arc<dyn Net>> {
+    static NET: Mutex<Option<Arc<dyn Net>>> = Mutex::new(None);
+    let mut slot = NET
+        .lock()
+        .map_err(|_| Error::Internal("network table poisoned".into()))?;
+    if let Some(n) = slot.as_ref() {
+        return Ok(n.clone());
+    }
+    oxccl_net_socket::force_link();
+    let builtins = oxccl_plugin::builtin_nets();
+    let mut why = Vec::new();
+    for b in &builtins {
+        if let Some(want) = cfg.net.as_deref() {
+            if !b.name.eq_ignore_ascii_case(want) {
+                continue;
+            }
+        }
+        match (b.init)() {
+            Ok(net) => match net.devices() {
+                Ok(n) if n > 0 => {
+                    info!(target: "oxccl::net", "using network {} ({n} device(s))", b.name);
+                    let net: Arc<dyn Net> = Arc::from(net);
+                    *slot = Some(net.clone());
+                    return Ok(net);
+                }
+                Ok(_) => why.push(format!("{}: no devices", b.name)),
+                Err(e) => why.push(format!("{}: {e}", b.name)),
+            },
+            Err(e) => why.push(format!("{}: {e}", b.name)),
+        }
+    }
+    let names: Vec<&str> = builtins.iter().map(|b| b.name).collect();
+    Err(match cfg.net.as_deref() {
+        Some(want) if !names.iter().any(|n| n.eq_ignore_ascii_case(want)) => {
+            Error::InvalidArgument(format!(
+                "NCCL_NET={want:?} matches no network; available: {}",
+                names.join(", ")
+            ))
+        }
+        _ => Error::System(format!("no usable network: {}", why.join("; "))),
+    })
+}
+
+impl Comm {
+    /// Creates a unique id for a new communicator and starts its root here
+    /// (NCCL's `ncclGetUniqueId`).
+    pub fn unique_id() -> Result<UniqueId> {
+        get_unique_id(&Config::load()?)
+    }
+
+    /// Joins the communicator `id` as `rank` of `nranks` (NCCL's
+    /// `ncclCommInitRankConfig`).
+    pub fn init_rank(
+        nranks: usize,
+        id: UniqueId,
+        rank: usize,
+        config: &CommConfig,
+    ) -> Result<Comm> {
+        if nranks == 0 {
+            return Err(Error::InvalidArgument(
+                "nranks is 0: a communicator needs at least one rank".into(),
+            ));
+        }
+        if rank >= nranks {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank} is out of range: nranks is {nranks}"
+            )));
+        }
+        let cfg = config.resolve()?;
+        let shared = Arc::new(Shared {
+            rank,
+            nranks,
+            status: Mutex::new(Status::Initializing),
+            ready: Condvar::new(),
+        });
+        let comm = Comm {
+            shared: shared.clone(),
+        };
+        let work = move || {
+            let r = Comm::build(nranks, &id, rank, cfg);
+            let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
+            if let Status::Initializing = *st {
+                *st = match r {
+                    Ok(core) => Status::Ready(Arc::new(core)),
+                    Err(e) => Status::Failed(e),
+                };
+            }
+            shared.ready.notify_all();
+        };
+        if config.blocking {
+            work();
+            comm.core().map(|_| comm)
+        } else {
+            std::thread::Builder::new()
+                .name(format!("oxccl-init-{rank}"))
+                .spawn(work)
+                .map_err(|e| Error::System(format!("cannot start the init thread: {e}")))?;
+            Ok(comm)
+        }
+    }
+
+    fn build(nranks: usize, id: &UniqueId, rank: usize, cfg: Config) -> Result<Core> {
+        let net = network(&cfg)?;
+        let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
+        info!(target: "oxccl::init", rank, nranks, "communicator ready on network {}", net.name());
+        Core::new(rank, nranks, cfg, bootstrap, net)
+    }
+
+    /// Creates `n` communicators of one process, one per rank, each
+    /// initialised on its own thread (NCCL's `ncclCommInitAll`).
+    pub fn init_all(n: usize, config: &CommConfig) -> Result<Vec<Comm>> {
+        if n == 0 {
+            return Err(Error::InvalidArgument("ndev is 0".into()));
+        }
+        let id = get_unique_id(&config.resolve()?)?;
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                let c = config.clone();
+                std::thread::spawn(move || {
+                    Comm::init_rank(
+                        n,
+                        id,
+                        r,
+                        &CommConfig {
+                            blocking: true,
+                            ..c
+                        },
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| Error::Internal("an init thread panicked".into()))?
+            })
+            .collect()
+    }
+
+    /// The ready core, or why there is none.
+    pub(crate) fn core(&self) -> Result<Arc<Core>> {
+        match &*self.shared.status.lock().unwrap_or_else(|p| p.into_inner()) {
+            Status::Ready(c) => Ok(c.clone()),
+            Status::Initializing => Err(Error::InvalidUsage(
+                "the communicator is still initializing (non-blocking init): poll async_error() until it is ready".into(),
+            )),
+            Status::Failed(e) => Err(e.clone()),
+            Status::Destroyed(how) => Err(Error::InvalidUsage(format!("the communicator was {how}: create a new one"))),
+        }
+    }
+
+    /// Waits until a non-blocking creation finishes.
+    pub fn wait_ready(&self, timeout: Duration) -> Result<()> {
+        let st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
+        let (st, _) = self
+            .shared
+            .ready
+            .wait_timeout_while(st, timeout, |s| matches!(s, Status::Initializing))
+            .unwrap_or_else(|p| p.into_inner());
+        drop(st);
+        self.core().map(|_| ())
+    }
+
+    /// NCCL's `ncclCommGetAsyncError`: in progress, ready, or the error
+    /// that ended the communicator.
+    pub fn async_error(&self) -> Result<InitState> {
+        match &*self.shared.status.lock().unwrap_or_else(|p| p.into_inner()) {
+            Status::Initializing => Ok(InitState::InProgress),
+            Status::Ready(_) => Ok(InitState::Ready),
+            Status::Failed(e) => Err(e.clone()),
+            Status::Destroyed(how) => {
+                Err(Error::InvalidUsage(format!("the communicator was {how}")))
+            }
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.shared.nranks
+    }
+
+    pub fn user_rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    /// Marks the communicator failed after an operation error, so that
+    /// `async_error` reports it.
+    pub(crate) fn record_failure(&self, e: &Error) {
+        if matches!(e, Error::Remote(_) | Error::System(_)) {
+            let mut st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
+            if let Status::Ready(_) = *st {
+                *st = Status::Failed(e.clone());
+            }
+        }
+    }
+
+    /// Splits into new communicators by color, ranked by key then by rank
+    /// here (NCCL's `ncclCommSplit`). Every rank must call it;
+    /// [`SPLIT_NOCOLOR`] gives `None`.
+    pub fn split(&self, color: i32, key: i32, config: &CommConfig) -> Result<Option<Comm>> {
+        if color < SPLIT_NOCOLOR {
+            return Err(Error::InvalidArgument(format!(
+                "color {color} is negative and not NCCL_SPLIT_NOCOLOR (-1)"
+            )));
+        }
+        let core = self.core()?;
+        let mut mine = Vec::with_capacity(8);
+        mine.extend_from_slice(&color.to_le_bytes());
+        mine.extend_from_slice(&key.to_le_bytes());
+        let all = core.bootstrap.allgather(&mine)?;
+        let split_no = core.next_split();
+        if color == SPLIT_NOCOLOR {
+            return Ok(None);
+        }
+        let mut members: Vec<(i32, usize)> = all
+            .iter()
+            .enumerate()
+            .filter_map(|(r, b)| {
+                let c = i32::from_le_bytes(b.get(0..4)?.try_into().ok()?);
+                let k = i32::from_le_bytes(b.get(4..8)?.try_into().ok()?);
+                (c == color).then_some((k, r))
+            })
+            .collect();
+        members.sort_unstable();
+        let new_rank = members
+            .iter()
+            .position(|&(_, r)| r == self.user_rank())
+            .expect("a rank is in its own color");
+        let tag = crate::transport::TAG_CONN * 2 + split_no;
+        let id = if new_rank == 0 {
+            let id = get_unique_id(&core.cfg)?;
+            for &(_, r) in &members[1..] {
+                core.bootstrap.send(r, tag, &id.0)?;
+            }
+            id
+        } else {
+            let bytes = core.bootstrap.recv(members[0].1, tag)?;
+            let mut id = UniqueId([0; 128]);
+            if bytes.len() != id.0.len() {
+                return Err(Error::Internal(format!(
+                    "split: received a {}-byte unique id",
+                    bytes.len()
+                )));
+            }
+            id.0.copy_from_slice(&bytes);
+            id
+        };
+        let mut cfg = config.clone();
+        // The child inherits the parent's resolved settings below its own.
+        let parent: Vec<(String, String)> = core
+            .cfg
+            .entries()
+            .filter(|e| e.source != crate::config::Source::Default)
+            .map(|e| (e.def.key.to_string(), e.value.clone()))
+            .collect();
+        cfg.settings = parent.into_iter().chain(cfg.settings).collect();
+        Comm::init_rank(members.len(), id, new_rank, &cfg).map(Some)
+    }
+
+    /// Waits for this rank's outstanding work and synchronises with the
+    /// other ranks (NCCL's `ncclCommFinalize`); then `destroy` frees.
+    pub fn finalize(&self) -> Result<()> {
+        let core = self.core()?;
+        core.bootstrap.barrier()
+    }
+
+    /// Frees the communicator's resources (NCCL's `ncclCommDestroy`).
+    pub fn destroy(&self) -> Result<()> {
+        self.end("destroyed")
+    }
+
+    /// Stops everything at once, even while another thread is inside an
+    /// operation, which then fails (NCCL's `ncclCommAbort`). Always returns.
+    pub fn abort(&self) {
+        let _ = self.end("aborted");
+    }
+
+    fn end(&self, how: &'static str) -> Result<()> {
+        let old = {
+            let mut st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
+            if let Status::Destroyed(was) = *st {
+                return Err(Error::InvalidUsage(format!(
+                    "the communicator was already {was}"
+                )));
+            }
+            std::mem::replace(&mut *st, Status::Destroyed(how))
+        };
+        if let Status::Ready(core) = old {
+            core.aborted
+                .store(how == "aborted", std::sync::atomic::Ordering::SeqCst);
+            core.bootstrap.close();
+        }
+        Ok(())
+    }
+
+    /// Queues an operation on buffers given by address: at once, or at the
+    /// end of the thread's current group (NCCL's calls inside
+    /// `ncclGroupStart`/`ncclGroupEnd`).
+    ///
+    /// # Safety
+    /// The buffers must be valid for the sizes NCCL defines for the
+    /// operation and not be accessed by anyone else until it completes (for
+    /// host memory: until the call, or the enclosing `group_end`, returns).
+    #[allow(unsafe_code)]
+    pub unsafe fn enqueue(&self, op: Op) -> Result<()> {
+        let core = self.core()?;
+        let bufs = op.validate(self.user_rank(), self.count())?;
+        group::submit(self.clone(), core, op, bufs)
+    }
+
+    /// Runs one operation now on borrowed buffers.
+    fn run(&self, op: Op) -> Result<()> {
+        if group::depth() > 0 {
+            return Err(Error::InvalidUsage(format!(
+                "{} on borrowed slices cannot join a group started with group_start(): use Group to batch safe calls, or the raw enqueue",
+                op.kind.name()
+            )));
+        }
+        let mut g = group::Group::new();
+        g.push(self, op)?;
+        g.run()
+    }
+
+    /// All-reduce; `input: None` reduces `output` in place.
+    pub fn all_reduce(
+        &self,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        self.run(op_of(OpKind::AllReduce, input, output, dtype, op, 1, 1)?)
+    }
+
+    /// Broadcast from `root`; only the root's input is read (`None`: in place).
+    pub fn broadcast(
+        &self,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
+        self.run(op_of(
+            OpKind::Broadcast { root },
+            input,
+            output,
+            dtype,
+            RedOp::Sum,
+            1,
+            1,
+        )?)
+    }
+
+    /// Reduce to `root`; only the root's output is written.
+    pub fn reduce(
+        &self,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+        root: usize,
+    ) -> Result<()> {
+        self.run(op_of(
+            OpKind::Reduce { root },
+            input,
+            output,
+            dtype,
+            op,
+            1,
+            1,
+        )?)
+    }
+
+    /// All-gather: `output` holds `count()` blocks of `input`'s size;
+    /// `None` gathers in place from this rank's block of `output`.
+    pub fn all_gather(
+        &self,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        dtype: DataType,
+    ) -> Result<()> {
+        let n = self.count();
+        let mut op = op_of(OpKind::AllGather, input, output, dtype, RedOp::Sum, 1, n)?;
+        if input.is_none() {
+            op.input = op
+                .output
+                .wrapping_add(self.user_rank() * op.count * dtype.size());
+        }
+        self.run(op)
+    }
+
+    /// Reduce-scatter in place: `buf` holds `count()` blocks; this rank's
+    /// block receives the result (NCCL's in-place rule:
+    /// recvbuff = sendbuff + rank * recvcount).
+    pub fn reduce_scatter_in_place(
+        &self,
+        buf: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        let n = self.count();
+        let mut op = op_of(OpKind::ReduceScatter, None, buf, dtype, op, 1, n)?;
+        op.output = op
+            .output
+            .wrapping_add(self.user_rank() * op.count * dtype.size());
+        self.run(op)
+    }
+
+    /// Reduce-scatter: `input` holds `count()` blocks of `output`'s size.
+    pub fn reduce_scatter(
+        &self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        let n = self.count();
+        self.run(op_of(
+            OpKind::ReduceScatter,
+            Some(input),
+            output,
+            dtype,
+            op,
+            n,
+            1,
+        )?)
+    }
+
+    pub fn send(&self, input: &[u8], dtype: DataType, peer: usize) -> Result<()> {
+        let mut g = group::Group::new();
+        g.send(self, input, dtype, peer)?;
+        g.run()
+    }
+
+    pub fn recv(&self, output: &mut [u8], dtype: DataType, peer: usize) -> Result<()> {
+        let mut g = group::Group::new();
+        g.recv(self, output, dtype, peer)?;
+        g.run()
+    }
+}
+
+/// Builds an operation from slices, deriving the count from the output
+/// (divided by `out_blocks`) and checking the input's size (`in_blocks` per count).
+pub(crate) fn op_of(
+    kind: OpKind,
+    input: Option<&[u8]>,
+    output: &mut [u8],
+    dtype: DataType,
+    redop: RedOp,
+    in_blocks: usize,
+    out_blocks: usize,
+) -> Result<Op> {
+    let es = dtype.size();
+    if !output.len().is_multiple_of(es * out_blocks) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: recvbuff of {} bytes is not a whole number of {} blocks of {}",
+            kind.name(),
+            output.len(),
+            out_blocks,
+            dtype.name()
+        )));
+    }
+    let count = output.len() / es / out_blocks;
+    if let Some(i) = input {
+        if i.len() != count * es * in_blocks {
+            return Err(Error::InvalidArgument(format!(
+                "{}: sendbuff has {} bytes, expected {} ({} x {} element(s) of {})",
+                kind.name(),
+                i.len(),
+                count * es * in_blocks,
+                in_blocks,
+                count,
+                dtype.name()
+            )));
+        }
+    }
+    let output_ptr = output.as_mut_ptr();
+    Ok(Op {
+        kind,
+        input: input.map_or(output_ptr as *const u8, |i| i.as_ptr()),
+        output: output_ptr,
+        count,
+        dtype,
+        redop,
+    })
+}
+
+/// One line per network linked into this binary, with its devices, for `oxccl info`.
+pub fn net_summary() -> Vec<String> {
+    oxccl_net_socket::force_link();
+    oxccl_plugin::builtin_nets()
+        .into_iter()
+        .map(|b| match (b.init)() {
+            Ok(net) => match net.devices() {
+                Ok(n) => {
+                    let devs: Vec<String> = (0..n)
+                        .filter_map(|d| net.properties(d).ok())
+                        .map(|p| format!("{} ({} Mb/s)", p.name, p.speed_mbps))
+                        .collect();
+                    format!("{} (built in): {n} device(s): {}", b.name, devs.join(", "))
+                }
+                Err(e) => format!("{} (built in): {e}", b.name),
+            },
+            Err(e) => format!("{} (built in): cannot start: {e}", b.name),
+        })
+        .collect()
+}

@@ -1,0 +1,116 @@
+//! The 32-byte descriptor each rank sends its peers at the start of an
+//! operation, so that ranks that called different collectives, counts or
+//! types fail with a message saying so instead of exchanging garbage.
+
+use crate::error::{Error, Result};
+
+pub const HEADER_BYTES: usize = 32;
+const MAGIC: u32 = 0x4f58_4f50; // "OXOP"
+
+/// What an operation is, as its peers must agree on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpHeader {
+    /// Sequence number of the collective, or of the message between a pair for send/recv.
+    pub seq: u64,
+    pub kind: u8,
+    pub dtype: u8,
+    pub redop: u8,
+    pub root: u32,
+    pub count: u64,
+}
+
+pub const KIND_NAMES: [&str; 7] = [
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "reduce_scatter",
+    "send",
+    "recv",
+];
+
+impl OpHeader {
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4] = self.kind;
+        b[5] = self.dtype;
+        b[6] = self.redop;
+        b[8..12].copy_from_slice(&self.root.to_le_bytes());
+        b[12..20].copy_from_slice(&self.seq.to_le_bytes());
+        b[20..28].copy_from_slice(&self.count.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<OpHeader> {
+        if b.len() != HEADER_BYTES || u32::from_le_bytes(b[0..4].try_into().ok()?) != MAGIC {
+            return None;
+        }
+        Some(OpHeader {
+            kind: b[4],
+            dtype: b[5],
+            redop: b[6],
+            root: u32::from_le_bytes(b[8..12].try_into().ok()?),
+            seq: u64::from_le_bytes(b[12..20].try_into().ok()?),
+            count: u64::from_le_bytes(b[20..28].try_into().ok()?),
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        let kind = KIND_NAMES.get(self.kind as usize).copied().unwrap_or("?");
+        let dtype = crate::DataType::from_raw(self.dtype as i32)
+            .map(|d| d.name())
+            .unwrap_or("?");
+        format!(
+            "{kind} #{} (count {}, {dtype}, op {}, root {})",
+            self.seq, self.count, self.redop, self.root
+        )
+    }
+
+    /// Checks what `peer` sent against what this rank expects of it.
+    pub fn check(&self, got: &[u8], peer: usize, rank: usize) -> Result<()> {
+        let Some(theirs) = OpHeader::decode(got) else {
+            return Err(Error::Remote(format!(
+                "rank {peer} sent {} bytes that are not an operation header while this rank ({rank}) started {}: the ranks are out of step",
+                got.len(),
+                self.describe()
+            )));
+        };
+        if theirs != *self {
+            return Err(Error::InvalidUsage(format!(
+                "mismatched operations: rank {peer} called {} while rank {rank} called {}; every rank must call the same collectives in the same order with the same count, type and op",
+                theirs.describe(),
+                self.describe()
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_and_mismatch_message() {
+        let h = OpHeader {
+            seq: 7,
+            kind: 0,
+            dtype: 7,
+            redop: 0,
+            root: 0,
+            count: 100,
+        };
+        assert_eq!(OpHeader::decode(&h.encode()), Some(h));
+        let other = OpHeader { count: 200, ..h };
+        let e = h.check(&other.encode(), 3, 1).unwrap_err().to_string();
+        assert!(
+            e.contains("rank 3")
+                && e.contains("count 200")
+                && e.contains("count 100")
+                && e.contains("#7"),
+            "{e}"
+        );
+        assert!(h.check(&[0; 8], 3, 1).is_err());
+    }
+}

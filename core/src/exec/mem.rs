@@ -1,0 +1,141 @@
+//! The one place the host executor touches raw memory: user buffers and
+//! staging buffers by address, as the network plugin sees them.
+#![allow(unsafe_code)]
+
+use crate::algo::{Buf, Region};
+use crate::error::{Error, Result};
+use crate::reduce::{Reducer, Stage};
+
+/// The user buffers of one operation. Sending and receiving go through the
+/// network by address, and input and output may be the same memory (NCCL's
+/// in-place operations), so they are kept as addresses, not slices.
+#[derive(Debug, Clone, Copy)]
+pub struct OpBuffers {
+    pub input: *const u8,
+    pub in_bytes: usize,
+    pub output: *mut u8,
+    pub out_bytes: usize,
+}
+
+// SAFETY: the addresses are only dereferenced by the executor while the
+// operation runs, and the caller of `enqueue` promised they stay valid and
+// untouched by others until the operation completes (NCCL's contract).
+unsafe impl Send for OpBuffers {}
+// SAFETY: as above; concurrent lanes touch disjoint regions by construction
+// of the schedules.
+unsafe impl Sync for OpBuffers {}
+
+/// A span of memory by address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+impl OpBuffers {
+    /// `n` elements at element `off` of `region`, bounds-checked.
+    pub fn span(&self, region: Region, off: usize, n: usize, esize: usize) -> Result<Span> {
+        let (base, len) = match region.buf {
+            Buf::Input => (self.input as *mut u8, self.in_bytes),
+            Buf::Output => (self.output, self.out_bytes),
+        };
+        let start = (region.offset + off) * esize;
+        let bytes = n * esize;
+        if start + bytes > len || (bytes > 0 && base.is_null()) {
+            return Err(Error::Internal(format!(
+                "schedule addressed bytes {start}..{} of a {len}-byte {:?} buffer",
+                start + bytes,
+                region.buf
+            )));
+        }
+        // `wrapping_add` keeps this free of unsafe; the bounds were checked above.
+        Ok(Span {
+            ptr: base.wrapping_add(start),
+            len: bytes,
+        })
+    }
+}
+
+/// Staging memory owned by the executor.
+pub fn staging(v: &mut [u8]) -> Span {
+    Span {
+        ptr: v.as_mut_ptr(),
+        len: v.len(),
+    }
+}
+
+/// `dst = local (op) received`, or a copy of whichever is present; handles
+/// `dst` being the same memory as either operand.
+pub fn produce(
+    r: &Reducer,
+    dst: Span,
+    local: Option<(Span, bool)>,
+    received: Option<Span>,
+    post: bool,
+) {
+    let len = dst.len;
+    // SAFETY: every span was bounds-checked against a live buffer (user
+    // buffers by `OpBuffers::span`, staging by `staging`); spans either are
+    // identical or do not overlap (schedules never address partial overlaps),
+    // and the identical case is handled by building one mutable slice only.
+    unsafe {
+        match (local, received) {
+            (Some((l, pre)), Some(m)) => {
+                let st = Stage {
+                    pre_a: pre,
+                    pre_b: false,
+                    post,
+                };
+                if l.ptr == dst.ptr {
+                    let acc = std::slice::from_raw_parts_mut(dst.ptr, len);
+                    r.combine_into(acc, std::slice::from_raw_parts(m.ptr, len), st);
+                } else if m.ptr == dst.ptr {
+                    let acc = std::slice::from_raw_parts_mut(dst.ptr, len);
+                    let st = Stage {
+                        pre_a: false,
+                        pre_b: pre,
+                        post,
+                    };
+                    r.combine_into(acc, std::slice::from_raw_parts(l.ptr, len), st);
+                } else {
+                    let d = std::slice::from_raw_parts_mut(dst.ptr, len);
+                    r.combine(
+                        d,
+                        std::slice::from_raw_parts(l.ptr, len),
+                        std::slice::from_raw_parts(m.ptr, len),
+                        st,
+                    );
+                }
+            }
+            (Some((s, pre)), None) => transform(r, dst, s, pre, post),
+            (None, Some(s)) => transform(r, dst, s, false, post),
+            (None, None) => {}
+        }
+    }
+}
+
+/// `dst = post(pre(src))`, in place when they are the same memory.
+///
+/// # Safety
+/// Both spans valid for `dst.len` bytes, identical or disjoint.
+unsafe fn transform(r: &Reducer, dst: Span, src: Span, pre: bool, post: bool) {
+    let len = dst.len;
+    if src.ptr == dst.ptr {
+        if !r.changes(pre, post) {
+            return;
+        }
+        // SAFETY: per the function contract.
+        let buf = unsafe { std::slice::from_raw_parts_mut(dst.ptr, len) };
+        let copy = buf.to_vec();
+        r.copy(buf, &copy, pre, post);
+        return;
+    }
+    // SAFETY: per the function contract.
+    let (d, s) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(dst.ptr, len),
+            std::slice::from_raw_parts(src.ptr, len),
+        )
+    };
+    r.copy(d, s, pre, post);
+}

@@ -1,0 +1,578 @@
+//! The host executor: runs schedules ([`crate::algo::Step`]) over network
+//! connections on memory the CPU can touch.
+//!
+//! A lane is one sequence of steps with its own connections (a channel of a
+//! collective, or the messages to one peer of a group). Each step is cut
+//! into slices that flow through a window of staging slots: receives are
+//! posted ahead, slices are combined in order as they arrive and forwarded at
+//! once, so the network and the reduction overlap. Every call into the
+//! network returns at once; one thread polls all its lanes, which is what
+//! lets sends and receives in any order complete without deadlock.
+
+pub mod header;
+pub mod mem;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use oxccl_plugin::{RecvComm, Request, SendComm};
+
+use crate::algo::{Buf, Step};
+use crate::bootstrap::{Bootstrap, PeerProgress};
+use crate::error::{Error, Result};
+use crate::reduce::Reducer;
+use header::{OpHeader, HEADER_BYTES};
+use mem::{OpBuffers, Span};
+
+/// Staging slots in flight per lane.
+const WINDOW: usize = 4;
+
+/// One sequence of steps and the connections it uses.
+pub struct Lane {
+    pub label: String,
+    /// The channel whose connections the lane holds.
+    pub chan: usize,
+    pub steps: Vec<Step>,
+    pub send: BTreeMap<usize, Box<dyn SendComm>>,
+    pub recv: BTreeMap<usize, Box<dyn RecvComm>>,
+    /// The buffers of each step, or one entry shared by all steps.
+    pub bufs: Vec<OpBuffers>,
+    pub reducer: Reducer,
+    /// Sent to every send peer and expected from every receive peer first.
+    pub header: OpHeader,
+    pub slice_bytes: usize,
+}
+
+/// What the executor needs from the communicator to report failures.
+pub struct ExecCtx<'a> {
+    pub rank: usize,
+    pub what: String,
+    /// Collective sequence number, compared with other ranks' progress on a timeout.
+    pub seq: Option<u64>,
+    pub timeout: Duration,
+    pub aborted: &'a AtomicBool,
+    pub bootstrap: &'a Bootstrap,
+}
+
+impl Lane {
+    fn bufs_of(&self, step: usize) -> &OpBuffers {
+        self.bufs.get(step).unwrap_or(&self.bufs[0])
+    }
+}
+
+struct Task {
+    step: usize,
+    off: usize,
+    n: usize,
+    slot: usize,
+    recv_req: Option<Box<dyn Request>>,
+    recv_span: Option<Span>,
+    recv_done: bool,
+    computed: bool,
+    /// What to send once computed (or, for an exchange, before).
+    send_span: Option<Span>,
+    send_req: Option<Box<dyn Request>>,
+    send_done: bool,
+}
+
+/// A header sent to one peer: (peer, request, done).
+type HeaderSend = (usize, Option<Box<dyn Request>>, bool);
+/// A header expected from one peer: (peer, buffer, request, done).
+type HeaderRecv = (
+    usize,
+    Box<[u8; HEADER_BYTES]>,
+    Option<Box<dyn Request>>,
+    bool,
+);
+
+struct LaneState {
+    next_step: usize,
+    next_off: usize,
+    tasks: VecDeque<Task>,
+    free_slots: Vec<usize>,
+    slots: Vec<(Vec<u8>, Vec<u8>)>,
+    hdr_out: [u8; HEADER_BYTES],
+    hdr_sends: Vec<HeaderSend>,
+    hdr_recvs: Vec<HeaderRecv>,
+    headers_posted: bool,
+    done: bool,
+}
+
+type Progress = Result<bool>;
+
+impl LaneState {
+    fn new(lane: &Lane) -> LaneState {
+        let sends = lane.send.keys().map(|&p| (p, None, false)).collect();
+        let recvs = lane
+            .recv
+            .keys()
+            .map(|&p| (p, Box::new([0u8; HEADER_BYTES]), None, false))
+            .collect();
+        LaneState {
+            next_step: 0,
+            next_off: 0,
+            tasks: VecDeque::new(),
+            free_slots: (0..WINDOW).rev().collect(),
+            slots: (0..WINDOW).map(|_| (Vec::new(), Vec::new())).collect(),
+            hdr_out: lane.header.encode(),
+            hdr_sends: sends,
+            hdr_recvs: recvs,
+            headers_posted: false,
+            done: false,
+        }
+    }
+
+    fn slot(&mut self, i: usize, send: bool, bytes: usize) -> Span {
+        let (r, s) = &mut self.slots[i];
+        let v = if send { s } else { r };
+        if v.len() < bytes {
+            v.resize(bytes, 0);
+        }
+        mem::staging(&mut v[..bytes])
+    }
+
+    /// Advances the lane as far as it can without waiting; returns whether
+    /// anything moved.
+    fn poll(&mut self, lane: &mut Lane, rank: usize) -> Progress {
+        let mut moved = false;
+        moved |= self.post_headers(lane)?;
+        moved |= self.test_headers(lane, rank)?;
+        moved |= self.create_tasks(lane)?;
+        if self.hdr_recvs.iter().all(|h| h.3) {
+            moved |= self.compute(lane)?;
+        }
+        moved |= self.test_sends()?;
+        while self
+            .tasks
+            .front()
+            .is_some_and(|t| t.computed && (t.send_span.is_none() || t.send_done))
+        {
+            let t = self.tasks.pop_front().expect("front exists");
+            self.free_slots.push(t.slot);
+            moved = true;
+        }
+        if self.tasks.is_empty()
+            && self.next_step >= lane.steps.len()
+            && self.hdr_sends.iter().all(|h| h.2)
+            && self.hdr_recvs.iter().all(|h| h.3)
+        {
+            self.done = true;
+        }
+        Ok(moved)
+    }
+
+    fn post_headers(&mut self, lane: &mut Lane) -> Progress {
+        if self.headers_posted {
+            return Ok(false);
+        }
+        let mut all = true;
+        for (peer, req, _) in &mut self.hdr_sends {
+            if req.is_none() {
+                let c = lane.send.get_mut(peer).expect("send peer has a connection");
+                // SAFETY: `hdr_out` lives in this state until the lane completes.
+                #[allow(unsafe_code)]
+                let r = unsafe { c.isend(self.hdr_out.as_ptr(), HEADER_BYTES, 0, None) }
+                    .map_err(|e| net_err(e, "send to", *peer, lane))?;
+                all &= r.is_some();
+                *req = r;
+            }
+        }
+        for (peer, buf, req, _) in &mut self.hdr_recvs {
+            if req.is_none() {
+                let c = lane.recv.get_mut(peer).expect("recv peer has a connection");
+                // SAFETY: the boxed buffer lives in this state until the lane completes.
+                #[allow(unsafe_code)]
+                let r = unsafe { c.irecv(buf.as_mut_ptr(), HEADER_BYTES, 0, None) }
+                    .map_err(|e| net_err(e, "receive from", *peer, lane))?;
+                all &= r.is_some();
+                *req = r;
+            }
+        }
+        self.headers_posted = all;
+        Ok(all)
+    }
+
+    fn test_headers(&mut self, lane: &Lane, rank: usize) -> Progress {
+        let mut moved = false;
+        for (peer, req, done) in &mut self.hdr_sends {
+            if let (Some(r), false) = (req.as_mut(), *done) {
+                if r.test()
+                    .map_err(|e| net_err(e, "send to", *peer, lane))?
+                    .is_some()
+                {
+                    *done = true;
+                    moved = true;
+                }
+            }
+        }
+        for (peer, buf, req, done) in &mut self.hdr_recvs {
+            if let (Some(r), false) = (req.as_mut(), *done) {
+                if let Some(sizes) = r
+                    .test()
+                    .map_err(|e| net_err(e, "receive from", *peer, lane))?
+                {
+                    let got = sizes.first().copied().unwrap_or(0).min(HEADER_BYTES);
+                    lane.header.check(&buf[..got], *peer, rank)?;
+                    *done = true;
+                    moved = true;
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Opens slices in order while slots are free, posting their receives.
+    fn create_tasks(&mut self, lane: &mut Lane) -> Progress {
+        let mut moved = false;
+        let esize = lane.reducer.dtype().size();
+        let slice = (lane.slice_bytes / esize).max(1);
+        // Receives go out only after the header receives, to keep the order on the wire.
+        if !self.headers_posted {
+            return Ok(false);
+        }
+        while let Some(&slot) = self.free_slots.last() {
+            while self.next_step < lane.steps.len()
+                && self.next_off >= lane.steps[self.next_step].count
+            {
+                self.next_step += 1;
+                self.next_off = 0;
+            }
+            let Some(step) = lane.steps.get(self.next_step).copied() else {
+                break;
+            };
+            let n = slice.min(step.count - self.next_off);
+            let mut task = Task {
+                step: self.next_step,
+                off: self.next_off,
+                n,
+                slot,
+                recv_req: None,
+                recv_span: None,
+                recv_done: step.recv.is_none(),
+                computed: false,
+                send_span: None,
+                send_req: None,
+                send_done: false,
+            };
+            if let Some(peer) = step.recv {
+                // Straight into the output when nothing is combined with it on the way.
+                let direct = step.src.is_none() && !(step.finalize && lane.reducer.has_post());
+                let span = match step.dst {
+                    Some(d) if direct => lane.bufs_of(task.step).span(d, task.off, n, esize)?,
+                    _ => self.slot(slot, false, n * esize),
+                };
+                let c = lane
+                    .recv
+                    .get_mut(&peer)
+                    .expect("recv peer has a connection");
+                // SAFETY: the span is a bounds-checked user or staging buffer
+                // that nothing else touches until this task completes.
+                #[allow(unsafe_code)]
+                let req = unsafe { c.irecv(span.ptr, span.len, 0, None) }
+                    .map_err(|e| net_err(e, "receive from", peer, lane))?;
+                let Some(req) = req else { break };
+                task.recv_req = Some(req);
+                task.recv_span = Some(span);
+            }
+            self.free_slots.pop();
+            self.next_off += n;
+            self.tasks.push_back(task);
+            moved = true;
+        }
+        Ok(moved)
+    }
+
+    /// Combines arrived slices in order and queues what they send.
+    fn compute(&mut self, lane: &mut Lane) -> Progress {
+        let mut moved = false;
+        let esize = lane.reducer.dtype().size();
+        for i in 0..self.tasks.len() {
+            if self.tasks[i].computed {
+                continue;
+            }
+            let step = lane.steps[self.tasks[i].step];
+            let (off, n, slot) = (self.tasks[i].off, self.tasks[i].n, self.tasks[i].slot);
+            let local = match step.src {
+                Some(s) => Some((
+                    lane.bufs_of(self.tasks[i].step).span(s, off, n, esize)?,
+                    s.buf == Buf::Input,
+                )),
+                None => None,
+            };
+            if step.send_local && self.tasks[i].send_span.is_none() {
+                // An exchange: what goes out is the value before combining, so
+                // it is copied aside first (the combine may overwrite it).
+                let (l, pre) = local.expect("an exchange has a local operand");
+                let out = self.slot(slot, true, n * esize);
+                mem::produce(&lane.reducer, out, Some((l, pre)), None, false);
+                self.tasks[i].send_span = Some(out);
+                moved |= self.post_sends(lane)?;
+            }
+            let t = &mut self.tasks[i];
+            if !t.recv_done {
+                let peer = step.recv.expect("pending receive has a peer");
+                let req = t.recv_req.as_mut().expect("posted");
+                match req
+                    .test()
+                    .map_err(|e| net_err(e, "receive from", peer, lane))?
+                {
+                    Some(sizes) => {
+                        let got = sizes.first().copied().unwrap_or(0);
+                        if got != n * esize {
+                            return Err(Error::Remote(format!(
+                                "{}: rank {peer} sent {got} bytes where {} were expected: the ranks disagree on the operation",
+                                lane.label,
+                                n * esize
+                            )));
+                        }
+                        t.recv_done = true;
+                    }
+                    None => break,
+                }
+            }
+            let received = t.recv_span;
+            let post = step.finalize;
+            let result = match (step.dst, received, local) {
+                (Some(d), _, _) => {
+                    let dst = lane.bufs_of(self.tasks[i].step).span(d, off, n, esize)?;
+                    if received != Some(dst) {
+                        mem::produce(&lane.reducer, dst, local, received, post);
+                    }
+                    dst
+                }
+                (None, Some(m), Some(_)) => {
+                    mem::produce(&lane.reducer, m, local, Some(m), post);
+                    m
+                }
+                (None, Some(m), None) => m,
+                (None, None, Some((l, pre))) => {
+                    if lane.reducer.changes(pre, post) {
+                        let out = self.slot(slot, true, n * esize);
+                        mem::produce(&lane.reducer, out, Some((l, pre)), None, post);
+                        out
+                    } else {
+                        l
+                    }
+                }
+                (None, None, None) => {
+                    return Err(Error::Internal(format!(
+                        "{}: a step with no data",
+                        lane.label
+                    )))
+                }
+            };
+            let t = &mut self.tasks[i];
+            t.computed = true;
+            if step.send.is_some() && !step.send_local {
+                t.send_span = Some(result);
+            }
+            moved = true;
+            moved |= self.post_sends(lane)?;
+        }
+        Ok(moved)
+    }
+
+    /// Posts queued sends strictly in task order (the order on the wire).
+    fn post_sends(&mut self, lane: &mut Lane) -> Progress {
+        let mut moved = false;
+        for t in self.tasks.iter_mut() {
+            let step = lane.steps[t.step];
+            if step.send.is_none() || t.send_req.is_some() || t.send_done {
+                continue;
+            }
+            let Some(span) = t.send_span else { break };
+            let peer = step.send.expect("checked");
+            let c = lane
+                .send
+                .get_mut(&peer)
+                .expect("send peer has a connection");
+            // SAFETY: the span stays valid and unchanged until the send
+            // completes: the task holds its slot, and user regions being sent
+            // are not written by later tasks of the schedule.
+            #[allow(unsafe_code)]
+            let req = unsafe { c.isend(span.ptr, span.len, 0, None) }
+                .map_err(|e| net_err(e, "send to", peer, lane))?;
+            match req {
+                Some(r) => {
+                    t.send_req = Some(r);
+                    moved = true;
+                }
+                None => break,
+            }
+        }
+        Ok(moved)
+    }
+
+    fn test_sends(&mut self) -> Progress {
+        let mut moved = false;
+        for t in self.tasks.iter_mut() {
+            if let (Some(r), false) = (t.send_req.as_mut(), t.send_done) {
+                if r.test()
+                    .map_err(|e| Error::from(e).context("send"))?
+                    .is_some()
+                {
+                    t.send_done = true;
+                    moved = true;
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Peers this lane is waiting on, for the timeout message.
+    fn waiting_on(&self, lane: &Lane) -> Vec<String> {
+        let mut w = Vec::new();
+        for (p, _, _, done) in &self.hdr_recvs {
+            if !done {
+                w.push(format!("to receive from rank {p} ({})", lane.label));
+            }
+        }
+        if let Some(t) = self.tasks.iter().find(|t| !t.recv_done) {
+            if let Some(p) = lane.steps[t.step].recv {
+                w.push(format!(
+                    "to receive from rank {p} ({}, step {})",
+                    lane.label, t.step
+                ));
+            }
+        }
+        if let Some(t) = self
+            .tasks
+            .iter()
+            .find(|t| t.send_req.is_some() && !t.send_done)
+        {
+            if let Some(p) = lane.steps[t.step].send {
+                w.push(format!(
+                    "for rank {p} to take data ({}, step {})",
+                    lane.label, t.step
+                ));
+            }
+        }
+        w.dedup();
+        w
+    }
+}
+
+fn net_err(e: oxccl_plugin::NetError, dir: &str, peer: usize, lane: &Lane) -> Error {
+    Error::from(e).context(format!("{dir} rank {peer} ({})", lane.label))
+}
+
+/// Runs lanes to completion on this thread.
+pub fn run(lanes: &mut [Lane], ctx: &ExecCtx<'_>) -> Result<()> {
+    let mut states: Vec<LaneState> = lanes.iter().map(LaneState::new).collect();
+    let mut last_move = Instant::now();
+    let mut idle: u32 = 0;
+    loop {
+        let mut moved = false;
+        let mut all_done = true;
+        for (lane, st) in lanes.iter_mut().zip(states.iter_mut()) {
+            if st.done {
+                continue;
+            }
+            moved |= st
+                .poll(lane, ctx.rank)
+                .map_err(|e| prefer_peer_report(ctx, e))?;
+            all_done &= st.done;
+        }
+        if all_done {
+            return Ok(());
+        }
+        if moved {
+            last_move = Instant::now();
+            idle = 0;
+            continue;
+        }
+        idle = idle.saturating_add(1);
+        if idle < 200 {
+            std::hint::spin_loop();
+            continue;
+        }
+        if ctx.aborted.load(Ordering::Relaxed) {
+            return Err(Error::InvalidUsage(format!(
+                "{}: the communicator was aborted",
+                ctx.what
+            )));
+        }
+        if idle.is_multiple_of(64) {
+            if let Some((who, msg)) = ctx.bootstrap.remote_failure() {
+                return Err(Error::Remote(format!("rank {who} failed: {msg}")));
+            }
+            if last_move.elapsed() > ctx.timeout {
+                let waits: Vec<String> = lanes
+                    .iter()
+                    .zip(&states)
+                    .filter(|(_, s)| !s.done)
+                    .flat_map(|(l, s)| s.waiting_on(l))
+                    .collect();
+                return Err(timeout_error(ctx, &waits));
+            }
+        }
+        if idle < 2000 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+/// A broken connection is usually the echo of a failure another rank has
+/// already reported (and then exited): its report says more, so wait a
+/// moment for it and prefer it.
+fn prefer_peer_report(ctx: &ExecCtx<'_>, e: Error) -> Error {
+    if !matches!(e, Error::Remote(_) | Error::System(_)) {
+        return e;
+    }
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(300) {
+        if let Some((who, msg)) = ctx.bootstrap.remote_failure() {
+            return Error::Remote(format!("rank {who} failed: {msg} (seen here as: {e})"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    e
+}
+
+/// Names what this rank waited for and, by asking every rank how far it
+/// got, the ranks that never arrived at this operation.
+fn timeout_error(ctx: &ExecCtx<'_>, waits: &[String]) -> Error {
+    let mut msg = format!(
+        "{} on rank {}: no progress for {:.1} s (NCCL_TIMEOUT) waiting {}",
+        ctx.what,
+        ctx.rank,
+        ctx.timeout.as_secs_f64(),
+        if waits.is_empty() {
+            "on peers".to_string()
+        } else {
+            waits.join(", ")
+        }
+    );
+    if let Some(seq) = ctx.seq {
+        let progress = ctx.bootstrap.query_progress();
+        let behind: Vec<String> = progress
+            .iter()
+            .enumerate()
+            .filter_map(|(r, p)| match p {
+                PeerProgress::Started(n) if *n <= seq => {
+                    Some(format!("{r} (started {n} operations)"))
+                }
+                _ => None,
+            })
+            .collect();
+        let gone: Vec<String> = progress
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| matches!(p, PeerProgress::Unreachable))
+            .map(|(r, _)| r.to_string())
+            .collect();
+        if !behind.is_empty() {
+            msg += &format!(
+                "; ranks that never arrived at operation #{seq}: {}",
+                behind.join(", ")
+            );
+        }
+        if !gone.is_empty() {
+            msg += &format!("; ranks not answering (dead or hung): {}", gone.join(", "));
+        }
+    }
+    Error::Remote(msg)
+}

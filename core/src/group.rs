@@ -1,0 +1,320 @@
+//! Groups: operations collected between `group_start` and `group_end`
+//! (nesting counts) and run together, across communicators.
+//!
+//! Two front ends share one runner: the thread's group, for callers that
+//! hand buffers by address (the C API's `ncclGroupStart`/`ncclGroupEnd`),
+//! and [`Group`], a builder whose lifetime keeps borrowed slices alive
+//! until it runs.
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::comm::{op_of, Comm, Core};
+use crate::dtype::{DataType, RedOp};
+use crate::error::{Error, Result};
+use crate::exec::mem::OpBuffers;
+use crate::op::{Op, OpKind};
+
+pub(crate) struct Task {
+    comm: Comm,
+    core: Arc<Core>,
+    op: Op,
+    bufs: OpBuffers,
+}
+
+#[derive(Default)]
+struct Pending {
+    depth: usize,
+    tasks: Vec<Task>,
+}
+
+thread_local! {
+    static GROUP: RefCell<Pending> = RefCell::default();
+}
+
+/// Opens (or nests) the thread's group.
+pub fn group_start() {
+    GROUP.with(|g| g.borrow_mut().depth += 1);
+}
+
+/// Closes one level of the thread's group; the outermost runs everything
+/// queued since the outermost `group_start`.
+pub fn group_end() -> Result<()> {
+    let tasks = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Err(Error::InvalidUsage(
+                "group_end without a matching group_start".into(),
+            ));
+        }
+        g.depth -= 1;
+        Ok(if g.depth == 0 {
+            std::mem::take(&mut g.tasks)
+        } else {
+            Vec::new()
+        })
+    })?;
+    run_tasks(tasks)
+}
+
+/// Nesting depth of the thread's group.
+pub fn depth() -> usize {
+    GROUP.with(|g| g.borrow().depth)
+}
+
+pub(crate) fn submit(comm: Comm, core: Arc<Core>, op: Op, bufs: OpBuffers) -> Result<()> {
+    let task = Task {
+        comm,
+        core,
+        op,
+        bufs,
+    };
+    let queued = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 {
+            g.tasks.push(task);
+            None
+        } else {
+            Some(task)
+        }
+    });
+    match queued {
+        Some(t) => run_tasks(vec![t]),
+        None => Ok(()),
+    }
+}
+
+/// One communicator's share of a group.
+type PerComm = (Comm, Arc<Core>, Vec<(Op, OpBuffers)>);
+
+/// Runs tasks: each communicator's in its order, communicators at once
+/// (one thread each) since each may wait on another's peers.
+fn run_tasks(tasks: Vec<Task>) -> Result<()> {
+    let mut per_comm: Vec<PerComm> = Vec::new();
+    for t in tasks {
+        match per_comm
+            .iter_mut()
+            .find(|(_, c, _)| Arc::ptr_eq(c, &t.core))
+        {
+            Some((_, _, ops)) => ops.push((t.op, t.bufs)),
+            None => per_comm.push((t.comm, t.core, vec![(t.op, t.bufs)])),
+        }
+    }
+    let run_one =
+        |(comm, core, ops): &PerComm| core.execute(ops).inspect_err(|e| comm.record_failure(e));
+    match per_comm.len() {
+        0 => Ok(()),
+        1 => run_one(&per_comm[0]),
+        _ => std::thread::scope(|s| {
+            let hs: Vec<_> = per_comm
+                .iter()
+                .map(|pc| s.spawn(move || run_one(pc)))
+                .collect();
+            let results: Vec<Result<()>> = hs
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Internal("a group thread panicked".into())))
+                })
+                .collect();
+            results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
+        }),
+    }
+}
+
+/// Operations on borrowed slices, run together by [`Group::run`]; may span
+/// communicators (one thread driving several ranks, as with `init_all`).
+#[derive(Default)]
+pub struct Group<'a> {
+    tasks: Vec<Task>,
+    _borrows: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> Group<'a> {
+    pub fn new() -> Group<'a> {
+        Group {
+            tasks: Vec::new(),
+            _borrows: PhantomData,
+        }
+    }
+
+    pub(crate) fn push(&mut self, comm: &Comm, op: Op) -> Result<&mut Self> {
+        let core = comm.core()?;
+        let bufs = op.validate(comm.user_rank(), comm.count())?;
+        self.tasks.push(Task {
+            comm: comm.clone(),
+            core,
+            op,
+            bufs,
+        });
+        Ok(self)
+    }
+
+    pub fn send(
+        &mut self,
+        comm: &Comm,
+        input: &'a [u8],
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<&mut Self> {
+        check_whole(input.len(), dtype)?;
+        let op = Op {
+            kind: OpKind::Send { peer },
+            input: input.as_ptr(),
+            output: std::ptr::null_mut(),
+            count: input.len() / dtype.size(),
+            dtype,
+            redop: RedOp::Sum,
+        };
+        self.push(comm, op)
+    }
+
+    pub fn recv(
+        &mut self,
+        comm: &Comm,
+        output: &'a mut [u8],
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<&mut Self> {
+        check_whole(output.len(), dtype)?;
+        let op = Op {
+            kind: OpKind::Recv { peer },
+            input: std::ptr::null(),
+            output: output.as_mut_ptr(),
+            count: output.len() / dtype.size(),
+            dtype,
+            redop: RedOp::Sum,
+        };
+        self.push(comm, op)
+    }
+
+    pub fn all_reduce(
+        &mut self,
+        comm: &Comm,
+        input: Option<&'a [u8]>,
+        output: &'a mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<&mut Self> {
+        let op = op_of(OpKind::AllReduce, input, output, dtype, op, 1, 1)?;
+        self.push(comm, op)
+    }
+
+    pub fn broadcast(
+        &mut self,
+        comm: &Comm,
+        input: Option<&'a [u8]>,
+        output: &'a mut [u8],
+        dtype: DataType,
+        root: usize,
+    ) -> Result<&mut Self> {
+        let op = op_of(
+            OpKind::Broadcast { root },
+            input,
+            output,
+            dtype,
+            RedOp::Sum,
+            1,
+            1,
+        )?;
+        self.push(comm, op)
+    }
+
+    /// Runs every operation; the first error is returned.
+    pub fn run(self) -> Result<()> {
+        run_tasks(self.tasks)
+    }
+}
+
+fn check_whole(len: usize, dtype: DataType) -> Result<()> {
+    if !len.is_multiple_of(dtype.size()) {
+        return Err(Error::InvalidArgument(format!(
+            "a buffer of {len} bytes is not a whole number of {}",
+            dtype.name()
+        )));
+    }
+    Ok(())
+}
+
+/// All-to-all as grouped sends and receives: block `i` of `input` goes to
+/// rank `i`, block `j` of `output` comes from rank `j`.
+pub fn all_to_all(comm: &Comm, input: &[u8], output: &mut [u8], dtype: DataType) -> Result<()> {
+    let n = comm.count();
+    if input.len() != output.len() || !input.len().is_multiple_of(n * dtype.size()) {
+        return Err(Error::InvalidArgument(format!(
+            "all_to_all: sendbuff ({} bytes) and recvbuff ({} bytes) must be equal and hold {n} blocks of {}",
+            input.len(),
+            output.len(),
+            dtype.name()
+        )));
+    }
+    let block = input.len() / n;
+    let mut g = Group::new();
+    for (peer, (i, o)) in input
+        .chunks(block.max(1))
+        .zip(output.chunks_mut(block.max(1)))
+        .enumerate()
+        .take(n)
+    {
+        g.send(comm, i, dtype, peer)?;
+        g.recv(comm, o, dtype, peer)?;
+    }
+    g.run()
+}
+
+/// Gather to `root` as grouped sends and receives (`output` only at the root).
+pub fn gather(
+    comm: &Comm,
+    input: &[u8],
+    output: Option<&mut [u8]>,
+    dtype: DataType,
+    root: usize,
+) -> Result<()> {
+    let n = comm.count();
+    let mut g = Group::new();
+    g.send(comm, input, dtype, root)?;
+    if comm.user_rank() == root {
+        let out = output
+            .ok_or_else(|| Error::InvalidArgument("gather: the root needs a recvbuff".into()))?;
+        if out.len() != input.len() * n {
+            return Err(Error::InvalidArgument(format!(
+                "gather: recvbuff has {} bytes, expected {}",
+                out.len(),
+                input.len() * n
+            )));
+        }
+        for (peer, o) in out.chunks_mut(input.len().max(1)).enumerate().take(n) {
+            g.recv(comm, o, dtype, peer)?;
+        }
+    }
+    g.run()
+}
+
+/// Scatter from `root` as grouped sends and receives (`input` only at the root).
+pub fn scatter(
+    comm: &Comm,
+    input: Option<&[u8]>,
+    output: &mut [u8],
+    dtype: DataType,
+    root: usize,
+) -> Result<()> {
+    let n = comm.count();
+    let mut g = Group::new();
+    if comm.user_rank() == root {
+        let inp = input
+            .ok_or_else(|| Error::InvalidArgument("scatter: the root needs a sendbuff".into()))?;
+        if inp.len() != output.len() * n {
+            return Err(Error::InvalidArgument(format!(
+                "scatter: sendbuff has {} bytes, expected {}",
+                inp.len(),
+                output.len() * n
+            )));
+        }
+        for (peer, i) in inp.chunks(output.len().max(1)).enumerate().take(n) {
+            g.send(comm, i, dtype, peer)?;
+        }
+    }
+    g.recv(comm, output, dtype, root)?;
+    g.run()
+}

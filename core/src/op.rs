@@ -1,0 +1,142 @@
+//! One operation as the caller asked for it, and the checks made before
+//! anything is touched.
+
+use crate::algo::Coll;
+use crate::dtype::{DataType, RedOp};
+use crate::error::{Error, Result};
+use crate::exec::mem::OpBuffers;
+
+/// What an operation does, with its root or peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    AllReduce,
+    Broadcast { root: usize },
+    Reduce { root: usize },
+    AllGather,
+    ReduceScatter,
+    Send { peer: usize },
+    Recv { peer: usize },
+}
+
+impl OpKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpKind::Send { .. } => "send",
+            OpKind::Recv { .. } => "recv",
+            other => other.coll().map(|c| c.name()).unwrap_or("?"),
+        }
+    }
+
+    pub fn coll(&self) -> Option<Coll> {
+        Some(match *self {
+            OpKind::AllReduce => Coll::AllReduce,
+            OpKind::Broadcast { root } => Coll::Broadcast { root },
+            OpKind::Reduce { root } => Coll::Reduce { root },
+            OpKind::AllGather => Coll::AllGather,
+            OpKind::ReduceScatter => Coll::ReduceScatter,
+            OpKind::Send { .. } | OpKind::Recv { .. } => return None,
+        })
+    }
+
+    /// Code carried in the operation header.
+    pub(crate) fn code(&self) -> u8 {
+        match self {
+            OpKind::AllReduce => 0,
+            OpKind::Broadcast { .. } => 1,
+            OpKind::Reduce { .. } => 2,
+            OpKind::AllGather => 3,
+            OpKind::ReduceScatter => 4,
+            OpKind::Send { .. } | OpKind::Recv { .. } => 5,
+        }
+    }
+
+    pub(crate) fn root(&self) -> usize {
+        match *self {
+            OpKind::Broadcast { root } | OpKind::Reduce { root } => root,
+            _ => 0,
+        }
+    }
+}
+
+/// An operation on buffers given by address (NCCL's arguments).
+#[derive(Debug, Clone, Copy)]
+pub struct Op {
+    pub kind: OpKind,
+    pub input: *const u8,
+    pub output: *mut u8,
+    /// NCCL's count: elements per rank (all-gather's send count,
+    /// reduce-scatter's receive count).
+    pub count: usize,
+    pub dtype: DataType,
+    pub redop: RedOp,
+}
+
+// SAFETY: an `Op` is only a description; its addresses are dereferenced by
+// the executor under the contract of `Comm::enqueue`.
+#[allow(unsafe_code)]
+unsafe impl Send for Op {}
+// SAFETY: as for Send: shared references never dereference the addresses.
+#[allow(unsafe_code)]
+unsafe impl Sync for Op {}
+
+impl Op {
+    pub fn describe(&self) -> String {
+        format!(
+            "{}(count {}, {}, {})",
+            self.kind.name(),
+            self.count,
+            self.dtype.name(),
+            self.redop.name()
+        )
+    }
+
+    /// Checks the arguments against a communicator of `nranks` and returns
+    /// the buffers with their sizes. Nothing is touched on failure.
+    pub fn validate(&self, rank: usize, nranks: usize) -> Result<OpBuffers> {
+        let bad = |m: String| Err(Error::InvalidArgument(format!("{}: {m}", self.kind.name())));
+        match self.kind {
+            OpKind::Broadcast { root } | OpKind::Reduce { root } if root >= nranks => {
+                return bad(format!("root {root} is out of range: the communicator has {nranks} ranks (0..{nranks})"))
+            }
+            OpKind::Send { peer } | OpKind::Recv { peer } if peer >= nranks => {
+                return bad(format!("peer {peer} is out of range: the communicator has {nranks} ranks (0..{nranks})"))
+            }
+            _ => {}
+        }
+        let bytes = self.count.checked_mul(self.dtype.size());
+        let all = bytes
+            .and_then(|b| b.checked_mul(nranks))
+            .filter(|b| *b <= isize::MAX as usize);
+        let (Some(bytes), Some(all)) = (bytes, all) else {
+            return bad(format!(
+                "count {} of {} overflows the address space ({} ranks)",
+                self.count,
+                self.dtype.name(),
+                nranks
+            ));
+        };
+        let (in_bytes, out_bytes) = match self.kind {
+            OpKind::AllGather => (bytes, all),
+            OpKind::ReduceScatter => (all, bytes),
+            OpKind::Send { .. } => (bytes, 0),
+            OpKind::Recv { .. } => (0, bytes),
+            OpKind::Broadcast { root } if root != rank => (0, bytes),
+            OpKind::Reduce { root } if root != rank => (bytes, 0),
+            _ => (bytes, bytes),
+        };
+        if self.count > 0 {
+            if in_bytes > 0 && self.input.is_null() {
+                return bad("sendbuff is null with count > 0".into());
+            }
+            if out_bytes > 0 && self.output.is_null() {
+                return bad("recvbuff is null with count > 0".into());
+            }
+        }
+        Ok(OpBuffers {
+            input: self.input,
+            in_bytes,
+            output: self.output,
+            out_bytes,
+        })
+    }
+}

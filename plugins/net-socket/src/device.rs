@@ -1,0 +1,34 @@
+//! Devices: one per chosen network interface, with NCCL's properties.
+
+use oxccl_netif::{Family, Iface};
+use oxccl_plugin::{NetError, NetProperties, PtrType};
+
+pub fn discover(ifname: Option<&str>, family: Family) -> Result<Vec<Iface>, NetError> {
+    oxccl_netif::find_interfaces(ifname, family, 16)
+        .map_err(|e| NetError::InvalidArgument(e.to_string()))
+}
+
+pub fn properties(i: &Iface) -> NetProperties {
+    let sys = format!("/sys/class/net/{}", i.name);
+    let speed = std::fs::read_to_string(format!("{sys}/speed"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .filter(|s| *s > 0)
+        .unwrap_or(10_000);
+    let pci_path = std::fs::canonicalize(format!("{sys}/device"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    NetProperties {
+        name: i.name.clone(),
+        pci_path,
+        guid: 0,
+        ptr_support: PtrType::Host as i32,
+        reg_is_global: true,
+        speed_mbps: speed,
+        port: 0,
+        latency_us: 0.0,
+        max_comms: 65536,
+        max_recvs: 1,
+        max_p2p_bytes: 1 << 40,
+    }
+}

@@ -1,0 +1,252 @@
+//! Bad arguments are refused with a message naming the argument and touch
+//! nothing; a dead rank, a hung rank or mismatched calls end in an error on
+//! every other rank within a bounded time, naming the ranks and the
+//! operation.
+
+use std::time::{Duration, Instant};
+
+use oxccl::{Comm, CommConfig, DataType, Op, OpKind, RedOp};
+use oxccl_tests::{as_child, spawn};
+
+fn comms(n: usize) -> Vec<Comm> {
+    Comm::init_all(
+        n,
+        &CommConfig::default()
+            .with("SOCKET_IFNAME", "lo")
+            .with("TIMEOUT", "20"),
+    )
+    .unwrap()
+}
+
+fn enqueue_err(c: &Comm, op: Op) -> String {
+    // SAFETY: the test passes valid buffers or null ones that validation refuses.
+    unsafe { c.enqueue(op) }.unwrap_err().to_string()
+}
+
+#[test]
+fn bad_arguments_are_named_and_touch_nothing() {
+    let cs = comms(1);
+    let c = &cs[0];
+    let mut out = vec![0xabu8; 64];
+    let base = Op {
+        kind: OpKind::AllReduce,
+        input: out.as_ptr(),
+        output: out.as_mut_ptr(),
+        count: 4,
+        dtype: DataType::Float32,
+        redop: RedOp::Sum,
+    };
+    let e = enqueue_err(
+        c,
+        Op {
+            input: std::ptr::null(),
+            ..base
+        },
+    );
+    assert!(e.contains("sendbuff is null"), "{e}");
+    let e = enqueue_err(
+        c,
+        Op {
+            output: std::ptr::null_mut(),
+            ..base
+        },
+    );
+    assert!(e.contains("recvbuff is null"), "{e}");
+    let e = enqueue_err(
+        c,
+        Op {
+            kind: OpKind::Broadcast { root: 3 },
+            ..base
+        },
+    );
+    assert!(e.contains("root 3"), "{e}");
+    let e = enqueue_err(
+        c,
+        Op {
+            kind: OpKind::Send { peer: 9 },
+            ..base
+        },
+    );
+    assert!(e.contains("peer 9"), "{e}");
+    let e = enqueue_err(
+        c,
+        Op {
+            count: usize::MAX / 2,
+            ..base
+        },
+    );
+    assert!(e.contains("overflow"), "{e}");
+    assert!(DataType::from_raw(12)
+        .unwrap_err()
+        .to_string()
+        .contains("datatype 12"));
+    assert!(RedOp::from_raw(7).unwrap_err().to_string().contains("op 7"));
+    assert!(DataType::parse("float17")
+        .unwrap_err()
+        .to_string()
+        .contains("float17"));
+    // Count 0 with null buffers is legal and does nothing.
+    // SAFETY: count 0 touches no memory.
+    unsafe {
+        c.enqueue(Op {
+            count: 0,
+            input: std::ptr::null(),
+            output: std::ptr::null_mut(),
+            ..base
+        })
+    }
+    .unwrap();
+    let mut small = vec![0u8; 6];
+    let e = c
+        .all_reduce(None, &mut small, DataType::Float32, RedOp::Sum)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("6 bytes"), "{e}");
+    assert_eq!(out, vec![0xabu8; 64], "a refused call touched a buffer");
+    let e = Comm::init_rank(2, Comm::unique_id().unwrap(), 2, &CommConfig::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rank 2"), "{e}");
+    let e = CommConfig::default().with("SOCKET_IFNAME", "nosuchif0");
+    let e = Comm::init_rank(1, Comm::unique_id().unwrap(), 0, &e)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("NCCL_SOCKET_IFNAME") && e.contains("nosuchif0"),
+        "{e}"
+    );
+}
+
+/// Runs `name` on `n` ranks with a short timeout, returning each rank's stderr.
+fn fault_run(name: &str, n: usize) -> Vec<oxccl_cli::launch::Finished> {
+    let start = Instant::now();
+    let done = spawn(name, n, &[("NCCL_TIMEOUT", "4")], Duration::from_secs(60));
+    assert!(
+        start.elapsed() < Duration::from_secs(40),
+        "took {:?}",
+        start.elapsed()
+    );
+    done
+}
+
+/// Every surviving rank exits 0 after asserting its own error.
+fn survivors_ok(done: &[oxccl_cli::launch::Finished], dead: usize) {
+    for f in done.iter().filter(|f| f.rank != dead) {
+        assert!(
+            f.status.is_some_and(|s| s.success()),
+            "rank {}: {:?}\n{}\n{}",
+            f.rank,
+            f.status,
+            f.stdout,
+            f.stderr
+        );
+    }
+}
+
+fn expect_error(comm: &Comm, what: &[&str]) {
+    let start = Instant::now();
+    let mut b = vec![0u8; 4096];
+    let e = comm
+        .all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+        .unwrap_err()
+        .to_string();
+    eprintln!("error after {:?}: {e}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "error came after {:?}",
+        start.elapsed()
+    );
+    for w in what {
+        assert!(e.contains(w), "error {e:?} lacks {w:?}");
+    }
+}
+
+#[test]
+fn dead_rank_is_named_on_every_other_rank() {
+    let name = "dead_rank_is_named_on_every_other_rank";
+    if as_child(name, |r| {
+        let comm = r.comm(&[]);
+        let mut b = vec![0u8; 4096];
+        comm.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+            .unwrap();
+        if r.rank == 2 {
+            std::process::exit(3);
+        }
+        expect_error(&comm, &["rank", "#1"]);
+    }) {
+        return;
+    }
+    let done = fault_run(name, 4);
+    survivors_ok(&done, 2);
+    for f in done.iter().filter(|f| f.rank != 2) {
+        assert!(
+            f.stderr.contains("rank 2")
+                || f.stderr.contains("ranks not answering (dead or hung): 2"),
+            "rank {} does not name rank 2:\n{}",
+            f.rank,
+            f.stderr
+        );
+    }
+}
+
+#[test]
+fn hung_rank_is_named_as_never_arrived() {
+    let name = "hung_rank_is_named_as_never_arrived";
+    if as_child(name, |r| {
+        let comm = r.comm(&[]);
+        let mut b = vec![0u8; 64];
+        comm.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+            .unwrap();
+        if r.rank == 1 {
+            // Alive but never calls the second collective.
+            std::thread::sleep(Duration::from_secs(12));
+            return;
+        }
+        expect_error(&comm, &["#1", "never arrived", "1 (started 1"]);
+    }) {
+        return;
+    }
+    let done = fault_run(name, 3);
+    survivors_ok(&done, 1);
+}
+
+#[test]
+fn mismatched_counts_fail_on_every_rank() {
+    let name = "mismatched_counts_fail_on_every_rank";
+    if as_child(name, |r| {
+        let comm = r.comm(&[]);
+        let count = if r.rank == 1 { 200 } else { 100 };
+        let mut b = vec![0u8; count * 4];
+        let e = comm
+            .all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+            .unwrap_err()
+            .to_string();
+        eprintln!("rank {}: {e}", r.rank);
+        assert!(e.contains("count 200") || e.contains("failed"), "{e}");
+    }) {
+        return;
+    }
+    let done = fault_run(name, 3);
+    survivors_ok(&done, usize::MAX);
+}
+
+#[test]
+fn different_collectives_fail_on_every_rank() {
+    let name = "different_collectives_fail_on_every_rank";
+    if as_child(name, |r| {
+        let comm = r.comm(&[]);
+        let mut b = vec![0u8; 64 * 3];
+        let e = if r.rank == 0 {
+            comm.all_gather(None, &mut b, DataType::Float32)
+        } else {
+            comm.all_reduce(None, &mut b[..64], DataType::Float32, RedOp::Sum)
+        };
+        let e = e.unwrap_err().to_string();
+        eprintln!("rank {}: {e}", r.rank);
+        assert!(e.contains("all_gather") || e.contains("failed"), "{e}");
+    }) {
+        return;
+    }
+    let done = fault_run(name, 3);
+    survivors_ok(&done, usize::MAX);
+}
