@@ -175,7 +175,7 @@ params! {
     /// Smallest number of channels (parallel lanes per collective).
     min_nchannels: u64 = "MIN_NCHANNELS", "1";
     /// Largest number of channels.
-    max_nchannels: u64 = "MAX_NCHANNELS", "4";
+    max_nchannels: u64 = "MAX_NCHANNELS", "2";
     /// Bytes of one pipelined slice on the network.
     chunk_size: u64 = "CHUNK_SIZE", "512K";
     /// Configuration file in KEY=VALUE form (replaces ~/.nccl.conf and /etc/nccl.conf).

@@ -39,7 +39,8 @@ pub struct Lane {
     /// The buffers of each step, or one entry shared by all steps.
     pub bufs: Vec<OpBuffers>,
     pub reducer: Reducer,
-    /// Sent to every send peer and expected from every receive peer first.
+    /// Leads the first message to every send peer and is expected in front
+    /// of the first from every receive peer.
     pub header: OpHeader,
     pub slice_bytes: usize,
 }
@@ -67,7 +68,10 @@ struct Task {
     n: usize,
     slot: usize,
     recv_req: Option<Box<dyn Request>>,
+    /// Where the slice's data lands (after the header, if prefixed).
     recv_span: Option<Span>,
+    /// This receive also carries the peer's operation header.
+    prefixed: bool,
     recv_done: bool,
     computed: bool,
     /// What to send once computed (or, for an exchange, before).
@@ -76,26 +80,18 @@ struct Task {
     send_done: bool,
 }
 
-/// A header sent to one peer: (peer, request, done).
-type HeaderSend = (usize, Option<Box<dyn Request>>, bool);
-/// A header expected from one peer: (peer, buffer, request, done).
-type HeaderRecv = (
-    usize,
-    Box<[u8; HEADER_BYTES]>,
-    Option<Box<dyn Request>>,
-    bool,
-);
-
 struct LaneState {
     next_step: usize,
     next_off: usize,
     tasks: VecDeque<Task>,
     free_slots: Vec<usize>,
     slots: Vec<(Vec<u8>, Vec<u8>)>,
-    hdr_out: [u8; HEADER_BYTES],
-    hdr_sends: Vec<HeaderSend>,
-    hdr_recvs: Vec<HeaderRecv>,
-    headers_posted: bool,
+    hdr: [u8; HEADER_BYTES],
+    /// Peers whose first message (the one carrying the header) is posted.
+    hdr_sent: Vec<usize>,
+    hdr_recv_posted: Vec<usize>,
+    /// Header + first slice, per send peer, kept until the lane completes.
+    first_sends: Vec<Vec<u8>>,
     done: bool,
 }
 
@@ -103,22 +99,16 @@ type Progress = Result<bool>;
 
 impl LaneState {
     fn new(lane: &Lane) -> LaneState {
-        let sends = lane.send.keys().map(|&p| (p, None, false)).collect();
-        let recvs = lane
-            .recv
-            .keys()
-            .map(|&p| (p, Box::new([0u8; HEADER_BYTES]), None, false))
-            .collect();
         LaneState {
             next_step: 0,
             next_off: 0,
             tasks: VecDeque::new(),
             free_slots: (0..WINDOW).rev().collect(),
             slots: (0..WINDOW).map(|_| (Vec::new(), Vec::new())).collect(),
-            hdr_out: lane.header.encode(),
-            hdr_sends: sends,
-            hdr_recvs: recvs,
-            headers_posted: false,
+            hdr: lane.header.encode(),
+            hdr_sent: Vec::new(),
+            hdr_recv_posted: Vec::new(),
+            first_sends: Vec::new(),
             done: false,
         }
     }
@@ -136,12 +126,8 @@ impl LaneState {
     /// anything moved.
     fn poll(&mut self, lane: &mut Lane, rank: usize) -> Progress {
         let mut moved = false;
-        moved |= self.post_headers(lane)?;
-        moved |= self.test_headers(lane, rank)?;
         moved |= self.create_tasks(lane)?;
-        if self.hdr_recvs.iter().all(|h| h.3) {
-            moved |= self.compute(lane)?;
-        }
+        moved |= self.compute(lane, rank)?;
         moved |= self.test_sends()?;
         while self
             .tasks
@@ -152,85 +138,19 @@ impl LaneState {
             self.free_slots.push(t.slot);
             moved = true;
         }
-        if self.tasks.is_empty()
-            && self.next_step >= lane.steps.len()
-            && self.hdr_sends.iter().all(|h| h.2)
-            && self.hdr_recvs.iter().all(|h| h.3)
-        {
+        if self.tasks.is_empty() && self.next_step >= lane.steps.len() {
             self.done = true;
         }
         Ok(moved)
     }
 
-    fn post_headers(&mut self, lane: &mut Lane) -> Progress {
-        if self.headers_posted {
-            return Ok(false);
-        }
-        let mut all = true;
-        for (peer, req, _) in &mut self.hdr_sends {
-            if req.is_none() {
-                let c = lane.send.get_mut(peer).expect("send peer has a connection");
-                // SAFETY: `hdr_out` lives in this state until the lane completes.
-                #[allow(unsafe_code)]
-                let r = unsafe { c.isend(self.hdr_out.as_ptr(), HEADER_BYTES, 0, None) }
-                    .map_err(|e| net_err(e, "send to", *peer, lane))?;
-                all &= r.is_some();
-                *req = r;
-            }
-        }
-        for (peer, buf, req, _) in &mut self.hdr_recvs {
-            if req.is_none() {
-                let c = lane.recv.get_mut(peer).expect("recv peer has a connection");
-                // SAFETY: the boxed buffer lives in this state until the lane completes.
-                #[allow(unsafe_code)]
-                let r = unsafe { c.irecv(buf.as_mut_ptr(), HEADER_BYTES, 0, None) }
-                    .map_err(|e| net_err(e, "receive from", *peer, lane))?;
-                all &= r.is_some();
-                *req = r;
-            }
-        }
-        self.headers_posted = all;
-        Ok(all)
-    }
-
-    fn test_headers(&mut self, lane: &Lane, rank: usize) -> Progress {
-        let mut moved = false;
-        for (peer, req, done) in &mut self.hdr_sends {
-            if let (Some(r), false) = (req.as_mut(), *done) {
-                if r.test()
-                    .map_err(|e| net_err(e, "send to", *peer, lane))?
-                    .is_some()
-                {
-                    *done = true;
-                    moved = true;
-                }
-            }
-        }
-        for (peer, buf, req, done) in &mut self.hdr_recvs {
-            if let (Some(r), false) = (req.as_mut(), *done) {
-                if let Some(sizes) = r
-                    .test()
-                    .map_err(|e| net_err(e, "receive from", *peer, lane))?
-                {
-                    let got = sizes.first().copied().unwrap_or(0).min(HEADER_BYTES);
-                    lane.header.check(&buf[..got], *peer, rank)?;
-                    *done = true;
-                    moved = true;
-                }
-            }
-        }
-        Ok(moved)
-    }
-
     /// Opens slices in order while slots are free, posting their receives.
+    /// The first message from each peer carries the operation header in
+    /// front of its data, so checking costs no extra message.
     fn create_tasks(&mut self, lane: &mut Lane) -> Progress {
         let mut moved = false;
         let esize = lane.reducer.dtype().size();
         let slice = (lane.slice_bytes / esize).max(1);
-        // Receives go out only after the header receives, to keep the order on the wire.
-        if !self.headers_posted {
-            return Ok(false);
-        }
         while let Some(&slot) = self.free_slots.last() {
             while self.next_step < lane.steps.len()
                 && self.next_off >= lane.steps[self.next_step].count
@@ -249,6 +169,7 @@ impl LaneState {
                 slot,
                 recv_req: None,
                 recv_span: None,
+                prefixed: false,
                 recv_done: step.recv.is_none(),
                 computed: false,
                 send_span: None,
@@ -256,11 +177,34 @@ impl LaneState {
                 send_done: false,
             };
             if let Some(peer) = step.recv {
+                task.prefixed = !self.hdr_recv_posted.contains(&peer);
                 // Straight into the output when nothing is combined with it on the way.
-                let direct = step.src.is_none() && !(step.finalize && lane.reducer.has_post());
-                let span = match step.dst {
-                    Some(d) if direct => lane.bufs_of(task.step).span(d, task.off, n, esize)?,
-                    _ => self.slot(slot, false, n * esize),
+                let direct = step.src.is_none()
+                    && !(step.finalize && lane.reducer.has_post())
+                    && !task.prefixed;
+                let (post, data) = match step.dst {
+                    Some(d) if direct => {
+                        let s = lane.bufs_of(task.step).span(d, task.off, n, esize)?;
+                        (s, s)
+                    }
+                    _ => {
+                        // A first message has room for a whole slice, so that a peer
+                        // that disagrees on the count is caught by its header, not
+                        // by a truncation inside the network.
+                        let (extra, room) = if task.prefixed {
+                            (HEADER_BYTES, (n * esize).max(lane.slice_bytes))
+                        } else {
+                            (0, n * esize)
+                        };
+                        let whole = self.slot(slot, false, extra + room);
+                        (
+                            whole,
+                            Span {
+                                ptr: whole.ptr.wrapping_add(extra),
+                                len: n * esize,
+                            },
+                        )
+                    }
                 };
                 let c = lane
                     .recv
@@ -269,11 +213,14 @@ impl LaneState {
                 // SAFETY: the span is a bounds-checked user or staging buffer
                 // that nothing else touches until this task completes.
                 #[allow(unsafe_code)]
-                let req = unsafe { c.irecv(span.ptr, span.len, 0, None) }
+                let req = unsafe { c.irecv(post.ptr, post.len, 0, None) }
                     .map_err(|e| net_err(e, "receive from", peer, lane))?;
                 let Some(req) = req else { break };
+                if task.prefixed {
+                    self.hdr_recv_posted.push(peer);
+                }
                 task.recv_req = Some(req);
-                task.recv_span = Some(span);
+                task.recv_span = Some(data);
             }
             self.free_slots.pop();
             self.next_off += n;
@@ -284,7 +231,7 @@ impl LaneState {
     }
 
     /// Combines arrived slices in order and queues what they send.
-    fn compute(&mut self, lane: &mut Lane) -> Progress {
+    fn compute(&mut self, lane: &mut Lane, rank: usize) -> Progress {
         let mut moved = false;
         let esize = lane.reducer.dtype().size();
         for i in 0..self.tasks.len() {
@@ -319,11 +266,20 @@ impl LaneState {
                 {
                     Some(sizes) => {
                         let got = sizes.first().copied().unwrap_or(0);
-                        if got != n * esize {
+                        let data = t.recv_span.expect("posted").ptr;
+                        if t.prefixed {
+                            let hdr = data.wrapping_sub(HEADER_BYTES);
+                            lane.header.check(
+                                mem::read(hdr, got.min(HEADER_BYTES)).as_slice(),
+                                peer,
+                                rank,
+                            )?;
+                        }
+                        let want = n * esize + if t.prefixed { HEADER_BYTES } else { 0 };
+                        if got != want {
                             return Err(Error::Remote(format!(
-                                "{}: rank {peer} sent {got} bytes where {} were expected: the ranks disagree on the operation",
-                                lane.label,
-                                n * esize
+                                "{}: rank {peer} sent {got} bytes where {want} were expected: the ranks disagree on the operation",
+                                lane.label
                             )));
                         }
                         t.recv_done = true;
@@ -383,22 +339,42 @@ impl LaneState {
             }
             let Some(span) = t.send_span else { break };
             let peer = step.send.expect("checked");
+            let first = !self.hdr_sent.contains(&peer);
+            let out = if first {
+                // The first message to a peer leads with the header.
+                let mut v = Vec::with_capacity(HEADER_BYTES + span.len);
+                v.extend_from_slice(&self.hdr);
+                v.extend_from_slice(&mem::read(span.ptr, span.len));
+                self.first_sends.push(v);
+                mem::staging(self.first_sends.last_mut().expect("just pushed"))
+            } else {
+                span
+            };
             let c = lane
                 .send
                 .get_mut(&peer)
                 .expect("send peer has a connection");
             // SAFETY: the span stays valid and unchanged until the send
-            // completes: the task holds its slot, and user regions being sent
-            // are not written by later tasks of the schedule.
+            // completes: the task holds its slot, first messages live in
+            // `first_sends` (never reallocated: each is its own Vec), and
+            // user regions being sent are not written by later tasks.
             #[allow(unsafe_code)]
-            let req = unsafe { c.isend(span.ptr, span.len, 0, None) }
+            let req = unsafe { c.isend(out.ptr, out.len, 0, None) }
                 .map_err(|e| net_err(e, "send to", peer, lane))?;
             match req {
                 Some(r) => {
+                    if first {
+                        self.hdr_sent.push(peer);
+                    }
                     t.send_req = Some(r);
                     moved = true;
                 }
-                None => break,
+                None => {
+                    if first {
+                        self.first_sends.pop();
+                    }
+                    break;
+                }
             }
         }
         Ok(moved)
@@ -423,11 +399,6 @@ impl LaneState {
     /// Peers this lane is waiting on, for the timeout message.
     fn waiting_on(&self, lane: &Lane) -> Vec<String> {
         let mut w = Vec::new();
-        for (p, _, _, done) in &self.hdr_recvs {
-            if !done {
-                w.push(format!("to receive from rank {p} ({})", lane.label));
-            }
-        }
         if let Some(t) = self.tasks.iter().find(|t| !t.recv_done) {
             if let Some(p) = lane.steps[t.step].recv {
                 w.push(format!(
@@ -448,7 +419,6 @@ impl LaneState {
                 ));
             }
         }
-        w.dedup();
         w
     }
 }
@@ -483,21 +453,28 @@ pub fn run(lanes: &mut [Lane], ctx: &ExecCtx<'_>) -> Result<()> {
             continue;
         }
         idle = idle.saturating_add(1);
-        if idle < 200 {
+        // Spin briefly (a small message is a few microseconds away), then
+        // give the cores to the network's helper threads: on a busy machine
+        // a polling thread would otherwise steal the time the copies need.
+        let waited = last_move.elapsed();
+        if waited < Duration::from_micros(20) {
             std::hint::spin_loop();
-            continue;
-        }
-        if ctx.aborted.load(Ordering::Relaxed) {
-            return Err(Error::InvalidUsage(format!(
-                "{}: the communicator was aborted",
-                ctx.what
-            )));
+        } else if waited < Duration::from_millis(5) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(200));
         }
         if idle.is_multiple_of(64) {
+            if ctx.aborted.load(Ordering::Relaxed) {
+                return Err(Error::InvalidUsage(format!(
+                    "{}: the communicator was aborted",
+                    ctx.what
+                )));
+            }
             if let Some((who, msg)) = ctx.bootstrap.remote_failure() {
                 return Err(Error::Remote(format!("rank {who} failed: {msg}")));
             }
-            if last_move.elapsed() > ctx.timeout {
+            if waited > ctx.timeout {
                 let waits: Vec<String> = lanes
                     .iter()
                     .zip(&states)
@@ -506,11 +483,6 @@ pub fn run(lanes: &mut [Lane], ctx: &ExecCtx<'_>) -> Result<()> {
                     .collect();
                 return Err(timeout_error(ctx, &waits));
             }
-        }
-        if idle < 2000 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(50));
         }
     }
 }

@@ -31,6 +31,12 @@ pub fn open(h: &Handle) -> NetResult<Vec<TcpStream>> {
         .collect()
 }
 
+/// No Nagle delay for small messages. Kernel buffer sizes are left to
+/// autotuning: fixing them (1 or 4 MiB) measured 20-40% slower on loopback.
+fn tune(s: &TcpStream) {
+    let _ = s.set_nodelay(true);
+}
+
 /// Builds one end's queue from its sockets (control first).
 pub fn assemble(
     sending: bool,
@@ -40,7 +46,7 @@ pub fn assemble(
 ) -> NetResult<Arc<Mutex<Queue>>> {
     let sys = |e: std::io::Error| NetError::System(format!("connection to {peer}: {e}"));
     for s in &socks {
-        let _ = s.set_nodelay(true);
+        tune(s);
     }
     let ctrl = socks.remove(0);
     let per_worker = per_worker.max(1);

@@ -61,8 +61,9 @@ impl SocketNet {
         nthreads: usize,
         socks_per_thread: usize,
     ) -> NetResult<SocketNet> {
-        let nthreads = nthreads.clamp(1, 16);
-        let socks_per_thread = socks_per_thread.clamp(1, 64 / nthreads);
+        // 0 threads: no data sockets, the caller's thread moves everything.
+        let nthreads = nthreads.min(16);
+        let socks_per_thread = socks_per_thread.clamp(1, 64 / nthreads.max(1));
         Ok(SocketNet {
             devs: device::discover(ifname, family)?,
             nthreads,
@@ -116,7 +117,7 @@ impl Net for SocketNet {
     fn connect(&self, _dev: usize, handle: &mut NetHandle) -> NetResult<Option<Box<dyn SendComm>>> {
         let h = Handle::decode(handle)?;
         let socks = connection::open(&h)?;
-        let per = (h.nsocks as usize / self.nthreads).max(1);
+        let per = (h.nsocks as usize / self.nthreads.max(1)).max(1);
         let queue = connection::assemble(true, h.addr.to_string(), socks, per)?;
         Ok(Some(Box::new(connection::SocketSend { queue })))
     }

@@ -7,7 +7,7 @@
 //! cut by the size in the header, so stripes line up.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -181,45 +181,50 @@ impl Queue {
     }
 
     /// Returns true while the op still needs the control socket.
+    /// Without helper threads every message travels on the control socket,
+    /// moved by the caller's thread as `test` is called.
+    fn inline(&self, size: usize) -> bool {
+        size <= INLINE_MAX || self.data.workers.is_empty()
+    }
+
     fn step_send(&mut self, op: &mut Op) -> NetResult<bool> {
-        while op.header_done < 16 {
-            match self.ctrl.write(&op.header[op.header_done..]) {
+        let inline = self.inline(op.size);
+        #[allow(unsafe_code)]
+        // SAFETY: isend's contract: `size` readable bytes at `addr` until completion.
+        let payload = unsafe {
+            std::slice::from_raw_parts(op.addr as *const u8, if inline { op.size } else { 0 })
+        };
+        // Header and an inline payload leave in one system call (one segment
+        // for a small message), which is most of the latency.
+        while op.header_done < 16 || op.payload_done < payload.len() {
+            let bufs = [
+                IoSlice::new(&op.header[op.header_done..]),
+                IoSlice::new(&payload[op.payload_done..]),
+            ];
+            match self.ctrl.write_vectored(&bufs) {
                 Ok(0) => {
                     return Err(NetError::Remote(format!(
                         "connection to {} closed",
                         self.peer
                     )))
                 }
-                Ok(n) => op.header_done += n,
+                Ok(mut n) => {
+                    let h = n.min(16 - op.header_done);
+                    op.header_done += h;
+                    n -= h;
+                    op.payload_done += n;
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(self.io_err(e)),
             }
         }
-        if op.size > INLINE_MAX {
+        if !inline {
             op.stripes = Some(
                 self.data
                     .dispatch(op.addr, op.size)
                     .map_err(NetError::Internal)?,
             );
-            return Ok(false);
-        }
-        #[allow(unsafe_code)]
-        // SAFETY: isend's contract: `size` readable bytes at `addr` until completion.
-        let buf = unsafe { std::slice::from_raw_parts(op.addr as *const u8, op.size) };
-        while op.payload_done < op.size {
-            match self.ctrl.write(&buf[op.payload_done..]) {
-                Ok(0) => {
-                    return Err(NetError::Remote(format!(
-                        "connection to {} closed",
-                        self.peer
-                    )))
-                }
-                Ok(n) => op.payload_done += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.io_err(e)),
-            }
         }
         Ok(false)
     }
@@ -259,7 +264,7 @@ impl Queue {
                 Err(e) => return Err(self.io_err(e)),
             }
         }
-        if op.size > INLINE_MAX {
+        if !self.inline(op.size) {
             op.stripes = Some(
                 self.data
                     .dispatch(op.addr, op.size)

@@ -67,6 +67,30 @@ fn messages_of_every_size_arrive_in_order() {
 }
 
 #[test]
+fn without_helper_threads_the_caller_moves_large_messages() {
+    let net = SocketNet::new(Some("lo"), Family::V4, 0, 1).unwrap();
+    let (mut s, mut r) = pair(&net);
+    let m: Vec<u8> = (0..(8 << 20) + 1).map(|i| (i % 251) as u8).collect();
+    let mut o = vec![0u8; m.len()];
+    // SAFETY: buffers outlive the requests.
+    let mut rr = unsafe { r.irecv(o.as_mut_ptr(), o.len(), 1, None) }
+        .unwrap()
+        .unwrap();
+    // SAFETY: as above.
+    let mut sr = unsafe { s.isend(m.as_ptr(), m.len(), 1, None) }
+        .unwrap()
+        .unwrap();
+    let start = Instant::now();
+    let (mut sd, mut rd) = (None, None);
+    while sd.is_none() || rd.is_none() {
+        sd = sd.or(sr.test().unwrap());
+        rd = rd.or(rr.test().unwrap());
+        assert!(start.elapsed() < Duration::from_secs(20));
+    }
+    assert_eq!(o, m);
+}
+
+#[test]
 fn truncation_and_peer_loss_are_errors() {
     let net = lo();
     let (mut s, mut r) = pair(&net);
