@@ -25,6 +25,9 @@ use crate::transport::{ConnKey, Connections};
 /// collectives.
 const P2P_CHANNEL: usize = 1 << 16;
 
+/// A lane's staging slots (receive, send).
+type Staging = Vec<(Vec<u8>, Vec<u8>)>;
+
 pub(crate) struct Core {
     pub rank: usize,
     pub nranks: usize,
@@ -38,6 +41,8 @@ pub(crate) struct Core {
     /// Point-to-point groups exchanged with each (peer, is_send).
     p2p_seq: Mutex<BTreeMap<(usize, bool), u64>>,
     conns: Mutex<Connections>,
+    /// Staging buffers per channel, reused by every operation.
+    staging: Mutex<BTreeMap<usize, Staging>>,
     forced_algo: Option<Algo>,
     link: cost::LinkModel,
 }
@@ -80,6 +85,7 @@ impl Core {
             splits: AtomicU64::new(0),
             p2p_seq: Mutex::default(),
             conns: Mutex::default(),
+            staging: Mutex::default(),
             forced_algo,
             link: cost::LinkModel::default(),
         })
@@ -227,7 +233,13 @@ impl Core {
             .filter_map(|k| conns.recv.remove(k).map(|c| (k.1, c)))
             .collect();
         let slice_bytes = (self.cfg.chunk_size as usize).max(64);
+        let staging = self
+            .staging
+            .lock()
+            .map(|mut m| m.remove(&chan).unwrap_or_default())
+            .unwrap_or_default();
         Lane {
+            staging,
             label,
             chan,
             steps,
@@ -243,6 +255,9 @@ impl Core {
     fn put_back(&self, conns: &mut Connections, lanes: Vec<Lane>) {
         for lane in lanes {
             let chan = lane.chan;
+            if let Ok(mut m) = self.staging.lock() {
+                m.insert(chan, lane.staging);
+            }
             conns
                 .send
                 .extend(lane.send.into_iter().map(|(p, c)| ((chan, p), c)));

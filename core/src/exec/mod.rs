@@ -43,6 +43,9 @@ pub struct Lane {
     /// of the first from every receive peer.
     pub header: OpHeader,
     pub slice_bytes: usize,
+    /// Staging buffers, kept by the communicator between operations so
+    /// that a small operation allocates nothing.
+    pub staging: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// What the executor needs from the communicator to report failures.
@@ -98,13 +101,15 @@ struct LaneState {
 type Progress = Result<bool>;
 
 impl LaneState {
-    fn new(lane: &Lane) -> LaneState {
+    fn new(lane: &mut Lane) -> LaneState {
+        let mut slots = std::mem::take(&mut lane.staging);
+        slots.resize_with(WINDOW, Default::default);
         LaneState {
             next_step: 0,
             next_off: 0,
             tasks: VecDeque::new(),
             free_slots: (0..WINDOW).rev().collect(),
-            slots: (0..WINDOW).map(|_| (Vec::new(), Vec::new())).collect(),
+            slots,
             hdr: lane.header.encode(),
             hdr_sent: Vec::new(),
             hdr_recv_posted: Vec::new(),
@@ -429,7 +434,15 @@ fn net_err(e: oxccl_plugin::NetError, dir: &str, peer: usize, lane: &Lane) -> Er
 
 /// Runs lanes to completion on this thread.
 pub fn run(lanes: &mut [Lane], ctx: &ExecCtx<'_>) -> Result<()> {
-    let mut states: Vec<LaneState> = lanes.iter().map(LaneState::new).collect();
+    let mut states: Vec<LaneState> = lanes.iter_mut().map(LaneState::new).collect();
+    let result = drive(lanes, &mut states, ctx);
+    for (lane, st) in lanes.iter_mut().zip(states) {
+        lane.staging = st.slots;
+    }
+    result
+}
+
+fn drive(lanes: &mut [Lane], states: &mut [LaneState], ctx: &ExecCtx<'_>) -> Result<()> {
     let mut last_move = Instant::now();
     let mut idle: u32 = 0;
     loop {
@@ -457,7 +470,7 @@ pub fn run(lanes: &mut [Lane], ctx: &ExecCtx<'_>) -> Result<()> {
         // give the cores to the network's helper threads: on a busy machine
         // a polling thread would otherwise steal the time the copies need.
         let waited = last_move.elapsed();
-        if waited < Duration::from_micros(20) {
+        if waited < Duration::from_micros(50) {
             std::hint::spin_loop();
         } else if waited < Duration::from_millis(5) {
             std::thread::yield_now();
@@ -477,7 +490,7 @@ pub fn run(lanes: &mut [Lane], ctx: &ExecCtx<'_>) -> Result<()> {
             if waited > ctx.timeout {
                 let waits: Vec<String> = lanes
                     .iter()
-                    .zip(&states)
+                    .zip(states.iter())
                     .filter(|(_, s)| !s.done)
                     .flat_map(|(l, s)| s.waiting_on(l))
                     .collect();
