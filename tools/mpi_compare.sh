@@ -15,7 +15,7 @@ for size in 8 67108864; do
   iters=$([ "$size" -le 8 ] && echo 2000 || echo 20)
   echo "## $size bytes, $ranks ranks"
   for round in 1 2 3; do
-    "$bin/oxccl" perf --ranks "$ranks" --coll all_reduce -b "$size" -e "$size" -n "$iters" -w 20 | grep -v '^#' | sed 's/^/oxccl /'
+    "$bin/oxccl" perf --ranks "$ranks" --op all_reduce -b "$size" -e "$size" -n "$iters" -w 20 | grep -v '^#' | sed 's/^/oxccl /'
     mpi "$size" "$iters"
   done
 done

@@ -35,7 +35,7 @@ pub struct PerfArgs {
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     pub dtype: String,
     /// Reduction op (sum, prod, max, min, avg, premulsum) or `all`.
-    #[arg(short = 'o', long = "op", default_value = "sum")]
+    #[arg(short = 'o', long = "redop", default_value = "sum")]
     pub redop: String,
     /// Root of broadcast and reduce.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
@@ -45,8 +45,8 @@ pub struct PerfArgs {
     pub check: u8,
     /// Collective: all_reduce, broadcast, reduce, all_gather, reduce_scatter, sendrecv, all_to_all, or all.
     #[arg(
-        long = "coll",
-        visible_alias = "collective",
+        long = "op",
+        visible_aliases = ["coll", "collective"],
         default_value = "all_reduce"
     )]
     pub coll: String,
