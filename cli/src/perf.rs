@@ -222,6 +222,10 @@ fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
     let mut busbw_sum = 0.0;
     let mut busbw_n = 0usize;
     for &coll in &colls {
+        if lead && colls.len() > 1 {
+            // nccl-tests runs one collective per binary; name each block here.
+            println!("# {}", coll.name());
+        }
         let coll_ops: Vec<RedOp> = if coll.reduces() {
             ops.clone()
         } else {
