@@ -158,10 +158,10 @@ params! {
     socket_ifname: Option<String> = "SOCKET_IFNAME", "";
     /// Address family of the interfaces: AF_INET, AF_INET6 or empty for either.
     socket_family: Option<String> = "SOCKET_FAMILY", "";
-    /// Sockets per helper thread of the socket network.
-    nsocks_perthread: u64 = "NSOCKS_PERTHREAD", "2";
-    /// Helper threads per connection of the socket network.
-    socket_nthreads: u64 = "SOCKET_NTHREADS", "2";
+    /// Sockets per helper thread of the socket network (read by the network itself; unset: 2 on 8+ cores, else 1).
+    nsocks_perthread: Option<String> = "NSOCKS_PERTHREAD", "";
+    /// Helper threads per connection of the socket network (unset: 2 on 8+ cores, else 0: the caller's thread moves the data).
+    socket_nthreads: Option<String> = "SOCKET_NTHREADS", "";
     /// Seconds an operation or the bootstrap may wait on a peer before failing with the ranks it waited for.
     timeout_s: f64 = "TIMEOUT", "300";
     /// Logging: VERSION, WARN, INFO, TRACE (NCCL's levels).

@@ -3,9 +3,18 @@
 use oxccl_netif::{Family, Iface};
 use oxccl_plugin::{NetError, NetProperties, PtrType};
 
+/// One device per interface (its first address, IPv4 before IPv6), as NCCL.
 pub fn discover(ifname: Option<&str>, family: Family) -> Result<Vec<Iface>, NetError> {
-    oxccl_netif::find_interfaces(ifname, family, 16)
-        .map_err(|e| NetError::InvalidArgument(e.to_string()))
+    let mut all = oxccl_netif::find_interfaces(ifname, family, 64)
+        .map_err(|e| NetError::InvalidArgument(e.to_string()))?;
+    let mut seen = Vec::new();
+    all.retain(|i| {
+        let new = !seen.contains(&i.name);
+        seen.push(i.name.clone());
+        new
+    });
+    all.truncate(16);
+    Ok(all)
 }
 
 pub fn properties(i: &Iface) -> NetProperties {
