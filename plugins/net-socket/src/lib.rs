@@ -143,6 +143,10 @@ oxccl_plugin::inventory::submit! {
     BuiltinNet { name: "Socket", priority: 100, init }
 }
 
+// The same network as a plugin library that NCCL (and oxccl) load by path:
+// NCCL_NET_PLUGIN=/path/to/liboxccl_net_socket.so
+oxccl_plugin::export_net_plugin!("oxccl-Socket", init);
+
 /// Referenced by the core so that the linker keeps this crate, and with it
 /// the registration above.
 pub fn force_link() {}

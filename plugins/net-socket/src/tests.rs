@@ -139,3 +139,89 @@ fn properties_describe_the_interface() {
     assert_eq!(p.ptr_support, oxccl_plugin::PtrType::Host as i32);
     assert!(net.properties(5).is_err());
 }
+
+/// The exported C vtable, driven as NCCL drives it.
+#[test]
+#[allow(unsafe_code)]
+fn c_abi_vtable_moves_data() {
+    use std::os::raw::{c_int, c_void};
+    use std::ptr::null_mut;
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+    let v = &super::ncclNetPlugin_v8.0;
+    // SAFETY: each call gets valid pointers, as NCCL passes them.
+    unsafe {
+        assert_eq!((v.init.unwrap())(None), 0);
+        let mut n: c_int = 0;
+        assert_eq!((v.devices.unwrap())(&mut n), 0);
+        assert_eq!(n, 1);
+        let mut props = std::mem::zeroed();
+        assert_eq!((v.get_properties.unwrap())(0, &mut props), 0);
+        assert_eq!(std::ffi::CStr::from_ptr(props.name).to_str().unwrap(), "lo");
+        assert_eq!(
+            (v.devices.unwrap())(null_mut()),
+            oxccl_plugin::ffi::NCCL_INVALID_ARGUMENT
+        );
+        let mut handle = [0u8; 128];
+        let mut listen: *mut c_void = null_mut();
+        assert_eq!(
+            (v.listen.unwrap())(0, handle.as_mut_ptr() as *mut c_void, &mut listen),
+            0
+        );
+        let (mut send, mut recv): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
+        let start = Instant::now();
+        while send.is_null() || recv.is_null() {
+            if send.is_null() {
+                assert_eq!(
+                    (v.connect.unwrap())(
+                        0,
+                        handle.as_mut_ptr() as *mut c_void,
+                        &mut send,
+                        null_mut()
+                    ),
+                    0
+                );
+            }
+            if recv.is_null() {
+                assert_eq!((v.accept.unwrap())(listen, &mut recv, null_mut()), 0);
+            }
+            assert!(start.elapsed() < Duration::from_secs(10));
+        }
+        let msg: Vec<u8> = (0..300_000u32).map(|i| i as u8).collect();
+        let mut out = vec![0u8; msg.len()];
+        let (mut sr, mut rr): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
+        let mut data = out.as_mut_ptr() as *mut c_void;
+        let mut size = out.len() as c_int;
+        let mut tag: c_int = 5;
+        assert_eq!(
+            (v.irecv.unwrap())(recv, 1, &mut data, &mut size, &mut tag, null_mut(), &mut rr),
+            0
+        );
+        assert_eq!(
+            (v.isend.unwrap())(
+                send,
+                msg.as_ptr() as *mut c_void,
+                msg.len() as c_int,
+                5,
+                null_mut(),
+                &mut sr
+            ),
+            0
+        );
+        assert!(!sr.is_null() && !rr.is_null());
+        let (mut sd, mut rd, mut got) = (0, 0, 0);
+        while sd == 0 || rd == 0 {
+            if sd == 0 {
+                assert_eq!((v.test.unwrap())(sr, &mut sd, null_mut()), 0);
+            }
+            if rd == 0 {
+                assert_eq!((v.test.unwrap())(rr, &mut rd, &mut got), 0);
+            }
+            assert!(start.elapsed() < Duration::from_secs(10));
+        }
+        assert_eq!(got as usize, msg.len());
+        assert_eq!(out, msg);
+        for c in [send, recv, listen] {
+            assert_eq!((v.close_send.unwrap())(c), 0);
+        }
+    }
+}

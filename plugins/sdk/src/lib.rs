@@ -6,6 +6,7 @@
 //! properties, non-blocking listen/connect/accept, tagged `isend`/`irecv`/`test`)
 //! so that one implementation can be exported through NCCL's C ABI as well.
 
+pub mod ffi;
 pub mod net;
 
 pub use net::{

@@ -1,0 +1,511 @@
+//! Exports a Rust [`Net`] through NCCL's C ABI. The glue is generated once
+//! here, generic over a [`Provider`]: null checks, panics caught at the
+//! boundary, errors turned into `ncclResult_t` and a WARN line through
+//! NCCL's logger. A plugin writes one line: [`crate::export_net_plugin!`].
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::os::raw::{c_char, c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use super::net_v8::{DeviceHandleV8, NetV8, PropertiesV8};
+use super::*;
+use crate::{
+    ListenComm, MrHandle, Net, NetError, NetResult, PtrType, RecvComm, Request, SendComm,
+    NET_HANDLE_MAXSIZE,
+};
+
+/// Where an exported plugin gets its one network instance.
+pub trait Provider: 'static {
+    fn cell() -> &'static OnceLock<Result<Box<dyn Net>, NetError>>;
+    fn make() -> NetResult<Box<dyn Net>>;
+    /// The C name NCCL prints ("Socket" …), NUL-terminated.
+    const NAME: &'static [u8];
+}
+
+fn net<P: Provider>() -> Result<&'static dyn Net, NetError> {
+    match P::cell().get_or_init(P::make) {
+        Ok(n) => Ok(n.as_ref()),
+        Err(e) => Err(e.clone()),
+    }
+}
+
+static LOGGER: AtomicUsize = AtomicUsize::new(0);
+
+/// Logs through NCCL's logger when one was given (else to stderr).
+pub fn log(level: c_int, msg: &str) {
+    let f = LOGGER.load(Ordering::Acquire);
+    let Ok(text) = CString::new(msg.replace('\0', " ")) else {
+        return;
+    };
+    if f == 0 {
+        eprintln!("oxccl plugin: {msg}");
+        return;
+    }
+    // SAFETY: LOGGER only ever holds a non-null `ncclDebugLogger_t` given
+    // to init; "%s" consumes exactly the one string argument passed.
+    unsafe {
+        let f: unsafe extern "C" fn(
+            c_int,
+            std::os::raw::c_ulong,
+            *const c_char,
+            c_int,
+            *const c_char,
+            ...
+        ) = std::mem::transmute(f);
+        f(
+            level,
+            NCCL_NET,
+            c"oxccl-plugin".as_ptr(),
+            0,
+            c"%s".as_ptr(),
+            text.as_ptr(),
+        );
+    }
+}
+
+fn code(e: &NetError) -> i32 {
+    match e {
+        NetError::InvalidArgument(_) => NCCL_INVALID_ARGUMENT,
+        NetError::System(_) => NCCL_SYSTEM_ERROR,
+        NetError::Remote(_) => NCCL_REMOTE_ERROR,
+        _ => NCCL_INTERNAL_ERROR,
+    }
+}
+
+/// Runs a glue body: a panic or an error becomes a result code and a WARN line.
+fn guard(what: &str, f: impl FnOnce() -> NetResult<()>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => NCCL_SUCCESS,
+        Ok(Err(e)) => {
+            log(NCCL_LOG_WARN, &format!("{what}: {e}"));
+            code(&e)
+        }
+        Err(_) => {
+            log(
+                NCCL_LOG_WARN,
+                &format!("{what}: panic inside the plugin (caught at the C boundary)"),
+            );
+            NCCL_INTERNAL_ERROR
+        }
+    }
+}
+
+fn nonnull<T>(p: *mut T, what: &str) -> NetResult<*mut T> {
+    if p.is_null() {
+        Err(NetError::InvalidArgument(format!("{what} is NULL")))
+    } else {
+        Ok(p)
+    }
+}
+
+/// What a `void*` comm handed to NCCL points at.
+enum Comm {
+    Send(Box<dyn SendComm>),
+    Recv(Box<dyn RecvComm>),
+    Listen(Box<dyn ListenComm>),
+}
+
+fn out_comm(c: Comm) -> *mut c_void {
+    Box::into_raw(Box::new(c)) as *mut c_void
+}
+
+/// # Safety
+/// `p` was returned by `out_comm` and not closed.
+unsafe fn comm<'a>(p: *mut c_void) -> NetResult<&'a mut Comm> {
+    let p = nonnull(p as *mut Comm, "comm")?;
+    // SAFETY: per the function contract.
+    Ok(unsafe { &mut *p })
+}
+
+fn ptr_type(t: c_int) -> NetResult<PtrType> {
+    match t {
+        1 => Ok(PtrType::Host),
+        2 => Ok(PtrType::Cuda),
+        4 => Ok(PtrType::Dmabuf),
+        _ => Err(NetError::InvalidArgument(format!(
+            "memory type {t} is not a NCCL_PTR_* value"
+        ))),
+    }
+}
+
+/// Names of devices, kept alive for NCCL (it keeps the pointers).
+static NAMES: Mutex<Vec<(usize, CString, CString)>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn init<P: Provider>(logger: Logger) -> i32 {
+    if let Some(f) = logger {
+        LOGGER.store(f as usize, Ordering::Release);
+    }
+    guard("init", || {
+        let n = net::<P>()?;
+        log(
+            NCCL_LOG_INFO,
+            &format!(
+                "oxccl net plugin {} (ncclNet_v8) with {} device(s)",
+                n.name(),
+                n.devices()?
+            ),
+        );
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn devices<P: Provider>(ndev: *mut c_int) -> i32 {
+    guard("devices", || {
+        let p = nonnull(ndev, "ndev")?;
+        let n = net::<P>()?.devices()?;
+        // SAFETY: checked non-null; NCCL passes a valid int.
+        unsafe { *p = n as c_int };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn get_properties<P: Provider>(dev: c_int, props: *mut PropertiesV8) -> i32 {
+    guard("getProperties", || {
+        let out = nonnull(props, "props")?;
+        let p = net::<P>()?.properties(dev as usize)?;
+        let mut names = NAMES
+            .lock()
+            .map_err(|_| NetError::Internal("names poisoned".into()))?;
+        if !names.iter().any(|(d, _, _)| *d == dev as usize) {
+            let c = |s: &str| CString::new(s.replace('\0', "")).unwrap_or_default();
+            names.push((dev as usize, c(&p.name), c(&p.pci_path)));
+        }
+        let (_, name, pci) = names
+            .iter()
+            .find(|(d, _, _)| *d == dev as usize)
+            .expect("inserted above");
+        let v = PropertiesV8 {
+            name: name.as_ptr() as *mut c_char,
+            pci_path: if p.pci_path.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                pci.as_ptr() as *mut c_char
+            },
+            guid: p.guid,
+            ptr_support: p.ptr_support,
+            reg_is_global: p.reg_is_global as c_int,
+            speed: p.speed_mbps,
+            port: p.port,
+            latency: p.latency_us,
+            max_comms: p.max_comms,
+            max_recvs: p.max_recvs,
+            net_device_type: 0,
+            net_device_version: 0,
+        };
+        // SAFETY: checked non-null; NCCL passes its properties struct.
+        unsafe { out.write(v) };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn listen<P: Provider>(
+    dev: c_int,
+    handle: *mut c_void,
+    listen_comm: *mut *mut c_void,
+) -> i32 {
+    guard("listen", || {
+        let (h, lc) = (
+            nonnull(handle, "handle")?,
+            nonnull(listen_comm, "listenComm")?,
+        );
+        let (bytes, l) = net::<P>()?.listen(dev as usize)?;
+        // SAFETY: NCCL gives NCCL_NET_HANDLE_MAXSIZE writable bytes and a valid out-pointer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), h as *mut u8, NET_HANDLE_MAXSIZE);
+            *lc = out_comm(Comm::Listen(l));
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn connect<P: Provider>(
+    dev: c_int,
+    handle: *mut c_void,
+    send_comm: *mut *mut c_void,
+    _dev_comm: *mut *mut DeviceHandleV8,
+) -> i32 {
+    guard("connect", || {
+        let (h, sc) = (
+            nonnull(handle as *mut [u8; NET_HANDLE_MAXSIZE], "handle")?,
+            nonnull(send_comm, "sendComm")?,
+        );
+        // SAFETY: the handle is NCCL's 128-byte buffer, which the plugin may use for its state.
+        let r = net::<P>()?.connect(dev as usize, unsafe { &mut *h })?;
+        // SAFETY: valid out-pointer from NCCL.
+        unsafe { *sc = r.map_or(std::ptr::null_mut(), |c| out_comm(Comm::Send(c))) };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn accept(
+    listen_comm: *mut c_void,
+    recv_comm: *mut *mut c_void,
+    _dev: *mut *mut DeviceHandleV8,
+) -> i32 {
+    guard("accept", || {
+        let rc = nonnull(recv_comm, "recvComm")?;
+        // SAFETY: NCCL passes back the listen comm we returned.
+        let Comm::Listen(l) = (unsafe { comm(listen_comm) })? else {
+            return Err(NetError::InvalidArgument(
+                "accept on a comm that is not a listening one".into(),
+            ));
+        };
+        let r = l.accept()?;
+        // SAFETY: valid out-pointer from NCCL.
+        unsafe { *rc = r.map_or(std::ptr::null_mut(), |c| out_comm(Comm::Recv(c))) };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn reg_mr(
+    c: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    ty: c_int,
+    mh: *mut *mut c_void,
+) -> i32 {
+    guard("regMr", || {
+        let out = nonnull(mh, "mhandle")?;
+        let t = ptr_type(ty)?;
+        // SAFETY: NCCL passes a comm we returned.
+        let m = match unsafe { comm(c) }? {
+            Comm::Send(s) => s.reg_mr(data as *mut u8, size, t)?,
+            Comm::Recv(r) => r.reg_mr(data as *mut u8, size, t)?,
+            Comm::Listen(_) => {
+                return Err(NetError::InvalidArgument(
+                    "regMr on a listening comm".into(),
+                ))
+            }
+        };
+        // SAFETY: valid out-pointer from NCCL.
+        unsafe { *out = m.0 as *mut c_void };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn reg_mr_dma_buf(
+    _c: *mut c_void,
+    _d: *mut c_void,
+    _s: usize,
+    _t: c_int,
+    _o: u64,
+    _fd: c_int,
+    _mh: *mut *mut c_void,
+) -> i32 {
+    guard("regMrDmaBuf", || {
+        Err(NetError::InvalidArgument(
+            "this network does not take dma-buf memory".into(),
+        ))
+    })
+}
+
+unsafe extern "C" fn dereg_mr(c: *mut c_void, mh: *mut c_void) -> i32 {
+    guard("deregMr", || {
+        let m = MrHandle(mh as usize);
+        // SAFETY: NCCL passes a comm we returned.
+        match unsafe { comm(c) }? {
+            Comm::Send(s) => s.dereg_mr(m),
+            Comm::Recv(r) => r.dereg_mr(m),
+            Comm::Listen(_) => Err(NetError::InvalidArgument(
+                "deregMr on a listening comm".into(),
+            )),
+        }
+    })
+}
+
+fn out_request(r: Option<Box<dyn Request>>) -> *mut c_void {
+    r.map_or(std::ptr::null_mut(), |r| {
+        Box::into_raw(Box::new(r)) as *mut c_void
+    })
+}
+
+fn mr(p: *mut c_void) -> Option<MrHandle> {
+    (!p.is_null()).then_some(MrHandle(p as usize))
+}
+
+unsafe extern "C" fn isend(
+    c: *mut c_void,
+    data: *mut c_void,
+    size: c_int,
+    tag: c_int,
+    mh: *mut c_void,
+    request: *mut *mut c_void,
+) -> i32 {
+    guard("isend", || {
+        let out = nonnull(request, "request")?;
+        // SAFETY: NCCL passes a send comm we returned.
+        let Comm::Send(s) = (unsafe { comm(c) })? else {
+            return Err(NetError::InvalidArgument(
+                "isend on a comm that is not a send comm".into(),
+            ));
+        };
+        // SAFETY: NCCL keeps `data` valid until the request completes (the ABI's contract).
+        let r = unsafe { s.isend(data as *const u8, size.max(0) as usize, tag, mr(mh)) }?;
+        // SAFETY: valid out-pointer from NCCL.
+        unsafe { *out = out_request(r) };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn irecv(
+    c: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    tags: *mut c_int,
+    mhs: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> i32 {
+    guard("irecv", || {
+        let out = nonnull(request, "request")?;
+        if n != 1 {
+            return Err(NetError::InvalidArgument(format!(
+                "irecv of {n} buffers: this network reports maxRecvs 1"
+            )));
+        }
+        let (d, s, t) = (
+            nonnull(data, "data")?,
+            nonnull(sizes, "sizes")?,
+            nonnull(tags, "tags")?,
+        );
+        // SAFETY: NCCL passes a recv comm we returned and arrays of n = 1 entries.
+        let (Comm::Recv(r), buf, size, tag, m) = (
+            unsafe { comm(c) }?,
+            unsafe { *d },
+            unsafe { *s },
+            unsafe { *t },
+            unsafe {
+                if mhs.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    *mhs
+                }
+            },
+        ) else {
+            return Err(NetError::InvalidArgument(
+                "irecv on a comm that is not a receive comm".into(),
+            ));
+        };
+        // SAFETY: NCCL keeps the buffer valid until the request completes.
+        let req = unsafe { r.irecv(buf as *mut u8, size.max(0) as usize, tag, mr(m)) }?;
+        // SAFETY: valid out-pointer from NCCL.
+        unsafe { *out = out_request(req) };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn iflush(
+    _c: *mut c_void,
+    _n: c_int,
+    _d: *mut *mut c_void,
+    _s: *mut c_int,
+    _m: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> i32 {
+    guard("iflush", || {
+        let out = nonnull(request, "request")?;
+        // Host memory only: nothing to flush.
+        // SAFETY: valid out-pointer from NCCL.
+        unsafe { *out = std::ptr::null_mut() };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> i32 {
+    guard("test", || {
+        let p = nonnull(request as *mut Box<dyn Request>, "request")?;
+        let d = nonnull(done, "done")?;
+        // SAFETY: NCCL passes a request we returned and have not freed.
+        let r = unsafe { &mut *p }.test();
+        let finished = !matches!(r, Ok(None));
+        if finished {
+            // SAFETY: a finished (or failed) request is freed exactly once, here.
+            drop(unsafe { Box::from_raw(p) });
+        }
+        let got = r?;
+        // SAFETY: valid out-pointers from NCCL (`sizes` may be NULL).
+        unsafe {
+            *d = got.is_some() as c_int;
+            if let (Some(v), false) = (got, sizes.is_null()) {
+                *sizes = v.first().copied().unwrap_or(0) as c_int;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Frees a comm we returned.
+unsafe fn close(c: *mut c_void) -> NetResult<()> {
+    let p = nonnull(c as *mut Comm, "comm")?;
+    // SAFETY: NCCL closes each comm once.
+    drop(unsafe { Box::from_raw(p) });
+    Ok(())
+}
+
+unsafe extern "C" fn close_comm(c: *mut c_void) -> i32 {
+    // SAFETY: NCCL passes a comm we returned, once.
+    guard("close", || unsafe { close(c) })
+}
+
+/// The `ncclNet_v8_t` of a provider.
+pub const fn vtable_v8<P: Provider>() -> NetV8 {
+    NetV8 {
+        name: P::NAME.as_ptr() as *const c_char,
+        init: Some(init::<P>),
+        devices: Some(devices::<P>),
+        get_properties: Some(get_properties::<P>),
+        listen: Some(listen::<P>),
+        connect: Some(connect::<P>),
+        accept: Some(accept),
+        reg_mr: Some(reg_mr),
+        reg_mr_dma_buf: Some(reg_mr_dma_buf),
+        dereg_mr: Some(dereg_mr),
+        isend: Some(isend),
+        irecv: Some(irecv),
+        iflush: Some(iflush),
+        test: Some(test),
+        close_send: Some(close_comm),
+        close_recv: Some(close_comm),
+        close_listen: Some(close_comm),
+        get_device_mr: None,
+        irecv_consumed: None,
+    }
+}
+
+/// A vtable in a `static`: it holds pointers only to static data and functions.
+#[repr(transparent)]
+pub struct Exported<T>(pub T);
+
+// SAFETY: the wrapped vtables point at 'static strings and functions only.
+unsafe impl<T> Sync for Exported<T> {}
+
+/// Exports `ncclNetPlugin_v8` for a network made by `$make` (a
+/// `fn() -> NetResult<Box<dyn Net>>`), named `$name` in NCCL's logs.
+#[macro_export]
+macro_rules! export_net_plugin {
+    ($name:literal, $make:path) => {
+        #[doc(hidden)]
+        pub struct __OxcclNetProvider;
+        impl $crate::ffi::export::Provider for __OxcclNetProvider {
+            fn cell(
+            ) -> &'static ::std::sync::OnceLock<Result<Box<dyn $crate::Net>, $crate::NetError>>
+            {
+                static CELL: ::std::sync::OnceLock<Result<Box<dyn $crate::Net>, $crate::NetError>> =
+                    ::std::sync::OnceLock::new();
+                &CELL
+            }
+            fn make() -> $crate::NetResult<Box<dyn $crate::Net>> {
+                $make()
+            }
+            const NAME: &'static [u8] = concat!($name, "\0").as_bytes();
+        }
+        /// NCCL's net plugin symbol, version 8 (loaded by NCCL 2.19 to 2.30).
+        #[no_mangle]
+        #[allow(non_upper_case_globals)]
+        pub static ncclNetPlugin_v8: $crate::ffi::export::Exported<$crate::ffi::net_v8::NetV8> =
+            $crate::ffi::export::Exported($crate::ffi::export::vtable_v8::<__OxcclNetProvider>());
+    };
+}
