@@ -21,6 +21,20 @@ pub fn main() -> Result<i32, String> {
             e.def.doc
         );
     }
+    println!("\n## Net plugin library (NCCL_NET_PLUGIN)");
+    let tried = oxccl::plugin::net::candidates(cfg.net_plugin.as_deref());
+    println!(
+        "  searched: {}",
+        if tried.is_empty() {
+            "nothing (none)".to_string()
+        } else {
+            tried.join(", ")
+        }
+    );
+    match oxccl::plugin::net::load(cfg.net_plugin.as_deref()) {
+        Ok((_, outcome)) => println!("  result: {outcome:?}"),
+        Err(e) => println!("  result: {e}"),
+    }
     println!("\n## Networks linked in");
     for b in oxccl_plugin_list() {
         println!("  {b}");

@@ -170,6 +170,8 @@ params! {
     debug_subsys: Option<String> = "DEBUG_SUBSYS", "";
     /// Algorithm for collectives: Ring or Tree (recursive doubling); empty lets the cost model choose.
     algo: Option<String> = "ALGO", "";
+    /// Network plugin library: a name (`foo` loads libnccl-net-foo.so), a path, or `none`; unset tries libnccl-net.so.
+    net_plugin: Option<String> = "NET_PLUGIN", "";
     /// Network to use by name (e.g. Socket); empty takes the first that has devices.
     net: Option<String> = "NET", "";
     /// Smallest number of channels (parallel lanes per collective).

@@ -16,6 +16,7 @@ pub mod exec;
 pub mod group;
 pub mod log;
 pub mod op;
+pub mod plugin;
 pub mod transport;
 
 pub use bootstrap::UniqueId;

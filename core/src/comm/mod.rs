@@ -7,7 +7,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use oxccl_plugin::Net;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::bootstrap::{get_unique_id, Bootstrap, UniqueId};
 use crate::config::Config;
@@ -103,6 +103,26 @@ fn network(cfg: &Config) -> Result<Arc<dyn Net>> {
         .map_err(|_| Error::Internal("network table poisoned".into()))?;
     if let Some(n) = slot.as_ref() {
         return Ok(n.clone());
+    }
+    let (plugin, _) = crate::plugin::net::load(cfg.net_plugin.as_deref())?;
+    if let Some(net) = plugin {
+        let wanted = cfg
+            .net
+            .as_deref()
+            .is_none_or(|w| w.eq_ignore_ascii_case(net.name()));
+        match net.devices() {
+            Ok(n) if n > 0 && wanted => {
+                info!(target: "oxccl::net", "using network {} from a plugin library ({n} device(s))", net.name());
+                *slot = Some(net.clone());
+                return Ok(net);
+            }
+            Ok(n) => {
+                info!(target: "oxccl::net", "net plugin {} not used: {n} device(s), NCCL_NET={:?}", net.name(), cfg.net)
+            }
+            Err(e) => {
+                warn!(target: "oxccl::net", "net plugin {}: devices() failed: {e}; using the built-in network", net.name())
+            }
+        }
     }
     oxccl_net_socket::force_link();
     let builtins = oxccl_plugin::builtin_nets();
@@ -271,6 +291,11 @@ impl Comm {
                 Err(Error::InvalidUsage(format!("the communicator was {how}")))
             }
         }
+    }
+
+    /// The network this communicator's connections go through.
+    pub fn net_name(&self) -> Result<String> {
+        Ok(self.core()?.net.name().to_string())
     }
 
     pub fn count(&self) -> usize {

@@ -1,0 +1,102 @@
+//! Network plugins loaded from libraries through NCCL's C ABI: our socket
+//! net's `.so` carries collectives; a library that exports no version we
+//! know is refused with a WARN line and the built-in network is used.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use oxccl::{DataType, RedOp};
+use oxccl_cli::perf::Case;
+use oxccl_tests::check::Coll;
+use oxccl_tests::{as_child, assert_all_ok, spawn};
+
+/// The cdylib cargo built with this test binary (target/<profile>/deps/,
+/// where `cargo test` puts it, or target/<profile>/ after `cargo build`).
+fn plugin_path() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let deps = exe.parent()?.to_path_buf();
+    let up = deps.parent()?.to_path_buf();
+    [deps, up]
+        .into_iter()
+        .map(|d| d.join("liboxccl_net_socket.so"))
+        .find(|p| p.exists())
+}
+
+fn run_with_plugin(name: &str, plugin: &str) -> Vec<oxccl_cli::launch::Finished> {
+    let done = spawn(
+        name,
+        2,
+        &[("NCCL_NET_PLUGIN", plugin), ("NCCL_DEBUG", "WARN")],
+        Duration::from_secs(60),
+    );
+    assert_all_ok(&done);
+    done
+}
+
+fn body(expect_net: &str) -> impl FnOnce(oxccl_tests::Rank) + '_ {
+    move |r| {
+        oxccl::log::init();
+        let comm = r.comm(&[]);
+        assert_eq!(comm.net_name().unwrap(), expect_net);
+        for coll in [Coll::AllReduce, Coll::AllGather, Coll::SendRecv] {
+            for size in [8usize, 1 << 20] {
+                let case = Case {
+                    coll,
+                    dtype: DataType::Float32,
+                    op: RedOp::Sum,
+                    root: 0,
+                    size,
+                    inplace: false,
+                };
+                assert_eq!(case.check_once(&comm).unwrap(), 0, "{case:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn socket_plugin_library_carries_collectives() {
+    let name = "socket_plugin_library_carries_collectives";
+    if as_child(name, body("oxccl-Socket")) {
+        return;
+    }
+    let Some(p) = plugin_path() else {
+        println!("skipped: liboxccl_net_socket.so was not built beside the tests (cargo build --workspace builds it)");
+        return;
+    };
+    println!("loading {}", p.display());
+    run_with_plugin(name, p.to_str().unwrap());
+}
+
+#[test]
+fn library_without_a_known_version_falls_back_with_a_warning() {
+    let name = "library_without_a_known_version_falls_back_with_a_warning";
+    if as_child(name, body("Socket")) {
+        return;
+    }
+    // libc opens fine and exports no ncclNetPlugin_v* symbol.
+    let done = run_with_plugin(name, "libc.so.6");
+    for f in &done {
+        assert!(
+            f.stderr.contains("libc.so.6")
+                && f.stderr.contains("exports no net ABI version")
+                && f.stderr.contains("ncclNetPlugin_v8"),
+            "rank {} stderr lacks the WARN line:\n{}",
+            f.rank,
+            f.stderr
+        );
+    }
+}
+
+#[test]
+fn explicit_plugin_that_cannot_be_opened_is_named() {
+    let cfg = oxccl::CommConfig::default().with("NET_PLUGIN", "/nonexistent/libnccl-net-x.so");
+    let id = oxccl::Comm::unique_id().unwrap();
+    let e = oxccl::Comm::init_rank(1, id, 0, &cfg)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("NCCL_NET_PLUGIN") && e.contains("/nonexistent/libnccl-net-x.so"),
+        "{e}"
+    );
+}
