@@ -154,15 +154,7 @@ fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
     let dtypes = list(&args.dtype, &DataType::ALL, |s| {
         DataType::parse(s).map_err(|e| e.to_string())
     })?;
-    let all_ops = [
-        RedOp::Sum,
-        RedOp::Prod,
-        RedOp::Max,
-        RedOp::Min,
-        RedOp::Avg,
-        RedOp::PreMulSum(2.0),
-    ];
-    let ops = list(&args.redop, &all_ops, |s| {
+    let ops = list(&args.redop, &RedOp::ALL, |s| {
         RedOp::parse(s).map_err(|e| e.to_string())
     })?;
     if args.root >= n {

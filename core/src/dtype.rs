@@ -125,6 +125,16 @@ pub enum RedOp {
 }
 
 impl RedOp {
+    /// Every op, the pre-multiplied sum with the scalar 2 (exact in every type).
+    pub const ALL: [RedOp; 6] = [
+        RedOp::Sum,
+        RedOp::Prod,
+        RedOp::Max,
+        RedOp::Min,
+        RedOp::Avg,
+        RedOp::PreMulSum(2.0),
+    ];
+
     /// NCCL's value for the built-in ops; `PreMulSum` has none of its own.
     pub fn from_raw(v: i32) -> Result<RedOp> {
         Ok(match v {

@@ -8,14 +8,7 @@ use oxccl_cli::perf::Case;
 use oxccl_tests::check::Coll;
 use oxccl_tests::{run, Rank};
 
-const OPS: [RedOp; 6] = [
-    RedOp::Sum,
-    RedOp::Prod,
-    RedOp::Max,
-    RedOp::Min,
-    RedOp::Avg,
-    RedOp::PreMulSum(2.0),
-];
+const OPS: [RedOp; 6] = RedOp::ALL;
 const TYPES: [DataType; 12] = DataType::ALL;
 
 /// (datatype, op) pairs: every op on float32, and each other type with a

@@ -91,6 +91,11 @@ impl Core {
         })
     }
 
+    /// Establishes the connections a set of lanes needs.
+    fn connect(&self, conns: &mut Connections, sends: &[ConnKey], recvs: &[ConnKey]) -> Result<()> {
+        conns.ensure(&self.net, &self.bootstrap, sends, recvs, self.cfg.timeout())
+    }
+
     /// Numbers the splits of this communicator, to keep their messages apart.
     pub fn next_split(&self) -> u64 {
         self.splits.fetch_add(1, Ordering::SeqCst)
@@ -163,14 +168,7 @@ impl Core {
             })
             .collect();
         let (sends, recvs) = peers_of(&plans, 0);
-        conns
-            .ensure(
-                &self.net,
-                &self.bootstrap,
-                &sends,
-                &recvs,
-                self.cfg.timeout(),
-            )
+        self.connect(conns, &sends, &recvs)
             .map_err(|e| self.failed(e.context(&what)))?;
         let mut lanes: Vec<Lane> = plans
             .into_iter()
@@ -331,14 +329,7 @@ impl Core {
             .filter(|k| !k.1)
             .map(|k| (P2P_CHANNEL, k.0))
             .collect();
-        conns
-            .ensure(
-                &self.net,
-                &self.bootstrap,
-                &sends,
-                &recvs,
-                self.cfg.timeout(),
-            )
+        self.connect(conns, &sends, &recvs)
             .map_err(|e| self.failed(e))?;
         let mut seqs = self
             .p2p_seq
