@@ -206,7 +206,13 @@ impl Core {
             })
         };
         self.put_back(conns, lanes);
-        result.map_err(|e| self.failed(e.context(&what)))
+        result.map_err(|e| {
+            self.failed(if e.message().contains(&what) {
+                e
+            } else {
+                e.context(&what)
+            })
+        })
     }
 
     /// Takes the connections a lane's steps use out of the table.
