@@ -179,7 +179,7 @@ params! {
     /// Largest number of channels.
     max_nchannels: u64 = "MAX_NCHANNELS", "2";
     /// Bytes of one pipelined slice on the network.
-    chunk_size: u64 = "CHUNK_SIZE", "512K";
+    chunk_size: u64 = "CHUNK_SIZE", "1M";
     /// Configuration file in KEY=VALUE form (replaces ~/.nccl.conf and /etc/nccl.conf).
     conf_file: Option<String> = "CONF_FILE", "";
 }
@@ -281,7 +281,7 @@ mod tests {
     fn defaults_parse() {
         let raw = BTreeMap::new();
         let c = Config::from_raw(&raw).unwrap();
-        assert_eq!(c.chunk_size, 512 << 10);
+        assert_eq!(c.chunk_size, 1 << 20);
         assert_eq!(c.source("CHUNK_SIZE"), Some(&Source::Default));
         assert_eq!(c.entries().count(), PARAMS.len());
     }
