@@ -2,49 +2,73 @@
 //! and the small out-of-band messages ranks send each other (connection
 //! handles, split colors, failure notices, progress queries).
 //!
-//! `proto` holds the protocol without sockets; this file drives it over TCP.
-//! Each rank runs a service thread that accepts peers' connections and
-//! files their frames into a mailbox keyed by (sender, tag), so messages
-//! may arrive in any order.
+//! - `proto`: the protocol without sockets (id layout, frames, tags, the
+//!   allgather and barrier schedules, the root's state machine);
+//! - `root`: the root's thread, serving one communicator init;
+//! - `service`: each rank's incoming side (service thread, readers, mailbox);
+//! - `tcp`: frames on sockets, retries, cached outgoing connections.
+//!
+//! The flow, as NCCL's: `get_unique_id` starts the root (unless
+//! `NCCL_COMM_ID` names it; then rank 0 hosts it inside `init`). Each rank
+//! binds a listener on its bootstrap interface, says hello to the root with
+//! its listen address, and gets every rank's address back. From then on
+//! ranks talk directly: messages are matched by (sender, tag) in FIFO order,
+//! over one lazily made connection per peer and direction.
 
 pub mod proto;
+mod root;
+mod service;
+mod tcp;
 
-use std::collections::{HashMap, VecDeque};
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxccl_netif::Family;
-use tracing::{debug, info, warn};
+use oxccl_netif::{Family, Iface};
+use tracing::{debug, info};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use proto::{Frame, Hello, IdContents, Root, RootAction, FRAME_HEADER};
+use proto::{Frame, FrameReader, Hello, IdContents};
+use service::{Service, Shared};
+use tcp::Outgoing;
 
 /// NCCL's `ncclUniqueId`: 128 opaque bytes holding the root's address and a
-/// random magic.
+/// magic (layout in [`proto::IdContents`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct UniqueId(pub [u8; 128]);
+
+impl UniqueId {
+    /// The root's address, if these bytes are an oxccl id.
+    pub fn root_addr(&self) -> Option<SocketAddr> {
+        IdContents::decode(&self.0).map(|c| c.root)
+    }
+}
 
 impl std::fmt::Debug for UniqueId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match IdContents::decode(&self.0) {
+            Some(c) if c.from_env => write!(f, "UniqueId(root {}, from NCCL_COMM_ID)", c.root),
             Some(c) => write!(f, "UniqueId(root {})", c.root),
             None => write!(f, "UniqueId(?)"),
         }
     }
 }
 
-/// Tags at and above this are the bootstrap's own.
-const TAG_RESERVED: u64 = 1 << 62;
-const TAG_ALLGATHER: u64 = TAG_RESERVED;
-const TAG_REPLY: u64 = TAG_RESERVED | (1 << 61);
+/// User tags are below this; the bootstrap's own are at and above it.
+pub const TAG_RESERVED: u64 = proto::TAG_RESERVED;
+
+/// How long a progress query waits for the peers' answers, at most.
+const QUERY_WAIT: Duration = Duration::from_secs(2);
+/// How long `broadcast_failure` may take in all, and per peer.
+const ABORT_WAIT: Duration = Duration::from_secs(2);
+const ABORT_PER_PEER: Duration = Duration::from_millis(500);
+/// Threads that talk to peers at once in queries and failure notices.
+const FANOUT: usize = 16;
 
 fn family(cfg: &Config) -> Result<Family> {
-    Family::parse(cfg.socket_family.as_deref()).map_err(|e| Error::InvalidArgument(e.to_string()))
+    Family::parse(cfg.socket_family.as_deref()).map_err(netif_err)
 }
 
 fn netif_err(e: oxccl_netif::NetifError) -> Error {
@@ -54,43 +78,76 @@ fn netif_err(e: oxccl_netif::NetifError) -> Error {
     }
 }
 
-/// Creates a unique id (and, unless `NCCL_COMM_ID` is set, starts the root
-/// in this process).
+/// The bootstrap interface: NCCL_SOCKET_IFNAME's first match; else the
+/// interface on the root's subnet (loopback for a loopback root); else the
+/// first by NCCL's default order.
+fn bootstrap_iface(cfg: &Config, root: Option<IpAddr>) -> Result<Iface> {
+    let fam = family(cfg)?;
+    let ifname = cfg
+        .socket_ifname
+        .as_deref()
+        .filter(|s| !s.trim().is_empty());
+    if ifname.is_none() {
+        if let Some(i) = root
+            .map(|r| oxccl_netif::find_for_remote(r, fam))
+            .transpose()
+            .map_err(netif_err)?
+            .flatten()
+        {
+            return Ok(i);
+        }
+    }
+    oxccl_netif::find_interfaces(ifname, fam, 1)
+        .map_err(netif_err)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Internal("find_interfaces returned no interface".into()))
+}
+
+fn listen_on(iface: &Iface, what: &str) -> Result<TcpListener> {
+    TcpListener::bind(SocketAddr::new(iface.addr, 0)).map_err(|e| {
+        Error::io(
+            format!("{what}: cannot listen on {} ({})", iface.name, iface.addr),
+            e,
+        )
+    })
+}
+
+/// Creates a unique id. Unless `NCCL_COMM_ID` is set, this also starts the
+/// root in this process, on the bootstrap interface; it serves one
+/// communicator init and ends (at the latest `NCCL_TIMEOUT` after the first
+/// rank arrived, or after its start when none does).
 pub fn get_unique_id(cfg: &Config) -> Result<UniqueId> {
-    if let Some(s) = cfg.comm_id.as_deref() {
+    if let Some(s) = cfg.comm_id.as_deref().filter(|s| !s.trim().is_empty()) {
         let root = oxccl_netif::parse_socket_addr(s)
             .map_err(|e| Error::InvalidArgument(format!("NCCL_COMM_ID: {e}")))?;
-        // Every rank computes the same id from the same setting.
-        let magic = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
-        info!(target: "oxccl::bootstrap", "NCCL_COMM_ID set to {s}: rank 0 hosts the root at {root}");
+        info!(target: "oxccl::bootstrap", "NCCL_COMM_ID is {s}: rank 0 hosts the root at {root}");
         return Ok(UniqueId(
             IdContents {
                 from_env: true,
-                magic,
+                magic: proto::comm_id_magic(s),
                 root,
             }
             .encode(),
         ));
     }
-    let iface = oxccl_netif::find_interfaces(cfg.socket_ifname.as_deref(), family(cfg)?, 1)
-        .map_err(netif_err)?
-        .remove(0);
-    let listener = TcpListener::bind(SocketAddr::new(iface.addr, 0)).map_err(|e| {
-        Error::io(
-            format!(
-                "bootstrap root: cannot listen on {} ({})",
-                iface.name, iface.addr
-            ),
-            e,
-        )
-    })?;
-    let root = listener
-        .local_addr()
-        .map_err(|e| Error::io("bootstrap root", e))?;
+    start_root(cfg)
+}
+
+/// Starts a root in this process and returns its id, whatever
+/// `NCCL_COMM_ID` says: for communicators made from another one (splits),
+/// which must not all meet at the one NCCL_COMM_ID address.
+pub fn start_root(cfg: &Config) -> Result<UniqueId> {
+    // Near the NCCL_COMM_ID address when there is one (the network the job uses).
+    let near = cfg
+        .comm_id
+        .as_deref()
+        .and_then(|s| oxccl_netif::parse_socket_addr(s).ok())
+        .map(|a| a.ip());
+    let iface = bootstrap_iface(cfg, near)?;
+    let listener = listen_on(&iface, "bootstrap root")?;
     let magic: u64 = rand::random();
-    start_root(listener, magic, cfg.timeout())?;
+    let root = root::spawn(listener, magic, cfg.timeout())?;
     Ok(UniqueId(
         IdContents {
             from_env: false,
@@ -99,128 +156,6 @@ pub fn get_unique_id(cfg: &Config) -> Result<UniqueId> {
         }
         .encode(),
     ))
-}
-
-fn start_root(listener: TcpListener, magic: u64, timeout: Duration) -> Result<()> {
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| Error::io("bootstrap root", e))?;
-    std::thread::Builder::new()
-        .name("oxccl-root".into())
-        .spawn(move || root_loop(listener, magic, timeout))
-        .map_err(|e| Error::System(format!("cannot start the bootstrap root thread: {e}")))?;
-    Ok(())
-}
-
-fn write_frame(s: &mut TcpStream, f: &Frame) -> std::io::Result<()> {
-    s.write_all(&f.encode())
-}
-
-/// Reads one frame; `None` payload length beyond the limit is an error.
-fn read_frame(s: &mut TcpStream) -> std::io::Result<Frame> {
-    let mut h = [0u8; FRAME_HEADER];
-    s.read_exact(&mut h)?;
-    let (mut f, len) = Frame::decode_header(&h);
-    if len > proto::MAX_PAYLOAD {
-        return Err(std::io::Error::new(
-            ErrorKind::InvalidData,
-            format!("frame of {len} bytes"),
-        ));
-    }
-    f.payload = vec![0u8; len];
-    s.read_exact(&mut f.payload)?;
-    Ok(f)
-}
-
-fn root_loop(listener: TcpListener, magic: u64, timeout: Duration) {
-    let addr = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    let start = Instant::now();
-    let mut root = Root::default();
-    let mut conns: Vec<Option<TcpStream>> = Vec::new();
-    let reply = |s: &mut TcpStream, kind: u8, payload: Vec<u8>| {
-        let _ = write_frame(
-            s,
-            &Frame {
-                magic,
-                kind,
-                from: u32::MAX,
-                tag: 0,
-                payload,
-            },
-        );
-    };
-    loop {
-        match listener.accept() {
-            Ok((mut s, peer)) => {
-                let _ = s.set_nonblocking(false);
-                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                let f = match read_frame(&mut s) {
-                    Ok(f) if f.magic == magic && f.kind == proto::HELLO => f,
-                    Ok(_) => {
-                        warn!(target: "oxccl::bootstrap", "root {addr}: refused a connection from {peer}: wrong magic or not a hello (another job, or a stray client)");
-                        continue;
-                    }
-                    Err(e) => {
-                        warn!(target: "oxccl::bootstrap", "root {addr}: refused a connection from {peer}: {e}");
-                        continue;
-                    }
-                };
-                let Some(h) = Hello::decode(f.from, &f.payload) else {
-                    warn!(target: "oxccl::bootstrap", "root {addr}: refused a malformed hello from {peer}");
-                    continue;
-                };
-                conns.push(Some(s));
-                let conn = conns.len() - 1;
-                match root.hello(conn, &h) {
-                    None => {}
-                    Some(RootAction::Refuse { conn, message }) => {
-                        warn!(target: "oxccl::bootstrap", "root {addr}: {message}");
-                        if let Some(mut s) = conns[conn].take() {
-                            reply(&mut s, proto::ERROR, message.into_bytes());
-                        }
-                    }
-                    Some(RootAction::Table(t)) => {
-                        let payload = proto::encode_table(&t);
-                        for s in conns.iter_mut().flatten() {
-                            reply(s, proto::TABLE, payload.clone());
-                        }
-                        debug!(target: "oxccl::bootstrap", "root {addr}: {} ranks joined", t.len());
-                        return;
-                    }
-                    Some(RootAction::Fail(m)) => {
-                        for s in conns.iter_mut().flatten() {
-                            reply(s, proto::ERROR, m.clone().into_bytes());
-                        }
-                        return;
-                    }
-                }
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(2))
-            }
-            Err(e) => {
-                warn!(target: "oxccl::bootstrap", "root {addr}: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-        if start.elapsed() > timeout {
-            if let RootAction::Fail(m) = root.deadline(
-                listener
-                    .local_addr()
-                    .unwrap_or_else(|_| ([0, 0, 0, 0], 0).into()),
-                timeout.as_secs_f64(),
-            ) {
-                warn!(target: "oxccl::bootstrap", "{m}");
-                for s in conns.iter_mut().flatten() {
-                    reply(s, proto::ERROR, m.clone().into_bytes());
-                }
-            }
-            return;
-        }
-    }
 }
 
 /// What one rank reports about its progress when a peer asks.
@@ -232,165 +167,39 @@ pub enum PeerProgress {
     Unreachable,
 }
 
-#[derive(Default)]
-struct Mail {
-    msgs: HashMap<(usize, u64), VecDeque<Vec<u8>>>,
-    failure: Option<(usize, String)>,
-}
-
-/// State shared with the service and reader threads.
-struct Inner {
-    rank: usize,
-    magic: u64,
-    peers: Vec<SocketAddr>,
-    out: Vec<Mutex<Option<TcpStream>>>,
-    mail: Mutex<Mail>,
-    cv: Condvar,
-    closed: AtomicBool,
-    progress: Arc<AtomicU64>,
-    /// Accepted streams, shut down on close to end their readers.
-    accepted: Mutex<Vec<TcpStream>>,
-}
-
-impl Inner {
-    fn lock_mail(&self) -> std::sync::MutexGuard<'_, Mail> {
-        self.mail.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn deliver(&self, from: usize, tag: u64, payload: Vec<u8>) {
-        self.lock_mail()
-            .msgs
-            .entry((from, tag))
-            .or_default()
-            .push_back(payload);
-        self.cv.notify_all();
-    }
-
-    /// Sends one frame to `peer` over the cached connection, reconnecting once.
-    fn send_frame(
-        &self,
-        peer: usize,
-        kind: u8,
-        tag: u64,
-        payload: &[u8],
-        connect_timeout: Duration,
-    ) -> Result<()> {
-        let f = Frame {
-            magic: self.magic,
-            kind,
-            from: self.rank as u32,
-            tag,
-            payload: payload.to_vec(),
-        };
-        let mut slot = self.out[peer].lock().unwrap_or_else(|p| p.into_inner());
-        for attempt in 0..2 {
-            if slot.is_none() {
-                let s = TcpStream::connect_timeout(&self.peers[peer], connect_timeout).map_err(
-                    |e| {
-                        Error::Remote(format!(
-                            "bootstrap: cannot reach rank {peer} at {}: {e}",
-                            self.peers[peer]
-                        ))
-                    },
-                )?;
-                let _ = s.set_nodelay(true);
-                *slot = Some(s);
-            }
-            match write_frame(slot.as_mut().expect("connected"), &f) {
-                Ok(()) => return Ok(()),
-                Err(e) if attempt == 0 => {
-                    debug!(target: "oxccl::bootstrap", "rank {}: resending to rank {peer} after {e}", self.rank);
-                    *slot = None;
-                }
-                Err(e) => {
-                    return Err(Error::Remote(format!(
-                        "bootstrap: sending to rank {peer} failed: {e}"
-                    )))
-                }
-            }
-        }
-        unreachable!("the loop returns")
-    }
-
-    fn serve(self: &Arc<Inner>, listener: TcpListener) {
-        let _ = listener.set_nonblocking(true);
-        while !self.closed.load(Ordering::Acquire) {
-            match listener.accept() {
-                Ok((s, peer)) => {
-                    let _ = s.set_nonblocking(false);
-                    let _ = s.set_nodelay(true);
-                    if let Ok(c) = s.try_clone() {
-                        self.accepted
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(c);
-                    }
-                    let me = self.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("oxccl-bootstrap-rx".into())
-                        .spawn(move || me.read_from(s, peer));
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(2))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(10)),
-            }
-        }
-    }
-
-    fn read_from(self: Arc<Inner>, mut s: TcpStream, peer: SocketAddr) {
-        while let Ok(f) = read_frame(&mut s) {
-            if f.magic != self.magic {
-                warn!(target: "oxccl::bootstrap", "rank {}: refused a connection from {peer}: wrong magic (another job or a stray client)", self.rank);
-                return;
-            }
-            let from = f.from as usize;
-            if from >= self.peers.len() {
-                warn!(target: "oxccl::bootstrap", "rank {}: refused a frame from {peer} claiming to be rank {from}", self.rank);
-                return;
-            }
-            match f.kind {
-                proto::DATA => self.deliver(from, f.tag, f.payload),
-                proto::REPLY => self.deliver(from, TAG_REPLY | f.tag, f.payload),
-                proto::ABORT => {
-                    let msg = String::from_utf8_lossy(&f.payload).into_owned();
-                    self.lock_mail().failure.get_or_insert((from, msg));
-                    self.cv.notify_all();
-                }
-                proto::QUERY => {
-                    let n = self.progress.load(Ordering::SeqCst).to_le_bytes();
-                    let _ = self.send_frame(from, proto::REPLY, f.tag, &n, Duration::from_secs(1));
-                }
-                other => {
-                    warn!(target: "oxccl::bootstrap", "rank {}: unexpected frame kind {other} from rank {from}", self.rank);
-                }
-            }
-        }
-    }
-}
-
-/// A rank's bootstrap endpoint within one communicator.
+/// A rank's bootstrap endpoint within one communicator. `Send + Sync`:
+/// point-to-point calls may come from any thread; `allgather` and
+/// `barrier` are collective, called by every rank in the same order (one
+/// at a time per rank).
 pub struct Bootstrap {
-    nranks: usize,
-    inner: Arc<Inner>,
+    shared: Arc<Shared>,
+    service: Service,
+    out: Outgoing,
     timeout: Duration,
-    epoch: AtomicU64,
-    queries: AtomicU64,
-    service: Mutex<Option<JoinHandle<()>>>,
+    allgathers: AtomicU64,
+    barriers: AtomicU64,
 }
 
 impl Bootstrap {
-    /// Joins the communicator described by `id`: reaches the root, learns
-    /// every rank's address, and starts serving peers.
+    /// Joins the communicator described by `id` as `rank` of `nranks`:
+    /// starts serving peers, reaches the root (retrying until
+    /// `NCCL_TIMEOUT` while it is not up), and learns every rank's address.
     pub fn init(id: &UniqueId, rank: usize, nranks: usize, cfg: &Config) -> Result<Bootstrap> {
         if rank >= nranks {
             return Err(Error::InvalidArgument(format!(
-                "rank {rank} is out of range: nranks is {nranks}"
+                "rank {rank} is out of range: nranks is {nranks}, so rank must be below it"
+            )));
+        }
+        if nranks > proto::MAX_RANKS {
+            return Err(Error::InvalidArgument(format!(
+                "nranks {nranks} is above the {} ranks oxccl supports",
+                proto::MAX_RANKS
             )));
         }
         let c = IdContents::decode(&id.0).ok_or_else(|| {
             Error::InvalidArgument(
-                "the unique id was not made by oxccl's get_unique_id (bad version)".into(),
+                "the unique id was not made by oxccl's get_unique_id (unknown version or address)"
+                    .into(),
             )
         })?;
         let timeout = cfg.timeout();
@@ -401,317 +210,322 @@ impl Bootstrap {
                     e,
                 )
             })?;
-            start_root(l, c.magic, timeout)?;
+            root::spawn(l, c.magic, timeout)?;
         }
-        let fam = family(cfg)?;
-        let iface = match cfg.socket_ifname.as_deref() {
-            Some(s) => oxccl_netif::find_interfaces(Some(s), fam, 1)
-                .map_err(netif_err)?
-                .remove(0),
-            None => match oxccl_netif::find_for_remote(c.root.ip(), fam).map_err(netif_err)? {
-                Some(i) => i,
-                None => oxccl_netif::find_interfaces(None, fam, 1)
-                    .map_err(netif_err)?
-                    .remove(0),
-            },
-        };
-        let listener = TcpListener::bind(SocketAddr::new(iface.addr, 0)).map_err(|e| {
-            Error::io(
-                format!(
-                    "bootstrap: cannot listen on {} ({})",
-                    iface.name, iface.addr
-                ),
-                e,
-            )
-        })?;
-        let me = listener
-            .local_addr()
-            .map_err(|e| Error::io("bootstrap", e))?;
-        let peers = Self::join_root(&c, rank, nranks, me, timeout)?;
-        let inner = Arc::new(Inner {
-            rank,
-            magic: c.magic,
-            out: (0..nranks).map(|_| Mutex::new(None)).collect(),
-            peers,
-            mail: Mutex::default(),
-            cv: Condvar::new(),
-            closed: AtomicBool::new(false),
-            progress: Arc::default(),
-            accepted: Mutex::default(),
-        });
-        let svc = inner.clone();
-        let service = std::thread::Builder::new()
-            .name(format!("oxccl-bootstrap-{rank}"))
-            .spawn(move || svc.serve(listener))
-            .map_err(|e| {
-                Error::System(format!("cannot start the bootstrap service thread: {e}"))
-            })?;
-        debug!(target: "oxccl::bootstrap", rank, nranks, "bootstrap ready on {} ({})", iface.name, me);
-        Ok(Bootstrap {
-            nranks,
-            inner,
-            timeout,
-            epoch: AtomicU64::new(0),
-            queries: AtomicU64::new(0),
-            service: Mutex::new(Some(service)),
-        })
-    }
-
-    /// Says hello to the root (retrying while it is not up yet) and reads
-    /// the address table or the root's error.
-    fn join_root(
-        c: &IdContents,
-        rank: usize,
-        nranks: usize,
-        me: SocketAddr,
-        timeout: Duration,
-    ) -> Result<Vec<SocketAddr>> {
-        let start = Instant::now();
-        let mut s = loop {
-            match TcpStream::connect_timeout(&c.root, Duration::from_secs(1)) {
-                Ok(s) => break s,
-                Err(e) if start.elapsed() < timeout => {
-                    debug!(target: "oxccl::bootstrap", "rank {rank}: root {} not reachable yet: {e}", c.root);
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => {
-                    return Err(Error::Remote(format!(
-                        "bootstrap: rank {rank} could not reach the root at {} within {:.0} s: {e}",
-                        c.root,
-                        timeout.as_secs_f64()
-                    )))
-                }
-            }
-        };
+        let iface = bootstrap_iface(cfg, Some(c.root.ip()))?;
+        let listener = listen_on(&iface, "bootstrap")?;
+        let shared = Arc::new(Shared::new(rank, nranks, c.magic));
+        // Serving before the table exists: peers may write as soon as they have it.
+        let service = Service::start(shared.clone(), listener)?;
         let hello = Hello {
             rank,
             nranks,
-            listen: me,
+            listen: service.listen,
         };
-        write_frame(
-            &mut s,
-            &Frame {
-                magic: c.magic,
-                kind: proto::HELLO,
-                from: rank as u32,
-                tag: 0,
-                payload: hello.encode(),
-            },
-        )
-        .map_err(|e| Error::io(format!("bootstrap: writing to the root at {}", c.root), e))?;
-        // The root answers when every rank has arrived, or at its deadline.
-        let _ = s.set_read_timeout(Some(timeout + Duration::from_secs(2)));
-        let f = read_frame(&mut s).map_err(|e| {
-            Error::Remote(format!(
-                "bootstrap: rank {rank} got no answer from the root at {} within {:.0} s: {e}",
-                c.root,
-                timeout.as_secs_f64()
-            ))
-        })?;
-        match f.kind {
-            proto::TABLE => proto::decode_table(&f.payload)
-                .filter(|t| t.len() == nranks)
-                .ok_or_else(|| {
-                    Error::Internal("bootstrap: malformed address table from the root".into())
-                }),
-            proto::ERROR => Err(Error::Remote(
-                String::from_utf8_lossy(&f.payload).into_owned(),
-            )),
-            k => Err(Error::Internal(format!(
-                "bootstrap: unexpected frame kind {k} from the root"
-            ))),
-        }
+        // On failure, dropping `service` stops its thread.
+        let peers = join_root(&c, &hello, timeout)?;
+        debug!(target: "oxccl::bootstrap", rank, nranks, "bootstrap ready on {} ({}), root {}", iface.name, service.listen, c.root);
+        Ok(Bootstrap {
+            out: Outgoing::new(rank, c.magic, peers),
+            shared,
+            service,
+            timeout,
+            allgathers: AtomicU64::new(0),
+            barriers: AtomicU64::new(0),
+        })
     }
 
     pub fn rank(&self) -> usize {
-        self.inner.rank
+        self.shared.rank
     }
 
     pub fn nranks(&self) -> usize {
-        self.nranks
+        self.shared.nranks
     }
 
-    /// Sends `data` to `peer` under `tag` (tags at or above 2^62 are reserved).
-    pub fn send(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
-        if peer >= self.nranks {
+    /// The address this rank's service listens on.
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.service.listen
+    }
+
+    fn check_peer(&self, peer: usize, what: &str) -> Result<()> {
+        if peer >= self.nranks() {
             return Err(Error::InvalidArgument(format!(
-                "bootstrap send: peer {peer} out of range"
+                "bootstrap {what}: peer {peer} is out of range for {} ranks",
+                self.nranks()
             )));
         }
-        if peer == self.inner.rank {
-            self.inner.deliver(peer, tag, data.to_vec());
+        Ok(())
+    }
+
+    fn check_tag(tag: u64, what: &str) -> Result<()> {
+        if tag >= TAG_RESERVED {
+            return Err(Error::InvalidArgument(format!(
+                "bootstrap {what}: tag {tag:#x} is reserved (user tags are below 2^62)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends `data` to `peer` under `tag` (below [`TAG_RESERVED`]). Returns
+    /// once the data is on its way; the peer may receive it any time later.
+    pub fn send(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
+        self.check_peer(peer, "send")?;
+        Self::check_tag(tag, "send")?;
+        self.send_raw(peer, tag, data)
+    }
+
+    fn send_raw(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
+        if self.shared.is_closed() {
+            return Err(Error::InvalidUsage(format!(
+                "bootstrap: rank {} sending to rank {peer} after its communicator was closed",
+                self.rank()
+            )));
+        }
+        if peer == self.rank() {
+            self.shared.deliver(peer, tag, data.to_vec());
             return Ok(());
         }
-        self.inner.send_frame(
-            peer,
-            proto::DATA,
-            tag,
-            data,
-            self.timeout.min(Duration::from_secs(10)),
-        )
+        self.out.send(peer, tag, data, self.timeout)
     }
 
-    /// Waits for the next message from `peer` under `tag`.
+    /// Waits (up to `NCCL_TIMEOUT`) for the next message from `peer` under
+    /// `tag`. Fails at once when another rank reports a failure, or when
+    /// this bootstrap is closed.
     pub fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
-        let start = Instant::now();
-        let mut mail = self.inner.lock_mail();
-        loop {
-            if let Some(m) = mail.msgs.get_mut(&(peer, tag)).and_then(|q| q.pop_front()) {
-                return Ok(m);
-            }
-            if let Some((who, msg)) = &mail.failure {
-                return Err(Error::Remote(format!("rank {who} failed: {msg}")));
-            }
-            if self.inner.closed.load(Ordering::Acquire) {
-                return Err(Error::InvalidUsage(
-                    "the communicator was closed while waiting for a bootstrap message".into(),
-                ));
-            }
-            let left = self.timeout.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                return Err(Error::Remote(format!(
-                    "bootstrap: rank {} waited {:.1} s (NCCL_TIMEOUT) for a message from rank {peer} (tag {tag:#x}): rank {peer} is dead, stuck, or not calling the same operation",
-                    self.inner.rank,
-                    self.timeout.as_secs_f64()
-                )));
-            }
-            mail = self
-                .inner
-                .cv
-                .wait_timeout(mail, left.min(Duration::from_millis(100)))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        self.check_peer(peer, "recv")?;
+        Self::check_tag(tag, "recv")?;
+        self.shared.wait(peer, tag, self.timeout, &|| {
+            format!("a message with tag {tag}")
+        })
     }
 
-    /// Every rank's `mine`, indexed by rank.
+    /// Every rank's `mine` (of any length, each its own), indexed by rank:
+    /// a ring, `nranks - 1` steps, each rank talking to its two neighbours.
     pub fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let tag = TAG_ALLGATHER | (self.epoch.fetch_add(1, Ordering::SeqCst) & ((1 << 60) - 1));
-        for p in (0..self.nranks).filter(|&p| p != self.inner.rank) {
-            self.send(p, tag, mine)?;
+        let (me, n) = (self.rank(), self.nranks());
+        let epoch = self.allgathers.fetch_add(1, Ordering::SeqCst);
+        let mut all = vec![Vec::new(); n];
+        all[me] = mine.to_vec();
+        let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+        for s in 0..n - 1 {
+            let (out, inc) = proto::ring_step(me, n, s);
+            let tag = proto::internal_tag(proto::TAG_ALLGATHER, epoch, s);
+            self.send_raw(next, tag, &all[out])?;
+            all[inc] = self.shared.wait(prev, tag, self.timeout, &|| {
+                format!(
+                    "rank {inc}'s block of allgather #{epoch} (ring step {s} of {})",
+                    n - 1
+                )
+            })?;
         }
-        (0..self.nranks)
-            .map(|p| {
-                if p == self.inner.rank {
-                    Ok(mine.to_vec())
-                } else {
-                    self.recv(p, tag)
-                }
-            })
-            .collect()
+        Ok(all)
     }
 
+    /// Returns once every rank has entered the barrier (dissemination:
+    /// log2(nranks) rounds).
     pub fn barrier(&self) -> Result<()> {
-        self.allgather(&[]).map(|_| ())
+        let (me, n) = (self.rank(), self.nranks());
+        let epoch = self.barriers.fetch_add(1, Ordering::SeqCst);
+        for (k, d) in proto::barrier_distances(n).enumerate() {
+            let tag = proto::internal_tag(proto::TAG_BARRIER, epoch, k);
+            self.send_raw((me + d) % n, tag, &[])?;
+            self.shared.wait((me + n - d) % n, tag, self.timeout, &|| {
+                format!("barrier #{epoch} (round {k})")
+            })?;
+        }
+        Ok(())
     }
 
-    /// The counter of operations started, which peers read on a timeout.
+    /// The counter of operations started, which the engine bumps and peers
+    /// read through [`Bootstrap::query_progress`].
     pub fn progress(&self) -> &Arc<AtomicU64> {
-        &self.inner.progress
+        &self.shared.progress
     }
 
-    /// Asks every rank how many operations it has started (indexed by rank).
+    /// Runs `f` for every other rank, up to [`FANOUT`] at a time.
+    fn for_each_peer<T: Send>(&self, f: impl Fn(usize) -> T + Sync) -> Vec<(usize, T)> {
+        let me = self.rank();
+        let peers: Vec<usize> = (0..self.nranks()).filter(|&p| p != me).collect();
+        let next = AtomicUsize::new(0);
+        let work = || {
+            let mut got = Vec::new();
+            while let Some(&p) = peers.get(next.fetch_add(1, Ordering::Relaxed)) {
+                got.push((p, f(p)));
+            }
+            got
+        };
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..peers.len().min(FANOUT))
+                .filter_map(|_| {
+                    std::thread::Builder::new()
+                        .name("oxccl-bootstrap-fanout".into())
+                        .spawn_scoped(sc, work)
+                        .ok()
+                })
+                .collect();
+            // With no thread to spare, do it here.
+            let mut all = if hs.is_empty() { work() } else { Vec::new() };
+            for h in hs {
+                all.extend(h.join().unwrap_or_default());
+            }
+            all
+        })
+    }
+
+    /// Asks every rank how many operations it has started, indexed by rank
+    /// (this rank's from its own counter). Takes at most about
+    /// min(2 s, NCCL_TIMEOUT); a rank that is dead, refuses, or does not
+    /// answer by then is [`PeerProgress::Unreachable`].
     pub fn query_progress(&self) -> Vec<PeerProgress> {
-        let q = self.queries.fetch_add(1, Ordering::SeqCst) & ((1 << 60) - 1);
-        let wait = self.timeout.min(Duration::from_secs(2));
-        let mut asked = vec![false; self.nranks];
-        for (p, a) in asked
-            .iter_mut()
-            .enumerate()
-            .filter(|(p, _)| *p != self.inner.rank)
+        let (me, n) = (self.rank(), self.nranks());
+        let mut out = vec![PeerProgress::Unreachable; n];
+        out[me] = PeerProgress::Started(self.shared.progress.load(Ordering::SeqCst));
+        if self.shared.is_closed() {
+            return out;
+        }
+        let deadline = Instant::now() + self.timeout.min(QUERY_WAIT);
+        let magic = self.shared.magic;
+        for (p, a) in
+            self.for_each_peer(|p| tcp::query(self.out.addrs[p], magic, me as u32, deadline))
         {
-            *a = self.inner.send_frame(p, proto::QUERY, q, &[], wait).is_ok();
-        }
-        let start = Instant::now();
-        let mut out = vec![PeerProgress::Unreachable; self.nranks];
-        out[self.inner.rank] = PeerProgress::Started(self.inner.progress.load(Ordering::SeqCst));
-        let mut mail = self.inner.lock_mail();
-        loop {
-            for p in 0..self.nranks {
-                if !asked[p] || out[p] != PeerProgress::Unreachable {
-                    continue;
-                }
-                if let Some(m) = mail
-                    .msgs
-                    .get_mut(&(p, TAG_REPLY | q))
-                    .and_then(|x| x.pop_front())
-                {
-                    out[p] = PeerProgress::Started(u64::from_le_bytes(
-                        m.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]),
-                    ));
-                }
+            if let Some(v) = a {
+                out[p] = PeerProgress::Started(v);
             }
-            let pending = (0..self.nranks).any(|p| asked[p] && out[p] == PeerProgress::Unreachable);
-            if !pending || start.elapsed() >= wait {
-                return out;
-            }
-            mail = self
-                .inner
-                .cv
-                .wait_timeout(mail, Duration::from_millis(20))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
         }
+        out
     }
 
-    /// Tells every other rank that this one failed; best effort, bounded to
-    /// about two seconds.
+    /// Tells every other rank that this one failed, with `message`; their
+    /// waiting `recv`s fail with it. Best effort, on fresh connections (a
+    /// stuck cached one cannot delay it), bounded to about two seconds.
     pub fn broadcast_failure(&self, message: &str) {
-        let start = Instant::now();
-        for p in (0..self.nranks).filter(|&p| p != self.inner.rank) {
-            if start.elapsed() > Duration::from_secs(2) {
-                break;
+        if self.shared.is_closed() {
+            return;
+        }
+        let me = self.rank();
+        let mut payload = message.as_bytes().to_vec();
+        payload.truncate(64 << 10);
+        let f = Frame {
+            magic: self.shared.magic,
+            kind: proto::ABORT,
+            from: me as u32,
+            tag: 0,
+            payload,
+        };
+        let deadline = Instant::now() + ABORT_WAIT;
+        let sent = self.for_each_peer(|p| {
+            let d = deadline.min(Instant::now() + ABORT_PER_PEER);
+            match tcp::one_shot(self.out.addrs[p], &f, d) {
+                Ok(s) => {
+                    let _ = s.shutdown(std::net::Shutdown::Write);
+                    true
+                }
+                Err(e) => {
+                    debug!(target: "oxccl::bootstrap", "rank {me}: cannot tell rank {p} about the failure: {e}");
+                    false
+                }
             }
-            let _ = self.inner.send_frame(
-                p,
-                proto::ABORT,
-                0,
-                message.as_bytes(),
-                Duration::from_millis(300),
-            );
+        });
+        let missed: Vec<usize> = sent.iter().filter(|(_, ok)| !ok).map(|(p, _)| *p).collect();
+        if !missed.is_empty() {
+            info!(target: "oxccl::bootstrap", "rank {me}: could not tell ranks {missed:?} about the failure");
         }
     }
 
     /// The first failure another rank reported: (rank, message).
     pub fn remote_failure(&self) -> Option<(usize, String)> {
-        self.inner.lock_mail().failure.clone()
+        self.shared.failure()
     }
 
-    /// Stops the service thread and closes every connection; blocked
-    /// `recv`s return an error. Idempotent.
+    /// Stops the service threads and closes every connection; blocked and
+    /// later `recv`s and `send`s fail. Idempotent.
     pub fn close(&self) {
-        if self.inner.closed.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        self.inner.cv.notify_all();
-        for s in self
-            .inner
-            .accepted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
-        for o in &self.inner.out {
-            if let Some(s) = o.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
-        }
-        if let Some(h) = self
-            .service
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            let _ = h.join();
-        }
+        self.service.stop();
+        self.out.shutdown_all();
     }
 }
 
 impl Drop for Bootstrap {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// Says hello to the root (retrying while it is not up) and reads the
+/// address table, or the root's error.
+fn join_root(
+    c: &IdContents,
+    hello: &Hello,
+    timeout: Duration,
+) -> Result<Vec<std::net::SocketAddr>> {
+    let (rank, nranks) = (hello.rank, hello.nranks);
+    let hint = if c.from_env {
+        " (rank 0 hosts it, as NCCL_COMM_ID is set: is rank 0 running?)"
+    } else {
+        ""
+    };
+    let start = Instant::now();
+    let mut s = tcp::connect_retry(c.root, start + timeout).map_err(|e| {
+        Error::Remote(format!(
+            "bootstrap: rank {rank} could not reach the root at {} within {} (NCCL_TIMEOUT): {e}{hint}",
+            c.root,
+            proto::secs(timeout)
+        ))
+    })?;
+    let _ = s.set_nodelay(true);
+    let hello_frame = Frame {
+        magic: c.magic,
+        kind: proto::HELLO,
+        from: rank as u32,
+        tag: 0,
+        payload: hello.encode(),
+    };
+    s.set_write_timeout(Some(timeout))
+        .and_then(|_| std::io::Write::write_all(&mut s, &hello_frame.encode()))
+        .map_err(|e| {
+            Error::Remote(format!(
+                "bootstrap: rank {rank} cannot send its hello to the root at {}: {e}",
+                c.root
+            ))
+        })?;
+    // The root answers when every rank is in, or at its deadline (at most
+    // NCCL_TIMEOUT after the first hello): wait a little longer than that.
+    let _ = s.set_read_timeout(Some(timeout + Duration::from_secs(2)));
+    let max = (nranks * proto::ADDR_BYTES).max(64 << 10);
+    let f = match tcp::read_frame(&mut s, &mut FrameReader::new(c.magic, max)) {
+        Ok(Some(f)) => f,
+        Ok(None) => {
+            return Err(Error::Remote(format!(
+                "bootstrap: the root at {} closed the connection without answering rank {rank} (its process died, it serves another unique id, or the communicator formed without this rank)",
+                c.root
+            )))
+        }
+        Err(e) => {
+            return Err(Error::Remote(format!(
+                "bootstrap: rank {rank} got no answer from the root at {} after {}: {e}",
+                c.root,
+                proto::secs(start.elapsed())
+            )))
+        }
+    };
+    match f.kind {
+        proto::TABLE => {
+            let t = proto::decode_table(&f.payload)
+                .filter(|t| t.len() == nranks && t[rank] == hello.listen)
+                .ok_or_else(|| {
+                    Error::Internal(format!(
+                        "bootstrap: rank {rank} got a malformed address table from the root at {}",
+                        c.root
+                    ))
+                })?;
+            Ok(t)
+        }
+        proto::ERROR => Err(proto::decode_error(&f.payload)),
+        k => Err(Error::Internal(format!(
+            "bootstrap: unexpected frame kind {k} from the root at {}",
+            c.root
+        ))),
     }
 }
 

@@ -1,22 +1,48 @@
-//! The bootstrap protocol without sockets: the unique id's layout, frames,
-//! and the root's state machine (events in, replies out), unit-tested alone.
+//! The bootstrap protocol without sockets and without a clock of its own:
+//! the unique id's layout, frames (encoding, an incremental reader, the
+//! splitting of long messages), the tag layout, the schedules of the ring
+//! allgather and of the barrier, and the root's state machine (events in,
+//! decisions out). The socket code in `root.rs`, `service.rs` and `tcp.rs`
+//! only moves bytes and time into these types.
 
+use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
 
-/// Frame kinds.
+use crate::error::Error;
+
+// ---------------------------------------------------------------- frames
+
+/// A rank's hello to the root: `from` is its rank, the payload its
+/// [`Hello`].
 pub const HELLO: u8 = 1;
+/// The root's answer: every rank's listen address, by rank.
 pub const TABLE: u8 = 2;
+/// The root's refusal or failure: see [`encode_error`].
 pub const ERROR: u8 = 3;
+/// A message (or its last piece) for the mailbox of the receiver.
 pub const DATA: u8 = 4;
+/// The sender failed; the payload says why.
 pub const ABORT: u8 = 5;
+/// How many operations have you started? Answered on the same connection.
 pub const QUERY: u8 = 6;
-pub const REPLY: u8 = 7;
+/// The answer to [`QUERY`]: a little-endian u64.
+pub const PROGRESS: u8 = 7;
+/// Or'ed into [`DATA`]: the message continues in the next frame.
+pub const MORE: u8 = 0x80;
 
+/// `[magic u64][kind u8][from u32][tag u64][len u32]`, little endian.
 pub const FRAME_HEADER: usize = 8 + 1 + 4 + 8 + 4;
-/// Largest payload accepted, to refuse garbage lengths from strangers.
-pub const MAX_PAYLOAD: usize = 1 << 30;
+/// Largest payload of one frame between ranks: longer messages travel as
+/// several frames, and a header announcing more is refused as garbage
+/// (so that a stranger cannot make us allocate gigabytes).
+pub const MAX_CHUNK: usize = 16 << 20;
+/// Largest communicator: ranks travel as u32 and tag steps get 20 bits.
+pub const MAX_RANKS: usize = 1 << 20;
+/// Largest hello payload the root reads.
+pub const MAX_HELLO: usize = 64;
 
-/// `[magic u64][kind u8][from u32][tag u64][len u32]` then the payload.
+/// One frame, header and payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
     pub magic: u64,
@@ -26,40 +52,208 @@ pub struct Frame {
     pub payload: Vec<u8>,
 }
 
+/// The header of a frame carrying `len` payload bytes (below 4 GiB).
+pub fn encode_header(magic: u64, kind: u8, from: u32, tag: u64, len: usize) -> [u8; FRAME_HEADER] {
+    let len = u32::try_from(len).expect("a frame's payload fits in u32");
+    let mut h = [0u8; FRAME_HEADER];
+    h[0..8].copy_from_slice(&magic.to_le_bytes());
+    h[8] = kind;
+    h[9..13].copy_from_slice(&from.to_le_bytes());
+    h[13..21].copy_from_slice(&tag.to_le_bytes());
+    h[21..25].copy_from_slice(&len.to_le_bytes());
+    h
+}
+
 impl Frame {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(FRAME_HEADER + self.payload.len());
-        b.extend_from_slice(&self.magic.to_le_bytes());
-        b.push(self.kind);
-        b.extend_from_slice(&self.from.to_le_bytes());
-        b.extend_from_slice(&self.tag.to_le_bytes());
-        b.extend_from_slice(&(self.payload.len() as u32).to_le_bytes());
+        b.extend_from_slice(&encode_header(
+            self.magic,
+            self.kind,
+            self.from,
+            self.tag,
+            self.payload.len(),
+        ));
         b.extend_from_slice(&self.payload);
         b
     }
+}
 
-    /// Parses a header; returns the frame without payload and the payload length.
-    pub fn decode_header(h: &[u8; FRAME_HEADER]) -> (Frame, usize) {
-        let magic = u64::from_le_bytes(h[0..8].try_into().expect("8"));
-        let kind = h[8];
-        let from = u32::from_le_bytes(h[9..13].try_into().expect("4"));
-        let tag = u64::from_le_bytes(h[13..21].try_into().expect("8"));
-        let len = u32::from_le_bytes(h[21..25].try_into().expect("4")) as usize;
-        (
-            Frame {
-                magic,
-                kind,
-                from,
-                tag,
-                payload: Vec::new(),
-            },
-            len,
-        )
+/// Why a byte stream is not a stream of our frames.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// The first 8 bytes of a frame are not this communicator's magic:
+    /// another job, a stale process, or a stray client (a port scanner).
+    BadMagic(u64),
+    /// The header announces more payload than this reader accepts.
+    TooLong { len: usize, max: usize },
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::BadMagic(m) => write!(
+                f,
+                "wrong magic {m:#018x} (another job, a stale process, or not an oxccl bootstrap client)"
+            ),
+            FrameError::TooLong { len, max } => {
+                write!(f, "a frame announcing {len} bytes (at most {max} accepted)")
+            }
+        }
     }
 }
 
-pub fn encode_addr(a: &SocketAddr) -> [u8; 19] {
-    let mut b = [0u8; 19];
+/// Cuts a byte stream into frames, whatever the sizes of the reads that
+/// fed it. Checks the magic as soon as its 8 bytes are in.
+#[derive(Debug)]
+pub struct FrameReader {
+    magic: u64,
+    max_payload: usize,
+    buf: Vec<u8>,
+}
+
+impl FrameReader {
+    pub fn new(magic: u64, max_payload: usize) -> FrameReader {
+        FrameReader {
+            magic,
+            max_payload,
+            buf: Vec::new(),
+        }
+    }
+
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// No partial frame is buffered (an end of stream here is clean).
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// The next whole frame, `None` while more bytes are needed.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        if self.buf.len() < 8 {
+            return Ok(None);
+        }
+        let magic = u64::from_le_bytes(self.buf[0..8].try_into().expect("8 bytes"));
+        if magic != self.magic {
+            return Err(FrameError::BadMagic(magic));
+        }
+        if self.buf.len() < FRAME_HEADER {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes(self.buf[21..25].try_into().expect("4 bytes")) as usize;
+        if len > self.max_payload {
+            return Err(FrameError::TooLong {
+                len,
+                max: self.max_payload,
+            });
+        }
+        if self.buf.len() < FRAME_HEADER + len {
+            self.buf.reserve(FRAME_HEADER + len - self.buf.len());
+            return Ok(None);
+        }
+        let rest = self.buf.split_off(FRAME_HEADER + len);
+        let mut bytes = std::mem::replace(&mut self.buf, rest);
+        let payload = bytes.split_off(FRAME_HEADER);
+        Ok(Some(Frame {
+            magic,
+            kind: bytes[8],
+            from: u32::from_le_bytes(bytes[9..13].try_into().expect("4 bytes")),
+            tag: u64::from_le_bytes(bytes[13..21].try_into().expect("8 bytes")),
+            payload,
+        }))
+    }
+}
+
+/// The pieces a message of any length travels in: `(more, piece)`, at
+/// least one (an empty message is one empty frame).
+pub fn chunks(payload: &[u8], max: usize) -> impl Iterator<Item = (bool, &[u8])> {
+    let max = max.max(1);
+    let n = payload.len().div_ceil(max).max(1);
+    (0..n).map(move |i| {
+        let end = ((i + 1) * max).min(payload.len());
+        (i + 1 < n, &payload[(i * max).min(end)..end])
+    })
+}
+
+/// Joins the pieces of the messages arriving on one connection.
+#[derive(Debug, Default)]
+pub struct Reassembler {
+    partial: Option<(u64, Vec<u8>)>,
+}
+
+impl Reassembler {
+    /// A DATA frame's piece; the whole message once its last piece is in.
+    pub fn push(
+        &mut self,
+        tag: u64,
+        more: bool,
+        payload: Vec<u8>,
+    ) -> Result<Option<Vec<u8>>, String> {
+        let whole = match self.partial.take() {
+            None => payload,
+            Some((t, _)) if t != tag => {
+                return Err(format!(
+                    "a piece of a message with tag {tag:#x} inside one with tag {t:#x}"
+                ))
+            }
+            Some((_, mut acc)) => {
+                acc.extend_from_slice(&payload);
+                acc
+            }
+        };
+        if more {
+            self.partial = Some((tag, whole));
+            Ok(None)
+        } else {
+            Ok(Some(whole))
+        }
+    }
+}
+
+// ---------------------------------------------------------------- tags
+
+/// Tags at and above this are the bootstrap's own; users' are below.
+pub const TAG_RESERVED: u64 = 1 << 62;
+/// Internal tag kinds (4 bits).
+pub const TAG_ALLGATHER: u64 = 1;
+pub const TAG_BARRIER: u64 = 2;
+const STEP_BITS: u32 = 20;
+const EPOCH_BITS: u32 = 62 - 4 - STEP_BITS;
+
+/// The tag of step `step` of the `epoch`-th internal operation of `kind`.
+/// Epochs wrap (after 2^38 operations); steps are below [`MAX_RANKS`].
+pub fn internal_tag(kind: u64, epoch: u64, step: usize) -> u64 {
+    debug_assert!(kind < 16 && (step as u64) < (1 << STEP_BITS));
+    TAG_RESERVED
+        | (kind << (62 - 4))
+        | ((epoch & ((1 << EPOCH_BITS) - 1)) << STEP_BITS)
+        | step as u64
+}
+
+// ---------------------------------------------------------------- schedules
+
+/// Step `s` (of `n - 1`) of the ring allgather on rank `me`: the rank whose
+/// block goes to `me + 1`, and the rank whose block comes from `me - 1`.
+pub fn ring_step(me: usize, n: usize, s: usize) -> (usize, usize) {
+    let s = s % n;
+    ((me + n - s) % n, (me + 2 * n - s - 1) % n)
+}
+
+/// The distances of the dissemination barrier's rounds: in round `k` rank
+/// `me` signals `me + d_k` and waits for `me - d_k`, with `d_k = 2^k < n`.
+pub fn barrier_distances(n: usize) -> impl Iterator<Item = usize> {
+    std::iter::successors(Some(1usize), |d| d.checked_mul(2)).take_while(move |&d| d < n)
+}
+
+// ---------------------------------------------------------------- addresses and the id
+
+/// An address in 19 bytes: family (4 or 6), port, then the IP.
+pub const ADDR_BYTES: usize = 19;
+
+pub fn encode_addr(a: &SocketAddr) -> [u8; ADDR_BYTES] {
+    let mut b = [0u8; ADDR_BYTES];
     b[1..3].copy_from_slice(&a.port().to_le_bytes());
     match a.ip() {
         IpAddr::V4(v) => {
@@ -75,9 +269,7 @@ pub fn encode_addr(a: &SocketAddr) -> [u8; 19] {
 }
 
 pub fn decode_addr(b: &[u8]) -> Option<SocketAddr> {
-    if b.len() < 19 {
-        return None;
-    }
+    let b = b.get(..ADDR_BYTES)?;
     let port = u16::from_le_bytes([b[1], b[2]]);
     let ip = match b[0] {
         4 => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(&b[3..7]).ok()?)),
@@ -87,7 +279,8 @@ pub fn decode_addr(b: &[u8]) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, port))
 }
 
-/// The unique id: version, flags, magic, root address.
+/// What a unique id holds. Layout of the 128 bytes: `[0]` version, `[1]`
+/// flags, `[8..16]` magic, `[16..35]` the root's address, zeros after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdContents {
     /// The root's address came from NCCL_COMM_ID: rank 0 hosts the root.
@@ -96,29 +289,44 @@ pub struct IdContents {
     pub root: SocketAddr,
 }
 
-const ID_VERSION: u8 = 1;
+pub const ID_VERSION: u8 = 1;
+const FLAG_FROM_ENV: u8 = 1;
 
 impl IdContents {
     pub fn encode(&self) -> [u8; 128] {
         let mut b = [0u8; 128];
         b[0] = ID_VERSION;
-        b[1] = self.from_env as u8;
+        b[1] = if self.from_env { FLAG_FROM_ENV } else { 0 };
         b[8..16].copy_from_slice(&self.magic.to_le_bytes());
-        b[16..35].copy_from_slice(&encode_addr(&self.root));
+        b[16..16 + ADDR_BYTES].copy_from_slice(&encode_addr(&self.root));
         b
     }
 
+    /// `None` for bytes that are not an id of this version.
     pub fn decode(b: &[u8; 128]) -> Option<IdContents> {
         if b[0] != ID_VERSION {
             return None;
         }
         Some(IdContents {
-            from_env: b[1] != 0,
+            from_env: b[1] & FLAG_FROM_ENV != 0,
             magic: u64::from_le_bytes(b[8..16].try_into().ok()?),
-            root: decode_addr(&b[16..35])?,
+            root: decode_addr(&b[16..16 + ADDR_BYTES])?,
         })
     }
 }
+
+/// The magic of an id made from NCCL_COMM_ID: a hash (FNV-1a) of the
+/// setting, so that every rank computes the same id on its own.
+pub fn comm_id_magic(setting: &str) -> u64 {
+    setting
+        .trim()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        })
+}
+
+// ---------------------------------------------------------------- root messages
 
 /// What a rank says to the root.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,19 +337,22 @@ pub struct Hello {
 }
 
 impl Hello {
+    /// The payload (the rank travels as the frame's `from`).
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(27);
+        let mut b = Vec::with_capacity(4 + ADDR_BYTES);
         b.extend_from_slice(&(self.nranks as u32).to_le_bytes());
         b.extend_from_slice(&encode_addr(&self.listen));
         b
     }
 
     pub fn decode(rank: u32, p: &[u8]) -> Option<Hello> {
-        let nranks = u32::from_le_bytes(p.get(0..4)?.try_into().ok()?) as usize;
+        if p.len() != 4 + ADDR_BYTES {
+            return None;
+        }
         Some(Hello {
             rank: rank as usize,
-            nranks,
-            listen: decode_addr(p.get(4..)?)?,
+            nranks: u32::from_le_bytes(p[0..4].try_into().ok()?) as usize,
+            listen: decode_addr(&p[4..])?,
         })
     }
 }
@@ -151,83 +362,205 @@ pub fn encode_table(t: &[SocketAddr]) -> Vec<u8> {
 }
 
 pub fn decode_table(p: &[u8]) -> Option<Vec<SocketAddr>> {
-    if !p.len().is_multiple_of(19) {
+    if !p.len().is_multiple_of(ADDR_BYTES) {
         return None;
     }
-    p.chunks(19).map(decode_addr).collect()
+    p.chunks(ADDR_BYTES).map(decode_addr).collect()
 }
+
+/// An error frame's payload: the error's `ncclResult_t` code, then its
+/// message.
+pub fn encode_error(e: &Error) -> Vec<u8> {
+    let mut b = vec![e.code() as u8];
+    b.extend_from_slice(e.message().as_bytes());
+    b
+}
+
+pub fn decode_error(p: &[u8]) -> Error {
+    let msg = String::from_utf8_lossy(p.get(1..).unwrap_or_default()).into_owned();
+    match p.first() {
+        Some(2) => Error::System(msg),
+        Some(4) => Error::InvalidArgument(msg),
+        Some(5) => Error::InvalidUsage(msg),
+        Some(6) => Error::Remote(msg),
+        _ => Error::Internal(msg),
+    }
+}
+
+/// Seconds as people write them: `5 s`, `2.5 s`.
+pub fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0} s")
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+// ---------------------------------------------------------------- the root
+
+/// The I/O layer's name for one accepted connection.
+pub type ConnId = usize;
 
 /// The root's decisions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RootAction {
-    /// Send the address table to every rank (by rank index).
-    Table(Vec<SocketAddr>),
-    /// Refuse one connection with a message.
-    Refuse { conn: usize, message: String },
-    /// Tell every connected rank why the communicator cannot form.
-    Fail(String),
+    /// Every rank is in: send `table` (listen addresses by rank) to each of
+    /// `conns` (by rank). The root is done.
+    Table {
+        conns: Vec<ConnId>,
+        table: Vec<SocketAddr>,
+    },
+    /// Send `error` to `conn` and close it; the others wait on.
+    Refuse { conn: ConnId, error: Error },
+    /// Send `error` to each of `conns` and close everything. The root is done.
+    Fail { conns: Vec<ConnId>, error: Error },
 }
 
-/// The root: collects one hello per rank, then hands out the table.
-#[derive(Debug, Default)]
+/// The root of one communicator's init: collects one hello per rank, then
+/// hands out the table of listen addresses; gives up `timeout` after the
+/// first hello (or after its start, when no rank came at all), naming the
+/// ranks that never arrived.
+#[derive(Debug)]
 pub struct Root {
+    addr: SocketAddr,
+    timeout: Duration,
+    started: Instant,
+    first_hello: Option<Instant>,
     nranks: Option<usize>,
-    addrs: Vec<Option<SocketAddr>>,
+    joined: Vec<Option<(ConnId, SocketAddr)>>,
+    /// Ranks that said hello, then closed their connection.
+    left: Vec<usize>,
+    done: bool,
 }
 
 impl Root {
+    pub fn new(addr: SocketAddr, timeout: Duration, now: Instant) -> Root {
+        Root {
+            addr,
+            timeout,
+            started: now,
+            first_hello: None,
+            nranks: None,
+            joined: Vec::new(),
+            left: Vec::new(),
+            done: false,
+        }
+    }
+
+    /// When [`Root::poll`] gives up.
+    pub fn deadline(&self) -> Instant {
+        self.first_hello.unwrap_or(self.started) + self.timeout
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
     /// A hello arrived on connection `conn`.
-    pub fn hello(&mut self, conn: usize, h: &Hello) -> Option<RootAction> {
-        let n = *self.nranks.get_or_insert(h.nranks);
-        if h.nranks != n {
-            return Some(RootAction::Refuse {
-                conn,
-                message: format!(
-                    "rank {} says nranks is {}, but other ranks said {n}",
-                    h.rank, h.nranks
-                ),
-            });
+    pub fn hello(&mut self, now: Instant, conn: ConnId, h: &Hello) -> Option<RootAction> {
+        if self.done {
+            return None;
         }
-        if h.rank >= n {
-            return Some(RootAction::Refuse {
+        let refuse = |m: String| {
+            Some(RootAction::Refuse {
                 conn,
-                message: format!("rank {} is out of range for {n} ranks", h.rank),
-            });
-        }
-        self.addrs.resize(n, None);
-        if self.addrs[h.rank].is_some() {
-            return Some(RootAction::Refuse {
-                conn,
-                message: format!("rank {} joined twice", h.rank),
-            });
-        }
-        self.addrs[h.rank] = Some(h.listen);
-        if self.addrs.iter().all(Option::is_some) {
-            return Some(RootAction::Table(
-                self.addrs.iter().map(|a| a.expect("all present")).collect(),
+                error: Error::InvalidUsage(format!("bootstrap root at {}: {m}", self.addr)),
+            })
+        };
+        if h.nranks == 0 || h.nranks > MAX_RANKS {
+            return refuse(format!(
+                "rank {} says nranks is {} (1 to {MAX_RANKS} supported)",
+                h.rank, h.nranks
             ));
+        }
+        if let Some(n) = self.nranks.filter(|&n| n != h.nranks) {
+            return refuse(format!(
+                "rank {} says nranks is {}, but the ranks that joined before said {n}",
+                h.rank, h.nranks
+            ));
+        }
+        if h.rank >= h.nranks {
+            return refuse(format!(
+                "rank {} is out of range for {} ranks",
+                h.rank, h.nranks
+            ));
+        }
+        if let Some(Some((_, first))) = self.joined.get(h.rank) {
+            return refuse(format!(
+                "rank {} joined twice (listening at {first}, then at {}): two processes were given the same rank",
+                h.rank, h.listen
+            ));
+        }
+        self.first_hello.get_or_insert(now);
+        self.nranks = Some(h.nranks);
+        self.joined.resize(h.nranks, None);
+        self.joined[h.rank] = Some((conn, h.listen));
+        self.left.retain(|&r| r != h.rank);
+        if self.joined.iter().all(Option::is_some) {
+            self.done = true;
+            let (conns, table) = self.joined.iter().flatten().copied().unzip();
+            return Some(RootAction::Table { conns, table });
         }
         None
     }
 
-    /// The deadline passed before every rank arrived.
-    pub fn deadline(&self, root: SocketAddr, waited_s: f64) -> RootAction {
-        let missing = self.missing();
-        match self.nranks {
-            None => RootAction::Fail(format!("bootstrap: no rank connected to the root at {root} within {waited_s:.0} s")),
-            Some(n) => RootAction::Fail(format!(
-                "bootstrap: ranks {missing:?} of {n} never connected to the root at {root} within {waited_s:.0} s (NCCL_TIMEOUT)"
-            )),
+    /// Connection `conn` closed before the table went out: its rank (if it
+    /// said hello) is missing again, and may say hello anew.
+    pub fn closed(&mut self, conn: ConnId) {
+        if self.done {
+            return;
+        }
+        if let Some(r) = self
+            .joined
+            .iter()
+            .position(|j| matches!(j, Some((c, _)) if *c == conn))
+        {
+            self.joined[r] = None;
+            self.left.push(r);
         }
     }
 
+    /// The ranks not in (yet).
     pub fn missing(&self) -> Vec<usize> {
-        match self.nranks {
-            None => Vec::new(),
-            Some(n) => (0..n)
-                .filter(|&r| self.addrs.get(r).is_none_or(|a| a.is_none()))
-                .collect(),
+        (0..self.nranks.unwrap_or(0))
+            .filter(|&r| self.joined.get(r).is_none_or(Option::is_none))
+            .collect()
+    }
+
+    /// Gives up once the deadline has passed.
+    pub fn poll(&mut self, now: Instant) -> Option<RootAction> {
+        if self.done || now < self.deadline() {
+            return None;
         }
+        self.done = true;
+        let conns = self.joined.iter().flatten().map(|(c, _)| *c).collect();
+        let message = match self.nranks {
+            None => format!(
+                "bootstrap: no rank connected to the root at {} within {} (NCCL_TIMEOUT)",
+                self.addr,
+                secs(self.timeout)
+            ),
+            Some(n) => {
+                let mut m = format!(
+                    "bootstrap: ranks {:?} of {n} never connected to the root at {} within {} (NCCL_TIMEOUT)",
+                    self.missing(),
+                    self.addr,
+                    secs(self.timeout)
+                );
+                if !self.left.is_empty() {
+                    m += &format!(
+                        "; ranks {:?} connected, then closed their connection (died?)",
+                        self.left
+                    );
+                }
+                m
+            }
+        };
+        Some(RootAction::Fail {
+            conns,
+            error: Error::Remote(message),
+        })
     }
 }
 
@@ -239,98 +572,259 @@ mod tests {
         SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p)
     }
 
+    fn hello(rank: usize, nranks: usize, port: u16) -> Hello {
+        Hello {
+            rank,
+            nranks,
+            listen: a(port),
+        }
+    }
+
     #[test]
-    fn frames_and_ids_roundtrip() {
-        let f = Frame {
-            magic: 9,
-            kind: DATA,
-            from: 3,
-            tag: 77,
-            payload: vec![1, 2, 3],
-        };
-        let b = f.encode();
-        let (g, len) = Frame::decode_header(b[..FRAME_HEADER].try_into().unwrap());
-        assert_eq!((g.magic, g.kind, g.from, g.tag, len), (9, DATA, 3, 77, 3));
-        let id = IdContents {
-            from_env: true,
-            magic: 5,
-            root: "[::1]:99".parse().unwrap(),
-        };
-        assert_eq!(IdContents::decode(&id.encode()), Some(id));
-        let h = Hello {
-            rank: 2,
-            nranks: 4,
-            listen: a(7),
-        };
-        assert_eq!(Hello::decode(2, &h.encode()), Some(h));
+    fn frames_roundtrip_through_the_reader_byte_by_byte() {
+        let frames = [
+            Frame {
+                magic: 9,
+                kind: DATA,
+                from: 3,
+                tag: 77,
+                payload: vec![1, 2, 3],
+            },
+            Frame {
+                magic: 9,
+                kind: ABORT,
+                from: 0,
+                tag: u64::MAX,
+                payload: vec![],
+            },
+        ];
+        let bytes: Vec<u8> = frames.iter().flat_map(Frame::encode).collect();
+        let mut r = FrameReader::new(9, 16);
+        let mut got = Vec::new();
+        for b in bytes {
+            r.push(&[b]);
+            while let Some(f) = r.next_frame().unwrap() {
+                got.push(f);
+            }
+        }
+        assert_eq!(got, frames);
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn reader_refuses_wrong_magic_early_and_long_frames() {
+        let mut r = FrameReader::new(9, 16);
+        r.push(&10u64.to_le_bytes());
+        assert_eq!(r.next_frame(), Err(FrameError::BadMagic(10)));
+        let mut r = FrameReader::new(9, 16);
+        r.push(&b"GET / HTTP/1.1\r\n"[..]);
+        assert!(matches!(r.next_frame(), Err(FrameError::BadMagic(_))));
+        let mut r = FrameReader::new(9, 16);
+        r.push(&encode_header(9, DATA, 0, 0, 17));
         assert_eq!(
-            decode_table(&encode_table(&[a(1), a(2)])),
-            Some(vec![a(1), a(2)])
+            r.next_frame(),
+            Err(FrameError::TooLong { len: 17, max: 16 })
         );
     }
 
     #[test]
+    fn long_messages_split_and_reassemble() {
+        let msg: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        for max in [1, 7, 999, 1000, 1001] {
+            let pieces: Vec<_> = chunks(&msg, max).collect();
+            assert_eq!(pieces.len(), 1000usize.div_ceil(max));
+            assert!(pieces.iter().all(|(_, p)| p.len() <= max));
+            let mut asm = Reassembler::default();
+            let mut out = None;
+            for (i, (more, p)) in pieces.iter().enumerate() {
+                assert_eq!(*more, i + 1 < pieces.len());
+                out = asm.push(5, *more, p.to_vec()).unwrap();
+                assert_eq!(out.is_some(), !more);
+            }
+            assert_eq!(out.unwrap(), msg);
+        }
+        assert_eq!(chunks(&[], 4).collect::<Vec<_>>(), vec![(false, &[][..])]);
+        let mut asm = Reassembler::default();
+        assert_eq!(asm.push(1, true, vec![1]), Ok(None));
+        assert!(asm.push(2, false, vec![2]).is_err());
+    }
+
+    #[test]
+    fn ids_roundtrip_and_foreign_bytes_are_refused() {
+        for (from_env, root) in [(true, "[::1]:99"), (false, "10.1.2.3:65535")] {
+            let id = IdContents {
+                from_env,
+                magic: 0xdead_beef_0123_4567,
+                root: root.parse().unwrap(),
+            };
+            assert_eq!(IdContents::decode(&id.encode()), Some(id));
+        }
+        assert_eq!(IdContents::decode(&[0u8; 128]), None);
+        let mut b = [0u8; 128];
+        b[0] = ID_VERSION;
+        b[16] = 5; // no such family
+        assert_eq!(IdContents::decode(&b), None);
+        assert_eq!(comm_id_magic("h:1"), comm_id_magic(" h:1 "));
+        assert_ne!(comm_id_magic("h:1"), comm_id_magic("h:2"));
+    }
+
+    #[test]
+    fn hello_table_and_error_roundtrip() {
+        let h = hello(2, 4, 7);
+        assert_eq!(Hello::decode(2, &h.encode()), Some(h));
+        assert_eq!(Hello::decode(2, &[1, 2, 3]), None);
+        let t = vec![a(1), "[fe80::1]:2".parse().unwrap()];
+        assert_eq!(decode_table(&encode_table(&t)), Some(t));
+        assert_eq!(decode_table(&[4; 20]), None);
+        for e in [
+            Error::InvalidUsage("u".into()),
+            Error::Remote("r".into()),
+            Error::System("s".into()),
+            Error::InvalidArgument("a".into()),
+        ] {
+            assert_eq!(decode_error(&encode_error(&e)), e);
+        }
+    }
+
+    #[test]
+    fn internal_tags_are_disjoint_from_users_and_each_other() {
+        let mut seen = std::collections::HashSet::new();
+        for kind in [TAG_ALLGATHER, TAG_BARRIER] {
+            for epoch in [0, 1, (1 << EPOCH_BITS) - 1] {
+                for step in [0, 1, MAX_RANKS - 1] {
+                    let t = internal_tag(kind, epoch, step);
+                    assert!(t >= TAG_RESERVED);
+                    assert!(seen.insert(t));
+                }
+            }
+        }
+        // Epochs wrap instead of spilling into the kind bits.
+        assert_eq!(
+            internal_tag(TAG_ALLGATHER, 1 << EPOCH_BITS, 3),
+            internal_tag(TAG_ALLGATHER, 0, 3)
+        );
+    }
+
+    /// Runs the ring in lockstep: every rank ends with every block.
+    #[test]
+    fn ring_allgather_schedule_delivers_every_block() {
+        for n in 1..9 {
+            let mut have: Vec<Vec<Option<usize>>> = (0..n)
+                .map(|me| (0..n).map(|b| (b == me).then_some(b)).collect())
+                .collect();
+            for s in 0..n - 1 {
+                let sent: Vec<_> = (0..n)
+                    .map(|me| {
+                        let (block, _) = ring_step(me, n, s);
+                        (block, have[me][block].expect("sent blocks are held"))
+                    })
+                    .collect();
+                for (me, h) in have.iter_mut().enumerate() {
+                    let (_, expect) = ring_step(me, n, s);
+                    let (block, v) = sent[(me + n - 1) % n];
+                    assert_eq!(block, expect);
+                    h[block] = Some(v);
+                }
+            }
+            for h in &have {
+                assert_eq!(h, &(0..n).map(Some).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    /// In the dissemination barrier, every rank hears (transitively) from
+    /// every other.
+    #[test]
+    fn barrier_rounds_reach_everyone() {
+        assert_eq!(barrier_distances(1).count(), 0);
+        assert_eq!(barrier_distances(5).collect::<Vec<_>>(), vec![1, 2, 4]);
+        for n in 1..20 {
+            let mut knows: Vec<Vec<bool>> =
+                (0..n).map(|me| (0..n).map(|r| r == me).collect()).collect();
+            for d in barrier_distances(n) {
+                let before = knows.clone();
+                for (me, k) in knows.iter_mut().enumerate() {
+                    let from = (me + n - d) % n;
+                    for (r, x) in k.iter_mut().enumerate() {
+                        *x |= before[from][r];
+                    }
+                }
+            }
+            assert!(knows.iter().all(|k| k.iter().all(|&x| x)), "n = {n}");
+        }
+    }
+
+    #[test]
     fn root_collects_then_hands_out_the_table() {
-        let mut r = Root::default();
-        assert_eq!(
-            r.hello(
-                0,
-                &Hello {
-                    rank: 1,
-                    nranks: 3,
-                    listen: a(11)
-                }
-            ),
-            None
-        );
-        assert!(matches!(
-            r.hello(
-                1,
-                &Hello {
-                    rank: 1,
-                    nranks: 3,
-                    listen: a(12)
-                }
-            ),
-            Some(RootAction::Refuse { .. })
-        ));
-        assert!(matches!(
-            r.hello(
-                2,
-                &Hello {
-                    rank: 0,
-                    nranks: 4,
-                    listen: a(12)
-                }
-            ),
-            Some(RootAction::Refuse { .. })
-        ));
-        assert_eq!(
-            r.hello(
-                3,
-                &Hello {
-                    rank: 0,
-                    nranks: 3,
-                    listen: a(10)
-                }
-            ),
-            None
-        );
+        let t0 = Instant::now();
+        let mut r = Root::new(a(1), Duration::from_secs(5), t0);
+        assert_eq!(r.hello(t0, 0, &hello(1, 3, 11)), None);
+        let refused = |x: Option<RootAction>, conn: ConnId, what: &str| match x {
+            Some(RootAction::Refuse {
+                conn: c,
+                error: Error::InvalidUsage(m),
+            }) => {
+                assert_eq!(c, conn);
+                assert!(m.contains(what), "{m}");
+            }
+            other => panic!("{other:?}"),
+        };
+        refused(r.hello(t0, 1, &hello(1, 3, 12)), 1, "rank 1 joined twice");
+        refused(r.hello(t0, 2, &hello(0, 4, 12)), 2, "nranks is 4");
+        refused(r.hello(t0, 3, &hello(3, 3, 12)), 3, "out of range");
+        refused(r.hello(t0, 4, &hello(0, 0, 12)), 4, "nranks is 0");
+        assert_eq!(r.hello(t0, 5, &hello(0, 3, 10)), None);
         assert_eq!(r.missing(), vec![2]);
-        match r.deadline(a(1), 5.0) {
-            RootAction::Fail(m) => assert!(m.contains("[2]") && m.contains("of 3"), "{m}"),
+        assert_eq!(
+            r.hello(t0, 6, &hello(2, 3, 12)),
+            Some(RootAction::Table {
+                conns: vec![5, 0, 6],
+                table: vec![a(10), a(11), a(12)]
+            })
+        );
+        assert!(r.is_done());
+        assert_eq!(r.poll(t0 + Duration::from_secs(60)), None);
+    }
+
+    #[test]
+    fn root_names_missing_ranks_at_the_deadline() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut r = Root::new(a(1), 5 * s, t0);
+        // The clock starts at the first hello.
+        assert_eq!(r.hello(t0 + 3 * s, 7, &hello(0, 4, 10)), None);
+        assert_eq!(r.hello(t0 + 4 * s, 8, &hello(3, 4, 13)), None);
+        assert_eq!(r.hello(t0 + 4 * s, 9, &hello(1, 4, 11)), None);
+        r.closed(9);
+        assert_eq!(r.deadline(), t0 + 8 * s);
+        assert_eq!(r.poll(t0 + 7 * s), None);
+        match r.poll(t0 + 8 * s) {
+            Some(RootAction::Fail {
+                conns,
+                error: Error::Remote(m),
+            }) => {
+                assert_eq!(conns, vec![7, 8]);
+                assert!(
+                    m.contains(
+                        "ranks [1, 2] of 4 never connected to the root at 127.0.0.1:1 within 5 s"
+                    ),
+                    "{m}"
+                );
+                assert!(m.contains("ranks [1] connected, then closed"), "{m}");
+            }
             other => panic!("{other:?}"),
         }
-        assert_eq!(
-            r.hello(
-                4,
-                &Hello {
-                    rank: 2,
-                    nranks: 3,
-                    listen: a(12)
-                }
-            ),
-            Some(RootAction::Table(vec![a(10), a(11), a(12)]))
-        );
+        assert!(r.is_done());
+        assert_eq!(r.poll(t0 + 9 * s), None);
+
+        let mut r = Root::new(a(1), s / 2, t0);
+        match r.poll(t0 + s) {
+            Some(RootAction::Fail { conns, error }) => {
+                assert!(conns.is_empty());
+                assert!(error.message().contains("no rank connected"), "{error}");
+                assert!(error.message().contains("0.5 s"), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

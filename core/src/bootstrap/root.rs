@@ -1,0 +1,204 @@
+//! The root's thread: drives [`proto::Root`] over a non-blocking listener.
+//! It serves one communicator init and always ends: when the table went
+//! out, or at the root's deadline.
+
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+
+use super::proto::{self, ConnId, Frame, FrameReader, Hello, Root, RootAction};
+use crate::error::{Error, Result};
+
+/// Starts the root on `listener`; returns its address.
+pub(super) fn spawn(listener: TcpListener, magic: u64, timeout: Duration) -> Result<SocketAddr> {
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io("bootstrap root", e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("bootstrap root", e))?;
+    std::thread::Builder::new()
+        .name("oxccl-bootstrap-root".into())
+        .spawn(move || run(listener, addr, magic, timeout))
+        .map_err(|e| Error::System(format!("cannot start the bootstrap root thread: {e}")))?;
+    debug!(target: "oxccl::bootstrap", "root listening at {addr}");
+    Ok(addr)
+}
+
+struct Conn {
+    s: TcpStream,
+    peer: SocketAddr,
+    reader: FrameReader,
+    /// Said a hello the root took.
+    joined: bool,
+}
+
+enum Event {
+    Idle,
+    Hello(Hello),
+    Closed,
+    Bad(String),
+}
+
+/// Reads what `c` has sent without blocking.
+fn poll_conn(c: &mut Conn) -> Event {
+    let mut buf = [0u8; 256];
+    loop {
+        match c.s.read(&mut buf) {
+            Ok(0) => return Event::Closed,
+            // A rank that said hello has nothing more to say; read on to see it close.
+            Ok(_) if c.joined => {}
+            Ok(n) => {
+                c.reader.push(&buf[..n]);
+                match c.reader.next_frame() {
+                    Err(e) => return Event::Bad(e.to_string()),
+                    Ok(None) => {}
+                    Ok(Some(f)) if f.kind != proto::HELLO => {
+                        return Event::Bad(format!("a frame of kind {} instead of a hello", f.kind))
+                    }
+                    Ok(Some(f)) => {
+                        return match Hello::decode(f.from, &f.payload) {
+                            Some(h) => Event::Hello(h),
+                            None => Event::Bad("a malformed hello".into()),
+                        }
+                    }
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Event::Idle,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return Event::Closed,
+        }
+    }
+}
+
+fn send(c: &mut Conn, magic: u64, kind: u8, payload: Vec<u8>) -> std::io::Result<()> {
+    c.s.set_nonblocking(false)?;
+    c.s.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let f = Frame {
+        magic,
+        kind,
+        from: u32::MAX,
+        tag: 0,
+        payload,
+    };
+    c.s.write_all(&f.encode())
+}
+
+fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration) {
+    let mut root = Root::new(addr, timeout, Instant::now());
+    let mut conns: BTreeMap<ConnId, Conn> = BTreeMap::new();
+    let mut next_id: ConnId = 0;
+    let mut idle = Duration::from_millis(1);
+    while !root.is_done() {
+        let mut busy = false;
+        loop {
+            match listener.accept() {
+                Ok((s, peer)) => {
+                    busy = true;
+                    if s.set_nonblocking(true).is_ok() {
+                        let _ = s.set_nodelay(true);
+                        let reader = FrameReader::new(magic, proto::MAX_HELLO);
+                        conns.insert(
+                            next_id,
+                            Conn {
+                                s,
+                                peer,
+                                reader,
+                                joined: false,
+                            },
+                        );
+                        next_id += 1;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    debug!(target: "oxccl::bootstrap", "root {addr}: accept failed: {e}");
+                    break;
+                }
+            }
+        }
+        let mut actions = Vec::new();
+        let mut gone = Vec::new();
+        for (&id, c) in conns.iter_mut() {
+            match poll_conn(c) {
+                Event::Idle => {}
+                Event::Hello(h) => {
+                    busy = true;
+                    debug!(target: "oxccl::bootstrap", "root {addr}: hello from rank {} of {} at {} (from {})", h.rank, h.nranks, h.listen, c.peer);
+                    c.joined = true;
+                    actions.extend(root.hello(Instant::now(), id, &h));
+                }
+                Event::Closed => {
+                    busy = true;
+                    gone.push(id);
+                    if c.joined {
+                        warn!(target: "oxccl::bootstrap", "root {addr}: a rank's connection from {} closed before every rank joined", c.peer);
+                        root.closed(id);
+                    }
+                }
+                Event::Bad(why) => {
+                    busy = true;
+                    warn!(target: "oxccl::bootstrap", "root {addr}: refused a connection from {}: {why}", c.peer);
+                    gone.push(id);
+                }
+            }
+        }
+        for id in gone {
+            conns.remove(&id);
+        }
+        actions.extend(root.poll(Instant::now()));
+        for a in actions {
+            match a {
+                RootAction::Table { conns: to, table } => {
+                    let payload = proto::encode_table(&table);
+                    for (rank, id) in to.iter().enumerate() {
+                        if let Some(c) = conns.get_mut(id) {
+                            if let Err(e) = send(c, magic, proto::TABLE, payload.clone()) {
+                                warn!(target: "oxccl::bootstrap", "root {addr}: cannot send the table to rank {rank} at {}: {e}", c.peer);
+                            }
+                        }
+                    }
+                    debug!(target: "oxccl::bootstrap", "root {addr}: all {} ranks joined", table.len());
+                }
+                RootAction::Refuse { conn, error } => {
+                    if let Some(mut c) = conns.remove(&conn) {
+                        warn!(target: "oxccl::bootstrap", "refused {}: {}", c.peer, error.message());
+                        let _ = send(&mut c, magic, proto::ERROR, proto::encode_error(&error));
+                    }
+                }
+                RootAction::Fail { conns: to, error } => {
+                    warn!(target: "oxccl::bootstrap", "{}", error.message());
+                    let payload = proto::encode_error(&error);
+                    for id in to {
+                        if let Some(c) = conns.get_mut(&id) {
+                            let _ = send(c, magic, proto::ERROR, payload.clone());
+                        }
+                    }
+                }
+            }
+        }
+        if busy {
+            idle = Duration::from_millis(1);
+        } else {
+            std::thread::sleep(idle);
+            idle = (idle * 2).min(Duration::from_millis(16));
+        }
+    }
+    // Hellos already here from ranks beyond the table (a duplicate rank
+    // that lost the race) get an answer rather than a bare close.
+    for c in conns.values_mut().filter(|c| !c.joined) {
+        if let Event::Hello(h) = poll_conn(c) {
+            let e = Error::InvalidUsage(format!(
+                "bootstrap root at {addr}: rank {} of {} came after every rank had joined: two processes were given the same rank?",
+                h.rank, h.nranks
+            ));
+            warn!(target: "oxccl::bootstrap", "refused {}: {}", c.peer, e.message());
+            let _ = send(c, magic, proto::ERROR, proto::encode_error(&e));
+        }
+    }
+    debug!(target: "oxccl::bootstrap", "root {addr}: done");
+}

@@ -1,0 +1,323 @@
+//! A rank's incoming side. The service thread accepts peers' connections;
+//! one reader thread per connection files messages into the mailbox (keyed
+//! by sender and tag, so that they may arrive in any order), records
+//! failure notices, and answers progress queries on the connection they
+//! came on.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+
+use super::proto::{self, Frame, FrameReader, Reassembler};
+use super::tcp::{lock, read_frame};
+use crate::error::{Error, Result};
+
+#[derive(Default)]
+struct Mail {
+    msgs: HashMap<(usize, u64), VecDeque<Vec<u8>>>,
+    failure: Option<(usize, String)>,
+    closed: bool,
+}
+
+/// What the service and reader threads share with the rank's API.
+pub(super) struct Shared {
+    pub rank: usize,
+    pub nranks: usize,
+    pub magic: u64,
+    /// Operations started, as the engine counts them; peers read it.
+    pub progress: Arc<AtomicU64>,
+    mail: Mutex<Mail>,
+    cv: Condvar,
+    closed: AtomicBool,
+    /// Accepted connections (a clone each, to shut down) and their readers.
+    readers: Mutex<Vec<(TcpStream, JoinHandle<()>)>>,
+}
+
+impl Shared {
+    pub fn new(rank: usize, nranks: usize, magic: u64) -> Shared {
+        Shared {
+            rank,
+            nranks,
+            magic,
+            progress: Arc::default(),
+            mail: Mutex::default(),
+            cv: Condvar::new(),
+            closed: AtomicBool::new(false),
+            readers: Mutex::default(),
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub fn deliver(&self, from: usize, tag: u64, payload: Vec<u8>) {
+        lock(&self.mail)
+            .msgs
+            .entry((from, tag))
+            .or_default()
+            .push_back(payload);
+        self.cv.notify_all();
+    }
+
+    fn fail(&self, from: usize, message: String) {
+        lock(&self.mail).failure.get_or_insert((from, message));
+        self.cv.notify_all();
+    }
+
+    pub fn failure(&self) -> Option<(usize, String)> {
+        lock(&self.mail).failure.clone()
+    }
+
+    /// Marks the mailbox closed and wakes every waiter.
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        lock(&self.mail).closed = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits up to `timeout` for the next message from `peer` under `tag`;
+    /// `what` names it in errors.
+    pub fn wait(
+        &self,
+        peer: usize,
+        tag: u64,
+        timeout: Duration,
+        what: &dyn Fn() -> String,
+    ) -> Result<Vec<u8>> {
+        let start = Instant::now();
+        let mut mail = lock(&self.mail);
+        loop {
+            if let Some(m) = mail
+                .msgs
+                .get_mut(&(peer, tag))
+                .and_then(VecDeque::pop_front)
+            {
+                if mail.msgs.get(&(peer, tag)).is_some_and(VecDeque::is_empty) {
+                    mail.msgs.remove(&(peer, tag));
+                }
+                return Ok(m);
+            }
+            if let Some((who, msg)) = &mail.failure {
+                return Err(Error::Remote(format!("rank {who} failed: {msg}")));
+            }
+            if mail.closed {
+                return Err(Error::InvalidUsage(format!(
+                    "bootstrap: rank {} was closed while waiting for {} from rank {peer}",
+                    self.rank,
+                    what()
+                )));
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                return Err(Error::Remote(format!(
+                    "bootstrap: rank {} waited {} (NCCL_TIMEOUT) for {} from rank {peer}: rank {peer} is dead, hung, or not making the same calls",
+                    self.rank,
+                    proto::secs(waited),
+                    what()
+                )));
+            }
+            mail = self
+                .cv
+                .wait_timeout(mail, timeout - waited)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Joins the readers that ended on their own.
+    fn prune_readers(&self) {
+        let mut rs = lock(&self.readers);
+        let (done, live): (Vec<_>, Vec<_>) = rs.drain(..).partition(|(_, h)| h.is_finished());
+        *rs = live;
+        drop(rs);
+        for (_, h) in done {
+            let _ = h.join();
+        }
+    }
+
+    /// Shuts every accepted connection down and joins its reader.
+    fn stop_readers(&self) {
+        let rs: Vec<_> = lock(&self.readers).drain(..).collect();
+        for (s, _) in &rs {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        for (_, h) in rs {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The service thread of one rank, and how to stop it.
+pub(super) struct Service {
+    shared: Arc<Shared>,
+    pub listen: SocketAddr,
+    /// A clone of the listening socket, to wake `accept` at close.
+    listener: TcpListener,
+    handle: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Service {
+    pub fn start(shared: Arc<Shared>, listener: TcpListener) -> Result<Service> {
+        let listen = listener
+            .local_addr()
+            .map_err(|e| Error::io("bootstrap listener", e))?;
+        let clone = listener
+            .try_clone()
+            .map_err(|e| Error::io("bootstrap listener", e))?;
+        let sh = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("oxccl-bootstrap-{}", shared.rank))
+            .spawn(move || accept_loop(sh, listener))
+            .map_err(|e| {
+                Error::System(format!("cannot start the bootstrap service thread: {e}"))
+            })?;
+        Ok(Service {
+            shared,
+            listen,
+            listener: clone,
+            handle: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Stops accepting, wakes every waiter with an error, closes every
+    /// accepted connection and joins the threads. Idempotent.
+    pub fn stop(&self) {
+        let Some(h) = lock(&self.handle).take() else {
+            return;
+        };
+        self.shared.close();
+        // Linux wakes a blocked accept() when its socket is shut down; the
+        // connection to ourselves wakes it elsewhere.
+        let _ = socket2::SockRef::from(&self.listener).shutdown(Shutdown::Both);
+        if !h.is_finished() {
+            let _ = TcpStream::connect_timeout(&self.listen, Duration::from_millis(200));
+        }
+        let start = Instant::now();
+        while !h.is_finished() && start.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if h.is_finished() {
+            let _ = h.join();
+        } else {
+            warn!(target: "oxccl::bootstrap", "rank {}: the bootstrap service thread did not stop; leaving it blocked in accept", self.shared.rank);
+        }
+        self.shared.stop_readers();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    loop {
+        let r = listener.accept();
+        if shared.is_closed() {
+            return;
+        }
+        match r {
+            Ok((mut s, peer)) => {
+                shared.prune_readers();
+                let _ = s.set_nodelay(true);
+                let Ok(clone) = s.try_clone() else {
+                    warn!(target: "oxccl::bootstrap", "rank {}: dropped a connection from {peer}: cannot clone its socket", shared.rank);
+                    continue;
+                };
+                let sh = shared.clone();
+                match std::thread::Builder::new()
+                    .name(format!("oxccl-bootstrap-rx-{}", shared.rank))
+                    .spawn(move || {
+                        read_loop(&sh, &mut s, peer);
+                        // Its clone in `readers` keeps the socket open: end it here.
+                        let _ = s.shutdown(Shutdown::Both);
+                    }) {
+                    Ok(h) => lock(&shared.readers).push((clone, h)),
+                    Err(e) => {
+                        warn!(target: "oxccl::bootstrap", "rank {}: dropped a connection from {peer}: no reader thread: {e}", shared.rank)
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                // Out of descriptors and the like: wait rather than spin.
+                debug!(target: "oxccl::bootstrap", "rank {}: accept failed: {e}", shared.rank);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn read_loop(shared: &Shared, s: &mut TcpStream, peer: SocketAddr) {
+    let me = shared.rank;
+    let mut reader = FrameReader::new(shared.magic, proto::MAX_CHUNK);
+    let mut pieces = Reassembler::default();
+    let mut sender: Option<u32> = None;
+    loop {
+        let f = match read_frame(s, &mut reader) {
+            Ok(Some(f)) => f,
+            Ok(None) => return,
+            Err(e) if shared.is_closed() => {
+                debug!(target: "oxccl::bootstrap", "rank {me}: connection from {peer} ended at close: {e}");
+                return;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                warn!(target: "oxccl::bootstrap", "rank {me}: refused a connection from {peer}: {e}");
+                return;
+            }
+            Err(e) => {
+                debug!(target: "oxccl::bootstrap", "rank {me}: connection from {peer} broke: {e}");
+                return;
+            }
+        };
+        if f.from as usize >= shared.nranks || sender.is_some_and(|r| r != f.from) {
+            warn!(target: "oxccl::bootstrap", "rank {me}: refused a connection from {peer}: a frame claims to come from rank {} of {}", f.from, shared.nranks);
+            return;
+        }
+        sender = Some(f.from);
+        let from = f.from as usize;
+        match f.kind {
+            k if k & !proto::MORE == proto::DATA => {
+                match pieces.push(f.tag, k & proto::MORE != 0, f.payload) {
+                    Ok(Some(m)) => shared.deliver(from, f.tag, m),
+                    Ok(None) => {}
+                    Err(e) => {
+                        warn!(target: "oxccl::bootstrap", "rank {me}: refused a connection from rank {from} ({peer}): {e}");
+                        return;
+                    }
+                }
+            }
+            proto::ABORT => {
+                let msg = String::from_utf8_lossy(&f.payload).into_owned();
+                warn!(target: "oxccl::bootstrap", "rank {me}: rank {from} reports a failure: {msg}");
+                shared.fail(from, msg);
+            }
+            proto::QUERY => {
+                let n = shared.progress.load(Ordering::SeqCst);
+                let reply = Frame {
+                    magic: shared.magic,
+                    kind: proto::PROGRESS,
+                    from: me as u32,
+                    tag: f.tag,
+                    payload: n.to_le_bytes().to_vec(),
+                };
+                let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+                if let Err(e) = std::io::Write::write_all(s, &reply.encode()) {
+                    debug!(target: "oxccl::bootstrap", "rank {me}: cannot answer rank {from}'s progress query: {e}");
+                    return;
+                }
+            }
+            k => {
+                warn!(target: "oxccl::bootstrap", "rank {me}: refused a connection from rank {from} ({peer}): unexpected frame kind {k}");
+                return;
+            }
+        }
+    }
+}

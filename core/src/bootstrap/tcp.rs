@@ -1,0 +1,216 @@
+//! Socket helpers of the bootstrap: writing and reading frames, connecting
+//! with retries, the cached connections to peers, and the one-shot
+//! connections of progress queries and failure notices.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tracing::debug;
+
+use super::proto::{self, Frame, FrameReader};
+use crate::error::{Error, Result};
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes one message as frames of at most [`proto::MAX_CHUNK`] bytes
+/// (`MORE` set on all but the last).
+pub(super) fn write_message(
+    s: &mut TcpStream,
+    magic: u64,
+    kind: u8,
+    from: u32,
+    tag: u64,
+    payload: &[u8],
+) -> std::io::Result<()> {
+    for (more, piece) in proto::chunks(payload, proto::MAX_CHUNK) {
+        let k = if more { kind | proto::MORE } else { kind };
+        let mut b = Vec::with_capacity(proto::FRAME_HEADER + piece.len());
+        b.extend_from_slice(&proto::encode_header(magic, k, from, tag, piece.len()));
+        b.extend_from_slice(piece);
+        s.write_all(&b)?;
+    }
+    Ok(())
+}
+
+/// Reads until `r` yields a frame; `None` at a clean end of stream.
+pub(super) fn read_frame(s: &mut TcpStream, r: &mut FrameReader) -> std::io::Result<Option<Frame>> {
+    let mut buf = [0u8; 16 << 10];
+    loop {
+        if let Some(f) = r
+            .next_frame()
+            .map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e.to_string()))?
+        {
+            return Ok(Some(f));
+        }
+        match s.read(&mut buf) {
+            Ok(0) if r.is_empty() => return Ok(None),
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => r.push(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Connects to `addr`, retrying with backoff (10 ms doubling to 500 ms)
+/// while it refuses or times out, until `deadline`.
+pub(super) fn connect_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let e = match TcpStream::connect_timeout(
+            &addr,
+            left.clamp(Duration::from_millis(1), Duration::from_secs(5)),
+        ) {
+            Ok(s) => return Ok(s),
+            Err(e) => e,
+        };
+        if Instant::now() + backoff >= deadline {
+            return Err(e);
+        }
+        debug!(target: "oxccl::bootstrap", "{addr} not reachable yet ({e}); retrying in {backoff:?}");
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// One frame on a fresh connection, every step bounded by `deadline`;
+/// returns the connection (to read an answer from, or to close).
+pub(super) fn one_shot(
+    addr: SocketAddr,
+    frame: &Frame,
+    deadline: Instant,
+) -> std::io::Result<TcpStream> {
+    let left = || {
+        let l = deadline.saturating_duration_since(Instant::now());
+        if l.is_zero() {
+            Err(std::io::Error::from(ErrorKind::TimedOut))
+        } else {
+            Ok(l)
+        }
+    };
+    let mut s = TcpStream::connect_timeout(&addr, left()?)?;
+    let _ = s.set_nodelay(true);
+    s.set_write_timeout(Some(left()?))?;
+    s.write_all(&frame.encode())?;
+    Ok(s)
+}
+
+/// Asks the rank at `addr` for its progress counter; `None` if it does not
+/// answer by `deadline`.
+pub(super) fn query(addr: SocketAddr, magic: u64, me: u32, deadline: Instant) -> Option<u64> {
+    let q = Frame {
+        magic,
+        kind: proto::QUERY,
+        from: me,
+        tag: 0,
+        payload: Vec::new(),
+    };
+    let mut s = one_shot(addr, &q, deadline).ok()?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+        .ok()?;
+    let f = read_frame(&mut s, &mut FrameReader::new(magic, 8)).ok()??;
+    let _ = s.shutdown(Shutdown::Both);
+    if f.kind != proto::PROGRESS {
+        return None;
+    }
+    f.payload.try_into().ok().map(u64::from_le_bytes)
+}
+
+/// The connections this rank opened to its peers: made on first use,
+/// cached, one lock per peer (a message is written whole under it).
+pub(super) struct Outgoing {
+    me: u32,
+    magic: u64,
+    pub addrs: Vec<SocketAddr>,
+    slots: Vec<Mutex<Option<TcpStream>>>,
+    /// Clones of the cached streams, so that `close` can shut them down
+    /// while a sender holds the slot's lock.
+    clones: Vec<Mutex<Option<TcpStream>>>,
+    closed: AtomicBool,
+}
+
+impl Outgoing {
+    pub fn new(me: usize, magic: u64, addrs: Vec<SocketAddr>) -> Outgoing {
+        Outgoing {
+            me: me as u32,
+            magic,
+            slots: addrs.iter().map(|_| Mutex::new(None)).collect(),
+            clones: addrs.iter().map(|_| Mutex::new(None)).collect(),
+            addrs,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Sends one message to `peer`. A cached connection that fails is
+    /// replaced once (a peer drops connections only when it closes, so a
+    /// failure on a fresh one is the answer).
+    pub fn send(&self, peer: usize, tag: u64, payload: &[u8], timeout: Duration) -> Result<()> {
+        let addr = self.addrs[peer];
+        let mut slot = lock(&self.slots[peer]);
+        loop {
+            let fresh = slot.is_none();
+            if fresh {
+                if self.closed.load(Ordering::Acquire) {
+                    return Err(Error::InvalidUsage(format!(
+                        "bootstrap: rank {} sending to rank {peer} after its communicator was closed",
+                        self.me
+                    )));
+                }
+                let s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| {
+                    Error::Remote(format!(
+                        "bootstrap: rank {} cannot reach rank {peer} at {addr}: {e} (rank {peer} died or closed its communicator)",
+                        self.me
+                    ))
+                })?;
+                let _ = s.set_nodelay(true);
+                *lock(&self.clones[peer]) = s.try_clone().ok();
+                *slot = Some(s);
+            }
+            let s = slot.as_mut().expect("connected above");
+            let r = s
+                .set_write_timeout(Some(timeout))
+                .and_then(|_| write_message(s, self.magic, proto::DATA, self.me, tag, payload));
+            let e = match r {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            *slot = None;
+            *lock(&self.clones[peer]) = None;
+            if !fresh {
+                debug!(target: "oxccl::bootstrap", "rank {}: connection to rank {peer} broke ({e}); reconnecting", self.me);
+                continue;
+            }
+            let why = if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
+                format!(
+                    "rank {peer} read nothing for {} (NCCL_TIMEOUT): hung?",
+                    proto::secs(timeout)
+                )
+            } else {
+                e.to_string()
+            };
+            return Err(Error::Remote(format!(
+                "bootstrap: rank {} sending {} bytes to rank {peer} at {addr} failed: {why}",
+                self.me,
+                payload.len()
+            )));
+        }
+    }
+
+    /// Shuts every cached connection down (a sender blocked on one fails)
+    /// and refuses new ones.
+    pub fn shutdown_all(&self) {
+        self.closed.store(true, Ordering::Release);
+        for c in &self.clones {
+            if let Some(s) = lock(c).take() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
