@@ -1,87 +1,330 @@
-//! Connections: a control socket plus data sockets, and the two ends.
+//! Connections: one control socket plus the data sockets, opened in order by
+//! the connecting side and gathered by the listening side, both as state
+//! machines that never block (the core drives many connections from one
+//! thread). Then the two ends a connection has once established.
 
-use std::io::Write;
-use std::net::TcpStream;
+use std::io::{self, ErrorKind, Read};
+use std::net::SocketAddr;
+use std::os::raw::c_int;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use oxccl_plugin::{MrHandle, NetError, NetResult, PtrType, RecvComm, Request, SendComm};
+use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::handle::Handle;
-use crate::request::{DataPath, Queue, SocketRequest};
+use crate::request::{lock, DataPath, Queue, SocketRequest};
 use crate::threads::Worker;
 
-pub const INTRO_MAGIC: u32 = 0x4f58_4931; // "OXI1"
+/// A write to a socket the peer closed must be an error, not SIGPIPE: as a
+/// library loaded into a C program we cannot rely on the signal being
+/// ignored. (std's `TcpStream` sets this flag on `write` but not on
+/// `write_vectored`, hence socket2 with explicit flags.)
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub const MSG_NOSIGNAL: c_int = 0x4000;
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+pub const MSG_NOSIGNAL: c_int = 0;
 
-/// Opens every socket of a connection to the listener in `h`.
-pub fn open(h: &Handle) -> NetResult<Vec<TcpStream>> {
-    (0..=h.nsocks as u32)
-        .map(|i| {
-            let mut s = TcpStream::connect_timeout(&h.addr, Duration::from_secs(10))
-                .map_err(|e| NetError::System(format!("connect to {}: {e}", h.addr)))?;
-            let _ = s.set_nodelay(true);
-            let mut intro = [0u8; 16];
-            intro[0..8].copy_from_slice(&h.conn_id.to_le_bytes());
-            intro[8..12].copy_from_slice(&i.to_le_bytes());
-            intro[12..16].copy_from_slice(&INTRO_MAGIC.to_le_bytes());
-            s.write_all(&intro)
-                .map_err(|e| NetError::System(format!("connect to {}: {e}", h.addr)))?;
-            Ok(s)
+#[cfg(any(target_os = "linux", target_os = "android"))]
+const EINPROGRESS: i32 = 115;
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+const EINPROGRESS: i32 = 36;
+
+/// Each socket opens with these bytes: which connection, which position.
+const INTRO: usize = 16;
+const INTRO_MAGIC: u32 = 0x4f58_4931; // "OXI1"
+
+/// How long a refused or timed-out connect is retried: the listener may sit
+/// behind a full backlog for a moment, but a handle to nowhere must end.
+pub const CONNECT_RETRY_FOR: Duration = Duration::from_secs(10);
+const CONNECT_RETRY_EVERY: Duration = Duration::from_millis(10);
+
+/// A socket error as the core should see it: the peer going away is a
+/// remote error, anything else a system one.
+pub fn io_error(peer: &str, e: io::Error) -> NetError {
+    match e.kind() {
+        ErrorKind::UnexpectedEof
+        | ErrorKind::ConnectionReset
+        | ErrorKind::BrokenPipe
+        | ErrorKind::ConnectionAborted
+        | ErrorKind::NotConnected => {
+            NetError::Remote(format!("connection to {peer} closed by peer ({e})"))
+        }
+        _ => NetError::System(format!("connection to {peer}: {e}")),
+    }
+}
+
+fn intro(conn_id: u64, index: u32) -> [u8; INTRO] {
+    let mut b = [0u8; INTRO];
+    b[0..8].copy_from_slice(&conn_id.to_le_bytes());
+    b[8..12].copy_from_slice(&index.to_le_bytes());
+    b[12..16].copy_from_slice(&INTRO_MAGIC.to_le_bytes());
+    b
+}
+
+/// A socket being opened by the connecting side.
+struct Opening {
+    sock: Socket,
+    connected: bool,
+    intro: [u8; INTRO],
+    sent: usize,
+}
+
+/// The connecting side's progress, kept between calls to `connect`.
+pub struct Connecting {
+    handle: Handle,
+    open: Vec<Socket>,
+    current: Option<Opening>,
+    started: Instant,
+    retry_for: Duration,
+    retry_at: Option<Instant>,
+}
+
+impl Connecting {
+    pub fn new(handle: Handle, retry_for: Duration) -> Connecting {
+        Connecting {
+            handle,
+            open: Vec::new(),
+            current: None,
+            started: Instant::now(),
+            retry_for,
+            retry_at: None,
+        }
+    }
+
+    /// Moves as far as it can without blocking; the sockets, control first,
+    /// once all are open and introduced.
+    pub fn step(&mut self) -> NetResult<Option<Vec<Socket>>> {
+        let addr = self.handle.addr;
+        let sys = |e: io::Error| NetError::System(format!("connect to {addr}: {e}"));
+        loop {
+            if self.open.len() == self.handle.nsocks() + 1 {
+                return Ok(Some(std::mem::take(&mut self.open)));
+            }
+            if let Some(t) = self.retry_at {
+                if Instant::now() < t {
+                    return Ok(None);
+                }
+                self.retry_at = None;
+            }
+            let Some(op) = self.current.as_mut() else {
+                let sock =
+                    Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+                        .map_err(sys)?;
+                sock.set_nonblocking(true).map_err(sys)?;
+                tune(&sock);
+                let connected = match sock.connect(&addr.into()) {
+                    Ok(()) => true,
+                    Err(e) if in_progress(&e) => false,
+                    Err(e) => {
+                        self.retry_or_fail(e)?;
+                        continue;
+                    }
+                };
+                let index = self.open.len() as u32;
+                self.current = Some(Opening {
+                    sock,
+                    connected,
+                    intro: intro(self.handle.conn_id, index),
+                    sent: 0,
+                });
+                continue;
+            };
+            if !op.connected {
+                if let Some(e) = op.sock.take_error().map_err(sys)? {
+                    self.retry_or_fail(e)?;
+                    continue;
+                }
+                match op.sock.peer_addr() {
+                    Ok(_) => op.connected = true,
+                    Err(e) if e.kind() == ErrorKind::NotConnected => return Ok(None),
+                    Err(e) => return Err(sys(e)),
+                }
+            }
+            match op.sock.send_with_flags(&op.intro[op.sent..], MSG_NOSIGNAL) {
+                Ok(n) => op.sent += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_error(&addr.to_string(), e)),
+            }
+            if op.sent == INTRO {
+                let op = self.current.take().expect("checked above");
+                self.open.push(op.sock);
+            }
+        }
+    }
+
+    fn retry_or_fail(&mut self, e: io::Error) -> NetResult<()> {
+        self.current = None;
+        let transient = matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::TimedOut);
+        if transient && self.started.elapsed() < self.retry_for {
+            self.retry_at = Some(Instant::now() + CONNECT_RETRY_EVERY);
+            return Ok(());
+        }
+        let msg = format!("connect to {} failed: {e}", self.handle.addr);
+        Err(if transient {
+            NetError::Remote(msg)
+        } else {
+            NetError::System(msg)
         })
-        .collect()
+    }
+}
+
+fn in_progress(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(EINPROGRESS) || e.kind() == ErrorKind::WouldBlock
 }
 
 /// No Nagle delay for small messages. Kernel buffer sizes are left to
 /// autotuning: fixing them (1 or 4 MiB) measured 20-40% slower on loopback.
-fn tune(s: &TcpStream) {
-    let _ = s.set_nodelay(true);
+fn tune(s: &Socket) {
+    let _ = s.set_tcp_nodelay(true);
 }
 
-/// Builds one end's queue from its sockets (control first).
+/// An accepted socket whose introduction has not fully arrived.
+struct Arriving {
+    sock: Socket,
+    peer: Option<SocketAddr>,
+    intro: [u8; INTRO],
+    got: usize,
+}
+
+/// The listening side's progress: sockets arrive in any order (the kernel
+/// queues them), each says which connection and which position it is.
+pub struct Accepting {
+    conn_id: u64,
+    arriving: Vec<Arriving>,
+    slots: Vec<Option<Socket>>,
+}
+
+impl Accepting {
+    pub fn new(conn_id: u64, nsocks: usize) -> Accepting {
+        Accepting {
+            conn_id,
+            arriving: Vec::new(),
+            slots: (0..=nsocks).map(|_| None).collect(),
+        }
+    }
+
+    pub fn offer(&mut self, sock: Socket, peer: Option<SocketAddr>) -> NetResult<()> {
+        sock.set_nonblocking(true)
+            .map_err(|e| NetError::System(format!("accept: {e}")))?;
+        tune(&sock);
+        self.arriving.push(Arriving {
+            sock,
+            peer,
+            intro: [0; INTRO],
+            got: 0,
+        });
+        Ok(())
+    }
+
+    /// Reads what introductions have arrived; the sockets, control first,
+    /// once every position is filled.
+    pub fn step(&mut self) -> Option<Vec<Socket>> {
+        let mut i = 0;
+        while i < self.arriving.len() {
+            let a = &mut self.arriving[i];
+            let r = (&a.sock).read(&mut a.intro[a.got..]);
+            match r {
+                Ok(0) => {
+                    // Gone before saying who it was: not ours to report.
+                    self.arriving.swap_remove(i);
+                }
+                Ok(n) => {
+                    a.got += n;
+                    if a.got == INTRO {
+                        let a = self.arriving.swap_remove(i);
+                        self.place(a);
+                    }
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                    i += 1
+                }
+                Err(_) => {
+                    self.arriving.swap_remove(i);
+                }
+            }
+        }
+        if self.slots.iter().any(Option::is_none) {
+            return None;
+        }
+        let n = self.slots.len();
+        let socks = self.slots.iter_mut().filter_map(Option::take).collect();
+        self.slots = (0..n).map(|_| None).collect();
+        Some(socks)
+    }
+
+    fn place(&mut self, a: Arriving) {
+        let b = a.intro;
+        let conn = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+        let index = u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize;
+        let magic = u32::from_le_bytes([b[12], b[13], b[14], b[15]]);
+        let peer = a.peer.map_or_else(|| "?".to_string(), |p| p.to_string());
+        if magic != INTRO_MAGIC || conn != self.conn_id {
+            eprintln!(
+                "oxccl net-socket: WARN refused a connection from {peer}: not for this listener"
+            );
+            return;
+        }
+        match self.slots.get_mut(index) {
+            Some(slot @ None) => *slot = Some(a.sock),
+            _ => eprintln!(
+                "oxccl net-socket: WARN refused a connection from {peer}: socket position {index} is taken or out of range"
+            ),
+        }
+    }
+}
+
+/// Builds one end of an established connection from its sockets (control
+/// first), starting the helper threads that own the data sockets.
 pub fn assemble(
     sending: bool,
     peer: String,
-    mut socks: Vec<TcpStream>,
-    per_worker: usize,
+    mut socks: Vec<Socket>,
+    nthreads: usize,
 ) -> NetResult<Arc<Mutex<Queue>>> {
-    let sys = |e: std::io::Error| NetError::System(format!("connection to {peer}: {e}"));
-    for s in &socks {
-        tune(s);
-    }
+    let peer: Arc<str> = peer.into();
+    let sys = |e: io::Error| NetError::System(format!("connection to {peer}: {e}"));
     let ctrl = socks.remove(0);
-    let per_worker = per_worker.max(1);
-    let workers = socks
-        .chunks(per_worker)
-        .map(|c| {
-            Worker::spawn(
-                c.iter().map(|s| s.try_clone()).collect::<Result<_, _>>()?,
-                sending,
-                peer.clone(),
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(sys)?;
-    let data = DataPath {
-        workers,
-        socks_per_worker: per_worker,
+    ctrl.set_nonblocking(true).map_err(sys)?;
+    let nsocks = socks.len();
+    let nthreads = if nsocks == 0 {
+        0
+    } else {
+        nthreads.clamp(1, nsocks)
     };
-    Ok(Arc::new(Mutex::new(
-        Queue::new(sending, peer.clone(), ctrl, data).map_err(sys)?,
-    )))
+    // Data socket j goes to thread j % nthreads (see `DataPath::dispatch`).
+    let mut owned: Vec<Vec<Socket>> = (0..nthreads).map(|_| Vec::new()).collect();
+    for (j, s) in socks.into_iter().enumerate() {
+        s.set_nonblocking(false).map_err(sys)?;
+        owned[j % nthreads].push(s);
+    }
+    let workers = owned
+        .into_iter()
+        .map(|s| Worker::spawn(s, sending, peer.clone()))
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(sys)?;
+    Ok(Arc::new(Mutex::new(Queue::new(
+        sending,
+        peer.clone(),
+        ctrl,
+        DataPath::new(workers, nsocks),
+    ))))
 }
 
-fn request(
+fn post(
     queue: &Arc<Mutex<Queue>>,
     addr: usize,
     size: usize,
     tag: i32,
 ) -> NetResult<Option<Box<dyn Request>>> {
-    let mut q = queue
-        .lock()
-        .map_err(|_| NetError::Internal("socket queue poisoned".into()))?;
-    let id = q.post(addr, size, tag)?;
-    // A failure found now is kept and reported by the request's test.
-    let _ = q.progress();
+    let mut q = lock(queue)?;
+    let Some(id) = q.post(addr, size, tag)? else {
+        return Ok(None);
+    };
+    // Start moving at once: a small send usually leaves in this call. A
+    // failure found now is kept and reported by the request's test.
+    q.progress();
     drop(q);
     Ok(Some(Box::new(SocketRequest {
         queue: queue.clone(),
@@ -90,12 +333,42 @@ fn request(
     })))
 }
 
+/// Dropping an end closes its sockets and joins its helper threads, even
+/// while requests are still held: they report the closed connection.
+fn close(queue: &Mutex<Queue>) {
+    queue.lock().unwrap_or_else(|p| p.into_inner()).close();
+}
+
 pub struct SocketSend {
-    pub queue: Arc<Mutex<Queue>>,
+    queue: Arc<Mutex<Queue>>,
+}
+
+impl SocketSend {
+    pub fn new(queue: Arc<Mutex<Queue>>) -> SocketSend {
+        SocketSend { queue }
+    }
+}
+
+impl Drop for SocketSend {
+    fn drop(&mut self) {
+        close(&self.queue);
+    }
 }
 
 pub struct SocketRecv {
-    pub queue: Arc<Mutex<Queue>>,
+    queue: Arc<Mutex<Queue>>,
+}
+
+impl SocketRecv {
+    pub fn new(queue: Arc<Mutex<Queue>>) -> SocketRecv {
+        SocketRecv { queue }
+    }
+}
+
+impl Drop for SocketRecv {
+    fn drop(&mut self) {
+        close(&self.queue);
+    }
 }
 
 impl SendComm for SocketSend {
@@ -106,7 +379,6 @@ impl SendComm for SocketSend {
     fn dereg_mr(&mut self, _mr: MrHandle) -> NetResult<()> {
         Ok(())
     }
-    #[allow(unsafe_code)]
     unsafe fn isend(
         &mut self,
         data: *const u8,
@@ -114,7 +386,7 @@ impl SendComm for SocketSend {
         tag: i32,
         _mr: Option<MrHandle>,
     ) -> NetResult<Option<Box<dyn Request>>> {
-        request(&self.queue, data as usize, size, tag)
+        post(&self.queue, data as usize, size, tag)
     }
 }
 
@@ -126,7 +398,6 @@ impl RecvComm for SocketRecv {
     fn dereg_mr(&mut self, _mr: MrHandle) -> NetResult<()> {
         Ok(())
     }
-    #[allow(unsafe_code)]
     unsafe fn irecv(
         &mut self,
         data: *mut u8,
@@ -134,7 +405,7 @@ impl RecvComm for SocketRecv {
         tag: i32,
         _mr: Option<MrHandle>,
     ) -> NetResult<Option<Box<dyn Request>>> {
-        request(&self.queue, data as usize, size, tag)
+        post(&self.queue, data as usize, size, tag)
     }
 }
 

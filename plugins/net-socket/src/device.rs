@@ -1,5 +1,7 @@
 //! Devices: one per chosen network interface, with NCCL's properties.
 
+use std::net::{IpAddr, SocketAddr, SocketAddrV6};
+
 use oxccl_netif::{Family, Iface};
 use oxccl_plugin::{NetError, NetProperties, PtrType};
 
@@ -13,7 +15,7 @@ pub fn discover(ifname: Option<&str>, family: Family) -> Result<Vec<Iface>, NetE
         seen.push(i.name.clone());
         new
     });
-    all.truncate(16);
+    all.truncate(crate::MAX_DEVICES);
     Ok(all)
 }
 
@@ -39,5 +41,20 @@ pub fn properties(i: &Iface) -> NetProperties {
         max_comms: 65536,
         max_recvs: 1,
         max_p2p_bytes: 1 << 40,
+    }
+}
+
+/// Where a listener on `i` binds. A link-local IPv6 address means nothing
+/// without its interface, so it carries the interface index as scope id.
+pub fn bind_addr(i: &Iface) -> SocketAddr {
+    match i.addr {
+        IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80 => {
+            let scope = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", i.name))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0);
+            SocketAddr::V6(SocketAddrV6::new(a, 0, 0, scope))
+        }
+        a => SocketAddr::new(a, 0),
     }
 }

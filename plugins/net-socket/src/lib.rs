@@ -1,9 +1,17 @@
 //! The TCP network of oxccl (NCCL's socket transport in the `ncclNet`
-//! role): the built-in default, registered with `inventory`.
+//! role): the built-in default, registered with `inventory`, and the same
+//! network exported through NCCL's C ABI for a plugin library.
 //!
-//! Files mirror the roles every network plugin has: `device` (discovery,
-//! properties), `listen`, `connection` (both ends), `request` (queues and
-//! completion), `threads` (helpers), `handle` (what the peer is given).
+//! A connection is one control socket and `nthreads * socks_per_thread`
+//! data sockets. Message headers and small messages travel on the control
+//! socket, moved by whoever calls `test` (lowest latency); large messages
+//! are striped over the data sockets by helper threads (more streams and
+//! cores than one socket gives). Nothing the core calls ever blocks.
+//!
+//! Files mirror the roles every network plugin has (net-ib keeps the same
+//! names): `device` (discovery, properties), `listen`, `connection`
+//! (connect/accept state machines and the two ends), `request` (matching
+//! and completion), `threads` (helpers), `handle` (what the peer is given).
 
 mod connection;
 mod device;
@@ -12,20 +20,35 @@ mod listen;
 mod request;
 mod threads;
 
-use std::net::{SocketAddr, TcpListener};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
 
 use oxccl_netif::{Family, Iface};
 use oxccl_plugin::{
     BuiltinNet, ListenComm, Net, NetError, NetHandle, NetProperties, NetResult, SendComm,
 };
 
-pub use handle::Handle;
+use crate::connection::Connecting;
+pub use crate::handle::Handle;
+
+/// Most data sockets one connection opens (NCCL's `MAX_SOCKETS`).
+pub const MAX_SOCKETS: usize = 64;
+/// Most helper threads per connection (NCCL's `MAX_THREADS`).
+pub const MAX_THREADS: usize = 16;
+/// Most devices (interfaces) the network exposes.
+pub const MAX_DEVICES: usize = 16;
 
 /// The socket network: one device per chosen interface.
 pub struct SocketNet {
     devs: Vec<Iface>,
     nthreads: usize,
     socks_per_thread: usize,
+    /// Connects in progress, found again through the key each one writes
+    /// into its handle (the handle alone has too little room for sockets).
+    connecting: Mutex<HashMap<u64, Connecting>>,
+    /// How long a refused connect is retried before it is an error.
+    connect_retry: Duration,
 }
 
 fn env_num(name: &str, default: usize) -> Result<usize, NetError> {
@@ -39,9 +62,10 @@ fn env_num(name: &str, default: usize) -> Result<usize, NetError> {
 }
 
 impl SocketNet {
-    /// Settings from the environment, as NCCL's socket transport reads them:
-    /// NCCL_SOCKET_IFNAME, NCCL_SOCKET_FAMILY, NCCL_SOCKET_NTHREADS,
-    /// NCCL_NSOCKS_PERTHREAD.
+    /// Settings from the environment, as NCCL's socket transport reads them
+    /// (a plugin reads its own settings; it never links the core):
+    /// NCCL_SOCKET_IFNAME, NCCL_SOCKET_FAMILY, NCCL_SOCKET_NTHREADS (default
+    /// 2), NCCL_NSOCKS_PERTHREAD (default 2).
     pub fn from_env() -> NetResult<SocketNet> {
         let ifname = std::env::var("NCCL_SOCKET_IFNAME").ok();
         let fam = std::env::var("NCCL_SOCKET_FAMILY").ok();
@@ -55,19 +79,26 @@ impl SocketNet {
         )
     }
 
+    /// A network on the interfaces `ifname` selects (NCCL_SOCKET_IFNAME
+    /// syntax; `None` for NCCL's default order), with `nthreads` helper
+    /// threads per connection each owning `socks_per_thread` data sockets.
+    /// `nthreads` 0 sends everything over the control socket, moved by the
+    /// thread that calls `test`. Limits as NCCL's: at most 16 threads and
+    /// 64 data sockets.
     pub fn new(
         ifname: Option<&str>,
         family: Family,
         nthreads: usize,
         socks_per_thread: usize,
     ) -> NetResult<SocketNet> {
-        // 0 threads: no data sockets, the caller's thread moves everything.
-        let nthreads = nthreads.min(16);
-        let socks_per_thread = socks_per_thread.clamp(1, 64 / nthreads.max(1));
+        let nthreads = nthreads.min(MAX_THREADS);
+        let socks_per_thread = socks_per_thread.clamp(1, MAX_SOCKETS / nthreads.max(1));
         Ok(SocketNet {
             devs: device::discover(ifname, family)?,
             nthreads,
             socks_per_thread,
+            connecting: Mutex::new(HashMap::new()),
+            connect_retry: connection::CONNECT_RETRY_FOR,
         })
     }
 
@@ -96,30 +127,54 @@ impl Net for SocketNet {
 
     fn listen(&self, dev: usize) -> NetResult<(NetHandle, Box<dyn ListenComm>)> {
         let iface = self.dev(dev)?;
-        let listener = TcpListener::bind(SocketAddr::new(iface.addr, 0)).map_err(|e| {
-            NetError::System(format!("listen on {} ({}): {e}", iface.name, iface.addr))
-        })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| NetError::System(e.to_string()))?;
-        let nsocks = self.nthreads * self.socks_per_thread;
         let conn_id = random_u64();
+        let nsocks = self.nthreads * self.socks_per_thread;
+        let (l, addr) =
+            listen::SocketListen::bind(device::bind_addr(iface), self.nthreads, nsocks, conn_id)
+                .map_err(|e| {
+                    NetError::System(format!("listen on {} ({}): {e}", iface.name, iface.addr))
+                })?;
         let handle = Handle {
             addr,
-            nsocks: nsocks as u8,
+            nthreads: self.nthreads as u8,
+            socks_per_thread: self.socks_per_thread as u8,
             conn_id,
         };
-        let l = listen::SocketListen::new(listener, nsocks, self.socks_per_thread, conn_id)
-            .map_err(|e| NetError::System(e.to_string()))?;
         Ok((handle.encode(), Box::new(l)))
     }
 
-    fn connect(&self, _dev: usize, handle: &mut NetHandle) -> NetResult<Option<Box<dyn SendComm>>> {
+    fn connect(&self, dev: usize, handle: &mut NetHandle) -> NetResult<Option<Box<dyn SendComm>>> {
+        self.dev(dev)?;
         let h = Handle::decode(handle)?;
-        let socks = connection::open(&h)?;
-        let per = (h.nsocks as usize / self.nthreads.max(1)).max(1);
-        let queue = connection::assemble(true, h.addr.to_string(), socks, per)?;
-        Ok(Some(Box::new(connection::SocketSend { queue })))
+        let mut map = self
+            .connecting
+            .lock()
+            .map_err(|_| NetError::Internal("socket connect state poisoned by a panic".into()))?;
+        let key = match handle::connect_key(handle) {
+            Some(k) if map.contains_key(&k) => k,
+            // A fresh handle, or one whose connect already ended: start over.
+            _ => {
+                let k = random_u64();
+                map.insert(k, Connecting::new(h, self.connect_retry));
+                handle::set_connect_key(handle, Some(k));
+                k
+            }
+        };
+        let step = map.get_mut(&key).expect("inserted above").step();
+        let socks = match step {
+            Ok(None) => return Ok(None),
+            Ok(Some(socks)) => socks,
+            Err(e) => {
+                map.remove(&key);
+                handle::set_connect_key(handle, None);
+                return Err(e);
+            }
+        };
+        map.remove(&key);
+        drop(map);
+        handle::set_connect_key(handle, None);
+        let queue = connection::assemble(true, h.addr.to_string(), socks, h.nthreads as usize)?;
+        Ok(Some(Box::new(connection::SocketSend::new(queue))))
     }
 }
 

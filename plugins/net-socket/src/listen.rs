@@ -1,38 +1,50 @@
-//! Listening: the sockets of one connection arrive in any order, each
-//! saying which connection and which position it is.
+//! Listening: one listener per connection, as NCCL's `listen` hands out one
+//! handle per peer. `accept` never blocks: it takes what the kernel has
+//! queued and reads introductions as they arrive.
 
-use std::collections::HashMap;
-use std::io::{ErrorKind, Read};
-use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
+use std::io::ErrorKind;
+use std::net::SocketAddr;
 
 use oxccl_plugin::{ListenComm, NetError, NetResult, RecvComm};
+use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::connection::{assemble, INTRO_MAGIC};
+use crate::connection::{assemble, Accepting, SocketRecv};
+
+/// A connection opens nsocks + 1 sockets at once; NCCL sizes its backlog the
+/// same way, generously, so a burst of connects is never refused.
+const BACKLOG: i32 = 16384;
 
 pub struct SocketListen {
-    pub listener: TcpListener,
-    pub nsocks: usize,
-    pub socks_per_worker: usize,
-    pub conn_id: u64,
-    pending: HashMap<u32, TcpStream>,
+    listener: Socket,
+    nthreads: usize,
+    accepting: Accepting,
 }
 
 impl SocketListen {
-    pub fn new(
-        listener: TcpListener,
+    /// Binds `addr` (port 0: the kernel picks) and returns the listener with
+    /// the address the peer must connect to.
+    pub fn bind(
+        addr: SocketAddr,
+        nthreads: usize,
         nsocks: usize,
-        socks_per_worker: usize,
         conn_id: u64,
-    ) -> std::io::Result<SocketListen> {
+    ) -> std::io::Result<(SocketListen, SocketAddr)> {
+        let listener = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        listener.bind(&addr.into())?;
+        listener.listen(BACKLOG)?;
         listener.set_nonblocking(true)?;
-        Ok(SocketListen {
-            listener,
-            nsocks,
-            socks_per_worker,
-            conn_id,
-            pending: HashMap::new(),
-        })
+        let local = listener
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| std::io::Error::other("listener has no IP address"))?;
+        Ok((
+            SocketListen {
+                listener,
+                nthreads,
+                accepting: Accepting::new(conn_id, nsocks),
+            },
+            local,
+        ))
     }
 }
 
@@ -40,48 +52,23 @@ impl ListenComm for SocketListen {
     fn accept(&mut self) -> NetResult<Option<Box<dyn RecvComm>>> {
         loop {
             match self.listener.accept() {
-                Ok((mut s, peer)) => {
-                    // The connector writes its 16-byte introduction right after
-                    // connecting; wait for it briefly rather than keeping state.
-                    s.set_nonblocking(false)
-                        .map_err(|e| NetError::System(e.to_string()))?;
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-                    let mut intro = [0u8; 16];
-                    if let Err(e) = s.read_exact(&mut intro) {
-                        eprintln!("oxccl net-socket: WARN dropped a connection from {peer} that sent no introduction: {e}");
-                        continue;
-                    }
-                    let magic = u32::from_le_bytes(intro[12..16].try_into().expect("4 bytes"));
-                    let conn = u64::from_le_bytes(intro[0..8].try_into().expect("8 bytes"));
-                    if magic != INTRO_MAGIC || conn != self.conn_id {
-                        eprintln!("oxccl net-socket: WARN refused a connection from {peer}: not for this listener");
-                        continue;
-                    }
-                    let _ = s.set_read_timeout(None);
-                    let idx = u32::from_le_bytes(intro[8..12].try_into().expect("4 bytes"));
-                    self.pending.insert(idx, s);
-                }
+                Ok((s, peer)) => self.accepting.offer(s, peer.as_socket())?,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                // The peer gave up between SYN and accept: not this side's error.
+                Err(e) if e.kind() == ErrorKind::ConnectionAborted => {}
                 Err(e) => return Err(NetError::System(format!("accept: {e}"))),
             }
         }
-        if self.pending.len() < self.nsocks + 1 {
+        let Some(socks) = self.accepting.step() else {
             return Ok(None);
-        }
-        let mut socks: Vec<TcpStream> = Vec::with_capacity(self.nsocks + 1);
-        for i in 0..=self.nsocks as u32 {
-            socks.push(
-                self.pending
-                    .remove(&i)
-                    .ok_or_else(|| NetError::Internal(format!("socket {i} missing")))?,
-            );
-        }
+        };
         let peer = socks[0]
             .peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| "?".into());
-        let q = assemble(false, peer, socks, self.socks_per_worker)?;
-        Ok(Some(Box::new(crate::connection::SocketRecv { queue: q })))
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map_or_else(|| "?".to_string(), |a| a.to_string());
+        let queue = assemble(false, peer, socks, self.nthreads)?;
+        Ok(Some(Box::new(SocketRecv::new(queue))))
     }
 }

@@ -1,112 +1,155 @@
-//! Requests and the per-connection queues they progress through.
+//! Requests and the per-connection queue that matches them.
 //!
-//! Every message starts with a 16-byte header (size, tag) on the control
-//! socket. Small messages follow inline on it, moved by the caller's thread
-//! in `test` (no thread hand-off: lowest latency); large ones are cut into
-//! stripes that the helper threads move over the data sockets. Both ends
-//! cut by the size in the header, so stripes line up.
+//! Matching is by order alone, as the core expects: the n-th receive posted
+//! takes the n-th message sent. Every message starts with a 16-byte header
+//! (size, tag, check word) on the control socket. Small messages follow it
+//! inline, moved by the thread that calls `test` (no hand-off to another
+//! thread: lowest latency). Large ones are cut into stripes that the helper
+//! threads move over the data sockets; both ends cut by the size in the
+//! header and rotate over the sockets in step, so the stripes line up.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, IoSlice, Read, Write};
-use std::net::TcpStream;
-use std::sync::atomic::Ordering;
+use std::io::{ErrorKind, IoSlice, Read};
 use std::sync::{Arc, Mutex};
 
 use oxccl_plugin::{NetError, NetResult, Request};
+use socket2::Socket;
 
+use crate::connection::{io_error, MSG_NOSIGNAL};
 use crate::threads::{Job, Progress, Worker};
 
-/// Largest message carried inline on the control socket.
-pub const INLINE_MAX: usize = 64 << 10;
-/// Smallest stripe worth a helper thread.
-const MIN_STRIPE: usize = 32 << 10;
+/// Messages from this size on go to the helper threads; smaller ones ride
+/// inline on the control socket.
+pub const STRIPE_FROM: usize = 64 << 10;
+/// Smallest stripe: below it a stripe costs more in thread hand-off than
+/// the extra stream gains.
+const MIN_STRIPE: usize = 64 << 10;
+const HEADER: usize = 16;
+/// Catches a stream that lost its framing (a bug, or a stranger) before a
+/// garbage size is trusted.
+const HEADER_CHECK: u32 = 0x4f58_4d31; // "OXM1"
+/// Outstanding operations per direction; beyond it `isend`/`irecv` say
+/// "try again", which bounds memory if the peer stops reading.
+const MAX_REQUESTS: usize = 4096;
 
 /// The data sockets of one connection and the threads that drive them.
 pub struct DataPath {
-    pub workers: Vec<Worker>,
-    pub socks_per_worker: usize,
+    workers: Vec<Worker>,
+    /// Data socket `j` belongs to worker `j % nthreads`, so consecutive
+    /// stripes land on different threads.
+    nsocks: usize,
+    /// Where the next message's first stripe goes: rotating spreads many
+    /// medium messages over all sockets.
+    next: usize,
 }
 
 impl DataPath {
-    fn nsocks(&self) -> usize {
-        self.workers.len() * self.socks_per_worker
+    pub fn new(workers: Vec<Worker>, nsocks: usize) -> DataPath {
+        DataPath {
+            workers,
+            nsocks,
+            next: 0,
+        }
+    }
+
+    fn enabled(&self) -> bool {
+        !self.workers.is_empty() && self.nsocks > 0
     }
 
     /// Hands the stripes of `size` bytes at `addr` to the helper threads.
-    fn dispatch(&self, addr: usize, size: usize) -> Result<Arc<Progress>, String> {
-        let n = self.nsocks().min(size.div_ceil(MIN_STRIPE)).max(1);
+    fn dispatch(&mut self, addr: usize, size: usize) -> NetResult<Arc<Progress>> {
+        let n = self.nsocks.min(size.div_ceil(MIN_STRIPE)).max(1);
+        let nthreads = self.workers.len();
         let done = Progress::new(n);
         for i in 0..n {
             let (a, b) = (size * i / n, size * (i + 1) / n);
-            let w = &self.workers[i / self.socks_per_worker];
-            w.submit(Job {
-                sock: i % self.socks_per_worker,
+            let j = (self.next + i) % self.nsocks;
+            self.workers[j % nthreads].submit(Job {
+                sock: j / nthreads,
                 addr: addr + a,
                 len: b - a,
                 done: done.clone(),
             })?;
         }
+        self.next = (self.next + n) % self.nsocks;
         Ok(done)
+    }
+
+    fn shutdown(&self) {
+        for w in &self.workers {
+            w.shutdown();
+        }
     }
 }
 
 struct Op {
     id: u64,
     addr: usize,
-    /// Sender: message size. Receiver: room posted.
+    /// Sender: message size. Receiver: room posted, then the size received.
     size: usize,
     tag: i32,
-    header: [u8; 16],
+    header: [u8; HEADER],
     header_done: usize,
     payload_done: usize,
     stripes: Option<Arc<Progress>>,
 }
 
-/// The queue of one direction of one connection.
+/// One direction of one connection: the operations posted on it, oldest first.
 pub struct Queue {
-    pub sending: bool,
-    pub peer: String,
-    ctrl: TcpStream,
+    sending: bool,
+    peer: Arc<str>,
+    /// Non-blocking: only the helper threads ever block.
+    ctrl: Socket,
     data: DataPath,
     next_id: u64,
+    /// Operations that still need the control socket, in posting order.
     waiting: VecDeque<Op>,
-    striping: VecDeque<Op>,
-    /// Ids below this have completed, with their sizes kept until tested.
+    /// Operations whose bytes the helper threads are moving.
+    striping: Vec<Op>,
+    /// Finished operations, kept until their request is tested.
     completed: Vec<(u64, usize)>,
+    /// The first error; the connection is unusable after it.
     failed: Option<NetError>,
 }
 
 impl Queue {
-    pub fn new(
-        sending: bool,
-        peer: String,
-        ctrl: TcpStream,
-        data: DataPath,
-    ) -> std::io::Result<Queue> {
-        ctrl.set_nonblocking(true)?;
-        Ok(Queue {
+    pub fn new(sending: bool, peer: Arc<str>, ctrl: Socket, data: DataPath) -> Queue {
+        Queue {
             sending,
             peer,
             ctrl,
             data,
             next_id: 0,
             waiting: VecDeque::new(),
-            striping: VecDeque::new(),
+            striping: Vec::new(),
             completed: Vec::new(),
             failed: None,
-        })
+        }
     }
 
-    pub fn post(&mut self, addr: usize, size: usize, tag: i32) -> NetResult<u64> {
+    /// Queues an operation; `None` when too many are outstanding.
+    pub fn post(&mut self, addr: usize, size: usize, tag: i32) -> NetResult<Option<u64>> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
+        if self.sending {
+            // The receiver never writes, so anything readable on the control
+            // socket is its close: report it now rather than let the message
+            // vanish into a dead socket's buffer.
+            if let Some(e) = self.peer_gone() {
+                return Err(self.fail(e));
+            }
+        }
+        if self.waiting.len() + self.striping.len() >= MAX_REQUESTS {
+            return Ok(None);
+        }
         let id = self.next_id;
         self.next_id += 1;
-        let mut header = [0u8; 16];
+        let mut header = [0u8; HEADER];
         if self.sending {
             header[0..8].copy_from_slice(&(size as u64).to_le_bytes());
             header[8..12].copy_from_slice(&tag.to_le_bytes());
+            header[12..16].copy_from_slice(&HEADER_CHECK.to_le_bytes());
         }
         self.waiting.push_back(Op {
             id,
@@ -118,61 +161,123 @@ impl Queue {
             payload_done: 0,
             stripes: None,
         });
-        Ok(id)
+        Ok(Some(id))
     }
 
-    fn fail(&mut self, e: NetError) -> NetError {
-        self.failed.get_or_insert(e).clone()
-    }
-
-    fn io_err(&self, e: std::io::Error) -> NetError {
-        match e.kind() {
-            ErrorKind::UnexpectedEof
-            | ErrorKind::ConnectionReset
-            | ErrorKind::BrokenPipe
-            | ErrorKind::ConnectionAborted => {
-                NetError::Remote(format!("connection to {} closed by peer ({e})", self.peer))
-            }
-            _ => NetError::System(format!("connection to {}: {e}", self.peer)),
+    /// The size of operation `id` once it has completed; its error, or the
+    /// connection's, once one happened.
+    pub fn poll(&mut self, id: u64) -> NetResult<Option<usize>> {
+        if let Some(s) = self.take_completed(id) {
+            return Ok(Some(s));
         }
+        self.progress();
+        if let Some(s) = self.take_completed(id) {
+            return Ok(Some(s));
+        }
+        let Some(e) = self.failed.clone() else {
+            return Ok(None);
+        };
+        if let Some(i) = self.striping.iter().position(|o| o.id == id) {
+            let p = self.striping[i]
+                .stripes
+                .clone()
+                .expect("striping ops have stripes");
+            // The caller may free the buffer once told: not before the helper
+            // threads are out of it (the sockets are shut down, so soon).
+            if !p.idle() {
+                return Ok(None);
+            }
+            if p.error().is_none() {
+                let op = self.striping.swap_remove(i);
+                return Ok(Some(op.size));
+            }
+        }
+        Err(e)
     }
 
-    /// Moves what can move without blocking.
-    pub fn progress(&mut self) -> NetResult<()> {
-        if let Some(e) = &self.failed {
-            return Err(e.clone());
+    /// Moves what can move without blocking. Errors are kept in `failed`.
+    pub fn progress(&mut self) {
+        if self.failed.is_some() {
+            return;
         }
         if let Err(e) = self.progress_waiting() {
-            return Err(self.fail(e));
+            self.fail(e);
+            return;
         }
-        while let Some(op) = self.striping.front() {
-            let st = op.stripes.clone().expect("striping ops have stripes");
-            let err = st.error.lock().unwrap_or_else(|p| p.into_inner()).take();
-            if let Some(e) = err {
-                return Err(self.fail(NetError::Remote(e)));
+        let mut i = 0;
+        while i < self.striping.len() {
+            let p = self.striping[i]
+                .stripes
+                .clone()
+                .expect("striping ops have stripes");
+            // Idle first: a stripe records its error before it counts itself
+            // done, so an idle message's error (if any) is visible below.
+            let idle = p.idle();
+            if let Some(e) = p.error() {
+                self.fail(e);
+                return;
             }
-            if st.remaining.load(Ordering::Acquire) != 0 {
-                break;
+            if idle {
+                let op = self.striping.swap_remove(i);
+                self.completed.push((op.id, op.size));
+            } else {
+                i += 1;
             }
-            let op = self.striping.pop_front().expect("front exists");
-            self.completed.push((op.id, op.size));
         }
-        Ok(())
+    }
+
+    /// Closes the connection from this side: sockets shut down, helper
+    /// threads joined (after which no thread touches a caller's buffer).
+    pub fn close(&mut self) {
+        self.fail(NetError::Internal(format!(
+            "connection to {} was closed on this side",
+            self.peer
+        )));
+        self.data.workers.clear();
+    }
+
+    /// Records the first error and shuts every socket down, so that helper
+    /// threads wake up and the peer learns at once instead of waiting on a
+    /// stream whose framing is lost.
+    fn fail(&mut self, e: NetError) -> NetError {
+        if self.failed.is_none() {
+            self.failed = Some(e);
+            let _ = self.ctrl.shutdown(std::net::Shutdown::Both);
+            self.data.shutdown();
+        }
+        self.failed.clone().expect("set above")
+    }
+
+    fn closed_by_peer(&self) -> NetError {
+        NetError::Remote(format!("connection to {} closed by peer", self.peer))
+    }
+
+    fn peer_gone(&self) -> Option<NetError> {
+        let mut byte = [0u8; 1];
+        match (&self.ctrl).read(&mut byte) {
+            Ok(0) => Some(self.closed_by_peer()),
+            Ok(_) => Some(NetError::Internal(format!(
+                "unexpected bytes from {} on a sending connection",
+                self.peer
+            ))),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => None,
+            Err(e) => Some(io_error(&self.peer, e)),
+        }
     }
 
     fn progress_waiting(&mut self) -> NetResult<()> {
         while let Some(mut op) = self.waiting.pop_front() {
-            let more = if self.sending {
+            let blocked = if self.sending {
                 self.step_send(&mut op)?
             } else {
                 self.step_recv(&mut op)?
             };
-            if more {
+            if blocked {
                 self.waiting.push_front(op);
                 return Ok(());
             }
             if op.stripes.is_some() {
-                self.striping.push_back(op);
+                self.striping.push(op);
             } else {
                 self.completed.push((op.id, op.size));
             }
@@ -180,126 +285,124 @@ impl Queue {
         Ok(())
     }
 
-    /// Returns true while the op still needs the control socket.
-    /// Without helper threads every message travels on the control socket,
-    /// moved by the caller's thread as `test` is called.
     fn inline(&self, size: usize) -> bool {
-        size <= INLINE_MAX || self.data.workers.is_empty()
+        size < STRIPE_FROM || !self.data.enabled()
     }
 
+    /// Returns true while the op waits for the control socket.
     fn step_send(&mut self, op: &mut Op) -> NetResult<bool> {
         let inline = self.inline(op.size);
+        let len = if inline { op.size } else { 0 };
         #[allow(unsafe_code)]
-        // SAFETY: isend's contract: `size` readable bytes at `addr` until completion.
-        let payload = unsafe {
-            std::slice::from_raw_parts(op.addr as *const u8, if inline { op.size } else { 0 })
-        };
-        // Header and an inline payload leave in one system call (one segment
-        // for a small message), which is most of the latency.
-        while op.header_done < 16 || op.payload_done < payload.len() {
+        // SAFETY: isend's contract: `size` readable bytes at `addr`, unchanged
+        // until the request completes; `len` is 0 or `size`.
+        let payload = unsafe { std::slice::from_raw_parts(op.addr as *const u8, len) };
+        // Header and inline payload leave in one system call (one segment for
+        // a small message), which is most of the latency.
+        while op.header_done < HEADER || op.payload_done < len {
             let bufs = [
                 IoSlice::new(&op.header[op.header_done..]),
                 IoSlice::new(&payload[op.payload_done..]),
             ];
-            match self.ctrl.write_vectored(&bufs) {
-                Ok(0) => {
-                    return Err(NetError::Remote(format!(
-                        "connection to {} closed",
-                        self.peer
-                    )))
-                }
-                Ok(mut n) => {
-                    let h = n.min(16 - op.header_done);
+            match self.ctrl.send_vectored_with_flags(&bufs, MSG_NOSIGNAL) {
+                Ok(n) => {
+                    let h = n.min(HEADER - op.header_done);
                     op.header_done += h;
-                    n -= h;
-                    op.payload_done += n;
+                    op.payload_done += n - h;
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.io_err(e)),
+                Err(e) => return Err(io_error(&self.peer, e)),
             }
         }
         if !inline {
-            op.stripes = Some(
-                self.data
-                    .dispatch(op.addr, op.size)
-                    .map_err(NetError::Internal)?,
-            );
+            op.stripes = Some(self.data.dispatch(op.addr, op.size)?);
         }
         Ok(false)
     }
 
     fn step_recv(&mut self, op: &mut Op) -> NetResult<bool> {
-        while op.header_done < 16 {
-            match self.ctrl.read(&mut op.header[op.header_done..]) {
-                Ok(0) => {
-                    return Err(NetError::Remote(format!(
-                        "connection to {} closed by peer",
-                        self.peer
-                    )))
-                }
-                Ok(n) => {
-                    op.header_done += n;
-                    if op.header_done == 16 {
-                        let size = u64::from_le_bytes(op.header[0..8].try_into().expect("8 bytes"))
-                            as usize;
-                        let tag = i32::from_le_bytes(op.header[8..12].try_into().expect("4 bytes"));
-                        if tag != op.tag {
-                            return Err(NetError::Internal(format!(
-                                "message from {} has tag {tag}, the receive posted in its place has tag {}",
-                                self.peer, op.tag
-                            )));
-                        }
-                        if size > op.size {
-                            return Err(NetError::InvalidArgument(format!(
-                                "message truncated: {} sent {size} bytes, receive posted for {}",
-                                self.peer, op.size
-                            )));
-                        }
-                        op.size = size;
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.io_err(e)),
+        if op.header_done < HEADER {
+            let mut header = op.header;
+            let got = self.read_some(&mut header[op.header_done..], &mut op.header_done)?;
+            op.header = header;
+            if !got {
+                return Ok(true);
             }
-        }
-        if !self.inline(op.size) {
-            op.stripes = Some(
-                self.data
-                    .dispatch(op.addr, op.size)
-                    .map_err(NetError::Internal)?,
-            );
-            return Ok(false);
+            self.check_header(op)?;
+            if !self.inline(op.size) {
+                op.stripes = Some(self.data.dispatch(op.addr, op.size)?);
+                return Ok(false);
+            }
         }
         #[allow(unsafe_code)]
-        // SAFETY: irecv's contract: `size` writable bytes at `addr`, untouched by others until completion.
+        // SAFETY: irecv's contract: `size` writable bytes at `addr`, touched by
+        // no one else until the request completes; `op.size` is now the
+        // incoming size, checked to be no larger than the posted one.
         let buf = unsafe { std::slice::from_raw_parts_mut(op.addr as *mut u8, op.size) };
-        while op.payload_done < op.size {
-            match self.ctrl.read(&mut buf[op.payload_done..]) {
-                Ok(0) => {
-                    return Err(NetError::Remote(format!(
-                        "connection to {} closed by peer",
-                        self.peer
-                    )))
-                }
-                Ok(n) => op.payload_done += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.io_err(e)),
-            }
-        }
-        Ok(false)
+        let got = self.read_some(&mut buf[op.payload_done..], &mut op.payload_done)?;
+        Ok(!got)
     }
 
-    /// The size of a completed op, once.
+    /// Reads into `buf` until full (true) or the socket is drained (false).
+    fn read_some(&self, buf: &mut [u8], done: &mut usize) -> NetResult<bool> {
+        let mut off = 0;
+        while off < buf.len() {
+            match (&self.ctrl).read(&mut buf[off..]) {
+                Ok(0) => return Err(self.closed_by_peer()),
+                Ok(n) => {
+                    off += n;
+                    *done += n;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_error(&self.peer, e)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Matches an incoming header against the receive posted in its place.
+    fn check_header(&self, op: &mut Op) -> NetResult<()> {
+        let h = &op.header;
+        let size = u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]);
+        let tag = i32::from_le_bytes([h[8], h[9], h[10], h[11]]);
+        let check = u32::from_le_bytes([h[12], h[13], h[14], h[15]]);
+        if check != HEADER_CHECK {
+            return Err(NetError::Internal(format!(
+                "connection to {} lost its framing (bad message header)",
+                self.peer
+            )));
+        }
+        if tag != op.tag {
+            return Err(NetError::Internal(format!(
+                "message from {} has tag {tag}, the receive posted in its place has tag {}",
+                self.peer, op.tag
+            )));
+        }
+        let size = usize::try_from(size).unwrap_or(usize::MAX);
+        if size > op.size {
+            return Err(NetError::InvalidArgument(format!(
+                "message truncated: {} sent {size} bytes, receive posted for {}",
+                self.peer, op.size
+            )));
+        }
+        op.size = size;
+        Ok(())
+    }
+
     fn take_completed(&mut self, id: u64) -> Option<usize> {
         let i = self.completed.iter().position(|(c, _)| *c == id)?;
         Some(self.completed.swap_remove(i).1)
     }
 }
 
-/// A request: polls its connection's queue and reports its own completion.
+pub fn lock(q: &Mutex<Queue>) -> NetResult<std::sync::MutexGuard<'_, Queue>> {
+    q.lock()
+        .map_err(|_| NetError::Internal("socket connection state poisoned by a panic".into()))
+}
+
+/// An `isend` or `irecv`: polls its connection and reports its own completion.
 pub struct SocketRequest {
     pub queue: Arc<Mutex<Queue>>,
     pub id: u64,
@@ -308,18 +411,9 @@ pub struct SocketRequest {
 
 impl Request for SocketRequest {
     fn test(&mut self) -> NetResult<Option<Vec<usize>>> {
-        if let Some(s) = self.done {
-            return Ok(Some(vec![s]));
+        if self.done.is_none() {
+            self.done = lock(&self.queue)?.poll(self.id)?;
         }
-        let mut q = self
-            .queue
-            .lock()
-            .map_err(|_| NetError::Internal("socket queue poisoned".into()))?;
-        q.progress()?;
-        if let Some(s) = q.take_completed(self.id) {
-            self.done = Some(s);
-            return Ok(Some(vec![s]));
-        }
-        Ok(None)
+        Ok(self.done.map(|s| vec![s]))
     }
 }

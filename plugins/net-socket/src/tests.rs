@@ -1,122 +1,254 @@
+//! Loopback tests. Every wait is bounded: a hang fails the test instead of
+//! stalling the suite.
+
 use std::time::{Duration, Instant};
 
-use oxccl_plugin::{Net, RecvComm, Request, SendComm};
+use oxccl_plugin::{Net, NetResult, RecvComm, Request, SendComm};
 
 use super::*;
 
-fn pair(net: &SocketNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
-    let (mut h, mut l) = net.listen(0).unwrap();
-    let s = net.connect(0, &mut h).unwrap().unwrap();
-    let start = Instant::now();
-    loop {
-        if let Some(r) = l.accept().unwrap() {
-            return (s, r);
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "accept never completed"
-        );
-    }
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn lo(nthreads: usize, socks_per_thread: usize) -> SocketNet {
+    SocketNet::new(Some("lo"), Family::V4, nthreads, socks_per_thread).unwrap()
 }
 
-fn wait(r: &mut Box<dyn Request>) -> oxccl_plugin::NetResult<usize> {
+/// Connects and accepts from one thread, polling both sides: neither call
+/// may block, or this would never finish.
+fn pair(net: &SocketNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
+    let (mut h, mut l) = net.listen(0).unwrap();
+    let original = h;
+    let (mut s, mut r) = (None, None);
+    let start = Instant::now();
+    while s.is_none() || r.is_none() {
+        if s.is_none() {
+            s = net.connect(0, &mut h).unwrap();
+        }
+        if r.is_none() {
+            r = l.accept().unwrap();
+        }
+        assert!(start.elapsed() < LIMIT, "connect/accept never completed");
+    }
+    assert_eq!(h, original, "connect leaves the handle as it found it");
+    (s.unwrap(), r.unwrap())
+}
+
+fn wait(r: &mut Box<dyn Request>) -> NetResult<usize> {
     let start = Instant::now();
     loop {
         if let Some(s) = r.test()? {
             return Ok(s[0]);
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "request never completed"
-        );
+        assert!(start.elapsed() < LIMIT, "request never completed");
+        std::thread::yield_now();
     }
 }
 
-fn lo() -> SocketNet {
-    SocketNet::new(Some("lo"), Family::V4, 2, 2).unwrap()
+/// Deterministic pseudo-random bytes (xorshift), different per seed.
+fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
 
-#[test]
-fn messages_of_every_size_arrive_in_order() {
-    let net = lo();
-    let (mut s, mut r) = pair(&net);
-    let sizes = [0usize, 1, 1000, (1 << 20) + 3, 16 << 20, 7];
+fn isend(s: &mut Box<dyn SendComm>, m: &[u8], tag: i32) -> Box<dyn Request> {
+    // SAFETY: every caller keeps `m` alive and unchanged until the request
+    // completes (or the test fails).
+    unsafe { s.isend(m.as_ptr(), m.len(), tag, None) }
+        .unwrap()
+        .unwrap()
+}
+
+fn irecv(r: &mut Box<dyn RecvComm>, o: &mut [u8], tag: i32) -> Box<dyn Request> {
+    // SAFETY: every caller keeps `o` alive and untouched until the request
+    // completes (or the test fails).
+    unsafe { r.irecv(o.as_mut_ptr(), o.len(), tag, None) }
+        .unwrap()
+        .unwrap()
+}
+
+/// Posts every message before testing any, then checks sizes and bytes:
+/// several in flight at once, matched in posting order.
+fn exchange(net: &SocketNet, sizes: &[usize]) {
+    let (mut s, mut r) = pair(net);
     let msgs: Vec<Vec<u8>> = sizes
         .iter()
         .enumerate()
-        .map(|(k, &n)| (0..n).map(|i| (i * 31 + k * 7) as u8).collect())
+        .map(|(k, &n)| random_bytes(n, k as u64 + 1))
         .collect();
+    // Room beyond each message: a smaller message completes with its size.
     let mut outs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n + 5]).collect();
     let mut reqs = Vec::new();
     for (m, o) in msgs.iter().zip(outs.iter_mut()) {
-        // SAFETY: buffers outlive the requests, which are waited for below.
-        let rr = unsafe { r.irecv(o.as_mut_ptr(), o.len(), 3, None) }
-            .unwrap()
-            .unwrap();
-        // SAFETY: as above.
-        let sr = unsafe { s.isend(m.as_ptr(), m.len(), 3, None) }
-            .unwrap()
-            .unwrap();
+        let rr = irecv(&mut r, o, 3);
+        let sr = isend(&mut s, m, 3);
         reqs.push((sr, rr));
     }
     for ((mut sr, mut rr), (m, o)) in reqs.into_iter().zip(msgs.iter().zip(&outs)) {
         assert_eq!(wait(&mut sr).unwrap(), m.len());
         assert_eq!(wait(&mut rr).unwrap(), m.len());
-        assert_eq!(&o[..m.len()], &m[..]);
+        assert!(
+            o[..m.len()] == m[..],
+            "bytes differ in a {}-byte message",
+            m.len()
+        );
+        assert!(
+            o[m.len()..].iter().all(|&b| b == 0),
+            "wrote past the message"
+        );
     }
+}
+
+#[test]
+fn messages_of_every_size_arrive_in_order() {
+    exchange(
+        &lo(2, 2),
+        &[
+            0,
+            1,
+            1000,
+            (1 << 20) + 3,
+            16 << 20,
+            7,
+            64 << 10,
+            (64 << 10) - 1,
+        ],
+    );
+}
+
+#[test]
+fn many_medium_messages_rotate_over_the_sockets() {
+    let sizes: Vec<usize> = (0..40).map(|k| (64 << 10) + k * 4099).collect();
+    exchange(&lo(3, 2), &sizes);
 }
 
 #[test]
 fn without_helper_threads_the_caller_moves_large_messages() {
-    let net = SocketNet::new(Some("lo"), Family::V4, 0, 1).unwrap();
-    let (mut s, mut r) = pair(&net);
-    let m: Vec<u8> = (0..(8 << 20) + 1).map(|i| (i % 251) as u8).collect();
-    let mut o = vec![0u8; m.len()];
-    // SAFETY: buffers outlive the requests.
-    let mut rr = unsafe { r.irecv(o.as_mut_ptr(), o.len(), 1, None) }
-        .unwrap()
-        .unwrap();
-    // SAFETY: as above.
-    let mut sr = unsafe { s.isend(m.as_ptr(), m.len(), 1, None) }
-        .unwrap()
-        .unwrap();
-    let start = Instant::now();
-    let (mut sd, mut rd) = (None, None);
-    while sd.is_none() || rd.is_none() {
-        sd = sd.or(sr.test().unwrap());
-        rd = rd.or(rr.test().unwrap());
-        assert!(start.elapsed() < Duration::from_secs(20));
-    }
-    assert_eq!(o, m);
+    exchange(&lo(0, 1), &[5, (8 << 20) + 1, 0]);
 }
 
 #[test]
-fn truncation_and_peer_loss_are_errors() {
-    let net = lo();
+fn sender_and_receiver_on_their_own_threads() {
+    let net = lo(2, 2);
     let (mut s, mut r) = pair(&net);
-    let big = [1u8; 100];
-    let mut small = vec![0u8; 10];
-    // SAFETY: buffers outlive the requests.
-    let mut sr = unsafe { s.isend(big.as_ptr(), big.len(), 0, None) }
-        .unwrap()
-        .unwrap();
-    // SAFETY: as above.
-    let mut rr = unsafe { r.irecv(small.as_mut_ptr(), small.len(), 0, None) }
-        .unwrap()
-        .unwrap();
-    let _ = wait(&mut sr);
-    let e = wait(&mut rr).unwrap_err();
-    assert!(e.to_string().contains("truncated"), "{e}");
+    let sizes = [8usize, 32 << 20, 100_000, 3];
+    let msgs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| random_bytes(n, 100 + k as u64))
+        .collect();
+    let expect = msgs.clone();
+    let sender = std::thread::spawn(move || {
+        for m in &msgs {
+            let mut q = isend(&mut s, m, 9);
+            assert_eq!(wait(&mut q).unwrap(), m.len());
+        }
+    });
+    for m in &expect {
+        let mut o = vec![0u8; m.len()];
+        let mut q = irecv(&mut r, &mut o, 9);
+        assert_eq!(wait(&mut q).unwrap(), m.len());
+        assert!(o == *m);
+    }
+    sender.join().unwrap();
+}
 
-    let (s, mut r) = pair(&net);
-    drop(s);
-    let mut buf = vec![0u8; 8];
-    // SAFETY: as above.
-    let mut rr = unsafe { r.irecv(buf.as_mut_ptr(), 8, 0, None) }
-        .unwrap()
-        .unwrap();
+#[test]
+fn truncation_is_an_error_naming_both_sizes() {
+    for size in [100usize, 1 << 20] {
+        let net = lo(2, 2);
+        let (mut s, mut r) = pair(&net);
+        let big = vec![1u8; size];
+        let mut small = vec![0u8; 10];
+        let mut sr = isend(&mut s, &big, 0);
+        let mut rr = irecv(&mut r, &mut small, 0);
+        let e = wait(&mut rr).unwrap_err();
+        assert!(matches!(e, NetError::InvalidArgument(_)), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("message truncated")
+                && text.contains(&format!("sent {size} bytes"))
+                && text.contains("posted for 10"),
+            "{text}"
+        );
+        // The sender of the truncated message is not left hanging: it
+        // completes (inline) or learns the connection is gone.
+        let _ = wait(&mut sr);
+    }
+}
+
+#[test]
+fn tag_mismatch_is_an_error_naming_both_tags() {
+    let net = lo(1, 1);
+    let (mut s, mut r) = pair(&net);
+    let m = [7u8; 4];
+    let mut o = [0u8; 4];
+    let _sr = isend(&mut s, &m, 11);
+    let mut rr = irecv(&mut r, &mut o, 12);
     let e = wait(&mut rr).unwrap_err();
+    assert!(matches!(e, NetError::Internal(_)), "{e}");
+    assert!(
+        e.to_string().contains("11") && e.to_string().contains("12"),
+        "{e}"
+    );
+}
+
+#[test]
+fn peer_loss_is_a_remote_error() {
+    let net = lo(2, 2);
+    // The sender goes away: a posted receive fails, small or large.
+    for size in [8usize, 4 << 20] {
+        let (s, mut r) = pair(&net);
+        let mut buf = vec![0u8; size];
+        let mut rr = irecv(&mut r, &mut buf, 0);
+        drop(s);
+        let e = wait(&mut rr).unwrap_err();
+        assert!(matches!(e, NetError::Remote(_)), "{e}");
+        assert!(e.to_string().contains("closed by peer"), "{e}");
+    }
+    // The receiver goes away: the next send fails.
+    let (mut s, r) = pair(&net);
+    drop(r);
+    let m = vec![1u8; 4 << 20];
+    let start = Instant::now();
+    let e = loop {
+        // SAFETY: `m` outlives the requests, which are waited for at once.
+        match unsafe { s.isend(m.as_ptr(), m.len(), 0, None) } {
+            Err(e) => break e,
+            Ok(Some(mut q)) => {
+                if let Err(e) = wait(&mut q) {
+                    break e;
+                }
+            }
+            Ok(None) => {}
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "sends to a closed peer kept succeeding"
+        );
+    };
     assert!(matches!(e, NetError::Remote(_)), "{e}");
+}
+
+#[test]
+fn dropping_an_end_with_requests_in_flight_returns_and_fails_them() {
+    let net = lo(2, 2);
+    let (mut s, r) = pair(&net);
+    // Far more than socket buffers hold, so helper threads are blocked when
+    // the comm is dropped.
+    let m = vec![3u8; 64 << 20];
+    let mut sr = isend(&mut s, &m, 0);
+    let start = Instant::now();
+    drop(s);
+    assert!(start.elapsed() < LIMIT);
+    assert!(wait(&mut sr).is_err());
+    drop(r);
 }
 
 #[test]
@@ -124,6 +256,7 @@ fn unmatched_interface_names_the_setting() {
     let e = SocketNet::new(Some("nosuchif7"), Family::Any, 1, 1)
         .err()
         .unwrap();
+    assert!(matches!(e, NetError::InvalidArgument(_)), "{e}");
     assert!(
         e.to_string().contains("NCCL_SOCKET_IFNAME") && e.to_string().contains("nosuchif7"),
         "{e}"
@@ -131,13 +264,47 @@ fn unmatched_interface_names_the_setting() {
 }
 
 #[test]
+fn a_handle_to_nowhere_fails_in_bounded_time() {
+    let mut net = lo(1, 1);
+    net.connect_retry = Duration::from_millis(200);
+    let (mut h, l) = net.listen(0).unwrap();
+    drop(l);
+    let start = Instant::now();
+    let e = loop {
+        match net.connect(0, &mut h) {
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Ok(Some(_)) => panic!("connected to a closed listener"),
+            Err(e) => break e,
+        }
+        assert!(start.elapsed() < LIMIT);
+    };
+    assert!(e.to_string().contains("connect to 127.0.0.1:"), "{e}");
+    let mut junk = [0u8; 128];
+    assert!(net.connect(0, &mut junk).is_err());
+}
+
+#[test]
 fn properties_describe_the_interface() {
-    let net = lo();
+    let net = lo(2, 2);
     assert_eq!(net.devices().unwrap(), 1);
     let p = net.properties(0).unwrap();
     assert_eq!(p.name, "lo");
     assert_eq!(p.ptr_support, oxccl_plugin::PtrType::Host as i32);
+    assert_eq!((p.max_comms, p.max_recvs), (65536, 1));
+    assert!(p.speed_mbps > 0);
     assert!(net.properties(5).is_err());
+    assert!(net.listen(5).is_err());
+}
+
+#[test]
+fn thread_and_socket_counts_follow_nccls_limits() {
+    let net = lo(8, 32);
+    assert_eq!((net.nthreads, net.socks_per_thread), (8, 8));
+    let net = lo(100, 1);
+    assert_eq!(net.nthreads, MAX_THREADS);
+    let (h, _l) = net.listen(0).unwrap();
+    let h = Handle::decode(&h).unwrap();
+    assert_eq!((h.nthreads, h.socks_per_thread), (16, 1));
 }
 
 /// The exported C vtable, driven as NCCL drives it.

@@ -1,31 +1,80 @@
-//! Helper threads: each owns data sockets and moves the stripes of large
-//! messages, so one connection uses several TCP streams (and cores) at once
-//! and the caller's thread never blocks on a large transfer.
+//! Helper threads: each owns some data sockets of one connection and moves
+//! the stripes of large messages over them, so one connection uses several
+//! TCP streams and several cores at once, and the thread that calls `test`
+//! never blocks on a large transfer.
+//!
+//! A thread moves its stripes one after another with blocking calls,
+//! straight between the caller's buffer and the socket (no copy in user
+//! space). Both ends hand out the same stripes in the same order, so each
+//! socket's bytes line up, and the oldest unfinished stripe can always
+//! progress on both ends: no deadlock between threads.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::io::{self, Read};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use oxccl_plugin::NetError;
+use socket2::Socket;
+
+use crate::connection::{io_error, MSG_NOSIGNAL};
+
 /// Completion state shared by the stripes of one message.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Progress {
-    pub remaining: AtomicUsize,
-    pub error: Mutex<Option<String>>,
+    remaining: AtomicUsize,
+    /// Set before `remaining` drops, so a caller that sees either knows the
+    /// error is in place. An atomic keeps the caller's spin free of locks.
+    failed: AtomicBool,
+    error: Mutex<Option<NetError>>,
 }
 
 impl Progress {
     pub fn new(stripes: usize) -> Arc<Progress> {
         Arc::new(Progress {
             remaining: AtomicUsize::new(stripes),
+            failed: AtomicBool::new(false),
             error: Mutex::new(None),
         })
     }
+
+    /// True once no helper thread touches the message's buffer any more.
+    pub fn idle(&self) -> bool {
+        // Acquire pairs with the helper's release: the bytes it received are
+        // visible to the caller once the count reads zero.
+        self.remaining.load(Ordering::Acquire) == 0
+    }
+
+    /// The first error of a stripe, as soon as one failed (other stripes
+    /// may still be moving).
+    pub fn error(&self) -> Option<NetError> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        let e = self.error.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        Some(
+            e.unwrap_or_else(|| NetError::Internal("socket stripe failed without an error".into())),
+        )
+    }
+
+    fn fail(&self, e: NetError) {
+        self.error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(e);
+        self.failed.store(true, Ordering::Release);
+    }
+
+    fn stripe_done(&self) {
+        self.remaining.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
-/// One stripe: `len` bytes at `addr` over socket `sock` of the worker.
+/// One stripe: `len` bytes at `addr` over socket `sock` of the worker. The
+/// address travels as an integer: the caller of `isend`/`irecv` keeps the
+/// memory valid until the message's request completes, which is after every
+/// stripe has been counted done.
 pub struct Job {
     pub sock: usize,
     pub addr: usize,
@@ -37,49 +86,64 @@ pub struct Job {
 pub struct Worker {
     tx: Option<Sender<Job>>,
     handle: Option<JoinHandle<()>>,
-    streams: Vec<TcpStream>,
+    /// Duplicates of the thread's sockets, to wake it out of a blocking call
+    /// by shutting them down.
+    socks: Vec<Socket>,
 }
 
 impl Worker {
-    pub fn spawn(streams: Vec<TcpStream>, sending: bool, peer: String) -> std::io::Result<Worker> {
-        let (tx, rx) = channel::<Job>();
-        let mut own: Vec<TcpStream> = streams
+    pub fn spawn(socks: Vec<Socket>, sending: bool, peer: Arc<str>) -> io::Result<Worker> {
+        let dups = socks
             .iter()
-            .map(|s| s.try_clone())
-            .collect::<Result<_, _>>()?;
+            .map(Socket::try_clone)
+            .collect::<io::Result<Vec<_>>>()?;
+        let (tx, rx) = channel::<Job>();
         let handle = std::thread::Builder::new()
-            .name("oxccl-sock".into())
+            .name("oxccl-net-sock".into())
             .spawn(move || {
+                // After one failure the connection is gone: later stripes fail
+                // at once instead of blocking on a socket nobody serves.
+                let mut broken: Option<NetError> = None;
                 for job in rx {
-                    let r = move_bytes(&mut own[job.sock], job.addr, job.len, sending);
-                    if let Err(e) = r {
-                        let mut slot = job.done.error.lock().unwrap_or_else(|p| p.into_inner());
-                        slot.get_or_insert(format!("connection to {peer}: {e}"));
+                    if broken.is_none() {
+                        if let Err(e) = move_stripe(&socks[job.sock], job.addr, job.len, sending) {
+                            broken = Some(io_error(&peer, e));
+                        }
                     }
-                    job.done.remaining.fetch_sub(1, Ordering::AcqRel);
+                    if let Some(e) = &broken {
+                        job.done.fail(e.clone());
+                    }
+                    job.done.stripe_done();
                 }
             })?;
         Ok(Worker {
             tx: Some(tx),
             handle: Some(handle),
-            streams,
+            socks: dups,
         })
     }
 
-    pub fn submit(&self, job: Job) -> Result<(), String> {
-        self.tx
-            .as_ref()
-            .expect("live worker")
-            .send(job)
-            .map_err(|_| "socket helper thread has stopped".to_string())
+    pub fn submit(&self, job: Job) -> Result<(), NetError> {
+        let tx = self.tx.as_ref().ok_or_else(stopped)?;
+        tx.send(job).map_err(|_| stopped())
     }
+
+    /// Ends the connection's streams: a blocked call returns, the peer sees
+    /// the close.
+    pub fn shutdown(&self) {
+        for s in &self.socks {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+fn stopped() -> NetError {
+    NetError::Internal("socket helper thread has stopped".into())
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        for s in &self.streams {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
+        self.shutdown();
         self.tx.take();
         if let Some(h) = self.handle.take() {
             let _ = h.join();
@@ -88,23 +152,33 @@ impl Drop for Worker {
 }
 
 #[allow(unsafe_code)]
-fn move_bytes(s: &mut TcpStream, addr: usize, len: usize, sending: bool) -> std::io::Result<()> {
+fn move_stripe(s: &Socket, addr: usize, len: usize, sending: bool) -> io::Result<()> {
+    let mut off = 0;
     if sending {
         // SAFETY: the caller of isend guaranteed `len` readable bytes at
         // `addr`, unchanged until the request completes, which is after this
         // stripe is counted done.
         let buf = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
-        s.write_all(buf)
+        while off < len {
+            match s.send_with_flags(&buf[off..], MSG_NOSIGNAL) {
+                Ok(n) => off += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
     } else {
         // SAFETY: the caller of irecv guaranteed `len` writable bytes at
         // `addr`, touched by no one else until the request completes.
         let buf = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
-        s.read_exact(buf).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                std::io::Error::new(e.kind(), "closed by peer")
-            } else {
-                e
+        let mut r: &Socket = s;
+        while off < len {
+            match r.read(&mut buf[off..]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => off += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
-        })
+        }
     }
+    Ok(())
 }
