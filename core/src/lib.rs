@@ -3,6 +3,7 @@
 
 pub mod bootstrap;
 pub mod config;
+pub mod cuda;
 pub mod error;
 
 pub use error::{Error, Result};

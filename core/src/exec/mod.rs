@@ -9,6 +9,7 @@
 //! network returns at once; one thread polls all its lanes, which is what
 //! lets sends and receives in any order complete without deadlock.
 
+pub mod device;
 pub mod header;
 pub mod mem;
 

@@ -1,0 +1,167 @@
+//! The structs shared with the device code, field for field as declared in
+//! `kernels/cuda/*.cu` (the layout tests below pin sizes and offsets).
+
+use oxccl_kernels::{MAX_RANKS, MAX_STEPS};
+
+use super::module::KernelArg;
+
+/// Which user buffer a step addresses (`OXCCL_BUF_*`).
+pub const BUF_NONE: u8 = 0;
+pub const BUF_INPUT: u8 = 1;
+pub const BUF_OUTPUT: u8 = 2;
+/// A step over the channel's whole range rather than one chunk of it.
+pub const CHUNK_WHOLE: u8 = 0xff;
+/// `OXCCL_STEP_*`.
+pub const STEP_SEND_LOCAL: u8 = 1;
+pub const STEP_FINALIZE: u8 = 2;
+/// `OXCCL_F_*` of the reduce kernel.
+pub const F_PRE_A: u32 = 1;
+pub const F_PRE_B: u32 = 2;
+pub const F_POST: u32 = 4;
+
+/// An op's scalars, converted on the host once per type they are used in.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Scalars {
+    pub f64: f64,
+    pub int: u64,
+    pub div: u64,
+    pub f32: f32,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DevStep {
+    pub recv: i16,
+    pub send: i16,
+    pub src_buf: u8,
+    pub dst_buf: u8,
+    pub chunk: u8,
+    pub flags: u8,
+    pub src_block: u16,
+    pub dst_block: u16,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CollArgs {
+    pub comm: u64,
+    pub input: u64,
+    pub output: u64,
+    pub count: u64,
+    pub sc: Scalars,
+    pub timeout_ns: u64,
+    pub nsteps: u32,
+    pub nchunks: u32,
+    pub slice_elems: u32,
+    pub nchannels: u32,
+    pub pad: [u32; 2],
+    pub steps: [DevStep; MAX_STEPS],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ReduceArgs {
+    pub dst: u64,
+    pub a: u64,
+    pub b: u64,
+    pub count: u64,
+    pub sc: Scalars,
+    pub flags: u32,
+    pub pad: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CopyArgs {
+    pub dst: u64,
+    pub src: u64,
+    pub bytes: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FillArgs {
+    pub dst: u64,
+    pub count: u64,
+    pub seed: u64,
+    pub modulus: u64,
+    pub offset: i64,
+}
+
+// SAFETY: each mirrors, with #[repr(C)] and the same field types, the
+// parameter struct of the kernels it is launched with (coll.cu, local.cu);
+// they hold device addresses and numbers only.
+unsafe impl KernelArg for CollArgs {}
+// SAFETY: as above (ReduceArgs in local.cu).
+unsafe impl KernelArg for ReduceArgs {}
+// SAFETY: as above (CopyArgs in local.cu).
+unsafe impl KernelArg for CopyArgs {}
+// SAFETY: as above (FillArgs in local.cu).
+unsafe impl KernelArg for FillArgs {}
+
+/// The header at offset 0 of every window (`WinHeader` in coll.cu).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WinHeader {
+    pub off_tail: u64,
+    pub off_head: u64,
+    pub off_state: u64,
+    pub off_fifo: u64,
+    pub slot_bytes: u64,
+    pub nslots: u32,
+    pub maxch: u32,
+    pub rank: u32,
+    pub nranks: u32,
+    pub peer: [u64; MAX_RANKS],
+}
+
+impl WinHeader {
+    pub const BYTES: usize = 56 + 8 * MAX_RANKS;
+
+    /// The bytes the device reads (little-endian, as every CUDA GPU).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(Self::BYTES);
+        for v in [
+            self.off_tail,
+            self.off_head,
+            self.off_state,
+            self.off_fifo,
+            self.slot_bytes,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [self.nslots, self.maxch, self.rank, self.nranks] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in self.peer {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        debug_assert_eq!(b.len(), Self::BYTES);
+        b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn layouts_match_the_device_structs() {
+        assert_eq!(size_of::<Scalars>(), 32);
+        assert_eq!(size_of::<DevStep>(), 16);
+        assert_eq!(offset_of!(DevStep, src_block), 8);
+        assert_eq!(offset_of!(CollArgs, sc), 32);
+        assert_eq!(offset_of!(CollArgs, timeout_ns), 64);
+        assert_eq!(offset_of!(CollArgs, nsteps), 72);
+        assert_eq!(offset_of!(CollArgs, nchannels), 84);
+        assert_eq!(offset_of!(CollArgs, steps), 96);
+        assert_eq!(size_of::<CollArgs>(), 96 + 16 * MAX_STEPS);
+        assert_eq!(size_of::<ReduceArgs>(), 72);
+        assert_eq!(size_of::<CopyArgs>(), 24);
+        assert_eq!(size_of::<FillArgs>(), 40);
+        assert_eq!(WinHeader::BYTES, 568);
+    }
+}

@@ -1,0 +1,190 @@
+//! The driver library and the GPUs it sees.
+
+use std::ffi::{c_char, c_int, CStr};
+use std::sync::OnceLock;
+
+use cudarc::driver::sys;
+
+use super::check::check;
+use crate::error::{Error, Result};
+
+/// Every driver entry point this module calls, by the name cudarc loads.
+/// cudarc panics on a missing symbol, so they are all looked up once here
+/// and a driver too old for one is an error naming it.
+const SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceGetAttribute",
+    "cuDeviceCanAccessPeer",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuCtxSynchronize",
+    "cuCtxEnablePeerAccess",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemsetD8_v2",
+    "cuMemsetD8Async",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventElapsedTime_v2",
+    "cuEventDestroy_v2",
+];
+
+/// Loads and initialises the driver once; every later call gets the same
+/// answer. Missing library, missing symbol, no GPU: an error.
+pub fn driver() -> Result<()> {
+    static DRIVER: OnceLock<Result<()>> = OnceLock::new();
+    DRIVER.get_or_init(load_driver).clone()
+}
+
+fn load_driver() -> Result<()> {
+    // SAFETY: only tries to open the library by its usual names.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::System(
+            "CUDA driver library (libcuda.so) not found: no NVIDIA driver on this machine?".into(),
+        ));
+    }
+    // SAFETY: `culib` opens the library, which was just found; `get` only
+    // looks a name up.
+    let missing: Vec<&str> = SYMBOLS
+        .iter()
+        .copied()
+        .filter(|s| unsafe { sys::culib().get::<*const ()>(s.as_bytes()) }.is_err())
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::System(format!(
+            "the CUDA driver lacks {}: driver too old",
+            missing.join(", ")
+        )));
+    }
+    // A panic inside cudarc's loader is the last failure left; keep it an error.
+    // SAFETY: cuInit takes no pointers.
+    let r = std::panic::catch_unwind(|| unsafe { sys::cuInit(0) })
+        .map_err(|_| Error::System("loading the CUDA driver panicked".into()))?;
+    check(r, "cuInit")
+}
+
+/// How many GPUs the driver sees (0 is an answer, not an error, once the
+/// driver loaded; cuInit fails with no device at all).
+pub fn device_count() -> Result<usize> {
+    driver()?;
+    let mut n: c_int = 0;
+    // SAFETY: `n` is a valid out-pointer.
+    check(unsafe { sys::cuDeviceGetCount(&mut n) }, "cuDeviceGetCount")?;
+    Ok(n.max(0) as usize)
+}
+
+/// The driver's version as (major, minor).
+pub fn driver_version() -> Result<(i32, i32)> {
+    driver()?;
+    let mut v: c_int = 0;
+    check(
+        // SAFETY: `v` is a valid out-pointer.
+        unsafe { sys::cuDriverGetVersion(&mut v) },
+        "cuDriverGetVersion",
+    )?;
+    Ok((v / 1000, (v % 1000) / 10))
+}
+
+/// A GPU by ordinal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Device {
+    ordinal: usize,
+    raw: sys::CUdevice,
+}
+
+impl Device {
+    pub fn get(ordinal: usize) -> Result<Device> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(Error::InvalidArgument(format!(
+                "CUDA device {ordinal} does not exist: the driver sees {count}"
+            )));
+        }
+        let mut raw: sys::CUdevice = 0;
+        check(
+            // SAFETY: `raw` is a valid out-pointer; the ordinal is in range.
+            unsafe { sys::cuDeviceGet(&mut raw, ordinal as c_int) },
+            "cuDeviceGet",
+        )?;
+        Ok(Device { ordinal, raw })
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    pub(crate) fn raw(&self) -> sys::CUdevice {
+        self.raw
+    }
+
+    pub fn name(&self) -> Result<String> {
+        let mut buf = [0 as c_char; 256];
+        check(
+            // SAFETY: the buffer holds `len` bytes and the driver terminates it.
+            unsafe { sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as c_int, self.raw) },
+            "cuDeviceGetName",
+        )?;
+        // SAFETY: terminated by the driver within the buffer.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+
+    fn attribute(&self, a: sys::CUdevice_attribute) -> Result<i32> {
+        let mut v: c_int = 0;
+        check(
+            // SAFETY: `v` is a valid out-pointer.
+            unsafe { sys::cuDeviceGetAttribute(&mut v, a, self.raw) },
+            "cuDeviceGetAttribute",
+        )?;
+        Ok(v)
+    }
+
+    /// (major, minor): (9, 0) on H100 and H200.
+    pub fn compute_capability(&self) -> Result<(i32, i32)> {
+        use sys::CUdevice_attribute as A;
+        Ok((
+            self.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            self.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ))
+    }
+
+    pub fn multiprocessors(&self) -> Result<usize> {
+        let v =
+            self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok(v.max(0) as usize)
+    }
+
+    /// Whether kernels on this GPU can address `peer`'s memory.
+    pub fn can_access_peer(&self, peer: &Device) -> Result<bool> {
+        if peer.raw == self.raw {
+            return Ok(true);
+        }
+        let mut v: c_int = 0;
+        check(
+            // SAFETY: `v` is a valid out-pointer; both devices are valid.
+            unsafe { sys::cuDeviceCanAccessPeer(&mut v, self.raw, peer.raw) },
+            "cuDeviceCanAccessPeer",
+        )?;
+        Ok(v != 0)
+    }
+}

@@ -1,0 +1,149 @@
+//! Device memory owned by oxccl, with synchronous copies from and to the
+//! host (setup and tests; the data path never copies through the host).
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use super::check::check;
+use super::context::Context;
+use super::ipc::IpcMemHandle;
+use crate::error::{Error, Result};
+
+/// `cuMemAlloc` memory, freed on drop.
+#[derive(Debug)]
+pub struct DeviceBuffer {
+    ctx: Arc<Context>,
+    ptr: u64,
+    bytes: usize,
+}
+
+impl DeviceBuffer {
+    /// At least one byte is allocated, so that every buffer has an address.
+    pub fn alloc(ctx: &Arc<Context>, bytes: usize) -> Result<DeviceBuffer> {
+        ctx.bind()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        check(
+            // SAFETY: `ptr` is a valid out-pointer; the context is current.
+            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)) },
+            format!(
+                "cuMemAlloc({bytes} bytes on device {})",
+                ctx.device().ordinal()
+            ),
+        )?;
+        Ok(DeviceBuffer {
+            ctx: ctx.clone(),
+            ptr,
+            bytes,
+        })
+    }
+
+    /// The device address (valid in every context with peer access to this one).
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    fn range(&self, offset: usize, len: usize) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|end| end > self.bytes) {
+            return Err(Error::InvalidArgument(format!(
+                "bytes {offset}..{} are outside a {}-byte device buffer",
+                offset.saturating_add(len),
+                self.bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sets every byte to `value`; done when this returns.
+    pub fn fill_bytes(&self, value: u8) -> Result<()> {
+        self.ctx.bind()?;
+        check(
+            // SAFETY: the range is this allocation.
+            unsafe { sys::cuMemsetD8_v2(self.ptr, value, self.bytes) },
+            "cuMemsetD8",
+        )?;
+        legacy_stream_done()
+    }
+
+    /// Copies `data` to `offset`; done when this returns.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.range(offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        check(
+            // SAFETY: the destination range is inside the allocation (checked),
+            // the source is a live slice of that length.
+            unsafe {
+                sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, data.as_ptr().cast(), data.len())
+            },
+            "cuMemcpyHtoD",
+        )?;
+        legacy_stream_done()
+    }
+
+    /// Copies from `offset` into `out`, synchronously.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.range(offset, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        check(
+            // SAFETY: the source range is inside the allocation (checked), the
+            // destination is a live mutable slice of that length.
+            unsafe {
+                sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + offset as u64, out.len())
+            },
+            "cuMemcpyDtoH",
+        )
+    }
+
+    /// A handle another process can open to map this memory.
+    pub fn ipc_handle(&self) -> Result<IpcMemHandle> {
+        self.ctx.bind()?;
+        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        check(
+            // SAFETY: `h` is a valid out-pointer; the pointer is this allocation.
+            unsafe { sys::cuIpcGetMemHandle(&mut h, self.ptr) },
+            "cuIpcGetMemHandle",
+        )?;
+        Ok(IpcMemHandle(h.reserved.map(|b| b as u8)))
+    }
+}
+
+/// The plain memset and copy-from-host calls run on the legacy default
+/// stream and may return before the device has finished them (a copy from
+/// pageable memory returns once the data is staged); streams created
+/// non-blocking, as the caller's usually are, do not wait for that stream.
+/// Waiting here makes "done when this returns" true.
+fn legacy_stream_done() -> Result<()> {
+    check(
+        // SAFETY: the null handle names the legacy default stream of the
+        // current context, which the callers bound.
+        unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) },
+        "cuStreamSynchronize(default stream)",
+    )
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: allocated by cuMemAlloc in this context, freed once.
+            let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! Streams: the caller's (by raw handle) and our own.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use super::check::check;
+use super::context::Context;
+use crate::error::Result;
+
+/// A `CUstream` (`cudaStream_t`) handle the caller owns. Operations are
+/// enqueued on it and never wait for it on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawStream(u64);
+
+impl RawStream {
+    /// The legacy default stream (handle 0), always valid.
+    pub const DEFAULT: RawStream = RawStream(0);
+
+    /// Wraps a handle from the CUDA runtime or driver (e.g. PyTorch's
+    /// current stream).
+    ///
+    /// # Safety
+    /// `handle` must be a live stream of the context the operations using
+    /// it run in, or 0; the driver dereferences it.
+    pub unsafe fn from_raw(handle: u64) -> RawStream {
+        RawStream(handle)
+    }
+
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+
+    pub(crate) fn sys(self) -> sys::CUstream {
+        self.0 as usize as sys::CUstream
+    }
+
+    /// Waits on the host until everything enqueued on the stream is done.
+    pub fn synchronize(self, ctx: &Context) -> Result<()> {
+        ctx.bind()?;
+        check(
+            // SAFETY: the handle is valid by the contract of `from_raw`.
+            unsafe { sys::cuStreamSynchronize(self.sys()) },
+            "cuStreamSynchronize",
+        )
+    }
+}
+
+/// A stream oxccl created; destroyed on drop.
+#[derive(Debug)]
+pub struct Stream {
+    ctx: Arc<Context>,
+    raw: RawStream,
+}
+
+// SAFETY: a stream handle may be used from any thread with its context current.
+unsafe impl Send for Stream {}
+// SAFETY: as for Send.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// A non-blocking stream: it does not wait for the legacy default stream.
+    pub fn new(ctx: &Arc<Context>) -> Result<Stream> {
+        ctx.bind()?;
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        check(
+            // SAFETY: `s` is a valid out-pointer; the context is current.
+            unsafe { sys::cuStreamCreate(&mut s, flags) },
+            "cuStreamCreate",
+        )?;
+        Ok(Stream {
+            ctx: ctx.clone(),
+            raw: RawStream(s as usize as u64),
+        })
+    }
+
+    pub fn handle(&self) -> RawStream {
+        self.raw
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.raw.synchronize(&self.ctx)
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: created by cuStreamCreate, destroyed once.
+            let _ = unsafe { sys::cuStreamDestroy_v2(self.raw.sys()) };
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! The GPU executor: collectives on device memory between the GPUs of one
+//! node, moved by kernels that store into the peers' memory over NVLink.
+//!
+//! A [`DeviceComm`] is one rank on one GPU. At setup each rank allocates a
+//! window (FIFO slots and flag words per peer and channel; see
+//! `kernels/cuda/coll.cu`) and maps every peer's. An operation is one kernel
+//! launch on the caller's stream: it sees the work enqueued before it on
+//! that stream, work enqueued after it sees its result, and the host never
+//! waits. Schedules are `crate::algo`'s: the ring (all-reduce as
+//! reduce-scatter then all-gather; chains for broadcast and reduce), and for
+//! an all-reduce between two ranks the exchange of recursive doubling (one
+//! step, each rank reducing the whole buffer: the same bytes on the link as
+//! the ring, half the synchronisation).
+//!
+//! Addresses are device addresses (`u64`) valid in this rank's context; the
+//! caller keeps buffers alive and untouched until the stream has passed the
+//! operation (NCCL's contract). A bad address faults the GPU, which the
+//! driver reports as an error at the next synchronisation.
+
+pub mod config;
+pub mod oob;
+mod plan;
+mod window;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub use config::DeviceConfig;
+pub use oob::{LocalOob, Oob};
+
+use crate::algo::{Algo, Coll};
+use crate::cuda::abi::CollArgs;
+use crate::cuda::kernels::kernel_op;
+use crate::cuda::{Context, Device, Event, KernelSet, RawStream};
+use crate::dtype::{DataType, RedOp};
+use crate::error::{Error, Result};
+use plan::Template;
+use window::Window;
+
+/// Which schedule a template belongs to: algorithm, collective, root.
+type Key = (Algo, u8, usize);
+
+/// One rank of a communicator whose ranks are GPUs of one node.
+pub struct DeviceComm {
+    rank: usize,
+    nranks: usize,
+    ctx: Arc<Context>,
+    cfg: DeviceConfig,
+    kernels: KernelSet,
+    window: Window,
+    templates: HashMap<Key, Template>,
+    /// The stream of the last operation, and an event to order the next
+    /// one after it when it comes on another stream.
+    last_stream: Option<RawStream>,
+    order: Event,
+}
+
+impl DeviceComm {
+    /// Joins the communicator as `oob.rank()` on GPU `device`. Every rank
+    /// calls it at the same time (it exchanges through `oob`).
+    pub fn new(oob: &dyn Oob, device: usize, cfg: DeviceConfig) -> Result<DeviceComm> {
+        cfg.validate()?;
+        let ctx = Context::primary(Device::get(device)?)?;
+        let kernels = KernelSet::new(&ctx)?;
+        let window = Window::setup(&ctx, oob, &cfg)?;
+        let order = Event::new(&ctx, false)?;
+        tracing::info!(target: "oxccl::init", "rank {}/{} on GPU {device}: device window of {} MiB ({} channels x {} slots x {} KiB per peer)",
+            oob.rank(), oob.nranks(), window.layout.bytes >> 20, cfg.channels, cfg.slots, cfg.slot_bytes >> 10);
+        Ok(DeviceComm {
+            rank: oob.rank(),
+            nranks: oob.nranks(),
+            ctx,
+            cfg,
+            kernels,
+            window,
+            templates: HashMap::new(),
+            last_stream: None,
+            order,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    pub fn config(&self) -> &DeviceConfig {
+        &self.cfg
+    }
+
+    /// This GPU's kernels, for copies, fills and local reductions.
+    pub fn kernels(&self) -> &KernelSet {
+        &self.kernels
+    }
+
+    /// Every rank's window address as this process sees it (diagnostics).
+    pub fn windows(&self) -> &[u64] {
+        &self.window.peers
+    }
+
+    /// `recv[i] = op over ranks of send[i]`, `count` elements.
+    pub fn all_reduce(
+        &mut self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: RedOp,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.check("all_reduce", count, dtype, &[send, recv])?;
+        let algo = if self.nranks == 2 {
+            Algo::RecDoubling
+        } else {
+            Algo::Ring
+        };
+        self.run(Coll::AllReduce, algo, send, recv, count, dtype, op, stream)
+    }
+
+    /// `recv = root's send` on every rank (the root may pass send == recv).
+    #[allow(clippy::too_many_arguments)] // NCCL's signature
+    pub fn broadcast(
+        &mut self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.check_peer("broadcast", "root", root, true)?;
+        let bufs = if self.rank == root {
+            vec![send, recv]
+        } else {
+            vec![recv]
+        };
+        self.check("broadcast", count, dtype, &bufs)?;
+        let coll = Coll::Broadcast { root };
+        self.run(
+            coll,
+            Algo::Ring,
+            send,
+            recv,
+            count,
+            dtype,
+            RedOp::Sum,
+            stream,
+        )
+    }
+
+    /// The root's `recv = op over ranks of send`; other ranks' recv is untouched.
+    #[allow(clippy::too_many_arguments)] // NCCL's signature
+    pub fn reduce(
+        &mut self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: RedOp,
+        root: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.check_peer("reduce", "root", root, true)?;
+        let bufs = if self.rank == root {
+            vec![send, recv]
+        } else {
+            vec![send]
+        };
+        self.check("reduce", count, dtype, &bufs)?;
+        self.run(
+            Coll::Reduce { root },
+            Algo::Ring,
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+            stream,
+        )
+    }
+
+    /// `recv[r * count ..][..count] = rank r's send`. In place when
+    /// `send == recv + rank * count * size` (NCCL's rule).
+    pub fn all_gather(
+        &mut self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.check("all_gather", count, dtype, &[send, recv])?;
+        self.run(
+            Coll::AllGather,
+            Algo::Ring,
+            send,
+            recv,
+            count,
+            dtype,
+            RedOp::Sum,
+            stream,
+        )
+    }
+
+    /// `recv[..count] = op over ranks of send[rank * count ..][..count]`. In
+    /// place when `recv == send + rank * count * size`.
+    pub fn reduce_scatter(
+        &mut self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: RedOp,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.check("reduce_scatter", count, dtype, &[send, recv])?;
+        self.run(
+            Coll::ReduceScatter,
+            Algo::Ring,
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+            stream,
+        )
+    }
+
+    /// Sends `count` elements to `peer`, which calls [`DeviceComm::recv`]
+    /// with the same count. Messages between two ranks match in order. A
+    /// send waits (on the GPU) for the receiver once more than a FIFO's
+    /// worth is in flight, so two ranks that both send before receiving
+    /// need messages below `slots * slot_bytes` per channel.
+    pub fn send(
+        &mut self,
+        buf: u64,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.check_peer("send", "peer", peer, false)?;
+        self.check("send", count, dtype, &[buf])?;
+        self.launch(
+            Template::send(peer),
+            buf,
+            0,
+            count,
+            dtype,
+            RedOp::Sum,
+            stream,
+        )
+    }
+
+    /// Receives `count` elements from `peer` into `buf`.
+    pub fn recv(
+        &mut self,
+        buf: u64,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.check_peer("recv", "peer", peer, false)?;
+        self.check("recv", count, dtype, &[buf])?;
+        self.launch(
+            Template::recv(peer),
+            0,
+            buf,
+            count,
+            dtype,
+            RedOp::Sum,
+            stream,
+        )
+    }
+
+    fn check_peer(&self, what: &str, role: &str, p: usize, self_ok: bool) -> Result<()> {
+        if p >= self.nranks || (!self_ok && p == self.rank) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: {role} {p} is not another rank of this communicator of {} (this is rank {})",
+                self.nranks, self.rank
+            )));
+        }
+        Ok(())
+    }
+
+    fn check(&self, what: &str, count: usize, dtype: DataType, bufs: &[u64]) -> Result<()> {
+        let fits = count
+            .checked_mul(dtype.size())
+            .and_then(|b| b.checked_mul(self.nranks))
+            .is_some_and(|b| b <= isize::MAX as usize);
+        if !fits {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: count {count} of {} overflows the address space",
+                dtype.name()
+            )));
+        }
+        if count > 0 && bufs.contains(&0) {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: a buffer is null with count {count}"
+            )));
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)] // one collective's whole description
+    fn run(
+        &mut self,
+        coll: Coll,
+        algo: Algo,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DataType,
+        op: RedOp,
+        stream: RawStream,
+    ) -> Result<()> {
+        let (code, root) = match coll {
+            Coll::AllReduce => (0, 0),
+            Coll::Broadcast { root } => (1, root),
+            Coll::Reduce { root } => (2, root),
+            Coll::AllGather => (3, 0),
+            Coll::ReduceScatter => (4, 0),
+        };
+        let key: Key = (algo, code, root);
+        let t = match self.templates.get(&key) {
+            Some(t) => *t,
+            None => {
+                let t = plan::template(algo, coll, self.rank, self.nranks)?;
+                self.templates.insert(key, t);
+                t
+            }
+        };
+        self.launch(t, input, output, count, dtype, op, stream)
+    }
+
+    #[allow(clippy::too_many_arguments)] // one kernel launch's whole description
+    fn launch(
+        &mut self,
+        t: Template,
+        input: u64,
+        output: u64,
+        count: usize,
+        dtype: DataType,
+        op: RedOp,
+        stream: RawStream,
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let (kop, sc) = kernel_op(dtype, op, self.nranks);
+        let kernel = self.kernels.coll(dtype, kop)?;
+        let shape = plan::shape(&self.cfg, count, dtype.size(), t.nchunks as usize);
+        self.order_after_last(stream)?;
+        let args = CollArgs {
+            comm: self.window.buf.ptr(),
+            input,
+            output,
+            count: count as u64,
+            sc,
+            timeout_ns: self.cfg.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            nsteps: t.nsteps,
+            nchunks: t.nchunks,
+            slice_elems: shape.slice_elems,
+            nchannels: shape.channels,
+            pad: [0; 2],
+            steps: t.steps,
+        };
+        kernel.launch(shape.channels, self.cfg.threads, stream, &args)
+    }
+
+    /// Operations share the window's counters, so each must run after the
+    /// previous one even when the caller switches streams. On a switch, the
+    /// new stream waits for everything enqueued on the old one so far (more
+    /// than needed, never less; no cost while the stream stays the same).
+    fn order_after_last(&mut self, stream: RawStream) -> Result<()> {
+        if let Some(last) = self.last_stream.filter(|l| *l != stream) {
+            self.order.record(last)?;
+            self.order.wait_on(stream)?;
+        }
+        self.last_stream = Some(stream);
+        Ok(())
+    }
+}

@@ -1,0 +1,283 @@
+//! From a schedule of `crate::algo` to what the kernel runs: the steps
+//! abstracted over the channel's range, and the launch's shape.
+//!
+//! A rank's schedule for a range `[lo, hi)` addresses, in every step, either
+//! the whole range or chunk `j` of `n` equal chunks of it, at `block * count`
+//! in a buffer. The template keeps exactly that (buffer, block, chunk), so
+//! one copy of it serves every channel, each channel expanding it over its
+//! own range on the GPU. The template is read off the host schedule and then
+//! checked against it on uneven ranges, so the two cannot drift apart.
+
+use oxccl_kernels::MAX_STEPS;
+
+use super::config::DeviceConfig;
+use crate::algo::{self, Algo, Buf, Coll, Region, Step};
+use crate::cuda::abi::{
+    DevStep, BUF_INPUT, BUF_NONE, BUF_OUTPUT, CHUNK_WHOLE, STEP_FINALIZE, STEP_SEND_LOCAL,
+};
+use crate::error::{Error, Result};
+
+/// A rank's steps in device form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Template {
+    pub steps: [DevStep; MAX_STEPS],
+    pub nsteps: u32,
+    /// How many chunks the chunked steps split a channel's range into.
+    pub nchunks: u32,
+}
+
+impl Template {
+    fn new(steps: &[DevStep], nchunks: u32) -> Result<Template> {
+        if steps.len() > MAX_STEPS {
+            return Err(Error::InvalidUsage(format!(
+                "the schedule has {} steps; the device kernel takes at most {MAX_STEPS}",
+                steps.len()
+            )));
+        }
+        let mut t = Template {
+            steps: [DevStep::default(); MAX_STEPS],
+            nsteps: steps.len() as u32,
+            nchunks,
+        };
+        t.steps[..steps.len()].copy_from_slice(steps);
+        Ok(t)
+    }
+
+    /// Sending `count` elements of the input to `peer`.
+    pub fn send(peer: usize) -> Template {
+        let s = DevStep {
+            recv: -1,
+            send: peer as i16,
+            src_buf: BUF_INPUT,
+            chunk: CHUNK_WHOLE,
+            ..DevStep::default()
+        };
+        Template::new(&[s], 1).expect("one step fits")
+    }
+
+    /// Receiving `count` elements from `peer` into the output.
+    pub fn recv(peer: usize) -> Template {
+        let s = DevStep {
+            recv: peer as i16,
+            send: -1,
+            dst_buf: BUF_OUTPUT,
+            chunk: CHUNK_WHOLE,
+            ..DevStep::default()
+        };
+        Template::new(&[s], 1).expect("one step fits")
+    }
+
+    /// The steps the host would run for `[lo, hi)`, split as `algo` splits.
+    fn expand(&self, count: usize, lo: usize, hi: usize) -> Vec<Step> {
+        self.steps[..self.nsteps as usize]
+            .iter()
+            .map(|d| {
+                let (a, b) = if d.chunk == CHUNK_WHOLE {
+                    (lo, hi)
+                } else {
+                    algo::split(lo, hi, self.nchunks as usize, d.chunk as usize)
+                };
+                let region = |buf: u8, block: u16| {
+                    let offset = block as usize * count + a;
+                    match buf {
+                        BUF_INPUT => Some(Region::input(offset)),
+                        BUF_OUTPUT => Some(Region::output(offset)),
+                        _ => None,
+                    }
+                };
+                Step {
+                    count: b - a,
+                    recv: (d.recv >= 0).then_some(d.recv as usize),
+                    send: (d.send >= 0).then_some(d.send as usize),
+                    src: region(d.src_buf, d.src_block),
+                    dst: region(d.dst_buf, d.dst_block),
+                    send_local: d.flags & STEP_SEND_LOCAL != 0,
+                    finalize: d.flags & STEP_FINALIZE != 0,
+                }
+            })
+            .collect()
+    }
+}
+
+/// The device form of `rank`'s schedule of `coll` among `n` ranks.
+pub(crate) fn template(algo: Algo, coll: Coll, rank: usize, n: usize) -> Result<Template> {
+    // A probe: chunks of S elements in a range of n*S, blocks C apart with C
+    // far above the range, so that every offset reads back as block*C + j*S.
+    const S: usize = 1 << 20;
+    const C: usize = 1 << 40;
+    let len = n * S;
+    let unfit = |why: String| {
+        Error::Internal(format!(
+            "{} on {n} ranks (rank {rank}, {}) does not fit the device kernel: {why}",
+            coll.name(),
+            algo.name()
+        ))
+    };
+    let probe = algo::schedule(algo, coll, rank, n, C, 0, len);
+    let mut steps = Vec::with_capacity(probe.len());
+    let mut chunked = false;
+    for st in &probe {
+        let whole = st.count == len;
+        if !whole && st.count != S {
+            return Err(unfit(format!("a step of {} elements", st.count)));
+        }
+        let decode = |r: Option<Region>| -> Result<(u8, u16, Option<usize>)> {
+            let Some(r) = r else {
+                return Ok((BUF_NONE, 0, None));
+            };
+            let (block, rem) = (r.offset / C, r.offset % C);
+            let buf = match r.buf {
+                Buf::Input => BUF_INPUT,
+                Buf::Output => BUF_OUTPUT,
+            };
+            let j = match (whole, rem % S) {
+                (true, _) if rem == 0 => None,
+                (false, 0) if rem / S < n => Some(rem / S),
+                _ => return Err(unfit(format!("offset {} is no chunk", r.offset))),
+            };
+            Ok((buf, block as u16, j))
+        };
+        let (src_buf, src_block, sj) = decode(st.src)?;
+        let (dst_buf, dst_block, dj) = decode(st.dst)?;
+        let chunk = match (sj, dj) {
+            (Some(a), Some(b)) if a != b => return Err(unfit("src and dst chunks differ".into())),
+            (Some(j), _) | (None, Some(j)) => {
+                chunked = true;
+                j as u8
+            }
+            (None, None) if src_buf == BUF_NONE && dst_buf == BUF_NONE => {
+                return Err(unfit("a step touches no buffer".into()))
+            }
+            (None, None) => CHUNK_WHOLE,
+        };
+        let mut flags = 0;
+        if st.send_local {
+            flags |= STEP_SEND_LOCAL;
+        }
+        if st.finalize {
+            flags |= STEP_FINALIZE;
+        }
+        steps.push(DevStep {
+            recv: st.recv.map_or(-1, |p| p as i16),
+            send: st.send.map_or(-1, |p| p as i16),
+            src_buf,
+            dst_buf,
+            chunk,
+            flags,
+            src_block,
+            dst_block,
+            pad: 0,
+        });
+    }
+    let t = Template::new(&steps, if chunked { n as u32 } else { 1 })?;
+    for (count, lo, hi) in [(1009, 3, 1000), (5 * n + 3, 0, 5 * n + 3), (64, 7, 8)] {
+        if t.expand(count, lo, hi) != algo::schedule(algo, coll, rank, n, count, lo, hi) {
+            return Err(unfit(format!(
+                "expansion differs on [{lo}, {hi}) of {count}"
+            )));
+        }
+    }
+    Ok(t)
+}
+
+/// How a collective is laid over thread blocks and FIFO slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub channels: u32,
+    pub slice_elems: u32,
+}
+
+/// Slices per chunk at least, where the data allows, so that the steps of a
+/// channel overlap (a chunk goes out while the previous one is reduced).
+const MIN_SLICES: usize = 4;
+
+/// One channel per `channel_bytes` of data up to the configured number; a
+/// slice of a FIFO slot at most, a few per chunk where that keeps them above
+/// `min_slice_bytes` (each slice costs a fence and a flag round); all
+/// multiples of 16 bytes, as the kernel's ranges are (coll.cu's `per` and
+/// `oxccl_chunk`).
+pub(crate) fn shape(cfg: &DeviceConfig, count: usize, esize: usize, nchunks: usize) -> Shape {
+    let v = 16 / esize;
+    let channels = (count * esize)
+        .div_ceil(cfg.channel_bytes)
+        .clamp(1, cfg.channels);
+    let per = count.div_ceil(channels).next_multiple_of(v);
+    let chunk = per.div_ceil(nchunks.max(1)).next_multiple_of(v);
+    let slot = (cfg.slot_bytes / esize / v * v).max(v);
+    let least = (cfg.min_slice_bytes / esize).next_multiple_of(v).min(slot);
+    let slice = chunk
+        .div_ceil(MIN_SLICES)
+        .next_multiple_of(v)
+        .max(least)
+        .min(chunk)
+        .clamp(v, slot);
+    Shape {
+        channels: channels as u32,
+        slice_elems: slice as u32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn colls(n: usize) -> Vec<Coll> {
+        let mut v = vec![Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter];
+        for root in 0..n {
+            v.push(Coll::Broadcast { root });
+            v.push(Coll::Reduce { root });
+        }
+        v
+    }
+
+    #[test]
+    fn every_ring_schedule_has_a_template() {
+        for n in 1..=9 {
+            for coll in colls(n) {
+                for rank in 0..n {
+                    let t = template(Algo::Ring, coll, rank, n).unwrap();
+                    assert!(t.nsteps >= 1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn recursive_doubling_has_a_template() {
+        for n in 1..=9 {
+            for rank in 0..n {
+                template(Algo::RecDoubling, Coll::AllReduce, rank, n).unwrap();
+            }
+        }
+        let t = template(Algo::RecDoubling, Coll::AllReduce, 0, 2).unwrap();
+        assert_eq!(t.nsteps, 1);
+        let s = t.steps[0];
+        assert_eq!((s.send, s.recv, s.chunk), (1, 1, CHUNK_WHOLE));
+        assert_eq!(s.flags, STEP_SEND_LOCAL | STEP_FINALIZE);
+    }
+
+    #[test]
+    fn too_many_ranks_for_the_kernel_is_an_error() {
+        assert!(template(Algo::Ring, Coll::AllReduce, 0, 40).is_err());
+    }
+
+    #[test]
+    fn shapes_stay_aligned_and_inside_a_slot() {
+        let cfg = DeviceConfig::default();
+        let s = shape(&cfg, 2, 4, 1);
+        assert_eq!((s.channels, s.slice_elems), (1, 4));
+        // Small data: one slice, however it splits.
+        let s = shape(&cfg, 1000, 4, 1);
+        assert_eq!(s.slice_elems, 1000);
+        let s = shape(&cfg, 1 << 28, 4, 2);
+        assert_eq!(s.channels as usize, cfg.channels);
+        assert_eq!(s.slice_elems as usize, cfg.slot_bytes / 4);
+        for count in [1, 3, 1000, 1_000_003, 1 << 20] {
+            for esize in [1, 2, 4, 8] {
+                let s = shape(&cfg, count, esize, 3);
+                assert_eq!(s.slice_elems as usize * esize % 16, 0);
+                assert!(s.slice_elems as usize * esize <= cfg.slot_bytes);
+            }
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! Shared by the GPU tests: finding two GPUs (or saying why the test is
+//! skipped), running ranks as threads, and deterministic inputs.
+#![allow(dead_code)] // each test binary uses a part
+
+use std::sync::Barrier;
+
+use oxccl::cuda::{self, Stream};
+use oxccl::exec::device::{DeviceComm, DeviceConfig, LocalOob, Oob};
+use oxccl::reduce::{load_f64, store_f64};
+use oxccl::DataType;
+
+pub const NRANKS: usize = 2;
+
+/// `Some(())` when two GPUs, the driver and NVRTC are there; otherwise
+/// prints why the test is skipped (and it passes: CI has no GPU).
+pub fn two_gpus() -> Option<()> {
+    match cuda::device_count() {
+        Err(e) => {
+            println!("skipped: {e}");
+            return None;
+        }
+        Ok(n) if n < NRANKS => {
+            println!("skipped: {n} GPU(s) found, {NRANKS} needed");
+            return None;
+        }
+        Ok(_) => {}
+    }
+    if let Err(e) = cuda::nvrtc::version() {
+        println!("skipped: {e}");
+        return None;
+    }
+    Some(())
+}
+
+/// One rank: its communicator and a stream of its own.
+pub struct Rank {
+    pub rank: usize,
+    pub comm: DeviceComm,
+    pub stream: Stream,
+}
+
+/// Runs `f` on every rank, each in its own thread on GPU `rank`; returns
+/// each rank's result.
+pub fn with_ranks<T: Send>(
+    cfg: DeviceConfig,
+    f: impl Fn(&mut Rank, &Barrier) -> T + Sync,
+) -> Vec<T> {
+    let oobs = LocalOob::group(NRANKS);
+    let barrier = Barrier::new(NRANKS);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = oobs
+            .iter()
+            .map(|oob| {
+                let (f, barrier, cfg) = (&f, &barrier, cfg.clone());
+                s.spawn(move || {
+                    let rank = oob.rank();
+                    let comm = DeviceComm::new(oob, rank, cfg).expect("device communicator");
+                    let stream = Stream::new(comm.context()).expect("stream");
+                    let mut r = Rank { rank, comm, stream };
+                    f(&mut r, barrier)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    })
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Random inputs: floats in [-1, 1) (rounded to the type on store),
+/// integers in [-50, 50], so that no sum or product of two overflows.
+pub fn inputs(dtype: DataType, seed: u64, n: usize) -> Vec<u8> {
+    let mut b = vec![0u8; n * dtype.size()];
+    for i in 0..n {
+        let h = splitmix(seed.wrapping_mul(0x1000_0000_01b3) ^ i as u64);
+        let v = if dtype.is_float() {
+            (h >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        } else {
+            (h % 101) as f64 - 50.0
+        };
+        store_f64(dtype, &mut b, i, v);
+    }
+    b
+}
+
+pub fn value(dtype: DataType, b: &[u8], i: usize) -> f64 {
+    load_f64(dtype, b, i)
+}

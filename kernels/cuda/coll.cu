@@ -1,0 +1,334 @@
+// Collectives between GPUs of one node: one kernel runs a schedule (the
+// steps of core/src/algo, abstracted over the channel's range), each thread
+// block being one channel with its own slice of the data and its own
+// connections.
+//
+// A connection p -> r (per channel) is a FIFO of `nslots` slots in r's
+// window: p stores a slice into the next slot with 16-byte stores over
+// NVLink, fences, and bumps `tail` in r's window; r waits for `tail`, reads
+// the slot from its own memory, and bumps `head` in p's window so p may
+// reuse the slot. Each side polls only words in its own memory. The counters
+// grow for the life of the communicator; the kernel keeps them in the
+// window's state area between launches, so no host round trip is needed.
+
+#define OXCCL_MAX_RANKS 64
+#define OXCCL_MAX_STEPS 64
+#define OXCCL_FLAG_BYTES 64
+
+#define OXCCL_BUF_NONE 0
+#define OXCCL_BUF_INPUT 1
+#define OXCCL_BUF_OUTPUT 2
+#define OXCCL_WHOLE 0xff
+
+#define OXCCL_STEP_SEND_LOCAL 1
+#define OXCCL_STEP_FINALIZE 2
+
+// Layout and peers of a window; at offset 0 of every window. Mirrored by
+// `WinHeader` in core/src/cuda/abi.rs.
+struct WinHeader {
+  u64 off_tail;   // u64 per (peer index, channel), OXCCL_FLAG_BYTES apart: slices a peer posted here
+  u64 off_head;   // same shape: slices a peer consumed of ours
+  u64 off_state;  // 2 u64 per (peer index, channel): our send and receive counters
+  u64 off_fifo;   // nslots slots per (peer index, channel)
+  u64 slot_bytes;
+  u32 nslots;
+  u32 maxch;
+  u32 rank;
+  u32 nranks;
+  u64 peer[OXCCL_MAX_RANKS];  // every rank's window, as this process addresses it
+};
+
+// One step (see core/src/algo/mod.rs); offsets are abstract: element e of
+// the step's part of the channel's range lives at `block * count + e` of
+// the buffer. Mirrored by `DevStep` in core/src/cuda/abi.rs.
+struct DevStep {
+  short recv;  // peer rank, or -1
+  short send;
+  u8 src_buf;  // OXCCL_BUF_*
+  u8 dst_buf;
+  u8 chunk;    // part of the channel's range (of nchunks), or OXCCL_WHOLE
+  u8 flags;    // OXCCL_STEP_*
+  u16 src_block;
+  u16 dst_block;
+  u32 pad;
+};
+
+struct CollArgs {
+  u64 comm;  // this rank's window
+  u64 input;
+  u64 output;
+  u64 count;  // elements per rank block; the range the channels share
+  Scalars sc;
+  u64 timeout_ns;  // a wait longer than this traps (a dead peer must not hang the GPU)
+  u32 nsteps;
+  u32 nchunks;
+  u32 slice_elems;  // elements per FIFO slot use, a multiple of 16 bytes
+  u32 nchannels;
+  u32 pad[2];
+  DevStep steps[OXCCL_MAX_STEPS];
+};
+
+__device__ __forceinline__ u64 oxccl_ld_acquire_sys(const volatile u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void oxccl_st_relaxed_sys(volatile u64* p, u64 v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ u64 oxccl_globaltimer() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Spins until *p >= v. A peer that never comes would hang the GPU for
+// good; past the timeout the kernel traps, which the host sees as an error.
+__device__ __forceinline__ void oxccl_wait_geq(const volatile u64* p, u64 v, u64 timeout_ns) {
+  u32 spins = 0;
+  u64 t0 = 0;
+  while (oxccl_ld_acquire_sys(p) < v) {
+    if (++spins == 1024) {
+      spins = 0;
+      const u64 now = oxccl_globaltimer();
+      if (t0 == 0) t0 = now;
+      else if (now - t0 > timeout_ns) __trap();
+    }
+  }
+}
+
+// Index of peer p among rank r's n-1 peers.
+__device__ __forceinline__ u32 oxccl_pidx(u32 p, u32 r, u32 n) { return (p + n - r - 1) % n; }
+
+struct OxChan {
+  char* win;
+  const WinHeader* h;
+  u32 me, n, maxch, nslots, ch;
+  u64 slot_bytes, timeout_ns;
+
+  __device__ __forceinline__ u64 cell(u32 q) const { return (u64)q * maxch + ch; }
+  // In my window: data from p, p's posts, p's acks, my counters towards p.
+  __device__ __forceinline__ char* fifo_from(u32 p, u64 step) const {
+    return win + h->off_fifo + (cell(oxccl_pidx(p, me, n)) * nslots + step % nslots) * slot_bytes;
+  }
+  __device__ __forceinline__ volatile u64* tail_from(u32 p) const {
+    return (volatile u64*)(win + h->off_tail + cell(oxccl_pidx(p, me, n)) * OXCCL_FLAG_BYTES);
+  }
+  __device__ __forceinline__ volatile u64* head_from(u32 p) const {
+    return (volatile u64*)(win + h->off_head + cell(oxccl_pidx(p, me, n)) * OXCCL_FLAG_BYTES);
+  }
+  __device__ __forceinline__ u64* state(u32 p) const {
+    return (u64*)(win + h->off_state) + cell(oxccl_pidx(p, me, n)) * 2;
+  }
+  // In p's window (same layout): my data for p, my posts, my acks.
+  __device__ __forceinline__ char* fifo_at(u32 p, u64 step) const {
+    return (char*)h->peer[p] + h->off_fifo + (cell(oxccl_pidx(me, p, n)) * nslots + step % nslots) * slot_bytes;
+  }
+  __device__ __forceinline__ volatile u64* tail_at(u32 p) const {
+    return (volatile u64*)((char*)h->peer[p] + h->off_tail + cell(oxccl_pidx(me, p, n)) * OXCCL_FLAG_BYTES);
+  }
+  __device__ __forceinline__ volatile u64* head_at(u32 p) const {
+    return (volatile u64*)((char*)h->peer[p] + h->off_head + cell(oxccl_pidx(me, p, n)) * OXCCL_FLAG_BYTES);
+  }
+};
+
+// Per-block connection counters and the slots of the slice in progress;
+// only a leader thread moves the counters.
+struct OxShared {
+  u64 sent[OXCCL_MAX_RANKS];
+  u64 recvd[OXCCL_MAX_RANKS];
+  char* rbuf;
+  char* sbuf;
+  // Exchange: slices whose source the sending warps have read, so that the
+  // receiving warps never overwrite (in place) a slice not yet sent.
+  volatile u64 local_done;
+};
+
+// A barrier among `n` threads of the block (named barrier `id`; 0 is
+// __syncthreads), so that two warp groups synchronise independently.
+__device__ __forceinline__ void oxccl_bar(u32 id, u32 n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
+// Thread 0 waits until the slices are there / the slots are free; then the
+// block moves the data; then thread 0 publishes. The fence after the
+// barrier orders every thread's stores to the peer before the flag.
+template <typename T, typename Op>
+__device__ __forceinline__ void oxccl_slice(const OxChan& c, OxShared& sh, int recv, int send, const T* src, T* dst,
+                                            u64 n, u32 flags, const Scalars& sc) {
+  if (threadIdx.x == 0) {
+    if (recv >= 0) {
+      oxccl_wait_geq(c.tail_from(recv), sh.recvd[recv] + 1, c.timeout_ns);
+      sh.rbuf = c.fifo_from(recv, sh.recvd[recv]);
+    }
+    if (send >= 0) {
+      const u64 s = sh.sent[send];
+      if (s + 1 > c.nslots) oxccl_wait_geq(c.head_from(send), s + 1 - c.nslots, c.timeout_ns);
+      sh.sbuf = c.fifo_at(send, s);
+    }
+  }
+  __syncthreads();
+  oxccl_reduce_copy<T, Op>(src, recv >= 0 ? (const T*)sh.rbuf : 0, dst, send >= 0 ? (T*)sh.sbuf : 0, n, flags, sc,
+                           threadIdx.x, blockDim.x);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (send >= 0) {
+      asm volatile("fence.acq_rel.sys;" ::: "memory");
+      oxccl_st_relaxed_sys(c.tail_at(send), ++sh.sent[send]);
+    }
+    if (recv >= 0) oxccl_st_relaxed_sys(c.head_at(recv), ++sh.recvd[recv]);
+  }
+}
+
+__device__ __forceinline__ void oxccl_chunk(u64 lo, u64 hi, u32 nchunks, u32 chunk, u64 align, u64* clo, u64* chi) {
+  if (chunk == OXCCL_WHOLE) {
+    *clo = lo;
+    *chi = hi;
+    return;
+  }
+  u64 cs = (hi - lo + nchunks - 1) / nchunks;
+  cs = (cs + align - 1) / align * align;
+  *clo = min(lo + (u64)chunk * cs, hi);
+  *chi = min(*clo + cs, hi);
+}
+
+template <typename T> __device__ __forceinline__ T* oxccl_buf(const CollArgs& a, u8 buf, u16 block, u64 e) {
+  if (buf == OXCCL_BUF_NONE) return 0;
+  T* base = (T*)(buf == OXCCL_BUF_INPUT ? a.input : a.output);
+  return base + (u64)block * a.count + e;
+}
+
+// An exchange (recursive doubling; with two ranks the whole all-reduce),
+// with the block split in two warp groups: the first sends its source
+// slices to the peer, the second combines the peer's slices with its own
+// as they arrive. Neither waits for the other's work (only, in place, for
+// the source to have been sent before it is overwritten), so the link is
+// fed while reductions run, and a group's flag fence stalls only itself.
+template <typename T, typename Op>
+__device__ __forceinline__ void oxccl_exchange(const CollArgs& a, const OxChan& c, OxShared& sh, u64 lo, u64 hi) {
+  const DevStep& d = a.steps[0];
+  const u64 S = a.slice_elems;
+  const u64 ns = (hi - lo + S - 1) / S;
+  const u32 nsend = (blockDim.x / 64) * 32;
+  const bool sender = threadIdx.x < nsend;
+  const u32 tid = sender ? threadIdx.x : threadIdx.x - nsend;
+  const u32 nthr = sender ? nsend : blockDim.x - nsend;
+  const u32 pre = d.src_buf == OXCCL_BUF_INPUT ? OXCCL_F_PRE_S : 0;
+  const u32 fin = (d.flags & OXCCL_STEP_FINALIZE) ? OXCCL_F_POST : 0;
+  if (sender) {
+    const int peer = d.send;
+    for (u64 j = 0; j < ns; j++) {
+      const u64 e0 = lo + j * S;
+      const u64 ne = min(S, hi - e0);
+      if (tid == 0) {
+        const u64 s = sh.sent[peer];
+        if (s + 1 > c.nslots) oxccl_wait_geq(c.head_from(peer), s + 1 - c.nslots, c.timeout_ns);
+        sh.sbuf = c.fifo_at(peer, s);
+      }
+      oxccl_bar(1, nthr);
+      oxccl_reduce_copy<T, Op>(oxccl_buf<T>(a, d.src_buf, d.src_block, e0), 0, 0, (T*)sh.sbuf, ne, pre, a.sc, tid,
+                               nthr);
+      oxccl_bar(1, nthr);
+      if (tid == 0) {
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+        oxccl_st_relaxed_sys(c.tail_at(peer), ++sh.sent[peer]);
+        sh.local_done = j + 1;
+      }
+    }
+  } else {
+    const int peer = d.recv;
+    for (u64 j = 0; j < ns; j++) {
+      const u64 e0 = lo + j * S;
+      const u64 ne = min(S, hi - e0);
+      if (tid == 0) {
+        oxccl_wait_geq(c.tail_from(peer), sh.recvd[peer] + 1, c.timeout_ns);
+        sh.rbuf = c.fifo_from(peer, sh.recvd[peer]);
+        while (sh.local_done <= j) {
+        }
+      }
+      oxccl_bar(2, nthr);
+      oxccl_reduce_copy<T, Op>(oxccl_buf<T>(a, d.src_buf, d.src_block, e0), (const T*)sh.rbuf,
+                               oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0), 0, ne, pre | fin | OXCCL_F_ROUND, a.sc,
+                               tid, nthr);
+      oxccl_bar(2, nthr);
+      if (tid == 0) oxccl_st_relaxed_sys(c.head_at(peer), ++sh.recvd[peer]);
+    }
+  }
+}
+
+template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_body(const CollArgs& a) {
+  __shared__ OxShared sh;
+  OxChan c;
+  c.win = (char*)a.comm;
+  c.h = (const WinHeader*)a.comm;
+  c.me = c.h->rank;
+  c.n = c.h->nranks;
+  c.maxch = c.h->maxch;
+  c.nslots = c.h->nslots;
+  c.slot_bytes = c.h->slot_bytes;
+  c.timeout_ns = a.timeout_ns;
+  c.ch = blockIdx.x;
+
+  // The channel's range: an equal share, a multiple of 16 bytes, so that
+  // chunk and slice boundaries stay aligned wherever the buffers are.
+  const u64 V = 16 / sizeof(T);
+  u64 per = (a.count + a.nchannels - 1) / a.nchannels;
+  per = (per + V - 1) / V * V;
+  const u64 lo = min((u64)c.ch * per, a.count);
+  const u64 hi = min(lo + per, a.count);
+  if (lo >= hi) return;
+
+  for (u32 p = threadIdx.x; p < c.n; p += blockDim.x) {
+    if (p == c.me) continue;
+    const u64* st = c.state(p);
+    sh.sent[p] = st[0];
+    sh.recvd[p] = st[1];
+  }
+  if (threadIdx.x == 0) sh.local_done = 0;
+  __syncthreads();
+
+  const u64 S = a.slice_elems;
+  if (a.nsteps == 1 && (a.steps[0].flags & OXCCL_STEP_SEND_LOCAL)) {
+    oxccl_exchange<T, Op>(a, c, sh, lo, hi);
+  } else {
+    // Slice-major order, as NCCL's loops: every step advances one slice
+    // before any step takes the next, so a ring never waits on a FIFO that
+    // only a later step of its neighbour would drain.
+    for (u64 j = 0;; j++) {
+      bool any = false;
+      for (u32 s = 0; s < a.nsteps; s++) {
+        const DevStep& d = a.steps[s];
+        u64 clo, chi;
+        oxccl_chunk(lo, hi, a.nchunks, d.chunk, V, &clo, &chi);
+        const u64 e0 = clo + j * S;
+        if (e0 >= chi) continue;
+        any = true;
+        const u64 ne = min(S, chi - e0);
+        const T* src = oxccl_buf<T>(a, d.src_buf, d.src_block, e0);
+        T* dst = oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0);
+        const u32 pre = d.src_buf == OXCCL_BUF_INPUT ? OXCCL_F_PRE_S : 0;
+        const u32 fin = (d.flags & OXCCL_STEP_FINALIZE) ? OXCCL_F_POST : 0;
+        if (d.flags & OXCCL_STEP_SEND_LOCAL) {
+          oxccl_slice<T, Op>(c, sh, -1, d.send, src, 0, ne, pre, a.sc);
+          oxccl_slice<T, Op>(c, sh, d.recv, -1, src, dst, ne, pre | fin | OXCCL_F_ROUND, a.sc);
+        } else {
+          oxccl_slice<T, Op>(c, sh, d.recv, d.send, src, dst, ne, pre | fin, a.sc);
+        }
+      }
+      if (!any) break;
+    }
+  }
+
+  __syncthreads();
+  for (u32 p = threadIdx.x; p < c.n; p += blockDim.x) {
+    if (p == c.me) continue;
+    u64* st = c.state(p);
+    st[0] = sh.sent[p];
+    st[1] = sh.recvd[p];
+  }
+}
+
+template <typename T, typename Op>
+__global__ void __launch_bounds__(1024, 1) oxccl_coll(const __grid_constant__ CollArgs a) {
+  oxccl_coll_body<T, Op>(a);
+}
