@@ -64,18 +64,22 @@ fn env_num(name: &str, default: usize) -> Result<usize, NetError> {
 impl SocketNet {
     /// Settings from the environment, as NCCL's socket transport reads them
     /// (a plugin reads its own settings; it never links the core):
-    /// NCCL_SOCKET_IFNAME, NCCL_SOCKET_FAMILY, NCCL_SOCKET_NTHREADS (default
-    /// 2), NCCL_NSOCKS_PERTHREAD (default 2).
+    /// NCCL_SOCKET_IFNAME, NCCL_SOCKET_FAMILY, NCCL_SOCKET_NTHREADS and
+    /// NCCL_NSOCKS_PERTHREAD (default 2 x 2 on 8 or more cores; below that 0
+    /// threads: the caller's thread moves the data, fastest on 2 cores per
+    /// docs/PERF.md).
     pub fn from_env() -> NetResult<SocketNet> {
         let ifname = std::env::var("NCCL_SOCKET_IFNAME").ok();
         let fam = std::env::var("NCCL_SOCKET_FAMILY").ok();
         let family =
             Family::parse(fam.as_deref()).map_err(|e| NetError::InvalidArgument(e.to_string()))?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (threads, socks) = if cores >= 8 { (2, 2) } else { (0, 1) };
         SocketNet::new(
             ifname.as_deref(),
             family,
-            env_num("NCCL_SOCKET_NTHREADS", 2)?,
-            env_num("NCCL_NSOCKS_PERTHREAD", 2)?,
+            env_num("NCCL_SOCKET_NTHREADS", threads)?,
+            env_num("NCCL_NSOCKS_PERTHREAD", socks)?,
         )
     }
 
