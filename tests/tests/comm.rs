@@ -270,3 +270,28 @@ fn abort_returns_and_fails_a_blocked_operation() {
     );
     comms[1].abort();
 }
+
+#[test]
+fn concurrent_splits_under_comm_id_get_roots_of_their_own() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let comms = Comm::init_all(4, &cfg().with("COMM_ID", &format!("127.0.0.1:{port}"))).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                let sub = c
+                    .split((c.user_rank() % 2) as i32, 0, &CommConfig::default())
+                    .unwrap()
+                    .unwrap();
+                let mut v = (c.user_rank() as f64).to_ne_bytes().to_vec();
+                sub.all_reduce(None, &mut v, DataType::Float64, RedOp::Sum)
+                    .unwrap();
+                let want = if c.user_rank() % 2 == 0 { 2.0 } else { 4.0 };
+                assert_eq!(f64::from_ne_bytes(v[..8].try_into().unwrap()), want);
+            });
+        }
+    });
+}

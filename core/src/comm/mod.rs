@@ -351,7 +351,9 @@ impl Comm {
             .expect("a rank is in its own color");
         let tag = crate::transport::TAG_CONN * 2 + split_no;
         let id = if new_rank == 0 {
-            let id = get_unique_id(&core.cfg)?;
+            // A root of its own in this process: an id from NCCL_COMM_ID would
+            // send every color to the same address.
+            let id = crate::bootstrap::start_root(&core.cfg)?;
             for &(_, r) in &members[1..] {
                 core.bootstrap.send(r, tag, &id.0)?;
             }
