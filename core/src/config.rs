@@ -81,7 +81,8 @@ impl ParamValue for bool {
     }
 }
 
-fn parse_size(s: &str) -> Option<u64> {
+/// A count with an optional K/M/G suffix (powers of 1024).
+pub(crate) fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().last()? {
         (i, 'k' | 'K') => (&s[..i], 1u64 << 10),

@@ -149,3 +149,14 @@ pub(crate) fn read(ptr: *const u8, len: usize) -> Vec<u8> {
     // receive or computation has completed, so nothing writes them now.
     unsafe { std::slice::from_raw_parts(ptr, len) }.to_vec()
 }
+
+/// `prefix` followed by the bytes of `span`, in one allocation and one copy.
+pub(crate) fn prefixed(prefix: &[u8], span: Span) -> Vec<u8> {
+    let mut v = Vec::with_capacity(prefix.len() + span.len);
+    v.extend_from_slice(prefix);
+    if span.len > 0 {
+        // SAFETY: as for `read`: a span whose data is computed and not being written.
+        v.extend_from_slice(unsafe { std::slice::from_raw_parts(span.ptr, span.len) });
+    }
+    v
+}

@@ -348,10 +348,7 @@ impl LaneState {
             let first = !self.hdr_sent.contains(&peer);
             let out = if first {
                 // The first message to a peer leads with the header.
-                let mut v = Vec::with_capacity(HEADER_BYTES + span.len);
-                v.extend_from_slice(&self.hdr);
-                v.extend_from_slice(&mem::read(span.ptr, span.len));
-                self.first_sends.push(v);
+                self.first_sends.push(mem::prefixed(&self.hdr, span));
                 mem::staging(self.first_sends.last_mut().expect("just pushed"))
             } else {
                 span

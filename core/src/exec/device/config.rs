@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::config::parse_size;
 use crate::error::{Error, Result};
 
 /// Thread blocks a collective may use at most (one per multiprocessor of an H100/H200, roughly).
@@ -118,18 +119,6 @@ impl DeviceConfig {
         }
         Ok(())
     }
-}
-
-/// A count with an optional K/M/G suffix (powers of 1024).
-fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, shift) = match s.chars().last()?.to_ascii_uppercase() {
-        'K' => (&s[..s.len() - 1], 10),
-        'M' => (&s[..s.len() - 1], 20),
-        'G' => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    num.trim().parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
 #[cfg(test)]
