@@ -58,6 +58,27 @@ pub fn group_end() -> Result<()> {
     run_tasks(tasks)
 }
 
+/// Closes one level of the thread's group like [`group_end`], but runs
+/// nothing: the outermost level drops what was queued and returns the
+/// seconds the cost model predicts for it (NCCL's `ncclGroupSimulateEnd`).
+pub fn group_simulate_end() -> Result<f64> {
+    let tasks = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Err(Error::InvalidUsage(
+                "group_simulate_end without a matching group_start".into(),
+            ));
+        }
+        g.depth -= 1;
+        Ok(if g.depth == 0 {
+            std::mem::take(&mut g.tasks)
+        } else {
+            Vec::new()
+        })
+    })?;
+    Ok(tasks.iter().map(|t| t.core.predict(&t.op)).sum())
+}
+
 /// Nesting depth of the thread's group.
 pub fn depth() -> usize {
     GROUP.with(|g| g.borrow().depth)
@@ -103,9 +124,13 @@ fn run_tasks(tasks: Vec<Task>) -> Result<()> {
     }
     let run_one =
         |(comm, core, ops): &PerComm| core.execute(ops).inspect_err(|e| comm.record_failure(e));
+    // Device operations only enqueue kernels, which never wait on the host:
+    // one thread issues them all, in the caller's order.
+    let all_device = per_comm.iter().all(|(_, c, _)| c.device.is_some());
     match per_comm.len() {
         0 => Ok(()),
         1 => run_one(&per_comm[0]),
+        _ if all_device => per_comm.iter().try_for_each(run_one),
         _ => std::thread::scope(|s| {
             let hs: Vec<_> = per_comm
                 .iter()
@@ -166,6 +191,7 @@ impl<'a> Group<'a> {
             count: input.len() / dtype.size(),
             dtype,
             redop: RedOp::Sum,
+            stream: 0,
         };
         self.push(comm, op)
     }
@@ -185,6 +211,7 @@ impl<'a> Group<'a> {
             count: output.len() / dtype.size(),
             dtype,
             redop: RedOp::Sum,
+            stream: 0,
         };
         self.push(comm, op)
     }

@@ -22,5 +22,5 @@ pub mod transport;
 
 pub use bootstrap::UniqueId;
 pub use comm::{net_summary, Comm, CommConfig, InitState, SPLIT_NOCOLOR};
-pub use group::{all_to_all, gather, group_end, group_start, scatter, Group};
+pub use group::{all_to_all, gather, group_end, group_simulate_end, group_start, scatter, Group};
 pub use op::{Op, OpKind};

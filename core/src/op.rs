@@ -69,6 +69,9 @@ pub struct Op {
     pub count: usize,
     pub dtype: DataType,
     pub redop: RedOp,
+    /// The caller's CUDA stream (`cudaStream_t`; 0 is the legacy default
+    /// stream) for operations on device memory; host memory ignores it.
+    pub stream: u64,
 }
 
 // SAFETY: an `Op` is only a description; its addresses are dereferenced by

@@ -72,6 +72,7 @@ fn thread_group_start_end_nests() {
             count: 1,
             dtype: DataType::Float64,
             redop: RedOp::Prod,
+            stream: 0,
         };
         // SAFETY: the buffers outlive the group, which ends below.
         unsafe { c.enqueue(op) }.unwrap();

@@ -35,6 +35,7 @@ fn bad_arguments_are_named_and_touch_nothing() {
         count: 4,
         dtype: DataType::Float32,
         redop: RedOp::Sum,
+        stream: 0,
     };
     let e = enqueue_err(
         c,

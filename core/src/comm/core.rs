@@ -14,6 +14,7 @@ use crate::bootstrap::Bootstrap;
 use crate::config::Config;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
+use crate::exec::device::DeviceComm;
 use crate::exec::header::OpHeader;
 use crate::exec::mem::OpBuffers;
 use crate::exec::{self, ExecCtx, Lane};
@@ -45,6 +46,9 @@ pub(crate) struct Core {
     staging: Mutex<BTreeMap<usize, Staging>>,
     forced_algo: Option<Algo>,
     link: cost::LinkModel,
+    /// The GPU this rank is bound to, when it was created on one: its
+    /// operations take device memory and run as kernels.
+    pub device: Option<Mutex<DeviceComm>>,
 }
 
 fn redop_code(op: RedOp) -> u8 {
@@ -65,6 +69,7 @@ impl Core {
         cfg: Config,
         bootstrap: Bootstrap,
         net: Arc<dyn Net>,
+        device: Option<DeviceComm>,
     ) -> Result<Core> {
         let forced_algo = match cfg.algo.as_deref() {
             None => None,
@@ -88,12 +93,25 @@ impl Core {
             staging: Mutex::default(),
             forced_algo,
             link: cost::LinkModel::default(),
+            device: device.map(Mutex::new),
         })
     }
 
     /// Establishes the connections a set of lanes needs.
     fn connect(&self, conns: &mut Connections, sends: &[ConnKey], recvs: &[ConnKey]) -> Result<()> {
         conns.ensure(&self.net, &self.bootstrap, sends, recvs, self.cfg.timeout())
+    }
+
+    /// Seconds the cost model predicts for `op` on this communicator.
+    pub fn predict(&self, op: &Op) -> f64 {
+        let bytes = op.count * op.dtype.size();
+        match op.kind.coll() {
+            Some(coll) => {
+                let algo = cost::choose(coll, bytes, self.nranks, self.link, self.forced_algo);
+                cost::predict(algo, coll, bytes, self.nranks, self.link).unwrap_or(0.0)
+            }
+            None => self.link.latency_s + bytes as f64 / self.link.bandwidth,
+        }
     }
 
     /// Numbers the splits of this communicator, to keep their messages apart.
@@ -114,6 +132,19 @@ impl Core {
 
     /// Runs the operations of one group on this communicator.
     pub fn execute(&self, ops: &[(Op, OpBuffers)]) -> Result<()> {
+        if let Some(dc) = &self.device {
+            let n = ops
+                .iter()
+                .filter(|(op, _)| op.kind.coll().is_some())
+                .count() as u64;
+            let seq = self.seq.fetch_add(n, Ordering::SeqCst);
+            return super::on_device::execute(dc, ops).map_err(|e| {
+                e.context(format!(
+                    "rank {} (device operations from #{seq})",
+                    self.rank
+                ))
+            });
+        }
         let mut conns = self
             .conns
             .lock()

@@ -2,6 +2,7 @@
 //! operations of the Rust API.
 
 mod core;
+mod on_device;
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -29,6 +30,9 @@ pub struct CommConfig {
     pub blocking: bool,
     /// Settings by key (`NCCL_` prefix optional), above the environment.
     pub settings: Vec<(String, String)>,
+    /// The GPU this rank runs on: its operations then take device memory
+    /// and the caller's CUDA stream. `None`: host memory.
+    pub device: Option<usize>,
 }
 
 impl Default for CommConfig {
@@ -36,6 +40,7 @@ impl Default for CommConfig {
         CommConfig {
             blocking: true,
             settings: Vec::new(),
+            device: None,
         }
     }
 }
@@ -194,8 +199,9 @@ impl Comm {
         let comm = Comm {
             shared: shared.clone(),
         };
+        let device = config.device;
         let work = move || {
-            let r = Comm::build(nranks, &id, rank, cfg);
+            let r = Comm::build(nranks, &id, rank, cfg, device);
             let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
             if let Status::Initializing = *st {
                 *st = match r {
@@ -217,16 +223,43 @@ impl Comm {
         }
     }
 
-    fn build(nranks: usize, id: &UniqueId, rank: usize, cfg: Config) -> Result<Core> {
+    fn build(
+        nranks: usize,
+        id: &UniqueId,
+        rank: usize,
+        cfg: Config,
+        device: Option<usize>,
+    ) -> Result<Core> {
         let net = network(&cfg)?;
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
-        info!(target: "oxccl::init", rank, nranks, "communicator ready on network {}", net.name());
-        Core::new(rank, nranks, cfg, bootstrap, net)
+        let dc = match device {
+            Some(d) => Some(on_device::open(&bootstrap, rank, nranks, d)?),
+            None => None,
+        };
+        match device {
+            Some(d) => {
+                info!(target: "oxccl::init", rank, nranks, "communicator ready on GPU {d}, network {}", net.name())
+            }
+            None => {
+                info!(target: "oxccl::init", rank, nranks, "communicator ready on host memory, network {}", net.name())
+            }
+        }
+        Core::new(rank, nranks, cfg, bootstrap, net, dc)
     }
 
     /// Creates `n` communicators of one process, one per rank, each
     /// initialised on its own thread (NCCL's `ncclCommInitAll`).
     pub fn init_all(n: usize, config: &CommConfig) -> Result<Vec<Comm>> {
+        Comm::init_all_on(n, None, config)
+    }
+
+    /// As [`Comm::init_all`], rank `i` on GPU `devices[i]` (NCCL's
+    /// `ncclCommInitAll` with a device list).
+    pub fn init_all_devices(devices: &[usize], config: &CommConfig) -> Result<Vec<Comm>> {
+        Comm::init_all_on(devices.len(), Some(devices), config)
+    }
+
+    fn init_all_on(n: usize, devices: Option<&[usize]>, config: &CommConfig) -> Result<Vec<Comm>> {
         if n == 0 {
             return Err(Error::InvalidArgument("ndev is 0".into()));
         }
@@ -234,6 +267,7 @@ impl Comm {
         let handles: Vec<_> = (0..n)
             .map(|r| {
                 let c = config.clone();
+                let device = devices.map(|d| d[r]).or(c.device);
                 std::thread::spawn(move || {
                     Comm::init_rank(
                         n,
@@ -241,6 +275,7 @@ impl Comm {
                         r,
                         &CommConfig {
                             blocking: true,
+                            device,
                             ..c
                         },
                     )
@@ -296,6 +331,15 @@ impl Comm {
     /// The network this communicator's connections go through.
     pub fn net_name(&self) -> Result<String> {
         Ok(self.core()?.net.name().to_string())
+    }
+
+    /// The GPU this communicator runs on (`None`: host memory).
+    pub fn device(&self) -> Result<Option<usize>> {
+        Ok(self
+            .core()?
+            .device
+            .as_ref()
+            .and_then(|d| d.lock().ok().map(|d| d.context().device().ordinal())))
     }
 
     pub fn count(&self) -> usize {
@@ -371,6 +415,10 @@ impl Comm {
             id
         };
         let mut cfg = config.clone();
+        // A child of a GPU communicator runs on the same GPU.
+        if cfg.device.is_none() {
+            cfg.device = self.device()?;
+        }
         // The child inherits the parent's resolved settings below its own.
         let parent: Vec<(String, String)> = core
             .cfg
@@ -607,6 +655,7 @@ pub(crate) fn op_of(
         count,
         dtype,
         redop,
+        stream: 0,
     })
 }
 

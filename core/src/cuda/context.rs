@@ -83,3 +83,42 @@ impl Drop for Context {
         let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device.raw()) };
     }
 }
+
+/// The GPU of the context current on the calling thread, if any: the
+/// device a CUDA runtime caller selected with `cudaSetDevice` (NCCL binds
+/// a communicator to it). `None` where no driver, no GPU or no context.
+pub fn current_device() -> Option<usize> {
+    super::device::driver().ok()?;
+    let mut raw: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `raw` is a valid out-pointer.
+    check(unsafe { sys::cuCtxGetCurrent(&mut raw) }, "cuCtxGetCurrent").ok()?;
+    if raw.is_null() {
+        return None;
+    }
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: a context is current; `dev` is a valid out-pointer.
+    check(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice").ok()?;
+    usize::try_from(dev).ok()
+}
+
+/// Puts back, when dropped, the context that was current when it was made:
+/// entry points that switch GPUs (one thread driving several) leave the
+/// caller's CUDA runtime state as they found it, as NCCL does.
+pub struct SavedCurrent(sys::CUcontext);
+
+impl SavedCurrent {
+    pub fn save() -> Result<SavedCurrent> {
+        let mut raw: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer.
+        check(unsafe { sys::cuCtxGetCurrent(&mut raw) }, "cuCtxGetCurrent")?;
+        Ok(SavedCurrent(raw))
+    }
+}
+
+impl Drop for SavedCurrent {
+    fn drop(&mut self) {
+        // SAFETY: the handle was current on this thread, so it is a live
+        // context or null (which unbinds); the caller keeps it alive.
+        let _ = unsafe { sys::cuCtxSetCurrent(self.0) };
+    }
+}

@@ -147,3 +147,78 @@ impl Drop for DeviceBuffer {
         }
     }
 }
+
+/// Where an address points, as the driver knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PtrKind {
+    /// Device memory (or managed memory) of some GPU.
+    Device,
+    /// Host memory registered with or allocated by CUDA (device-accessible).
+    PinnedHost,
+    /// Memory CUDA does not know: ordinary pageable host memory.
+    Unknown,
+}
+
+/// Asks the driver what `ptr` is (NCCL's check that user buffers are
+/// device-accessible). Never fails: an address the driver does not know is
+/// [`PtrKind::Unknown`].
+pub fn pointer_kind(ptr: u64) -> PtrKind {
+    if super::device::driver().is_err() || ptr == 0 {
+        return PtrKind::Unknown;
+    }
+    let mut ty: u32 = 0;
+    // SAFETY: `ty` is a valid out-pointer of the attribute's size (an
+    // unsigned int); the driver only reads its tables for `ptr`.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ty as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            ptr,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return PtrKind::Unknown;
+    }
+    match ty {
+        t if t == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 => PtrKind::PinnedHost,
+        0 => PtrKind::Unknown,
+        _ => PtrKind::Device,
+    }
+}
+
+/// Allocates `bytes` of device memory in the calling thread's current
+/// context (NCCL's `ncclMemAlloc`); free with [`free_raw`].
+pub fn alloc_raw(bytes: usize) -> Result<u64> {
+    super::device::driver()?;
+    let mut p: sys::CUdeviceptr = 0;
+    check(
+        // SAFETY: `p` is a valid out-pointer; the driver checks the context.
+        unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1)) },
+        format!("cuMemAlloc({bytes} bytes)"),
+    )?;
+    Ok(p)
+}
+
+/// Frees memory from [`alloc_raw`].
+///
+/// # Safety
+/// `ptr` came from [`alloc_raw`] and is not used afterwards.
+pub unsafe fn free_raw(ptr: u64) -> Result<()> {
+    super::device::driver()?;
+    // SAFETY: the caller's contract.
+    check(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree")
+}
+
+/// Copies `out.len()` bytes from device address `ptr` to the host; done
+/// when this returns (a scalar NCCL lets callers keep in device memory).
+///
+/// # Safety
+/// `ptr..ptr + out.len()` is device memory of the current context.
+pub unsafe fn read_raw(ptr: u64, out: &mut [u8]) -> Result<()> {
+    super::device::driver()?;
+    check(
+        // SAFETY: the caller's contract; `out` is a live slice of that length.
+        unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), ptr, out.len()) },
+        "cuMemcpyDtoH",
+    )
+}

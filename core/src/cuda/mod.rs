@@ -21,9 +21,10 @@ pub mod nvrtc;
 pub mod stream;
 
 pub use context::Context;
+pub use context::{current_device, SavedCurrent};
 pub use device::{device_count, driver, Device};
 pub use event::Event;
 pub use ipc::{IpcMapping, IpcMemHandle};
 pub use kernels::{FillPattern, KernelSet};
-pub use memory::DeviceBuffer;
+pub use memory::{alloc_raw, free_raw, pointer_kind, read_raw, DeviceBuffer, PtrKind};
 pub use stream::{RawStream, Stream};

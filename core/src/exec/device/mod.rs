@@ -281,6 +281,68 @@ impl DeviceComm {
         )
     }
 
+    /// A group's sends and receives, `count` elements each, as one kernel
+    /// where they can be: all slices advance together, so two ranks that
+    /// both send before they receive never wait on each other, whatever the
+    /// size (NCCL fuses a group's point-to-point work likewise). One kernel
+    /// addresses buffers as blocks of `count` elements from one base each
+    /// way; a group whose buffers are not laid out so (or too many peers)
+    /// runs as one kernel per message, in order, which is safe for messages
+    /// up to a FIFO per channel. Sends to and receives from this rank are
+    /// matched in order and copied.
+    pub fn p2p(
+        &mut self,
+        sends: &[(usize, u64)],
+        recvs: &[(usize, u64)],
+        count: usize,
+        dtype: DataType,
+        stream: RawStream,
+    ) -> Result<()> {
+        for &(p, _) in sends.iter().chain(recvs) {
+            self.check_peer("send/recv", "peer", p, true)?;
+        }
+        let bufs: Vec<u64> = sends.iter().chain(recvs).map(|&(_, b)| b).collect();
+        self.check("send/recv", count, dtype, &bufs)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let bytes = count * dtype.size();
+        let me = self.rank;
+        let self_sends: Vec<u64> = sends.iter().filter(|s| s.0 == me).map(|s| s.1).collect();
+        let self_recvs: Vec<u64> = recvs.iter().filter(|r| r.0 == me).map(|r| r.1).collect();
+        if self_sends.len() != self_recvs.len() {
+            return Err(Error::InvalidUsage(format!(
+                "rank {me} sends {} message(s) to itself and receives {} from itself in one group: they must pair up",
+                self_sends.len(),
+                self_recvs.len()
+            )));
+        }
+        self.order_after_last(stream)?;
+        for (s, r) in self_sends.iter().zip(&self_recvs) {
+            self.kernels.copy(*r, *s, bytes, stream)?;
+        }
+        let sends: Vec<(usize, u64)> = sends.iter().copied().filter(|s| s.0 != me).collect();
+        let recvs: Vec<(usize, u64)> = recvs.iter().copied().filter(|r| r.0 != me).collect();
+        if sends.is_empty() && recvs.is_empty() {
+            return Ok(());
+        }
+        match fused_p2p(&sends, &recvs, bytes) {
+            Some((t, input, output)) => {
+                self.launch(t, input, output, count, dtype, RedOp::Sum, stream)
+            }
+            None => {
+                tracing::debug!(target: "oxccl::coll", "send/recv group of {} send(s), {} recv(s) not addressable from one base: one kernel each", sends.len(), recvs.len());
+                for &(p, b) in &sends {
+                    self.launch(Template::send(p), b, 0, count, dtype, RedOp::Sum, stream)?;
+                }
+                for &(p, b) in &recvs {
+                    self.launch(Template::recv(p), 0, b, count, dtype, RedOp::Sum, stream)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     fn check_peer(&self, what: &str, role: &str, p: usize, self_ok: bool) -> Result<()> {
         if p >= self.nranks || (!self_ok && p == self.rank) {
             return Err(Error::InvalidArgument(format!(
@@ -388,4 +450,33 @@ impl DeviceComm {
         self.last_stream = Some(stream);
         Ok(())
     }
+}
+
+/// One template for a group of sends and receives of `bytes` each, when
+/// every buffer is a whole number of blocks from the lowest of its side:
+/// the template, the input base and the output base.
+fn fused_p2p(
+    sends: &[(usize, u64)],
+    recvs: &[(usize, u64)],
+    bytes: usize,
+) -> Option<(Template, u64, u64)> {
+    let base = |v: &[(usize, u64)]| v.iter().map(|x| x.1).min().unwrap_or(0);
+    let (ib, ob) = (base(sends), base(recvs));
+    let block = |b: u64, base: u64| -> Option<u16> {
+        let off = b - base;
+        off.is_multiple_of(bytes as u64)
+            .then(|| u16::try_from(off / bytes as u64).ok())?
+    };
+    let mut steps = Vec::with_capacity(sends.len() + recvs.len());
+    for &(p, b) in sends {
+        let mut t = Template::send(p).steps[0];
+        t.src_block = block(b, ib)?;
+        steps.push(t);
+    }
+    for &(p, b) in recvs {
+        let mut t = Template::recv(p).steps[0];
+        t.dst_block = block(b, ob)?;
+        steps.push(t);
+    }
+    Some((Template::from_steps(&steps).ok()?, ib, ob))
 }

@@ -43,6 +43,11 @@ impl Template {
         Ok(t)
     }
 
+    /// Steps that each move a whole channel range (point-to-point groups).
+    pub fn from_steps(steps: &[DevStep]) -> Result<Template> {
+        Template::new(steps, 1)
+    }
+
     /// Sending `count` elements of the input to `peer`.
     pub fn send(peer: usize) -> Template {
         let s = DevStep {

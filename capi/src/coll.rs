@@ -1,0 +1,451 @@
+//! Collectives, point-to-point and the operators they reduce with. Each
+//! call is queued in the thread's group, or runs at once outside one; on a
+//! GPU communicator it is enqueued on `stream` and returns without waiting.
+
+use std::os::raw::{c_int, c_void};
+
+use oxccl::{DataType, Error, Op, OpKind, RedOp};
+
+use crate::guard::{entry, ok, Outcome};
+use crate::handle::{self, Handle};
+use crate::types::*;
+
+fn rank_arg(what: &str, v: c_int) -> Result<usize, Error> {
+    usize::try_from(v).map_err(|_| Error::InvalidArgument(format!("{what} {v} is negative")))
+}
+
+#[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
+fn enqueue(
+    h: &Handle,
+    kind: OpKind,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: RedOp,
+    stream: cudaStream_t,
+) -> Outcome {
+    let op = Op {
+        kind,
+        input: sendbuff.cast(),
+        output: recvbuff.cast(),
+        count,
+        dtype: DataType::from_raw(datatype)?,
+        redop: op,
+        stream: stream as u64,
+    };
+    // SAFETY: NCCL's contract: the buffers hold what the operation needs
+    // and stay untouched until it completes (on the stream for device
+    // memory; by the end of the call or group for host memory).
+    unsafe { h.comm.enqueue(op) }?;
+    ok()
+}
+
+#[no_mangle]
+pub extern "C" fn ncclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    entry("ncclAllReduce", || {
+        let h = handle::get(comm)?;
+        let op = h.redop(op)?;
+        enqueue(
+            &h,
+            OpKind::AllReduce,
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            op,
+            stream,
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    entry("ncclBroadcast", || {
+        let h = handle::get(comm)?;
+        let root = rank_arg("root", root)?;
+        enqueue(
+            &h,
+            OpKind::Broadcast { root },
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            RedOp::Sum,
+            stream,
+        )
+    })
+}
+
+/// Broadcast in place (NCCL's legacy name).
+#[no_mangle]
+pub extern "C" fn ncclBcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    ncclBroadcast(buff, buff, count, datatype, root, comm, stream)
+}
+
+#[no_mangle]
+pub extern "C" fn ncclReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    entry("ncclReduce", || {
+        let h = handle::get(comm)?;
+        let op = h.redop(op)?;
+        let root = rank_arg("root", root)?;
+        enqueue(
+            &h,
+            OpKind::Reduce { root },
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            op,
+            stream,
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    entry("ncclAllGather", || {
+        let h = handle::get(comm)?;
+        enqueue(
+            &h,
+            OpKind::AllGather,
+            sendbuff,
+            recvbuff,
+            sendcount,
+            datatype,
+            RedOp::Sum,
+            stream,
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    entry("ncclReduceScatter", || {
+        let h = handle::get(comm)?;
+        let op = h.redop(op)?;
+        enqueue(
+            &h,
+            OpKind::ReduceScatter,
+            sendbuff,
+            recvbuff,
+            recvcount,
+            datatype,
+            op,
+            stream,
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    entry("ncclSend", || {
+        let h = handle::get(comm)?;
+        let peer = rank_arg("peer", peer)?;
+        enqueue(
+            &h,
+            OpKind::Send { peer },
+            sendbuff,
+            std::ptr::null_mut(),
+            count,
+            datatype,
+            RedOp::Sum,
+            stream,
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    entry("ncclRecv", || {
+        let h = handle::get(comm)?;
+        let peer = rank_arg("peer", peer)?;
+        enqueue(
+            &h,
+            OpKind::Recv { peer },
+            std::ptr::null(),
+            recvbuff,
+            count,
+            datatype,
+            RedOp::Sum,
+            stream,
+        )
+    })
+}
+
+/// The sends and receives of a rooted or all-to-all exchange, in one group.
+/// `send_to(p)`/`recv_from(p)` say which blocks move; blocks are `count`
+/// elements at `p * count` of the buffer.
+#[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
+fn exchange(
+    name: &'static str,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    send_to: impl Fn(usize, usize) -> Option<usize>,
+    recv_from: impl Fn(usize, usize) -> Option<usize>,
+) -> ncclResult_t {
+    entry(name, || {
+        let h = handle::get(comm)?;
+        let dtype = DataType::from_raw(datatype)?;
+        let (me, n) = (h.comm.user_rank(), h.comm.count());
+        let block = count
+            .checked_mul(dtype.size())
+            .filter(|b| b.checked_mul(n).is_some());
+        let block = block.ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "count {count} of {} overflows with {n} ranks",
+                dtype.name()
+            ))
+        })?;
+        oxccl::group_start();
+        let mut r = Ok(());
+        for p in 0..n {
+            if let Some(b) = send_to(me, p) {
+                r = r.and_then(|_| {
+                    enqueue(
+                        &h,
+                        OpKind::Send { peer: p },
+                        sendbuff.cast::<u8>().wrapping_add(b * block).cast(),
+                        std::ptr::null_mut(),
+                        count,
+                        datatype,
+                        RedOp::Sum,
+                        stream,
+                    )
+                    .map(|_| ())
+                });
+            }
+            if let Some(b) = recv_from(me, p) {
+                r = r.and_then(|_| {
+                    enqueue(
+                        &h,
+                        OpKind::Recv { peer: p },
+                        std::ptr::null(),
+                        recvbuff.cast::<u8>().wrapping_add(b * block).cast(),
+                        count,
+                        datatype,
+                        RedOp::Sum,
+                        stream,
+                    )
+                    .map(|_| ())
+                });
+            }
+        }
+        // The group closes whether or not a call above failed, so the
+        // thread's group depth stays balanced.
+        let end = oxccl::group_end();
+        r.and(end)?;
+        ok()
+    })
+}
+
+/// Block p of every rank's sendbuff goes to rank p's recvbuff block of the sender.
+#[no_mangle]
+pub extern "C" fn ncclAlltoAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    exchange(
+        "ncclAlltoAll",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        comm,
+        stream,
+        |_, p| Some(p),
+        |_, p| Some(p),
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let root = usize::try_from(root).unwrap_or(usize::MAX);
+    exchange(
+        "ncclGather",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        comm,
+        stream,
+        move |_, p| (p == root).then_some(0),
+        move |me, p| (me == root).then_some(p),
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let root = usize::try_from(root).unwrap_or(usize::MAX);
+    exchange(
+        "ncclScatter",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        comm,
+        stream,
+        move |me, p| (me == root).then_some(p),
+        move |_, p| (p == root).then_some(0),
+    )
+}
+
+/// A sum whose inputs are first multiplied by `*scalar`. The scalar is read
+/// when the operator is created, also from device memory
+/// (`ncclScalarDevice`), where NCCL reads it when each collective runs.
+#[no_mangle]
+pub extern "C" fn ncclRedOpCreatePreMulSum(
+    op: *mut ncclRedOp_t,
+    scalar: *mut c_void,
+    datatype: ncclDataType_t,
+    residence: ncclScalarResidence_t,
+    comm: ncclComm_t,
+) -> ncclResult_t {
+    entry("ncclRedOpCreatePreMulSum", || {
+        let h = handle::get(comm)?;
+        let dtype = DataType::from_raw(datatype)?;
+        if op.is_null() || scalar.is_null() {
+            return Err(Error::InvalidArgument(format!(
+                "op ({op:p}) and scalar ({scalar:p}) must not be NULL"
+            )));
+        }
+        let mut raw = [0u8; 8];
+        let bytes = &mut raw[..dtype.size()];
+        match residence {
+            ncclScalarHostImmediate => {
+                // SAFETY: a non-null host scalar of the datatype's size, by NCCL's contract.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        scalar.cast::<u8>(),
+                        bytes.as_mut_ptr(),
+                        bytes.len(),
+                    )
+                }
+            }
+            ncclScalarDevice => {
+                // SAFETY: a device scalar of the datatype's size, by NCCL's contract.
+                unsafe { oxccl::cuda::read_raw(scalar as u64, bytes) }?
+            }
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                "residence {other} is neither ncclScalarDevice (0) nor ncclScalarHostImmediate (1)"
+            )))
+            }
+        }
+        let value = oxccl::reduce::load_f64(dtype, &raw, 0);
+        let mut ops = h.redops.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = match ops.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                ops.push(None);
+                ops.len() - 1
+            }
+        };
+        ops[slot] = Some(RedOp::PreMulSum(value));
+        let v = ncclNumOps as usize + slot;
+        // SAFETY: non-null (checked); NCCL's contract makes it writable.
+        unsafe { op.write(v as ncclRedOp_t) };
+        ok()
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
+    entry("ncclRedOpDestroy", || {
+        let h = handle::get(comm)?;
+        h.redop(op)?;
+        if op < ncclNumOps {
+            return Err(Error::InvalidArgument(format!(
+                "op {op} is a built-in operator: only operators from ncclRedOpCreatePreMulSum are destroyed"
+            )));
+        }
+        let mut ops = h.redops.lock().unwrap_or_else(|p| p.into_inner());
+        ops[(op - ncclNumOps) as usize] = None;
+        ok()
+    })
+}

@@ -1,0 +1,411 @@
+//! Creating, splitting, querying and ending communicators.
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int};
+use std::sync::Once;
+
+use oxccl::{Comm, CommConfig, Error, InitState, UniqueId};
+
+use crate::guard::{entry, last_error, not_implemented, ok, Outcome};
+use crate::handle;
+use crate::types::*;
+
+/// One line naming oxccl, where NCCL prints its own version line
+/// (`NCCL_DEBUG=VERSION` or `INFO`), so a log tells which library ran.
+fn start() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        oxccl::log::init();
+        let level = std::env::var("NCCL_DEBUG").unwrap_or_default();
+        if ["VERSION", "INFO", "TRACE"].contains(&level.trim().to_ascii_uppercase().as_str()) {
+            eprintln!(
+                "oxccl version {} (libnccl.so.2 of oxccl, implementing the NCCL 2.28.9 C API)",
+                env!("CARGO_PKG_VERSION")
+            );
+        }
+    });
+}
+
+/// Writes through a C out-pointer, refusing NULL with its name.
+fn out<T>(what: &str, p: *mut T, v: T) -> Result<(), Error> {
+    if p.is_null() {
+        return Err(Error::InvalidArgument(format!("{what} is NULL")));
+    }
+    // SAFETY: non-null, and the caller passes a pointer to writable T, as
+    // NCCL's signature requires.
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+fn c_str(p: *const c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null string argument of NCCL's API is NUL-terminated.
+    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+/// The caller's `ncclConfig_t`, read as far as its `size` says it goes.
+fn read_config(config: *const ncclConfig_t) -> Result<CommConfig, Error> {
+    let mut cc = CommConfig::default();
+    if config.is_null() {
+        return Ok(cc);
+    }
+    // SAFETY: non-null; `size` and `magic` are the first fields of every
+    // version of the struct, so reading them is in bounds.
+    let (size, magic) = unsafe { ((*config).size, (*config).magic) };
+    if magic != NCCL_CONFIG_MAGIC {
+        return Err(Error::InvalidArgument(format!(
+            "config has magic {magic:#x}, not {NCCL_CONFIG_MAGIC:#x}: initialise it with NCCL_CONFIG_INITIALIZER"
+        )));
+    }
+    let has = |end: usize| size >= end;
+    let undef = c_int::MIN;
+    // SAFETY: every field is read only when `size` covers it (fields keep
+    // their offsets across versions; newer ones are appended).
+    let c = unsafe { &*config };
+    if has(std::mem::offset_of!(ncclConfig_t, blocking) + 4) && c.blocking != undef {
+        cc.blocking = c.blocking != 0;
+    }
+    if has(std::mem::offset_of!(ncclConfig_t, netName) + 8) {
+        if let Some(n) = c_str(c.netName) {
+            cc.settings.push(("NET".into(), n));
+        }
+    }
+    Ok(cc)
+}
+
+fn init(
+    newcomm: *mut ncclComm_t,
+    nranks: c_int,
+    id: &ncclUniqueId,
+    rank: c_int,
+    config: *const ncclConfig_t,
+) -> Outcome {
+    start();
+    if newcomm.is_null() {
+        return Err(Error::InvalidArgument("newcomm is NULL".into()));
+    }
+    let n = usize::try_from(nranks)
+        .map_err(|_| Error::InvalidArgument(format!("nranks {nranks} is negative")))?;
+    let r = usize::try_from(rank)
+        .map_err(|_| Error::InvalidArgument(format!("rank {rank} is negative")))?;
+    let mut cc = read_config(config)?;
+    // As NCCL: the communicator belongs to the GPU current on this thread.
+    cc.device = oxccl::cuda::current_device();
+    let mut bytes = [0u8; NCCL_UNIQUE_ID_BYTES];
+    for (b, c) in bytes.iter_mut().zip(id.internal) {
+        *b = c as u8;
+    }
+    // Inside a group NCCL creates communicators at ncclGroupEnd, so that
+    // one thread can create several ranks of one communicator (nccl-tests
+    // -g N). Here creation starts at once in the background, and
+    // ncclGroupEnd waits for it.
+    let in_group = oxccl::group::depth() > 0;
+    let user_blocking = cc.blocking;
+    if in_group {
+        cc.blocking = false;
+    }
+    let comm = Comm::init_rank(n, UniqueId(bytes), r, &cc)?;
+    if in_group && user_blocking {
+        DEFERRED.with(|d| d.borrow_mut().push(comm.clone()));
+    }
+    let pending = !user_blocking && matches!(comm.async_error(), Ok(InitState::InProgress));
+    out("newcomm", newcomm, handle::publish(comm))?;
+    Ok(if pending {
+        ncclResult_t::ncclInProgress
+    } else {
+        ncclResult_t::ncclSuccess
+    })
+}
+
+thread_local! {
+    /// Blocking communicators created inside this thread's group, which
+    /// the outermost ncclGroupEnd waits for.
+    static DEFERRED: std::cell::RefCell<Vec<Comm>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Waits for the communicators created inside the group that is ending.
+pub(crate) fn finish_deferred() -> Result<(), Error> {
+    let comms = DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()));
+    let mut first = Ok(());
+    for c in comms {
+        let r = c.wait_ready(std::time::Duration::from_secs(24 * 3600));
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
+}
+
+/// Writes the version this library implements (NCCL 2.28.9: 22809).
+#[no_mangle]
+pub extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
+    entry("ncclGetVersion", || {
+        out("version", version, OXCCL_NCCL_VERSION_CODE)?;
+        ok()
+    })
+}
+
+/// Creates a unique id and, unless `NCCL_COMM_ID` is set, starts its root here.
+#[no_mangle]
+pub extern "C" fn ncclGetUniqueId(uniqueId: *mut ncclUniqueId) -> ncclResult_t {
+    entry("ncclGetUniqueId", || {
+        start();
+        let id = Comm::unique_id()?;
+        let mut u = ncclUniqueId {
+            internal: [0; NCCL_UNIQUE_ID_BYTES],
+        };
+        for (c, b) in u.internal.iter_mut().zip(id.0) {
+            *c = b as c_char;
+        }
+        out("uniqueId", uniqueId, u)?;
+        ok()
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommInitRankConfig(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    commId: ncclUniqueId,
+    rank: c_int,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    entry("ncclCommInitRankConfig", || {
+        init(comm, nranks, &commId, rank, config)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommInitRank(
+    comm: *mut ncclComm_t,
+    nranks: c_int,
+    commId: ncclUniqueId,
+    rank: c_int,
+) -> ncclResult_t {
+    entry("ncclCommInitRank", || {
+        init(comm, nranks, &commId, rank, std::ptr::null())
+    })
+}
+
+/// Joins with the first of `nId` ids: oxccl's bootstrap has one root,
+/// which is what the others would spread the load of.
+#[no_mangle]
+pub extern "C" fn ncclCommInitRankScalable(
+    newcomm: *mut ncclComm_t,
+    nranks: c_int,
+    myrank: c_int,
+    nId: c_int,
+    commIds: *mut ncclUniqueId,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    entry("ncclCommInitRankScalable", || {
+        if nId < 1 || commIds.is_null() {
+            return Err(Error::InvalidArgument(format!(
+                "nId is {nId} and commIds {commIds:p}: at least one id is needed"
+            )));
+        }
+        // SAFETY: non-null and holding nId >= 1 ids, by NCCL's contract.
+        let id = unsafe { *commIds };
+        init(newcomm, nranks, &id, myrank, config)
+    })
+}
+
+/// One communicator per GPU of `devlist` (or GPUs 0..ndev), all in this
+/// process. Where no GPU exists they run on host memory.
+#[no_mangle]
+pub extern "C" fn ncclCommInitAll(
+    comms: *mut ncclComm_t,
+    ndev: c_int,
+    devlist: *const c_int,
+) -> ncclResult_t {
+    entry("ncclCommInitAll", || {
+        start();
+        if comms.is_null() {
+            return Err(Error::InvalidArgument("comms is NULL".into()));
+        }
+        let n = usize::try_from(ndev)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| Error::InvalidArgument(format!("ndev is {ndev}: must be at least 1")))?;
+        let devs: Vec<usize> = if devlist.is_null() {
+            (0..n).collect()
+        } else {
+            // SAFETY: non-null and holding ndev ints, by NCCL's contract.
+            let d = unsafe { std::slice::from_raw_parts(devlist, n) };
+            d.iter()
+                .map(|&x| {
+                    usize::try_from(x).map_err(|_| {
+                        Error::InvalidArgument(format!("devlist holds {x}: not a GPU ordinal"))
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        };
+        let gpus = oxccl::cuda::device_count().unwrap_or(0);
+        let made = if gpus == 0 {
+            Comm::init_all(n, &CommConfig::default())?
+        } else {
+            if let Some(bad) = devs.iter().find(|&&d| d >= gpus) {
+                return Err(Error::InvalidArgument(format!(
+                    "devlist names GPU {bad}, but this machine has {gpus}"
+                )));
+            }
+            Comm::init_all_devices(&devs, &CommConfig::default())?
+        };
+        for (i, c) in made.into_iter().enumerate() {
+            // SAFETY: comms holds ndev handles, by NCCL's contract; i < ndev.
+            unsafe { comms.add(i).write(handle::publish(c)) };
+        }
+        ok()
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommSplit(
+    comm: ncclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    entry("ncclCommSplit", || {
+        let h = handle::get(comm)?;
+        if newcomm.is_null() {
+            return Err(Error::InvalidArgument("newcomm is NULL".into()));
+        }
+        let cc = read_config(config)?;
+        let child = h.comm.split(color, key, &cc)?;
+        out(
+            "newcomm",
+            newcomm,
+            child.map_or(std::ptr::null_mut(), handle::publish),
+        )?;
+        ok()
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommShrink(
+    _comm: ncclComm_t,
+    _excludeRanksList: *mut c_int,
+    _excludeRanksCount: c_int,
+    _newcomm: *mut ncclComm_t,
+    _config: *mut ncclConfig_t,
+    _shrinkFlags: c_int,
+) -> ncclResult_t {
+    not_implemented(
+        "ncclCommShrink",
+        "a split where excluded ranks take no part; use ncclCommSplit with NCCL_SPLIT_NOCOLOR on every rank",
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommRevoke(_comm: ncclComm_t, _revokeFlags: c_int) -> ncclResult_t {
+    not_implemented("ncclCommRevoke", "use ncclCommAbort")
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
+    entry("ncclCommFinalize", || {
+        handle::get(comm)?.comm.finalize()?;
+        ok()
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
+    entry("ncclCommDestroy", || {
+        if comm.is_null() {
+            // NCCL accepts destroying the NULL communicator.
+            return ok();
+        }
+        handle::retire(comm)?.comm.destroy()?;
+        ok()
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+    entry("ncclCommAbort", || {
+        if comm.is_null() {
+            return ok();
+        }
+        handle::retire(comm)?.comm.abort();
+        ok()
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommGetAsyncError(
+    comm: ncclComm_t,
+    asyncError: *mut ncclResult_t,
+) -> ncclResult_t {
+    entry("ncclCommGetAsyncError", || {
+        let h = handle::get(comm)?;
+        let state = match h.comm.async_error() {
+            Ok(InitState::Ready) => ncclResult_t::ncclSuccess,
+            Ok(InitState::InProgress) => ncclResult_t::ncclInProgress,
+            Err(e) => {
+                crate::guard::set_last_error(&e.to_string());
+                crate::guard::code_of(&e)
+            }
+        };
+        out("asyncError", asyncError, state)?;
+        ok()
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
+    entry("ncclCommCount", || {
+        let n = handle::get(comm)?.comm.count();
+        out("count", count, n as c_int)?;
+        ok()
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
+    entry("ncclCommUserRank", || {
+        let r = handle::get(comm)?.comm.user_rank();
+        out("rank", rank, r as c_int)?;
+        ok()
+    })
+}
+
+/// The communicator's GPU; a host-memory communicator has none.
+#[no_mangle]
+pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
+    entry("ncclCommCuDevice", || {
+        let d = handle::get(comm)?.comm.device()?.ok_or_else(|| {
+            Error::InvalidUsage(
+                "this communicator runs on host memory (no CUDA context was current when it was created): it has no GPU".into(),
+            )
+        })?;
+        out("device", device, d as c_int)?;
+        ok()
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGetErrorString(result: c_int) -> *const c_char {
+    let s: &'static [u8] = match result {
+        0 => b"no error\0",
+        1 => b"unhandled cuda error (run with NCCL_DEBUG=INFO for details)\0",
+        2 => b"unhandled system error (run with NCCL_DEBUG=INFO for details)\0",
+        3 => b"internal error - please report this issue to the oxccl developers\0",
+        4 => b"invalid argument (run with NCCL_DEBUG=WARN for details)\0",
+        5 => b"invalid usage (run with NCCL_DEBUG=WARN for details)\0",
+        6 => b"remote process exited or there was a network error\0",
+        7 => b"NCCL operation in progress\0",
+        _ => b"unknown result code\0",
+    };
+    s.as_ptr().cast()
+}
+
+/// The message of the last error in this process (empty if none).
+#[no_mangle]
+pub extern "C" fn ncclGetLastError(_comm: ncclComm_t) -> *const c_char {
+    last_error()
+}

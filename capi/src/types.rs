@@ -1,0 +1,151 @@
+//! NCCL 2.28's C types, value for value and byte for byte: result codes,
+//! datatypes, reduction operators, the unique id, the configuration and
+//! the simulation record. Datatypes and operators are plain `int`s here,
+//! not Rust enums, because callers may pass any value (a redop made by
+//! `ncclRedOpCreatePreMulSum` is one past the built-in ones) and an
+//! out-of-range enum would be undefined behaviour in Rust.
+#![allow(non_camel_case_types, non_upper_case_globals)]
+
+use std::os::raw::{c_char, c_float, c_int, c_uint, c_void};
+
+/// The version of NCCL's API this library implements (`NCCL_VERSION_CODE`).
+pub const OXCCL_NCCL_VERSION_CODE: c_int = 22809;
+
+/// NCCL's result codes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ncclResult_t {
+    ncclSuccess = 0,
+    ncclUnhandledCudaError = 1,
+    ncclSystemError = 2,
+    ncclInternalError = 3,
+    ncclInvalidArgument = 4,
+    ncclInvalidUsage = 5,
+    ncclRemoteError = 6,
+    ncclInProgress = 7,
+    ncclNumResults = 8,
+}
+
+pub type ncclDataType_t = c_int;
+pub const ncclInt8: ncclDataType_t = 0;
+pub const ncclChar: ncclDataType_t = 0;
+pub const ncclUint8: ncclDataType_t = 1;
+pub const ncclInt32: ncclDataType_t = 2;
+pub const ncclInt: ncclDataType_t = 2;
+pub const ncclUint32: ncclDataType_t = 3;
+pub const ncclInt64: ncclDataType_t = 4;
+pub const ncclUint64: ncclDataType_t = 5;
+pub const ncclFloat16: ncclDataType_t = 6;
+pub const ncclHalf: ncclDataType_t = 6;
+pub const ncclFloat32: ncclDataType_t = 7;
+pub const ncclFloat: ncclDataType_t = 7;
+pub const ncclFloat64: ncclDataType_t = 8;
+pub const ncclDouble: ncclDataType_t = 8;
+pub const ncclBfloat16: ncclDataType_t = 9;
+pub const ncclFloat8e4m3: ncclDataType_t = 10;
+pub const ncclFloat8e5m2: ncclDataType_t = 11;
+pub const ncclNumTypes: ncclDataType_t = 12;
+
+pub type ncclRedOp_t = c_int;
+pub const ncclSum: ncclRedOp_t = 0;
+pub const ncclProd: ncclRedOp_t = 1;
+pub const ncclMax: ncclRedOp_t = 2;
+pub const ncclMin: ncclRedOp_t = 3;
+pub const ncclAvg: ncclRedOp_t = 4;
+/// Built-in operators; also the first value a created operator gets.
+pub const ncclNumOps: ncclRedOp_t = 5;
+pub const ncclMaxRedOp: ncclRedOp_t = 0x7fff_ffff;
+
+pub type ncclScalarResidence_t = c_int;
+/// The scalar is in device memory.
+pub const ncclScalarDevice: ncclScalarResidence_t = 0;
+/// The scalar is in host memory, read before the call returns.
+pub const ncclScalarHostImmediate: ncclScalarResidence_t = 1;
+
+pub const NCCL_UNIQUE_ID_BYTES: usize = 128;
+
+/// Opaque bytes naming a communicator's rendezvous.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ncclUniqueId {
+    pub internal: [c_char; NCCL_UNIQUE_ID_BYTES],
+}
+
+/// `ncclConfig_t` of NCCL 2.28 (`ncclConfig_v22800`). Older callers pass a
+/// shorter struct: `size` says how much of it is there, and fields past it
+/// are never read.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ncclConfig_t {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub blocking: c_int,
+    pub cgaClusterSize: c_int,
+    pub minCTAs: c_int,
+    pub maxCTAs: c_int,
+    pub netName: *const c_char,
+    pub splitShare: c_int,
+    pub trafficClass: c_int,
+    pub commName: *const c_char,
+    pub collnetEnable: c_int,
+    pub CTAPolicy: c_int,
+    pub shrinkShare: c_int,
+    pub nvlsCTAs: c_int,
+    pub nChannelsPerNetPeer: c_int,
+    pub nvlinkCentricSched: c_int,
+}
+
+/// `NCCL_CONFIG_INITIALIZER`'s magic.
+pub const NCCL_CONFIG_MAGIC: c_uint = 0xcafe_beef;
+
+/// What `ncclGroupSimulateEnd` fills in.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ncclSimInfo_t {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    /// Predicted time of the group, in microseconds.
+    pub estimatedTime: c_float,
+}
+
+/// `NCCL_SIM_INFO_INITIALIZER`'s magic.
+pub const NCCL_SIM_INFO_MAGIC: c_uint = 0x7468_5283;
+
+/// A communicator, as C code sees it: opaque.
+pub struct ncclComm {
+    pub(crate) _private: [u8; 0],
+}
+pub type ncclComm_t = *mut ncclComm;
+
+/// A registered window (`ncclCommWindowRegister`): opaque.
+pub struct ncclWindow_vidmem {
+    pub(crate) _private: [u8; 0],
+}
+pub type ncclWindow_t = *mut ncclWindow_vidmem;
+
+/// `cudaStream_t` (a `CUstream`); declared by CUDA's headers, or as an
+/// opaque pointer by ours when they are not included.
+pub type cudaStream_t = *mut c_void;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// Offsets of NCCL 2.28.9's nccl.h on x86-64 (LP64).
+    #[test]
+    fn layouts_match_nccl() {
+        assert_eq!(size_of::<ncclUniqueId>(), 128);
+        assert_eq!(size_of::<ncclConfig_t>(), 80);
+        assert_eq!(offset_of!(ncclConfig_t, blocking), 16);
+        assert_eq!(offset_of!(ncclConfig_t, netName), 32);
+        assert_eq!(offset_of!(ncclConfig_t, splitShare), 40);
+        assert_eq!(offset_of!(ncclConfig_t, commName), 48);
+        assert_eq!(offset_of!(ncclConfig_t, collnetEnable), 56);
+        assert_eq!(offset_of!(ncclConfig_t, nvlinkCentricSched), 76);
+        assert_eq!(size_of::<ncclSimInfo_t>(), 24);
+        assert_eq!(size_of::<ncclResult_t>(), 4);
+    }
+}

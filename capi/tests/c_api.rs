@@ -1,0 +1,156 @@
+//! The C API as C programs use it: tests/c/*.c are compiled with the system
+//! C compiler against include/nccl.h and this crate's libnccl.so, then run
+//! as several processes on host memory. Each run is bounded in time; a run
+//! that overstays is killed and fails.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The directory holding the libnccl.so cargo built for this test run.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps dir").to_path_buf();
+    let up = deps.parent().expect("profile dir").to_path_buf();
+    [deps, up]
+        .into_iter()
+        .find(|d| d.join("libnccl.so").exists())
+        .expect("libnccl.so next to the test binary: build with `cargo test -p oxccl-capi`")
+}
+
+fn compile(src: &str, out: &Path, lib: &Path) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = Command::new(&cc)
+        .args(["-std=c11", "-O1", "-Wall", "-Werror", "-o"])
+        .arg(out)
+        .arg(dir.join("tests/c").join(src))
+        .arg(format!("-I{}", dir.join("include").display()))
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .args(["-lnccl", "-lm"])
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler {cc:?}: {e} (install gcc)"));
+    assert!(st.success(), "compiling {src} failed");
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Runs `n` ranks of `exe`; returns each one's (success, output).
+fn run_ranks(exe: &Path, n: usize, timeout: Duration) -> Vec<(bool, String)> {
+    let port = free_port();
+    let mut kids: Vec<Child> = (0..n)
+        .map(|r| {
+            Command::new(exe)
+                .env("OXCCL_TEST_RANK", r.to_string())
+                .env("OXCCL_TEST_NRANKS", n.to_string())
+                .env("OXCCL_TEST_SEED", "7")
+                .env("NCCL_COMM_ID", format!("127.0.0.1:{port}"))
+                .env("NCCL_SOCKET_IFNAME", "lo")
+                .env("NCCL_TIMEOUT", "20")
+                .env("NCCL_DEBUG", "VERSION")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start a rank")
+        })
+        .collect();
+    let start = Instant::now();
+    loop {
+        let done = kids.iter_mut().all(|k| matches!(k.try_wait(), Ok(Some(_))));
+        if done {
+            break;
+        }
+        if start.elapsed() > timeout {
+            for k in kids.iter_mut() {
+                let _ = k.kill();
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kids.into_iter()
+        .map(|k| {
+            let o = k.wait_with_output().expect("collect a rank's output");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            (o.status.success(), text)
+        })
+        .collect()
+}
+
+#[test]
+fn c_programs_drive_every_collective_over_several_processes() {
+    let lib = lib_dir();
+    let tmp = std::env::temp_dir().join(format!("oxccl-capi-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("temp dir");
+    // The library as a program linked against NCCL looks for it: by its
+    // SONAME, libnccl.so.2.
+    std::fs::copy(lib.join("libnccl.so"), tmp.join("libnccl.so.2")).expect("copy libnccl.so");
+    std::fs::copy(lib.join("libnccl.so"), tmp.join("libnccl.so")).expect("copy libnccl.so");
+    let exe = tmp.join("api_test");
+    compile("api_test.c", &exe, &tmp);
+    for n in [1, 2, 3, 4] {
+        let t = Instant::now();
+        let results = run_ranks(&exe, n, Duration::from_secs(120));
+        for (r, (ok, out)) in results.iter().enumerate() {
+            assert!(ok, "{n} ranks: rank {r} failed:\n{out}");
+            assert!(
+                out.contains("PASS"),
+                "{n} ranks: rank {r} did not finish:\n{out}"
+            );
+            assert!(
+                out.contains("oxccl version"),
+                "{n} ranks: rank {r} printed no oxccl version line:\n{out}"
+            );
+        }
+        eprintln!("{n} rank(s): PASS in {:.1} s", t.elapsed().as_secs_f64());
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn one_thread_creates_every_rank_inside_a_group() {
+    let lib = lib_dir();
+    let tmp = std::env::temp_dir().join(format!("oxccl-capi-g-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("temp dir");
+    std::fs::copy(lib.join("libnccl.so"), tmp.join("libnccl.so.2")).expect("copy libnccl.so");
+    std::fs::copy(lib.join("libnccl.so"), tmp.join("libnccl.so")).expect("copy libnccl.so");
+    let exe = tmp.join("group_init");
+    compile("group_init.c", &exe, &tmp);
+    let mut child = Command::new(&exe)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_TIMEOUT", "20")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start group_init");
+    let start = Instant::now();
+    while child.try_wait().expect("poll").is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().expect("output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        o.status.success() && text.contains("PASS"),
+        "group_init failed:\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
