@@ -343,14 +343,14 @@ enum ncclResult_t ncclCommSplit(ncclComm_t comm,
                                 ncclComm_t *newcomm,
                                 struct ncclConfig_t *config);
 
-enum ncclResult_t ncclCommShrink(ncclComm_t _comm,
-                                 int *_excludeRanksList,
-                                 int _excludeRanksCount,
-                                 ncclComm_t *_newcomm,
-                                 struct ncclConfig_t *_config,
-                                 int _shrinkFlags);
+enum ncclResult_t ncclCommShrink(ncclComm_t comm,
+                                 int *excludeRanksList,
+                                 int excludeRanksCount,
+                                 ncclComm_t *newcomm,
+                                 struct ncclConfig_t *config,
+                                 int shrinkFlags);
 
-enum ncclResult_t ncclCommRevoke(ncclComm_t _comm, int _revokeFlags);
+enum ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
 
 enum ncclResult_t ncclCommFinalize(ncclComm_t comm);
 
@@ -374,7 +374,7 @@ const char *ncclGetErrorString(int result);
 /**
  * The message of the last error in this process (empty if none).
  */
-const char *ncclGetLastError(ncclComm_t _comm);
+const char *ncclGetLastError(ncclComm_t comm);
 
 enum ncclResult_t ncclGroupStart(void);
 
@@ -399,24 +399,24 @@ enum ncclResult_t ncclMemFree(void *ptr);
  * nothing to register: the handle is the buffer's address and
  * deregistering it is a no-op. Said at INFO so nobody is misled.
  */
-enum ncclResult_t ncclCommRegister(ncclComm_t comm, void *buff, size_t size, void **handle_out);
+enum ncclResult_t ncclCommRegister(ncclComm_t comm, void *buff, size_t size, void **handle);
 
-enum ncclResult_t ncclCommDeregister(ncclComm_t comm, void *_handle);
+enum ncclResult_t ncclCommDeregister(ncclComm_t comm, void *handle);
 
-enum ncclResult_t ncclCommWindowRegister(ncclComm_t _comm,
-                                         void *_buff,
-                                         size_t _size,
-                                         ncclWindow_t *_win,
-                                         int _winFlags);
+enum ncclResult_t ncclCommWindowRegister(ncclComm_t comm,
+                                         void *buff,
+                                         size_t size,
+                                         ncclWindow_t *win,
+                                         int winFlags);
 
-enum ncclResult_t ncclCommWindowDeregister(ncclComm_t _comm, ncclWindow_t _win);
+enum ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 
 /**
  * NCCL's device API (`nccl_device.h`), for kernels that communicate by themselves.
  */
-enum ncclResult_t ncclDevCommCreate(ncclComm_t _comm, const void *_reqs, void *_outDevComm);
+enum ncclResult_t ncclDevCommCreate(ncclComm_t comm, const void *reqs, void *outDevComm);
 
-enum ncclResult_t ncclDevCommDestroy(ncclComm_t _comm, const void *_devComm);
+enum ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const void *devComm);
 
 #ifdef __cplusplus
 }  // extern "C"

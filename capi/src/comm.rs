@@ -287,13 +287,21 @@ pub extern "C" fn ncclCommSplit(
 
 #[no_mangle]
 pub extern "C" fn ncclCommShrink(
-    _comm: ncclComm_t,
-    _excludeRanksList: *mut c_int,
-    _excludeRanksCount: c_int,
-    _newcomm: *mut ncclComm_t,
-    _config: *mut ncclConfig_t,
-    _shrinkFlags: c_int,
+    comm: ncclComm_t,
+    excludeRanksList: *mut c_int,
+    excludeRanksCount: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+    shrinkFlags: c_int,
 ) -> ncclResult_t {
+    let _ = (
+        comm,
+        excludeRanksList,
+        excludeRanksCount,
+        newcomm,
+        config,
+        shrinkFlags,
+    );
     not_implemented(
         "ncclCommShrink",
         "a split where excluded ranks take no part; use ncclCommSplit with NCCL_SPLIT_NOCOLOR on every rank",
@@ -301,7 +309,8 @@ pub extern "C" fn ncclCommShrink(
 }
 
 #[no_mangle]
-pub extern "C" fn ncclCommRevoke(_comm: ncclComm_t, _revokeFlags: c_int) -> ncclResult_t {
+pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t {
+    let _ = (comm, revokeFlags);
     not_implemented("ncclCommRevoke", "use ncclCommAbort")
 }
 
@@ -406,6 +415,7 @@ pub extern "C" fn ncclGetErrorString(result: c_int) -> *const c_char {
 
 /// The message of the last error in this process (empty if none).
 #[no_mangle]
-pub extern "C" fn ncclGetLastError(_comm: ncclComm_t) -> *const c_char {
+pub extern "C" fn ncclGetLastError(comm: ncclComm_t) -> *const c_char {
+    let _ = (comm,);
     last_error()
 }

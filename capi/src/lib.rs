@@ -9,7 +9,8 @@
 //! where no CUDA context is current it runs on host memory, which is how
 //! the C tests run on machines without a GPU. Functions of NCCL's API that
 //! oxccl does not implement return `ncclInvalidUsage` and say so.
-#![allow(non_snake_case, non_upper_case_globals)] // NCCL's names
+#![allow(non_snake_case, non_upper_case_globals)]
+// NCCL's names
 // Entry points take C pointers whose contract is NCCL's documentation; C
 // callers cannot see a Rust `unsafe`, so the functions are not marked so,
 // and each dereference states what it relies on in its SAFETY comment.
@@ -21,6 +22,7 @@ mod group;
 mod guard;
 mod handle;
 mod mem;
+mod profiling;
 pub mod types;
 
 pub use coll::*;

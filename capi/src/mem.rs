@@ -6,7 +6,6 @@ use std::os::raw::{c_int, c_void};
 use oxccl::Error;
 
 use crate::guard::{entry, not_implemented, ok};
-use crate::handle;
 use crate::types::*;
 
 /// Device memory on the GPU current on this thread.
@@ -44,36 +43,38 @@ pub extern "C" fn ncclCommRegister(
     comm: ncclComm_t,
     buff: *mut c_void,
     size: usize,
-    handle_out: *mut *mut c_void,
+    handle: *mut *mut c_void,
 ) -> ncclResult_t {
     entry("ncclCommRegister", || {
-        handle::get(comm)?;
-        if handle_out.is_null() {
+        crate::handle::get(comm)?;
+        if handle.is_null() {
             return Err(Error::InvalidArgument("handle is NULL".into()));
         }
         tracing::info!(target: "oxccl::capi", "ncclCommRegister({buff:p}, {size} B): nothing to register (oxccl uses user buffers in place)");
         // SAFETY: non-null; NCCL's contract makes it writable.
-        unsafe { handle_out.write(buff) };
+        unsafe { handle.write(buff) };
         ok()
     })
 }
 
 #[no_mangle]
-pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, _handle: *mut c_void) -> ncclResult_t {
+pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
+    let _ = (handle,);
     entry("ncclCommDeregister", || {
-        handle::get(comm)?;
+        crate::handle::get(comm)?;
         ok()
     })
 }
 
 #[no_mangle]
 pub extern "C" fn ncclCommWindowRegister(
-    _comm: ncclComm_t,
-    _buff: *mut c_void,
-    _size: usize,
-    _win: *mut ncclWindow_t,
-    _winFlags: c_int,
+    comm: ncclComm_t,
+    buff: *mut c_void,
+    size: usize,
+    win: *mut ncclWindow_t,
+    winFlags: c_int,
 ) -> ncclResult_t {
+    let _ = (comm, buff, size, win, winFlags);
     not_implemented(
         "ncclCommWindowRegister",
         "symmetric memory windows; collectives work on unregistered buffers",
@@ -81,21 +82,24 @@ pub extern "C" fn ncclCommWindowRegister(
 }
 
 #[no_mangle]
-pub extern "C" fn ncclCommWindowDeregister(_comm: ncclComm_t, _win: ncclWindow_t) -> ncclResult_t {
+pub extern "C" fn ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
+    let _ = (comm, win);
     not_implemented("ncclCommWindowDeregister", "symmetric memory windows")
 }
 
 /// NCCL's device API (`nccl_device.h`), for kernels that communicate by themselves.
 #[no_mangle]
 pub extern "C" fn ncclDevCommCreate(
-    _comm: ncclComm_t,
-    _reqs: *const c_void,
-    _outDevComm: *mut c_void,
+    comm: ncclComm_t,
+    reqs: *const c_void,
+    outDevComm: *mut c_void,
 ) -> ncclResult_t {
+    let _ = (comm, reqs, outDevComm);
     not_implemented("ncclDevCommCreate", "NCCL's device-side API")
 }
 
 #[no_mangle]
-pub extern "C" fn ncclDevCommDestroy(_comm: ncclComm_t, _devComm: *const c_void) -> ncclResult_t {
+pub extern "C" fn ncclDevCommDestroy(comm: ncclComm_t, devComm: *const c_void) -> ncclResult_t {
+    let _ = (comm, devComm);
     not_implemented("ncclDevCommDestroy", "NCCL's device-side API")
 }

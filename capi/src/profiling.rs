@@ -1,0 +1,65 @@
+//! NCCL exports every function twice: `ncclX` and `pncclX`, the name a
+//! profiling layer that interposes `ncclX` calls through to. These are the
+//! `pnccl` names, each forwarding to its `nccl` function (not in our header,
+//! as in NCCL's only for tools).
+
+use std::os::raw::{c_char, c_int, c_void};
+
+use crate::types::*;
+use crate::*;
+
+macro_rules! profiling_names {
+    ($($alias:ident => $target:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        $(
+            #[no_mangle]
+            pub extern "C" fn $alias($($arg: $ty),*) -> $ret {
+                $target($($arg),*)
+            }
+        )*
+    };
+}
+
+profiling_names! {
+    pncclAllReduce => ncclAllReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclBroadcast => ncclBroadcast(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclBcast => ncclBcast(buff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclReduce => ncclReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclAllGather => ncclAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclReduceScatter => ncclReduceScatter(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclSend => ncclSend(sendbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclRecv => ncclRecv(recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclAlltoAll => ncclAlltoAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclGather => ncclGather(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclScatter => ncclScatter(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclRedOpCreatePreMulSum => ncclRedOpCreatePreMulSum(op: *mut ncclRedOp_t, scalar: *mut c_void, datatype: ncclDataType_t, residence: ncclScalarResidence_t, comm: ncclComm_t) -> ncclResult_t;
+    pncclRedOpDestroy => ncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t;
+    pncclGetVersion => ncclGetVersion(version: *mut c_int) -> ncclResult_t;
+    pncclGetUniqueId => ncclGetUniqueId(uniqueId: *mut ncclUniqueId) -> ncclResult_t;
+    pncclCommInitRankConfig => ncclCommInitRankConfig(comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t) -> ncclResult_t;
+    pncclCommInitRank => ncclCommInitRank(comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int) -> ncclResult_t;
+    pncclCommInitRankScalable => ncclCommInitRankScalable(newcomm: *mut ncclComm_t, nranks: c_int, myrank: c_int, nId: c_int, commIds: *mut ncclUniqueId, config: *mut ncclConfig_t) -> ncclResult_t;
+    pncclCommInitAll => ncclCommInitAll(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t;
+    pncclCommSplit => ncclCommSplit(comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t) -> ncclResult_t;
+    pncclCommShrink => ncclCommShrink(comm: ncclComm_t, excludeRanksList: *mut c_int, excludeRanksCount: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t, shrinkFlags: c_int) -> ncclResult_t;
+    pncclCommRevoke => ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t;
+    pncclCommFinalize => ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t;
+    pncclCommDestroy => ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t;
+    pncclCommAbort => ncclCommAbort(comm: ncclComm_t) -> ncclResult_t;
+    pncclCommGetAsyncError => ncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclResult_t) -> ncclResult_t;
+    pncclCommCount => ncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t;
+    pncclCommUserRank => ncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t;
+    pncclCommCuDevice => ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t;
+    pncclGetErrorString => ncclGetErrorString(result: c_int) -> *const c_char;
+    pncclGetLastError => ncclGetLastError(comm: ncclComm_t) -> *const c_char;
+    pncclGroupStart => ncclGroupStart() -> ncclResult_t;
+    pncclGroupEnd => ncclGroupEnd() -> ncclResult_t;
+    pncclGroupSimulateEnd => ncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t;
+    pncclMemAlloc => ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t;
+    pncclMemFree => ncclMemFree(ptr: *mut c_void) -> ncclResult_t;
+    pncclCommRegister => ncclCommRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> ncclResult_t;
+    pncclCommDeregister => ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t;
+    pncclCommWindowRegister => ncclCommWindowRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, win: *mut ncclWindow_t, winFlags: c_int) -> ncclResult_t;
+    pncclCommWindowDeregister => ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t;
+    pncclDevCommCreate => ncclDevCommCreate(comm: ncclComm_t, reqs: *const c_void, outDevComm: *mut c_void) -> ncclResult_t;
+    pncclDevCommDestroy => ncclDevCommDestroy(comm: ncclComm_t, devComm: *const c_void) -> ncclResult_t;
+}
