@@ -5,3 +5,4 @@ pub mod check;
 pub mod info;
 pub mod launch;
 pub mod perf;
+mod perf_device;

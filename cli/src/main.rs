@@ -11,7 +11,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Benchmark and check collectives (nccl-tests' columns).
-    Perf(oxccl_cli::perf::PerfArgs),
+    Perf(Box<oxccl_cli::perf::PerfArgs>),
     /// Resolved settings, networks and interfaces.
     Info,
 }
@@ -20,7 +20,7 @@ fn main() {
     oxccl::log::init();
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Perf(a) => oxccl_cli::perf::main(a),
+        Cmd::Perf(a) => oxccl_cli::perf::main(*a),
         Cmd::Info => oxccl_cli::info::main(),
     };
     match r {

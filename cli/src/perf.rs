@@ -53,6 +53,14 @@ pub struct PerfArgs {
     /// Write one JSON object per row to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Memory the buffers live in: `host`, or `cuda` (device memory, one GPU
+    /// per rank, operations on a CUDA stream).
+    #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
+    pub device: String,
+    /// GPUs driven by this one process (nccl-tests' -g): as many ranks,
+    /// one thread. Implies `--device cuda`.
+    #[arg(short = 'g', long = "ngpus", default_value_t = 1)]
+    pub gpus: usize,
     /// Seconds a local run may take before its ranks are stopped.
     #[arg(long, default_value_t = 3600)]
     pub time_limit: u64,
@@ -87,7 +95,16 @@ struct Row {
 }
 
 /// Runs the benchmark; returns the process exit code.
-pub fn main(args: PerfArgs) -> Result<i32, String> {
+pub fn main(mut args: PerfArgs) -> Result<i32, String> {
+    if args.gpus > 1 {
+        args.device = "cuda".into();
+    }
+    if args.gpus > 1 && args.ranks.is_some() {
+        return Err("-g N drives N GPUs from one process; --ranks N starts N processes of one GPU each: pass one of them".into());
+    }
+    if args.gpus > 1 && launch::from_env()?.is_none() {
+        return crate::perf_device::run_single_process(&args);
+    }
     if let Some(n) = args.ranks {
         if launch::from_env()?.is_none() {
             return spawn_local(n, &args);
@@ -146,8 +163,10 @@ where
     s.split(',').map(|x| parse(x.trim())).collect()
 }
 
-fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
-    let (rank, n) = (env.rank, env.nranks);
+/// The collectives, datatypes and ops the arguments ask for.
+type Selection = (Vec<Coll>, Vec<DataType>, Vec<RedOp>);
+
+pub(crate) fn selection(args: &PerfArgs, n: usize) -> Result<Selection, String> {
     let colls = list(&args.coll, &Coll::ALL, |s| {
         Coll::parse(s).ok_or_else(|| format!("unknown collective {s:?}"))
     })?;
@@ -163,13 +182,43 @@ fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
     if args.step_factor < 2 && args.min_bytes != args.max_bytes {
         return Err("-f must be at least 2".into());
     }
+    Ok((colls, dtypes, ops))
+}
+
+fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
+    if args.device == "cuda" {
+        return crate::perf_device::run_rank(args, env);
+    }
+    let (rank, n) = (env.rank, env.nranks);
+    selection(args, n)?;
     let comm =
         Comm::init_rank(n, env.id, rank, &CommConfig::default()).map_err(|e| e.to_string())?;
-    let lead = rank == 0;
+    let what = format!("{n} ranks ({}), host memory", env.launcher);
+    let wrong = report(args, n, rank == 0, &what, &mut |case| {
+        measure(&comm, args, case)
+    })?;
+    comm.destroy().map_err(|e| e.to_string())?;
+    Ok(if wrong == 0 { 0 } else { 1 })
+}
+
+/// A variant's (mean time across ranks in us, #wrong over ranks), or
+/// `None` where it does not exist.
+pub(crate) type Measured = oxccl::Result<Option<(f64, u64)>>;
+
+/// Runs every selected case through `measure` and prints nccl-tests'
+/// table (on the lead rank); returns the total #wrong.
+pub(crate) fn report(
+    args: &PerfArgs,
+    n: usize,
+    lead: bool,
+    what: &str,
+    measure: &mut dyn FnMut(Case) -> Measured,
+) -> Result<u64, String> {
+    let (colls, dtypes, ops) = selection(args, n)?;
     if lead {
         println!(
-            "# oxccl perf: {n} ranks ({}), host memory, {} iterations, {} warm-up",
-            env.launcher, args.iters, args.warmup
+            "# oxccl perf: {what}, {} iterations, {} warm-up",
+            args.iters, args.warmup
         );
         println!("#");
         println!(
@@ -252,7 +301,7 @@ fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
                             size,
                             inplace,
                         };
-                        let r = measure(&comm, args, case).map_err(|e| e.to_string())?;
+                        let r = measure(case).map_err(|e| e.to_string())?;
                         match r {
                             Some((time_us, wrong)) => {
                                 let algbw = size as f64 / time_us / 1e3;
@@ -315,8 +364,7 @@ fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         }
     }
-    comm.destroy().map_err(|e| e.to_string())?;
-    Ok(if total_wrong == 0 { 0 } else { 1 })
+    Ok(total_wrong)
 }
 
 /// One benchmark or test case: a collective on one size, type and op.
@@ -447,7 +495,7 @@ impl Case {
 /// Runs one variant: warm-up, timed loop, then a checked run on fresh
 /// random data with a poisoned output. Returns (mean time across ranks in
 /// us, #wrong summed over ranks), or `None` where the variant does not exist.
-fn measure(comm: &Comm, args: &PerfArgs, case: Case) -> oxccl::Result<Option<(f64, u64)>> {
+fn measure(comm: &Comm, args: &PerfArgs, case: Case) -> Measured {
     if !case.exists() {
         return Ok(None);
     }
