@@ -13,7 +13,11 @@
 //! `config` (settings) and `verbs` (the C library, the only unsafe code).
 
 mod config;
+mod connection;
 mod device;
+mod handle;
+mod mr;
+mod request;
 mod verbs;
 
 use oxccl_plugin::ffi::{export::log, NCCL_LOG_INFO, NCCL_LOG_WARN};
