@@ -4,12 +4,14 @@
 //! they are tested without a device; `discover` is the thin part that asks
 //! libibverbs.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use oxccl_plugin::{NetProperties, PtrType};
 
 use crate::config::{Config, ConfigError};
-use crate::verbs::{self, Context, Pd, IBV_LINK_LAYER_ETHERNET, IBV_LINK_LAYER_INFINIBAND};
+use crate::connection::LocalPort;
+use crate::mr::MrCache;
+use crate::verbs::{self, Context, Mr, Pd, IBV_LINK_LAYER_ETHERNET, IBV_LINK_LAYER_INFINIBAND};
 
 /// One entry of `NCCL_IB_HCA`: a device name (prefix unless exact) and an
 /// optional port.
@@ -168,7 +170,8 @@ pub fn nic_key(pci_path: &str) -> Option<String> {
 /// (same `nic_key` and link layer) become one device; otherwise each port
 /// is its own. Returns indices into `ports`, groups in first-seen order.
 pub fn merge_groups(ports: &[(Option<String>, u8)], merge: bool) -> Vec<Vec<usize>> {
-    let mut groups: Vec<(Option<(String, u8)>, Vec<usize>)> = Vec::new();
+    type Key = Option<(String, u8)>;
+    let mut groups: Vec<(Key, Vec<usize>)> = Vec::new();
     for (i, (path, ll)) in ports.iter().enumerate() {
         let key = path.as_deref().and_then(nic_key).map(|k| (k, *ll));
         match groups
@@ -203,10 +206,27 @@ pub struct Port {
     pub max_qp: i32,
 }
 
+/// A registration on every port of a device (ports of one HCA share a
+/// protection domain, and then the same `Mr`).
+pub type PortMrs = Vec<Arc<Mr>>;
+
+impl Port {
+    pub fn local(&self) -> LocalPort {
+        LocalPort {
+            port: self.port,
+            link_layer: self.link_layer,
+            mtu: self.active_mtu,
+            gid_index: self.gid_index,
+        }
+    }
+}
+
 /// A device as the core sees it: one or several ports.
 pub struct VDev {
     pub ports: Vec<Port>,
     pub ptr_support: i32,
+    /// Registrations of this device, shared by all its connections.
+    pub mrs: Mutex<MrCache<PortMrs>>,
 }
 
 impl VDev {
@@ -216,6 +236,20 @@ impl VDev {
             .map(|p| format!("{}:{}", p.dev_name, p.port))
             .collect::<Vec<_>>()
             .join("+")
+    }
+
+    /// Registers `[start, start + len)` on every port's protection domain.
+    pub fn register(&self, start: usize, len: usize) -> Result<PortMrs, String> {
+        let mut out: PortMrs = Vec::with_capacity(self.ports.len());
+        for (i, p) in self.ports.iter().enumerate() {
+            let shared = (0..i).find(|j| Arc::ptr_eq(&self.ports[*j].pd, &p.pd));
+            let mr = match shared {
+                Some(j) => Arc::clone(&out[j]),
+                None => Arc::new(p.pd.reg_mr(start, len)?),
+            };
+            out.push(mr);
+        }
+        Ok(out)
     }
 
     pub fn properties(&self) -> NetProperties {
@@ -251,7 +285,7 @@ pub enum NoDevice {
     #[error("{0}; no IB device (the core uses another network)")]
     NoLibrary(String),
     #[error("libibverbs lists no IB device")]
-    NoDevice,
+    NoneListed,
     #[error("no active IB or RoCE port (found: {0})")]
     NoActivePort(String),
     #[error("NCCL_IB_HCA={value:?} selects none of the active ports ({found}); fix or unset NCCL_IB_HCA")]
@@ -291,7 +325,7 @@ pub fn discover(cfg: &Config) -> Result<(Vec<VDev>, Vec<String>), NoDevice> {
     let v = verbs::verbs().map_err(NoDevice::NoLibrary)?;
     let (ctxs, mut warnings) = v.open_all();
     if ctxs.is_empty() {
-        return Err(NoDevice::NoDevice);
+        return Err(NoDevice::NoneListed);
     }
     let gdr = gdr_module_loaded();
     let mut found = Vec::new();
@@ -404,7 +438,11 @@ pub fn discover(cfg: &Config) -> Result<(Vec<VDev>, Vec<String>), NoDevice> {
     for g in merge_groups(&keys, cfg.merge_nics) {
         for chunk in g.chunks(MAX_PORTS_PER_VDEV) {
             let ports = chunk.iter().filter_map(|i| slots[*i].take()).collect();
-            vdevs.push(VDev { ports, ptr_support });
+            vdevs.push(VDev {
+                ports,
+                ptr_support,
+                mrs: Mutex::new(MrCache::default()),
+            });
         }
     }
     Ok((vdevs, warnings))

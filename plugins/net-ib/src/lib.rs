@@ -12,24 +12,120 @@
 //! (memory registration cache), `handle` (what the peer is given); plus
 //! `config` (settings) and `verbs` (the C library, the only unsafe code).
 
+#![deny(unsafe_code)]
+
 mod config;
 mod connection;
 mod device;
+mod endpoint;
 mod handle;
+mod listen;
 mod mr;
 mod request;
 mod verbs;
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
 use oxccl_plugin::ffi::{export::log, NCCL_LOG_INFO, NCCL_LOG_WARN};
 use oxccl_plugin::{ListenComm, Net, NetError, NetHandle, NetProperties, NetResult, SendComm};
+use socket2::{Domain, Protocol, Socket, Type};
 
 pub use crate::config::Config;
+use crate::connection::{Action, Connector};
 use crate::device::VDev;
+use crate::endpoint::{IbSend, Resources};
+use crate::handle::Handle;
+use crate::listen::{IbListen, Wire};
 
 /// The verbs network: one device per (possibly merged) active port.
 pub struct IbNet {
     cfg: Config,
-    devs: Vec<VDev>,
+    devs: Vec<Arc<VDev>>,
+    /// Connects in progress, found again through the key each one writes
+    /// into its handle (QPs and a socket do not fit in 128 bytes).
+    connecting: Mutex<HashMap<u64, Connecting>>,
+}
+
+/// The connecting side between calls.
+struct Connecting {
+    wire: Wire,
+    connected: bool,
+    machine: Connector,
+    res: Resources,
+    established: bool,
+}
+
+#[cfg(target_os = "linux")]
+const EINPROGRESS: i32 = 115;
+#[cfg(not(target_os = "linux"))]
+const EINPROGRESS: i32 = 36;
+
+impl Connecting {
+    fn start(dev: Arc<VDev>, h: &Handle, cfg: &Config) -> NetResult<Connecting> {
+        let res = Resources::create(dev, h.nqps as usize, cfg)?;
+        let machine = Connector::new(res.hello(h.magic));
+        let sys = |e: std::io::Error| NetError::System(format!("IB connect to {}: {e}", h.addr));
+        let s = Socket::new(
+            Domain::for_address(h.addr),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )
+        .map_err(sys)?;
+        s.set_nonblocking(true).map_err(sys)?;
+        let _ = s.set_tcp_nodelay(true);
+        match s.connect(&h.addr.into()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(EINPROGRESS) => {}
+            Err(e) => return Err(sys(e)),
+        }
+        Ok(Connecting {
+            wire: Wire::new(s, h.addr.to_string()),
+            connected: false,
+            machine,
+            res,
+            established: false,
+        })
+    }
+
+    /// One round of progress; the send end once set-up is over.
+    fn step(&mut self, cfg: &Config) -> NetResult<bool> {
+        let mut actions = Vec::new();
+        if !self.connected {
+            if let Some(e) = self.wire.sock.take_error().ok().flatten() {
+                return Err(NetError::System(format!(
+                    "IB connect to {}: {e} (is the peer's listener up?)",
+                    self.wire.peer
+                )));
+            }
+            if self.wire.sock.peer_addr().is_err() {
+                return Ok(false);
+            }
+            self.connected = true;
+            actions = self.machine.connected()?;
+        } else if !self.machine.is_done() {
+            let bytes = self.wire.read(|| self.machine.closed())?;
+            if !bytes.is_empty() {
+                actions = self.machine.received(&bytes)?;
+            }
+        }
+        while !actions.is_empty() {
+            let mut next = Vec::new();
+            for act in actions {
+                match act {
+                    Action::Write(b) => self.wire.queue(&b),
+                    Action::BringUp(remote) => {
+                        self.res.bring_up(&remote, cfg)?;
+                        next.extend(self.machine.brought_up()?);
+                    }
+                    Action::Established => self.established = true,
+                }
+            }
+            actions = next;
+        }
+        Ok(self.wire.flush()? && self.established)
+    }
 }
 
 impl IbNet {
@@ -52,7 +148,7 @@ impl IbNet {
                         names.join(", ")
                     ),
                 );
-                devs
+                devs.into_iter().map(Arc::new).collect()
             }
             Err(why) => {
                 // A setting that selects nothing is the user's mistake: WARN.
@@ -64,10 +160,14 @@ impl IbNet {
                 Vec::new()
             }
         };
-        Ok(IbNet { cfg, devs })
+        Ok(IbNet {
+            cfg,
+            devs,
+            connecting: Mutex::new(HashMap::new()),
+        })
     }
 
-    fn dev(&self, dev: usize) -> NetResult<&VDev> {
+    fn dev(&self, dev: usize) -> NetResult<&Arc<VDev>> {
         self.devs.get(dev).ok_or_else(|| {
             NetError::InvalidArgument(format!(
                 "IB device {dev} does not exist ({} devices)",
@@ -91,15 +191,61 @@ impl Net for IbNet {
     }
 
     fn listen(&self, dev: usize) -> NetResult<(NetHandle, Box<dyn ListenComm>)> {
-        self.dev(dev)?;
-        let _ = &self.cfg;
-        Err(NetError::Internal("IB listen: not implemented yet".into()))
+        let d = Arc::clone(self.dev(dev)?);
+        let magic = random_u64();
+        let (l, addr): (IbListen, SocketAddr) = IbListen::bind(d, self.cfg.clone(), magic)?;
+        let h = Handle {
+            addr,
+            nqps: self.cfg.qps_per_conn as u8,
+            magic,
+        };
+        Ok((h.encode(), Box::new(l)))
     }
 
-    fn connect(&self, dev: usize, _handle: &mut NetHandle) -> NetResult<Option<Box<dyn SendComm>>> {
-        self.dev(dev)?;
-        Err(NetError::Internal("IB connect: not implemented yet".into()))
+    fn connect(&self, dev: usize, handle: &mut NetHandle) -> NetResult<Option<Box<dyn SendComm>>> {
+        let d = self.dev(dev)?;
+        let h = Handle::decode(handle)?;
+        let mut map = self
+            .connecting
+            .lock()
+            .map_err(|_| NetError::Internal("IB connect state poisoned by a panic".into()))?;
+        let key = match handle::connect_key(handle) {
+            Some(k) if map.contains_key(&k) => k,
+            // A fresh handle, or one whose connect ended: start over.
+            _ => {
+                let k = random_u64();
+                map.insert(k, Connecting::start(Arc::clone(d), &h, &self.cfg)?);
+                handle::set_connect_key(handle, Some(k));
+                k
+            }
+        };
+        let step = map.get_mut(&key).expect("inserted above").step(&self.cfg);
+        match step {
+            Ok(false) => Ok(None),
+            Ok(true) => {
+                let c = map.remove(&key).expect("present");
+                handle::set_connect_key(handle, None);
+                Ok(Some(Box::new(IbSend::new(c.res, c.wire.peer))))
+            }
+            Err(e) => {
+                map.remove(&key);
+                handle::set_connect_key(handle, None);
+                Err(e)
+            }
+        }
     }
+}
+
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
 }
 
 fn init() -> NetResult<Box<dyn Net>> {

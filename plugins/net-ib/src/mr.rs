@@ -115,6 +115,7 @@ impl<R> MrCache<R> {
             .map(|e| &e.reg)
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }

@@ -92,6 +92,7 @@ impl Tracker {
         }
     }
 
+    #[cfg(test)]
     pub fn in_flight(&self) -> usize {
         self.slots.len()
     }

@@ -30,7 +30,7 @@
 //! Struct layouts follow rdma-core's `verbs.h` (as NCCL's `ibvcore.h`), with
 //! size checks below for the ones we allocate.
 
-#![allow(unsafe_code)]
+#![allow(unsafe_code, reason = "the FFI to libibverbs lives here and only here")]
 
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
@@ -75,6 +75,7 @@ pub const IBV_WR_RDMA_READ: c_int = 4;
 pub const IBV_SEND_SIGNALED: c_int = 1 << 1;
 
 pub const IBV_WC_SUCCESS: c_int = 0;
+pub const IBV_WC_WITH_IMM: c_int = 1 << 1;
 
 /// `union ibv_gid` (8-aligned in C: the union has a `uint64_t` view).
 #[repr(C, align(8))]
@@ -560,17 +561,19 @@ unsafe impl Sync for Pd {}
 
 impl Pd {
     /// Registers `len` bytes at `addr` for local writes and remote reads
-    /// and writes (what both RDMA directions and the GPU flush need).
+    /// and writes (what both directions and the GPU flush need).
     ///
-    /// # Safety
-    /// `addr..addr+len` must stay mapped while the registration lives.
-    pub unsafe fn reg_mr(&self, addr: *mut c_void, len: usize) -> Result<Mr, String> {
+    /// Safe to call: the kernel checks the range (EFAULT when unmapped) and
+    /// pins its pages for as long as the registration lives, so no Rust
+    /// memory is touched here. What the NIC later does with the memory is
+    /// governed by `post_send`/`post_recv`, which are unsafe.
+    pub fn reg_mr(&self, addr: usize, len: usize) -> Result<Mr, String> {
         let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-        // SAFETY: live PD; the caller keeps the range mapped.
-        let p = unsafe { (self.v.ibv_reg_mr)(self.ptr.as_ptr(), addr, len, access) };
+        // SAFETY: live PD; the kernel validates and pins the range.
+        let p = unsafe { (self.v.ibv_reg_mr)(self.ptr.as_ptr(), addr as *mut c_void, len, access) };
         NonNull::new(p)
             .map(|ptr| Mr { v: self.v, ptr })
-            .ok_or_else(|| format!("ibv_reg_mr({addr:?}, {len} bytes): {}", last_os_error()))
+            .ok_or_else(|| format!("ibv_reg_mr({addr:#x}, {len} bytes): {}", last_os_error()))
     }
 
     /// Creates an RC queue pair whose sends and receives complete on `cq`.
