@@ -190,9 +190,11 @@ pub const MAX_PORTS_PER_VDEV: usize = 4;
 
 /// One usable port: the device (shared with the other ports of the same
 /// HCA), its protection domain, and what a peer needs to reach it.
+///
+/// Field order is drop order: the protection domain before the context.
 pub struct Port {
-    pub ctx: Arc<Context>,
     pub pd: Arc<Pd>,
+    pub ctx: Arc<Context>,
     pub dev_name: String,
     pub port: u8,
     pub link_layer: u8,
@@ -222,11 +224,14 @@ impl Port {
 }
 
 /// A device as the core sees it: one or several ports.
+///
+/// Field order is drop order: registrations before the ports' protection
+/// domains.
 pub struct VDev {
-    pub ports: Vec<Port>,
-    pub ptr_support: i32,
     /// Registrations of this device, shared by all its connections.
     pub mrs: Mutex<MrCache<PortMrs>>,
+    pub ports: Vec<Port>,
+    pub ptr_support: i32,
 }
 
 impl VDev {

@@ -33,7 +33,7 @@ use oxccl_plugin::{ListenComm, Net, NetError, NetHandle, NetProperties, NetResul
 use socket2::{Domain, Protocol, Socket, Type};
 
 pub use crate::config::Config;
-use crate::connection::{Action, Connector};
+use crate::connection::Connector;
 use crate::device::VDev;
 use crate::endpoint::{IbSend, Resources};
 use crate::handle::Handle;
@@ -110,30 +110,26 @@ impl Connecting {
                 actions = self.machine.received(&bytes)?;
             }
         }
-        while !actions.is_empty() {
-            let mut next = Vec::new();
-            for act in actions {
-                match act {
-                    Action::Write(b) => self.wire.queue(&b),
-                    Action::BringUp(remote) => {
-                        self.res.bring_up(&remote, cfg)?;
-                        next.extend(self.machine.brought_up()?);
-                    }
-                    Action::Established => self.established = true,
-                }
-            }
-            actions = next;
-        }
+        let (res, machine) = (&self.res, &mut self.machine);
+        self.established |= listen::apply(&mut self.wire, actions, |remote| {
+            res.bring_up(&remote, cfg)?;
+            machine.brought_up()
+        })?;
         Ok(self.wire.flush()? && self.established)
     }
 }
 
 impl IbNet {
     /// Reads the NCCL_IB_* settings and finds the devices. Having none is
-    /// not an error (0 devices, with the reason logged at INFO); a setting
-    /// that cannot be parsed is.
+    /// not an error (0 devices, with the reason logged at INFO, or WARN
+    /// when NCCL_IB_HCA selects nothing); a setting that cannot be parsed is.
     pub fn from_env() -> NetResult<IbNet> {
         let cfg = Config::from_env().map_err(|e| NetError::InvalidArgument(e.to_string()))?;
+        Ok(IbNet::with_config(cfg))
+    }
+
+    /// The network under explicit settings (tests, embedding).
+    pub fn with_config(cfg: Config) -> IbNet {
         let devs = match device::discover(&cfg) {
             Ok((devs, warnings)) => {
                 for w in warnings {
@@ -160,11 +156,11 @@ impl IbNet {
                 Vec::new()
             }
         };
-        Ok(IbNet {
+        IbNet {
             cfg,
             devs,
             connecting: Mutex::new(HashMap::new()),
-        })
+        }
     }
 
     fn dev(&self, dev: usize) -> NetResult<&Arc<VDev>> {
@@ -254,3 +250,41 @@ fn init() -> NetResult<Box<dyn Net>> {
 
 // NCCL_NET_PLUGIN=/path/to/liboxccl_net_ib.so
 oxccl_plugin::export_net_plugin!("oxccl-IB", init);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever this machine has, a disabled network has no device and
+    /// refuses device-bound calls with an error instead of panicking.
+    #[test]
+    fn no_device_means_errors_not_panics() {
+        let net = IbNet::with_config(Config {
+            disable: true,
+            ..Config::default()
+        });
+        assert_eq!(net.devices().unwrap(), 0);
+        assert!(net.properties(0).is_err());
+        assert!(net.listen(0).is_err());
+        let mut h = [0u8; oxccl_plugin::NET_HANDLE_MAXSIZE];
+        let e = net.connect(0, &mut h).err().expect("no device 0");
+        assert!(e.to_string().contains("does not exist"), "{e}");
+    }
+
+    /// On a machine without RDMA devices (CI, this one) discovery says why.
+    #[test]
+    fn discovery_without_hardware_has_a_reason() {
+        if std::path::Path::new("/sys/class/infiniband").exists() {
+            println!("skipped: this machine has RDMA devices");
+            return;
+        }
+        let e = device::discover(&Config::default())
+            .err()
+            .expect("no device here");
+        let t = e.to_string();
+        assert!(
+            t.contains("libibverbs.so.1 not found") || t.contains("no IB device"),
+            "{t}"
+        );
+    }
+}

@@ -11,7 +11,7 @@ use oxccl_plugin::{ListenComm, NetError, NetResult, RecvComm};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::config::Config;
-use crate::connection::{Acceptor, Action};
+use crate::connection::{Acceptor, Action, Hello};
 use crate::device::VDev;
 use crate::endpoint::{IbRecv, Resources};
 
@@ -139,26 +139,18 @@ impl IbListen {
                 actions = a.machine.received(&bytes)?;
             }
         }
-        while !actions.is_empty() {
-            let mut next = Vec::new();
-            for act in actions {
-                match act {
-                    Action::Write(b) => a.wire.queue(&b),
-                    Action::BringUp(remote) => {
-                        let mut res =
-                            Resources::create(Arc::clone(&self.dev), remote.qps.len(), &self.cfg)?;
-                        res.bring_up(&remote, &self.cfg)?;
-                        if self.dev.ptr_support & oxccl_plugin::PtrType::Cuda as i32 != 0 {
-                            res.add_flush(&self.cfg)?;
-                        }
-                        next.extend(a.machine.brought_up(&res.hello(self.magic))?);
-                        a.res = Some(res);
-                    }
-                    Action::Established => a.established = true,
-                }
+        let (dev, cfg, magic) = (&self.dev, &self.cfg, self.magic);
+        let (machine, res) = (&mut a.machine, &mut a.res);
+        a.established |= apply(&mut a.wire, actions, |remote| {
+            let mut r = Resources::create(Arc::clone(dev), remote.qps.len(), cfg)?;
+            r.bring_up(&remote, cfg)?;
+            if dev.ptr_support & oxccl_plugin::PtrType::Cuda as i32 != 0 {
+                r.add_flush(cfg)?;
             }
-            actions = next;
-        }
+            let next = machine.brought_up(&r.hello(magic))?;
+            *res = Some(r);
+            Ok(next)
+        })?;
         if a.wire.flush()? && a.established {
             let a = self.pending.take().expect("checked above");
             let res = a.res.ok_or_else(|| {
@@ -168,6 +160,29 @@ impl IbListen {
         }
         Ok(None)
     }
+}
+
+/// Carries out a set-up machine's actions: bytes are queued on `wire`,
+/// QPs are brought up by `bring_up` (which returns the machine's next
+/// actions). True when the machine declared the set-up over.
+pub fn apply(
+    wire: &mut Wire,
+    mut actions: Vec<Action>,
+    mut bring_up: impl FnMut(Hello) -> NetResult<Vec<Action>>,
+) -> NetResult<bool> {
+    let mut established = false;
+    while !actions.is_empty() {
+        let mut next = Vec::new();
+        for act in actions {
+            match act {
+                Action::Write(b) => wire.queue(&b),
+                Action::BringUp(remote) => next.extend(bring_up(remote)?),
+                Action::Established => established = true,
+            }
+        }
+        actions = next;
+    }
+    Ok(established)
 }
 
 impl ListenComm for IbListen {
@@ -200,5 +215,105 @@ impl ListenComm for IbListen {
             self.pending = None;
         }
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connection::{Connector, QpInfo};
+
+    fn hello(magic: u64, base: u32) -> Hello {
+        Hello {
+            magic,
+            qps: (0..2)
+                .map(|i| QpInfo {
+                    qpn: base + i,
+                    ..QpInfo::default()
+                })
+                .collect(),
+        }
+    }
+
+    /// A connected pair of non-blocking TCP sockets on loopback.
+    fn pair() -> (Wire, Wire) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (a, _) = l.accept().unwrap();
+        c.set_nonblocking(true).unwrap();
+        a.set_nonblocking(true).unwrap();
+        (
+            Wire::new(Socket::from(c), "acceptor".into()),
+            Wire::new(Socket::from(a), "connector".into()),
+        )
+    }
+
+    /// The set-up machines over real non-blocking sockets, through the
+    /// same `Wire` and `apply` the network uses, with the QP bring-up
+    /// replaced by recording what each side was told.
+    #[test]
+    fn setup_over_loopback_tcp() {
+        let (mut cw, mut aw) = pair();
+        let mut c = Connector::new(hello(7, 100));
+        let mut a = Acceptor::new(7);
+        let (mut c_est, mut a_est) = (false, false);
+        let (mut c_saw, mut a_saw) = (None, None);
+        let first = c.connected().unwrap();
+        c_est |= apply(&mut cw, first, |_| unreachable!()).unwrap();
+        for _ in 0..10_000 {
+            cw.flush().unwrap();
+            aw.flush().unwrap();
+            if !a.is_done() {
+                let b = aw.read(|| a.closed()).unwrap();
+                if !b.is_empty() {
+                    let acts = a.received(&b).unwrap();
+                    a_est |= apply(&mut aw, acts, |r| {
+                        a_saw = Some(r);
+                        a.brought_up(&hello(0, 200))
+                    })
+                    .unwrap();
+                }
+            }
+            if !c.is_done() {
+                let b = cw.read(|| c.closed()).unwrap();
+                if !b.is_empty() {
+                    let acts = c.received(&b).unwrap();
+                    c_est |= apply(&mut cw, acts, |r| {
+                        c_saw = Some(r);
+                        c.brought_up()
+                    })
+                    .unwrap();
+                }
+            }
+            if c_est && a_est && cw.flush().unwrap() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(c_est && a_est, "set-up did not finish");
+        assert_eq!(c_saw.unwrap(), hello(7, 200));
+        assert_eq!(a_saw.unwrap(), hello(7, 100));
+    }
+
+    #[test]
+    fn peer_closing_mid_setup_is_a_remote_error() {
+        let (mut cw, aw) = pair();
+        let mut c = Connector::new(hello(7, 100));
+        let first = c.connected().unwrap();
+        apply(&mut cw, first, |_| unreachable!()).unwrap();
+        drop(aw);
+        let mut err = None;
+        for _ in 0..1000 {
+            let _ = cw.flush();
+            match cw.read(|| c.closed()) {
+                Ok(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        let e = err.expect("the close is seen");
+        assert!(matches!(e, NetError::Remote(_)), "{e}");
     }
 }
