@@ -372,11 +372,11 @@ macro_rules! verbs_fns {
         }
 
         impl Verbs {
-            fn load() -> Result<Verbs, String> {
+            fn load(soname: &str) -> Result<Verbs, String> {
                 // SAFETY: loading libibverbs runs its constructors, which
                 // only register providers; NCCL loads it the same way.
-                let lib = unsafe { libloading::Library::new(LIBIBVERBS) }
-                    .map_err(|e| format!("{LIBIBVERBS} not found ({e})"))?;
+                let lib = unsafe { libloading::Library::new(soname) }
+                    .map_err(|e| format!("{soname} not found ({e})"))?;
                 Ok(Verbs {
                     $($field: {
                         let name = concat!(stringify!($field), "\0");
@@ -385,7 +385,7 @@ macro_rules! verbs_fns {
                         let s = unsafe {
                             lib.get::<unsafe extern "C" fn($($arg),*) -> $ret>(name.as_bytes())
                         }
-                        .map_err(|e| format!("{LIBIBVERBS} lacks {}: {e}", stringify!($field)))?;
+                        .map_err(|e| format!("{soname} lacks {}: {e}", stringify!($field)))?;
                         *s
                     },)*
                     _lib: lib,
@@ -419,7 +419,9 @@ verbs_fns! {
 /// libibverbs, loaded on first use; the error says why it is unusable.
 pub fn verbs() -> Result<&'static Verbs, String> {
     static V: OnceLock<Result<Verbs, String>> = OnceLock::new();
-    V.get_or_init(Verbs::load).as_ref().map_err(Clone::clone)
+    V.get_or_init(|| Verbs::load(LIBIBVERBS))
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// `errno` after a failed verbs call (they set it, as NCCL's wrappers read).
@@ -771,6 +773,21 @@ impl IbvSendWr {
             _wr_rest: [0; 5],
             _qp_type: 0,
             _bind_or_tso: [0; 6],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_is_an_error_that_names_it() {
+        let e = Verbs::load("libibverbs-absent.so.1").err().expect("absent");
+        assert!(e.starts_with("libibverbs-absent.so.1 not found"), "{e}");
+        // A library that lacks the verbs is refused by name too.
+        if let Err(e) = Verbs::load("libc.so.6") {
+            assert!(e.contains("lacks ibv_get_device_list"), "{e}");
         }
     }
 }
