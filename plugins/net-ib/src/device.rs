@@ -235,10 +235,30 @@ pub struct VDev {
 }
 
 impl VDev {
+    /// NCCL's naming: the HCA's name (the port is a property of its own),
+    /// and merged devices joined with `+`.
     pub fn name(&self) -> String {
+        let mut names: Vec<&str> = Vec::new();
+        for p in &self.ports {
+            if !names.contains(&p.dev_name.as_str()) {
+                names.push(&p.dev_name);
+            }
+        }
+        names.join("+")
+    }
+
+    /// For the log, as NCCL prints it: `mlx5_0:1/IB`, `mlx5_1:1/RoCE`.
+    pub fn describe(&self) -> String {
         self.ports
             .iter()
-            .map(|p| format!("{}:{}", p.dev_name, p.port))
+            .map(|p| {
+                let ll = if p.link_layer == IBV_LINK_LAYER_ETHERNET {
+                    "RoCE"
+                } else {
+                    "IB"
+                };
+                format!("{}:{}/{ll}", p.dev_name, p.port)
+            })
             .collect::<Vec<_>>()
             .join("+")
     }

@@ -135,7 +135,7 @@ impl IbNet {
                 for w in warnings {
                     log(NCCL_LOG_WARN, &format!("NET/IB : {w}"));
                 }
-                let names: Vec<_> = devs.iter().map(VDev::name).collect();
+                let names: Vec<_> = devs.iter().map(VDev::describe).collect();
                 log(
                     NCCL_LOG_INFO,
                     &format!(

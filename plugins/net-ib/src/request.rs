@@ -138,6 +138,11 @@ impl Tracker {
     /// Applies one completion.
     pub fn complete(&mut self, c: Completion) -> Result<(), NetError> {
         let Some(slot) = self.slots.get_mut(&c.wr_id) else {
+            if self.broken.is_some() {
+                // A request already failed with the connection; the QP
+                // flushing its work request back is expected.
+                return Ok(());
+            }
             return Err(NetError::Internal(format!(
                 "completion for unknown work request {:#x}",
                 c.wr_id
@@ -299,6 +304,14 @@ mod tests {
         // The other request's completion may never come: it fails too.
         assert!(t.poll(b.id).is_err());
         assert!(t.post(Kind::Send, 1).is_err());
+        // When its flushed completion does come, it is no news.
+        t.complete(Completion {
+            wr_id: b.id,
+            status: Err("Work Request Flushed Error".into()),
+            byte_len: 0,
+            imm: None,
+        })
+        .unwrap();
     }
 
     #[test]
