@@ -10,7 +10,8 @@
 //! properties), `listen`, `connection` (connect/accept state machines and
 //! the two ends), `request` (request and completion bookkeeping), `mr`
 //! (memory registration cache), `handle` (what the peer is given); plus
-//! `config` (settings) and `verbs` (the C library, the only unsafe code).
+//! `config` (settings) and `verbs` (the C library: all FFI; elsewhere only
+//! `endpoint`'s isend/irecv/iflush call its two unsafe post functions).
 
 #![deny(unsafe_code)]
 
