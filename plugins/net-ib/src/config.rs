@@ -40,6 +40,10 @@ pub struct Config {
     pub merge_nics: bool,
     /// NCCL_IB_PKEY: partition key index.
     pub pkey_index: u16,
+    /// Not a setting: `Some` overrides the GPUDirect RDMA detection (the
+    /// peer-memory module check), for tests that exercise the flush path.
+    #[doc(hidden)]
+    pub gdr_override: Option<bool>,
 }
 
 impl Default for Config {
@@ -102,6 +106,7 @@ impl Config {
             .unwrap_or(1) as usize,
             merge_nics: num("NCCL_IB_MERGE_NICS", get("NCCL_IB_MERGE_NICS"), 0, 1)? != Some(0),
             pkey_index: num("NCCL_IB_PKEY", get("NCCL_IB_PKEY"), 0, 65535)?.unwrap_or(0) as u16,
+            gdr_override: None,
         })
     }
 }

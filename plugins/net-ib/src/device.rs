@@ -352,7 +352,7 @@ pub fn discover(cfg: &Config) -> Result<(Vec<VDev>, Vec<String>), NoDevice> {
     if ctxs.is_empty() {
         return Err(NoDevice::NoneListed);
     }
-    let gdr = gdr_module_loaded();
+    let gdr = cfg.gdr_override.unwrap_or_else(gdr_module_loaded);
     let mut found = Vec::new();
     let mut ports = Vec::new();
     for ctx in ctxs {

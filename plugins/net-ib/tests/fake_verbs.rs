@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use oxccl_net_ib::IbNet;
+use oxccl_net_ib::{Config, IbNet};
 use oxccl_plugin::{Net, PtrType, RecvComm, Request, SendComm};
 
 const CHILD: &str = "OXCCL_FAKE_VERBS_CHILD";
@@ -265,5 +265,54 @@ fn timeout_and_retry_settings_reach_the_queue_pairs() {
     ];
     if let Some((so, se)) = run_child(name, &env) {
         assert!(so.contains("DATA_PATH_OK"), "{so}\n{se}");
+    }
+}
+
+/// With GPUDirect assumed, a receive end flushes through a QP connected to
+/// itself (an RDMA read of the received buffer), as NCCL does.
+#[test]
+fn flush_reads_back_through_a_loopback_qp() {
+    let name = "flush_reads_back_through_a_loopback_qp";
+    if is_child(name) {
+        let cfg = Config {
+            gdr_override: Some(true),
+            ..Config::from_env().unwrap()
+        };
+        let net = IbNet::with_config(cfg);
+        assert_ne!(
+            net.properties(0).unwrap().ptr_support & PtrType::Cuda as i32,
+            0
+        );
+        let (mut s, mut r) = connect_pair(&net);
+        let src = [5u8; 256];
+        let mut dst = [0u8; 256];
+        let sm = s
+            .reg_mr(src.as_ptr() as *mut u8, 256, PtrType::Host)
+            .unwrap();
+        let rm = r.reg_mr(dst.as_mut_ptr(), 256, PtrType::Host).unwrap();
+        // SAFETY: buffers outlive the requests, waited for below.
+        let mut rq = unsafe { r.irecv(dst.as_mut_ptr(), 256, 0, Some(rm)) }
+            .unwrap()
+            .unwrap();
+        // SAFETY: as above.
+        let mut sq = unsafe { s.isend(src.as_ptr(), 256, 0, Some(sm)) }
+            .unwrap()
+            .unwrap();
+        assert_eq!(wait(&mut rq).unwrap(), 256);
+        assert_eq!(wait(&mut sq).unwrap(), 256);
+        let mut fq = r
+            .iflush(dst.as_mut_ptr(), 256)
+            .unwrap()
+            .expect("a flush request");
+        assert_eq!(wait(&mut fq).unwrap(), 0);
+        // Unregistered memory cannot be flushed: an error, not a crash. (On
+        // the heap: the stack page of `dst` is registered, pages being the unit.)
+        let mut other = vec![0u8; 8];
+        assert!(r.iflush(other.as_mut_ptr(), 8).is_err());
+        println!("FLUSH_OK");
+        return;
+    }
+    if let Some((so, se)) = run_child(name, &[]) {
+        assert!(so.contains("FLUSH_OK"), "{so}\n{se}");
     }
 }
