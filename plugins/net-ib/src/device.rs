@@ -166,14 +166,24 @@ pub fn nic_key(pci_path: &str) -> Option<String> {
     Some(k)
 }
 
+/// Which NIC a port belongs to: its PCI device (`nic_key`), or, where sysfs
+/// shows no PCI path, its HCA (the ports of one HCA are one NIC).
+pub fn port_nic(pci_path: Option<&str>, dev_name: &str) -> Option<String> {
+    match pci_path {
+        Some(p) => nic_key(p),
+        None => Some(format!("hca {dev_name}")),
+    }
+}
+
 /// Groups ports into virtual devices: with merging on, ports of one NIC
-/// (same `nic_key` and link layer) become one device; otherwise each port
-/// is its own. Returns indices into `ports`, groups in first-seen order.
+/// (same NIC key, as `port_nic` gives, and link layer) become one device;
+/// otherwise each port is its own. Returns indices into `ports`, groups in
+/// first-seen order.
 pub fn merge_groups(ports: &[(Option<String>, u8)], merge: bool) -> Vec<Vec<usize>> {
     type Key = Option<(String, u8)>;
     let mut groups: Vec<(Key, Vec<usize>)> = Vec::new();
-    for (i, (path, ll)) in ports.iter().enumerate() {
-        let key = path.as_deref().and_then(nic_key).map(|k| (k, *ll));
+    for (i, (nic, ll)) in ports.iter().enumerate() {
+        let key = nic.clone().map(|k| (k, *ll));
         match groups
             .iter_mut()
             .find(|(k, _)| merge && key.is_some() && *k == key)
@@ -455,7 +465,7 @@ pub fn discover(cfg: &Config) -> Result<(Vec<VDev>, Vec<String>), NoDevice> {
     }
     let keys: Vec<_> = ports
         .iter()
-        .map(|p| (p.pci_path.clone(), p.link_layer))
+        .map(|p| (port_nic(p.pci_path.as_deref(), &p.dev_name), p.link_layer))
         .collect();
     let mut slots: Vec<Option<Port>> = ports.into_iter().map(Some).collect();
     let ptr_support = PtrType::Host as i32 | if gdr { PtrType::Cuda as i32 } else { 0 };
@@ -572,7 +582,7 @@ mod tests {
 
     #[test]
     fn ports_of_one_nic_merge() {
-        let p = |s: &str| Some(s.to_string());
+        let p = |s: &str| nic_key(s);
         let ports = vec![
             (p("/sys/devices/pci0000:00/0000:00:01.0/0000:3b:00.0"), 1),
             (p("/sys/devices/pci0000:00/0000:00:01.0/0000:3b:00.1"), 1),
@@ -589,6 +599,13 @@ mod tests {
             vec![vec![0], vec![1], vec![2], vec![3], vec![4]]
         );
         assert_eq!(nic_key("x/0000:3b:00.1").as_deref(), Some("x/0000:3b:00.0"));
+        // Without a PCI path, the ports of one HCA still merge, and only they.
+        let by_hca = vec![
+            (port_nic(None, "mlx5_0"), 1),
+            (port_nic(None, "mlx5_1"), 1),
+            (port_nic(None, "mlx5_0"), 1),
+        ];
+        assert_eq!(merge_groups(&by_hca, true), vec![vec![0, 2], vec![1]]);
         assert_eq!(nic_key(""), None);
     }
 }

@@ -8,7 +8,8 @@
  * the buffer, a message larger than its receive.
  *
  * FAKE_IBV_LINK=eth makes the port RoCE (then RTR must carry a global route);
- * FAKE_IBV_EXPECT_TIMEOUT / FAKE_IBV_EXPECT_RETRY: the values RTS must carry.
+ * FAKE_IBV_EXPECT_TIMEOUT / FAKE_IBV_EXPECT_RETRY: the values RTS must carry;
+ * FAKE_IBV_PORTS: how many active ports the device has.
  */
 #include <infiniband/verbs.h>
 #include <errno.h>
@@ -82,6 +83,9 @@ static int expect(const char* var, int dflt) {
   const char* v = getenv(var);
   return v ? atoi(v) : dflt;
 }
+
+/* FAKE_IBV_PORTS: active ports of the device (default 1). */
+static int nports(void) { return expect("FAKE_IBV_PORTS", 1); }
 
 static int covered(uint64_t addr, uint32_t len, uint32_t key) {
   for (int i = 0; i < MAXMR; i++)
@@ -227,7 +231,7 @@ int ibv_close_device(struct ibv_context* c) {
 int ibv_query_device(struct ibv_context* c, struct ibv_device_attr* a) {
   (void)c;
   memset(a, 0, sizeof(*a));
-  a->phys_port_cnt = 1;
+  a->phys_port_cnt = nports();
   a->max_qp = 4096;
   a->sys_image_guid = 0x1234;
   return 0;
@@ -238,7 +242,7 @@ int ibv_query_device(struct ibv_context* c, struct ibv_device_attr* a) {
 int ibv_query_port(struct ibv_context* c, uint8_t port, struct _compat_ibv_port_attr* compat) {
   struct ibv_port_attr* a = (struct ibv_port_attr*)compat;
   (void)c;
-  if (port != 1) return EINVAL;
+  if (port < 1 || port > nports()) return EINVAL;
   memset(a, 0, offsetof(struct ibv_port_attr, port_cap_flags2));
   a->state = IBV_PORT_ACTIVE;
   a->active_mtu = IBV_MTU_4096;
@@ -352,7 +356,7 @@ int ibv_modify_qp(struct ibv_qp* qp, struct ibv_qp_attr* a, int mask) {
   switch (a->qp_state) {
     case IBV_QPS_INIT:
       need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
-      if (q->state != IBV_QPS_RESET || a->port_num != 1) return EINVAL;
+      if (q->state != IBV_QPS_RESET || a->port_num < 1 || a->port_num > nports()) return EINVAL;
       break;
     case IBV_QPS_RTR:
       need = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |

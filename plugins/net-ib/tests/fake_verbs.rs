@@ -106,10 +106,19 @@ fn connect_pair(net: &IbNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
 
 fn data_path() {
     let net = IbNet::from_env().unwrap();
-    assert_eq!(net.devices().unwrap(), 1);
+    // FAKE_IBV_PORTS ports of one HCA: merged into one device unless
+    // NCCL_IB_MERGE_NICS=0.
+    let ports: i32 = std::env::var("FAKE_IBV_PORTS").map_or(1, |v| v.parse().unwrap());
+    let merged = std::env::var("NCCL_IB_MERGE_NICS").as_deref() != Ok("0");
+    let (ndev, per_dev) = if merged {
+        (1, ports)
+    } else {
+        (ports as usize, 1)
+    };
+    assert_eq!(net.devices().unwrap(), ndev);
     let p = net.properties(0).unwrap();
     assert_eq!(p.name, "fake0");
-    assert_eq!(p.speed_mbps, 100_000, "4x EDR");
+    assert_eq!(p.speed_mbps, 100_000 * per_dev, "4x EDR per port");
     assert_eq!(p.ptr_support & PtrType::Host as i32, PtrType::Host as i32);
     let (mut s, mut r) = connect_pair(&net);
 
@@ -314,5 +323,31 @@ fn flush_reads_back_through_a_loopback_qp() {
     }
     if let Some((so, se)) = run_child(name, &[]) {
         assert!(so.contains("FLUSH_OK"), "{so}\n{se}");
+    }
+}
+
+/// Two ports of one HCA become one device whose QPs alternate between the
+/// ports (a CQ each, one registration shared through the HCA's PD).
+#[test]
+fn merged_ports_carry_traffic() {
+    let name = "merged_ports_carry_traffic";
+    if is_child(name) {
+        return data_path();
+    }
+    let env = [("FAKE_IBV_PORTS", "2"), ("NCCL_IB_QPS_PER_CONNECTION", "4")];
+    if let Some((so, se)) = run_child(name, &env) {
+        assert!(so.contains("DATA_PATH_OK"), "{so}\n{se}");
+        assert!(
+            se.contains("using 1 device(s): fake0:1/IB+fake0:2/IB"),
+            "{se}"
+        );
+    }
+    let env = [("FAKE_IBV_PORTS", "2"), ("NCCL_IB_MERGE_NICS", "0")];
+    if let Some((so, se)) = run_child(name, &env) {
+        assert!(so.contains("DATA_PATH_OK"), "{so}\n{se}");
+        assert!(
+            se.contains("using 2 device(s): fake0:1/IB, fake0:2/IB"),
+            "{se}"
+        );
     }
 }
