@@ -13,12 +13,16 @@ use oxccl_tests::{as_child, assert_all_ok, spawn};
 /// The cdylib cargo built with this test binary (target/<profile>/deps/,
 /// where `cargo test` puts it, or target/<profile>/ after `cargo build`).
 fn plugin_path() -> Option<PathBuf> {
+    built_library("liboxccl_net_socket.so")
+}
+
+fn built_library(name: &str) -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let deps = exe.parent()?.to_path_buf();
     let up = deps.parent()?.to_path_buf();
     [deps, up]
         .into_iter()
-        .map(|d| d.join("liboxccl_net_socket.so"))
+        .map(|d| d.join(name))
         .find(|p| p.exists())
 }
 
@@ -66,6 +70,43 @@ fn socket_plugin_library_carries_collectives() {
     };
     println!("loading {}", p.display());
     run_with_plugin(name, p.to_str().unwrap());
+}
+
+/// The IB plugin on a machine with no RDMA device (this one, CI): it loads,
+/// reports 0 devices with one line saying why, and collectives run on the
+/// built-in socket network.
+#[test]
+fn ib_plugin_without_a_device_falls_back_to_socket() {
+    let name = "ib_plugin_without_a_device_falls_back_to_socket";
+    if as_child(name, body("Socket")) {
+        return;
+    }
+    if std::path::Path::new("/sys/class/infiniband").exists() {
+        println!("skipped: this machine has RDMA devices, so the IB plugin may be used");
+        return;
+    }
+    let Some(p) = built_library("liboxccl_net_ib.so") else {
+        println!("skipped: liboxccl_net_ib.so was not built beside the tests (cargo build --workspace builds it)");
+        return;
+    };
+    println!("loading {}", p.display());
+    let done = run_with_plugin(name, p.to_str().unwrap());
+    for f in &done {
+        let why: Vec<&str> = f
+            .stderr
+            .lines()
+            .filter(|l| l.contains("NET/IB") && l.contains("0 devices"))
+            .collect();
+        assert!(
+            why.len() == 1
+                && (why[0].contains("libibverbs.so.1 not found")
+                    || why[0].contains("no IB device")),
+            "rank {} stderr lacks the one line saying why IB has no device:\n{}",
+            f.rank,
+            f.stderr
+        );
+        println!("rank {}: {}", f.rank, why[0]);
+    }
 }
 
 #[test]
