@@ -10,6 +10,7 @@ pub mod ffi;
 pub mod logger;
 pub mod net;
 pub mod plugin_error;
+pub mod profiler;
 pub mod tuner;
 
 pub use net::{
@@ -19,6 +20,10 @@ pub use net::{
 
 pub use logger::NcclLogger;
 pub use plugin_error::{PluginError, PluginResult};
+pub use profiler::{
+    CollApiEvent, CollEvent, Event, EventKind, P2pApiEvent, P2pEvent, Profiler, ProfilerInit,
+    ProxyOpEvent, StateArgs, StateUpdate,
+};
 pub use tuner::{
     Algorithm, CollInfoRequest, CollType, CostTable, NvlDomainInfo, Protocol, Tuner, TunerInit,
 };

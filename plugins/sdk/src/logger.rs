@@ -27,6 +27,11 @@ impl NcclLogger {
         Self { f: None, subsys }
     }
 
+    /// Whether NCCL gave a logger (else lines go to stderr).
+    pub fn has_sink(&self) -> bool {
+        self.f.is_some()
+    }
+
     /// Logs one line at `level` (`NCCL_LOG_*`).
     pub fn log(&self, level: LogLevel, msg: &str) {
         let Some(f) = self.f else {
