@@ -215,10 +215,14 @@ impl Profiler for TraceProfiler {
     fn init(args: &ProfilerInit, activation_mask: &mut i32) -> PluginResult<Self> {
         *activation_mask = mask_from_env()?;
         let p = TraceProfiler::new(args, Output::from_env());
+        let to = match args.rank {
+            Some(r) => p.output.path(r, None).display().to_string(),
+            // v1 to v3: the rank is known at the first event.
+            None => format!("{:?} (file named at finalize)", p.output),
+        };
         args.logger.info(&format!(
-            "oxccl-profiler: event mask {:#x}, trace to {}",
-            *activation_mask,
-            p.output.path(args.rank.unwrap_or(0).max(0), None).display()
+            "oxccl-profiler: event mask {:#x}, trace to {to}",
+            *activation_mask
         ));
         Ok(p)
     }
