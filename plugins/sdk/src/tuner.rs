@@ -324,3 +324,33 @@ pub trait Tuner: Send + Sync + Sized + 'static {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_table_view() {
+        let mut cells = [3.0f32; 6 * 3];
+        cells[0] = NCCL_ALGO_PROTO_IGNORE; // tree/ll
+        let mut t = CostTable::new(&mut cells, 6, 3);
+        assert_eq!(t.get(Algorithm::Tree, Protocol::Ll), None);
+        assert!(!t.set(Algorithm::Tree, Protocol::Ll, 0.0));
+        // A 6-row table (NCCL before PAT) has no PAT row.
+        assert!(!t.is_available(Algorithm::Pat, Protocol::Simple));
+        assert!(t.set(Algorithm::Ring, Protocol::Ll128, 0.5));
+        assert_eq!(t.cheapest(), Some((Algorithm::Ring, Protocol::Ll128, 0.5)));
+        assert_eq!(cells[3 + 1], 0.5);
+    }
+
+    #[test]
+    fn coll_type_round_trip() {
+        for f in 0..15 {
+            assert_eq!(CollType::from_raw(f).to_raw(), f);
+        }
+        assert_eq!(
+            CollType::from_raw(NCCL_FUNC_ALL_REDUCE).to_string(),
+            "all_reduce"
+        );
+    }
+}

@@ -398,3 +398,77 @@ pub struct ExportedTuner<T>(pub T);
 // SAFETY: the wrapped vtables hold pointers only to 'static C strings and
 // functions, never mutated.
 unsafe impl<T> Sync for ExportedTuner<T> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Picks tree/ll128 for every call and panics on 13-byte calls.
+    struct Fixed;
+    impl Tuner for Fixed {
+        const NAME: &'static std::ffi::CStr = c"fixed";
+        fn init(args: &TunerInit) -> PluginResult<Self> {
+            if args.n_ranks == 0 {
+                return Err(PluginError::InvalidUsage("no ranks".into()));
+            }
+            Ok(Fixed)
+        }
+        fn get_coll_info(
+            &self,
+            req: &CollInfoRequest,
+            table: &mut CostTable<'_>,
+            n_channels: &mut i32,
+        ) -> PluginResult<()> {
+            assert_ne!(req.n_bytes, 13, "boom");
+            table.set(crate::Algorithm::Tree, crate::Protocol::Ll128, 0.0);
+            *n_channels = 5;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn v2_reports_the_cell_the_tuner_chose_and_catches_panics() {
+        let vt = vtable_v2::<Fixed>();
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        let rc = unsafe { vt.init.unwrap()(4, 1, None, &mut ctx) };
+        assert_eq!(rc, NCCL_SUCCESS);
+        let (mut a, mut p, mut c) = (-1, -1, 1);
+        // SAFETY: the context from init, valid out-pointers.
+        let rc = unsafe {
+            vt.get_coll_info.unwrap()(
+                ctx,
+                NCCL_FUNC_ALL_REDUCE,
+                64,
+                0,
+                0,
+                1,
+                &mut a,
+                &mut p,
+                &mut c,
+            )
+        };
+        assert_eq!((rc, a, p, c), (NCCL_SUCCESS, 0, 1, 5));
+        // SAFETY: as above.
+        let rc = unsafe {
+            vt.get_coll_info.unwrap()(
+                ctx,
+                NCCL_FUNC_ALL_REDUCE,
+                13,
+                0,
+                0,
+                1,
+                &mut a,
+                &mut p,
+                &mut c,
+            )
+        };
+        assert_eq!(rc, NCCL_INTERNAL_ERROR);
+        // SAFETY: the context from init, destroyed once.
+        let rc = unsafe { vt.destroy.unwrap()(ctx) };
+        assert_eq!(rc, NCCL_SUCCESS);
+        // SAFETY: valid out-pointer; the init error is the test.
+        let rc = unsafe { vt.init.unwrap()(0, 1, None, &mut ctx) };
+        assert_eq!(rc, NCCL_INVALID_USAGE);
+    }
+}
