@@ -189,15 +189,16 @@ impl RuleTuner {
     }
 }
 
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("{n} {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
 /// The INFO line of a decision.
 pub fn describe(d: &Decision, n_ranks: usize, n_nodes: usize, path: &str) -> String {
-    let plural = |n: usize, what: &str| {
-        if n == 1 {
-            format!("{n} {what}")
-        } else {
-            format!("{n} {what}s")
-        }
-    };
     let ch = match d.channels {
         Some(c) => plural(c as usize, "channel"),
         None => "NCCL's channel count".to_owned(),
@@ -234,11 +235,11 @@ impl Tuner for RuleTuner {
             .map_err(|e| PluginError::InvalidUsage(e.to_string()))?;
         match path {
             Some(p) => args.logger.info(&format!(
-                "oxccl-tuner: {} rules from {} ({} ranks, {} nodes)",
+                "oxccl-tuner: {} rules from {} ({}, {})",
                 t.rules().rules.len(),
                 p.display(),
-                args.n_ranks,
-                args.n_nodes
+                plural(args.n_ranks, "rank"),
+                plural(args.n_nodes, "node")
             )),
             None => args.logger.info(&format!(
                 "oxccl-tuner: no rules file ({} unset); NCCL's own choices stand",
