@@ -108,6 +108,13 @@ impl TraceProfiler {
             p
         };
         trace::write(&path, &doc)?;
+        let dropped = record::take_dropped();
+        if dropped > 0 {
+            self.logger.warn(&format!(
+                "oxccl-profiler: {dropped} events dropped (more than {} in a thread's buffer); narrow NCCL_PROFILE_EVENT_MASK",
+                record::MAX_PER_THREAD
+            ));
+        }
         self.logger.info(&format!(
             "oxccl-profiler: {} events of rank {rank} written to {}",
             records.len(),

@@ -5,7 +5,7 @@
 //! hot path.
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -95,6 +95,11 @@ struct ThreadBuf {
 
 static REGISTRY: Mutex<Vec<Arc<ThreadBuf>>> = Mutex::new(Vec::new());
 static NEXT_TID: AtomicU32 = AtomicU32::new(1);
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Records kept per thread before new ones are dropped (and counted): a
+/// long job must not grow the process without bound. About 150 bytes each.
+pub const MAX_PER_THREAD: usize = 1 << 20;
 
 thread_local! {
     static BUF: Arc<ThreadBuf> = {
@@ -119,7 +124,20 @@ pub fn now_ns() -> u64 {
 
 /// Appends to the calling thread's buffer.
 pub fn push(r: Record) {
-    BUF.with(|b| b.records.lock().unwrap_or_else(|e| e.into_inner()).push(r));
+    BUF.with(|b| {
+        let mut v = b.records.lock().unwrap_or_else(|e| e.into_inner());
+        if v.len() < MAX_PER_THREAD {
+            v.push(r);
+        } else {
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+}
+
+/// Records dropped so far because a thread's buffer was full; the count is
+/// reset by the call.
+pub fn take_dropped() -> u64 {
+    DROPPED.swap(0, Ordering::Relaxed)
 }
 
 /// Takes every record of context `ctx` out of all threads' buffers, in
