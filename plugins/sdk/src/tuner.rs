@@ -319,6 +319,24 @@ pub trait Tuner: Send + Sync + Sized + 'static {
         n_channels: &mut i32,
     ) -> PluginResult<()>;
 
+    /// Whether [`Tuner::get_chunk_size`] is implemented: the v6 vtable's
+    /// `getChunkSize` is NULL otherwise, which tells NCCL to keep its own
+    /// chunk size without a call.
+    const CHUNK_SIZE: bool = false;
+
+    /// The chunk size for a call whose algorithm, protocol and channels are
+    /// decided (tuner v6, NCCL 2.30); `None` keeps NCCL's.
+    fn get_chunk_size(
+        &self,
+        _coll: CollType,
+        _n_bytes: usize,
+        _algo: Algorithm,
+        _proto: Protocol,
+        _n_channels: i32,
+    ) -> PluginResult<Option<usize>> {
+        Ok(None)
+    }
+
     /// Ends the instance (NCCL's `destroy`/`finalize`).
     fn destroy(self) -> PluginResult<()> {
         Ok(())

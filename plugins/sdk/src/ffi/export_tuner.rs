@@ -5,7 +5,7 @@
 //! builds a table, lets the tuner edit it and reports the cheapest edited
 //! cell); v4 adds `regBuff`; v5 moves the context to the first argument of
 //! `init` and adds the communicator id, NVLink domains and constants; v6 adds
-//! `getChunkSize` (left NULL: NCCL then keeps its own chunk size).
+//! `getChunkSize` (NULL unless the tuner sets `Tuner::CHUNK_SIZE`).
 #![allow(unsafe_code)]
 
 use std::os::raw::{c_int, c_void};
@@ -339,8 +339,46 @@ pub const fn vtable_v6<T: Tuner>() -> TunerV6 {
         init: Some(init_v5::<T>),
         get_coll_info: Some(coll_info_v4::<T>),
         finalize: Some(destroy::<T>),
-        get_chunk_size: None,
+        get_chunk_size: if T::CHUNK_SIZE {
+            Some(chunk_size::<T>)
+        } else {
+            None
+        },
     }
+}
+
+unsafe extern "C" fn chunk_size<T: Tuner>(
+    ctx: *mut c_void,
+    coll: Func,
+    n_bytes: usize,
+    algo: c_int,
+    proto: c_int,
+    n_channels: c_int,
+    out: *mut usize,
+) -> NcclResult {
+    // SAFETY: the context NCCL got from init.
+    let c = unsafe { ctx_ref::<T>(ctx) };
+    guard(logger_of(c), "getChunkSize", || {
+        let c = c.ok_or_else(|| null("context"))?;
+        if out.is_null() {
+            return Err(null("chunkSize"));
+        }
+        let bad = |what: &str, v: c_int| {
+            PluginError::InvalidArgument(format!("{what} {v} is not one this SDK knows"))
+        };
+        let a =
+            crate::Algorithm::from_index(algo as usize).ok_or_else(|| bad("algorithm", algo))?;
+        let p =
+            crate::Protocol::from_index(proto as usize).ok_or_else(|| bad("protocol", proto))?;
+        if let Some(size) =
+            c.tuner
+                .get_chunk_size(CollType::from_raw(coll), n_bytes, a, p, n_channels)?
+        {
+            // SAFETY: checked non-null; NCCL's in/out size_t.
+            unsafe { *out = size };
+        }
+        Ok(())
+    })
 }
 
 /// Exports `ncclTunerPlugin_v2` … `ncclTunerPlugin_v6` for a type
@@ -407,6 +445,17 @@ mod tests {
     struct Fixed;
     impl Tuner for Fixed {
         const NAME: &'static std::ffi::CStr = c"fixed";
+        const CHUNK_SIZE: bool = true;
+        fn get_chunk_size(
+            &self,
+            _coll: CollType,
+            n_bytes: usize,
+            algo: crate::Algorithm,
+            _proto: crate::Protocol,
+            n_channels: i32,
+        ) -> PluginResult<Option<usize>> {
+            Ok((algo == crate::Algorithm::Ring).then_some(n_bytes / n_channels as usize))
+        }
         fn init(args: &TunerInit) -> PluginResult<Self> {
             if args.n_ranks == 0 {
                 return Err(PluginError::InvalidUsage("no ranks".into()));
@@ -470,5 +519,40 @@ mod tests {
         // SAFETY: valid out-pointer; the init error is the test.
         let rc = unsafe { vt.init.unwrap()(0, 1, None, &mut ctx) };
         assert_eq!(rc, NCCL_INVALID_USAGE);
+    }
+
+    #[test]
+    fn v6_chunk_size_only_when_the_tuner_has_one() {
+        assert!(vtable_v6::<Fixed>().get_chunk_size.is_some());
+        let vt = vtable_v6::<Fixed>();
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; NULL logger, NVLink info and constants.
+        let rc = unsafe {
+            vt.init.unwrap()(
+                &mut ctx,
+                1,
+                4,
+                1,
+                None,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(rc, NCCL_SUCCESS);
+        let f = vt.get_chunk_size.unwrap();
+        let mut chunk = 7usize;
+        // SAFETY: the context from init, a valid out-pointer.
+        let rc = unsafe { f(ctx, NCCL_FUNC_ALL_REDUCE, 4096, 1, 2, 4, &mut chunk) };
+        assert_eq!((rc, chunk), (NCCL_SUCCESS, 1024));
+        // Tree: the tuner has no opinion, NCCL's value stays.
+        // SAFETY: as above.
+        let rc = unsafe { f(ctx, NCCL_FUNC_ALL_REDUCE, 4096, 0, 2, 4, &mut chunk) };
+        assert_eq!((rc, chunk), (NCCL_SUCCESS, 1024));
+        // SAFETY: as above; algorithm 42 is the error tested.
+        let rc = unsafe { f(ctx, NCCL_FUNC_ALL_REDUCE, 4096, 42, 2, 4, &mut chunk) };
+        assert_eq!(rc, NCCL_INVALID_ARGUMENT);
+        // SAFETY: the context from init, finalized once.
+        let rc = unsafe { vt.finalize.unwrap()(ctx) };
+        assert_eq!(rc, NCCL_SUCCESS);
     }
 }
