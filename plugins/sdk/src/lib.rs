@@ -7,11 +7,25 @@
 //! so that one implementation can be exported through NCCL's C ABI as well.
 
 pub mod ffi;
+pub mod logger;
 pub mod net;
+pub mod plugin_error;
+pub mod profiler;
+pub mod tuner;
 
 pub use net::{
     builtin_nets, BuiltinNet, ListenComm, MrHandle, Net, NetError, NetHandle, NetProperties,
     NetResult, PtrType, RecvComm, Request, SendComm, NET_HANDLE_MAXSIZE,
+};
+
+pub use logger::NcclLogger;
+pub use plugin_error::{PluginError, PluginResult};
+pub use profiler::{
+    CollApiEvent, CollEvent, Event, EventKind, P2pApiEvent, P2pEvent, Profiler, ProfilerInit,
+    ProxyOpEvent, StateArgs, StateUpdate,
+};
+pub use tuner::{
+    Algorithm, CollInfoRequest, CollType, CostTable, NvlDomainInfo, Protocol, Tuner, TunerInit,
 };
 
 /// Re-exported so that plugin crates can register built-ins without naming

@@ -4,6 +4,8 @@
 //! it (`export`), so the same plugin loads into NCCL and oxccl.
 
 pub mod export;
+pub mod export_profiler;
+pub mod export_tuner;
 pub mod net;
 pub mod net_v8;
 pub mod profiler;

@@ -1,0 +1,373 @@
+//! A profiler plugin for oxccl and NCCL: records every event NCCL reports
+//! (groups, collectives, point-to-point by default; `NCCL_PROFILE_EVENT_MASK`
+//! for more) into per-thread buffers and, at finalize, writes one
+//! Chrome/Perfetto trace per rank. Under Nsight Systems it also opens NVTX
+//! ranges. Built as a cdylib exporting `ncclProfiler_v1` … `_v6`.
+
+pub mod nvtx;
+pub mod record;
+pub mod trace;
+
+use std::collections::HashSet;
+use std::ffi::CStr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use oxccl_plugin::profiler::{NCCL_PROFILE_COLL, NCCL_PROFILE_GROUP, NCCL_PROFILE_P2P};
+use oxccl_plugin::{
+    Event, EventKind, NcclLogger, PluginError, PluginResult, Profiler, ProfilerInit, StateArgs,
+    StateUpdate,
+};
+
+use record::{intern, now_ns, thread_id, Args, Name, Record};
+pub use trace::Output;
+
+/// The mask when `NCCL_PROFILE_EVENT_MASK` is unset: what a trace of the
+/// application's operations needs, without the per-step proxy flood.
+pub const DEFAULT_MASK: i32 = NCCL_PROFILE_GROUP | NCCL_PROFILE_COLL | NCCL_PROFILE_P2P;
+
+/// The activation mask from `NCCL_PROFILE_EVENT_MASK` (decimal or 0x hex).
+pub fn mask_from_env() -> Result<i32, PluginError> {
+    match std::env::var("NCCL_PROFILE_EVENT_MASK") {
+        Err(_) => Ok(DEFAULT_MASK),
+        Ok(v) => parse_mask(&v).ok_or_else(|| {
+            PluginError::InvalidUsage(format!(
+                "NCCL_PROFILE_EVENT_MASK={v:?} is not a number; use NCCL_PROFILE_* bits, e.g. 7 (group|coll|p2p) or 0x1f"
+            ))
+        }),
+    }
+}
+
+fn parse_mask(v: &str) -> Option<i32> {
+    let v = v.trim();
+    match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        Some(h) => i32::from_str_radix(h, 16).ok(),
+        None => v.parse().ok(),
+    }
+}
+
+static NEXT_CTX: AtomicU64 = AtomicU64::new(1);
+/// Files written by this process: a second communicator of the same rank
+/// gets its own file instead of overwriting the first.
+static WRITTEN: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+
+/// State shared by a communicator's profiler and its open events.
+struct Shared {
+    id: u64,
+    /// From `init` (v4+) or the first event (v1 to v3 pass no rank to init).
+    rank: AtomicI32,
+}
+
+/// The profiler of one communicator.
+pub struct TraceProfiler {
+    shared: Arc<Shared>,
+    comm_name: Option<String>,
+    output: Output,
+    logger: NcclLogger,
+}
+
+/// An event between start and stop.
+pub struct OpenEvent {
+    shared: Arc<Shared>,
+    start_ns: u64,
+    tid: u32,
+    cat: &'static str,
+    name: Name,
+    args: Args,
+    nvtx: Option<u64>,
+}
+
+impl TraceProfiler {
+    /// A profiler writing to `output`.
+    pub fn new(args: &ProfilerInit, output: Output) -> Self {
+        TraceProfiler {
+            shared: Arc::new(Shared {
+                id: NEXT_CTX.fetch_add(1, Ordering::Relaxed),
+                rank: AtomicI32::new(args.rank.unwrap_or(-1)),
+            }),
+            comm_name: args.comm_name.clone(),
+            output,
+            logger: args.logger,
+        }
+    }
+
+    /// Writes the trace of everything recorded so far; returns its path.
+    pub fn write_trace(&self) -> std::io::Result<PathBuf> {
+        let rank = self.shared.rank.load(Ordering::Relaxed).max(0);
+        let records = record::drain(self.shared.id);
+        let doc = trace::document(rank, self.comm_name.as_deref(), &records);
+        let path = {
+            let mut w = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
+            let set = w.get_or_insert_with(HashSet::new);
+            let mut p = self.output.path(rank, None);
+            if set.contains(&p) {
+                p = self.output.path(rank, Some(self.shared.id));
+            }
+            set.insert(p.clone());
+            p
+        };
+        trace::write(&path, &doc)?;
+        let dropped = record::take_dropped();
+        if dropped > 0 {
+            self.logger.warn(&format!(
+                "oxccl-profiler: {dropped} events dropped (more than {} in a thread's buffer); narrow NCCL_PROFILE_EVENT_MASK",
+                record::MAX_PER_THREAD
+            ));
+        }
+        self.logger.info(&format!(
+            "oxccl-profiler: {} events of rank {rank} written to {}",
+            records.len(),
+            path.display()
+        ));
+        Ok(path)
+    }
+}
+
+/// Category, name and arguments of an event; `None` for kinds not traced.
+fn describe(kind: &EventKind<'_>) -> Option<(&'static str, Name, Args)> {
+    Some(match kind {
+        EventKind::Group => ("group", Name::Borrowed("Group"), Args::default()),
+        EventKind::GroupApi { depth, .. } => (
+            "api",
+            Name::Borrowed("GroupApi"),
+            Args {
+                step: Some(*depth),
+                ..Args::default()
+            },
+        ),
+        EventKind::Coll(c) => (
+            "coll",
+            intern(c.func),
+            Args {
+                count: Some(c.count),
+                dtype: Some(intern(c.datatype)),
+                root: Some(c.root),
+                seq: Some(c.seq_number),
+                algo: Some(intern(c.algo)),
+                proto: Some(intern(c.proto)),
+                channels: Some(c.n_channels as u32),
+                ..Args::default()
+            },
+        ),
+        EventKind::P2p(p) => (
+            "p2p",
+            intern(p.func),
+            Args {
+                count: Some(p.count),
+                dtype: Some(intern(p.datatype)),
+                peer: Some(p.peer),
+                channels: p.n_channels.map(u32::from),
+                ..Args::default()
+            },
+        ),
+        EventKind::CollApi(c) => (
+            "api",
+            intern(c.func),
+            Args {
+                count: Some(c.count),
+                dtype: Some(intern(c.datatype)),
+                root: Some(c.root),
+                ..Args::default()
+            },
+        ),
+        EventKind::P2pApi(p) => (
+            "api",
+            intern(p.func),
+            Args {
+                count: Some(p.count),
+                dtype: Some(intern(p.datatype)),
+                ..Args::default()
+            },
+        ),
+        EventKind::KernelLaunch { .. } => {
+            ("kernel", Name::Borrowed("KernelLaunch"), Args::default())
+        }
+        EventKind::ProxyOp(o) => (
+            "proxy",
+            Name::Borrowed(if o.is_send { "ProxySend" } else { "ProxyRecv" }),
+            Args {
+                peer: Some(o.peer),
+                channels: Some(o.channel_id as u32),
+                step: Some(o.n_steps),
+                ..Args::default()
+            },
+        ),
+        EventKind::ProxyStep { step } => (
+            "proxy",
+            Name::Borrowed("ProxyStep"),
+            Args {
+                step: Some(*step),
+                ..Args::default()
+            },
+        ),
+        EventKind::ProxyCtrl => ("proxy", Name::Borrowed("ProxyCtrl"), Args::default()),
+        EventKind::KernelCh { channel_id, .. } => (
+            "kernel",
+            Name::Borrowed("KernelChannel"),
+            Args {
+                channels: Some(*channel_id as u32),
+                ..Args::default()
+            },
+        ),
+        EventKind::NetPlugin { .. } => ("net", Name::Borrowed("NetPlugin"), Args::default()),
+        _ => return None,
+    })
+}
+
+impl Profiler for TraceProfiler {
+    const NAME: &'static CStr = c"oxccl-profiler";
+    type Event = OpenEvent;
+
+    fn init(args: &ProfilerInit, activation_mask: &mut i32) -> PluginResult<Self> {
+        *activation_mask = mask_from_env()?;
+        let p = TraceProfiler::new(args, Output::from_env());
+        let to = match args.rank {
+            Some(r) => p.output.path(r, None).display().to_string(),
+            // v1 to v3: the rank is known at the first event.
+            None => format!("{:?} (file named at finalize)", p.output),
+        };
+        args.logger.info(&format!(
+            "oxccl-profiler: event mask {:#x}, trace to {to}",
+            *activation_mask
+        ));
+        Ok(p)
+    }
+
+    fn start_event(&self, event: &Event<'_>) -> Option<OpenEvent> {
+        if self.shared.rank.load(Ordering::Relaxed) < 0 {
+            self.shared.rank.store(event.rank, Ordering::Relaxed);
+        }
+        let (cat, name, args) = describe(&event.kind)?;
+        let nvtx = match cat {
+            "group" | "coll" | "p2p" | "api" => nvtx::get().map(|n| n.start(&name)),
+            _ => None,
+        };
+        Some(OpenEvent {
+            shared: self.shared.clone(),
+            start_ns: now_ns(),
+            tid: thread_id(),
+            cat,
+            name,
+            args,
+            nvtx,
+        })
+    }
+
+    fn stop_event(e: OpenEvent) {
+        let end = now_ns();
+        if let (Some(id), Some(n)) = (e.nvtx, nvtx::get()) {
+            n.end(id);
+        }
+        record::push(Record {
+            ctx: e.shared.id,
+            rank: e.shared.rank.load(Ordering::Relaxed),
+            tid: e.tid,
+            start_ns: e.start_ns,
+            dur_ns: end.saturating_sub(e.start_ns),
+            cat: e.cat,
+            name: e.name,
+            args: e.args,
+        });
+    }
+
+    fn record_event_state(e: &mut OpenEvent, u: &StateUpdate) {
+        if let StateArgs::Transfer { trans_size, .. } = u.args {
+            e.args.bytes = Some(trans_size);
+        }
+    }
+
+    fn finalize(self) -> PluginResult<()> {
+        self.write_trace().map(|_| ()).map_err(|e| {
+            PluginError::System(format!(
+                "cannot write the trace ({e}); set OXCCL_PROFILER_DIR to a writable directory"
+            ))
+        })
+    }
+}
+
+oxccl_plugin::export_profiler_plugin!(TraceProfiler);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxccl_plugin::ffi::types::NCCL_PROFILE;
+    use oxccl_plugin::CollEvent;
+
+    fn coll(seq: u64) -> Event<'static> {
+        Event {
+            kind: EventKind::Coll(CollEvent {
+                seq_number: seq,
+                func: "AllReduce",
+                count: 1024,
+                root: 0,
+                datatype: "ncclFloat32",
+                algo: "Ring",
+                proto: "Simple",
+                n_channels: 2,
+                n_warps: 8,
+                comm_hash: None,
+                send_buff: 0,
+                recv_buff: 0,
+            }),
+            rank: 3,
+            parent: 0,
+        }
+    }
+
+    #[test]
+    fn masks() {
+        assert_eq!(parse_mask("7"), Some(7));
+        assert_eq!(parse_mask("0x1f"), Some(31));
+        assert_eq!(parse_mask("lots"), None);
+    }
+
+    #[test]
+    fn two_threads_one_trace_event_per_collective() {
+        let dir = std::env::temp_dir().join(format!("oxccl-prof-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let init = ProfilerInit {
+            comm_id: Some(9),
+            comm_name: None,
+            n_nodes: None,
+            n_ranks: None,
+            rank: None,
+            logger: NcclLogger::stderr(NCCL_PROFILE),
+        };
+        let p = Arc::new(TraceProfiler::new(&init, Output::Dir(dir.clone())));
+        let ts: Vec<_> = (0..2u64)
+            .map(|t| {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    for i in 0..3 {
+                        let e = p.start_event(&coll(t * 10 + i)).unwrap();
+                        TraceProfiler::stop_event(e);
+                    }
+                })
+            })
+            .collect();
+        ts.into_iter().for_each(|t| t.join().unwrap());
+        let path = p.write_trace().unwrap();
+        assert!(path.to_string_lossy().contains("rank3"), "{path:?}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let xs: Vec<_> = v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .collect();
+        assert_eq!(xs.len(), 6);
+        let mut seqs: Vec<u64> = xs
+            .iter()
+            .map(|e| e["args"]["seq"].as_u64().unwrap())
+            .collect();
+        seqs.sort();
+        assert_eq!(seqs, [0, 1, 2, 10, 11, 12]);
+        assert!(xs.iter().all(|e| e["pid"] == 3 && e["name"] == "AllReduce"));
+        assert_eq!(xs[0]["args"]["dtype"], "ncclFloat32");
+        let tids: HashSet<u64> = xs.iter().map(|e| e["tid"].as_u64().unwrap()).collect();
+        assert_eq!(tids.len(), 2);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
