@@ -906,5 +906,20 @@ macro_rules! export_net_plugin {
         #[allow(non_upper_case_globals)]
         pub static ncclNetPlugin_v12: $crate::ffi::export::Exported<$crate::ffi::net::v12::NetV12> =
             $crate::ffi::export::Exported($crate::ffi::export::vtable_v12::<__OxcclNetProvider>());
+        /// The exported vtables by symbol name, as `dlsym` would find them:
+        /// lets a loader take a built-in network through the same C ABI as
+        /// a library (see [`BuiltinNet::abi`]).
+        #[doc(hidden)]
+        pub fn __oxccl_net_symbol(name: &str) -> Option<*const ::std::ffi::c_void> {
+            let p: *const ::std::ffi::c_void = match name {
+                "ncclNetPlugin_v8" => ::std::ptr::addr_of!(ncclNetPlugin_v8).cast(),
+                "ncclNetPlugin_v9" => ::std::ptr::addr_of!(ncclNetPlugin_v9).cast(),
+                "ncclNetPlugin_v10" => ::std::ptr::addr_of!(ncclNetPlugin_v10).cast(),
+                "ncclNetPlugin_v11" => ::std::ptr::addr_of!(ncclNetPlugin_v11).cast(),
+                "ncclNetPlugin_v12" => ::std::ptr::addr_of!(ncclNetPlugin_v12).cast(),
+                _ => return None,
+            };
+            Some(p)
+        }
     };
 }
