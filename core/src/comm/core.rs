@@ -45,6 +45,7 @@ pub(crate) struct Core {
     staging: Mutex<BTreeMap<usize, Staging>>,
     forced_algo: Option<Algo>,
     link: cost::LinkModel,
+    tuner: Option<crate::plugin::tuner::TunerComm>,
 }
 
 fn redop_code(op: RedOp) -> u8 {
@@ -74,6 +75,7 @@ impl Core {
                 ))
             })?),
         };
+        let cfg_tuner = cfg.tuner_plugin.clone();
         Ok(Core {
             rank,
             nranks,
@@ -88,6 +90,8 @@ impl Core {
             staging: Mutex::default(),
             forced_algo,
             link: cost::LinkModel::default(),
+            tuner: crate::plugin::tuner::shared(cfg_tuner.as_deref())?
+                .and_then(|t| crate::plugin::tuner::TunerComm::new(t, 0, nranks, 1)),
         })
     }
 
@@ -148,8 +152,26 @@ impl Core {
         }
         let n = self.nranks;
         let bytes = op.count * op.dtype.size();
-        let algo = cost::choose(coll, bytes, n, self.link, self.forced_algo);
         let nch = self.channels(bytes).min(op.count).max(1);
+        let (algo, nch) = match &self.tuner {
+            None => (
+                cost::choose(coll, bytes, n, self.link, self.forced_algo),
+                nch,
+            ),
+            Some(t) => {
+                let max = op.count.min(64);
+                crate::plugin::tuner::decide(
+                    t,
+                    coll,
+                    bytes,
+                    n,
+                    self.link,
+                    self.forced_algo,
+                    nch,
+                    max,
+                )
+            }
+        };
         let what = format!("{} #{seq}", op.describe());
         debug!(target: "oxccl::coll", rank = self.rank, "{what}: {} on {nch} channel(s)", algo.name());
         let header = OpHeader {

@@ -5,3 +5,4 @@
 mod ffi_log;
 pub mod loader;
 pub mod net;
+pub mod tuner;

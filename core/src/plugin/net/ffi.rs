@@ -665,3 +665,76 @@ impl Request for CRequest {
         Ok(None)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The socket network's exported vtable of one version only, as a
+    /// library exporting just that version would be.
+    fn only(version: u32) -> Lib {
+        oxccl_net_socket::force_link();
+        static WANT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        WANT.store(version, std::sync::atomic::Ordering::SeqCst);
+        fn symbols(name: &str) -> Option<*const std::os::raw::c_void> {
+            let v = WANT.load(std::sync::atomic::Ordering::SeqCst);
+            let b = oxccl_plugin::builtin_nets()
+                .into_iter()
+                .find(|b| b.name == "Socket")?;
+            (name == format!("ncclNetPlugin_v{v}"))
+                .then(|| (b.abi?)(name))
+                .flatten()
+        }
+        Lib::Builtin {
+            name: "socket-one-version",
+            symbols,
+        }
+    }
+
+    /// Every version's adapter against the same network's export glue:
+    /// connect, accept and one message each way of the one connection.
+    #[test]
+    fn every_version_round_trips_a_message() {
+        for v in [8u32, 9, 10, 11, 12] {
+            let net = CNet::negotiate(&only(v)).unwrap();
+            assert_eq!(net.version(), format!("v{v}"));
+            assert!(net.properties(0).unwrap().max_p2p_bytes > 0);
+            let (mut h, mut l) = net.listen(0).unwrap();
+            let (mut s, mut r) = (None, None);
+            while s.is_none() || r.is_none() {
+                if s.is_none() {
+                    s = net.connect(0, &mut h).unwrap();
+                }
+                if r.is_none() {
+                    r = l.accept().unwrap();
+                }
+            }
+            let (mut s, mut r) = (s.unwrap(), r.unwrap());
+            let msg: Vec<u8> = (0..1000u32).map(|i| (i * v) as u8).collect();
+            let mut got = vec![0u8; 4096];
+            let mut rq = loop {
+                // SAFETY: both buffers outlive their requests (polled to completion below).
+                if let Some(q) = unsafe { r.irecv(got.as_mut_ptr(), got.len(), 0, None) }.unwrap() {
+                    break q;
+                }
+            };
+            let mut sq = loop {
+                // SAFETY: as above.
+                if let Some(q) = unsafe { s.isend(msg.as_ptr(), msg.len(), 0, None) }.unwrap() {
+                    break q;
+                }
+            };
+            let (mut sd, mut rd) = (None, None);
+            while sd.is_none() || rd.is_none() {
+                if sd.is_none() {
+                    sd = sq.test().unwrap();
+                }
+                if rd.is_none() {
+                    rd = rq.test().unwrap();
+                }
+            }
+            assert_eq!(rd.unwrap(), vec![1000], "v{v}");
+            assert_eq!(&got[..1000], &msg[..], "v{v}");
+        }
+    }
+}

@@ -58,6 +58,9 @@ fn refuse_collnet(lib: &Lib) {
 pub fn load(setting: Option<&str>) -> Result<(Option<Arc<dyn Net>>, Outcome)> {
     let search = loader::open(loader::NET, setting);
     let searched = search.tried.clone();
+    if let (Some(l), Ok(mut slot)) = (&search.opened, OPENED.lock()) {
+        *slot = Some(l.clone());
+    }
     let Some(lib) = search.opened else {
         if let Some((library, why)) = search.failed.first() {
             let reason = format!("cannot be opened: {why}");
@@ -112,6 +115,14 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Arc<dyn Net>>, Outcome)> {
             ))
         }
     }
+}
+
+/// The net plugin library last opened, where the tuner loader also looks.
+static OPENED: std::sync::Mutex<Option<Lib>> = std::sync::Mutex::new(None);
+
+/// The net plugin library opened by [`load`], if any.
+pub fn opened_library() -> Option<Lib> {
+    OPENED.lock().ok().and_then(|s| s.clone())
 }
 
 /// The one WARN line for a refused library.
