@@ -101,3 +101,130 @@ fn explicit_plugin_that_cannot_be_opened_is_named() {
         "{e}"
     );
 }
+
+/// A fixture library built by build.rs from tests/fixtures/NAME.c.
+fn fixture(name: &str) -> String {
+    format!("{}/lib{name}.so", env!("OXCCL_FIXTURES"))
+}
+
+fn spawn_with(name: &str, env: &[(&str, &str)]) -> Vec<oxccl_cli::launch::Finished> {
+    let done = spawn(name, 2, env, Duration::from_secs(60));
+    assert_all_ok(&done);
+    done
+}
+
+#[test]
+fn old_version_library_loads_at_that_version() {
+    let name = "old_version_library_loads_at_that_version";
+    // The fixture has no devices, so the built-in network carries the run.
+    if as_child(name, body("Socket")) {
+        return;
+    }
+    let lib = fixture("net_v8_nodev");
+    let done = spawn_with(
+        name,
+        &[
+            ("NCCL_NET_PLUGIN", &lib),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "NET"),
+        ],
+    );
+    for f in &done {
+        let e = &f.stderr;
+        assert!(
+            e.contains(&format!(
+                "loaded net plugin fixture-v8 from {lib} (ncclNetPlugin_v8)"
+            )),
+            "rank {}:\n{e}",
+            f.rank
+        );
+        // printf-style arguments formatted by the logger shim.
+        assert!(e.contains("fixture net v8 up (8)"), "rank {}:\n{e}", f.rank);
+        assert!(
+            e.contains("collnet plugin")
+                && e.contains("ncclCollNetPlugin_v8) not supported; disabled"),
+            "rank {}:\n{e}",
+            f.rank
+        );
+        assert!(e.contains("0 device(s)"), "rank {}:\n{e}", f.rank);
+    }
+}
+
+#[test]
+fn broken_libraries_give_one_warning_and_the_builtin_network() {
+    let name = "broken_libraries_give_one_warning_and_the_builtin_network";
+    if as_child(name, body("Socket")) {
+        return;
+    }
+    for (lib, found, reason) in [
+        (
+            "net_null",
+            "found ncclNetPlugin_v10;",
+            "ncclNetPlugin_v10 has NULL isend",
+        ),
+        (
+            "net_initfail",
+            "found ncclNetPlugin_v11;",
+            "ncclNetPlugin_v11 init failed: internal error: plugin init returned ncclInternalError (3)",
+        ),
+    ] {
+        let path = fixture(lib);
+        let done = spawn_with(name, &[("NCCL_NET_PLUGIN", &path), ("NCCL_DEBUG", "WARN")]);
+        for f in &done {
+            let lines: Vec<&str> = f.stderr.lines().filter(|l| l.contains(&path)).collect();
+            assert_eq!(lines.len(), 1, "rank {}:\n{}", f.rank, f.stderr);
+            let l = lines[0];
+            assert!(
+                l.contains("WARN")
+                    && l.contains("looked for ncclNetPlugin_v12, ncclNetPlugin_v11")
+                    && l.contains(found)
+                    && l.contains(reason)
+                    && l.contains("using the built-in network"),
+                "rank {}: {l}",
+                f.rank
+            );
+        }
+    }
+}
+
+#[test]
+fn tuner_changes_the_algorithm_used() {
+    let name = "tuner_changes_the_algorithm_used";
+    if as_child(name, body("Socket")) {
+        return;
+    }
+    let lib = fixture("tuner_ring");
+    let done = spawn_with(
+        name,
+        &[
+            ("NCCL_TUNER_PLUGIN", &lib),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "TUNING"),
+        ],
+    );
+    for f in &done {
+        let e = &f.stderr;
+        assert!(
+            e.contains(&format!(
+                "loaded tuner plugin fixture-ring from {lib} (ncclTunerPlugin_v3)"
+            )),
+            "rank {}:\n{e}",
+            f.rank
+        );
+        assert!(e.contains("fixture tuner for 2 ranks on 1 node(s)"), "{e}");
+        // On 2 ranks the model picks recursive doubling at every size;
+        // the tuner's table makes ring cheapest, and ring runs.
+        let decisions: Vec<&str> = e
+            .lines()
+            .filter(|l| l.contains("tuner fixture-ring: all_reduce of"))
+            .collect();
+        assert_eq!(decisions.len(), 2, "one per size bucket:\n{e}");
+        for d in decisions {
+            assert!(
+                d.contains("-> Ring (NCCL row 1, protocol SIMPLE")
+                    && d.contains("the model alone chose RecDoubling"),
+                "{d}"
+            );
+        }
+    }
+}

@@ -162,13 +162,23 @@ impl Vt {
 }
 
 fn check(what: &str, r: i32) -> NetResult<()> {
-    let m = |k: &str| format!("plugin {what} returned {k} ({r})");
+    let name = match r {
+        1 => "ncclUnhandledCudaError",
+        2 => "ncclSystemError",
+        3 => "ncclInternalError",
+        4 => "ncclInvalidArgument",
+        5 => "ncclInvalidUsage",
+        6 => "ncclRemoteError",
+        7 => "ncclInProgress",
+        _ => "an unknown result",
+    };
+    let m = format!("plugin {what} returned {name} ({r})");
     match r {
         NCCL_SUCCESS => Ok(()),
-        NCCL_SYSTEM_ERROR => Err(NetError::System(m("ncclSystemError"))),
-        NCCL_INVALID_ARGUMENT => Err(NetError::InvalidArgument(m("ncclInvalidArgument"))),
-        NCCL_REMOTE_ERROR => Err(NetError::Remote(m("ncclRemoteError"))),
-        _ => Err(NetError::Internal(m("an error"))),
+        NCCL_SYSTEM_ERROR => Err(NetError::System(m)),
+        NCCL_INVALID_ARGUMENT => Err(NetError::InvalidArgument(m)),
+        NCCL_REMOTE_ERROR => Err(NetError::Remote(m)),
+        _ => Err(NetError::Internal(m)),
     }
 }
 
