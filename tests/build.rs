@@ -5,7 +5,13 @@ use std::path::PathBuf;
 fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let compiler = cc::Build::new().get_compiler();
-    for name in ["net_v8_nodev", "net_null", "net_initfail", "tuner_ring"] {
+    for name in [
+        "net_v8_nodev",
+        "net_null",
+        "net_initfail",
+        "tuner_ring",
+        "profiler_count",
+    ] {
         let src = format!("fixtures/{name}.c");
         println!("cargo:rerun-if-changed={src}");
         let lib = out.join(format!("lib{name}.so"));

@@ -228,3 +228,42 @@ fn tuner_changes_the_algorithm_used() {
         }
     }
 }
+
+#[test]
+fn profiler_sees_one_collective_event_per_collective() {
+    let name = "profiler_sees_one_collective_event_per_collective";
+    if as_child(name, |r| {
+        let comm = r.comm(&[]);
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..3 {
+            comm.all_reduce(None, &mut buf, DataType::Float32, RedOp::Sum)
+                .unwrap();
+        }
+        let peer = 1 - r.rank;
+        let out = vec![1u8; 64];
+        let mut inp = vec![0u8; 64];
+        let mut g = oxccl::Group::new();
+        g.send(&comm, &out, DataType::Uint8, peer).unwrap();
+        g.recv(&comm, &mut inp, DataType::Uint8, peer).unwrap();
+        g.run().unwrap();
+        comm.destroy().unwrap();
+    }) {
+        return;
+    }
+    let lib = fixture("profiler_count");
+    let done = spawn_with(name, &[("NCCL_PROFILER_PLUGIN", &lib)]);
+    for f in &done {
+        let count = |s: &str| f.stderr.lines().filter(|l| l.starts_with(s)).count();
+        let e = &f.stderr;
+        let me = format!("fixture-profiler start coll rank={} func=AllReduce", f.rank);
+        assert_eq!(count(&me), 3, "rank {}:\n{e}", f.rank);
+        assert_eq!(count("fixture-profiler stop coll"), 3, "{e}");
+        // Every collective is a child of its group event.
+        assert!(!e.contains("parent=?"), "{e}");
+        // Three collective groups and one p2p group.
+        assert_eq!(count("fixture-profiler start group"), 4, "{e}");
+        assert_eq!(count("fixture-profiler stop group"), 4, "{e}");
+        // P2P is not in the activation mask: never started.
+        assert_eq!(count("fixture-profiler start other"), 0, "{e}");
+    }
+}

@@ -46,6 +46,7 @@ pub(crate) struct Core {
     forced_algo: Option<Algo>,
     link: cost::LinkModel,
     tuner: Option<crate::plugin::tuner::TunerComm>,
+    profiler: Option<crate::plugin::profiler::ProfilerComm>,
 }
 
 fn redop_code(op: RedOp) -> u8 {
@@ -76,6 +77,8 @@ impl Core {
             })?),
         };
         let cfg_tuner = cfg.tuner_plugin.clone();
+        let profiler = crate::plugin::profiler::shared(cfg.profiler_plugin.as_deref())?
+            .and_then(|p| crate::plugin::profiler::ProfilerComm::new(p, 0, nranks, rank));
         Ok(Core {
             rank,
             nranks,
@@ -92,6 +95,7 @@ impl Core {
             link: cost::LinkModel::default(),
             tuner: crate::plugin::tuner::shared(cfg_tuner.as_deref())?
                 .and_then(|t| crate::plugin::tuner::TunerComm::new(t, 0, nranks, 1)),
+            profiler,
         })
     }
 
@@ -122,17 +126,36 @@ impl Core {
             .conns
             .lock()
             .map_err(|_| Error::Internal("connection table poisoned by an earlier panic".into()))?;
-        for (op, bufs) in ops.iter().filter(|(op, _)| op.kind.coll().is_some()) {
-            self.run_collective(&mut conns, op, *bufs)?;
+        // NCCL's profiler points: one group event per executed group, its
+        // operations' events as children (started in run_collective, here
+        // for p2p). Without a profiler, one branch.
+        let prof = self.profiler.as_ref();
+        let group = prof.map(|p| p.start(crate::plugin::profiler::Event::Group));
+        let r = (|| {
+            for (op, bufs) in ops.iter().filter(|(op, _)| op.kind.coll().is_some()) {
+                self.run_collective(&mut conns, op, *bufs, group)?;
+            }
+            let p2p: Vec<&(Op, OpBuffers)> = ops
+                .iter()
+                .filter(|(op, _)| op.kind.coll().is_none())
+                .collect();
+            if !p2p.is_empty() {
+                let evs: Vec<_> = match (prof, group) {
+                    (Some(p), Some(g)) => p2p.iter().map(|(o, _)| p.p2p(o, g)).collect(),
+                    _ => Vec::new(),
+                };
+                let r = self.run_p2p(&mut conns, &p2p);
+                if let Some(p) = prof {
+                    evs.into_iter().for_each(|h| p.stop(h));
+                }
+                r?;
+            }
+            Ok(())
+        })();
+        if let (Some(p), Some(g)) = (prof, group) {
+            p.stop(g);
         }
-        let p2p: Vec<&(Op, OpBuffers)> = ops
-            .iter()
-            .filter(|(op, _)| op.kind.coll().is_none())
-            .collect();
-        if !p2p.is_empty() {
-            self.run_p2p(&mut conns, &p2p)?;
-        }
-        Ok(())
+        r
     }
 
     fn channels(&self, bytes: usize) -> usize {
@@ -143,7 +166,13 @@ impl Core {
         (bytes / per).clamp(lo, hi)
     }
 
-    fn run_collective(&self, conns: &mut Connections, op: &Op, bufs: OpBuffers) -> Result<()> {
+    fn run_collective(
+        &self,
+        conns: &mut Connections,
+        op: &Op,
+        bufs: OpBuffers,
+        group: Option<crate::plugin::profiler::Handle>,
+    ) -> Result<()> {
         let coll = op.kind.coll().expect("a collective");
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
         self.bootstrap.progress().store(seq + 1, Ordering::SeqCst);
@@ -171,6 +200,10 @@ impl Core {
                     max,
                 )
             }
+        };
+        let _event = match (&self.profiler, group) {
+            (Some(p), Some(g)) => Some(p.running(p.coll(op, seq, algo, nch, g))),
+            _ => None,
         };
         let what = format!("{} #{seq}", op.describe());
         debug!(target: "oxccl::coll", rank = self.rank, "{what}: {} on {nch} channel(s)", algo.name());

@@ -5,4 +5,5 @@
 mod ffi_log;
 pub mod loader;
 pub mod net;
+pub mod profiler;
 pub mod tuner;
