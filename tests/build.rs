@@ -11,6 +11,7 @@ fn main() {
         "net_initfail",
         "tuner_ring",
         "profiler_count",
+        "profiler_v1",
     ] {
         let src = format!("fixtures/{name}.c");
         println!("cargo:rerun-if-changed={src}");

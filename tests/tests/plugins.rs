@@ -267,3 +267,47 @@ fn profiler_sees_one_collective_event_per_collective() {
         assert_eq!(count("fixture-profiler start other"), 0, "{e}");
     }
 }
+
+#[test]
+fn profiler_v1_gets_enum_codes() {
+    let name = "profiler_v1_gets_enum_codes";
+    if as_child(name, |r| {
+        oxccl::log::init();
+        let comm = r.comm(&[]);
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..2 {
+            comm.all_reduce(None, &mut buf, DataType::Float32, RedOp::Max)
+                .unwrap();
+        }
+        comm.destroy().unwrap();
+    }) {
+        return;
+    }
+    let lib = fixture("profiler_v1");
+    let done = spawn_with(
+        name,
+        &[
+            ("NCCL_PROFILER_PLUGIN", &lib),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "PROFILER"),
+        ],
+    );
+    for f in &done {
+        let e = &f.stderr;
+        assert!(
+            e.contains(&format!(
+                "loaded profiler plugin fixture-v1 from {lib} (ncclProfiler_v1)"
+            )),
+            "{e}"
+        );
+        // ncclAllReduce = 4, ncclFloat32 = 7, ncclMax = 2, SIMPLE = 2; on
+        // two ranks the model picks recursive doubling: NCCL_ALGO_TREE = 0.
+        let starts = e
+            .lines()
+            .filter(|l| *l == "fixture-profiler-v1 start coll func=4 dtype=7 op=2 algo=0 proto=2")
+            .count();
+        assert_eq!(starts, 2, "{e}");
+        assert_eq!(e.matches("fixture-profiler-v1 stop coll").count(), 2, "{e}");
+        assert!(!e.contains("start other"), "{e}");
+    }
+}

@@ -1,6 +1,8 @@
-//! `ncclProfiler_v4_t` … `ncclProfiler_v6_t` as the core's [`super::Profiler`]:
-//! one adapter, one match arm per version where the descriptor or `init`
-//! changed. v1 to v3 are recognised and refused by name (not adapted yet).
+//! `ncclProfiler_v1_t` … `ncclProfiler_v6_t` as the core's
+//! [`super::ProfilerComm`]: one adapter, one match arm per version where the
+//! descriptor or `init` changed (v1 carries enum codes where later versions
+//! carry names; v4 dropped the communicator name and hash; v5 added the
+//! parent group and a 64-bit type).
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString};
@@ -9,7 +11,7 @@ use std::ptr::null_mut;
 use std::sync::atomic::AtomicI32;
 
 use oxccl_plugin::ffi::profiler::{
-    v4, v5, v6, NCCL_PROFILE_COLL, NCCL_PROFILE_GROUP, NCCL_PROFILE_P2P,
+    v1, v2, v3, v4, v5, v6, NCCL_PROFILE_COLL, NCCL_PROFILE_GROUP, NCCL_PROFILE_P2P,
 };
 use oxccl_plugin::ffi::NCCL_SUCCESS;
 
@@ -21,13 +23,16 @@ pub const SYMBOLS: &[(&str, Option<u32>)] = &[
     ("ncclProfiler_v6", Some(6)),
     ("ncclProfiler_v5", Some(5)),
     ("ncclProfiler_v4", Some(4)),
-    ("ncclProfiler_v3", None),
-    ("ncclProfiler_v2", None),
-    ("ncclProfiler_v1", None),
+    ("ncclProfiler_v3", Some(3)),
+    ("ncclProfiler_v2", Some(2)),
+    ("ncclProfiler_v1", Some(1)),
 ];
 
 #[derive(Clone, Copy)]
 enum Vt {
+    V1(&'static v1::ProfilerV1),
+    V2(&'static v2::ProfilerV2),
+    V3(&'static v3::ProfilerV3),
     V4(&'static v4::ProfilerV4),
     V5(&'static v5::ProfilerV5),
     V6(&'static v6::ProfilerV6),
@@ -80,6 +85,7 @@ pub enum Event<'a> {
         algo: &'a CStr,
         nchannels: u8,
         parent: Handle,
+        codes: Codes,
     },
     P2p {
         func: &'a CStr,
@@ -87,7 +93,18 @@ pub enum Event<'a> {
         dtype: &'a CStr,
         peer: c_int,
         parent: Handle,
+        codes: Codes,
     },
+}
+
+/// The enum codes v1 carries where later versions carry names:
+/// `ncclFunc_t`, `ncclDataType_t`, `ncclRedOp_t`, `NCCL_ALGO_*`.
+#[derive(Clone, Copy, Default)]
+pub struct Codes {
+    pub func: u8,
+    pub dtype: u8,
+    pub op: u32,
+    pub algo: u8,
 }
 
 impl Event<'_> {
@@ -112,7 +129,7 @@ impl CProfiler {
         else {
             return Err((
                 found,
-                "no profiler ABI version this oxccl loads (v4 to v6)".into(),
+                "no profiler ABI version this oxccl loads (v1 to v6)".into(),
             ));
         };
         let p = lib.symbol(sym).expect("found above");
@@ -122,10 +139,43 @@ impl CProfiler {
             match version {
                 6 => Vt::V6(&*(p as *const v6::ProfilerV6)),
                 5 => Vt::V5(&*(p as *const v5::ProfilerV5)),
-                _ => Vt::V4(&*(p as *const v4::ProfilerV4)),
+                4 => Vt::V4(&*(p as *const v4::ProfilerV4)),
+                3 => Vt::V3(&*(p as *const v3::ProfilerV3)),
+                2 => Vt::V2(&*(p as *const v2::ProfilerV2)),
+                _ => Vt::V1(&*(p as *const v1::ProfilerV1)),
             }
         };
         let (name, entries) = match vt {
+            Vt::V1(v) => (
+                v.name,
+                [
+                    v.init.is_some(),
+                    v.start_event.is_some(),
+                    v.stop_event.is_some(),
+                    v.record_event_state.is_some(),
+                    v.finalize.is_some(),
+                ],
+            ),
+            Vt::V2(v) => (
+                v.name,
+                [
+                    v.init.is_some(),
+                    v.start_event.is_some(),
+                    v.stop_event.is_some(),
+                    v.record_event_state.is_some(),
+                    v.finalize.is_some(),
+                ],
+            ),
+            Vt::V3(v) => (
+                v.name,
+                [
+                    v.init.is_some(),
+                    v.start_event.is_some(),
+                    v.stop_event.is_some(),
+                    v.record_event_state.is_some(),
+                    v.finalize.is_some(),
+                ],
+            ),
             Vt::V4(v) => (
                 v.name,
                 [
@@ -205,6 +255,9 @@ impl CProfiler {
         // process-lifetime int as the ABI asks; valid out-pointer.
         let rc = unsafe {
             match self.vt {
+                Vt::V1(v) => v.init.expect("checked")(&mut ctx, mask),
+                Vt::V2(v) => v.init.expect("checked")(&mut ctx, mask),
+                Vt::V3(v) => v.init.expect("checked")(&mut ctx, mask),
                 Vt::V4(v) => {
                     v.init.expect("checked")(&mut ctx, mask, name.as_ptr(), comm_id, nn, n, r, log)
                 }
@@ -259,6 +312,7 @@ impl CProfiler {
                 algo,
                 nchannels,
                 parent,
+                ..
             } => (
                 seq,
                 p(func),
@@ -276,6 +330,7 @@ impl CProfiler {
                 dtype,
                 peer,
                 parent,
+                ..
             } => (
                 0,
                 p(func),
@@ -322,7 +377,117 @@ impl CProfiler {
             n_channels: nch,
             parent_group: parent.0,
         };
+        let codes = match *ev {
+            Event::Coll { codes, .. } | Event::P2p { codes, .. } => codes,
+            Event::Group => Codes::default(),
+        };
+        // Before v4 descriptors name the communicator; it has no name here.
+        let (cname_, hash) = (c"".as_ptr(), 0u64);
         let _ = match self.vt {
+            Vt::V1(v) => fire!(
+                v,
+                v1::EventDescrV1,
+                u8,
+                v1::EventDetailV1 {
+                    coll: v1::CollDescrV1 {
+                        name: cname_,
+                        comm_hash: hash,
+                        seq_number: seq,
+                        func: codes.func,
+                        send_buff: std::ptr::null(),
+                        recv_buff: null_mut(),
+                        count,
+                        root,
+                        datatype: codes.dtype,
+                        op: codes.op,
+                        traffic_bytes: 0,
+                        n_max_channels: nch,
+                        n_warps: 0,
+                        algo: codes.algo,
+                        proto: 2,
+                        is_collnet: 0,
+                        is_nvls: 0,
+                    }
+                },
+                v1::EventDetailV1 {
+                    p2p: v1::P2pDescrV1 {
+                        name: cname_,
+                        comm_hash: hash,
+                        func: codes.func,
+                        buff: null_mut(),
+                        datatype: codes.dtype,
+                        count,
+                        peer,
+                    }
+                }
+            ),
+            Vt::V2(v) => fire!(
+                v,
+                v2::EventDescrV2,
+                u8,
+                v2::EventDetailV2 {
+                    coll: v2::CollDescrV2 {
+                        name: cname_,
+                        comm_hash: hash,
+                        seq_number: seq,
+                        func,
+                        send_buff: std::ptr::null(),
+                        recv_buff: null_mut(),
+                        count,
+                        root,
+                        datatype: dtype,
+                        traffic_bytes: 0,
+                        n_max_channels: nch,
+                        n_warps: 0,
+                        algo,
+                        proto: SIMPLE.as_ptr(),
+                    }
+                },
+                v2::EventDetailV2 {
+                    p2p: v2::P2pDescrV2 {
+                        name: cname_,
+                        comm_hash: hash,
+                        func,
+                        buff: null_mut(),
+                        datatype: dtype,
+                        count,
+                        peer,
+                    }
+                }
+            ),
+            Vt::V3(v) => fire!(
+                v,
+                v3::EventDescrV3,
+                u8,
+                v3::EventDetailV3 {
+                    coll: v3::CollDescrV3 {
+                        name: cname_,
+                        comm_hash: hash,
+                        seq_number: seq,
+                        func,
+                        send_buff: std::ptr::null(),
+                        recv_buff: null_mut(),
+                        count,
+                        root,
+                        datatype: dtype,
+                        n_max_channels: nch,
+                        n_warps: 0,
+                        algo,
+                        proto: SIMPLE.as_ptr(),
+                    }
+                },
+                v3::EventDetailV3 {
+                    p2p: v3::P2pDescrV3 {
+                        name: cname_,
+                        comm_hash: hash,
+                        func,
+                        buff: null_mut(),
+                        datatype: dtype,
+                        count,
+                        peer,
+                    }
+                }
+            ),
             Vt::V6(v) => fire!(
                 v,
                 v6::EventDescrV6,
@@ -376,6 +541,9 @@ impl CProfiler {
             return;
         }
         let f = match self.vt {
+            Vt::V1(v) => v.stop_event,
+            Vt::V2(v) => v.stop_event,
+            Vt::V3(v) => v.stop_event,
             Vt::V4(v) => v.stop_event,
             Vt::V5(v) => v.stop_event,
             Vt::V6(v) => v.stop_event,
@@ -388,6 +556,9 @@ impl CProfiler {
 
     pub fn finalize(&self, ctx: &Ctx) {
         let f = match self.vt {
+            Vt::V1(v) => v.finalize,
+            Vt::V2(v) => v.finalize,
+            Vt::V3(v) => v.finalize,
             Vt::V4(v) => v.finalize,
             Vt::V5(v) => v.finalize,
             Vt::V6(v) => v.finalize,

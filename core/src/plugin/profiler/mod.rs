@@ -1,6 +1,6 @@
 //! The profiler plugin: `NCCL_PROFILER_PLUGIN` as NCCL 2.30 reads it (a
 //! name → `libnccl-profiler-NAME.so`, a path, `none`; unset tries
-//! `libnccl-profiler.so`), `ncclProfiler_v6` down to `_v4`. The core starts
+//! `libnccl-profiler.so`), `ncclProfiler_v6` down to `_v1`. The core starts
 //! and stops events at NCCL's points: one group event per executed group,
 //! one collective or p2p event per operation, children of the group. An
 //! event whose bit is not in the activation mask the plugin set is not
@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use crate::error::{Error, Result};
 use crate::plugin::loader;
 
-pub use ffi::{cname, Event, Handle, SYMBOLS};
+pub use ffi::{cname, Codes, Event, Handle, SYMBOLS};
 
 /// What the search found, for logs and `oxccl info`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,6 +164,35 @@ impl Drop for ProfilerComm {
     }
 }
 
+/// `ncclFunc_t` of an operation (profiler v1 carries codes).
+fn func_code(kind: &crate::op::OpKind) -> u8 {
+    use crate::op::OpKind;
+    use oxccl_plugin::ffi::*;
+    (match kind {
+        OpKind::AllReduce => NCCL_FUNC_ALL_REDUCE,
+        OpKind::Broadcast { .. } => NCCL_FUNC_BROADCAST,
+        OpKind::Reduce { .. } => NCCL_FUNC_REDUCE,
+        OpKind::AllGather => NCCL_FUNC_ALL_GATHER,
+        OpKind::ReduceScatter => NCCL_FUNC_REDUCE_SCATTER,
+        OpKind::Send { .. } => NCCL_FUNC_SEND,
+        OpKind::Recv { .. } => NCCL_FUNC_RECV,
+    }) as u8
+}
+
+/// `ncclRedOp_t` (sum, prod, max, min, avg; pre-multiplied sums are
+/// user-created ops, numbered from ncclNumOps).
+fn redop_code(op: crate::RedOp) -> u32 {
+    use crate::RedOp;
+    match op {
+        RedOp::Sum => 0,
+        RedOp::Prod => 1,
+        RedOp::Max => 2,
+        RedOp::Min => 3,
+        RedOp::Avg => 4,
+        RedOp::PreMulSum(_) => 5,
+    }
+}
+
 /// NCCL's function names, as profilers print them.
 fn func(kind: &crate::op::OpKind) -> &'static str {
     use crate::op::OpKind;
@@ -197,6 +226,12 @@ impl ProfilerComm {
             algo: cname(algo.name()),
             nchannels: nch.min(255) as u8,
             parent,
+            codes: Codes {
+                func: func_code(&op.kind),
+                dtype: op.dtype as u8,
+                op: redop_code(op.redop),
+                algo: crate::algo::cost::nccl_row(algo) as u8,
+            },
         })
     }
 
@@ -213,6 +248,11 @@ impl ProfilerComm {
             dtype: cname(op.dtype.name()),
             peer,
             parent,
+            codes: Codes {
+                func: func_code(&op.kind),
+                dtype: op.dtype as u8,
+                ..Codes::default()
+            },
         })
     }
 }
