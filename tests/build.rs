@@ -12,6 +12,7 @@ fn main() {
         "tuner_ring",
         "profiler_count",
         "profiler_v1",
+        "net_with_tuner",
     ] {
         let src = format!("fixtures/{name}.c");
         println!("cargo:rerun-if-changed={src}");

@@ -311,3 +311,34 @@ fn profiler_v1_gets_enum_codes() {
         assert!(!e.contains("start other"), "{e}");
     }
 }
+
+#[test]
+fn tuner_is_found_inside_the_net_plugin_library() {
+    let name = "tuner_is_found_inside_the_net_plugin_library";
+    if as_child(name, body("Socket")) {
+        return;
+    }
+    let lib = fixture("net_with_tuner");
+    let done = spawn_with(
+        name,
+        &[
+            ("NCCL_NET_PLUGIN", &lib),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "TUNING,NET"),
+        ],
+    );
+    for f in &done {
+        let e = &f.stderr;
+        assert!(
+            e.contains(&format!("loaded net plugin fixture-v8 from {lib}")),
+            "{e}"
+        );
+        assert!(
+            e.contains(&format!(
+                "loaded tuner plugin fixture-ring from {lib} (ncclTunerPlugin_v3)"
+            )),
+            "{e}"
+        );
+        assert!(e.contains("-> Ring (NCCL row 1"), "{e}");
+    }
+}
