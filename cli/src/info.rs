@@ -49,6 +49,9 @@ pub fn main() -> Result<i32, String> {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    for (name, abi) in net::builtin_abis() {
+        println!("  built-in {name}: called through {abi}");
+    }
     println!("\n## Tuner plugin (NCCL_TUNER_PLUGIN)");
     match tuner::load(cfg.tuner_plugin.as_deref(), net::opened_library()) {
         Ok((_, o)) => match o {

@@ -159,6 +159,28 @@ pub fn builtin(b: &BuiltinNet) -> NetResult<Box<dyn Net>> {
     }
 }
 
+/// Each built-in network with the ABI it is reached through ("ncclNetPlugin_v12",
+/// or "native" for one that exports no vtable), for `oxccl info`.
+pub fn builtin_abis() -> Vec<(&'static str, String)> {
+    oxccl_net_socket::force_link();
+    oxccl_plugin::builtin_nets()
+        .into_iter()
+        .map(|b| {
+            let abi = match b.abi {
+                None => "native (no C vtable exported)".to_string(),
+                Some(symbols) => match ffi::CNet::negotiate(&Lib::Builtin {
+                    name: b.name,
+                    symbols,
+                }) {
+                    Ok(n) => format!("ncclNetPlugin_{}", n.version()),
+                    Err(r) => format!("unusable: {}", r.reason),
+                },
+            };
+            (b.name, abi)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
