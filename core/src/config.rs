@@ -173,6 +173,10 @@ params! {
     algo: Option<String> = "ALGO", "";
     /// Network plugin library: a name (`foo` loads libnccl-net-foo.so), a path, or `none`; unset tries libnccl-net.so.
     net_plugin: Option<String> = "NET_PLUGIN", "";
+    /// Tuner plugin library: a name (`foo` loads libnccl-tuner-foo.so), a path, or `none`; unset tries libnccl-tuner.so, then the net plugin library.
+    tuner_plugin: Option<String> = "TUNER_PLUGIN", "";
+    /// Profiler plugin library: a name (`foo` loads libnccl-profiler-foo.so), a path, or `none`; unset tries libnccl-profiler.so.
+    profiler_plugin: Option<String> = "PROFILER_PLUGIN", "";
     /// Network to use by name (e.g. Socket); empty takes the first that has devices.
     net: Option<String> = "NET", "";
     /// Smallest number of channels (parallel lanes per collective).

@@ -120,8 +120,9 @@ fn library_without_a_known_version_falls_back_with_a_warning() {
     for f in &done {
         assert!(
             f.stderr.contains("libc.so.6")
-                && f.stderr.contains("exports no net ABI version")
-                && f.stderr.contains("ncclNetPlugin_v8"),
+                && f.stderr.contains("no net ABI version this oxccl loads")
+                && f.stderr.contains("looked for ncclNetPlugin_v12")
+                && f.stderr.contains("found none"),
             "rank {} stderr lacks the WARN line:\n{}",
             f.rank,
             f.stderr
@@ -140,4 +141,245 @@ fn explicit_plugin_that_cannot_be_opened_is_named() {
         e.contains("NCCL_NET_PLUGIN") && e.contains("/nonexistent/libnccl-net-x.so"),
         "{e}"
     );
+}
+
+/// A fixture library built by build.rs from tests/fixtures/NAME.c.
+fn fixture(name: &str) -> String {
+    format!("{}/lib{name}.so", env!("OXCCL_FIXTURES"))
+}
+
+fn spawn_with(name: &str, env: &[(&str, &str)]) -> Vec<oxccl_cli::launch::Finished> {
+    let done = spawn(name, 2, env, Duration::from_secs(60));
+    assert_all_ok(&done);
+    done
+}
+
+#[test]
+fn old_version_library_loads_at_that_version() {
+    let name = "old_version_library_loads_at_that_version";
+    // The fixture has no devices, so the built-in network carries the run.
+    if as_child(name, body("Socket")) {
+        return;
+    }
+    let lib = fixture("net_v8_nodev");
+    let done = spawn_with(
+        name,
+        &[
+            ("NCCL_NET_PLUGIN", &lib),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "NET"),
+        ],
+    );
+    for f in &done {
+        let e = &f.stderr;
+        assert!(
+            e.contains(&format!(
+                "loaded net plugin fixture-v8 from {lib} (ncclNetPlugin_v8)"
+            )),
+            "rank {}:\n{e}",
+            f.rank
+        );
+        // printf-style arguments formatted by the logger shim.
+        assert!(e.contains("fixture net v8 up (8)"), "rank {}:\n{e}", f.rank);
+        assert!(
+            e.contains("collnet plugin")
+                && e.contains("ncclCollNetPlugin_v8) not supported; disabled"),
+            "rank {}:\n{e}",
+            f.rank
+        );
+        assert!(e.contains("0 device(s)"), "rank {}:\n{e}", f.rank);
+    }
+}
+
+#[test]
+fn broken_libraries_give_one_warning_and_the_builtin_network() {
+    let name = "broken_libraries_give_one_warning_and_the_builtin_network";
+    if as_child(name, body("Socket")) {
+        return;
+    }
+    for (lib, found, reason) in [
+        (
+            "net_null",
+            "found ncclNetPlugin_v10;",
+            "ncclNetPlugin_v10 has NULL isend",
+        ),
+        (
+            "net_initfail",
+            "found ncclNetPlugin_v11;",
+            "ncclNetPlugin_v11 init failed: internal error: plugin init returned ncclInternalError (3)",
+        ),
+    ] {
+        let path = fixture(lib);
+        let done = spawn_with(name, &[("NCCL_NET_PLUGIN", &path), ("NCCL_DEBUG", "WARN")]);
+        for f in &done {
+            let lines: Vec<&str> = f.stderr.lines().filter(|l| l.contains(&path)).collect();
+            assert_eq!(lines.len(), 1, "rank {}:\n{}", f.rank, f.stderr);
+            let l = lines[0];
+            assert!(
+                l.contains("WARN")
+                    && l.contains("looked for ncclNetPlugin_v12, ncclNetPlugin_v11")
+                    && l.contains(found)
+                    && l.contains(reason)
+                    && l.contains("using the built-in network"),
+                "rank {}: {l}",
+                f.rank
+            );
+        }
+    }
+}
+
+#[test]
+fn tuner_changes_the_algorithm_used() {
+    let name = "tuner_changes_the_algorithm_used";
+    if as_child(name, body("Socket")) {
+        return;
+    }
+    let lib = fixture("tuner_ring");
+    let done = spawn_with(
+        name,
+        &[
+            ("NCCL_TUNER_PLUGIN", &lib),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "TUNING"),
+        ],
+    );
+    for f in &done {
+        let e = &f.stderr;
+        assert!(
+            e.contains(&format!(
+                "loaded tuner plugin fixture-ring from {lib} (ncclTunerPlugin_v3)"
+            )),
+            "rank {}:\n{e}",
+            f.rank
+        );
+        assert!(e.contains("fixture tuner for 2 ranks on 1 node(s)"), "{e}");
+        // On 2 ranks the model picks recursive doubling at every size;
+        // the tuner's table makes ring cheapest, and ring runs.
+        let decisions: Vec<&str> = e
+            .lines()
+            .filter(|l| l.contains("tuner fixture-ring: all_reduce of"))
+            .collect();
+        assert_eq!(decisions.len(), 2, "one per size bucket:\n{e}");
+        for d in decisions {
+            assert!(
+                d.contains("-> Ring (NCCL row 1, protocol SIMPLE")
+                    && d.contains("the model alone chose RecDoubling"),
+                "{d}"
+            );
+        }
+    }
+}
+
+#[test]
+fn profiler_sees_one_collective_event_per_collective() {
+    let name = "profiler_sees_one_collective_event_per_collective";
+    if as_child(name, |r| {
+        let comm = r.comm(&[]);
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..3 {
+            comm.all_reduce(None, &mut buf, DataType::Float32, RedOp::Sum)
+                .unwrap();
+        }
+        let peer = 1 - r.rank;
+        let out = vec![1u8; 64];
+        let mut inp = vec![0u8; 64];
+        let mut g = oxccl::Group::new();
+        g.send(&comm, &out, DataType::Uint8, peer).unwrap();
+        g.recv(&comm, &mut inp, DataType::Uint8, peer).unwrap();
+        g.run().unwrap();
+        comm.destroy().unwrap();
+    }) {
+        return;
+    }
+    let lib = fixture("profiler_count");
+    let done = spawn_with(name, &[("NCCL_PROFILER_PLUGIN", &lib)]);
+    for f in &done {
+        let count = |s: &str| f.stderr.lines().filter(|l| l.starts_with(s)).count();
+        let e = &f.stderr;
+        let me = format!("fixture-profiler start coll rank={} func=AllReduce", f.rank);
+        assert_eq!(count(&me), 3, "rank {}:\n{e}", f.rank);
+        assert_eq!(count("fixture-profiler stop coll"), 3, "{e}");
+        // Every collective is a child of its group event.
+        assert!(!e.contains("parent=?"), "{e}");
+        // Three collective groups and one p2p group.
+        assert_eq!(count("fixture-profiler start group"), 4, "{e}");
+        assert_eq!(count("fixture-profiler stop group"), 4, "{e}");
+        // P2P is not in the activation mask: never started.
+        assert_eq!(count("fixture-profiler start other"), 0, "{e}");
+    }
+}
+
+#[test]
+fn profiler_v1_gets_enum_codes() {
+    let name = "profiler_v1_gets_enum_codes";
+    if as_child(name, |r| {
+        oxccl::log::init();
+        let comm = r.comm(&[]);
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..2 {
+            comm.all_reduce(None, &mut buf, DataType::Float32, RedOp::Max)
+                .unwrap();
+        }
+        comm.destroy().unwrap();
+    }) {
+        return;
+    }
+    let lib = fixture("profiler_v1");
+    let done = spawn_with(
+        name,
+        &[
+            ("NCCL_PROFILER_PLUGIN", &lib),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "PROFILER"),
+        ],
+    );
+    for f in &done {
+        let e = &f.stderr;
+        assert!(
+            e.contains(&format!(
+                "loaded profiler plugin fixture-v1 from {lib} (ncclProfiler_v1)"
+            )),
+            "{e}"
+        );
+        // ncclAllReduce = 4, ncclFloat32 = 7, ncclMax = 2, SIMPLE = 2; on
+        // two ranks the model picks recursive doubling: NCCL_ALGO_TREE = 0.
+        let starts = e
+            .lines()
+            .filter(|l| *l == "fixture-profiler-v1 start coll func=4 dtype=7 op=2 algo=0 proto=2")
+            .count();
+        assert_eq!(starts, 2, "{e}");
+        assert_eq!(e.matches("fixture-profiler-v1 stop coll").count(), 2, "{e}");
+        assert!(!e.contains("start other"), "{e}");
+    }
+}
+
+#[test]
+fn tuner_is_found_inside_the_net_plugin_library() {
+    let name = "tuner_is_found_inside_the_net_plugin_library";
+    if as_child(name, body("Socket")) {
+        return;
+    }
+    let lib = fixture("net_with_tuner");
+    let done = spawn_with(
+        name,
+        &[
+            ("NCCL_NET_PLUGIN", &lib),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "TUNING,NET"),
+        ],
+    );
+    for f in &done {
+        let e = &f.stderr;
+        assert!(
+            e.contains(&format!("loaded net plugin fixture-v8 from {lib}")),
+            "{e}"
+        );
+        assert!(
+            e.contains(&format!(
+                "loaded tuner plugin fixture-ring from {lib} (ncclTunerPlugin_v3)"
+            )),
+            "{e}"
+        );
+        assert!(e.contains("-> Ring (NCCL row 1"), "{e}");
+    }
 }

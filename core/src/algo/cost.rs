@@ -1,6 +1,11 @@
 //! The cost model that picks an algorithm: time = latency + bytes / bandwidth
 //! per algorithm, as NCCL's tuning tables (which a tuner plugin can replace).
 
+use oxccl_plugin::ffi::tuner::{
+    NCCL_ALGO_PROTO_IGNORE, NCCL_ALGO_RING, NCCL_ALGO_TREE, NCCL_NUM_ALGORITHMS,
+    NCCL_NUM_PROTOCOLS, NCCL_PROTO_SIMPLE,
+};
+
 use super::{Algo, Coll};
 
 /// Figures of one network path, measured or declared by the net plugin.
@@ -54,6 +59,65 @@ pub fn choose(coll: Coll, bytes: usize, n: usize, link: LinkModel, forced: Optio
         .unwrap_or(Algo::Ring)
 }
 
+/// NCCL's cost table (`collCostTable`): estimated microseconds per
+/// (algorithm, protocol), [`NCCL_ALGO_PROTO_IGNORE`] where unusable. What a
+/// tuner plugin receives and may change; the cheapest usable entry wins.
+pub type CostTable = [[f32; NCCL_NUM_PROTOCOLS]; NCCL_NUM_ALGORITHMS];
+
+/// The row of NCCL's table that stands for one of our algorithms: ring is
+/// ring; recursive doubling takes the tree row, NCCL's latency-bound choice.
+pub fn nccl_row(algo: Algo) -> usize {
+    match algo {
+        Algo::Ring => NCCL_ALGO_RING as usize,
+        Algo::RecDoubling => NCCL_ALGO_TREE as usize,
+    }
+}
+
+/// The table from the model: only the SIMPLE protocol exists here, and a
+/// forced algorithm (NCCL_ALGO) leaves only its own row, as NCCL masks the
+/// table before its tuner sees it.
+pub fn cost_table(
+    coll: Coll,
+    bytes: usize,
+    n: usize,
+    link: LinkModel,
+    forced: Option<Algo>,
+) -> CostTable {
+    let mut t = [[NCCL_ALGO_PROTO_IGNORE; NCCL_NUM_PROTOCOLS]; NCCL_NUM_ALGORITHMS];
+    let forced = forced.filter(|f| f.supports(coll));
+    for a in [Algo::Ring, Algo::RecDoubling] {
+        if forced.is_some_and(|f| f != a) {
+            continue;
+        }
+        if let Some(s) = predict(a, coll, bytes, n, link) {
+            t[nccl_row(a)][NCCL_PROTO_SIMPLE as usize] = (s * 1e6) as f32;
+        }
+    }
+    if t.iter().flatten().all(|c| *c < 0.0) {
+        // One rank, or nothing predicted: ring is always runnable.
+        t[nccl_row(Algo::Ring)][NCCL_PROTO_SIMPLE as usize] = 0.0;
+    }
+    t
+}
+
+/// The cheapest entry of rows we can run, as (algorithm, NCCL protocol).
+/// Entries of rows we have no algorithm for are ignored even when a tuner
+/// made them cheapest; any protocol of a row runs as SIMPLE.
+pub fn pick(table: &CostTable, coll: Coll) -> Option<(Algo, usize)> {
+    [Algo::Ring, Algo::RecDoubling]
+        .into_iter()
+        .filter(|a| a.supports(coll))
+        .flat_map(|a| {
+            table[nccl_row(a)]
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| **c >= 0.0)
+                .map(move |(p, c)| (a, p, *c))
+        })
+        .min_by(|x, y| x.2.total_cmp(&y.2))
+        .map(|(a, p, _)| (a, p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +132,20 @@ mod tests {
             choose(Coll::AllReduce, 8, 8, l, Some(Algo::Ring)),
             Algo::Ring
         );
+    }
+
+    #[test]
+    fn table_agrees_with_the_model_and_a_tuner_can_override() {
+        let l = LinkModel::default();
+        let mut t = cost_table(Coll::AllReduce, 8, 8, l, None);
+        assert_eq!(pick(&t, Coll::AllReduce).unwrap().0, Algo::RecDoubling);
+        t[nccl_row(Algo::Ring)][NCCL_PROTO_SIMPLE as usize] = 0.0;
+        assert_eq!(pick(&t, Coll::AllReduce).unwrap().0, Algo::Ring);
+        // A row we cannot run is never chosen.
+        t[4][0] = 0.0;
+        t[nccl_row(Algo::Ring)][NCCL_PROTO_SIMPLE as usize] = 1e6;
+        assert_eq!(pick(&t, Coll::AllReduce).unwrap().0, Algo::RecDoubling);
+        let f = cost_table(Coll::AllReduce, 8, 8, l, Some(Algo::Ring));
+        assert!(f[nccl_row(Algo::RecDoubling)].iter().all(|c| *c < 0.0));
     }
 }

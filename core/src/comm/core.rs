@@ -49,6 +49,8 @@ pub(crate) struct Core {
     /// The GPU this rank is bound to, when it was created on one: its
     /// operations take device memory and run as kernels.
     pub device: Option<Mutex<DeviceComm>>,
+    tuner: Option<crate::plugin::tuner::TunerComm>,
+    profiler: Option<crate::plugin::profiler::ProfilerComm>,
 }
 
 fn redop_code(op: RedOp) -> u8 {
@@ -79,6 +81,9 @@ impl Core {
                 ))
             })?),
         };
+        let cfg_tuner = cfg.tuner_plugin.clone();
+        let profiler = crate::plugin::profiler::shared(cfg.profiler_plugin.as_deref())?
+            .and_then(|p| crate::plugin::profiler::ProfilerComm::new(p, 0, nranks, rank));
         Ok(Core {
             rank,
             nranks,
@@ -94,6 +99,9 @@ impl Core {
             forced_algo,
             link: cost::LinkModel::default(),
             device: device.map(Mutex::new),
+            tuner: crate::plugin::tuner::shared(cfg_tuner.as_deref())?
+                .and_then(|t| crate::plugin::tuner::TunerComm::new(t, 0, nranks, 1)),
+            profiler,
         })
     }
 
@@ -149,17 +157,36 @@ impl Core {
             .conns
             .lock()
             .map_err(|_| Error::Internal("connection table poisoned by an earlier panic".into()))?;
-        for (op, bufs) in ops.iter().filter(|(op, _)| op.kind.coll().is_some()) {
-            self.run_collective(&mut conns, op, *bufs)?;
+        // NCCL's profiler points: one group event per executed group, its
+        // operations' events as children (started in run_collective, here
+        // for p2p). Without a profiler, one branch.
+        let prof = self.profiler.as_ref();
+        let group = prof.map(|p| p.start(crate::plugin::profiler::Event::Group));
+        let r = (|| {
+            for (op, bufs) in ops.iter().filter(|(op, _)| op.kind.coll().is_some()) {
+                self.run_collective(&mut conns, op, *bufs, group)?;
+            }
+            let p2p: Vec<&(Op, OpBuffers)> = ops
+                .iter()
+                .filter(|(op, _)| op.kind.coll().is_none())
+                .collect();
+            if !p2p.is_empty() {
+                let evs: Vec<_> = match (prof, group) {
+                    (Some(p), Some(g)) => p2p.iter().map(|(o, _)| p.p2p(o, g)).collect(),
+                    _ => Vec::new(),
+                };
+                let r = self.run_p2p(&mut conns, &p2p);
+                if let Some(p) = prof {
+                    evs.into_iter().for_each(|h| p.stop(h));
+                }
+                r?;
+            }
+            Ok(())
+        })();
+        if let (Some(p), Some(g)) = (prof, group) {
+            p.stop(g);
         }
-        let p2p: Vec<&(Op, OpBuffers)> = ops
-            .iter()
-            .filter(|(op, _)| op.kind.coll().is_none())
-            .collect();
-        if !p2p.is_empty() {
-            self.run_p2p(&mut conns, &p2p)?;
-        }
-        Ok(())
+        r
     }
 
     fn channels(&self, bytes: usize) -> usize {
@@ -170,7 +197,13 @@ impl Core {
         (bytes / per).clamp(lo, hi)
     }
 
-    fn run_collective(&self, conns: &mut Connections, op: &Op, bufs: OpBuffers) -> Result<()> {
+    fn run_collective(
+        &self,
+        conns: &mut Connections,
+        op: &Op,
+        bufs: OpBuffers,
+        group: Option<crate::plugin::profiler::Handle>,
+    ) -> Result<()> {
         let coll = op.kind.coll().expect("a collective");
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
         self.bootstrap.progress().store(seq + 1, Ordering::SeqCst);
@@ -179,8 +212,30 @@ impl Core {
         }
         let n = self.nranks;
         let bytes = op.count * op.dtype.size();
-        let algo = cost::choose(coll, bytes, n, self.link, self.forced_algo);
         let nch = self.channels(bytes).min(op.count).max(1);
+        let (algo, nch) = match &self.tuner {
+            None => (
+                cost::choose(coll, bytes, n, self.link, self.forced_algo),
+                nch,
+            ),
+            Some(t) => {
+                let max = op.count.min(64);
+                crate::plugin::tuner::decide(
+                    t,
+                    coll,
+                    bytes,
+                    n,
+                    self.link,
+                    self.forced_algo,
+                    nch,
+                    max,
+                )
+            }
+        };
+        let _event = match (&self.profiler, group) {
+            (Some(p), Some(g)) => Some(p.running(p.coll(op, seq, algo, nch, g))),
+            _ => None,
+        };
         let what = format!("{} #{seq}", op.describe());
         debug!(target: "oxccl::coll", rank = self.rank, "{what}: {} on {nch} channel(s)", algo.name());
         let header = OpHeader {

@@ -138,7 +138,7 @@ fn network(cfg: &Config) -> Result<Arc<dyn Net>> {
                 continue;
             }
         }
-        match (b.init)() {
+        match crate::plugin::net::builtin(b) {
             Ok(net) => match net.devices() {
                 Ok(n) if n > 0 => {
                     info!(target: "oxccl::net", "using network {} ({n} device(s))", b.name);
@@ -664,7 +664,7 @@ pub fn net_summary() -> Vec<String> {
     oxccl_net_socket::force_link();
     oxccl_plugin::builtin_nets()
         .into_iter()
-        .map(|b| match (b.init)() {
+        .map(|b| match crate::plugin::net::builtin(b) {
             Ok(net) => match net.devices() {
                 Ok(n) => {
                     let devs: Vec<String> = (0..n)

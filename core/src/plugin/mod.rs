@@ -1,5 +1,9 @@
-//! Plugins loaded from libraries, speaking NCCL's C ABI. Each interface
-//! version has its own adapter (`ffi_vN`) into the one Rust trait the core
-//! uses, so nothing else in the core sees a C struct.
+//! Plugins loaded from libraries, speaking NCCL's C ABI. Discovery is shared
+//! (`loader`); each interface has an adapter from its C vtables into the one
+//! Rust type the core uses, so nothing else in the core sees a C struct.
 
+mod ffi_log;
+pub mod loader;
 pub mod net;
+pub mod profiler;
+pub mod tuner;

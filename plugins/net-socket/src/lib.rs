@@ -199,7 +199,7 @@ fn init() -> NetResult<Box<dyn Net>> {
 }
 
 oxccl_plugin::inventory::submit! {
-    BuiltinNet { name: "Socket", priority: 100, init }
+    BuiltinNet { name: "Socket", priority: 100, init, abi: Some(__oxccl_net_symbol) }
 }
 
 // The same network as a plugin library that NCCL (and oxccl) load by path:

@@ -155,6 +155,11 @@ pub struct BuiltinNet {
     /// Lower runs first when no network is named (NCCL tries IB before Socket).
     pub priority: i32,
     pub init: fn() -> NetResult<Box<dyn Net>>,
+    /// The network's exported C vtables by symbol name (what
+    /// `export_net_plugin!` emits as `__oxccl_net_symbol`). When present the
+    /// core calls the built-in through the C ABI, exactly as a loaded
+    /// library, so that every run exercises the ABI; `init` is then unused.
+    pub abi: Option<fn(&str) -> Option<*const std::ffi::c_void>>,
 }
 
 impl fmt::Debug for BuiltinNet {
@@ -162,6 +167,7 @@ impl fmt::Debug for BuiltinNet {
         f.debug_struct("BuiltinNet")
             .field("name", &self.name)
             .field("priority", &self.priority)
+            .field("abi", &self.abi.is_some())
             .finish()
     }
 }

@@ -1,134 +1,189 @@
-//! Finding and opening a network plugin library, as NCCL 2.30 does:
-//! `NCCL_NET_PLUGIN` names a library (`foo` → `libnccl-net-foo.so`), a path,
-//! or `none`; unset, `libnccl-net.so` is tried on the library search path.
+//! The network plugin: found as NCCL 2.30 finds it (see `plugin::loader`),
+//! the newest `ncclNetPlugin_vN` it exports taken (v12 down to v8), and
+//! reached through the C adapter in `ffi` — built-ins as well, so that every
+//! run exercises the ABI.
 
-mod ffi_v8;
+mod ffi;
 
 use std::sync::Arc;
 
-use oxccl_plugin::Net;
+use oxccl_plugin::{BuiltinNet, Net, NetError, NetResult};
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
+use crate::plugin::loader::{self, Lib};
 
-/// Symbols of every net ABI version NCCL has defined, newest first, and
-/// whether this oxccl can load it.
-const VERSIONS: &[(&str, bool)] = &[
-    ("ncclNetPlugin_v12", false),
-    ("ncclNetPlugin_v11", false),
-    ("ncclNetPlugin_v10", false),
-    ("ncclNetPlugin_v9", false),
-    ("ncclNetPlugin_v8", true),
-    ("ncclNetPlugin_v7", false),
-    ("ncclNetPlugin_v6", false),
-];
+pub use ffi::{Refusal, SYMBOLS};
 
-/// The library names tried for a setting, or none for `none`.
+/// The library names tried for a setting, in order; none for `none`.
 pub fn candidates(setting: Option<&str>) -> Vec<String> {
-    match setting.map(str::trim) {
-        Some(s) if s.eq_ignore_ascii_case("none") => Vec::new(),
-        Some(s) if s.contains('/') || s.ends_with(".so") || s.starts_with("lib") => {
-            vec![s.to_string()]
-        }
-        Some(s) if !s.is_empty() => vec![format!("libnccl-net-{s}.so")],
-        _ => vec!["libnccl-net.so".to_string()],
-    }
+    loader::candidates(loader::NET, setting)
 }
 
 /// What happened when looking for a plugin, for logs and `oxccl info`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Disabled, or the default library is not there: the built-in network.
-    NotFound,
+    NotFound { searched: Vec<String> },
     /// Loaded at this ABI version.
     Loaded {
         library: String,
-        version: &'static str,
+        version: String,
+        searched: Vec<String>,
     },
-    /// Opened but refused (the reason is in the WARN line): the built-in network.
-    Refused { library: String, reason: String },
+    /// Found but refused (the reason is in the WARN line): the built-in network.
+    Refused {
+        library: String,
+        reason: String,
+        searched: Vec<String>,
+    },
+}
+
+/// Looks for collnet symbols, which this oxccl does not use: NCCL without a
+/// collnet plugin runs the same, so they are reported and disabled.
+fn refuse_collnet(lib: &Lib) {
+    let found = lib.present(ffi::COLLNET_SYMBOLS);
+    if !found.is_empty() {
+        info!(target: "oxccl::net",
+            "collnet plugin in {} ({}) not supported; disabled", lib.name(), found.join(", "));
+    }
 }
 
 /// Loads the network plugin the setting asks for. A library named
-/// explicitly that cannot be opened is an error naming NCCL_NET_PLUGIN; one
-/// that opens but offers no version we load, or fails `init`, gives one WARN
-/// line and `None` (NCCL falls back to its internal network likewise).
+/// explicitly that is nowhere to be found is an error naming
+/// NCCL_NET_PLUGIN (the setting matches nothing). A library that cannot be
+/// opened, exports no version we load, has a NULL required entry or fails
+/// `init` gives one WARN line and `None`: the caller falls back to the
+/// built-in network, as NCCL falls back to its internal one.
 pub fn load(setting: Option<&str>) -> Result<(Option<Arc<dyn Net>>, Outcome)> {
-    let explicit =
-        setting.is_some_and(|s| !s.trim().is_empty() && !s.trim().eq_ignore_ascii_case("none"));
-    if let Some(lib) = candidates(setting).into_iter().next() {
-        // Opening a plugin runs its initialisers; NCCL does the same, and the
-        // user named or installed the library.
-        let opened = ffi_v8::open(&lib);
-        let library = match opened {
-            Ok(l) => l,
-            Err(e) if explicit => {
-                return Err(Error::InvalidArgument(format!(
-                    "NCCL_NET_PLUGIN={}: cannot open {lib}: {e}",
-                    setting.unwrap_or_default()
-                )))
-            }
-            Err(_) => return Ok((None, Outcome::NotFound)),
-        };
-        let found: Vec<&str> = VERSIONS
-            .iter()
-            .filter(|(s, _)| library.has(s))
-            .map(|(s, _)| *s)
-            .collect();
-        let looked: Vec<&str> = VERSIONS.iter().map(|(s, _)| *s).collect();
-        let Some(&(sym, _)) = VERSIONS.iter().find(|(s, ok)| *ok && found.contains(s)) else {
-            let reason = format!(
-                "exports no net ABI version this oxccl loads (looked for {}; found {}; loadable: ncclNetPlugin_v8)",
-                looked.join(", "),
-                if found.is_empty() { "none".to_string() } else { found.join(", ") }
-            );
-            warn!(target: "oxccl::net", "net plugin {lib}: {reason}; using the built-in network");
+    let search = loader::open(loader::NET, setting);
+    let searched = search.tried.clone();
+    if let (Some(l), Ok(mut slot)) = (&search.opened, OPENED.lock()) {
+        *slot = Some(l.clone());
+    }
+    let Some(lib) = search.opened else {
+        if let Some((library, why)) = search.failed.first() {
+            let reason = format!("cannot be opened: {why}");
+            warn!(target: "oxccl::net",
+                "net plugin {library}: looked for {}; found none; {reason}; using the built-in network",
+                SYMBOLS.iter().map(|s| s.0).collect::<Vec<_>>().join(", "));
             return Ok((
                 None,
                 Outcome::Refused {
-                    library: lib,
+                    library: library.clone(),
                     reason,
+                    searched,
                 },
             ));
-        };
-        match ffi_v8::CNet::new(library) {
-            Ok(net) => {
-                info!(target: "oxccl::net", "loaded net plugin {} from {lib} ({sym})", net.name());
-                return Ok((
-                    Some(Arc::new(net)),
-                    Outcome::Loaded {
-                        library: lib,
-                        version: "v8",
-                    },
-                ));
-            }
-            Err(e) => {
-                let reason = format!("{sym} found but unusable: {e}");
-                warn!(target: "oxccl::net", "net plugin {lib}: {reason}; using the built-in network");
-                return Ok((
-                    None,
-                    Outcome::Refused {
-                        library: lib,
-                        reason,
-                    },
-                ));
-            }
+        }
+        if loader::explicit(setting) {
+            return Err(Error::InvalidArgument(format!(
+                "NCCL_NET_PLUGIN={}: no such library (tried {}); set it to a library name, a path, or none",
+                setting.unwrap_or_default().trim(),
+                searched.join(", ")
+            )));
+        }
+        if !searched.is_empty() {
+            info!(target: "oxccl::net", "NET/Plugin: could not find {}; using the built-in network", searched.join(", "));
+        }
+        return Ok((None, Outcome::NotFound { searched }));
+    };
+    refuse_collnet(&lib);
+    match ffi::CNet::negotiate(&lib) {
+        Ok(net) => {
+            let version = net.version();
+            info!(target: "oxccl::net",
+                "loaded net plugin {} from {} (ncclNetPlugin_{version})", net.name(), lib.name());
+            Ok((
+                Some(Arc::new(net)),
+                Outcome::Loaded {
+                    library: lib.name().to_string(),
+                    version,
+                    searched,
+                },
+            ))
+        }
+        Err(r) => {
+            warn!(target: "oxccl::net", "{}; using the built-in network", refusal_line(lib.name(), &r));
+            Ok((
+                None,
+                Outcome::Refused {
+                    library: lib.name().to_string(),
+                    reason: r.reason,
+                    searched,
+                },
+            ))
         }
     }
-    Ok((None, Outcome::NotFound))
+}
+
+/// The net plugin library last opened, where the tuner loader also looks.
+static OPENED: std::sync::Mutex<Option<Lib>> = std::sync::Mutex::new(None);
+
+/// The net plugin library opened by [`load`], if any.
+pub fn opened_library() -> Option<Lib> {
+    OPENED.lock().ok().and_then(|s| s.clone())
+}
+
+/// The one WARN line for a refused library.
+pub fn refusal_line(library: &str, r: &Refusal) -> String {
+    format!(
+        "net plugin {library}: looked for {}; found {}; {}",
+        r.looked.join(", "),
+        if r.found.is_empty() {
+            "none".to_string()
+        } else {
+            r.found.join(", ")
+        },
+        r.reason
+    )
+}
+
+/// Starts a built-in network: through its exported C vtable when it has one
+/// (the same negotiation and adapter as a library), else natively.
+pub fn builtin(b: &BuiltinNet) -> NetResult<Box<dyn Net>> {
+    let Some(symbols) = b.abi else {
+        return (b.init)();
+    };
+    let lib = Lib::Builtin {
+        name: b.name,
+        symbols,
+    };
+    match ffi::CNet::negotiate(&lib) {
+        Ok(net) => {
+            tracing::debug!(target: "oxccl::net",
+                "built-in network {} through ncclNetPlugin_{}", b.name, net.version());
+            Ok(Box::new(net.renamed(b.name)))
+        }
+        Err(r) => Err(NetError::Internal(refusal_line(b.name, &r))),
+    }
+}
+
+/// Each built-in network with the ABI it is reached through ("ncclNetPlugin_v12",
+/// or "native" for one that exports no vtable), for `oxccl info`.
+pub fn builtin_abis() -> Vec<(&'static str, String)> {
+    oxccl_net_socket::force_link();
+    oxccl_plugin::builtin_nets()
+        .into_iter()
+        .map(|b| {
+            let abi = match b.abi {
+                None => "native (no C vtable exported)".to_string(),
+                Some(symbols) => match ffi::CNet::negotiate(&Lib::Builtin {
+                    name: b.name,
+                    symbols,
+                }) {
+                    Ok(n) => format!("ncclNetPlugin_{}", n.version()),
+                    Err(r) => format!("unusable: {}", r.reason),
+                },
+            };
+            (b.name, abi)
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_as_nccl() {
-        assert_eq!(candidates(Some("foo")), vec!["libnccl-net-foo.so"]);
-        assert_eq!(candidates(Some("/x/y.so")), vec!["/x/y.so"]);
-        assert_eq!(candidates(Some("none")), Vec::<String>::new());
-        assert_eq!(candidates(None), vec!["libnccl-net.so"]);
-    }
 
     #[test]
     fn explicit_missing_library_names_the_setting() {
@@ -140,6 +195,26 @@ mod tests {
             e.contains("NCCL_NET_PLUGIN") && e.contains("/nonexistent/libx.so"),
             "{e}"
         );
-        assert_eq!(load(Some("none")).unwrap().1, Outcome::NotFound);
+        assert!(matches!(
+            load(Some("none")).unwrap().1,
+            Outcome::NotFound { .. }
+        ));
+    }
+
+    #[test]
+    fn builtin_socket_goes_through_the_newest_abi() {
+        oxccl_net_socket::force_link();
+        let b = oxccl_plugin::builtin_nets()
+            .into_iter()
+            .find(|b| b.name == "Socket")
+            .expect("socket net linked in");
+        let lib = Lib::Builtin {
+            name: b.name,
+            symbols: b.abi.expect("exported"),
+        };
+        let net = ffi::CNet::negotiate(&lib).unwrap();
+        assert_eq!(net.version(), "v12");
+        assert_eq!(net.name(), "oxccl-Socket");
+        assert_eq!(builtin(b).unwrap().name(), "Socket");
     }
 }

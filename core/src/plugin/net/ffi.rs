@@ -1,0 +1,750 @@
+//! `ncclNet_v8_t` … `ncclNet_v12_t` as the core's one `Net` trait.
+//!
+//! One adapter serves every version: the entries whose C signatures are
+//! identical across versions (`devices`, `accept`, `regMr`, `test`, the
+//! closes …) are read through [`common!`], and each entry whose signature
+//! changed (`init`, `getProperties`, `listen`, `connect`, `isend`, `irecv`)
+//! has one match arm per version — the per-version shim, filling what an
+//! older version lacks as NCCL's `net_vN.cc` do.
+#![allow(unsafe_code)]
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int, c_void};
+use std::ptr::null_mut;
+
+use oxccl_plugin::ffi::net::{v10, v11, v12, v8, v9, MAX_NET_SIZE, NCCL_NET_TRAFFIC_CLASS_UNDEF};
+use oxccl_plugin::ffi::*;
+use oxccl_plugin::{
+    ListenComm, MrHandle, Net, NetError, NetHandle, NetProperties, NetResult, PtrType, RecvComm,
+    Request, SendComm, NET_HANDLE_MAXSIZE,
+};
+
+use crate::plugin::loader::Lib;
+
+/// Net symbols NCCL has defined, newest first, with the version this
+/// adapter loads them as (`None`: known, not loadable here).
+pub const SYMBOLS: &[(&str, Option<u32>)] = &[
+    ("ncclNetPlugin_v12", Some(12)),
+    ("ncclNetPlugin_v11", Some(11)),
+    ("ncclNetPlugin_v10", Some(10)),
+    ("ncclNetPlugin_v9", Some(9)),
+    ("ncclNetPlugin_v8", Some(8)),
+    ("ncclNetPlugin_v7", None),
+    ("ncclNetPlugin_v6", None),
+];
+
+/// Collnet symbols: recognised so that the refusal can be named.
+pub const COLLNET_SYMBOLS: &[&str] = &[
+    "ncclCollNetPlugin_v12",
+    "ncclCollNetPlugin_v11",
+    "ncclCollNetPlugin_v10",
+    "ncclCollNetPlugin_v9",
+    "ncclCollNetPlugin_v8",
+    "ncclCollNetPlugin_v7",
+    "ncclCollNetPlugin_v6",
+];
+
+/// A v11+ per-communicator context; this adapter makes one for the process.
+#[derive(Clone, Copy)]
+struct Ctx(*mut c_void);
+
+#[derive(Clone, Copy)]
+enum Vt {
+    V8(&'static v8::NetV8),
+    V9(&'static v9::NetV9),
+    V10(&'static v10::NetV10),
+    V11(&'static v11::NetV11, Ctx),
+    V12(&'static v12::NetV12, Ctx),
+}
+
+// SAFETY: the vtable is immutable data of a library kept loaded by the
+// `Lib` held next to it; the context is the plugin's, which NCCL also shares
+// between threads.
+unsafe impl Send for Vt {}
+// SAFETY: as above.
+unsafe impl Sync for Vt {}
+
+/// An entry whose type is the same in every version.
+macro_rules! common {
+    ($vt:expr, $f:ident) => {
+        match $vt {
+            Vt::V8(v) => v.$f,
+            Vt::V9(v) => v.$f,
+            Vt::V10(v) => v.$f,
+            Vt::V11(v, _) => v.$f,
+            Vt::V12(v, _) => v.$f,
+        }
+    };
+}
+
+impl Vt {
+    fn version(self) -> u32 {
+        match self {
+            Vt::V8(_) => 8,
+            Vt::V9(_) => 9,
+            Vt::V10(_) => 10,
+            Vt::V11(..) => 11,
+            Vt::V12(..) => 12,
+        }
+    }
+
+    fn name_ptr(self) -> *const c_char {
+        common!(self, name)
+    }
+
+    /// The required entries that are NULL (NCCL calls these unchecked).
+    fn null_entries(self) -> Vec<&'static str> {
+        let mut all = vec![
+            ("devices", common!(self, devices).is_some()),
+            ("regMr", common!(self, reg_mr).is_some()),
+            ("deregMr", common!(self, dereg_mr).is_some()),
+            ("accept", common!(self, accept).is_some()),
+            ("test", common!(self, test).is_some()),
+            ("closeSend", common!(self, close_send).is_some()),
+            ("closeRecv", common!(self, close_recv).is_some()),
+            ("closeListen", common!(self, close_listen).is_some()),
+        ];
+        let (init, props, listen, connect, isend, irecv) = match self {
+            Vt::V8(v) => (
+                v.init.is_some(),
+                v.get_properties.is_some(),
+                v.listen.is_some(),
+                v.connect.is_some(),
+                v.isend.is_some(),
+                v.irecv.is_some(),
+            ),
+            Vt::V9(v) => (
+                v.init.is_some(),
+                v.get_properties.is_some(),
+                v.listen.is_some(),
+                v.connect.is_some(),
+                v.isend.is_some(),
+                v.irecv.is_some(),
+            ),
+            Vt::V10(v) => (
+                v.init.is_some(),
+                v.get_properties.is_some(),
+                v.listen.is_some(),
+                v.connect.is_some(),
+                v.isend.is_some(),
+                v.irecv.is_some(),
+            ),
+            Vt::V11(v, _) => (
+                v.init.is_some(),
+                v.get_properties.is_some(),
+                v.listen.is_some(),
+                v.connect.is_some(),
+                v.isend.is_some(),
+                v.irecv.is_some(),
+            ),
+            Vt::V12(v, _) => (
+                v.init.is_some(),
+                v.get_properties.is_some(),
+                v.listen.is_some(),
+                v.connect.is_some(),
+                v.isend.is_some(),
+                v.irecv.is_some(),
+            ),
+        };
+        all.extend([
+            ("init", init),
+            ("getProperties", props),
+            ("listen", listen),
+            ("connect", connect),
+            ("isend", isend),
+            ("irecv", irecv),
+        ]);
+        all.into_iter()
+            .filter(|(_, ok)| !ok)
+            .map(|(n, _)| n)
+            .collect()
+    }
+}
+
+fn check(what: &str, r: i32) -> NetResult<()> {
+    let name = match r {
+        1 => "ncclUnhandledCudaError",
+        2 => "ncclSystemError",
+        3 => "ncclInternalError",
+        4 => "ncclInvalidArgument",
+        5 => "ncclInvalidUsage",
+        6 => "ncclRemoteError",
+        7 => "ncclInProgress",
+        _ => "an unknown result",
+    };
+    let m = format!("plugin {what} returned {name} ({r})");
+    match r {
+        NCCL_SUCCESS => Ok(()),
+        NCCL_SYSTEM_ERROR => Err(NetError::System(m)),
+        NCCL_INVALID_ARGUMENT => Err(NetError::InvalidArgument(m)),
+        NCCL_REMOTE_ERROR => Err(NetError::Remote(m)),
+        _ => Err(NetError::Internal(m)),
+    }
+}
+
+fn missing(f: &str) -> NetError {
+    NetError::Internal(format!("the plugin's vtable has a NULL {f}"))
+}
+
+/// Why a library's net vtable was not used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub looked: Vec<&'static str>,
+    pub found: Vec<&'static str>,
+    pub reason: String,
+}
+
+/// A network reached through one of the C vtables.
+pub struct CNet {
+    vt: Vt,
+    lib: Lib,
+    name: String,
+}
+
+impl CNet {
+    /// Picks the newest net version the library exports, checks its
+    /// required entries and runs its `init`.
+    pub fn negotiate(lib: &Lib) -> Result<CNet, Refusal> {
+        let looked: Vec<&'static str> = SYMBOLS.iter().map(|(s, _)| *s).collect();
+        let found = lib.present(&looked);
+        let refuse = |reason: String| Refusal {
+            looked: looked.clone(),
+            found: found.clone(),
+            reason,
+        };
+        let Some((sym, version)) = SYMBOLS
+            .iter()
+            .find_map(|(s, v)| v.filter(|_| found.contains(s)).map(|v| (*s, v)))
+        else {
+            return Err(refuse(
+                "no net ABI version this oxccl loads (v8 to v12)".to_string(),
+            ));
+        };
+        let p = lib.symbol(sym).expect("found above");
+        let ctx = Ctx(null_mut());
+        // SAFETY: by the ABI, the symbol `ncclNetPlugin_vN` is an
+        // `ncclNet_vN_t`; the library stays loaded as long as `lib` (held by
+        // the returned value and every comm made from it).
+        let vt = unsafe {
+            match version {
+                12 => Vt::V12(&*(p as *const v12::NetV12), ctx),
+                11 => Vt::V11(&*(p as *const v11::NetV11), ctx),
+                10 => Vt::V10(&*(p as *const v10::NetV10)),
+                9 => Vt::V9(&*(p as *const v9::NetV9)),
+                _ => Vt::V8(&*(p as *const v8::NetV8)),
+            }
+        };
+        let null = vt.null_entries();
+        if !null.is_empty() || vt.name_ptr().is_null() {
+            let what = if null.is_empty() {
+                "name".to_string()
+            } else {
+                null.join(", ")
+            };
+            return Err(refuse(format!("{sym} has NULL {what}")));
+        }
+        // SAFETY: checked non-null; the plugin's name is a C string.
+        let name = unsafe { CStr::from_ptr(vt.name_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        let vt = init(vt).map_err(|e| refuse(format!("{sym} init failed: {e}")))?;
+        Ok(CNet {
+            vt,
+            lib: lib.clone(),
+            name,
+        })
+    }
+
+    /// A built-in keeps its registered name ("Socket"), which `NCCL_NET`
+    /// matches, rather than the name its exported vtable gives libraries.
+    pub fn renamed(mut self, name: &str) -> CNet {
+        self.name = name.to_string();
+        self
+    }
+
+    /// The ABI version in use ("v11").
+    pub fn version(&self) -> String {
+        format!("v{}", self.vt.version())
+    }
+}
+
+/// Runs `init` with the core's logger; v11+ also returns a context.
+fn init(vt: Vt) -> NetResult<Vt> {
+    let log = crate::plugin::ffi_log::logger();
+    // SAFETY: entries checked non-null by `null_entries`; the arguments are
+    // what the ABI describes (a logger, no profiler callback, a config with
+    // the traffic class left to the plugin, a context out-pointer).
+    unsafe {
+        match vt {
+            Vt::V8(v) => check("init", (v.init.ok_or_else(|| missing("init"))?)(log)).map(|_| vt),
+            Vt::V9(v) => check("init", (v.init.ok_or_else(|| missing("init"))?)(log)).map(|_| vt),
+            Vt::V10(v) => {
+                check("init", (v.init.ok_or_else(|| missing("init"))?)(log, None)).map(|_| vt)
+            }
+            Vt::V11(v, _) => {
+                let mut ctx = null_mut();
+                let mut cfg = v11::CommConfigV11 {
+                    traffic_class: NCCL_NET_TRAFFIC_CLASS_UNDEF,
+                };
+                check(
+                    "init",
+                    (v.init.ok_or_else(|| missing("init"))?)(&mut ctx, 0, &mut cfg, log, None),
+                )?;
+                Ok(Vt::V11(v, Ctx(ctx)))
+            }
+            Vt::V12(v, _) => {
+                let mut ctx = null_mut();
+                let mut cfg = v12::CommConfigV12 {
+                    traffic_class: NCCL_NET_TRAFFIC_CLASS_UNDEF,
+                };
+                check(
+                    "init",
+                    (v.init.ok_or_else(|| missing("init"))?)(&mut ctx, 0, &mut cfg, log, None),
+                )?;
+                Ok(Vt::V12(v, Ctx(ctx)))
+            }
+        }
+    }
+}
+
+impl Drop for CNet {
+    fn drop(&mut self) {
+        let (f, ctx) = match self.vt {
+            Vt::V11(v, c) => (v.finalize, c),
+            Vt::V12(v, c) => (v.finalize, c),
+            _ => return,
+        };
+        if let Some(f) = f {
+            // SAFETY: the context `init` returned, finalized once.
+            let _ = unsafe { f(ctx.0) };
+        }
+    }
+}
+
+fn cstr(c: *mut c_char) -> String {
+    if c.is_null() {
+        String::new()
+    } else {
+        // SAFETY: the plugin returns NUL-terminated strings it keeps alive.
+        unsafe { CStr::from_ptr(c) }.to_string_lossy().into_owned()
+    }
+}
+
+/// Reads one version's properties struct into the trait's type.
+macro_rules! props {
+    ($p:expr, $max_p2p:expr) => {{
+        let p = $p;
+        NetProperties {
+            name: cstr(p.name),
+            pci_path: cstr(p.pci_path),
+            guid: p.guid,
+            ptr_support: p.ptr_support,
+            reg_is_global: p.reg_is_global != 0,
+            speed_mbps: p.speed,
+            port: p.port,
+            latency_us: p.latency,
+            max_comms: p.max_comms,
+            max_recvs: p.max_recvs,
+            max_p2p_bytes: $max_p2p,
+        }
+    }};
+}
+
+/// Calls one version's `getProperties` into a zeroed struct of its type.
+macro_rules! get_props {
+    ($v:expr, $ty:ty, $dev:expr) => {{
+        // SAFETY: an all-zero properties struct is valid (NULL pointers, zeros).
+        let mut p: $ty = unsafe { std::mem::zeroed() };
+        // SAFETY: entry checked non-null at load; `p` is the version's struct.
+        check("getProperties", unsafe {
+            ($v.get_properties.ok_or_else(|| missing("getProperties"))?)($dev, &mut p)
+        })?;
+        p
+    }};
+}
+
+impl Net for CNet {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn devices(&self) -> NetResult<usize> {
+        let mut n: c_int = 0;
+        let f = common!(self.vt, devices).ok_or_else(|| missing("devices"))?;
+        // SAFETY: a valid out-pointer.
+        check("devices", unsafe { f(&mut n) })?;
+        Ok(n.max(0) as usize)
+    }
+
+    fn properties(&self, dev: usize) -> NetResult<NetProperties> {
+        let d = dev as c_int;
+        let sized = |n: usize| if n == 0 { MAX_NET_SIZE } else { n };
+        Ok(match self.vt {
+            // Before v9 there is no maxP2pBytes: NCCL assumes MAX_NET_SIZE.
+            Vt::V8(v) => props!(get_props!(v, v8::PropertiesV8, d), MAX_NET_SIZE),
+            Vt::V9(v) => {
+                let p = get_props!(v, v9::PropertiesV9, d);
+                props!(p, sized(p.max_p2p_bytes))
+            }
+            Vt::V10(v) => {
+                let p = get_props!(v, v10::PropertiesV10, d);
+                props!(p, sized(p.max_p2p_bytes))
+            }
+            Vt::V11(v, _) => {
+                let p = get_props!(v, v11::PropertiesV11, d);
+                props!(p, sized(p.max_p2p_bytes))
+            }
+            Vt::V12(v, _) => {
+                let p = get_props!(v, v12::PropertiesV12, d);
+                props!(p, sized(p.max_p2p_bytes))
+            }
+        })
+    }
+
+    fn listen(&self, dev: usize) -> NetResult<(NetHandle, Box<dyn ListenComm>)> {
+        let mut h = [0u8; NET_HANDLE_MAXSIZE];
+        let mut c = null_mut();
+        let (d, hp) = (dev as c_int, h.as_mut_ptr() as *mut c_void);
+        // SAFETY: entries checked non-null at load; a 128-byte handle buffer
+        // and a valid out-pointer, as the ABI asks.
+        let r = unsafe {
+            match self.vt {
+                Vt::V8(v) => (v.listen.ok_or_else(|| missing("listen"))?)(d, hp, &mut c),
+                Vt::V9(v) => (v.listen.ok_or_else(|| missing("listen"))?)(d, hp, &mut c),
+                Vt::V10(v) => (v.listen.ok_or_else(|| missing("listen"))?)(d, hp, &mut c),
+                Vt::V11(v, x) => (v.listen.ok_or_else(|| missing("listen"))?)(x.0, d, hp, &mut c),
+                Vt::V12(v, x) => (v.listen.ok_or_else(|| missing("listen"))?)(x.0, d, hp, &mut c),
+            }
+        };
+        check("listen", r)?;
+        Ok((h, Box::new(self.comm(c, Kind::Listen))))
+    }
+
+    fn connect(&self, dev: usize, handle: &mut NetHandle) -> NetResult<Option<Box<dyn SendComm>>> {
+        let mut c = null_mut();
+        let mut dc = null_mut();
+        let (d, hp) = (dev as c_int, handle.as_mut_ptr() as *mut c_void);
+        let mut cfg = v10::CommConfigV10 {
+            traffic_class: NCCL_NET_TRAFFIC_CLASS_UNDEF,
+        };
+        // SAFETY: entries checked non-null at load; the handle buffer the
+        // peer's listen wrote, valid out-pointers.
+        let r = unsafe {
+            match self.vt {
+                Vt::V8(v) => (v.connect.ok_or_else(|| missing("connect"))?)(d, hp, &mut c, &mut dc),
+                Vt::V9(v) => (v.connect.ok_or_else(|| missing("connect"))?)(d, hp, &mut c, &mut dc),
+                Vt::V10(v) => {
+                    (v.connect.ok_or_else(|| missing("connect"))?)(d, &mut cfg, hp, &mut c, &mut dc)
+                }
+                Vt::V11(v, x) => {
+                    (v.connect.ok_or_else(|| missing("connect"))?)(x.0, d, hp, &mut c, &mut dc)
+                }
+                Vt::V12(v, x) => {
+                    (v.connect.ok_or_else(|| missing("connect"))?)(x.0, d, hp, &mut c, &mut dc)
+                }
+            }
+        };
+        check("connect", r)?;
+        Ok((!c.is_null()).then(|| Box::new(self.comm(c, Kind::Send)) as Box<dyn SendComm>))
+    }
+}
+
+impl CNet {
+    fn comm(&self, c: *mut c_void, kind: Kind) -> CComm {
+        CComm {
+            vt: self.vt,
+            _lib: self.lib.clone(),
+            c,
+            kind,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Send,
+    Recv,
+    Listen,
+}
+
+struct CComm {
+    vt: Vt,
+    _lib: Lib,
+    c: *mut c_void,
+    kind: Kind,
+}
+
+// SAFETY: a comm is used by one thread at a time (it is `&mut` for every
+// call), which is all the ABI requires of its caller.
+unsafe impl Send for CComm {}
+
+impl Drop for CComm {
+    fn drop(&mut self) {
+        let f = match self.kind {
+            Kind::Send => common!(self.vt, close_send),
+            Kind::Recv => common!(self.vt, close_recv),
+            Kind::Listen => common!(self.vt, close_listen),
+        };
+        if let Some(f) = f {
+            // SAFETY: the comm the plugin returned, closed once.
+            let _ = unsafe { f(self.c) };
+        }
+    }
+}
+
+impl CComm {
+    fn reg(&mut self, ptr: *mut u8, size: usize, t: PtrType) -> NetResult<MrHandle> {
+        let mut mh = null_mut();
+        let f = common!(self.vt, reg_mr).ok_or_else(|| missing("regMr"))?;
+        // SAFETY: our comm, the caller's buffer, a valid out-pointer.
+        check("regMr", unsafe {
+            f(self.c, ptr as *mut c_void, size, t as c_int, &mut mh)
+        })?;
+        Ok(MrHandle(mh as usize))
+    }
+
+    fn dereg(&mut self, m: MrHandle) -> NetResult<()> {
+        let f = common!(self.vt, dereg_mr).ok_or_else(|| missing("deregMr"))?;
+        // SAFETY: our comm and a handle its regMr returned.
+        check("deregMr", unsafe { f(self.c, m.0 as *mut c_void) })
+    }
+
+    fn request(&self, r: *mut c_void) -> Option<Box<dyn Request>> {
+        (!r.is_null()).then(|| {
+            Box::new(CRequest {
+                vt: self.vt,
+                _lib: self._lib.clone(),
+                r,
+                done: false,
+            }) as Box<dyn Request>
+        })
+    }
+}
+
+impl ListenComm for CComm {
+    fn accept(&mut self) -> NetResult<Option<Box<dyn RecvComm>>> {
+        let mut c = null_mut();
+        let mut dc = null_mut();
+        let f = common!(self.vt, accept).ok_or_else(|| missing("accept"))?;
+        // SAFETY: our listen comm and valid out-pointers.
+        check("accept", unsafe { f(self.c, &mut c, &mut dc) })?;
+        Ok((!c.is_null()).then(|| {
+            Box::new(CComm {
+                vt: self.vt,
+                _lib: self._lib.clone(),
+                c,
+                kind: Kind::Recv,
+            }) as Box<dyn RecvComm>
+        }))
+    }
+}
+
+fn mr(m: Option<MrHandle>) -> *mut c_void {
+    m.map_or(null_mut(), |m| m.0 as *mut c_void)
+}
+
+fn int_size(size: usize) -> NetResult<c_int> {
+    c_int::try_from(size).map_err(|_| {
+        NetError::InvalidArgument(format!("{size} bytes exceed ncclNet_v8's int sizes"))
+    })
+}
+
+impl SendComm for CComm {
+    fn reg_mr(&mut self, ptr: *mut u8, size: usize, t: PtrType) -> NetResult<MrHandle> {
+        self.reg(ptr, size, t)
+    }
+    fn dereg_mr(&mut self, m: MrHandle) -> NetResult<()> {
+        self.dereg(m)
+    }
+    unsafe fn isend(
+        &mut self,
+        data: *const u8,
+        size: usize,
+        tag: i32,
+        m: Option<MrHandle>,
+    ) -> NetResult<Option<Box<dyn Request>>> {
+        let mut r = null_mut();
+        let (c, d, mh) = (self.c, data as *mut c_void, mr(m));
+        let ph = null_mut();
+        // SAFETY: entries checked non-null at load; the caller keeps `data`
+        // valid until the request completes (this function's contract).
+        let rc = unsafe {
+            match self.vt {
+                Vt::V8(v) => (v.isend.ok_or_else(|| missing("isend"))?)(
+                    c,
+                    d,
+                    int_size(size)?,
+                    tag,
+                    mh,
+                    &mut r,
+                ),
+                Vt::V9(v) => {
+                    (v.isend.ok_or_else(|| missing("isend"))?)(c, d, size, tag, mh, &mut r)
+                }
+                Vt::V10(v) => {
+                    (v.isend.ok_or_else(|| missing("isend"))?)(c, d, size, tag, mh, ph, &mut r)
+                }
+                Vt::V11(v, _) => {
+                    (v.isend.ok_or_else(|| missing("isend"))?)(c, d, size, tag, mh, ph, &mut r)
+                }
+                Vt::V12(v, _) => {
+                    (v.isend.ok_or_else(|| missing("isend"))?)(c, d, size, tag, mh, ph, &mut r)
+                }
+            }
+        };
+        check("isend", rc)?;
+        Ok(self.request(r))
+    }
+}
+
+impl RecvComm for CComm {
+    fn reg_mr(&mut self, ptr: *mut u8, size: usize, t: PtrType) -> NetResult<MrHandle> {
+        self.reg(ptr, size, t)
+    }
+    fn dereg_mr(&mut self, m: MrHandle) -> NetResult<()> {
+        self.dereg(m)
+    }
+    unsafe fn irecv(
+        &mut self,
+        data: *mut u8,
+        size: usize,
+        tag: i32,
+        m: Option<MrHandle>,
+    ) -> NetResult<Option<Box<dyn Request>>> {
+        let (mut d, mut t, mut mh) = (data as *mut c_void, tag, mr(m));
+        let mut ph: *mut c_void = null_mut();
+        let mut s = size;
+        let mut r = null_mut();
+        let c = self.c;
+        // SAFETY: entries checked non-null at load; arrays of one entry; the
+        // caller keeps `data` valid until the request completes.
+        let rc = unsafe {
+            match self.vt {
+                Vt::V8(v) => {
+                    let mut s8 = int_size(size)?;
+                    (v.irecv.ok_or_else(|| missing("irecv"))?)(
+                        c, 1, &mut d, &mut s8, &mut t, &mut mh, &mut r,
+                    )
+                }
+                Vt::V9(v) => (v.irecv.ok_or_else(|| missing("irecv"))?)(
+                    c, 1, &mut d, &mut s, &mut t, &mut mh, &mut r,
+                ),
+                Vt::V10(v) => (v.irecv.ok_or_else(|| missing("irecv"))?)(
+                    c, 1, &mut d, &mut s, &mut t, &mut mh, &mut ph, &mut r,
+                ),
+                Vt::V11(v, _) => (v.irecv.ok_or_else(|| missing("irecv"))?)(
+                    c, 1, &mut d, &mut s, &mut t, &mut mh, &mut ph, &mut r,
+                ),
+                Vt::V12(v, _) => (v.irecv.ok_or_else(|| missing("irecv"))?)(
+                    c, 1, &mut d, &mut s, &mut t, &mut mh, &mut ph, &mut r,
+                ),
+            }
+        };
+        check("irecv", rc)?;
+        Ok(self.request(r))
+    }
+}
+
+struct CRequest {
+    vt: Vt,
+    _lib: Lib,
+    r: *mut c_void,
+    done: bool,
+}
+
+// SAFETY: a request is tested by one thread at a time (`&mut self`).
+unsafe impl Send for CRequest {}
+
+impl Request for CRequest {
+    fn test(&mut self) -> NetResult<Option<Vec<usize>>> {
+        if self.done {
+            return Err(NetError::Internal("request tested after completion".into()));
+        }
+        let (mut done, mut size): (c_int, c_int) = (0, 0);
+        let f = common!(self.vt, test).ok_or_else(|| missing("test"))?;
+        // SAFETY: a request the plugin returned, not yet completed.
+        let r = unsafe { f(self.r, &mut done, &mut size) };
+        if r != NCCL_SUCCESS {
+            self.done = true;
+        }
+        check("test", r)?;
+        if done != 0 {
+            self.done = true;
+            return Ok(Some(vec![size.max(0) as usize]));
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The socket network's exported vtable of one version only, as a
+    /// library exporting just that version would be.
+    fn only(version: u32) -> Lib {
+        oxccl_net_socket::force_link();
+        static WANT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        WANT.store(version, std::sync::atomic::Ordering::SeqCst);
+        fn symbols(name: &str) -> Option<*const std::os::raw::c_void> {
+            let v = WANT.load(std::sync::atomic::Ordering::SeqCst);
+            let b = oxccl_plugin::builtin_nets()
+                .into_iter()
+                .find(|b| b.name == "Socket")?;
+            (name == format!("ncclNetPlugin_v{v}"))
+                .then(|| (b.abi?)(name))
+                .flatten()
+        }
+        Lib::Builtin {
+            name: "socket-one-version",
+            symbols,
+        }
+    }
+
+    /// Every version's adapter against the same network's export glue:
+    /// connect, accept and one message each way of the one connection.
+    #[test]
+    fn every_version_round_trips_a_message() {
+        for v in [8u32, 9, 10, 11, 12] {
+            let net = CNet::negotiate(&only(v)).unwrap();
+            assert_eq!(net.version(), format!("v{v}"));
+            assert!(net.properties(0).unwrap().max_p2p_bytes > 0);
+            let (mut h, mut l) = net.listen(0).unwrap();
+            let (mut s, mut r) = (None, None);
+            while s.is_none() || r.is_none() {
+                if s.is_none() {
+                    s = net.connect(0, &mut h).unwrap();
+                }
+                if r.is_none() {
+                    r = l.accept().unwrap();
+                }
+            }
+            let (mut s, mut r) = (s.unwrap(), r.unwrap());
+            let msg: Vec<u8> = (0..1000u32).map(|i| (i * v) as u8).collect();
+            let mut got = vec![0u8; 4096];
+            let mut rq = loop {
+                // SAFETY: both buffers outlive their requests (polled to completion below).
+                if let Some(q) = unsafe { r.irecv(got.as_mut_ptr(), got.len(), 0, None) }.unwrap() {
+                    break q;
+                }
+            };
+            let mut sq = loop {
+                // SAFETY: as above.
+                if let Some(q) = unsafe { s.isend(msg.as_ptr(), msg.len(), 0, None) }.unwrap() {
+                    break q;
+                }
+            };
+            let (mut sd, mut rd) = (None, None);
+            while sd.is_none() || rd.is_none() {
+                if sd.is_none() {
+                    sd = sq.test().unwrap();
+                }
+                if rd.is_none() {
+                    rd = rq.test().unwrap();
+                }
+            }
+            assert_eq!(rd.unwrap(), vec![1000], "v{v}");
+            assert_eq!(&got[..1000], &msg[..], "v{v}");
+        }
+    }
+}

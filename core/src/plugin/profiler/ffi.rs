@@ -1,0 +1,582 @@
+//! `ncclProfiler_v1_t` … `ncclProfiler_v6_t` as the core's
+//! [`super::ProfilerComm`]: one adapter, one match arm per version where the
+//! descriptor or `init` changed (v1 carries enum codes where later versions
+//! carry names; v4 dropped the communicator name and hash; v5 added the
+//! parent group and a 64-bit type).
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, CString};
+use std::os::raw::{c_int, c_void};
+use std::ptr::null_mut;
+use std::sync::atomic::AtomicI32;
+
+use oxccl_plugin::ffi::profiler::{
+    v1, v2, v3, v4, v5, v6, NCCL_PROFILE_COLL, NCCL_PROFILE_GROUP, NCCL_PROFILE_P2P,
+};
+use oxccl_plugin::ffi::NCCL_SUCCESS;
+
+use crate::plugin::loader::Lib;
+
+/// Profiler symbols, newest first, with the version loaded (`None`: known,
+/// not adapted by this oxccl).
+pub const SYMBOLS: &[(&str, Option<u32>)] = &[
+    ("ncclProfiler_v6", Some(6)),
+    ("ncclProfiler_v5", Some(5)),
+    ("ncclProfiler_v4", Some(4)),
+    ("ncclProfiler_v3", Some(3)),
+    ("ncclProfiler_v2", Some(2)),
+    ("ncclProfiler_v1", Some(1)),
+];
+
+#[derive(Clone, Copy)]
+enum Vt {
+    V1(&'static v1::ProfilerV1),
+    V2(&'static v2::ProfilerV2),
+    V3(&'static v3::ProfilerV3),
+    V4(&'static v4::ProfilerV4),
+    V5(&'static v5::ProfilerV5),
+    V6(&'static v6::ProfilerV6),
+}
+
+/// The activation mask NCCL shares with the plugin: one process-wide int
+/// the plugin may change at any time, read before every event.
+pub static MASK: AtomicI32 = AtomicI32::new(0);
+
+/// A loaded profiler vtable (process-wide).
+pub struct CProfiler {
+    vt: Vt,
+    _lib: Lib,
+    pub name: String,
+    pub version: u32,
+}
+
+// SAFETY: the vtable is immutable data of a library kept loaded by `_lib`;
+// NCCL calls profilers from every thread as well.
+unsafe impl Send for CProfiler {}
+// SAFETY: as above.
+unsafe impl Sync for CProfiler {}
+
+/// A profiler context of one communicator.
+pub struct Ctx(pub(super) *mut c_void);
+// SAFETY: the plugin's context; the ABI has it used from any thread.
+unsafe impl Send for Ctx {}
+// SAFETY: as above.
+unsafe impl Sync for Ctx {}
+
+/// An event handle; NULL means "not tracked".
+#[derive(Clone, Copy)]
+pub struct Handle(pub(super) *mut c_void);
+// SAFETY: handles are opaque to us and passed back to the plugin only.
+unsafe impl Send for Handle {}
+
+impl Handle {
+    pub const NONE: Handle = Handle(null_mut());
+}
+
+/// One event of the core, before its per-version descriptor is built.
+pub enum Event<'a> {
+    Group,
+    Coll {
+        seq: u64,
+        func: &'a CStr,
+        count: usize,
+        root: c_int,
+        dtype: &'a CStr,
+        algo: &'a CStr,
+        nchannels: u8,
+        parent: Handle,
+        codes: Codes,
+    },
+    P2p {
+        func: &'a CStr,
+        count: usize,
+        dtype: &'a CStr,
+        peer: c_int,
+        parent: Handle,
+        codes: Codes,
+    },
+}
+
+/// The enum codes v1 carries where later versions carry names:
+/// `ncclFunc_t`, `ncclDataType_t`, `ncclRedOp_t`, `NCCL_ALGO_*`.
+#[derive(Clone, Copy, Default)]
+pub struct Codes {
+    pub func: u8,
+    pub dtype: u8,
+    pub op: u32,
+    pub algo: u8,
+}
+
+impl Event<'_> {
+    pub fn bit(&self) -> c_int {
+        match self {
+            Event::Group => NCCL_PROFILE_GROUP,
+            Event::Coll { .. } => NCCL_PROFILE_COLL,
+            Event::P2p { .. } => NCCL_PROFILE_P2P,
+        }
+    }
+}
+
+const SIMPLE: &CStr = c"SIMPLE";
+
+impl CProfiler {
+    pub fn negotiate(lib: &Lib) -> Result<CProfiler, (Vec<&'static str>, String)> {
+        let looked: Vec<&'static str> = SYMBOLS.iter().map(|s| s.0).collect();
+        let found = lib.present(&looked);
+        let Some((sym, version)) = SYMBOLS
+            .iter()
+            .find_map(|(s, v)| v.filter(|_| found.contains(s)).map(|v| (*s, v)))
+        else {
+            return Err((
+                found,
+                "no profiler ABI version this oxccl loads (v1 to v6)".into(),
+            ));
+        };
+        let p = lib.symbol(sym).expect("found above");
+        // SAFETY: by the ABI the symbol `ncclProfiler_vN` is an
+        // `ncclProfiler_vN_t`; `lib` keeps it loaded while we hold it.
+        let vt = unsafe {
+            match version {
+                6 => Vt::V6(&*(p as *const v6::ProfilerV6)),
+                5 => Vt::V5(&*(p as *const v5::ProfilerV5)),
+                4 => Vt::V4(&*(p as *const v4::ProfilerV4)),
+                3 => Vt::V3(&*(p as *const v3::ProfilerV3)),
+                2 => Vt::V2(&*(p as *const v2::ProfilerV2)),
+                _ => Vt::V1(&*(p as *const v1::ProfilerV1)),
+            }
+        };
+        let (name, entries) = match vt {
+            Vt::V1(v) => (
+                v.name,
+                [
+                    v.init.is_some(),
+                    v.start_event.is_some(),
+                    v.stop_event.is_some(),
+                    v.record_event_state.is_some(),
+                    v.finalize.is_some(),
+                ],
+            ),
+            Vt::V2(v) => (
+                v.name,
+                [
+                    v.init.is_some(),
+                    v.start_event.is_some(),
+                    v.stop_event.is_some(),
+                    v.record_event_state.is_some(),
+                    v.finalize.is_some(),
+                ],
+            ),
+            Vt::V3(v) => (
+                v.name,
+                [
+                    v.init.is_some(),
+                    v.start_event.is_some(),
+                    v.stop_event.is_some(),
+                    v.record_event_state.is_some(),
+                    v.finalize.is_some(),
+                ],
+            ),
+            Vt::V4(v) => (
+                v.name,
+                [
+                    v.init.is_some(),
+                    v.start_event.is_some(),
+                    v.stop_event.is_some(),
+                    v.record_event_state.is_some(),
+                    v.finalize.is_some(),
+                ],
+            ),
+            Vt::V5(v) => (
+                v.name,
+                [
+                    v.init.is_some(),
+                    v.start_event.is_some(),
+                    v.stop_event.is_some(),
+                    v.record_event_state.is_some(),
+                    v.finalize.is_some(),
+                ],
+            ),
+            Vt::V6(v) => (
+                v.name,
+                [
+                    v.init.is_some(),
+                    v.start_event.is_some(),
+                    v.stop_event.is_some(),
+                    v.record_event_state.is_some(),
+                    v.finalize.is_some(),
+                ],
+            ),
+        };
+        let names = [
+            "init",
+            "startEvent",
+            "stopEvent",
+            "recordEventState",
+            "finalize",
+        ];
+        let mut null: Vec<&str> = names
+            .iter()
+            .zip(entries)
+            .filter(|(_, ok)| !ok)
+            .map(|(n, _)| *n)
+            .collect();
+        if name.is_null() {
+            null.insert(0, "name");
+        }
+        if !null.is_empty() {
+            return Err((found, format!("{sym} has NULL {}", null.join(", "))));
+        }
+        // SAFETY: checked non-null; the plugin's C string.
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned();
+        Ok(CProfiler {
+            vt,
+            _lib: lib.clone(),
+            name,
+            version,
+        })
+    }
+
+    /// `init` for one communicator; sets [`MASK`].
+    pub fn init(
+        &self,
+        comm_id: u64,
+        nranks: usize,
+        rank: usize,
+        nnodes: usize,
+    ) -> Result<Ctx, String> {
+        let log = crate::plugin::ffi_log::logger();
+        let mut ctx = null_mut();
+        let mask = MASK.as_ptr();
+        let name = CString::new(format!("oxccl-{comm_id:x}")).unwrap_or_default();
+        let (n, r, nn) = (nranks as c_int, rank as c_int, nnodes as c_int);
+        // SAFETY: entries checked non-null at load; the mask is a
+        // process-lifetime int as the ABI asks; valid out-pointer.
+        let rc = unsafe {
+            match self.vt {
+                Vt::V1(v) => v.init.expect("checked")(&mut ctx, mask),
+                Vt::V2(v) => v.init.expect("checked")(&mut ctx, mask),
+                Vt::V3(v) => v.init.expect("checked")(&mut ctx, mask),
+                Vt::V4(v) => {
+                    v.init.expect("checked")(&mut ctx, mask, name.as_ptr(), comm_id, nn, n, r, log)
+                }
+                Vt::V5(v) => {
+                    v.init.expect("checked")(&mut ctx, comm_id, mask, name.as_ptr(), nn, n, r, log)
+                }
+                Vt::V6(v) => {
+                    v.init.expect("checked")(&mut ctx, comm_id, mask, name.as_ptr(), nn, n, r, log)
+                }
+            }
+        };
+        if rc == NCCL_SUCCESS {
+            Ok(Ctx(ctx))
+        } else {
+            Err(format!("init returned error {rc}"))
+        }
+    }
+
+    pub fn start(&self, ctx: &Ctx, rank: c_int, ev: &Event<'_>) -> Handle {
+        let mut h = null_mut();
+        let p = |s: &CStr| s.as_ptr();
+        macro_rules! fire {
+            ($v:expr, $descr:ty, $ty:ty, $coll:expr, $p2p:expr) => {{
+                // SAFETY: a zeroed descriptor is valid (NULL pointers, zero
+                // counts); the member written matches `ty`.
+                let mut d: $descr = unsafe { std::mem::zeroed() };
+                d.rank = rank;
+                match ev {
+                    Event::Group => d.ty = NCCL_PROFILE_GROUP as $ty,
+                    Event::Coll { parent, .. } => {
+                        d.ty = NCCL_PROFILE_COLL as $ty;
+                        d.parent_obj = parent.0;
+                        d.detail = $coll;
+                    }
+                    Event::P2p { parent, .. } => {
+                        d.ty = NCCL_PROFILE_P2P as $ty;
+                        d.parent_obj = parent.0;
+                        d.detail = $p2p;
+                    }
+                }
+                // SAFETY: entry checked non-null; the descriptor lives for the call.
+                unsafe { $v.start_event.expect("checked")(ctx.0, &mut h, &mut d) }
+            }};
+        }
+        let (seq, func, count, root, dtype, algo, nch, peer, parent) = match *ev {
+            Event::Coll {
+                seq,
+                func,
+                count,
+                root,
+                dtype,
+                algo,
+                nchannels,
+                parent,
+                ..
+            } => (
+                seq,
+                p(func),
+                count,
+                root,
+                p(dtype),
+                p(algo),
+                nchannels,
+                0,
+                parent,
+            ),
+            Event::P2p {
+                func,
+                count,
+                dtype,
+                peer,
+                parent,
+                ..
+            } => (
+                0,
+                p(func),
+                count,
+                0,
+                p(dtype),
+                std::ptr::null(),
+                1,
+                peer,
+                parent,
+            ),
+            Event::Group => (
+                0,
+                std::ptr::null(),
+                0,
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+                0,
+                Handle::NONE,
+            ),
+        };
+        let coll5 = v5::CollDescrV5 {
+            seq_number: seq,
+            func,
+            send_buff: std::ptr::null(),
+            recv_buff: null_mut(),
+            count,
+            root,
+            datatype: dtype,
+            n_channels: nch,
+            n_warps: 0,
+            algo,
+            proto: SIMPLE.as_ptr(),
+            parent_group: parent.0,
+        };
+        let p2p5 = v5::P2pDescrV5 {
+            func,
+            buff: null_mut(),
+            datatype: dtype,
+            count,
+            peer,
+            n_channels: nch,
+            parent_group: parent.0,
+        };
+        let codes = match *ev {
+            Event::Coll { codes, .. } | Event::P2p { codes, .. } => codes,
+            Event::Group => Codes::default(),
+        };
+        // Before v4 descriptors name the communicator; it has no name here.
+        let (cname_, hash) = (c"".as_ptr(), 0u64);
+        let _ = match self.vt {
+            Vt::V1(v) => fire!(
+                v,
+                v1::EventDescrV1,
+                u8,
+                v1::EventDetailV1 {
+                    coll: v1::CollDescrV1 {
+                        name: cname_,
+                        comm_hash: hash,
+                        seq_number: seq,
+                        func: codes.func,
+                        send_buff: std::ptr::null(),
+                        recv_buff: null_mut(),
+                        count,
+                        root,
+                        datatype: codes.dtype,
+                        op: codes.op,
+                        traffic_bytes: 0,
+                        n_max_channels: nch,
+                        n_warps: 0,
+                        algo: codes.algo,
+                        proto: 2,
+                        is_collnet: 0,
+                        is_nvls: 0,
+                    }
+                },
+                v1::EventDetailV1 {
+                    p2p: v1::P2pDescrV1 {
+                        name: cname_,
+                        comm_hash: hash,
+                        func: codes.func,
+                        buff: null_mut(),
+                        datatype: codes.dtype,
+                        count,
+                        peer,
+                    }
+                }
+            ),
+            Vt::V2(v) => fire!(
+                v,
+                v2::EventDescrV2,
+                u8,
+                v2::EventDetailV2 {
+                    coll: v2::CollDescrV2 {
+                        name: cname_,
+                        comm_hash: hash,
+                        seq_number: seq,
+                        func,
+                        send_buff: std::ptr::null(),
+                        recv_buff: null_mut(),
+                        count,
+                        root,
+                        datatype: dtype,
+                        traffic_bytes: 0,
+                        n_max_channels: nch,
+                        n_warps: 0,
+                        algo,
+                        proto: SIMPLE.as_ptr(),
+                    }
+                },
+                v2::EventDetailV2 {
+                    p2p: v2::P2pDescrV2 {
+                        name: cname_,
+                        comm_hash: hash,
+                        func,
+                        buff: null_mut(),
+                        datatype: dtype,
+                        count,
+                        peer,
+                    }
+                }
+            ),
+            Vt::V3(v) => fire!(
+                v,
+                v3::EventDescrV3,
+                u8,
+                v3::EventDetailV3 {
+                    coll: v3::CollDescrV3 {
+                        name: cname_,
+                        comm_hash: hash,
+                        seq_number: seq,
+                        func,
+                        send_buff: std::ptr::null(),
+                        recv_buff: null_mut(),
+                        count,
+                        root,
+                        datatype: dtype,
+                        n_max_channels: nch,
+                        n_warps: 0,
+                        algo,
+                        proto: SIMPLE.as_ptr(),
+                    }
+                },
+                v3::EventDetailV3 {
+                    p2p: v3::P2pDescrV3 {
+                        name: cname_,
+                        comm_hash: hash,
+                        func,
+                        buff: null_mut(),
+                        datatype: dtype,
+                        count,
+                        peer,
+                    }
+                }
+            ),
+            Vt::V6(v) => fire!(
+                v,
+                v6::EventDescrV6,
+                u64,
+                v6::EventDetailV6 { coll: coll5 },
+                v6::EventDetailV6 { p2p: p2p5 }
+            ),
+            Vt::V5(v) => fire!(
+                v,
+                v5::EventDescrV5,
+                u64,
+                v5::EventDetailV5 { coll: coll5 },
+                v5::EventDetailV5 { p2p: p2p5 }
+            ),
+            Vt::V4(v) => fire!(
+                v,
+                v4::EventDescrV4,
+                u8,
+                v4::EventDetailV4 {
+                    coll: v4::CollDescrV4 {
+                        seq_number: seq,
+                        func,
+                        send_buff: std::ptr::null(),
+                        recv_buff: null_mut(),
+                        count,
+                        root,
+                        datatype: dtype,
+                        n_channels: nch,
+                        n_warps: 0,
+                        algo,
+                        proto: SIMPLE.as_ptr(),
+                    }
+                },
+                v4::EventDetailV4 {
+                    p2p: v4::P2pDescrV4 {
+                        func,
+                        buff: null_mut(),
+                        datatype: dtype,
+                        count,
+                        peer,
+                        n_channels: nch,
+                    }
+                }
+            ),
+        };
+        Handle(h)
+    }
+
+    pub fn stop(&self, h: Handle) {
+        if h.0.is_null() {
+            return;
+        }
+        let f = match self.vt {
+            Vt::V1(v) => v.stop_event,
+            Vt::V2(v) => v.stop_event,
+            Vt::V3(v) => v.stop_event,
+            Vt::V4(v) => v.stop_event,
+            Vt::V5(v) => v.stop_event,
+            Vt::V6(v) => v.stop_event,
+        };
+        if let Some(f) = f {
+            // SAFETY: a handle startEvent returned, stopped once.
+            let _ = unsafe { f(h.0) };
+        }
+    }
+
+    pub fn finalize(&self, ctx: &Ctx) {
+        let f = match self.vt {
+            Vt::V1(v) => v.finalize,
+            Vt::V2(v) => v.finalize,
+            Vt::V3(v) => v.finalize,
+            Vt::V4(v) => v.finalize,
+            Vt::V5(v) => v.finalize,
+            Vt::V6(v) => v.finalize,
+        };
+        if let Some(f) = f {
+            // SAFETY: the context init returned, finalized once.
+            let _ = unsafe { f(ctx.0) };
+        }
+    }
+}
+
+/// A C string for a name, kept for the process (names are few and static).
+pub fn cname(s: &'static str) -> &'static CStr {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static NAMES: Mutex<Option<HashMap<&'static str, &'static CStr>>> = Mutex::new(None);
+    let mut g = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    g.get_or_insert_with(HashMap::new)
+        .entry(s)
+        .or_insert_with(|| Box::leak(CString::new(s).unwrap_or_default().into_boxed_c_str()))
+}

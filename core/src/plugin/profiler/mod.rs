@@ -1,0 +1,274 @@
+//! The profiler plugin: `NCCL_PROFILER_PLUGIN` as NCCL 2.30 reads it (a
+//! name → `libnccl-profiler-NAME.so`, a path, `none`; unset tries
+//! `libnccl-profiler.so`), `ncclProfiler_v6` down to `_v1`. The core starts
+//! and stops events at NCCL's points: one group event per executed group,
+//! one collective or p2p event per operation, children of the group. An
+//! event whose bit is not in the activation mask the plugin set is not
+//! started, as in NCCL. With no profiler the core pays one branch.
+
+mod ffi;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+
+use tracing::{info, warn};
+
+use crate::error::{Error, Result};
+use crate::plugin::loader;
+
+pub use ffi::{cname, Codes, Event, Handle, SYMBOLS};
+
+/// What the search found, for logs and `oxccl info`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    NotFound {
+        searched: Vec<String>,
+    },
+    Loaded {
+        library: String,
+        version: String,
+        searched: Vec<String>,
+    },
+    Refused {
+        library: String,
+        reason: String,
+        searched: Vec<String>,
+    },
+}
+
+pub fn candidates(setting: Option<&str>) -> Vec<String> {
+    loader::candidates(loader::PROFILER, setting)
+}
+
+fn refused(lib: &str, found: &[&str], reason: &str) -> String {
+    format!(
+        "profiler plugin {lib}: looked for {}; found {}; {reason}",
+        SYMBOLS.iter().map(|s| s.0).collect::<Vec<_>>().join(", "),
+        if found.is_empty() {
+            "none".to_string()
+        } else {
+            found.join(", ")
+        }
+    )
+}
+
+/// Finds and checks the profiler library.
+pub fn load(setting: Option<&str>) -> Result<(Option<Arc<ffi::CProfiler>>, Outcome)> {
+    let search = loader::open(loader::PROFILER, setting);
+    let searched = search.tried.clone();
+    let lib = match (search.opened, search.failed.first()) {
+        (Some(l), _) => l,
+        (None, Some((library, why))) => {
+            let reason = format!("cannot be opened: {why}");
+            warn!(target: "oxccl::profiler", "{}; no profiler", refused(library, &[], &reason));
+            return Ok((
+                None,
+                Outcome::Refused {
+                    library: library.clone(),
+                    reason,
+                    searched,
+                },
+            ));
+        }
+        (None, None) if loader::explicit(setting) => {
+            return Err(Error::InvalidArgument(format!(
+                "NCCL_PROFILER_PLUGIN={}: no such library (tried {}); set it to a library name, a path, or none",
+                setting.unwrap_or_default().trim(),
+                searched.join(", ")
+            )));
+        }
+        (None, None) => return Ok((None, Outcome::NotFound { searched })),
+    };
+    match ffi::CProfiler::negotiate(&lib) {
+        Ok(p) => {
+            let version = format!("v{}", p.version);
+            info!(target: "oxccl::profiler",
+                "loaded profiler plugin {} from {} (ncclProfiler_{version})", p.name, lib.name());
+            Ok((
+                Some(Arc::new(p)),
+                Outcome::Loaded {
+                    library: lib.name().to_string(),
+                    version,
+                    searched,
+                },
+            ))
+        }
+        Err((found, reason)) => {
+            warn!(target: "oxccl::profiler", "{}; no profiler", refused(lib.name(), &found, &reason));
+            Ok((
+                None,
+                Outcome::Refused {
+                    library: lib.name().to_string(),
+                    reason,
+                    searched,
+                },
+            ))
+        }
+    }
+}
+
+/// The process's profiler, loaded once.
+pub fn shared(setting: Option<&str>) -> Result<Option<Arc<ffi::CProfiler>>> {
+    static PROFILER: OnceLock<Option<Arc<ffi::CProfiler>>> = OnceLock::new();
+    if let Some(p) = PROFILER.get() {
+        return Ok(p.clone());
+    }
+    let (p, _) = load(setting)?;
+    Ok(PROFILER.get_or_init(|| p).clone())
+}
+
+/// A profiler bound to one communicator.
+pub struct ProfilerComm {
+    p: Arc<ffi::CProfiler>,
+    ctx: ffi::Ctx,
+    rank: i32,
+}
+
+impl ProfilerComm {
+    /// `None` (one WARN line) when `init` fails: NCCL disables the plugin.
+    pub fn new(
+        p: Arc<ffi::CProfiler>,
+        comm_id: u64,
+        nranks: usize,
+        rank: usize,
+    ) -> Option<ProfilerComm> {
+        match p.init(comm_id, nranks, rank, 1) {
+            Ok(ctx) => Some(ProfilerComm {
+                p,
+                ctx,
+                rank: rank as i32,
+            }),
+            Err(e) => {
+                warn!(target: "oxccl::profiler", "profiler plugin {}: {e}; no profiler for this communicator", p.name);
+                None
+            }
+        }
+    }
+
+    /// Starts an event if its bit is in the plugin's activation mask.
+    pub fn start(&self, ev: Event<'_>) -> Handle {
+        if ffi::MASK.load(Ordering::Relaxed) & ev.bit() == 0 {
+            return Handle::NONE;
+        }
+        self.p.start(&self.ctx, self.rank, &ev)
+    }
+
+    pub fn stop(&self, h: Handle) {
+        self.p.stop(h)
+    }
+}
+
+impl Drop for ProfilerComm {
+    fn drop(&mut self) {
+        self.p.finalize(&self.ctx);
+    }
+}
+
+/// `ncclFunc_t` of an operation (profiler v1 carries codes).
+fn func_code(kind: &crate::op::OpKind) -> u8 {
+    use crate::op::OpKind;
+    use oxccl_plugin::ffi::*;
+    (match kind {
+        OpKind::AllReduce => NCCL_FUNC_ALL_REDUCE,
+        OpKind::Broadcast { .. } => NCCL_FUNC_BROADCAST,
+        OpKind::Reduce { .. } => NCCL_FUNC_REDUCE,
+        OpKind::AllGather => NCCL_FUNC_ALL_GATHER,
+        OpKind::ReduceScatter => NCCL_FUNC_REDUCE_SCATTER,
+        OpKind::Send { .. } => NCCL_FUNC_SEND,
+        OpKind::Recv { .. } => NCCL_FUNC_RECV,
+    }) as u8
+}
+
+/// `ncclRedOp_t` (sum, prod, max, min, avg; pre-multiplied sums are
+/// user-created ops, numbered from ncclNumOps).
+fn redop_code(op: crate::RedOp) -> u32 {
+    use crate::RedOp;
+    match op {
+        RedOp::Sum => 0,
+        RedOp::Prod => 1,
+        RedOp::Max => 2,
+        RedOp::Min => 3,
+        RedOp::Avg => 4,
+        RedOp::PreMulSum(_) => 5,
+    }
+}
+
+/// NCCL's function names, as profilers print them.
+fn func(kind: &crate::op::OpKind) -> &'static str {
+    use crate::op::OpKind;
+    match kind {
+        OpKind::AllReduce => "AllReduce",
+        OpKind::Broadcast { .. } => "Broadcast",
+        OpKind::Reduce { .. } => "Reduce",
+        OpKind::AllGather => "AllGather",
+        OpKind::ReduceScatter => "ReduceScatter",
+        OpKind::Send { .. } => "Send",
+        OpKind::Recv { .. } => "Recv",
+    }
+}
+
+impl ProfilerComm {
+    /// The collective event of `op` (child of the group event `parent`).
+    pub fn coll(
+        &self,
+        op: &crate::op::Op,
+        seq: u64,
+        algo: crate::algo::Algo,
+        nch: usize,
+        parent: Handle,
+    ) -> Handle {
+        self.start(Event::Coll {
+            seq,
+            func: cname(func(&op.kind)),
+            count: op.count,
+            root: op.kind.root() as i32,
+            dtype: cname(op.dtype.name()),
+            algo: cname(algo.name()),
+            nchannels: nch.min(255) as u8,
+            parent,
+            codes: Codes {
+                func: func_code(&op.kind),
+                dtype: op.dtype as u8,
+                op: redop_code(op.redop),
+                algo: crate::algo::cost::nccl_row(algo) as u8,
+            },
+        })
+    }
+
+    /// The p2p event of `op` (child of the group event `parent`).
+    pub fn p2p(&self, op: &crate::op::Op, parent: Handle) -> Handle {
+        use crate::op::OpKind;
+        let peer = match op.kind {
+            OpKind::Send { peer } | OpKind::Recv { peer } => peer as i32,
+            _ => -1,
+        };
+        self.start(Event::P2p {
+            func: cname(func(&op.kind)),
+            count: op.count,
+            dtype: cname(op.dtype.name()),
+            peer,
+            parent,
+            codes: Codes {
+                func: func_code(&op.kind),
+                dtype: op.dtype as u8,
+                ..Codes::default()
+            },
+        })
+    }
+}
+
+/// Stops its event when dropped, so that an operation's event ends on every
+/// path out of it, errors included.
+pub struct Running<'a>(&'a ProfilerComm, Handle);
+
+impl ProfilerComm {
+    pub fn running(&self, h: Handle) -> Running<'_> {
+        Running(self, h)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.stop(self.1);
+    }
+}

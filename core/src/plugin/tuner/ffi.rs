@@ -1,0 +1,247 @@
+//! `ncclTuner_v2_t` … `ncclTuner_v6_t` as the core's [`super::TunerComm`].
+//! One adapter; each entry whose signature changed has one match arm per
+//! version. v2 predates the cost table: its chosen (algorithm, protocol) is
+//! written into the table as cost 0, as NCCL's `tuner_v2.cc` does.
+#![allow(unsafe_code)]
+
+use std::ffi::CStr;
+use std::os::raw::{c_int, c_void};
+use std::ptr::null_mut;
+
+use oxccl_plugin::ffi::tuner::{v2, v3, v4, v5, v6, NCCL_NUM_ALGORITHMS, NCCL_NUM_PROTOCOLS};
+use oxccl_plugin::ffi::{Func, NCCL_SUCCESS};
+
+use crate::algo::cost::CostTable;
+use crate::plugin::loader::Lib;
+
+/// Tuner symbols, newest first, with the version loaded for each.
+pub const SYMBOLS: &[(&str, u32)] = &[
+    ("ncclTunerPlugin_v6", 6),
+    ("ncclTunerPlugin_v5", 5),
+    ("ncclTunerPlugin_v4", 4),
+    ("ncclTunerPlugin_v3", 3),
+    ("ncclTunerPlugin_v2", 2),
+];
+
+#[derive(Clone, Copy)]
+enum Vt {
+    V2(&'static v2::TunerV2),
+    V3(&'static v3::TunerV3),
+    V4(&'static v4::TunerV4),
+    V5(&'static v5::TunerV5),
+    V6(&'static v6::TunerV6),
+}
+
+/// A loaded tuner vtable (process-wide, like NCCL's).
+pub struct CTuner {
+    vt: Vt,
+    _lib: Lib,
+    pub name: String,
+    pub version: u32,
+}
+
+// SAFETY: the vtable is immutable data of a library kept loaded by `_lib`;
+// NCCL calls tuners from any thread as well.
+unsafe impl Send for CTuner {}
+// SAFETY: as above.
+unsafe impl Sync for CTuner {}
+
+/// A tuner's per-communicator context.
+pub struct Ctx(*mut c_void);
+// SAFETY: the plugin's context, used under the communicator's own
+// serialisation (one collective is planned at a time per communicator).
+unsafe impl Send for Ctx {}
+// SAFETY: as above.
+unsafe impl Sync for Ctx {}
+
+fn ok(what: &str, r: i32) -> Result<(), String> {
+    if r == NCCL_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{what} returned error {r}"))
+    }
+}
+
+impl CTuner {
+    /// The newest tuner version the library exports, with its required
+    /// entries checked. `Err((found, reason))` when none is usable.
+    pub fn negotiate(lib: &Lib) -> Result<CTuner, (Vec<&'static str>, String)> {
+        let looked: Vec<&'static str> = SYMBOLS.iter().map(|s| s.0).collect();
+        let found = lib.present(&looked);
+        let Some(&(sym, version)) = SYMBOLS.iter().find(|(s, _)| found.contains(s)) else {
+            return Err((
+                found,
+                "no tuner ABI version this oxccl loads (v2 to v6)".into(),
+            ));
+        };
+        let p = lib.symbol(sym).expect("found above");
+        // SAFETY: by the ABI the symbol `ncclTunerPlugin_vN` is an
+        // `ncclTuner_vN_t`; `lib` keeps it loaded for as long as we hold it.
+        let vt = unsafe {
+            match version {
+                6 => Vt::V6(&*(p as *const v6::TunerV6)),
+                5 => Vt::V5(&*(p as *const v5::TunerV5)),
+                4 => Vt::V4(&*(p as *const v4::TunerV4)),
+                3 => Vt::V3(&*(p as *const v3::TunerV3)),
+                _ => Vt::V2(&*(p as *const v2::TunerV2)),
+            }
+        };
+        let (name, init, get, fin) = match vt {
+            Vt::V2(v) => (
+                v.name,
+                v.init.is_some(),
+                v.get_coll_info.is_some(),
+                v.destroy.is_some(),
+            ),
+            Vt::V3(v) => (
+                v.name,
+                v.init.is_some(),
+                v.get_coll_info.is_some(),
+                v.destroy.is_some(),
+            ),
+            Vt::V4(v) => (
+                v.name,
+                v.init.is_some(),
+                v.get_coll_info.is_some(),
+                v.destroy.is_some(),
+            ),
+            Vt::V5(v) => (
+                v.name,
+                v.init.is_some(),
+                v.get_coll_info.is_some(),
+                v.finalize.is_some(),
+            ),
+            Vt::V6(v) => (
+                v.name,
+                v.init.is_some(),
+                v.get_coll_info.is_some(),
+                v.finalize.is_some(),
+            ),
+        };
+        let null: Vec<&str> = [
+            ("name", !name.is_null()),
+            ("init", init),
+            ("getCollInfo", get),
+            (if version >= 5 { "finalize" } else { "destroy" }, fin),
+        ]
+        .into_iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(n, _)| n)
+        .collect();
+        if !null.is_empty() {
+            return Err((found, format!("{sym} has NULL {}", null.join(", "))));
+        }
+        // SAFETY: checked non-null; a C string of the plugin.
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned();
+        Ok(CTuner {
+            vt,
+            _lib: lib.clone(),
+            name,
+            version,
+        })
+    }
+
+    /// `init` for one communicator.
+    pub fn init(&self, comm_id: u64, nranks: usize, nnodes: usize) -> Result<Ctx, String> {
+        let log = crate::plugin::ffi_log::logger();
+        let mut ctx = null_mut();
+        // Zeroed: we have no NVLink domains and no latency/bandwidth
+        // constants of NCCL's model to share; a tuner only reads them.
+        let mut nvl = v5::NvlDomainInfoV5 {
+            n_nvl_domains: 0,
+            min_ranks_per_nvl_domain: 0,
+            max_ranks_per_nvl_domain: 0,
+        };
+        // SAFETY: an all-zero block of f64 arrays is a valid value.
+        let mut constants: v5::ConstantsV5 = unsafe { std::mem::zeroed() };
+        // SAFETY: entries checked non-null at load; valid out-pointers and
+        // structs of the version's types.
+        let r = unsafe {
+            match self.vt {
+                Vt::V2(v) => v.init.expect("checked")(nranks, nnodes, log, &mut ctx),
+                Vt::V3(v) => v.init.expect("checked")(nranks, nnodes, log, &mut ctx),
+                Vt::V4(v) => v.init.expect("checked")(nranks, nnodes, log, &mut ctx),
+                Vt::V5(v) => v.init.expect("checked")(
+                    &mut ctx,
+                    comm_id,
+                    nranks,
+                    nnodes,
+                    log,
+                    &mut nvl,
+                    &mut constants,
+                ),
+                Vt::V6(v) => v.init.expect("checked")(
+                    &mut ctx,
+                    comm_id,
+                    nranks,
+                    nnodes,
+                    log,
+                    &mut nvl,
+                    &mut constants,
+                ),
+            }
+        };
+        ok("init", r).map(|_| Ctx(ctx))
+    }
+
+    /// `getCollInfo`: lets the tuner rewrite `table` and the channel count.
+    pub fn get_coll_info(
+        &self,
+        ctx: &Ctx,
+        func: Func,
+        bytes: usize,
+        table: &mut CostTable,
+        nchannels: &mut c_int,
+    ) -> Result<(), String> {
+        let (na, np) = (NCCL_NUM_ALGORITHMS as c_int, NCCL_NUM_PROTOCOLS as c_int);
+        // NCCL passes its `float[NUM_ALGO][NUM_PROTO]` cast to `float**`;
+        // tuners cast it back to rows of `numProto` floats.
+        let t = table.as_mut_ptr() as *mut *mut f32;
+        // SAFETY: entries checked non-null at load; `t` points at
+        // NUM_ALGORITHMS x NUM_PROTOCOLS floats as announced; valid out-pointers.
+        let r = unsafe {
+            match self.vt {
+                Vt::V2(v) => {
+                    let (mut a, mut p) = (-1, -1);
+                    let r = v.get_coll_info.expect("checked")(
+                        ctx.0, func, bytes, 0, 0, 1, &mut a, &mut p, nchannels,
+                    );
+                    if (0..na).contains(&a) && (0..np).contains(&p) {
+                        table[a as usize][p as usize] = 0.0;
+                    }
+                    r
+                }
+                Vt::V3(v) => {
+                    v.get_coll_info.expect("checked")(ctx.0, func, bytes, 1, t, na, np, nchannels)
+                }
+                Vt::V4(v) => v.get_coll_info.expect("checked")(
+                    ctx.0, func, bytes, 1, t, na, np, 0, nchannels,
+                ),
+                Vt::V5(v) => v.get_coll_info.expect("checked")(
+                    ctx.0, func, bytes, 1, t, na, np, 0, nchannels,
+                ),
+                Vt::V6(v) => v.get_coll_info.expect("checked")(
+                    ctx.0, func, bytes, 1, t, na, np, 0, nchannels,
+                ),
+            }
+        };
+        ok("getCollInfo", r)
+    }
+
+    /// `destroy` / `finalize` of a context.
+    pub fn finalize(&self, ctx: &Ctx) {
+        let f = match self.vt {
+            Vt::V2(v) => v.destroy,
+            Vt::V3(v) => v.destroy,
+            Vt::V4(v) => v.destroy,
+            Vt::V5(v) => v.finalize,
+            Vt::V6(v) => v.finalize,
+        };
+        if let Some(f) = f {
+            // SAFETY: the context `init` returned, finalized once (by Drop).
+            let _ = unsafe { f(ctx.0) };
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! Builds the C plugin fixtures (each a tiny shared library exporting one
+//! NCCL plugin vtable, some deliberately broken) for tests/tests/plugins.rs.
+use std::path::PathBuf;
+
+fn main() {
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let compiler = cc::Build::new().get_compiler();
+    for name in [
+        "net_v8_nodev",
+        "net_null",
+        "net_initfail",
+        "tuner_ring",
+        "profiler_count",
+        "profiler_v1",
+        "net_with_tuner",
+    ] {
+        let src = format!("fixtures/{name}.c");
+        println!("cargo:rerun-if-changed={src}");
+        let lib = out.join(format!("lib{name}.so"));
+        let status = compiler
+            .to_command()
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(&lib)
+            .arg(&src)
+            .status()
+            .expect("running the C compiler");
+        assert!(status.success(), "compiling {src} failed");
+    }
+    println!("cargo:rerun-if-changed=fixtures/common.h");
+    println!("cargo:rustc-env=OXCCL_FIXTURES={}", out.display());
+}
