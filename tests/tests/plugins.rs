@@ -90,7 +90,18 @@ fn ib_plugin_without_a_device_falls_back_to_socket() {
         return;
     };
     println!("loading {}", p.display());
-    let done = run_with_plugin(name, p.to_str().unwrap());
+    // The plugin's reason is an INFO line, passed through NCCL's logger.
+    let done = spawn(
+        name,
+        2,
+        &[
+            ("NCCL_NET_PLUGIN", p.to_str().unwrap()),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+        ],
+        Duration::from_secs(60),
+    );
+    assert_all_ok(&done);
     for f in &done {
         let why: Vec<&str> = f
             .stderr
@@ -167,6 +178,7 @@ fn old_version_library_loads_at_that_version() {
         &[
             ("NCCL_NET_PLUGIN", &lib),
             ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
             ("NCCL_DEBUG_SUBSYS", "NET"),
         ],
     );
@@ -240,6 +252,7 @@ fn tuner_changes_the_algorithm_used() {
         &[
             ("NCCL_TUNER_PLUGIN", &lib),
             ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
             ("NCCL_DEBUG_SUBSYS", "TUNING"),
         ],
     );
@@ -330,6 +343,7 @@ fn profiler_v1_gets_enum_codes() {
         &[
             ("NCCL_PROFILER_PLUGIN", &lib),
             ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
             ("NCCL_DEBUG_SUBSYS", "PROFILER"),
         ],
     );
@@ -365,6 +379,7 @@ fn tuner_is_found_inside_the_net_plugin_library() {
         &[
             ("NCCL_NET_PLUGIN", &lib),
             ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
             ("NCCL_DEBUG_SUBSYS", "TUNING,NET"),
         ],
     );
