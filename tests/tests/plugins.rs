@@ -398,3 +398,63 @@ fn tuner_is_found_inside_the_net_plugin_library() {
         assert!(e.contains("-> Ring (NCCL row 1"), "{e}");
     }
 }
+
+/// The IB plugin's data path over a soft-RoCE device, where one exists or
+/// can be made (`rdma link add oxccl_rxe0 type rxe netdev <if>`, as root,
+/// removed afterwards); everywhere else it says why it skipped.
+#[test]
+fn ib_plugin_runs_collectives_over_soft_roce_where_available() {
+    let name = "ib_plugin_runs_collectives_over_soft_roce_where_available";
+    if as_child(name, body("oxccl-IB")) {
+        return;
+    }
+    let Some(p) = built_library("liboxccl_net_ib.so") else {
+        println!("skipped: liboxccl_net_ib.so was not built beside the tests");
+        return;
+    };
+    let has_rxe = || {
+        std::fs::read_dir("/sys/class/infiniband")
+            .map(|d| {
+                d.flatten().any(|e| {
+                    e.file_name().to_string_lossy().starts_with("rxe")
+                        || e.file_name().to_string_lossy().starts_with("oxccl_rxe")
+                })
+            })
+            .unwrap_or(false)
+    };
+    let mut made = false;
+    if !has_rxe() {
+        // Any non-loopback interface will do for a device on one host.
+        let netdev = std::fs::read_dir("/sys/class/net").ok().and_then(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .find(|n| n != "lo")
+        });
+        let created = netdev.as_deref().is_some_and(|nd| {
+            std::process::Command::new("rdma")
+                .args(["link", "add", "oxccl_rxe0", "type", "rxe", "netdev", nd])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+        if !created {
+            println!("skipped: no soft-RoCE device and none could be made (`rdma link add ... type rxe` failed or the rdma tool is missing)");
+            return;
+        }
+        made = true;
+    }
+    let done = spawn(
+        name,
+        2,
+        &[
+            ("NCCL_NET_PLUGIN", p.to_str().unwrap()),
+            ("NCCL_DEBUG", "WARN"),
+        ],
+        Duration::from_secs(60),
+    );
+    if made {
+        let _ = std::process::Command::new("rdma")
+            .args(["link", "delete", "oxccl_rxe0"])
+            .status();
+    }
+    assert_all_ok(&done);
+}
