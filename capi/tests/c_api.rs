@@ -35,6 +35,21 @@ fn compile(src: &str, out: &Path, lib: &Path) {
     assert!(st.success(), "compiling {src} failed");
 }
 
+/// A fresh directory holding the library under both names (libnccl.so to
+/// link against, libnccl.so.2, the SONAME a linked program loads) and
+/// `src` compiled against it.
+fn stage(tag: &str, src: &str) -> (PathBuf, PathBuf) {
+    let lib = lib_dir();
+    let tmp = std::env::temp_dir().join(format!("oxccl-capi-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("temp dir");
+    for name in ["libnccl.so.2", "libnccl.so"] {
+        std::fs::copy(lib.join("libnccl.so"), tmp.join(name)).expect("copy libnccl.so");
+    }
+    let exe = tmp.join(src.trim_end_matches(".c"));
+    compile(src, &exe, &tmp);
+    (tmp, exe)
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -90,15 +105,7 @@ fn run_ranks(exe: &Path, n: usize, timeout: Duration) -> Vec<(bool, String)> {
 
 #[test]
 fn c_programs_drive_every_collective_over_several_processes() {
-    let lib = lib_dir();
-    let tmp = std::env::temp_dir().join(format!("oxccl-capi-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).expect("temp dir");
-    // The library as a program linked against NCCL looks for it: by its
-    // SONAME, libnccl.so.2.
-    std::fs::copy(lib.join("libnccl.so"), tmp.join("libnccl.so.2")).expect("copy libnccl.so");
-    std::fs::copy(lib.join("libnccl.so"), tmp.join("libnccl.so")).expect("copy libnccl.so");
-    let exe = tmp.join("api_test");
-    compile("api_test.c", &exe, &tmp);
+    let (tmp, exe) = stage("api", "api_test.c");
     for n in [1, 2, 3, 4] {
         let t = Instant::now();
         let results = run_ranks(&exe, n, Duration::from_secs(120));
@@ -120,13 +127,7 @@ fn c_programs_drive_every_collective_over_several_processes() {
 
 #[test]
 fn one_thread_creates_every_rank_inside_a_group() {
-    let lib = lib_dir();
-    let tmp = std::env::temp_dir().join(format!("oxccl-capi-g-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).expect("temp dir");
-    std::fs::copy(lib.join("libnccl.so"), tmp.join("libnccl.so.2")).expect("copy libnccl.so");
-    std::fs::copy(lib.join("libnccl.so"), tmp.join("libnccl.so")).expect("copy libnccl.so");
-    let exe = tmp.join("group_init");
-    compile("group_init.c", &exe, &tmp);
+    let (tmp, exe) = stage("group", "group_init.c");
     let mut child = Command::new(&exe)
         .env("NCCL_SOCKET_IFNAME", "lo")
         .env("NCCL_TIMEOUT", "20")

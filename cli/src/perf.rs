@@ -518,11 +518,27 @@ fn measure(comm: &Comm, args: &PerfArgs, case: Case) -> Measured {
         wrong = case.wrong(rank, n, &output);
     }
     // Mean time and total #wrong over the ranks, outside the timed loop.
-    let mut stats = [0u8; 16];
-    stats[..8].copy_from_slice(&mine.to_ne_bytes());
-    stats[8..].copy_from_slice(&(wrong as f64).to_ne_bytes());
-    comm.all_reduce(None, &mut stats, DataType::Float64, RedOp::Sum)?;
-    let time = f64::from_ne_bytes(stats[..8].try_into().expect("8 bytes")) / n as f64;
-    let wrong = f64::from_ne_bytes(stats[8..].try_into().expect("8 bytes")) as u64;
-    Ok(Some((time, wrong)))
+    let mut stats = Stats::pack(mine, wrong);
+    comm.all_reduce(None, &mut stats.0, DataType::Float64, RedOp::Sum)?;
+    Ok(Some(stats.mean_and_total(n)))
+}
+
+/// A rank's (time, #wrong) as two float64s, summed over ranks by an
+/// all-reduce of whatever memory the ranks use.
+pub(crate) struct Stats(pub [u8; 16]);
+
+impl Stats {
+    pub fn pack(time_us: f64, wrong: u64) -> Stats {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&time_us.to_ne_bytes());
+        b[8..].copy_from_slice(&(wrong as f64).to_ne_bytes());
+        Stats(b)
+    }
+
+    /// After the sum over `n` ranks: mean time, total #wrong.
+    pub fn mean_and_total(&self, n: usize) -> (f64, u64) {
+        let f =
+            |r: std::ops::Range<usize>| f64::from_ne_bytes(self.0[r].try_into().expect("8 bytes"));
+        (f(0..8) / n as f64, f(8..16) as u64)
+    }
 }

@@ -13,7 +13,7 @@ use oxccl::{Comm, CommConfig, DataType, Op, OpKind, RedOp};
 
 use crate::check::Coll;
 use crate::launch::RankEnv;
-use crate::perf::{report, selection, Case, Measured, PerfArgs};
+use crate::perf::{report, selection, Case, Measured, PerfArgs, Stats};
 
 /// One rank on one GPU.
 struct DevRank {
@@ -185,11 +185,9 @@ fn measure(ranks: &[DevRank], args: &PerfArgs, case: Case, n: usize) -> Measured
         return Ok(Some((mine, wrong)));
     }
     let d = &ranks[0];
-    let mut stats = [0u8; 16];
-    stats[..8].copy_from_slice(&mine.to_ne_bytes());
-    stats[8..].copy_from_slice(&(wrong as f64).to_ne_bytes());
+    let mut stats = Stats::pack(mine, wrong);
     let buf = DeviceBuffer::alloc(&d.ctx, 16)?;
-    buf.write(0, &stats)?;
+    buf.write(0, &stats.0)?;
     let op = Op {
         kind: OpKind::AllReduce,
         input: buf.ptr() as usize as *const u8,
@@ -203,10 +201,8 @@ fn measure(ranks: &[DevRank], args: &PerfArgs, case: Case, n: usize) -> Measured
     // stream is synchronised below.
     unsafe { d.comm.enqueue(op) }?;
     d.stream.synchronize()?;
-    buf.read(0, &mut stats)?;
-    let time = f64::from_ne_bytes(stats[..8].try_into().expect("8 bytes")) / n as f64;
-    let wrong = f64::from_ne_bytes(stats[8..].try_into().expect("8 bytes")) as u64;
-    Ok(Some((time, wrong)))
+    buf.read(0, &mut stats.0)?;
+    Ok(Some(stats.mean_and_total(n)))
 }
 
 fn gpu_count() -> Result<usize, String> {
