@@ -36,6 +36,40 @@ pub const PROFILER: Kind = Kind {
     key: "NCCL_PROFILER_PLUGIN",
 };
 
+/// What the search for a plugin found, for logs and `oxccl info`; the same
+/// for every plugin type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Disabled, or the default library is not there: the built-in (or none).
+    NotFound { searched: Vec<String> },
+    /// Loaded at this ABI version.
+    Loaded {
+        library: String,
+        version: String,
+        searched: Vec<String>,
+    },
+    /// Found but refused (the reason is in the WARN line).
+    Refused {
+        library: String,
+        reason: String,
+        searched: Vec<String>,
+    },
+}
+
+/// The one WARN line for a refused library of plugin type `what`: the
+/// symbols looked for, those found, and why.
+pub fn refusal(what: &str, library: &str, looked: &[&str], found: &[&str], reason: &str) -> String {
+    format!(
+        "{what} plugin {library}: looked for {}; found {}; {reason}",
+        looked.join(", "),
+        if found.is_empty() {
+            "none".to_string()
+        } else {
+            found.join(", ")
+        }
+    )
+}
+
 /// Whether the setting names a library (as opposed to unset or `none`).
 pub fn explicit(setting: Option<&str>) -> bool {
     setting.is_some_and(|s| !s.trim().is_empty() && !s.trim().eq_ignore_ascii_case("none"))

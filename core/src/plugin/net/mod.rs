@@ -20,24 +20,7 @@ pub fn candidates(setting: Option<&str>) -> Vec<String> {
     loader::candidates(loader::NET, setting)
 }
 
-/// What happened when looking for a plugin, for logs and `oxccl info`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// Disabled, or the default library is not there: the built-in network.
-    NotFound { searched: Vec<String> },
-    /// Loaded at this ABI version.
-    Loaded {
-        library: String,
-        version: String,
-        searched: Vec<String>,
-    },
-    /// Found but refused (the reason is in the WARN line): the built-in network.
-    Refused {
-        library: String,
-        reason: String,
-        searched: Vec<String>,
-    },
-}
+pub use crate::plugin::loader::Outcome;
 
 /// Looks for collnet symbols, which this oxccl does not use: NCCL without a
 /// collnet plugin runs the same, so they are reported and disabled.
@@ -64,9 +47,9 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Arc<dyn Net>>, Outcome)> {
     let Some(lib) = search.opened else {
         if let Some((library, why)) = search.failed.first() {
             let reason = format!("cannot be opened: {why}");
-            warn!(target: "oxccl::net",
-                "net plugin {library}: looked for {}; found none; {reason}; using the built-in network",
-                SYMBOLS.iter().map(|s| s.0).collect::<Vec<_>>().join(", "));
+            let looked: Vec<&str> = SYMBOLS.iter().map(|s| s.0).collect();
+            warn!(target: "oxccl::net", "{}; using the built-in network",
+                loader::refusal("net", library, &looked, &[], &reason));
             return Ok((
                 None,
                 Outcome::Refused {
@@ -127,16 +110,7 @@ pub fn opened_library() -> Option<Lib> {
 
 /// The one WARN line for a refused library.
 pub fn refusal_line(library: &str, r: &Refusal) -> String {
-    format!(
-        "net plugin {library}: looked for {}; found {}; {}",
-        r.looked.join(", "),
-        if r.found.is_empty() {
-            "none".to_string()
-        } else {
-            r.found.join(", ")
-        },
-        r.reason
-    )
+    loader::refusal("net", library, &r.looked, &r.found, &r.reason)
 }
 
 /// Starts a built-in network: through its exported C vtable when it has one

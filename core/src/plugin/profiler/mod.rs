@@ -18,38 +18,15 @@ use crate::plugin::loader;
 
 pub use ffi::{cname, Codes, Event, Handle, SYMBOLS};
 
-/// What the search found, for logs and `oxccl info`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    NotFound {
-        searched: Vec<String>,
-    },
-    Loaded {
-        library: String,
-        version: String,
-        searched: Vec<String>,
-    },
-    Refused {
-        library: String,
-        reason: String,
-        searched: Vec<String>,
-    },
-}
+pub use crate::plugin::loader::Outcome;
 
 pub fn candidates(setting: Option<&str>) -> Vec<String> {
     loader::candidates(loader::PROFILER, setting)
 }
 
 fn refused(lib: &str, found: &[&str], reason: &str) -> String {
-    format!(
-        "profiler plugin {lib}: looked for {}; found {}; {reason}",
-        SYMBOLS.iter().map(|s| s.0).collect::<Vec<_>>().join(", "),
-        if found.is_empty() {
-            "none".to_string()
-        } else {
-            found.join(", ")
-        }
-    )
+    let looked: Vec<&str> = SYMBOLS.iter().map(|s| s.0).collect();
+    loader::refusal("profiler", lib, &looked, found, reason)
 }
 
 /// Finds and checks the profiler library.

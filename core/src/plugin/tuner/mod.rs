@@ -17,23 +17,7 @@ use crate::plugin::loader::{self, Lib};
 
 pub use ffi::SYMBOLS;
 
-/// What the search found, for logs and `oxccl info`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    NotFound {
-        searched: Vec<String>,
-    },
-    Loaded {
-        library: String,
-        version: String,
-        searched: Vec<String>,
-    },
-    Refused {
-        library: String,
-        reason: String,
-        searched: Vec<String>,
-    },
-}
+pub use crate::plugin::loader::Outcome;
 
 /// The library names tried for a setting.
 pub fn candidates(setting: Option<&str>) -> Vec<String> {
@@ -41,15 +25,8 @@ pub fn candidates(setting: Option<&str>) -> Vec<String> {
 }
 
 fn refused(lib: &str, found: &[&str], reason: &str) -> String {
-    format!(
-        "tuner plugin {lib}: looked for {}; found {}; {reason}",
-        SYMBOLS.iter().map(|s| s.0).collect::<Vec<_>>().join(", "),
-        if found.is_empty() {
-            "none".to_string()
-        } else {
-            found.join(", ")
-        }
-    )
+    let looked: Vec<&str> = SYMBOLS.iter().map(|s| s.0).collect();
+    loader::refusal("tuner", lib, &looked, found, reason)
 }
 
 /// Finds and checks the tuner library. `net_lib` is the net plugin library,
