@@ -106,11 +106,48 @@ pub fn value(seed: u64, rank: usize, i: usize, dtype: DataType, op: RedOp) -> f6
     load_f64(dtype, &b, 0)
 }
 
+/// Elements below which one thread fills or checks: a thread costs more
+/// than it saves.
+const PAR_MIN: usize = 1 << 20;
+
+/// Splits `elems` elements into one span per thread worth starting:
+/// inputs and checks of a GiB take minutes on one core.
+fn spans(elems: usize) -> Vec<(usize, usize)> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let k = (elems / PAR_MIN).clamp(1, threads);
+    let per = elems.div_ceil(k).max(1);
+    (0..elems)
+        .step_by(per)
+        .map(|a| (a, (a + per).min(elems)))
+        .collect()
+}
+
 /// Fills `buf` with rank `rank`'s input starting at element `first`.
 pub fn fill(buf: &mut [u8], seed: u64, rank: usize, first: usize, dtype: DataType, op: RedOp) {
-    for i in 0..buf.len() / dtype.size() {
-        store_f64(dtype, buf, i, value(seed, rank, first + i, dtype, op));
+    let es = dtype.size();
+    let elems = buf.len() / es;
+    let fill_span = |part: &mut [u8], start: usize| {
+        for i in 0..part.len() / es {
+            store_f64(
+                dtype,
+                part,
+                i,
+                value(seed, rank, first + start + i, dtype, op),
+            );
+        }
+    };
+    let spans = spans(elems);
+    if spans.len() == 1 {
+        return fill_span(&mut buf[..elems * es], 0);
     }
+    std::thread::scope(|s| {
+        let mut rest = &mut buf[..elems * es];
+        for &(a, b) in &spans {
+            let (part, tail) = rest.split_at_mut((b - a) * es);
+            rest = tail;
+            s.spawn(move || fill_span(part, a));
+        }
+    });
 }
 
 /// Fills with a value no correct result has (NaN for floats, a pattern for integers).
@@ -144,36 +181,35 @@ fn eps(dtype: DataType) -> f64 {
 
 /// The reduction of `n` ranks' element `i`; returns (value, tolerance).
 pub fn reduced(seed: u64, n: usize, i: usize, dtype: DataType, op: RedOp) -> (f64, f64) {
-    let xs = (0..n).map(|r| value(seed, r, i, dtype, op));
+    // Called once per checked element: no allocation, ranks regenerated.
+    let xs = || (0..n).map(|r| value(seed, r, i, dtype, op));
     if !dtype.is_float() {
-        let ints: Vec<i128> = xs.map(|x| x as i128).collect();
+        let ints = || xs().map(|x| x as i128);
         let v = match op {
-            RedOp::Sum => ints.iter().fold(0i128, |a, b| wrap_int(a + b, dtype)),
-            RedOp::Prod => ints.iter().fold(1i128, |a, b| wrap_int(a * b, dtype)),
-            RedOp::Max => *ints.iter().max().expect("n >= 1"),
-            RedOp::Min => *ints.iter().min().expect("n >= 1"),
-            RedOp::Avg => ints.iter().fold(0i128, |a, b| wrap_int(a + b, dtype)) / n as i128,
+            RedOp::Sum => ints().fold(0i128, |a, b| wrap_int(a + b, dtype)),
+            RedOp::Prod => ints().fold(1i128, |a, b| wrap_int(a * b, dtype)),
+            RedOp::Max => ints().max().expect("n >= 1"),
+            RedOp::Min => ints().min().expect("n >= 1"),
+            RedOp::Avg => ints().fold(0i128, |a, b| wrap_int(a + b, dtype)) / n as i128,
             RedOp::PreMulSum(s) => {
                 let s = wrap_int(s as i128, dtype);
-                ints.iter()
-                    .fold(0i128, |a, b| wrap_int(a + wrap_int(b * s, dtype), dtype))
+                ints().fold(0i128, |a, b| wrap_int(a + wrap_int(b * s, dtype), dtype))
             }
         };
         return (v as f64, 0.0);
     }
-    let xs: Vec<f64> = xs.collect();
     let e = eps(dtype);
-    let abs: f64 = xs.iter().map(|x| x.abs()).sum();
+    let abs: f64 = xs().map(|x| x.abs()).sum();
     let (v, tol) = match op {
-        RedOp::Sum => (xs.iter().sum::<f64>(), abs),
+        RedOp::Sum => (xs().sum::<f64>(), abs),
         RedOp::Prod => {
-            let p: f64 = xs.iter().product();
+            let p: f64 = xs().product();
             (p, p.abs())
         }
-        RedOp::Max => (xs.iter().cloned().fold(f64::MIN, f64::max), 0.0),
-        RedOp::Min => (xs.iter().cloned().fold(f64::MAX, f64::min), 0.0),
-        RedOp::Avg => (xs.iter().sum::<f64>() / n as f64, abs / n as f64),
-        RedOp::PreMulSum(s) => (xs.iter().map(|x| x * s).sum(), abs * s.abs()),
+        RedOp::Max => (xs().fold(f64::MIN, f64::max), 0.0),
+        RedOp::Min => (xs().fold(f64::MAX, f64::min), 0.0),
+        RedOp::Avg => (xs().sum::<f64>() / n as f64, abs / n as f64),
+        RedOp::PreMulSum(s) => (xs().map(|x| x * s).sum(), abs * s.abs()),
     };
     // Each of the n steps rounds once, and so does the final store.
     (v, tol * e * (n as f64 + 1.0) + f64::MIN_POSITIVE)
@@ -185,19 +221,37 @@ pub fn count_wrong(
     out: &[u8],
     dtype: DataType,
     first: usize,
-    expect: impl Fn(usize) -> (f64, f64),
+    expect: impl Fn(usize) -> (f64, f64) + Sync,
 ) -> u64 {
-    let mut wrong = 0;
-    for k in 0..out.len() / dtype.size() {
-        let got = load_f64(dtype, out, k);
-        let (want, tol) = expect(first + k);
-        // NaN (a poisoned element left unwritten) must count as wrong.
-        let within = (got - want).abs() <= tol;
-        if !within {
-            wrong += 1;
+    let es = dtype.size();
+    let span = |a: usize, b: usize| -> u64 {
+        let part = &out[a * es..b * es];
+        let mut wrong = 0;
+        for k in 0..b - a {
+            let got = load_f64(dtype, part, k);
+            let (want, tol) = expect(first + a + k);
+            // NaN (a poisoned element left unwritten) must count as wrong.
+            let within = (got - want).abs() <= tol;
+            if !within {
+                wrong += 1;
+            }
         }
+        wrong
+    };
+    let spans = spans(out.len() / es);
+    if spans.len() == 1 {
+        return spans.iter().map(|&(a, b)| span(a, b)).sum();
     }
-    wrong
+    let span = &span;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = spans
+            .iter()
+            .map(|&(a, b)| s.spawn(move || span(a, b)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("a check thread panicked"))
+            .sum()
+    })
 }
 
 /// Checks the output of `coll` on `rank` of `n` ranks. `count` is the
@@ -270,5 +324,20 @@ mod tests {
         }
         let (v, t) = reduced(1, 4, 0, DataType::Float32, RedOp::Sum);
         assert!(t < 1e-5 && v.abs() < 4.0);
+    }
+
+    #[test]
+    fn threaded_fill_and_check_match_one_thread() {
+        let (d, n) = (DataType::Float16, 3 * PAR_MIN + 7);
+        let mut buf = vec![0u8; n * d.size()];
+        fill(&mut buf, 9, 1, 5, d, RedOp::Sum);
+        for i in [0, PAR_MIN - 1, PAR_MIN, 2 * PAR_MIN + 3, n - 1] {
+            assert_eq!(load_f64(d, &buf, i), value(9, 1, 5 + i, d, RedOp::Sum));
+        }
+        let expect = |i: usize| (value(9, 1, i, d, RedOp::Sum), 0.0);
+        assert_eq!(count_wrong(&buf, d, 5, expect), 0);
+        buf[(2 * PAR_MIN + 3) * d.size()..][..2].fill(0xff);
+        buf[..2].fill(0xff);
+        assert_eq!(count_wrong(&buf, d, 5, expect), 2);
     }
 }

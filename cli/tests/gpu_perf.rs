@@ -42,13 +42,14 @@ fn every_collective_on_two_gpus_in_one_and_two_processes() {
         eprintln!("skipped: {n} GPU(s) found, this test needs 2 (CUDA driver and GPUs)");
         return;
     }
-    // Bytes per rank: 0; 4 (count 1 of float, 2 of half); 12 (odd counts).
-    // Large sizes are left out: on 2 x H200 the `-g 2` run of `--op all`
-    // with 8 B .. 64 MiB did not finish in 5 minutes (issue 4, open).
-    let sizes: [&[&str]; 3] = [
+    // Bytes: 0; 4 (count 1 of float, 2 of half); 12 (odd counts); 12 MiB
+    // + 12 B (an odd count of floats, many chunks); 64 MiB.
+    let sizes: [&[&str]; 5] = [
         &["-b", "0", "-e", "0"],
         &["-b", "4", "-e", "4"],
         &["-b", "12", "-e", "12"],
+        &["-b", "12582924", "-e", "12582924"],
+        &["-b", "64M", "-e", "64M"],
     ];
     for mode in [&["-g", "2"][..], &["--ranks", "2", "--device", "cuda"][..]] {
         for s in sizes {

@@ -169,6 +169,8 @@ params! {
     debug: Option<String> = "DEBUG", "";
     /// Subsystems logged: INIT,COLL,P2P,NET,BOOTSTRAP,ENV,ALL; `^` excludes.
     debug_subsys: Option<String> = "DEBUG_SUBSYS", "";
+    /// File the log goes to instead of stderr; %h is the host name, %p the process id, %% a percent sign.
+    debug_file: Option<String> = "DEBUG_FILE", "";
     /// Algorithm for collectives: Ring or Tree (recursive doubling); empty lets the cost model choose.
     algo: Option<String> = "ALGO", "";
     /// Network plugin library: a name (`foo` loads libnccl-net-foo.so), a path, or `none`; unset tries libnccl-net.so.

@@ -53,8 +53,38 @@ pub fn directive(debug: Option<&str>, subsys: Option<&str>) -> String {
     }
 }
 
-/// Installs a subscriber writing to stderr (or `NCCL_DEBUG_FILE`'s path is
-/// not supported yet) from the environment. Does nothing if one exists.
+/// NCCL_DEBUG_FILE's name with NCCL's substitutions: %h host name, %p
+/// process id, %% a percent sign (other % sequences are kept as written).
+fn debug_file_name(pattern: &str, host: &str, pid: u32) -> String {
+    let mut out = String::new();
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('h') => out.push_str(host),
+            Some('p') => out.push_str(&pid.to_string()),
+            Some('%') => out.push('%'),
+            Some(o) => {
+                out.push('%');
+                out.push(o);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into())
+}
+
+/// Installs a subscriber writing to stderr, or to `NCCL_DEBUG_FILE`, from
+/// the environment. Does nothing if one exists.
 pub fn init() {
     let cfg = crate::config::Config::load().ok();
     let d = directive(
@@ -62,15 +92,43 @@ pub fn init() {
         cfg.as_ref().and_then(|c| c.debug_subsys.as_deref()),
     );
     let filter = EnvFilter::try_new(d).unwrap_or_else(|_| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    let file = cfg.as_ref().and_then(|c| c.debug_file.as_deref()).map(|p| {
+        let name = debug_file_name(p, &host_name(), std::process::id());
+        (std::fs::File::create(&name), name)
+    });
+    match file {
+        Some((Ok(f), _)) => {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(f))
+                .try_init();
+        }
+        other => {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .try_init();
+            // NCCL falls back to stderr too; saying so names the setting.
+            if let Some((Err(e), name)) = other {
+                tracing::warn!(target: "oxccl::init", "NCCL_DEBUG_FILE={name}: cannot create it ({e}); logging to stderr");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::directive;
+    use super::{debug_file_name, directive};
+
+    #[test]
+    fn debug_file_substitutions() {
+        assert_eq!(
+            debug_file_name("/tmp/nccl.%h.%p.log", "node7", 42),
+            "/tmp/nccl.node7.42.log"
+        );
+        assert_eq!(debug_file_name("a%%b%x%", "h", 1), "a%b%x%");
+    }
 
     #[test]
     fn levels_and_subsystems() {
