@@ -179,6 +179,20 @@ fn eps(dtype: DataType) -> f64 {
     }
 }
 
+/// Spacing of a datatype's subnormals: the absolute error one rounding near
+/// zero may make, whatever the relative precision.
+fn tiny(dtype: DataType) -> f64 {
+    match dtype {
+        DataType::Float64 => f64::from_bits(1),
+        DataType::Float32 => f32::from_bits(1) as f64,
+        DataType::Float16 => 2f64.powi(-24),
+        DataType::Bfloat16 => 2f64.powi(-133),
+        DataType::Float8e4m3 => 2f64.powi(-9),
+        DataType::Float8e5m2 => 2f64.powi(-16),
+        _ => 0.0,
+    }
+}
+
 /// The reduction of `n` ranks' element `i`; returns (value, tolerance).
 pub fn reduced(seed: u64, n: usize, i: usize, dtype: DataType, op: RedOp) -> (f64, f64) {
     // Called once per checked element: no allocation, ranks regenerated.
@@ -211,8 +225,13 @@ pub fn reduced(seed: u64, n: usize, i: usize, dtype: DataType, op: RedOp) -> (f6
         RedOp::Avg => (xs().sum::<f64>() / n as f64, abs / n as f64),
         RedOp::PreMulSum(s) => (xs().map(|x| x * s).sum(), abs * s.abs()),
     };
-    // Each of the n steps rounds once, and so does the final store.
-    (v, tol * e * (n as f64 + 1.0) + f64::MIN_POSITIVE)
+    // Each of the n steps rounds once, and so does the final store; near
+    // zero a rounding loses up to a subnormal step (avg and premulsum scale
+    // each input before summing, as NCCL does).
+    (
+        v,
+        (tol * e + tiny(dtype)) * (n as f64 + 1.0) + f64::MIN_POSITIVE,
+    )
 }
 
 /// Counts the elements of `out` (starting at element `first` of the

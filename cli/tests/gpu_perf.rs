@@ -2,7 +2,8 @@
 //! sample of datatypes and ops, in and out of place, counts 0, 1, odd and
 //! large, two ranks as two processes and as one process with `-g 2`; output
 //! buffers poisoned before each checked run, results checked against a
-//! float64 host reference. Skips, saying why, where fewer than two GPUs are
+//! float64 host reference; then again with NCCL_P2P_DISABLE=1 (device
+//! buffers staged through host memory over the network). Skips, saying why, where fewer than two GPUs are
 //! found.
 
 use std::process::Command;
@@ -11,7 +12,7 @@ fn gpus() -> usize {
     oxccl::cuda::device_count().unwrap_or(0)
 }
 
-fn perf(mode: &[&str], sizes: &[&str]) {
+fn perf(mode: &[&str], sizes: &[&str], env: &[(&str, &str)]) {
     // OXCCL_BIN: the binary where this test runs on another machine than it was built.
     let bin = std::env::var("OXCCL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_oxccl").into());
     let mut cmd = Command::new(bin);
@@ -20,7 +21,8 @@ fn perf(mode: &[&str], sizes: &[&str]) {
         .args(["--op", "all", "-d", "float,half,bfloat16,int32,f8e4m3"])
         .args(["-o", "sum,max,avg,premulsum", "-n", "2", "-w", "1"])
         .args(sizes)
-        .env("NCCL_SOCKET_IFNAME", "lo");
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .envs(env.iter().copied());
     let out = cmd.output().expect("run oxccl perf");
     let text = format!(
         "{}{}",
@@ -29,10 +31,10 @@ fn perf(mode: &[&str], sizes: &[&str]) {
     );
     assert!(
         out.status.success() && text.contains("Out of bounds values : 0 OK"),
-        "oxccl perf {mode:?} {sizes:?} failed:\n{text}"
+        "oxccl perf {mode:?} {sizes:?} {env:?} failed:\n{text}"
     );
     let rows = text.lines().filter(|l| !l.starts_with('#')).count();
-    eprintln!("oxccl perf {mode:?} {sizes:?}: {rows} rows, #wrong 0");
+    eprintln!("oxccl perf {mode:?} {sizes:?} {env:?}: {rows} rows, #wrong 0");
 }
 
 #[test]
@@ -51,9 +53,17 @@ fn every_collective_on_two_gpus_in_one_and_two_processes() {
         &["-b", "12582924", "-e", "12582924"],
         &["-b", "64M", "-e", "64M"],
     ];
-    for mode in [&["-g", "2"][..], &["--ranks", "2", "--device", "cuda"][..]] {
+    let modes = [&["-g", "2"][..], &["--ranks", "2", "--device", "cuda"][..]];
+    for mode in modes {
         for s in sizes {
-            perf(mode, s);
+            perf(mode, s, &[]);
+        }
+    }
+    // Staged through pinned host memory over the socket network, as
+    // between nodes; the network is the slow part, so up to 12 MiB.
+    for mode in modes {
+        for s in &sizes[..4] {
+            perf(mode, s, &[("NCCL_P2P_DISABLE", "1")]);
         }
     }
 }

@@ -179,6 +179,10 @@ params! {
     tuner_plugin: Option<String> = "TUNER_PLUGIN", "";
     /// Profiler plugin library: a name (`foo` loads libnccl-profiler-foo.so), a path, or `none`; unset tries libnccl-profiler.so.
     profiler_plugin: Option<String> = "PROFILER_PLUGIN", "";
+    /// 1: GPUs never map each other's memory; device buffers go staged through pinned host memory over the network.
+    p2p_disable: bool = "P2P_DISABLE", "0";
+    /// 1: no shared-memory transport. oxccl has none (GPUs of one node map each other, or stage over the network), so this changes nothing; accepted for NCCL's scripts.
+    shm_disable: bool = "SHM_DISABLE", "0";
     /// Network to use by name (e.g. Socket); empty takes the first that has devices.
     net: Option<String> = "NET", "";
     /// Smallest number of channels (parallel lanes per collective).

@@ -124,7 +124,7 @@ fn run_tasks(tasks: Vec<Task>) -> Result<()> {
     }
     let run_one =
         |(comm, core, ops): &PerComm| core.execute(ops).inspect_err(|e| comm.record_failure(e));
-    // Device operations only enqueue kernels, which never wait on the host:
+    // Device operations only enqueue work, which never waits on the host:
     // one thread issues them all, in the caller's order.
     let all_device = per_comm.iter().all(|(_, c, _)| c.device.is_some());
     match per_comm.len() {

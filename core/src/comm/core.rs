@@ -29,6 +29,23 @@ const P2P_CHANNEL: usize = 1 << 16;
 /// A lane's staging slots (receive, send).
 type Staging = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// How a GPU rank's operations move: kernels storing into peers' memory
+/// (one node, peer access), or staged through pinned host memory over the
+/// network.
+pub(crate) enum GpuPath {
+    Peer(Box<Mutex<DeviceComm>>),
+    Staged(super::staged::Staged),
+}
+
+impl GpuPath {
+    pub fn ordinal(&self) -> Option<usize> {
+        match self {
+            GpuPath::Peer(d) => d.lock().ok().map(|d| d.context().device().ordinal()),
+            GpuPath::Staged(s) => Some(s.context().device().ordinal()),
+        }
+    }
+}
+
 pub(crate) struct Core {
     pub rank: usize,
     pub nranks: usize,
@@ -47,8 +64,10 @@ pub(crate) struct Core {
     forced_algo: Option<Algo>,
     link: cost::LinkModel,
     /// The GPU this rank is bound to, when it was created on one: its
-    /// operations take device memory and run as kernels.
-    pub device: Option<Mutex<DeviceComm>>,
+    /// operations take device memory.
+    pub device: Option<GpuPath>,
+    /// This core as its proxy thread holds it (not keeping it alive).
+    this: std::sync::OnceLock<std::sync::Weak<Core>>,
     tuner: Option<crate::plugin::tuner::TunerComm>,
     profiler: Option<crate::plugin::profiler::ProfilerComm>,
 }
@@ -71,7 +90,7 @@ impl Core {
         cfg: Config,
         bootstrap: Bootstrap,
         net: Arc<dyn Net>,
-        device: Option<DeviceComm>,
+        device: Option<GpuPath>,
     ) -> Result<Core> {
         let forced_algo = match cfg.algo.as_deref() {
             None => None,
@@ -98,7 +117,8 @@ impl Core {
             staging: Mutex::default(),
             forced_algo,
             link: cost::LinkModel::default(),
-            device: device.map(Mutex::new),
+            device,
+            this: std::sync::OnceLock::new(),
             tuner: crate::plugin::tuner::shared(cfg_tuner.as_deref())?
                 .and_then(|t| crate::plugin::tuner::TunerComm::new(t, 0, nranks, 1)),
             profiler,
@@ -138,9 +158,30 @@ impl Core {
         }
     }
 
+    /// Records the `Arc` this core lives in, for threads that must not keep it alive.
+    pub fn set_this(self: &std::sync::Arc<Core>) {
+        let _ = self.this.set(std::sync::Arc::downgrade(self));
+    }
+
+    pub fn this(&self) -> std::sync::Weak<Core> {
+        self.this.get().cloned().unwrap_or_default()
+    }
+
+    /// A failure found after the call that enqueued it returned (staged
+    /// device operations), as NCCL's asynchronous error.
+    pub fn async_failure(&self) -> Option<Error> {
+        match &self.device {
+            Some(GpuPath::Staged(s)) => s.failure(),
+            _ => None,
+        }
+    }
+
     /// Runs the operations of one group on this communicator.
     pub fn execute(&self, ops: &[(Op, OpBuffers)]) -> Result<()> {
-        if let Some(dc) = &self.device {
+        if let Some(GpuPath::Staged(s)) = &self.device {
+            return s.execute(self, ops);
+        }
+        if let Some(GpuPath::Peer(dc)) = &self.device {
             let n = ops
                 .iter()
                 .filter(|(op, _)| op.kind.coll().is_some())
@@ -153,6 +194,11 @@ impl Core {
                 ))
             });
         }
+        self.execute_host(ops)
+    }
+
+    /// Runs one group on host memory over the network.
+    pub fn execute_host(&self, ops: &[(Op, OpBuffers)]) -> Result<()> {
         let mut conns = self
             .conns
             .lock()

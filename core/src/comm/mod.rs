@@ -3,6 +3,7 @@
 
 mod core;
 mod on_device;
+mod staged;
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -205,7 +206,11 @@ impl Comm {
             let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
             if let Status::Initializing = *st {
                 *st = match r {
-                    Ok(core) => Status::Ready(Arc::new(core)),
+                    Ok(core) => {
+                        let core = Arc::new(core);
+                        core.set_this();
+                        Status::Ready(core)
+                    }
                     Err(e) => Status::Failed(e),
                 };
             }
@@ -233,7 +238,14 @@ impl Comm {
         let net = network(&cfg)?;
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
         let dc = match device {
-            Some(d) => Some(on_device::open(&bootstrap, rank, nranks, d)?),
+            Some(d) => Some(on_device::open(
+                &bootstrap,
+                rank,
+                nranks,
+                d,
+                &cfg,
+                net.name(),
+            )?),
             None => None,
         };
         match device {
@@ -320,7 +332,10 @@ impl Comm {
     pub fn async_error(&self) -> Result<InitState> {
         match &*self.shared.status.lock().unwrap_or_else(|p| p.into_inner()) {
             Status::Initializing => Ok(InitState::InProgress),
-            Status::Ready(_) => Ok(InitState::Ready),
+            Status::Ready(c) => match c.async_failure() {
+                Some(e) => Err(e),
+                None => Ok(InitState::Ready),
+            },
             Status::Failed(e) => Err(e.clone()),
             Status::Destroyed(how) => {
                 Err(Error::InvalidUsage(format!("the communicator was {how}")))
@@ -335,11 +350,7 @@ impl Comm {
 
     /// The GPU this communicator runs on (`None`: host memory).
     pub fn device(&self) -> Result<Option<usize>> {
-        Ok(self
-            .core()?
-            .device
-            .as_ref()
-            .and_then(|d| d.lock().ok().map(|d| d.context().device().ordinal())))
+        Ok(self.core()?.device.as_ref().and_then(|d| d.ordinal()))
     }
 
     pub fn count(&self) -> usize {

@@ -6,7 +6,12 @@
 use std::sync::Mutex;
 
 use crate::bootstrap::Bootstrap;
-use crate::cuda::{pointer_kind, PtrKind, RawStream, SavedCurrent};
+use tracing::info;
+
+use super::core::GpuPath;
+use super::staged::Staged;
+use crate::config::Config;
+use crate::cuda::{pointer_kind, Context, Device, PtrKind, RawStream, SavedCurrent};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::exec::device::{DeviceComm, DeviceConfig, Oob};
@@ -34,22 +39,58 @@ impl Oob for BootstrapOob<'_> {
     }
 }
 
+/// This machine, as ranks compare it to find who shares their node: the
+/// host name and the kernel's boot id (containers on one host share it).
+fn node_identity() -> Vec<u8> {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let id = format!(
+        "{}/{}",
+        read("/proc/sys/kernel/hostname").trim(),
+        read("/proc/sys/kernel/random/boot_id").trim()
+    );
+    id.into_bytes()
+}
+
 /// Binds this rank to GPU `device`: every rank of the communicator calls
-/// it during creation.
+/// it during creation, and all take the same path: kernels over peer
+/// mappings when every rank is on this node and none disabled P2P; else
+/// staging through pinned host memory over the network.
 pub(crate) fn open(
     bootstrap: &Bootstrap,
     rank: usize,
     nranks: usize,
     device: usize,
-) -> Result<DeviceComm> {
+    cfg: &Config,
+    net: &str,
+) -> Result<GpuPath> {
     let _restore = SavedCurrent::save()?;
-    let oob = BootstrapOob {
-        bootstrap,
-        rank,
-        nranks,
+    let mut mine = vec![u8::from(cfg.p2p_disable)];
+    mine.extend(node_identity());
+    let all = bootstrap.allgather(&mine)?;
+    let nodes: std::collections::BTreeSet<&[u8]> = all.iter().map(|v| &v[1..]).collect();
+    let disabled: Vec<usize> = (0..nranks)
+        .filter(|&r| all[r].first() == Some(&1))
+        .collect();
+    if nodes.len() == 1 && disabled.is_empty() {
+        let oob = BootstrapOob {
+            bootstrap,
+            rank,
+            nranks,
+        };
+        let dc = DeviceComm::new(&oob, device, DeviceConfig::from_env()?)
+            .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
+        return Ok(GpuPath::Peer(Box::new(Mutex::new(dc))));
+    }
+    let why = if nodes.len() > 1 {
+        format!("ranks on {} nodes", nodes.len())
+    } else {
+        format!("NCCL_P2P_DISABLE=1 on rank(s) {disabled:?}")
     };
-    DeviceComm::new(&oob, device, DeviceConfig::from_env()?)
-        .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))
+    info!(target: "oxccl::init", "rank {rank} on GPU {device}: {why}: device buffers are staged through pinned host memory over network {net}");
+    let ctx = Context::primary(Device::get(device)?)?;
+    Ok(GpuPath::Staged(Staged::new(ctx).map_err(|e| {
+        e.context(format!("binding rank {rank} to GPU {device}"))
+    })?))
 }
 
 /// Enqueues one group's operations of this communicator: collectives in
@@ -59,7 +100,7 @@ pub(crate) fn execute(dc: &Mutex<DeviceComm>, ops: &[(Op, OpBuffers)]) -> Result
         .lock()
         .map_err(|_| Error::Internal("device communicator poisoned by an earlier panic".into()))?;
     for (op, bufs) in ops {
-        check_reachable(&dc, op, bufs)?;
+        check_reachable(dc.context().device().ordinal(), op, bufs)?;
     }
     let _restore = SavedCurrent::save()?;
     for (op, _) in ops.iter().filter(|(op, _)| op.kind.coll().is_some()) {
@@ -104,7 +145,7 @@ pub(crate) fn execute(dc: &Mutex<DeviceComm>, ops: &[(Op, OpBuffers)]) -> Result
 }
 
 #[allow(unsafe_code)] // the one place an op's stream handle is trusted
-fn stream(op: &Op) -> RawStream {
+pub(super) fn stream(op: &Op) -> RawStream {
     // SAFETY: the caller of `Comm::enqueue` promised a live stream of the
     // communicator's GPU (or 0), as NCCL requires of its callers.
     unsafe { RawStream::from_raw(op.stream) }
@@ -130,7 +171,7 @@ fn collective(dc: &mut DeviceComm, op: &Op) -> Result<()> {
 
 /// A kernel that touches memory its GPU cannot reach faults the context
 /// for good; refusing the call instead names the buffer.
-fn check_reachable(dc: &DeviceComm, op: &Op, bufs: &OpBuffers) -> Result<()> {
+pub(super) fn check_reachable(gpu: usize, op: &Op, bufs: &OpBuffers) -> Result<()> {
     for (what, ptr, len) in [
         ("sendbuff", bufs.input as u64, bufs.in_bytes),
         ("recvbuff", bufs.output as u64, bufs.out_bytes),
@@ -142,7 +183,7 @@ fn check_reachable(dc: &DeviceComm, op: &Op, bufs: &OpBuffers) -> Result<()> {
             return Err(Error::InvalidArgument(format!(
                 "{}: {what} {ptr:#x} is not memory CUDA knows (pageable host memory?): this communicator runs on GPU {}; pass device memory (cudaMalloc, ncclMemAlloc) or registered host memory",
                 op.kind.name(),
-                dc.context().device().ordinal()
+                gpu
             )));
         }
     }

@@ -18,6 +18,7 @@ pub mod kernels;
 pub mod memory;
 pub mod module;
 pub mod nvrtc;
+pub mod pinned;
 pub mod stream;
 
 pub use context::Context;
@@ -27,4 +28,5 @@ pub use event::Event;
 pub use ipc::{IpcMapping, IpcMemHandle};
 pub use kernels::{FillPattern, KernelSet};
 pub use memory::{alloc_raw, free_raw, pointer_kind, read_raw, DeviceBuffer, PtrKind};
+pub use pinned::{HostFlag, PinnedHost};
 pub use stream::{RawStream, Stream};

@@ -1,0 +1,406 @@
+//! Device buffers over a network that reaches only host memory: ranks on
+//! other nodes, or GPUs told not to map each other (`NCCL_P2P_DISABLE`).
+//!
+//! Each group is three phases on the caller's stream, none of which makes
+//! the enqueuing thread wait: copies of the device inputs into pinned
+//! staging; a wait (on the GPU, `cuStreamWaitValue64`) for this
+//! communicator's proxy thread, which runs the host algorithms over the net
+//! plugin on the staging and then raises a flag; copies of the results back.
+//! Work queued before the group is seen (the copies follow it on the
+//! stream), work queued after sees the results (it follows the copies back).
+//!
+//! One staging area serves every group: a group's copies in come after the
+//! previous group's copies out on the stream, so the proxy never works on
+//! bytes the GPU is still moving. A larger group gets a larger area; the old
+//! one stays allocated until the communicator goes, since copies out of it
+//! may still be queued.
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+
+use tracing::{debug, warn};
+
+use super::core::Core;
+use super::on_device::{check_reachable, stream as stream_of};
+use crate::cuda::{Context, Event, HostFlag, PinnedHost, RawStream, SavedCurrent};
+use crate::error::{Error, Result};
+use crate::exec::mem::OpBuffers;
+use crate::op::Op;
+
+/// Staging regions start on this boundary (copy engines and vector loads like it).
+const ALIGN: usize = 256;
+
+/// One group handed to the proxy.
+struct Job {
+    seq: u64,
+    /// Recorded after the copies in: the staging holds the inputs.
+    staged: Event,
+    staging: Arc<PinnedHost>,
+    /// The group with host addresses into `staging`.
+    ops: Vec<(Op, OpBuffers)>,
+}
+
+/// The enqueuing side's state.
+struct Enqueue {
+    seq: u64,
+    staging: Option<Arc<PinnedHost>>,
+    /// Outgrown staging areas, kept until the communicator goes.
+    retired: Vec<Arc<PinnedHost>>,
+    last_stream: Option<RawStream>,
+    order: Event,
+    /// Recorded after the last group's copies out.
+    done: Event,
+    tx: Option<Sender<Job>>,
+    proxy: Option<JoinHandle<()>>,
+}
+
+pub(crate) struct Staged {
+    ctx: Arc<Context>,
+    flag: Arc<HostFlag>,
+    state: Mutex<Enqueue>,
+    failed: Arc<Mutex<Option<Error>>>,
+}
+
+/// A span of device memory some operation of the group reads or writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Region {
+    start: u64,
+    end: u64,
+    read: bool,
+    written: bool,
+    /// Offset in the staging area.
+    at: usize,
+}
+
+/// Merges the group's buffer extents into disjoint regions (in-place
+/// operations name overlapping memory, which must stay one memory) and
+/// places them in a staging area; returns the regions and its size.
+fn layout(ops: &[(Op, OpBuffers)]) -> (Vec<Region>, usize) {
+    let mut ext: Vec<Region> = Vec::new();
+    for (_, b) in ops {
+        if b.in_bytes > 0 {
+            let s = b.input as u64;
+            ext.push(Region {
+                start: s,
+                end: s + b.in_bytes as u64,
+                read: true,
+                written: false,
+                at: 0,
+            });
+        }
+        if b.out_bytes > 0 {
+            let s = b.output as u64;
+            ext.push(Region {
+                start: s,
+                end: s + b.out_bytes as u64,
+                read: false,
+                written: true,
+                at: 0,
+            });
+        }
+    }
+    ext.sort_by_key(|r| r.start);
+    let mut merged: Vec<Region> = Vec::new();
+    for r in ext {
+        match merged.last_mut() {
+            Some(m) if r.start < m.end => {
+                m.end = m.end.max(r.end);
+                m.read |= r.read;
+                m.written |= r.written;
+            }
+            _ => merged.push(r),
+        }
+    }
+    let mut at = 0;
+    for m in &mut merged {
+        m.at = at;
+        at += ((m.end - m.start) as usize).next_multiple_of(ALIGN);
+    }
+    (merged, at)
+}
+
+/// The host address of device address `p` in the staging, if some region holds it.
+fn translate(regions: &[Region], base: *mut u8, p: u64) -> Option<*mut u8> {
+    regions
+        .iter()
+        .find(|r| r.start <= p && p < r.end)
+        .map(|r| base.wrapping_add(r.at + (p - r.start) as usize))
+}
+
+impl Staged {
+    pub(crate) fn new(ctx: Arc<Context>) -> Result<Staged> {
+        let flag = Arc::new(HostFlag::new(&ctx)?);
+        Ok(Staged {
+            state: Mutex::new(Enqueue {
+                seq: 0,
+                staging: None,
+                retired: Vec::new(),
+                last_stream: None,
+                order: Event::new(&ctx, false)?,
+                done: Event::new(&ctx, false)?,
+                tx: None,
+                proxy: None,
+            }),
+            ctx,
+            flag,
+            failed: Arc::default(),
+        })
+    }
+
+    pub(crate) fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The first failure of a group the proxy ran, if any.
+    pub(crate) fn failure(&self) -> Option<Error> {
+        self.failed.lock().ok().and_then(|f| f.clone())
+    }
+
+    /// Enqueues one group of this communicator's operations.
+    pub(crate) fn execute(&self, core: &Core, ops: &[(Op, OpBuffers)]) -> Result<()> {
+        if let Some(e) = self.failure() {
+            return Err(
+                e.context("an earlier staged operation failed; the communicator is unusable")
+            );
+        }
+        let gpu = self.ctx.device().ordinal();
+        for (op, bufs) in ops {
+            check_reachable(gpu, op, bufs)?;
+        }
+        let Some(first) = ops.first() else {
+            return Ok(());
+        };
+        let _restore = SavedCurrent::save()?;
+        self.ctx.bind()?;
+        let mut st = self
+            .state
+            .lock()
+            .map_err(|_| Error::Internal("staging state poisoned by an earlier panic".into()))?;
+        let (regions, bytes) = layout(ops);
+        let stream = stream_of(&first.0);
+        let mut others: Vec<RawStream> = ops
+            .iter()
+            .map(|(op, _)| stream_of(op))
+            .filter(|s| *s != stream)
+            .collect();
+        others.sort_by_key(|s| s.raw());
+        others.dedup();
+        // The staging is shared: this group follows the last one even when
+        // it comes on another stream; and every stream of the group.
+        if let Some(last) = st.last_stream.filter(|l| *l != stream) {
+            st.order.record(last)?;
+            st.order.wait_on(stream)?;
+        }
+        for s in &others {
+            st.order.record(*s)?;
+            st.order.wait_on(stream)?;
+        }
+        st.last_stream = Some(stream);
+        let staging = match &st.staging {
+            Some(s) if s.len() >= bytes => s.clone(),
+            _ => {
+                let grow = st.staging.as_ref().map_or(0, |s| s.len() * 2);
+                let s = Arc::new(PinnedHost::alloc(&self.ctx, bytes.max(grow).max(ALIGN))?);
+                if let Some(old) = st.staging.replace(s.clone()) {
+                    st.retired.push(old);
+                }
+                debug!(target: "oxccl::coll", "rank {}: staging area of {} bytes in pinned host memory", core.rank, s.len());
+                s
+            }
+        };
+        for r in regions.iter().filter(|r| r.read) {
+            staging.copy_from_device(r.at, r.start, (r.end - r.start) as usize, stream)?;
+        }
+        let staged = Event::new(&self.ctx, false)?;
+        staged.record(stream)?;
+        let base = staging.host_ptr();
+        let host_ops: Vec<(Op, OpBuffers)> = ops
+            .iter()
+            .map(|(op, b)| {
+                let input =
+                    translate(&regions, base, b.input as u64).map_or(b.input, |p| p as *const u8);
+                let output = translate(&regions, base, b.output as u64).unwrap_or(b.output);
+                let op = Op {
+                    input,
+                    output,
+                    stream: 0,
+                    ..*op
+                };
+                let bufs = OpBuffers {
+                    input,
+                    output,
+                    ..*b
+                };
+                (op, bufs)
+            })
+            .collect();
+        st.seq += 1;
+        let seq = st.seq;
+        self.flag.wait_on(stream, seq)?;
+        for r in regions.iter().filter(|r| r.written) {
+            staging.copy_to_device(r.start, r.at, (r.end - r.start) as usize, stream)?;
+        }
+        st.done.record(stream)?;
+        for s in &others {
+            st.done.wait_on(*s)?;
+        }
+        if st.tx.is_none() {
+            let (tx, rx) = channel();
+            let this = core.this();
+            let (ctx, flag, failed) = (self.ctx.clone(), self.flag.clone(), self.failed.clone());
+            let rank = core.rank;
+            let h = std::thread::Builder::new()
+                .name(format!("oxccl-proxy-{rank}"))
+                .spawn(move || proxy(this, ctx, flag, failed, rx))
+                .map_err(|e| {
+                    Error::System(format!("cannot start the staging proxy thread: {e}"))
+                })?;
+            st.tx = Some(tx);
+            st.proxy = Some(h);
+        }
+        let job = Job {
+            seq,
+            staged,
+            staging,
+            ops: host_ops,
+        };
+        st.tx
+            .as_ref()
+            .and_then(|tx| tx.send(job).ok())
+            .ok_or_else(|| Error::Internal("the staging proxy thread is gone".into()))
+    }
+}
+
+/// Runs the groups in order; raises the flag after each, failed or not,
+/// so a stream never waits forever (the failure is the communicator's
+/// asynchronous error instead).
+fn proxy(
+    core: Weak<Core>,
+    ctx: Arc<Context>,
+    flag: Arc<HostFlag>,
+    failed: Arc<Mutex<Option<Error>>>,
+    rx: Receiver<Job>,
+) {
+    let _ = ctx.bind();
+    for job in rx {
+        let r = job.staged.synchronize().and_then(|_| {
+            if failed.lock().map(|f| f.is_some()).unwrap_or(true) {
+                return Err(Error::InvalidUsage(
+                    "skipped: an earlier staged operation failed".into(),
+                ));
+            }
+            match core.upgrade() {
+                Some(c) => c.execute_host(&job.ops),
+                None => Err(Error::InvalidUsage(
+                    "the communicator was destroyed with operations still queued".into(),
+                )),
+            }
+        });
+        if let Err(e) = r {
+            warn!(target: "oxccl::coll", "staged operations #{}: {e}", job.seq);
+            if let Ok(mut f) = failed.lock() {
+                f.get_or_insert(e);
+            }
+        }
+        drop(job.ops);
+        flag.store(job.seq);
+        drop(job.staging);
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        let Ok(st) = self.state.get_mut() else {
+            return;
+        };
+        // The proxy drains what is queued (and fails it: the core is gone),
+        // then the copies out must finish before the staging is freed.
+        st.tx = None;
+        if let Some(h) = st.proxy.take() {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+        let _ = st.done.synchronize();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::{DataType, RedOp};
+    use crate::op::OpKind;
+
+    fn op(
+        kind: OpKind,
+        input: u64,
+        output: u64,
+        in_bytes: usize,
+        out_bytes: usize,
+    ) -> (Op, OpBuffers) {
+        let o = Op {
+            kind,
+            input: input as usize as *const u8,
+            output: output as usize as *mut u8,
+            count: 1,
+            dtype: DataType::Float32,
+            redop: RedOp::Sum,
+            stream: 0,
+        };
+        let b = OpBuffers {
+            input: o.input,
+            in_bytes,
+            output: o.output,
+            out_bytes,
+        };
+        (o, b)
+    }
+
+    #[test]
+    fn in_place_all_gather_is_one_region_read_and_written() {
+        // Rank 1 of 2: input is the second half of the output.
+        let ops = [op(OpKind::AllGather, 0x1000 + 400, 0x1000, 400, 800)];
+        let (r, bytes) = layout(&ops);
+        assert_eq!(r.len(), 1);
+        assert_eq!(
+            (r[0].start, r[0].end, r[0].read, r[0].written),
+            (0x1000, 0x1000 + 800, true, true)
+        );
+        assert_eq!(bytes, 1024);
+        let base = 0x9000usize as *mut u8;
+        assert_eq!(
+            translate(&r, base, 0x1000 + 400),
+            Some(base.wrapping_add(400))
+        );
+    }
+
+    #[test]
+    fn out_of_place_and_p2p_regions_are_apart_and_aligned() {
+        let ops = [
+            op(OpKind::AllReduce, 0x10_000, 0x20_000, 100, 100),
+            op(OpKind::Send { peer: 1 }, 0x30_000, 0, 10, 0),
+            op(OpKind::Recv { peer: 1 }, 0, 0x40_000, 0, 10),
+            // A non-root reduce writes nothing: never copied back.
+            op(OpKind::Reduce { root: 0 }, 0x50_000, 0x60_000, 4, 0),
+        ];
+        let (r, bytes) = layout(&ops);
+        let flags: Vec<(u64, bool, bool, usize)> = r
+            .iter()
+            .map(|r| (r.start, r.read, r.written, r.at))
+            .collect();
+        assert_eq!(
+            flags,
+            vec![
+                (0x10_000, true, false, 0),
+                (0x20_000, false, true, 256),
+                (0x30_000, true, false, 512),
+                (0x40_000, false, true, 768),
+                (0x50_000, true, false, 1024),
+            ]
+        );
+        assert_eq!(bytes, 1280);
+        // Null addresses of unused buffers stay as they are.
+        assert_eq!(translate(&r, 0x9000usize as *mut u8, 0), None);
+    }
+}
