@@ -233,7 +233,7 @@ impl Comm {
         let net = network(&cfg)?;
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
         let dc = match device {
-            Some(d) => Some(on_device::open(&bootstrap, rank, nranks, d)?),
+            Some(d) => Some(on_device::open(&bootstrap, rank, nranks, d, &cfg)?),
             None => None,
         };
         match device {

@@ -6,6 +6,7 @@
 use std::sync::Mutex;
 
 use crate::bootstrap::Bootstrap;
+use crate::config::Config;
 use crate::cuda::{pointer_kind, PtrKind, RawStream, SavedCurrent};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
@@ -41,6 +42,7 @@ pub(crate) fn open(
     rank: usize,
     nranks: usize,
     device: usize,
+    cfg: &Config,
 ) -> Result<DeviceComm> {
     let _restore = SavedCurrent::save()?;
     let oob = BootstrapOob {
@@ -48,8 +50,12 @@ pub(crate) fn open(
         rank,
         nranks,
     };
-    DeviceComm::new(&oob, device, DeviceConfig::from_env()?)
-        .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))
+    DeviceComm::new(
+        &oob,
+        device,
+        DeviceConfig::from_env()?.with_nccl_bounds(cfg),
+    )
+    .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))
 }
 
 /// Enqueues one group's operations of this communicator: collectives in
