@@ -1,9 +1,11 @@
 //! `oxccl info`: every setting with its value and source; for each plugin
 //! type (net, tuner, profiler) what was searched, what was found, the ABI
 //! version negotiated or why the library was refused; the networks linked
-//! in with their devices, and the interfaces found.
+//! in with their devices, the interfaces found, and the node's topology
+//! (GPUs, what joins each pair, NICs and their PCIe distance to each GPU).
 
 use oxccl::config::Config;
+use oxccl::topo::{NicKind, Topology};
 
 pub fn main() -> Result<i32, String> {
     let cfg = Config::load().map_err(|e| e.to_string())?;
@@ -115,7 +117,95 @@ pub fn main() -> Result<i32, String> {
         }
         Err(e) => println!("  {e}"),
     }
+    topology(&oxccl::topo::Topology::detect());
     Ok(0)
+}
+
+fn topology(t: &Topology) {
+    println!("\n## Topology");
+    println!("  GPUs: {}", t.gpus.len());
+    for g in &t.gpus {
+        let f = &g.facts;
+        let bus = f
+            .bus_id
+            .map_or("(no PCI address)".into(), |b| b.to_string());
+        let numa = g
+            .pci
+            .as_ref()
+            .and_then(|p| p.numa)
+            .map_or("-".into(), |n| n.to_string());
+        let pcie = g
+            .pci
+            .as_ref()
+            .and_then(|p| p.link)
+            .map_or("-".into(), |l| format!("{} GT/s x{}", l.gts, l.width));
+        let nvl = g.nvlinks.as_ref().map_or("-".into(), |n| {
+            let peers: u32 = n.to_gpu.values().sum();
+            format!("{peers} to GPUs, {} to switches", n.to_switch)
+        });
+        println!(
+            "  GPU {} {:<24} {bus} sm_{}{} numa {numa} PCIe {pcie} NVLinks: {nvl}",
+            f.ordinal, f.name, f.compute_capability.0, f.compute_capability.1
+        );
+    }
+    if !t.pairs.is_empty() {
+        println!("  GPU pairs (link; peer access; channels it asks for):");
+    }
+    for p in &t.pairs {
+        let access = match p.p2p {
+            Some(x) if x.access && x.atomics => "peer access, native atomics",
+            Some(x) if x.access => "peer access",
+            Some(_) => "no peer access",
+            None => "peer access unknown",
+        };
+        let cc = t
+            .gpus
+            .iter()
+            .find(|g| g.facts.ordinal == p.a)
+            .map_or((9, 0), |g| g.facts.compute_capability);
+        let ch =
+            oxccl::topo::channels::channels(p.link, cc).map_or("default".into(), |n| n.to_string());
+        println!("  GPU {} - GPU {}: {}; {access}; {ch}", p.a, p.b, p.link);
+    }
+    println!("  NICs:");
+    for n in &t.nics {
+        match &n.kind {
+            NicKind::Pci { pci, speed_mbps } => {
+                let speed = speed_mbps.map_or("speed unknown".into(), |s| format!("{s} Mb/s"));
+                let numa = pci.numa.map_or("-".into(), |n| n.to_string());
+                let paths: Vec<String> = (0..t.gpus.len())
+                    .filter_map(|i| {
+                        t.path_to(i, pci)
+                            .map(|p| format!("GPU {} {p}", t.gpus[i].facts.ordinal))
+                    })
+                    .collect();
+                println!(
+                    "  {:<12} {} {speed} numa {numa}{}",
+                    n.name,
+                    pci.bus_id,
+                    if paths.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; {}", paths.join(", "))
+                    }
+                );
+            }
+            NicKind::Virtual(kind) => println!("  {:<12} virtual ({kind})", n.name),
+            NicKind::Other => println!("  {:<12} not on PCI", n.name),
+        }
+    }
+    for d in &t.rdma {
+        let bus = d.pci.as_ref().map_or("-".into(), |p| p.bus_id.to_string());
+        let ports: Vec<String> = d
+            .ports
+            .iter()
+            .map(|p| format!("port {} {} {} {}", p.port, p.state, p.rate, p.link_layer))
+            .collect();
+        println!("  {:<12} RDMA {bus}: {}", d.name, ports.join("; "));
+    }
+    for note in &t.notes {
+        println!("  note: {note}");
+    }
 }
 
 fn oxccl_plugin_list() -> Vec<String> {

@@ -17,7 +17,7 @@ use std::ffi::c_void;
 use std::sync::Barrier;
 
 use oxccl::cuda::{DeviceBuffer, Event, FillPattern, Stream};
-use oxccl::exec::device::{DeviceComm, DeviceConfig, LocalOob, Oob};
+use oxccl::exec::device::{ChannelChoice, DeviceComm, DeviceConfig, LocalOob, Oob};
 use oxccl::{DataType, RedOp};
 
 const N: usize = 2;
@@ -114,6 +114,7 @@ fn args() -> Args {
                     .collect();
                 let c = DeviceConfig {
                     channels: f[0],
+                    choice: ChannelChoice::Fixed,
                     threads: f[1] as u32,
                     slot_bytes: f[2] << 10,
                     channel_bytes: f[3] << 10,

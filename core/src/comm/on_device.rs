@@ -77,8 +77,12 @@ pub(crate) fn open(
             rank,
             nranks,
         };
-        let dc = DeviceComm::new(&oob, device, DeviceConfig::from_env()?)
-            .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
+        let dc = DeviceComm::new(
+            &oob,
+            device,
+            DeviceConfig::from_env()?.with_nccl_bounds(cfg),
+        )
+        .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
         return Ok(GpuPath::Peer(Box::new(Mutex::new(dc))));
     }
     let why = if nodes.len() > 1 {

@@ -19,6 +19,8 @@ const SYMBOLS: &[&str] = &[
     "cuDeviceGetName",
     "cuDeviceGetAttribute",
     "cuDeviceCanAccessPeer",
+    "cuDeviceGetPCIBusId",
+    "cuDeviceGetP2PAttribute",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxSetCurrent",
@@ -190,4 +192,48 @@ impl Device {
         )?;
         Ok(v != 0)
     }
+
+    /// The PCI address as the driver spells it (`0000:1B:00.0`).
+    pub fn pci_bus_id(&self) -> Result<String> {
+        let mut buf = [0 as c_char; 32];
+        check(
+            // SAFETY: the buffer holds `len` bytes and the driver terminates it.
+            unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, self.raw) },
+            "cuDeviceGetPCIBusId",
+        )?;
+        // SAFETY: terminated by the driver within the buffer.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+
+    /// What the driver says of this GPU's access to `peer`'s memory.
+    pub fn p2p(&self, peer: &Device) -> Result<P2p> {
+        use sys::CUdevice_P2PAttribute as A;
+        let get = |a: A| -> Result<i32> {
+            let mut v: c_int = 0;
+            check(
+                // SAFETY: `v` is a valid out-pointer; both devices are valid.
+                unsafe { sys::cuDeviceGetP2PAttribute(&mut v, a, self.raw, peer.raw) },
+                "cuDeviceGetP2PAttribute",
+            )?;
+            Ok(v)
+        };
+        Ok(P2p {
+            access: get(A::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED)? != 0,
+            atomics: get(A::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED)? != 0,
+            performance_rank: get(A::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK)?,
+        })
+    }
+}
+
+/// Peer access between two GPUs as the driver reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct P2p {
+    pub access: bool,
+    /// Atomics on the peer's memory run natively (NVLink), not emulated.
+    pub atomics: bool,
+    /// The driver's relative performance value of this pair's link, only
+    /// comparable with other pairs of the same machine.
+    pub performance_rank: i32,
 }

@@ -23,7 +23,7 @@ pub mod stream;
 
 pub use context::Context;
 pub use context::{current_device, SavedCurrent};
-pub use device::{device_count, driver, Device};
+pub use device::{device_count, driver, Device, P2p};
 pub use event::Event;
 pub use ipc::{IpcMapping, IpcMemHandle};
 pub use kernels::{FillPattern, KernelSet};

@@ -3,7 +3,10 @@
 //! busbw at 1 GiB where 64 reached 345 and 32 291; 256 KiB slots beat 128
 //! KiB and matched 512 KiB; a channel per 32 KiB and slices of at least 64
 //! KiB kept 64 KiB..4 MiB at their best. Each can be overridden from the
-//! environment (`OXCCL_DEV_*`) for tuning.
+//! environment (`OXCCL_DEV_*`) for tuning. The channel count, unless set,
+//! comes from the link between the ranks' GPUs (`crate::topo::channels`),
+//! so that a pair on PCIe or on few NVLinks does not hold a window sized for
+//! NV18.
 
 use std::time::Duration;
 
@@ -13,6 +16,17 @@ use crate::error::{Error, Result};
 /// Thread blocks a collective may use at most (one per multiprocessor of an H100/H200, roughly).
 pub const MAX_CHANNELS: usize = 128;
 
+/// How a communicator settles its channel count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelChoice {
+    /// `channels` as given (`OXCCL_DEV_CHANNELS`, or a program's own).
+    Fixed,
+    /// From the slowest link of the ring of the ranks' GPUs, kept within
+    /// `min..=max` (NCCL_MIN_NCHANNELS and NCCL_MAX_NCHANNELS where set);
+    /// `channels` stands where no link is known (one rank, no sysfs).
+    Topology { min: usize, max: usize },
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceConfig {
     /// Most thread blocks (channels) a collective uses; also how many
@@ -20,6 +34,8 @@ pub struct DeviceConfig {
     /// `channels * slots * slot_bytes` per peer: 256 MiB by default).
     /// `OXCCL_DEV_CHANNELS`.
     pub channels: usize,
+    /// Whether `channels` is final or replaced at setup from the topology.
+    pub choice: ChannelChoice,
     /// Threads per block. `OXCCL_DEV_THREADS`.
     pub threads: u32,
     /// FIFO slots per connection and channel. `OXCCL_DEV_SLOTS`.
@@ -41,6 +57,10 @@ impl Default for DeviceConfig {
     fn default() -> Self {
         DeviceConfig {
             channels: 128,
+            choice: ChannelChoice::Topology {
+                min: 1,
+                max: MAX_CHANNELS,
+            },
             threads: 512,
             slots: 8,
             slot_bytes: 256 << 10,
@@ -65,6 +85,7 @@ impl DeviceConfig {
         };
         if let Some(v) = get("OXCCL_DEV_CHANNELS")? {
             c.channels = v as usize;
+            c.choice = ChannelChoice::Fixed;
         }
         if let Some(v) = get("OXCCL_DEV_THREADS")? {
             c.threads = v as u32;
@@ -86,6 +107,36 @@ impl DeviceConfig {
         }
         c.validate()?;
         Ok(c)
+    }
+
+    /// Takes NCCL_MIN_NCHANNELS and NCCL_MAX_NCHANNELS from `cfg` as the
+    /// bounds of a topology-chosen count, where they were set (their
+    /// defaults are the host path's, not meant for a GPU); a fixed count
+    /// stays as it is.
+    pub fn with_nccl_bounds(mut self, cfg: &crate::config::Config) -> DeviceConfig {
+        use crate::config::Source;
+        if let ChannelChoice::Topology { min, max } = &mut self.choice {
+            if cfg.source("MIN_NCHANNELS") != Some(&Source::Default) {
+                *min = (cfg.min_nchannels as usize).clamp(1, MAX_CHANNELS);
+            }
+            if cfg.source("MAX_NCHANNELS") != Some(&Source::Default) {
+                *max = (cfg.max_nchannels as usize).clamp(1, MAX_CHANNELS);
+            }
+        }
+        self
+    }
+
+    /// The count for a link that asks for `wanted` channels (None: not
+    /// known), within the bounds; `channels` itself when fixed.
+    pub fn channels_for(&self, wanted: Option<usize>) -> usize {
+        match self.choice {
+            ChannelChoice::Fixed => self.channels,
+            ChannelChoice::Topology { min, max } => {
+                let n = wanted.unwrap_or(self.channels);
+                // A minimum above the maximum: NCCL lets the maximum win.
+                n.max(min).min(max).clamp(1, MAX_CHANNELS)
+            }
+        }
     }
 
     /// Checks the ranges the kernels and the window layout rely on.
@@ -136,5 +187,36 @@ mod tests {
             ..DeviceConfig::default()
         };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn topology_count_within_nccl_bounds() {
+        let c = DeviceConfig::default();
+        assert_eq!(c.channels_for(Some(128)), 128);
+        assert_eq!(c.channels_for(Some(17)), 17);
+        // Unknown link: the default stands.
+        assert_eq!(c.channels_for(None), c.channels);
+        let cfg = crate::config::Config::load_with(&[
+            ("NCCL_MIN_NCHANNELS", "32"),
+            ("NCCL_MAX_NCHANNELS", "64"),
+        ])
+        .unwrap();
+        let b = DeviceConfig::default().with_nccl_bounds(&cfg);
+        assert_eq!(b.choice, ChannelChoice::Topology { min: 32, max: 64 });
+        assert_eq!(b.channels_for(Some(17)), 32);
+        assert_eq!(b.channels_for(Some(128)), 64);
+        // Only the maximum set: the minimum stays 1, not the host's default.
+        let cfg = crate::config::Config::load_with(&[("NCCL_MAX_NCHANNELS", "1000")]).unwrap();
+        let b = DeviceConfig::default().with_nccl_bounds(&cfg);
+        assert_eq!(b.channels_for(Some(2)), 2);
+        assert_eq!(b.channels_for(Some(128)), MAX_CHANNELS);
+        // A fixed count ignores both.
+        let f = DeviceConfig {
+            channels: 8,
+            choice: ChannelChoice::Fixed,
+            ..DeviceConfig::default()
+        }
+        .with_nccl_bounds(&cfg);
+        assert_eq!(f.channels_for(Some(128)), 8);
     }
 }

@@ -23,9 +23,10 @@ mod plan;
 mod window;
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 
-pub use config::DeviceConfig;
+pub use config::{ChannelChoice, DeviceConfig};
 pub use oob::{LocalOob, Oob};
 
 use crate::algo::{Algo, Coll};
@@ -34,8 +35,50 @@ use crate::cuda::kernels::kernel_op;
 use crate::cuda::{Context, Device, Event, KernelSet, RawStream};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
+use crate::topo::BusId;
 use plan::Template;
 use window::Window;
+
+/// The channel count every rank will use: each proposes what the link to
+/// its ring neighbours asks for (`crate::topo::ring_channels`, from the
+/// GPUs' PCI addresses exchanged first), and the fewest wins, since the
+/// window layout must be the same on every rank and the slowest link
+/// bounds the ring anyway.
+fn topology_channels(oob: &dyn Oob, dev: &Device, cfg: &DeviceConfig) -> Result<usize> {
+    // Every rank must reach both exchanges, whatever it failed to learn.
+    let mine = dev.pci_bus_id().unwrap_or_default();
+    let all = oob.allgather(mine.as_bytes())?;
+    let ring: Option<Vec<BusId>> = all
+        .iter()
+        .map(|b| std::str::from_utf8(b).ok()?.parse().ok())
+        .collect();
+    let found = ring.and_then(|r| {
+        crate::topo::ring_channels(&r, dev.compute_capability().ok()?, Path::new("/sys"))
+    });
+    let proposal = cfg.channels_for(found.map(|(n, _)| n)) as u32;
+    let all = oob.allgather(&proposal.to_le_bytes())?;
+    let agreed = all
+        .iter()
+        .map(|b| {
+            b.as_slice()
+                .try_into()
+                .map(u32::from_le_bytes)
+                .map_err(|_| Error::Remote("a rank sent no channel count".into()))
+        })
+        .collect::<Result<Vec<u32>>>()?
+        .into_iter()
+        .min()
+        .unwrap_or(proposal) as usize;
+    match found {
+        Some((n, link)) => {
+            tracing::info!(target: "oxccl::init", "rank {}: {agreed} channels (the ring's slowest link is {link}, which asks for {n}; this rank proposed {proposal})", oob.rank())
+        }
+        None => {
+            tracing::info!(target: "oxccl::init", "rank {}: {agreed} channels (no link between the ranks' GPUs known; this rank proposed {proposal})", oob.rank())
+        }
+    }
+    Ok(agreed)
+}
 
 /// Which schedule a template belongs to: algorithm, collective, root.
 type Key = (Algo, u8, usize);
@@ -58,9 +101,14 @@ pub struct DeviceComm {
 impl DeviceComm {
     /// Joins the communicator as `oob.rank()` on GPU `device`. Every rank
     /// calls it at the same time (it exchanges through `oob`).
-    pub fn new(oob: &dyn Oob, device: usize, cfg: DeviceConfig) -> Result<DeviceComm> {
+    pub fn new(oob: &dyn Oob, device: usize, mut cfg: DeviceConfig) -> Result<DeviceComm> {
         cfg.validate()?;
-        let ctx = Context::primary(Device::get(device)?)?;
+        let dev = Device::get(device)?;
+        if let ChannelChoice::Topology { .. } = cfg.choice {
+            cfg.channels = topology_channels(oob, &dev, &cfg)?;
+            cfg.choice = ChannelChoice::Fixed;
+        }
+        let ctx = Context::primary(dev)?;
         let kernels = KernelSet::new(&ctx)?;
         let window = Window::setup(&ctx, oob, &cfg)?;
         let order = Event::new(&ctx, false)?;
