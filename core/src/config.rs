@@ -193,6 +193,8 @@ params! {
     chunk_size: u64 = "CHUNK_SIZE", "1M";
     /// Configuration file in KEY=VALUE form (replaces ~/.nccl.conf and /etc/nccl.conf).
     conf_file: Option<String> = "CONF_FILE", "";
+    /// This host's identity when counting nodes (ranks with the same one are on one node); empty: host name and boot id.
+    hostid: Option<String> = "HOSTID", "";
 }
 
 impl Config {

@@ -17,8 +17,9 @@ use crate::error::{Error, Result};
 use crate::exec::device::DeviceComm;
 use crate::exec::header::OpHeader;
 use crate::exec::mem::OpBuffers;
-use crate::exec::{self, ExecCtx, Lane};
+use crate::exec::{self, ExecCtx, Lane, ProxyProfiler};
 use crate::op::{Op, OpKind};
+use crate::plugin::profiler::{Event, Handle, ProfilerComm, PROXY_OP_BITS};
 use crate::reduce::Reducer;
 use crate::transport::{ConnKey, Connections};
 
@@ -46,6 +47,16 @@ impl GpuPath {
     }
 }
 
+/// What plugins are told about the communicator at `init`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ident {
+    /// NCCL's `commHash`: the same on every rank, different between
+    /// communicators.
+    pub comm_hash: u64,
+    /// Distinct hosts among the ranks.
+    pub nnodes: usize,
+}
+
 pub(crate) struct Core {
     pub rank: usize,
     pub nranks: usize,
@@ -69,7 +80,8 @@ pub(crate) struct Core {
     /// This core as its proxy thread holds it (not keeping it alive).
     this: std::sync::OnceLock<std::sync::Weak<Core>>,
     tuner: Option<crate::plugin::tuner::TunerComm>,
-    profiler: Option<crate::plugin::profiler::ProfilerComm>,
+    profiler: Option<ProfilerComm>,
+    pub ident: Ident,
 }
 
 fn redop_code(op: RedOp) -> u8 {
@@ -91,6 +103,7 @@ impl Core {
         bootstrap: Bootstrap,
         net: Arc<dyn Net>,
         device: Option<GpuPath>,
+        ident: Ident,
     ) -> Result<Core> {
         let forced_algo = match cfg.algo.as_deref() {
             None => None,
@@ -102,7 +115,7 @@ impl Core {
         };
         let cfg_tuner = cfg.tuner_plugin.clone();
         let profiler = crate::plugin::profiler::shared(cfg.profiler_plugin.as_deref())?
-            .and_then(|p| crate::plugin::profiler::ProfilerComm::new(p, 0, nranks, rank));
+            .and_then(|p| ProfilerComm::new(p, ident.comm_hash, nranks, rank, ident.nnodes));
         Ok(Core {
             rank,
             nranks,
@@ -119,9 +132,11 @@ impl Core {
             link: cost::LinkModel::default(),
             device,
             this: std::sync::OnceLock::new(),
-            tuner: crate::plugin::tuner::shared(cfg_tuner.as_deref())?
-                .and_then(|t| crate::plugin::tuner::TunerComm::new(t, 0, nranks, 1)),
+            tuner: crate::plugin::tuner::shared(cfg_tuner.as_deref())?.and_then(|t| {
+                crate::plugin::tuner::TunerComm::new(t, ident.comm_hash, nranks, ident.nnodes)
+            }),
             profiler,
+            ident,
         })
     }
 
@@ -147,7 +162,7 @@ impl Core {
         self.splits.fetch_add(1, Ordering::SeqCst)
     }
 
-    fn ctx(&self, what: String, seq: Option<u64>) -> ExecCtx<'_> {
+    fn ctx(&self, what: String, seq: Option<u64>, mask: i32) -> ExecCtx<'_> {
         ExecCtx {
             rank: self.rank,
             what,
@@ -155,6 +170,11 @@ impl Core {
             timeout: self.cfg.timeout(),
             aborted: &self.aborted,
             bootstrap: &self.bootstrap,
+            prof: self
+                .profiler
+                .as_ref()
+                .filter(|_| mask & PROXY_OP_BITS != 0)
+                .map(|comm| ProxyProfiler { comm, mask }),
         }
     }
 
@@ -205,12 +225,14 @@ impl Core {
             .map_err(|_| Error::Internal("connection table poisoned by an earlier panic".into()))?;
         // NCCL's profiler points: one group event per executed group, its
         // operations' events as children (started in run_collective, here
-        // for p2p). Without a profiler, one branch.
+        // for p2p), the proxy events below those (in the executor). The
+        // mask is read once for the group. Without a profiler, one branch.
         let prof = self.profiler.as_ref();
-        let group = prof.map(|p| p.start(crate::plugin::profiler::Event::Group));
+        let mask = prof.map_or(0, |p| p.mask());
+        let group = prof.map(|p| p.start(mask, Event::Group));
         let r = (|| {
             for (op, bufs) in ops.iter().filter(|(op, _)| op.kind.coll().is_some()) {
-                self.run_collective(&mut conns, op, *bufs, group)?;
+                self.run_collective(&mut conns, op, *bufs, group, mask)?;
             }
             let p2p: Vec<&(Op, OpBuffers)> = ops
                 .iter()
@@ -218,10 +240,10 @@ impl Core {
                 .collect();
             if !p2p.is_empty() {
                 let evs: Vec<_> = match (prof, group) {
-                    (Some(p), Some(g)) => p2p.iter().map(|(o, _)| p.p2p(o, g)).collect(),
+                    (Some(p), Some(g)) => p2p.iter().map(|(o, _)| p.p2p(mask, o, g)).collect(),
                     _ => Vec::new(),
                 };
-                let r = self.run_p2p(&mut conns, &p2p);
+                let r = self.run_p2p(&mut conns, &p2p, &evs, mask);
                 if let Some(p) = prof {
                     evs.into_iter().for_each(|h| p.stop(h));
                 }
@@ -248,7 +270,8 @@ impl Core {
         conns: &mut Connections,
         op: &Op,
         bufs: OpBuffers,
-        group: Option<crate::plugin::profiler::Handle>,
+        group: Option<Handle>,
+        mask: i32,
     ) -> Result<()> {
         let coll = op.kind.coll().expect("a collective");
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
@@ -278,9 +301,14 @@ impl Core {
                 )
             }
         };
-        let _event = match (&self.profiler, group) {
-            (Some(p), Some(g)) => Some(p.running(p.coll(op, seq, algo, nch, g))),
+        let event = match (&self.profiler, group) {
+            (Some(p), Some(g)) => Some(p.running(p.coll(mask, op, seq, algo, nch, g))),
             _ => None,
+        };
+        // The parent of the proxy ops, only when they are started.
+        let parents = match &event {
+            Some(e) if mask & PROXY_OP_BITS != 0 => vec![e.handle()],
+            _ => Vec::new(),
         };
         let what = format!("{} #{seq}", op.describe());
         debug!(target: "oxccl::coll", rank = self.rank, "{what}: {} on {nch} channel(s)", algo.name());
@@ -312,12 +340,13 @@ impl Core {
                     c,
                     steps,
                     vec![bufs],
+                    parents.clone(),
                     reducer,
                     header,
                 )
             })
             .collect();
-        let ctx = self.ctx(what.clone(), Some(seq));
+        let ctx = self.ctx(what.clone(), Some(seq), mask);
         let result = if lanes.len() == 1 {
             exec::run(&mut lanes, &ctx)
         } else {
@@ -356,6 +385,7 @@ impl Core {
         chan: usize,
         steps: Vec<Step>,
         bufs: Vec<OpBuffers>,
+        parents: Vec<Handle>,
         reducer: Reducer,
         header: OpHeader,
     ) -> Lane {
@@ -385,6 +415,7 @@ impl Core {
             reducer,
             header,
             slice_bytes,
+            parents,
         }
     }
 
@@ -403,7 +434,14 @@ impl Core {
         }
     }
 
-    fn run_p2p(&self, conns: &mut Connections, ops: &[&(Op, OpBuffers)]) -> Result<()> {
+    /// `evs`: the p2p events of `ops` (empty when not profiled).
+    fn run_p2p(
+        &self,
+        conns: &mut Connections,
+        ops: &[&(Op, OpBuffers)],
+        evs: &[Handle],
+        mask: i32,
+    ) -> Result<()> {
         let me = self.rank;
         // Messages to oneself pair up in order and are copies.
         let self_sends: Vec<_> = ops
@@ -435,8 +473,10 @@ impl Core {
             crate::exec::mem::produce(&bytes, dst, Some((src, false)), None, false);
         }
         // One lane per (peer, direction): messages to one peer keep their order.
-        let mut by_peer: BTreeMap<(usize, bool), (Vec<Step>, Vec<OpBuffers>)> = BTreeMap::new();
-        for (op, bufs) in ops {
+        type PeerLane = (Vec<Step>, Vec<OpBuffers>, Vec<Handle>);
+        let mut by_peer: BTreeMap<(usize, bool), PeerLane> = BTreeMap::new();
+        let proxy_events = mask & PROXY_OP_BITS != 0 && !evs.is_empty();
+        for (i, (op, bufs)) in ops.iter().enumerate() {
             let (peer, send, bytes) = match op.kind {
                 OpKind::Send { peer } if peer != me => (peer, true, bufs.in_bytes),
                 OpKind::Recv { peer } if peer != me => (peer, false, bufs.out_bytes),
@@ -453,6 +493,9 @@ impl Core {
             let e = by_peer.entry((peer, send)).or_default();
             e.0.push(step);
             e.1.push(*bufs);
+            if proxy_events {
+                e.2.push(evs[i]);
+            }
         }
         if by_peer.is_empty() {
             return Ok(());
@@ -476,7 +519,7 @@ impl Core {
         let copy = Reducer::new(DataType::Uint8, RedOp::Sum, 1);
         let mut lanes = Vec::new();
         let mut what = Vec::new();
-        for ((peer, send), (steps, bufs)) in by_peer {
+        for ((peer, send), (steps, bufs, parents)) in by_peer {
             let seq = seqs.entry((peer, send)).or_insert(0);
             let total: usize = steps.iter().map(|s| s.count).sum();
             let header = OpHeader {
@@ -491,10 +534,23 @@ impl Core {
             let dir = if send { "send to" } else { "recv from" };
             what.push(format!("{dir} rank {peer}"));
             let label = format!("p2p {dir} rank {peer}");
-            lanes.push(self.lane(conns, label, P2P_CHANNEL, steps, bufs, copy, header));
+            lanes.push(self.lane(
+                conns,
+                label,
+                P2P_CHANNEL,
+                steps,
+                bufs,
+                parents,
+                copy,
+                header,
+            ));
         }
         drop(seqs);
-        let ctx = self.ctx(format!("group of send/recv ({})", what.join(", ")), None);
+        let ctx = self.ctx(
+            format!("group of send/recv ({})", what.join(", ")),
+            None,
+            mask,
+        );
         let result = exec::run(&mut lanes, &ctx);
         self.put_back(conns, lanes);
         result.map_err(|e| self.failed(e))

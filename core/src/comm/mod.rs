@@ -2,6 +2,7 @@
 //! operations of the Rust API.
 
 mod core;
+mod ident;
 mod on_device;
 mod staged;
 
@@ -180,6 +181,18 @@ impl Comm {
         rank: usize,
         config: &CommConfig,
     ) -> Result<Comm> {
+        Comm::init_rank_hashed(nranks, id, rank, config, ident::comm_hash(&id))
+    }
+
+    /// As [`Comm::init_rank`], with the communicator's hash given (a split
+    /// derives it from its parent's, as NCCL does).
+    fn init_rank_hashed(
+        nranks: usize,
+        id: UniqueId,
+        rank: usize,
+        config: &CommConfig,
+        comm_hash: u64,
+    ) -> Result<Comm> {
         if nranks == 0 {
             return Err(Error::InvalidArgument(
                 "nranks is 0: a communicator needs at least one rank".into(),
@@ -202,7 +215,7 @@ impl Comm {
         };
         let device = config.device;
         let work = move || {
-            let r = Comm::build(nranks, &id, rank, cfg, device);
+            let r = Comm::build(nranks, &id, rank, cfg, device, comm_hash);
             let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
             if let Status::Initializing = *st {
                 *st = match r {
@@ -234,14 +247,15 @@ impl Comm {
         rank: usize,
         cfg: Config,
         device: Option<usize>,
+        comm_hash: u64,
     ) -> Result<Core> {
         let net = network(&cfg)?;
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
+        let nnodes = ident::count_nodes(&bootstrap, ident::host_hash(&cfg))?;
         let dc = match device {
             Some(d) => Some(on_device::open(
                 &bootstrap,
-                rank,
-                nranks,
+                (rank, nranks, nnodes),
                 d,
                 &cfg,
                 net.name(),
@@ -256,7 +270,15 @@ impl Comm {
                 info!(target: "oxccl::init", rank, nranks, "communicator ready on host memory, network {}", net.name())
             }
         }
-        Core::new(rank, nranks, cfg, bootstrap, net, dc)
+        Core::new(
+            rank,
+            nranks,
+            cfg,
+            bootstrap,
+            net,
+            dc,
+            core::Ident { comm_hash, nnodes },
+        )
     }
 
     /// Creates `n` communicators of one process, one per rank, each
@@ -438,7 +460,8 @@ impl Comm {
             .map(|e| (e.def.key.to_string(), e.value.clone()))
             .collect();
         cfg.settings = parent.into_iter().chain(cfg.settings).collect();
-        Comm::init_rank(members.len(), id, new_rank, &cfg).map(Some)
+        let hash = ident::split_hash(core.ident.comm_hash, split_no, color);
+        Comm::init_rank_hashed(members.len(), id, new_rank, &cfg, hash).map(Some)
     }
 
     /// Waits for this rank's outstanding work and synchronises with the
@@ -689,4 +712,74 @@ pub fn net_summary() -> Vec<String> {
             Err(e) => format!("{} (built in): cannot start: {e}", b.name),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> CommConfig {
+        CommConfig::default()
+            .with("SOCKET_IFNAME", "lo")
+            .with("TIMEOUT", "30")
+    }
+
+    fn ident(c: &Comm) -> self::core::Ident {
+        c.core().unwrap().ident
+    }
+
+    /// What plugins are told at init: one node here, one hash shared by
+    /// the ranks of a communicator, another for each split.
+    #[test]
+    fn ranks_agree_on_the_hash_and_count_one_node() {
+        let comms = Comm::init_all(3, &cfg()).unwrap();
+        let ids: Vec<_> = comms.iter().map(ident).collect();
+        assert!(ids.iter().all(|i| i.nnodes == 1), "{ids:?}");
+        assert!(
+            ids.iter().all(|i| i.comm_hash == ids[0].comm_hash),
+            "{ids:?}"
+        );
+
+        let other = Comm::init_all(3, &cfg()).unwrap();
+        assert_ne!(ident(&other[0]).comm_hash, ids[0].comm_hash);
+
+        // Colors 0 (ranks 0, 2) and 1 (rank 1), split on three threads.
+        let splits: Vec<Comm> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .enumerate()
+                .map(|(r, c)| s.spawn(move || c.split((r % 2) as i32, 0, &cfg()).unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+        });
+        let h: Vec<u64> = splits.iter().map(|c| ident(c).comm_hash).collect();
+        assert_eq!(h[0], h[2]);
+        assert_ne!(h[0], h[1]);
+        assert!(h.iter().all(|x| *x != ids[0].comm_hash), "{h:?}");
+        assert!(splits.iter().all(|c| ident(c).nnodes == 1));
+        for c in splits.iter().chain(&comms).chain(&other) {
+            c.destroy().unwrap();
+        }
+    }
+
+    /// Ranks that say they are on different hosts count as nodes.
+    #[test]
+    fn hostid_makes_nodes() {
+        let ids: Vec<_> = std::thread::scope(|s| {
+            let id = get_unique_id(&cfg().resolve().unwrap()).unwrap();
+            let hs: Vec<_> = (0..3)
+                .map(|r| {
+                    s.spawn(move || {
+                        let host = if r == 2 { "b" } else { "a" };
+                        let c = Comm::init_rank(3, id, r, &cfg().with("HOSTID", host)).unwrap();
+                        let i = ident(&c);
+                        c.destroy().unwrap();
+                        i
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(ids.iter().all(|i| i.nnodes == 2), "{ids:?}");
+    }
 }

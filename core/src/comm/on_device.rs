@@ -39,39 +39,23 @@ impl Oob for BootstrapOob<'_> {
     }
 }
 
-/// This machine, as ranks compare it to find who shares their node: the
-/// host name and the kernel's boot id (containers on one host share it).
-fn node_identity() -> Vec<u8> {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let id = format!(
-        "{}/{}",
-        read("/proc/sys/kernel/hostname").trim(),
-        read("/proc/sys/kernel/random/boot_id").trim()
-    );
-    id.into_bytes()
-}
-
 /// Binds this rank to GPU `device`: every rank of the communicator calls
 /// it during creation, and all take the same path: kernels over peer
 /// mappings when every rank is on this node and none disabled P2P; else
 /// staging through pinned host memory over the network.
 pub(crate) fn open(
     bootstrap: &Bootstrap,
-    rank: usize,
-    nranks: usize,
+    (rank, nranks, nnodes): (usize, usize, usize),
     device: usize,
     cfg: &Config,
     net: &str,
 ) -> Result<GpuPath> {
     let _restore = SavedCurrent::save()?;
-    let mut mine = vec![u8::from(cfg.p2p_disable)];
-    mine.extend(node_identity());
-    let all = bootstrap.allgather(&mine)?;
-    let nodes: std::collections::BTreeSet<&[u8]> = all.iter().map(|v| &v[1..]).collect();
+    let all = bootstrap.allgather(&[u8::from(cfg.p2p_disable)])?;
     let disabled: Vec<usize> = (0..nranks)
         .filter(|&r| all[r].first() == Some(&1))
         .collect();
-    if nodes.len() == 1 && disabled.is_empty() {
+    if nnodes == 1 && disabled.is_empty() {
         let oob = BootstrapOob {
             bootstrap,
             rank,
@@ -85,8 +69,8 @@ pub(crate) fn open(
         .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
         return Ok(GpuPath::Peer(Box::new(Mutex::new(dc))));
     }
-    let why = if nodes.len() > 1 {
-        format!("ranks on {} nodes", nodes.len())
+    let why = if nnodes > 1 {
+        format!("ranks on {nnodes} nodes")
     } else {
         format!("NCCL_P2P_DISABLE=1 on rank(s) {disabled:?}")
     };

@@ -12,6 +12,7 @@
 pub mod device;
 pub mod header;
 pub mod mem;
+mod proxy_prof;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,9 +23,12 @@ use oxccl_plugin::{RecvComm, Request, SendComm};
 use crate::algo::{Buf, Step};
 use crate::bootstrap::{Bootstrap, PeerProgress};
 use crate::error::{Error, Result};
+use crate::plugin::profiler::Handle;
 use crate::reduce::Reducer;
 use header::{OpHeader, HEADER_BYTES};
 use mem::{OpBuffers, Span};
+pub use proxy_prof::ProxyProfiler;
+use proxy_prof::{Proxies, NO_OP};
 
 /// Staging slots in flight per lane.
 const WINDOW: usize = 4;
@@ -47,6 +51,10 @@ pub struct Lane {
     /// Staging buffers, kept by the communicator between operations so
     /// that a small operation allocates nothing.
     pub staging: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The profiler event (collective or p2p) of each step, or one shared
+    /// by all steps, that the lane's proxy-op events are children of;
+    /// empty when those events are off.
+    pub parents: Vec<Handle>,
 }
 
 /// What the executor needs from the communicator to report failures.
@@ -58,6 +66,8 @@ pub struct ExecCtx<'a> {
     pub timeout: Duration,
     pub aborted: &'a AtomicBool,
     pub bootstrap: &'a Bootstrap,
+    /// Present only when the group's activation mask asks for proxy events.
+    pub prof: Option<ProxyProfiler<'a>>,
 }
 
 impl Lane {
@@ -82,9 +92,15 @@ struct Task {
     send_span: Option<Span>,
     send_req: Option<Box<dyn Request>>,
     send_done: bool,
+    /// Profiler proxy ops and steps of the send and the receive ([`NO_OP`]
+    /// and NONE when not profiled).
+    send_op: usize,
+    send_ev: Handle,
+    recv_op: usize,
+    recv_ev: Handle,
 }
 
-struct LaneState {
+struct LaneState<'a> {
     next_step: usize,
     next_off: usize,
     tasks: VecDeque<Task>,
@@ -97,12 +113,14 @@ struct LaneState {
     /// Header + first slice, per send peer, kept until the lane completes.
     first_sends: Vec<Vec<u8>>,
     done: bool,
+    prof: Option<Proxies<'a>>,
 }
 
 type Progress = Result<bool>;
 
-impl LaneState {
-    fn new(lane: &mut Lane) -> LaneState {
+impl<'a> LaneState<'a> {
+    fn new(lane: &mut Lane, prof: Option<ProxyProfiler<'a>>) -> LaneState<'a> {
+        let prof = prof.map(|p| Proxies::start(p, lane));
         let mut slots = std::mem::take(&mut lane.staging);
         slots.resize_with(WINDOW, Default::default);
         LaneState {
@@ -116,6 +134,7 @@ impl LaneState {
             hdr_recv_posted: Vec::new(),
             first_sends: Vec::new(),
             done: false,
+            prof,
         }
     }
 
@@ -181,6 +200,10 @@ impl LaneState {
                 send_span: None,
                 send_req: None,
                 send_done: false,
+                send_op: NO_OP,
+                send_ev: Handle::NONE,
+                recv_op: NO_OP,
+                recv_ev: Handle::NONE,
             };
             if let Some(peer) = step.recv {
                 task.prefixed = !self.hdr_recv_posted.contains(&peer);
@@ -227,6 +250,12 @@ impl LaneState {
                 }
                 task.recv_req = Some(req);
                 task.recv_span = Some(data);
+                if let Some(p) = &mut self.prof {
+                    (task.recv_op, task.recv_ev) = p.recv_posted(self.next_step, peer, post.len);
+                }
+            }
+            if let (Some(p), Some(peer)) = (&mut self.prof, step.send) {
+                (task.send_op, task.send_ev) = p.send_created(self.next_step, peer, n * esize);
             }
             self.free_slots.pop();
             self.next_off += n;
@@ -289,6 +318,9 @@ impl LaneState {
                             )));
                         }
                         t.recv_done = true;
+                        if let Some(p) = &mut self.prof {
+                            p.received(t.recv_op, t.recv_ev, got);
+                        }
                     }
                     None => break,
                 }
@@ -326,6 +358,9 @@ impl LaneState {
             };
             let t = &mut self.tasks[i];
             t.computed = true;
+            if let (Some(p), Some(_)) = (&mut self.prof, step.recv) {
+                p.consumed(t.recv_op, std::mem::replace(&mut t.recv_ev, Handle::NONE));
+            }
             if step.send.is_some() && !step.send_local {
                 t.send_span = Some(result);
             }
@@ -370,6 +405,9 @@ impl LaneState {
                         self.hdr_sent.push(peer);
                     }
                     t.send_req = Some(r);
+                    if let Some(p) = &mut self.prof {
+                        p.sent(t.send_op, t.send_ev, out.len);
+                    }
                     moved = true;
                 }
                 None => {
@@ -392,6 +430,9 @@ impl LaneState {
                     .is_some()
                 {
                     t.send_done = true;
+                    if let Some(p) = &mut self.prof {
+                        p.send_done(t.send_op, std::mem::replace(&mut t.send_ev, Handle::NONE));
+                    }
                     moved = true;
                 }
             }
@@ -432,15 +473,24 @@ fn net_err(e: oxccl_plugin::NetError, dir: &str, peer: usize, lane: &Lane) -> Er
 
 /// Runs lanes to completion on this thread.
 pub fn run(lanes: &mut [Lane], ctx: &ExecCtx<'_>) -> Result<()> {
-    let mut states: Vec<LaneState> = lanes.iter_mut().map(LaneState::new).collect();
+    let mut states: Vec<LaneState> = lanes
+        .iter_mut()
+        .map(|l| LaneState::new(l, ctx.prof))
+        .collect();
     let result = drive(lanes, &mut states, ctx);
     for (lane, st) in lanes.iter_mut().zip(states) {
+        if let Some(p) = st.prof {
+            // A failed lane leaves events open: they end here, inside
+            // their parents, as on success.
+            let open = st.tasks.iter().flat_map(|t| [t.send_ev, t.recv_ev]);
+            p.finish(open);
+        }
         lane.staging = st.slots;
     }
     result
 }
 
-fn drive(lanes: &mut [Lane], states: &mut [LaneState], ctx: &ExecCtx<'_>) -> Result<()> {
+fn drive(lanes: &mut [Lane], states: &mut [LaneState<'_>], ctx: &ExecCtx<'_>) -> Result<()> {
     let mut last_move = Instant::now();
     let mut idle: u32 = 0;
     loop {

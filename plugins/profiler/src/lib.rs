@@ -1,7 +1,9 @@
-//! A profiler plugin for oxccl and NCCL: records every event NCCL reports
+//! A profiler plugin for oxccl and NCCL: records the events NCCL reports
 //! (groups, collectives, point-to-point by default; `NCCL_PROFILE_EVENT_MASK`
-//! for more) into per-thread buffers and, at finalize, writes one
-//! Chrome/Perfetto trace per rank. Under Nsight Systems it also opens NVTX
+//! for more, e.g. 0x1f adds proxy ops and steps) into per-thread buffers
+//! and, at finalize, writes one Chrome/Perfetto trace per rank, each event
+//! linked to its parent (a proxy step under its proxy op, under its
+//! collective, under its group). Under Nsight Systems it also opens NVTX
 //! ranges. Built as a cdylib exporting `ncclProfiler_v1` … `_v6`.
 
 pub mod nvtx;
@@ -20,7 +22,7 @@ use oxccl_plugin::{
     StateUpdate,
 };
 
-use record::{intern, now_ns, thread_id, Args, Name, Record};
+use record::{intern, next_seq, now_ns, thread_id, Args, Name, Record};
 pub use trace::Output;
 
 /// The mask when `NCCL_PROFILE_EVENT_MASK` is unset: what a trace of the
@@ -57,6 +59,10 @@ struct Shared {
     id: u64,
     /// From `init` (v4+) or the first event (v1 to v3 pass no rank to init).
     rank: AtomicI32,
+    /// The activation mask this plugin asked for. NCCL also starts the
+    /// parents of wanted events (a collective for its proxy ops, with the
+    /// proxy bits alone); those are not recorded.
+    mask: i32,
 }
 
 /// The profiler of one communicator.
@@ -70,6 +76,8 @@ pub struct TraceProfiler {
 /// An event between start and stop.
 pub struct OpenEvent {
     shared: Arc<Shared>,
+    seq: u64,
+    parent: usize,
     start_ns: u64,
     tid: u32,
     cat: &'static str,
@@ -79,12 +87,13 @@ pub struct OpenEvent {
 }
 
 impl TraceProfiler {
-    /// A profiler writing to `output`.
-    pub fn new(args: &ProfilerInit, output: Output) -> Self {
+    /// A profiler writing to `output`, recording the events of `mask`.
+    pub fn new(args: &ProfilerInit, output: Output, mask: i32) -> Self {
         TraceProfiler {
             shared: Arc::new(Shared {
                 id: NEXT_CTX.fetch_add(1, Ordering::Relaxed),
                 rank: AtomicI32::new(args.rank.unwrap_or(-1)),
+                mask,
             }),
             comm_name: args.comm_name.clone(),
             output,
@@ -190,6 +199,7 @@ fn describe(kind: &EventKind<'_>) -> Option<(&'static str, Name, Args)> {
                 peer: Some(o.peer),
                 channels: Some(o.channel_id as u32),
                 step: Some(o.n_steps),
+                chunk: Some(o.chunk_size),
                 ..Args::default()
             },
         ),
@@ -221,7 +231,7 @@ impl Profiler for TraceProfiler {
 
     fn init(args: &ProfilerInit, activation_mask: &mut i32) -> PluginResult<Self> {
         *activation_mask = mask_from_env()?;
-        let p = TraceProfiler::new(args, Output::from_env());
+        let p = TraceProfiler::new(args, Output::from_env(), *activation_mask);
         let to = match args.rank {
             Some(r) => p.output.path(r, None).display().to_string(),
             // v1 to v3: the rank is known at the first event.
@@ -238,6 +248,9 @@ impl Profiler for TraceProfiler {
         if self.shared.rank.load(Ordering::Relaxed) < 0 {
             self.shared.rank.store(event.rank, Ordering::Relaxed);
         }
+        if event.kind.type_bit() & self.shared.mask as u64 == 0 {
+            return None;
+        }
         let (cat, name, args) = describe(&event.kind)?;
         let nvtx = match cat {
             "group" | "coll" | "p2p" | "api" => nvtx::get().map(|n| n.start(&name)),
@@ -245,6 +258,8 @@ impl Profiler for TraceProfiler {
         };
         Some(OpenEvent {
             shared: self.shared.clone(),
+            seq: next_seq(),
+            parent: event.parent,
             start_ns: now_ns(),
             tid: thread_id(),
             cat,
@@ -255,12 +270,19 @@ impl Profiler for TraceProfiler {
     }
 
     fn stop_event(e: OpenEvent) {
+        Self::stop_event_with_handle(e, 0)
+    }
+
+    fn stop_event_with_handle(e: OpenEvent, handle: usize) {
         let end = now_ns();
         if let (Some(id), Some(n)) = (e.nvtx, nvtx::get()) {
             n.end(id);
         }
         record::push(Record {
             ctx: e.shared.id,
+            seq: e.seq,
+            handle,
+            parent: e.parent,
             rank: e.shared.rank.load(Ordering::Relaxed),
             tid: e.tid,
             start_ns: e.start_ns,
@@ -272,8 +294,11 @@ impl Profiler for TraceProfiler {
     }
 
     fn record_event_state(e: &mut OpenEvent, u: &StateUpdate) {
+        e.args.state = Some(u.state);
         if let StateArgs::Transfer { trans_size, .. } = u.args {
-            e.args.bytes = Some(trans_size);
+            if trans_size > 0 {
+                e.args.bytes = Some(trans_size);
+            }
         }
     }
 
@@ -334,7 +359,11 @@ mod tests {
             rank: None,
             logger: NcclLogger::stderr(NCCL_PROFILE),
         };
-        let p = Arc::new(TraceProfiler::new(&init, Output::Dir(dir.clone())));
+        let p = Arc::new(TraceProfiler::new(
+            &init,
+            Output::Dir(dir.clone()),
+            DEFAULT_MASK,
+        ));
         let ts: Vec<_> = (0..2u64)
             .map(|t| {
                 let p = p.clone();

@@ -71,6 +71,10 @@ pub struct Args {
     pub channels: Option<u32>,
     pub step: Option<i32>,
     pub bytes: Option<usize>,
+    /// A proxy op's bytes per step.
+    pub chunk: Option<i32>,
+    /// The last `NCCL_PROFILER_*` state recorded.
+    pub state: Option<i32>,
 }
 
 /// One completed event.
@@ -78,6 +82,12 @@ pub struct Args {
 pub struct Record {
     /// The communicator (profiler context) it belongs to.
     pub ctx: u64,
+    /// Start order in the process (unique): the event's id in the trace.
+    pub seq: u64,
+    /// The handle NCCL held for the event, and the one it gave as the
+    /// parent's: matched when the trace is written, not on the hot path.
+    pub handle: usize,
+    pub parent: usize,
     pub rank: i32,
     /// The thread that started it.
     pub tid: u32,
@@ -95,6 +105,12 @@ struct ThreadBuf {
 
 static REGISTRY: Mutex<Vec<Arc<ThreadBuf>>> = Mutex::new(Vec::new());
 static NEXT_TID: AtomicU32 = AtomicU32::new(1);
+static NEXT_SEQ: AtomicU64 = AtomicU64::new(1);
+
+/// The next start-order number (lock-free).
+pub fn next_seq() -> u64 {
+    NEXT_SEQ.fetch_add(1, Ordering::Relaxed)
+}
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 
 /// Records kept per thread before new ones are dropped (and counted): a
@@ -153,7 +169,7 @@ pub fn drain(ctx: u64) -> Vec<Record> {
         *v = rest;
         out.extend(mine);
     }
-    out.sort_by_key(|r| (r.start_ns, r.tid));
+    out.sort_by_key(|r| (r.start_ns, r.seq));
     out
 }
 
@@ -164,6 +180,9 @@ mod tests {
     fn rec(ctx: u64, start_ns: u64) -> Record {
         Record {
             ctx,
+            seq: next_seq(),
+            handle: 0,
+            parent: 0,
             rank: 0,
             tid: thread_id(),
             start_ns,

@@ -224,6 +224,14 @@ pub trait Profiler: Send + Sync + Sized + 'static {
     /// The event ends; its handle is not used again.
     fn stop_event(event: Self::Event);
 
+    /// As [`Profiler::stop_event`], also told the handle NCCL held for the
+    /// event: the value its children received as [`Event::parent`]. A
+    /// plugin that links children to parents after the fact (when it writes
+    /// its output) overrides this one; the default calls `stop_event`.
+    fn stop_event_with_handle(event: Self::Event, _handle: usize) {
+        Self::stop_event(event)
+    }
+
     /// A state change of a tracked event.
     fn record_event_state(_event: &mut Self::Event, _update: &StateUpdate) {}
 

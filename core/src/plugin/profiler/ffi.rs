@@ -6,12 +6,16 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString};
-use std::os::raw::{c_int, c_void};
+use std::os::raw::{c_char, c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::AtomicI32;
 
 use oxccl_plugin::ffi::profiler::{
-    v1, v2, v3, v4, v5, v6, NCCL_PROFILE_COLL, NCCL_PROFILE_GROUP, NCCL_PROFILE_P2P,
+    v1, v2, v3, v4, v5, v6, EventState, NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4,
+    NCCL_PROFILER_PROXY_OP_RECV_DONE, NCCL_PROFILER_PROXY_STEP_RECV_GPU_WAIT,
+    NCCL_PROFILER_PROXY_STEP_SEND_GPU_WAIT, NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4,
+    NCCL_PROFILE_COLL, NCCL_PROFILE_GROUP, NCCL_PROFILE_KERNEL_CH, NCCL_PROFILE_NET_PLUGIN,
+    NCCL_PROFILE_P2P, NCCL_PROFILE_PROXY_OP, NCCL_PROFILE_PROXY_STEP,
 };
 use oxccl_plugin::ffi::NCCL_SUCCESS;
 
@@ -95,6 +99,31 @@ pub enum Event<'a> {
         parent: Handle,
         codes: Codes,
     },
+    /// The network transfers of one operation with one peer in one
+    /// direction on one channel (NCCL's `ncclProfileProxyOp`).
+    ProxyOp {
+        parent: Handle,
+        channel: u8,
+        peer: c_int,
+        n_steps: c_int,
+        /// Bytes per step.
+        chunk_size: c_int,
+        is_send: bool,
+    },
+    /// One network send or receive of a proxy op (`ncclProfileProxyStep`).
+    ProxyStep {
+        parent: Handle,
+        step: c_int,
+    },
+}
+
+/// The attributes a state change carries (`ncclProfilerEventStateArgs`).
+#[derive(Clone, Copy)]
+pub enum StateArgs {
+    /// Proxy step states (v4 and later carry the bytes moved).
+    Step { trans_size: usize },
+    /// Proxy-op states of v1 to v3: steps done so far and their bytes.
+    Op { steps: c_int, trans_size: usize },
 }
 
 /// The enum codes v1 carries where later versions carry names:
@@ -107,17 +136,137 @@ pub struct Codes {
     pub algo: u8,
 }
 
+/// What a kernel-side or network event needs above it: NCCL starts an
+/// event when its own bit or the bit of any event below it is in the mask,
+/// so that a wanted event always has its parents.
+const BELOW_TASK: c_int = NCCL_PROFILE_PROXY_OP
+    | NCCL_PROFILE_PROXY_STEP
+    | NCCL_PROFILE_KERNEL_CH
+    | NCCL_PROFILE_NET_PLUGIN;
+
+/// The mask bits that start proxy-op events (NCCL's proxy.cc and profiler.cc).
+pub const PROXY_OP_BITS: c_int =
+    NCCL_PROFILE_PROXY_OP | NCCL_PROFILE_PROXY_STEP | NCCL_PROFILE_NET_PLUGIN;
+/// The mask bits that start proxy-step events.
+pub const PROXY_STEP_BITS: c_int = NCCL_PROFILE_PROXY_STEP | NCCL_PROFILE_NET_PLUGIN;
+
 impl Event<'_> {
-    pub fn bit(&self) -> c_int {
+    /// The activation-mask bits any of which starts this event, as NCCL
+    /// tests them.
+    pub fn enabled_by(&self) -> c_int {
         match self {
-            Event::Group => NCCL_PROFILE_GROUP,
-            Event::Coll { .. } => NCCL_PROFILE_COLL,
-            Event::P2p { .. } => NCCL_PROFILE_P2P,
+            Event::Group => NCCL_PROFILE_GROUP | NCCL_PROFILE_COLL | NCCL_PROFILE_P2P | BELOW_TASK,
+            Event::Coll { .. } => NCCL_PROFILE_COLL | BELOW_TASK,
+            Event::P2p { .. } => NCCL_PROFILE_P2P | BELOW_TASK,
+            Event::ProxyOp { .. } => PROXY_OP_BITS,
+            Event::ProxyStep { .. } => PROXY_STEP_BITS,
         }
     }
 }
 
 const SIMPLE: &CStr = c"SIMPLE";
+
+/// Every descriptor field the core fills, from one event (zero where the
+/// event has no such field).
+struct Fields {
+    seq: u64,
+    func: *const c_char,
+    count: usize,
+    root: c_int,
+    dtype: *const c_char,
+    algo: *const c_char,
+    nch: u8,
+    peer: c_int,
+    parent: *mut c_void,
+    codes: Codes,
+    channel: u8,
+    n_steps: c_int,
+    chunk_size: c_int,
+    is_send: c_int,
+    step: c_int,
+}
+
+impl Fields {
+    fn of(ev: &Event<'_>) -> Fields {
+        let mut f = Fields {
+            seq: 0,
+            func: std::ptr::null(),
+            count: 0,
+            root: 0,
+            dtype: std::ptr::null(),
+            algo: std::ptr::null(),
+            nch: 0,
+            peer: 0,
+            parent: null_mut(),
+            codes: Codes::default(),
+            channel: 0,
+            n_steps: 0,
+            chunk_size: 0,
+            is_send: 0,
+            step: 0,
+        };
+        match *ev {
+            Event::Group => {}
+            Event::Coll {
+                seq,
+                func,
+                count,
+                root,
+                dtype,
+                algo,
+                nchannels,
+                parent,
+                codes,
+            } => {
+                f.seq = seq;
+                f.func = func.as_ptr();
+                f.count = count;
+                f.root = root;
+                f.dtype = dtype.as_ptr();
+                f.algo = algo.as_ptr();
+                f.nch = nchannels;
+                f.parent = parent.0;
+                f.codes = codes;
+            }
+            Event::P2p {
+                func,
+                count,
+                dtype,
+                peer,
+                parent,
+                codes,
+            } => {
+                f.func = func.as_ptr();
+                f.count = count;
+                f.dtype = dtype.as_ptr();
+                f.nch = 1;
+                f.peer = peer;
+                f.parent = parent.0;
+                f.codes = codes;
+            }
+            Event::ProxyOp {
+                parent,
+                channel,
+                peer,
+                n_steps,
+                chunk_size,
+                is_send,
+            } => {
+                f.parent = parent.0;
+                f.channel = channel;
+                f.peer = peer;
+                f.n_steps = n_steps;
+                f.chunk_size = chunk_size;
+                f.is_send = is_send as c_int;
+            }
+            Event::ProxyStep { parent, step } => {
+                f.parent = parent.0;
+                f.step = step;
+            }
+        }
+        f
+    }
+}
 
 impl CProfiler {
     pub fn negotiate(lib: &Lib) -> Result<CProfiler, (Vec<&'static str>, String)> {
@@ -276,113 +425,79 @@ impl CProfiler {
         }
     }
 
-    pub fn start(&self, ctx: &Ctx, rank: c_int, ev: &Event<'_>) -> Handle {
+    pub fn start(&self, ctx: &Ctx, rank: c_int, comm_hash: u64, ev: &Event<'_>) -> Handle {
         let mut h = null_mut();
-        let p = |s: &CStr| s.as_ptr();
+        let f = Fields::of(ev);
         macro_rules! fire {
-            ($v:expr, $descr:ty, $ty:ty, $coll:expr, $p2p:expr) => {{
+            ($v:expr, $descr:ty, $ty:ty, $coll:expr, $p2p:expr, $op:expr, $step:expr) => {{
                 // SAFETY: a zeroed descriptor is valid (NULL pointers, zero
                 // counts); the member written matches `ty`.
                 let mut d: $descr = unsafe { std::mem::zeroed() };
                 d.rank = rank;
+                d.parent_obj = f.parent;
                 match ev {
                     Event::Group => d.ty = NCCL_PROFILE_GROUP as $ty,
-                    Event::Coll { parent, .. } => {
+                    Event::Coll { .. } => {
                         d.ty = NCCL_PROFILE_COLL as $ty;
-                        d.parent_obj = parent.0;
                         d.detail = $coll;
                     }
-                    Event::P2p { parent, .. } => {
+                    Event::P2p { .. } => {
                         d.ty = NCCL_PROFILE_P2P as $ty;
-                        d.parent_obj = parent.0;
                         d.detail = $p2p;
+                    }
+                    Event::ProxyOp { .. } => {
+                        d.ty = NCCL_PROFILE_PROXY_OP as $ty;
+                        d.detail = $op;
+                    }
+                    Event::ProxyStep { .. } => {
+                        d.ty = NCCL_PROFILE_PROXY_STEP as $ty;
+                        d.detail = $step;
                     }
                 }
                 // SAFETY: entry checked non-null; the descriptor lives for the call.
                 unsafe { $v.start_event.expect("checked")(ctx.0, &mut h, &mut d) }
             }};
         }
-        let (seq, func, count, root, dtype, algo, nch, peer, parent) = match *ev {
-            Event::Coll {
-                seq,
-                func,
-                count,
-                root,
-                dtype,
-                algo,
-                nchannels,
-                parent,
-                ..
-            } => (
-                seq,
-                p(func),
-                count,
-                root,
-                p(dtype),
-                p(algo),
-                nchannels,
-                0,
-                parent,
-            ),
-            Event::P2p {
-                func,
-                count,
-                dtype,
-                peer,
-                parent,
-                ..
-            } => (
-                0,
-                p(func),
-                count,
-                0,
-                p(dtype),
-                std::ptr::null(),
-                1,
-                peer,
-                parent,
-            ),
-            Event::Group => (
-                0,
-                std::ptr::null(),
-                0,
-                0,
-                std::ptr::null(),
-                std::ptr::null(),
-                0,
-                0,
-                Handle::NONE,
-            ),
-        };
         let coll5 = v5::CollDescrV5 {
-            seq_number: seq,
-            func,
+            seq_number: f.seq,
+            func: f.func,
             send_buff: std::ptr::null(),
             recv_buff: null_mut(),
-            count,
-            root,
-            datatype: dtype,
-            n_channels: nch,
+            count: f.count,
+            root: f.root,
+            datatype: f.dtype,
+            n_channels: f.nch,
             n_warps: 0,
-            algo,
+            algo: f.algo,
             proto: SIMPLE.as_ptr(),
-            parent_group: parent.0,
+            parent_group: f.parent,
         };
         let p2p5 = v5::P2pDescrV5 {
-            func,
+            func: f.func,
             buff: null_mut(),
-            datatype: dtype,
-            count,
-            peer,
-            n_channels: nch,
-            parent_group: parent.0,
+            datatype: f.dtype,
+            count: f.count,
+            peer: f.peer,
+            n_channels: f.nch,
+            parent_group: f.parent,
         };
-        let codes = match *ev {
-            Event::Coll { codes, .. } | Event::P2p { codes, .. } => codes,
-            Event::Group => Codes::default(),
-        };
-        // Before v4 descriptors name the communicator; it has no name here.
-        let (cname_, hash) = (c"".as_ptr(), 0u64);
+        // The proxy-op descriptor is the same in every version; only its
+        // type name changes.
+        macro_rules! op {
+            ($m:ident :: $t:ident) => {
+                $m::$t {
+                    pid: std::process::id() as oxccl_plugin::ffi::Pid,
+                    channel_id: f.channel,
+                    peer: f.peer,
+                    n_steps: f.n_steps,
+                    chunk_size: f.chunk_size,
+                    is_send: f.is_send,
+                }
+            };
+        }
+        // Before v4 descriptors name the communicator by its hash.
+        let (cname_, hash) = (c"".as_ptr(), comm_hash);
+        let codes = f.codes;
         let _ = match self.vt {
             Vt::V1(v) => fire!(
                 v,
@@ -392,16 +507,16 @@ impl CProfiler {
                     coll: v1::CollDescrV1 {
                         name: cname_,
                         comm_hash: hash,
-                        seq_number: seq,
+                        seq_number: f.seq,
                         func: codes.func,
                         send_buff: std::ptr::null(),
                         recv_buff: null_mut(),
-                        count,
-                        root,
+                        count: f.count,
+                        root: f.root,
                         datatype: codes.dtype,
                         op: codes.op,
                         traffic_bytes: 0,
-                        n_max_channels: nch,
+                        n_max_channels: f.nch,
                         n_warps: 0,
                         algo: codes.algo,
                         proto: 2,
@@ -416,9 +531,15 @@ impl CProfiler {
                         func: codes.func,
                         buff: null_mut(),
                         datatype: codes.dtype,
-                        count,
-                        peer,
+                        count: f.count,
+                        peer: f.peer,
                     }
+                },
+                v1::EventDetailV1 {
+                    proxy_op: op!(v1::ProxyOpDescrV1)
+                },
+                v1::EventDetailV1 {
+                    proxy_step: v1::ProxyStepDescrV1 { step: f.step }
                 }
             ),
             Vt::V2(v) => fire!(
@@ -429,17 +550,17 @@ impl CProfiler {
                     coll: v2::CollDescrV2 {
                         name: cname_,
                         comm_hash: hash,
-                        seq_number: seq,
-                        func,
+                        seq_number: f.seq,
+                        func: f.func,
                         send_buff: std::ptr::null(),
                         recv_buff: null_mut(),
-                        count,
-                        root,
-                        datatype: dtype,
+                        count: f.count,
+                        root: f.root,
+                        datatype: f.dtype,
                         traffic_bytes: 0,
-                        n_max_channels: nch,
+                        n_max_channels: f.nch,
                         n_warps: 0,
-                        algo,
+                        algo: f.algo,
                         proto: SIMPLE.as_ptr(),
                     }
                 },
@@ -447,12 +568,18 @@ impl CProfiler {
                     p2p: v2::P2pDescrV2 {
                         name: cname_,
                         comm_hash: hash,
-                        func,
+                        func: f.func,
                         buff: null_mut(),
-                        datatype: dtype,
-                        count,
-                        peer,
+                        datatype: f.dtype,
+                        count: f.count,
+                        peer: f.peer,
                     }
+                },
+                v2::EventDetailV2 {
+                    proxy_op: op!(v2::ProxyOpDescrV2)
+                },
+                v2::EventDetailV2 {
+                    proxy_step: v2::ProxyStepDescrV2 { step: f.step }
                 }
             ),
             Vt::V3(v) => fire!(
@@ -463,16 +590,16 @@ impl CProfiler {
                     coll: v3::CollDescrV3 {
                         name: cname_,
                         comm_hash: hash,
-                        seq_number: seq,
-                        func,
+                        seq_number: f.seq,
+                        func: f.func,
                         send_buff: std::ptr::null(),
                         recv_buff: null_mut(),
-                        count,
-                        root,
-                        datatype: dtype,
-                        n_max_channels: nch,
+                        count: f.count,
+                        root: f.root,
+                        datatype: f.dtype,
+                        n_max_channels: f.nch,
                         n_warps: 0,
-                        algo,
+                        algo: f.algo,
                         proto: SIMPLE.as_ptr(),
                     }
                 },
@@ -480,27 +607,19 @@ impl CProfiler {
                     p2p: v3::P2pDescrV3 {
                         name: cname_,
                         comm_hash: hash,
-                        func,
+                        func: f.func,
                         buff: null_mut(),
-                        datatype: dtype,
-                        count,
-                        peer,
+                        datatype: f.dtype,
+                        count: f.count,
+                        peer: f.peer,
                     }
+                },
+                v3::EventDetailV3 {
+                    proxy_op: op!(v3::ProxyOpDescrV3)
+                },
+                v3::EventDetailV3 {
+                    proxy_step: v3::ProxyStepDescrV3 { step: f.step }
                 }
-            ),
-            Vt::V6(v) => fire!(
-                v,
-                v6::EventDescrV6,
-                u64,
-                v6::EventDetailV6 { coll: coll5 },
-                v6::EventDetailV6 { p2p: p2p5 }
-            ),
-            Vt::V5(v) => fire!(
-                v,
-                v5::EventDescrV5,
-                u64,
-                v5::EventDetailV5 { coll: coll5 },
-                v5::EventDetailV5 { p2p: p2p5 }
             ),
             Vt::V4(v) => fire!(
                 v,
@@ -508,32 +627,123 @@ impl CProfiler {
                 u8,
                 v4::EventDetailV4 {
                     coll: v4::CollDescrV4 {
-                        seq_number: seq,
-                        func,
+                        seq_number: f.seq,
+                        func: f.func,
                         send_buff: std::ptr::null(),
                         recv_buff: null_mut(),
-                        count,
-                        root,
-                        datatype: dtype,
-                        n_channels: nch,
+                        count: f.count,
+                        root: f.root,
+                        datatype: f.dtype,
+                        n_channels: f.nch,
                         n_warps: 0,
-                        algo,
+                        algo: f.algo,
                         proto: SIMPLE.as_ptr(),
                     }
                 },
                 v4::EventDetailV4 {
                     p2p: v4::P2pDescrV4 {
-                        func,
+                        func: f.func,
                         buff: null_mut(),
-                        datatype: dtype,
-                        count,
-                        peer,
-                        n_channels: nch,
+                        datatype: f.dtype,
+                        count: f.count,
+                        peer: f.peer,
+                        n_channels: f.nch,
                     }
+                },
+                v4::EventDetailV4 {
+                    proxy_op: op!(v4::ProxyOpDescrV4)
+                },
+                v4::EventDetailV4 {
+                    proxy_step: v4::ProxyStepDescrV4 { step: f.step }
+                }
+            ),
+            Vt::V5(v) => fire!(
+                v,
+                v5::EventDescrV5,
+                u64,
+                v5::EventDetailV5 { coll: coll5 },
+                v5::EventDetailV5 { p2p: p2p5 },
+                v5::EventDetailV5 {
+                    proxy_op: op!(v5::ProxyOpDescrV5)
+                },
+                v5::EventDetailV5 {
+                    proxy_step: v5::ProxyStepDescrV5 { step: f.step }
+                }
+            ),
+            Vt::V6(v) => fire!(
+                v,
+                v6::EventDescrV6,
+                u64,
+                v6::EventDetailV6 { coll: coll5 },
+                v6::EventDetailV6 { p2p: p2p5 },
+                v6::EventDetailV6 {
+                    proxy_op: op!(v5::ProxyOpDescrV5)
+                },
+                v6::EventDetailV6 {
+                    proxy_step: v5::ProxyStepDescrV5 { step: f.step }
                 }
             ),
         };
         Handle(h)
+    }
+
+    /// `recordEventState`, filtered and converted as NCCL's adapter of the
+    /// version does: v1 to v3 get the step states without arguments (and,
+    /// as the NCCL they were written for gave them, the proxy-op states
+    /// with steps and bytes); v4 and later the step states with the bytes,
+    /// and the v4-only states, but no proxy-op states of v1 to v3.
+    pub fn record(&self, h: Handle, state: EventState, args: StateArgs) {
+        if h.0.is_null() {
+            return;
+        }
+        let old_op = (0..=NCCL_PROFILER_PROXY_OP_RECV_DONE).contains(&state);
+        let step = (NCCL_PROFILER_PROXY_STEP_SEND_GPU_WAIT
+            ..=NCCL_PROFILER_PROXY_STEP_RECV_GPU_WAIT)
+            .contains(&state);
+        let v4_only = state == NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4
+            || state == NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4;
+        let (trans_size, steps) = match args {
+            StateArgs::Step { trans_size } => (trans_size, 0),
+            StateArgs::Op { steps, trans_size } => (trans_size, steps),
+        };
+        macro_rules! old {
+            ($v:expr, $args:ty, $sm:ident :: $st:ident) => {{
+                if !(old_op || step) {
+                    return;
+                }
+                // SAFETY: all-zero is a valid argument union.
+                let mut a: $args = unsafe { std::mem::zeroed() };
+                if old_op {
+                    a.proxy_op = $sm::$st { trans_size, steps };
+                }
+                if let Some(f) = $v.record_event_state {
+                    // SAFETY: a live handle startEvent returned; `a` lives for the call.
+                    let _ = unsafe { f(h.0, state, &mut a) };
+                }
+            }};
+        }
+        macro_rules! new {
+            ($v:expr, $args:ty, $sm:ident :: $st:ident) => {{
+                if !(step || v4_only) {
+                    return;
+                }
+                // SAFETY: all-zero is a valid argument union.
+                let mut a: $args = unsafe { std::mem::zeroed() };
+                a.proxy_step = $sm::$st { trans_size };
+                if let Some(f) = $v.record_event_state {
+                    // SAFETY: a live handle startEvent returned; `a` lives for the call.
+                    let _ = unsafe { f(h.0, state, &mut a) };
+                }
+            }};
+        }
+        match self.vt {
+            Vt::V1(v) => old!(v, v1::EventStateArgsV1, v1::ProxyOpStateV1),
+            Vt::V2(v) => old!(v, v2::EventStateArgsV2, v2::ProxyOpStateV2),
+            Vt::V3(v) => old!(v, v3::EventStateArgsV3, v3::ProxyOpStateV3),
+            Vt::V4(v) => new!(v, v4::EventStateArgsV4, v4::ProxyStepStateV4),
+            Vt::V5(v) => new!(v, v5::EventStateArgsV5, v5::ProxyStepStateV5),
+            Vt::V6(v) => new!(v, v6::EventStateArgsV6, v5::ProxyStepStateV5),
+        }
     }
 
     pub fn stop(&self, h: Handle) {

@@ -2,9 +2,13 @@
 //! name → `libnccl-profiler-NAME.so`, a path, `none`; unset tries
 //! `libnccl-profiler.so`), `ncclProfiler_v6` down to `_v1`. The core starts
 //! and stops events at NCCL's points: one group event per executed group,
-//! one collective or p2p event per operation, children of the group. An
-//! event whose bit is not in the activation mask the plugin set is not
-//! started, as in NCCL. With no profiler the core pays one branch.
+//! one collective or p2p event per operation, children of the group; on the
+//! host path one proxy-op event per (operation, peer, direction, channel),
+//! child of the operation's event, and one proxy-step event per network
+//! send or receive, child of its proxy op. An event is started only when
+//! the activation mask the plugin set has its bit or the bit of an event
+//! below it (NCCL's rule, so that a wanted event has its parents). With no
+//! profiler the core pays one branch; with one, one atomic load per group.
 
 mod ffi;
 
@@ -16,7 +20,7 @@ use tracing::{info, warn};
 use crate::error::{Error, Result};
 use crate::plugin::loader;
 
-pub use ffi::{cname, Codes, Event, Handle, SYMBOLS};
+pub use ffi::{cname, Codes, Event, Handle, StateArgs, PROXY_OP_BITS, PROXY_STEP_BITS, SYMBOLS};
 
 pub use crate::plugin::loader::Outcome;
 
@@ -99,6 +103,8 @@ pub struct ProfilerComm {
     p: Arc<ffi::CProfiler>,
     ctx: ffi::Ctx,
     rank: i32,
+    /// The communicator's hash, which descriptors before v4 carry.
+    comm_hash: u64,
 }
 
 impl ProfilerComm {
@@ -108,12 +114,14 @@ impl ProfilerComm {
         comm_id: u64,
         nranks: usize,
         rank: usize,
+        nnodes: usize,
     ) -> Option<ProfilerComm> {
-        match p.init(comm_id, nranks, rank, 1) {
+        match p.init(comm_id, nranks, rank, nnodes) {
             Ok(ctx) => Some(ProfilerComm {
                 p,
                 ctx,
                 rank: rank as i32,
+                comm_hash: comm_id,
             }),
             Err(e) => {
                 warn!(target: "oxccl::profiler", "profiler plugin {}: {e}; no profiler for this communicator", p.name);
@@ -122,16 +130,29 @@ impl ProfilerComm {
         }
     }
 
-    /// Starts an event if its bit is in the plugin's activation mask.
-    pub fn start(&self, ev: Event<'_>) -> Handle {
-        if ffi::MASK.load(Ordering::Relaxed) & ev.bit() == 0 {
+    /// The activation mask as the plugin has it now. The core reads it
+    /// once per group and decides every event of the group with that
+    /// value, as NCCL copies it into each task.
+    pub fn mask(&self) -> i32 {
+        ffi::MASK.load(Ordering::Relaxed)
+    }
+
+    /// Starts an event if `mask` (from [`ProfilerComm::mask`]) enables it.
+    pub fn start(&self, mask: i32, ev: Event<'_>) -> Handle {
+        if mask & ev.enabled_by() == 0 {
             return Handle::NONE;
         }
-        self.p.start(&self.ctx, self.rank, &ev)
+        self.p.start(&self.ctx, self.rank, self.comm_hash, &ev)
     }
 
     pub fn stop(&self, h: Handle) {
         self.p.stop(h)
+    }
+
+    /// Reports a state change of a started event (nothing for an untracked
+    /// one).
+    pub fn record(&self, h: Handle, state: i32, args: StateArgs) {
+        self.p.record(h, state, args)
     }
 }
 
@@ -188,49 +209,56 @@ impl ProfilerComm {
     /// The collective event of `op` (child of the group event `parent`).
     pub fn coll(
         &self,
+        mask: i32,
         op: &crate::op::Op,
         seq: u64,
         algo: crate::algo::Algo,
         nch: usize,
         parent: Handle,
     ) -> Handle {
-        self.start(Event::Coll {
-            seq,
-            func: cname(func(&op.kind)),
-            count: op.count,
-            root: op.kind.root() as i32,
-            dtype: cname(op.dtype.name()),
-            algo: cname(algo.name()),
-            nchannels: nch.min(255) as u8,
-            parent,
-            codes: Codes {
-                func: func_code(&op.kind),
-                dtype: op.dtype as u8,
-                op: redop_code(op.redop),
-                algo: crate::algo::cost::nccl_row(algo) as u8,
+        self.start(
+            mask,
+            Event::Coll {
+                seq,
+                func: cname(func(&op.kind)),
+                count: op.count,
+                root: op.kind.root() as i32,
+                dtype: cname(op.dtype.name()),
+                algo: cname(algo.name()),
+                nchannels: nch.min(255) as u8,
+                parent,
+                codes: Codes {
+                    func: func_code(&op.kind),
+                    dtype: op.dtype as u8,
+                    op: redop_code(op.redop),
+                    algo: crate::algo::cost::nccl_row(algo) as u8,
+                },
             },
-        })
+        )
     }
 
     /// The p2p event of `op` (child of the group event `parent`).
-    pub fn p2p(&self, op: &crate::op::Op, parent: Handle) -> Handle {
+    pub fn p2p(&self, mask: i32, op: &crate::op::Op, parent: Handle) -> Handle {
         use crate::op::OpKind;
         let peer = match op.kind {
             OpKind::Send { peer } | OpKind::Recv { peer } => peer as i32,
             _ => -1,
         };
-        self.start(Event::P2p {
-            func: cname(func(&op.kind)),
-            count: op.count,
-            dtype: cname(op.dtype.name()),
-            peer,
-            parent,
-            codes: Codes {
-                func: func_code(&op.kind),
-                dtype: op.dtype as u8,
-                ..Codes::default()
+        self.start(
+            mask,
+            Event::P2p {
+                func: cname(func(&op.kind)),
+                count: op.count,
+                dtype: cname(op.dtype.name()),
+                peer,
+                parent,
+                codes: Codes {
+                    func: func_code(&op.kind),
+                    dtype: op.dtype as u8,
+                    ..Codes::default()
+                },
             },
-        })
+        )
     }
 }
 
@@ -241,6 +269,13 @@ pub struct Running<'a>(&'a ProfilerComm, Handle);
 impl ProfilerComm {
     pub fn running(&self, h: Handle) -> Running<'_> {
         Running(self, h)
+    }
+}
+
+impl Running<'_> {
+    /// The event, as the parent of events below it.
+    pub fn handle(&self) -> Handle {
+        self.1
     }
 }
 

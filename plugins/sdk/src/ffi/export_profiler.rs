@@ -477,7 +477,7 @@ unsafe extern "C" fn stop_event<T: Profiler>(h: *mut c_void) -> NcclResult {
     // stopped once.
     let ev = unsafe { Box::from_raw(h as *mut T::Event) };
     guard("stopEvent", move || {
-        T::stop_event(*ev);
+        T::stop_event_with_handle(*ev, h as usize);
         Ok(())
     })
 }

@@ -1,0 +1,108 @@
+//! Who a communicator is and where its ranks run, as plugins are told at
+//! `init`: the communicator's hash (NCCL's `commHash`: of the unique id,
+//! or for a split of the parent's hash, the split's number and the color)
+//! and the number of nodes (distinct host hashes among the ranks).
+//!
+//! The hashes are FNV-1a, computed the same in every process and build so
+//! that ranks agree; none of them is a security boundary.
+
+use crate::bootstrap::{Bootstrap, UniqueId};
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    parts
+        .iter()
+        .flat_map(|p| p.iter())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+        })
+}
+
+/// The hash of a communicator made from a unique id: the same on every
+/// rank, and different between ids (each holds a random magic).
+pub fn comm_hash(id: &UniqueId) -> u64 {
+    fnv1a(&[&id.0])
+}
+
+/// The hash of the communicator of `color` made by split number `split_no`
+/// of the communicator hashed `parent`.
+pub fn split_hash(parent: u64, split_no: u64, color: i32) -> u64 {
+    fnv1a(&[
+        &parent.to_le_bytes(),
+        &split_no.to_le_bytes(),
+        &color.to_le_bytes(),
+    ])
+}
+
+/// This host's identity: `NCCL_HOSTID` when set (NCCL's override, e.g. for
+/// containers that share a kernel but stand for different nodes), else the
+/// host name and the boot id, which differ between machines and between
+/// boots of one.
+pub fn host_hash(cfg: &Config) -> u64 {
+    if let Some(id) = cfg.hostid.as_deref().filter(|s| !s.is_empty()) {
+        return fnv1a(&[id.as_bytes()]);
+    }
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let host = read("/proc/sys/kernel/hostname");
+    let boot = read("/proc/sys/kernel/random/boot_id");
+    fnv1a(&[host.as_bytes(), b"/", boot.as_bytes()])
+}
+
+/// Distinct values in `hashes`.
+pub fn distinct(hashes: &[u64]) -> usize {
+    let mut v = hashes.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    v.len()
+}
+
+/// The number of nodes among the communicator's ranks (one allgather).
+pub fn count_nodes(bootstrap: &Bootstrap, mine: u64) -> Result<usize> {
+    let all = bootstrap.allgather(&mine.to_le_bytes())?;
+    let hashes = all
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            b.as_slice()
+                .try_into()
+                .map(u64::from_le_bytes)
+                .map_err(|_| {
+                    Error::Internal(format!(
+                        "rank {r} sent a {}-byte host hash where 8 were expected",
+                        b.len()
+                    ))
+                })
+        })
+        .collect::<Result<Vec<u64>>>()?;
+    Ok(distinct(&hashes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_hashes_differ_by_parent_split_and_color() {
+        let base = split_hash(1, 0, 0);
+        assert_eq!(base, split_hash(1, 0, 0));
+        assert_ne!(base, split_hash(2, 0, 0));
+        assert_ne!(base, split_hash(1, 1, 0));
+        assert_ne!(base, split_hash(1, 0, 1));
+    }
+
+    #[test]
+    fn hostid_overrides_the_host_name() {
+        let a = Config::load_with(&[("HOSTID", "node-a")]).unwrap();
+        let b = Config::load_with(&[("HOSTID", "node-b")]).unwrap();
+        let plain = Config::load_with(&[]).unwrap();
+        assert_ne!(host_hash(&a), host_hash(&b));
+        assert_eq!(host_hash(&a), host_hash(&a));
+        assert_eq!(host_hash(&plain), host_hash(&plain));
+        assert_eq!(distinct(&[3, 1, 3, 2, 1]), 3);
+    }
+}

@@ -1,0 +1,254 @@
+//! The profiler's proxy events on the host path, at the points where NCCL's
+//! proxy thread reports them (src/transport/net.cc, src/plugin/profiler.cc):
+//! a proxy op per (operation, peer, direction) of a lane, started when the
+//! lane starts and stopped when its last step completes; a proxy step per
+//! slice sent or received, started when the send's slice is opened (its
+//! data not yet produced: NCCL's "GPU wait") or when the receive is posted,
+//! moved to "on the network" when the send is posted or to "waiting for
+//! the consumer" when the receive completes, and stopped when the send
+//! completes or the received slice has been used.
+//!
+//! Only built when the group's activation mask asks for proxy events, so
+//! that the executor otherwise pays a `None` check per slice.
+
+use std::os::raw::c_int;
+
+use oxccl_plugin::ffi::profiler::{
+    EventState, NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4, NCCL_PROFILER_PROXY_OP_RECV_DONE,
+    NCCL_PROFILER_PROXY_OP_RECV_POSTED, NCCL_PROFILER_PROXY_OP_RECV_RECEIVED,
+    NCCL_PROFILER_PROXY_OP_SEND_DONE, NCCL_PROFILER_PROXY_OP_SEND_POSTED,
+    NCCL_PROFILER_PROXY_OP_SEND_TRANSMITTED, NCCL_PROFILER_PROXY_STEP_RECV_GPU_WAIT,
+    NCCL_PROFILER_PROXY_STEP_RECV_WAIT, NCCL_PROFILER_PROXY_STEP_SEND_GPU_WAIT,
+    NCCL_PROFILER_PROXY_STEP_SEND_WAIT,
+};
+
+use super::Lane;
+use crate::plugin::profiler::{Event, Handle, ProfilerComm, StateArgs, PROXY_STEP_BITS};
+
+/// The op index of a task side that has no proxy op.
+pub const NO_OP: usize = usize::MAX;
+
+/// The communicator's profiler and the activation mask of the group being
+/// run (read once for the group, as NCCL copies it into each task).
+#[derive(Clone, Copy)]
+pub struct ProxyProfiler<'a> {
+    pub comm: &'a ProfilerComm,
+    pub mask: i32,
+}
+
+/// One proxy op: its key, its event and its step counters.
+struct Op {
+    /// (index into the lane's parents, peer, is_send).
+    key: (usize, usize, bool),
+    ev: Handle,
+    n_steps: c_int,
+    posted: c_int,
+    transmitted: c_int,
+    done: c_int,
+    on_net: bool,
+}
+
+/// The proxy ops of one lane.
+pub struct Proxies<'a> {
+    p: ProxyProfiler<'a>,
+    steps: bool,
+    /// Sorted by key.
+    ops: Vec<Op>,
+    /// A lane with one parent shares it between all its steps.
+    per_step: bool,
+}
+
+impl<'a> Proxies<'a> {
+    /// Counts the slices of each (parent, peer, direction) of the lane and
+    /// starts their proxy-op events.
+    pub fn start(p: ProxyProfiler<'a>, lane: &Lane) -> Proxies<'a> {
+        let esize = lane.reducer.dtype().size();
+        let slice = (lane.slice_bytes / esize).max(1);
+        let per_step = lane.parents.len() > 1;
+        let mut ops: Vec<Op> = Vec::new();
+        for (i, st) in lane.steps.iter().enumerate() {
+            let n = st.count.div_ceil(slice) as c_int;
+            let parent = if per_step { i } else { 0 };
+            for (peer, send) in [(st.send, true), (st.recv, false)] {
+                let Some(peer) = peer.filter(|_| n > 0) else {
+                    continue;
+                };
+                let key = (parent, peer, send);
+                match ops.iter_mut().find(|o| o.key == key) {
+                    Some(o) => o.n_steps += n,
+                    None => ops.push(Op {
+                        key,
+                        ev: Handle::NONE,
+                        n_steps: n,
+                        posted: 0,
+                        transmitted: 0,
+                        done: 0,
+                        on_net: false,
+                    }),
+                }
+            }
+        }
+        ops.sort_by_key(|o| o.key);
+        // Connections of point-to-point lanes live on a channel of their
+        // own, above the 8 bits of the descriptor: NCCL's p2p channel 0.
+        let channel = u8::try_from(lane.chan).unwrap_or(0);
+        let chunk_size = (slice * esize).min(c_int::MAX as usize) as c_int;
+        for o in &mut ops {
+            o.ev = p.comm.start(
+                p.mask,
+                Event::ProxyOp {
+                    parent: lane.parents.get(o.key.0).copied().unwrap_or(Handle::NONE),
+                    channel,
+                    peer: o.key.1 as c_int,
+                    n_steps: o.n_steps,
+                    chunk_size,
+                    is_send: o.key.2,
+                },
+            );
+        }
+        Proxies {
+            steps: p.mask & PROXY_STEP_BITS != 0,
+            p,
+            ops,
+            per_step,
+        }
+    }
+
+    fn index(&self, step: usize, peer: usize, send: bool) -> usize {
+        let key = (if self.per_step { step } else { 0 }, peer, send);
+        self.ops
+            .binary_search_by_key(&key, |o| o.key)
+            .unwrap_or(NO_OP)
+    }
+
+    fn op_state(&self, op: usize, state: EventState, steps: c_int, bytes: usize) {
+        self.p.comm.record(
+            self.ops[op].ev,
+            state,
+            StateArgs::Op {
+                steps,
+                trans_size: bytes,
+            },
+        );
+    }
+
+    fn step_state(&self, ev: Handle, state: EventState, bytes: usize) {
+        self.p
+            .comm
+            .record(ev, state, StateArgs::Step { trans_size: bytes });
+    }
+
+    /// Starts the next step of proxy op `op`.
+    fn begin_step(&mut self, op: usize, state: EventState, bytes: usize) -> Handle {
+        let o = &mut self.ops[op];
+        let step = o.posted;
+        o.posted += 1;
+        let ev = if self.steps {
+            self.p
+                .comm
+                .start(self.p.mask, Event::ProxyStep { parent: o.ev, step })
+        } else {
+            Handle::NONE
+        };
+        self.step_state(ev, state, bytes);
+        ev
+    }
+
+    /// The first network call of a proxy op (NCCL v4's "in progress").
+    fn on_net(&mut self, op: usize) {
+        if !self.ops[op].on_net {
+            self.ops[op].on_net = true;
+            self.op_state(op, NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4, 0, 0);
+        }
+    }
+
+    /// A slice to send was opened; its data is not produced yet.
+    pub fn send_created(&mut self, step: usize, peer: usize, bytes: usize) -> (usize, Handle) {
+        let op = self.index(step, peer, true);
+        if op == NO_OP {
+            return (NO_OP, Handle::NONE);
+        }
+        let ev = self.begin_step(op, NCCL_PROFILER_PROXY_STEP_SEND_GPU_WAIT, bytes);
+        let posted = self.ops[op].posted;
+        self.op_state(op, NCCL_PROFILER_PROXY_OP_SEND_POSTED, posted, bytes);
+        (op, ev)
+    }
+
+    /// The slice's send was handed to the network.
+    pub fn sent(&mut self, op: usize, ev: Handle, bytes: usize) {
+        if op == NO_OP {
+            return;
+        }
+        self.on_net(op);
+        self.step_state(ev, NCCL_PROFILER_PROXY_STEP_SEND_WAIT, bytes);
+        self.ops[op].transmitted += 1;
+        let t = self.ops[op].transmitted;
+        self.op_state(op, NCCL_PROFILER_PROXY_OP_SEND_TRANSMITTED, t, bytes);
+    }
+
+    /// The network completed the slice's send.
+    pub fn send_done(&mut self, op: usize, ev: Handle) {
+        if op == NO_OP {
+            return;
+        }
+        self.p.comm.stop(ev);
+        self.ops[op].done += 1;
+        let d = self.ops[op].done;
+        self.op_state(op, NCCL_PROFILER_PROXY_OP_SEND_DONE, d, 0);
+        self.maybe_stop(op);
+    }
+
+    /// A receive was posted to the network.
+    pub fn recv_posted(&mut self, step: usize, peer: usize, bytes: usize) -> (usize, Handle) {
+        let op = self.index(step, peer, false);
+        if op == NO_OP {
+            return (NO_OP, Handle::NONE);
+        }
+        self.on_net(op);
+        let ev = self.begin_step(op, NCCL_PROFILER_PROXY_STEP_RECV_WAIT, bytes);
+        let posted = self.ops[op].posted;
+        self.op_state(op, NCCL_PROFILER_PROXY_OP_RECV_POSTED, posted, bytes);
+        (op, ev)
+    }
+
+    /// The network completed the receive; the data waits to be used.
+    pub fn received(&mut self, op: usize, ev: Handle, bytes: usize) {
+        if op == NO_OP {
+            return;
+        }
+        self.step_state(ev, NCCL_PROFILER_PROXY_STEP_RECV_GPU_WAIT, bytes);
+        self.ops[op].transmitted += 1;
+        let t = self.ops[op].transmitted;
+        self.op_state(op, NCCL_PROFILER_PROXY_OP_RECV_RECEIVED, t, bytes);
+    }
+
+    /// The received slice was combined or copied where it goes.
+    pub fn consumed(&mut self, op: usize, ev: Handle) {
+        if op == NO_OP {
+            return;
+        }
+        self.p.comm.stop(ev);
+        self.ops[op].done += 1;
+        let d = self.ops[op].done;
+        self.op_state(op, NCCL_PROFILER_PROXY_OP_RECV_DONE, d, 0);
+        self.maybe_stop(op);
+    }
+
+    fn maybe_stop(&mut self, op: usize) {
+        let o = &mut self.ops[op];
+        if o.done >= o.n_steps {
+            self.p.comm.stop(std::mem::replace(&mut o.ev, Handle::NONE));
+        }
+    }
+
+    /// Ends the steps `open` still holds and every proxy op not ended yet
+    /// (all of them end by themselves on success).
+    pub fn finish(mut self, open: impl Iterator<Item = Handle>) {
+        for ev in open {
+            self.p.comm.stop(ev);
+        }
+        for o in &mut self.ops {
+            self.p.comm.stop(std::mem::replace(&mut o.ev, Handle::NONE));
+        }
+    }
+}
