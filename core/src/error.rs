@@ -72,6 +72,7 @@ impl From<oxccl_plugin::NetError> for Error {
             N::System(m) => Error::System(m),
             N::Remote(m) => Error::Remote(m),
             N::Internal(m) => Error::Internal(m),
+            N::InvalidUsage(m) => Error::InvalidUsage(m),
             other => Error::Internal(other.to_string()),
         }
     }

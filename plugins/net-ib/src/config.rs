@@ -14,6 +14,10 @@ pub enum ConfigError {
     },
 }
 
+/// NCCL has no bound of its own on the IB connection set-up; ours is a
+/// setting (seconds) of this network.
+pub const CONNECT_TIMEOUT_KEY: &str = "OXCCL_IB_CONNECT_TIMEOUT";
+
 /// Most QPs one connection spreads its requests over.
 pub const MAX_QPS: usize = 16;
 
@@ -40,6 +44,12 @@ pub struct Config {
     pub merge_nics: bool,
     /// NCCL_IB_PKEY: partition key index.
     pub pkey_index: u16,
+    /// NCCL_GDR_FLUSH_DISABLE: receives into GPU memory are not flushed.
+    pub gdr_flush_disable: bool,
+    /// OXCCL_IB_CONNECT_TIMEOUT: how long connect and accept wait for the
+    /// peer's side of the set-up before failing (a peer that never answers
+    /// must end in an error, not a hang).
+    pub connect_timeout: std::time::Duration,
     /// Not a setting: `Some` overrides the GPUDirect RDMA detection (the
     /// peer-memory module check), for tests that exercise the flush path.
     #[doc(hidden)]
@@ -106,6 +116,17 @@ impl Config {
             .unwrap_or(1) as usize,
             merge_nics: num("NCCL_IB_MERGE_NICS", get("NCCL_IB_MERGE_NICS"), 0, 1)? != Some(0),
             pkey_index: num("NCCL_IB_PKEY", get("NCCL_IB_PKEY"), 0, 65535)?.unwrap_or(0) as u16,
+            gdr_flush_disable: num(
+                "NCCL_GDR_FLUSH_DISABLE",
+                get("NCCL_GDR_FLUSH_DISABLE"),
+                0,
+                1,
+            )? == Some(1),
+            // Long enough for a peer rank still starting up (NCCL's own
+            // socket connects retry for about as long), short enough to end.
+            connect_timeout: std::time::Duration::from_secs(
+                num(CONNECT_TIMEOUT_KEY, get(CONNECT_TIMEOUT_KEY), 1, 3600)?.unwrap_or(60) as u64,
+            ),
             gdr_override: None,
         })
     }
@@ -131,7 +152,8 @@ mod tests {
             (c.gid_index, c.traffic_class, c.service_level),
             (None, 0, 0)
         );
-        assert!(c.merge_nics && !c.disable);
+        assert!(c.merge_nics && !c.disable && !c.gdr_flush_disable);
+        assert_eq!(c.connect_timeout, std::time::Duration::from_secs(60));
         assert!(c.hca.entries.is_empty());
     }
 
@@ -146,8 +168,12 @@ mod tests {
             ("NCCL_IB_SL", "-1"),
             ("NCCL_IB_HCA", "=mlx5_0:1"),
             ("NCCL_IB_MERGE_NICS", "0"),
+            ("NCCL_GDR_FLUSH_DISABLE", "1"),
+            (CONNECT_TIMEOUT_KEY, "5"),
         ])
         .unwrap();
+        assert!(c.gdr_flush_disable);
+        assert_eq!(c.connect_timeout, std::time::Duration::from_secs(5));
         assert_eq!((c.timeout, c.retry_cnt, c.qps_per_conn), (22, 3, 4));
         assert_eq!(
             (c.gid_index, c.traffic_class, c.service_level),
@@ -164,6 +190,8 @@ mod tests {
             ("NCCL_IB_QPS_PER_CONNECTION", "0"),
             ("NCCL_IB_TC", "x"),
             ("NCCL_IB_HCA", "mlx5_0:z"),
+            (CONNECT_TIMEOUT_KEY, "0"),
+            ("NCCL_GDR_FLUSH_DISABLE", "2"),
         ] {
             let e = with(&[(k, v)]).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");

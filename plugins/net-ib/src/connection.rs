@@ -12,12 +12,18 @@
 //! its receive end only after "ready", so neither side sends before the
 //! other's QPs can receive.
 //!
+//! Both machines are bounded in time: they are given a [`Deadline`] and
+//! the current time (`tick`), and a peer that stops answering ends the
+//! set-up with an error naming it and the setting that bounds the wait.
+//!
 //! Also here: the QP attributes of each transition, computed from the
 //! local port, the remote QP and the settings (pure, tested).
 
+use std::time::{Duration, Instant};
+
 use oxccl_plugin::NetError;
 
-use crate::config::{Config, MAX_QPS};
+use crate::config::{Config, CONNECT_TIMEOUT_KEY, MAX_QPS};
 use crate::verbs::{self, IbvQpAttr, IBV_LINK_LAYER_ETHERNET};
 
 const WIRE_MAGIC: u32 = 0x4f58_4951; // "OXIQ"
@@ -138,6 +144,39 @@ pub enum Action {
     Established,
 }
 
+/// When a set-up must be over, and whom it waits for.
+#[derive(Debug, Clone)]
+pub struct Deadline {
+    at: Instant,
+    limit: Duration,
+    peer: String,
+}
+
+impl Deadline {
+    /// `limit` from `start`; `peer` is the address named in the error.
+    pub fn new(start: Instant, limit: Duration, peer: String) -> Deadline {
+        Deadline {
+            at: start + limit,
+            limit,
+            peer,
+        }
+    }
+
+    fn check(&self, now: Instant, what: &str, waiting_for: &str) -> Result<(), NetError> {
+        if now < self.at {
+            return Ok(());
+        }
+        Err(NetError::Remote(format!(
+            "IB {what} {}: set-up not finished after {} s, still waiting for {waiting_for} \
+             (the wait is bounded by {CONNECT_TIMEOUT_KEY}={}; is the peer rank alive and \
+             its address reachable from here?)",
+            self.peer,
+            self.limit.as_secs(),
+            self.limit.as_secs()
+        )))
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CState {
     Connecting,
@@ -153,19 +192,32 @@ pub struct Connector {
     state: CState,
     local: Hello,
     inbuf: Vec<u8>,
+    deadline: Deadline,
 }
 
 impl Connector {
-    pub fn new(local: Hello) -> Connector {
+    pub fn new(local: Hello, deadline: Deadline) -> Connector {
         Connector {
             state: CState::Connecting,
             local,
             inbuf: Vec::new(),
+            deadline,
         }
     }
 
     pub fn is_done(&self) -> bool {
         self.state == CState::Done
+    }
+
+    /// The time is `now`: an error once the deadline passed before set-up ended.
+    pub fn tick(&self, now: Instant) -> Result<(), NetError> {
+        let waiting_for = match self.state {
+            CState::Done => return Ok(()),
+            CState::Connecting => "the TCP connection to its listener",
+            CState::AwaitHello => "its queue pairs (hello)",
+            CState::AwaitBringUp => "this side's queue pairs to come up",
+        };
+        self.deadline.check(now, "connect to", waiting_for)
     }
 
     /// The TCP connection is up: say who we are.
@@ -245,19 +297,35 @@ pub struct Acceptor {
     state: AState,
     magic: u64,
     inbuf: Vec<u8>,
+    deadline: Deadline,
 }
 
 impl Acceptor {
-    pub fn new(magic: u64) -> Acceptor {
+    /// Made when the connector's TCP connection arrives; the deadline
+    /// bounds the rest of the set-up.
+    pub fn new(magic: u64, deadline: Deadline) -> Acceptor {
         Acceptor {
             state: AState::AwaitHello,
             magic,
             inbuf: Vec::new(),
+            deadline,
         }
     }
 
     pub fn is_done(&self) -> bool {
         self.state == AState::Done
+    }
+
+    /// As [`Connector::tick`]: a connector that goes quiet must not hold
+    /// the listener forever.
+    pub fn tick(&self, now: Instant) -> Result<(), NetError> {
+        let waiting_for = match self.state {
+            AState::Done => return Ok(()),
+            AState::AwaitHello => "its queue pairs (hello)",
+            AState::AwaitBringUp => "this side's queue pairs to come up",
+            AState::AwaitReady => "its \"ready\"",
+        };
+        self.deadline.check(now, "accept from", waiting_for)
     }
 
     pub fn received(&mut self, bytes: &[u8]) -> Result<Vec<Action>, NetError> {
@@ -399,6 +467,11 @@ pub fn rts_attr(cfg: &Config) -> (IbvQpAttr, i32) {
 mod tests {
     use super::*;
 
+    /// A deadline no test reaches.
+    fn far() -> Deadline {
+        Deadline::new(Instant::now(), Duration::from_secs(3600), "peer".into())
+    }
+
     fn hello(magic: u64, n: usize, base: u32) -> Hello {
         Hello {
             magic,
@@ -418,8 +491,8 @@ mod tests {
     /// pieces of `chunk`; returns what each side was asked to bring up.
     fn run(chunk: usize, nqps: usize) -> (Hello, Hello) {
         let magic = 0xfeed;
-        let mut c = Connector::new(hello(magic, nqps, 100));
-        let mut a = Acceptor::new(magic);
+        let mut c = Connector::new(hello(magic, nqps, 100), far());
+        let mut a = Acceptor::new(magic, far());
         let (mut to_a, mut to_c) = (Vec::<u8>::new(), Vec::<u8>::new());
         let (mut c_up, mut a_up) = (None, None);
         let (mut c_est, mut a_est) = (false, false);
@@ -477,31 +550,100 @@ mod tests {
     #[test]
     fn strangers_and_breakage_are_errors() {
         // Another connection's magic.
-        let mut a = Acceptor::new(1);
+        let mut a = Acceptor::new(1, far());
         let e = a.received(&hello(2, 1, 0).encode()).unwrap_err();
         assert!(
             matches!(e, NetError::Remote(_)) && e.to_string().contains("magic"),
             "{e}"
         );
         // Not our protocol at all.
-        let mut a = Acceptor::new(1);
+        let mut a = Acceptor::new(1, far());
         assert!(a.received(&[b'G'; HELLO_LEN]).is_err());
         // Too many bytes.
-        let mut a = Acceptor::new(1);
+        let mut a = Acceptor::new(1, far());
         let mut b = hello(1, 1, 0).encode();
         b.push(0);
         assert!(a.received(&b).is_err());
         // QP count disagreement.
-        let mut c = Connector::new(hello(1, 2, 0));
+        let mut c = Connector::new(hello(1, 2, 0), far());
         c.connected().unwrap();
         let e = c.received(&hello(1, 3, 0).encode()).unwrap_err();
         assert!(e.to_string().contains("3 QPs"), "{e}");
         // Events out of order are internal errors, not panics.
-        let mut c = Connector::new(hello(1, 1, 0));
+        let mut c = Connector::new(hello(1, 1, 0), far());
         assert!(c.brought_up().is_err());
         assert!(c.received(&[0]).is_err());
-        assert!(Acceptor::new(1).brought_up(&hello(1, 1, 0)).is_err());
+        assert!(Acceptor::new(1, far()).brought_up(&hello(1, 1, 0)).is_err());
         assert!(c.closed().to_string().contains("closed"));
+    }
+
+    /// A peer that never answers: the machines are fed time, not slept on.
+    #[test]
+    fn a_silent_peer_ends_in_an_error_naming_it_and_the_setting() {
+        let t0 = Instant::now();
+        let limit = Duration::from_secs(20);
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let dl = || Deadline::new(t0, limit, "10.0.0.7:4242".into());
+
+        // TCP connection never completes.
+        let c = Connector::new(hello(1, 1, 0), dl());
+        c.tick(s(19)).unwrap();
+        let e = c.tick(s(20)).unwrap_err();
+        let t = e.to_string();
+        assert!(matches!(e, NetError::Remote(_)), "{t}");
+        assert!(
+            t.contains("10.0.0.7:4242")
+                && t.contains("OXCCL_IB_CONNECT_TIMEOUT=20")
+                && t.contains("TCP connection"),
+            "{t}"
+        );
+
+        // Connected, hello sent, the acceptor never answers.
+        let mut c = Connector::new(hello(1, 1, 0), dl());
+        c.connected().unwrap();
+        c.tick(s(5)).unwrap();
+        let t = c.tick(s(21)).unwrap_err().to_string();
+        assert!(
+            t.contains("hello") && t.contains("connect to 10.0.0.7"),
+            "{t}"
+        );
+
+        // The acceptor side: a connector that stops after half a hello.
+        let mut a = Acceptor::new(1, dl());
+        let h = hello(1, 1, 0).encode();
+        assert!(a.received(&h[..10]).unwrap().is_empty());
+        a.tick(s(19)).unwrap();
+        let t = a.tick(s(20)).unwrap_err().to_string();
+        assert!(
+            t.contains("accept from 10.0.0.7:4242") && t.contains("OXCCL_IB_CONNECT_TIMEOUT"),
+            "{t}"
+        );
+
+        // ... or never says "ready".
+        let mut a = Acceptor::new(1, dl());
+        a.received(&h).unwrap();
+        a.brought_up(&hello(0, 1, 9)).unwrap();
+        let t = a.tick(s(30)).unwrap_err().to_string();
+        assert!(t.contains("ready"), "{t}");
+    }
+
+    /// Time is no error once set-up is over: the deadline only bounds it.
+    #[test]
+    fn a_finished_setup_ignores_the_deadline() {
+        let t0 = Instant::now();
+        let dl = Deadline::new(t0, Duration::from_secs(1), "p".into());
+        let mut c = Connector::new(hello(1, 1, 0), dl.clone());
+        c.connected().unwrap();
+        c.received(&hello(1, 1, 5).encode()).unwrap();
+        c.brought_up().unwrap();
+        assert!(c.is_done());
+        c.tick(t0 + Duration::from_secs(100)).unwrap();
+        let mut a = Acceptor::new(1, dl);
+        a.received(&hello(1, 1, 0).encode()).unwrap();
+        a.brought_up(&hello(0, 1, 9)).unwrap();
+        a.received(&header(KIND_READY, 0, 1)).unwrap();
+        assert!(a.is_done());
+        a.tick(t0 + Duration::from_secs(100)).unwrap();
     }
 
     #[test]

@@ -216,6 +216,8 @@ pub struct Port {
     pub pci_path: Option<String>,
     pub guid: u64,
     pub max_qp: i32,
+    /// Whether the port's device registers dma-bufs (`Err`: why not).
+    pub dmabuf: Result<(), String>,
 }
 
 /// A registration on every port of a device (ports of one HCA share a
@@ -242,6 +244,8 @@ pub struct VDev {
     pub mrs: Mutex<MrCache<PortMrs>>,
     pub ports: Vec<Port>,
     pub ptr_support: i32,
+    /// `Err` says why the device does not report NCCL_PTR_DMABUF.
+    pub dmabuf: Result<(), String>,
 }
 
 impl VDev {
@@ -281,6 +285,27 @@ impl VDev {
             let mr = match shared {
                 Some(j) => Arc::clone(&out[j]),
                 None => Arc::new(p.pd.reg_mr(start, len)?),
+            };
+            out.push(mr);
+        }
+        Ok(out)
+    }
+
+    /// Registers `len` bytes of dma-buf `fd` (from `offset`), which the NIC
+    /// sees at `iova`, on every port's protection domain.
+    pub fn register_dmabuf(
+        &self,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        fd: i32,
+    ) -> Result<PortMrs, String> {
+        let mut out: PortMrs = Vec::with_capacity(self.ports.len());
+        for (i, p) in self.ports.iter().enumerate() {
+            let shared = (0..i).find(|j| Arc::ptr_eq(&self.ports[*j].pd, &p.pd));
+            let mr = match shared {
+                Some(j) => Arc::clone(&out[j]),
+                None => Arc::new(p.pd.reg_dmabuf_mr(offset, len, iova, fd)?),
             };
             out.push(mr);
         }
@@ -378,6 +403,7 @@ pub fn discover(cfg: &Config) -> Result<(Vec<VDev>, Vec<String>), NoDevice> {
             .ok()
             .map(|p| p.display().to_string());
         let mut pd = None;
+        let mut dmabuf = Err(String::new());
         for port in 1..=attr.phys_port_cnt {
             let Ok(pa) = ctx.query_port(port) else {
                 continue;
@@ -400,7 +426,10 @@ pub fn discover(cfg: &Config) -> Result<(Vec<VDev>, Vec<String>), NoDevice> {
             let pd = match &pd {
                 Some(pd) => Arc::clone(pd),
                 None => match ctx.alloc_pd() {
-                    Ok(p) => Arc::clone(pd.insert(Arc::new(p))),
+                    Ok(p) => {
+                        dmabuf = p.dmabuf_supported();
+                        Arc::clone(pd.insert(Arc::new(p)))
+                    }
                     Err(e) => {
                         warnings.push(e);
                         break;
@@ -431,6 +460,7 @@ pub fn discover(cfg: &Config) -> Result<(Vec<VDev>, Vec<String>), NoDevice> {
                 pci_path: pci_path.clone(),
                 guid: attr.sys_image_guid,
                 max_qp: attr.max_qp,
+                dmabuf: dmabuf.clone(),
             });
         }
     }
@@ -472,10 +502,28 @@ pub fn discover(cfg: &Config) -> Result<(Vec<VDev>, Vec<String>), NoDevice> {
     let mut vdevs = Vec::new();
     for g in merge_groups(&keys, cfg.merge_nics) {
         for chunk in g.chunks(MAX_PORTS_PER_VDEV) {
-            let ports = chunk.iter().filter_map(|i| slots[*i].take()).collect();
+            let ports: Vec<Port> = chunk.iter().filter_map(|i| slots[*i].take()).collect();
+            // Every port must take the dma-buf, or a registration would fail
+            // half-way.
+            let dmabuf = ports
+                .iter()
+                .find_map(|p| {
+                    p.dmabuf
+                        .clone()
+                        .err()
+                        .map(|e| format!("{}: {e}", p.dev_name))
+                })
+                .map_or(Ok(()), Err);
+            let ptr_support = ptr_support
+                | if dmabuf.is_ok() {
+                    PtrType::Dmabuf as i32
+                } else {
+                    0
+                };
             vdevs.push(VDev {
                 ports,
                 ptr_support,
+                dmabuf,
                 mrs: Mutex::new(MrCache::default()),
             });
         }

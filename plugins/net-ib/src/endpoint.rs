@@ -12,7 +12,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use oxccl_plugin::{MrHandle, NetError, NetResult, PtrType, RecvComm, Request, SendComm};
+use oxccl_plugin::{DmaBuf, MrHandle, NetError, NetResult, PtrType, RecvComm, Request, SendComm};
 
 use crate::config::Config;
 use crate::connection::{self, Hello, QpInfo};
@@ -26,9 +26,12 @@ fn sys(e: String) -> NetError {
 
 /// A GPU-direct receive is only visible to the GPU once the NIC's writes
 /// have left the PCIe path; an RDMA read from the buffer (through a QP
-/// connected to itself) forces that, as NCCL's flush does.
+/// connected to itself) forces that, as NCCL's flush does. One per device
+/// (protection domain) of the connection.
 struct Flush {
     qp: Qp,
+    /// The port whose registration keys the read.
+    port: usize,
     /// Declared before `_buf`: deregistered before the memory goes.
     mr: Mr,
     _buf: Box<[u8; 64]>,
@@ -39,7 +42,9 @@ struct Flush {
 /// before the device that owns the protection domain.
 pub struct Resources {
     qps: Vec<(Qp, usize)>,
-    flush: Option<Flush>,
+    /// Empty when receives need no flush (no GPU-direct, or
+    /// NCCL_GDR_FLUSH_DISABLE=1).
+    flush: Vec<Flush>,
     cqs: Vec<Cq>,
     dev: Arc<VDev>,
 }
@@ -67,7 +72,7 @@ impl Resources {
         }
         Ok(Resources {
             qps,
-            flush: None,
+            flush: Vec::new(),
             cqs,
             dev,
         })
@@ -114,25 +119,33 @@ impl Resources {
         Ok(())
     }
 
-    /// The loopback QP a receive end flushes GPU-direct data with.
+    /// The loopback QPs a receive end flushes GPU-direct data with: one on
+    /// the first port of each device (ports of one device share its PCIe
+    /// path and its protection domain).
     pub fn add_flush(&mut self, cfg: &Config) -> NetResult<()> {
-        let p = &self.dev.ports[0];
-        let qp =
-            p.pd.create_qp(&self.cqs[0], MAX_REQUESTS as u32 + 1)
-                .map_err(sys)?;
-        let (mut a, mask) = connection::init_attr(&p.local(), cfg);
-        qp.modify(&mut a, mask).map_err(sys)?;
-        let me = self.info(&qp, 0);
-        self.connect_qp(&qp, 0, &me, cfg)?;
-        let buf = Box::new([0u8; 64]);
-        let addr = buf.as_ptr() as u64;
-        let mr = p.pd.reg_mr(addr as usize, buf.len()).map_err(sys)?;
-        self.flush = Some(Flush {
-            qp,
-            mr,
-            _buf: buf,
-            addr,
-        });
+        for pi in 0..self.dev.ports.len() {
+            let p = &self.dev.ports[pi];
+            if (0..pi).any(|j| Arc::ptr_eq(&self.dev.ports[j].pd, &p.pd)) {
+                continue;
+            }
+            let qp =
+                p.pd.create_qp(&self.cqs[pi], MAX_REQUESTS as u32 + 1)
+                    .map_err(sys)?;
+            let (mut a, mask) = connection::init_attr(&p.local(), cfg);
+            qp.modify(&mut a, mask).map_err(sys)?;
+            let me = self.info(&qp, pi);
+            self.connect_qp(&qp, pi, &me, cfg)?;
+            let buf = Box::new([0u8; 64]);
+            let addr = buf.as_ptr() as u64;
+            let mr = p.pd.reg_mr(addr as usize, buf.len()).map_err(sys)?;
+            self.flush.push(Flush {
+                qp,
+                port: pi,
+                mr,
+                _buf: buf,
+                addr,
+            });
+        }
         Ok(())
     }
 }
@@ -243,6 +256,52 @@ impl End {
         Ok(MrHandle(id))
     }
 
+    /// As NCCL: the range is widened to whole pages, which the NIC sees at
+    /// their own addresses (the iova), and the dma-buf offset moves back
+    /// by as much as the start did.
+    fn reg_mr_dma_buf(
+        &self,
+        ptr: *mut u8,
+        size: usize,
+        ty: PtrType,
+        d: DmaBuf,
+    ) -> NetResult<MrHandle> {
+        if let Err(why) = &self.dev.dmabuf {
+            return Err(NetError::InvalidUsage(format!(
+                "regMrDmaBuf on IB device {}, which does not report NCCL_PTR_DMABUF ({why}); \
+                 register with regMr (nvidia_peermem) instead",
+                self.dev.name()
+            )));
+        }
+        if ty == PtrType::Host {
+            return Err(NetError::InvalidArgument(
+                "regMrDmaBuf of host memory: a dma-buf is GPU memory (NCCL_PTR_CUDA)".into(),
+            ));
+        }
+        if d.fd < 0 {
+            return Err(NetError::InvalidArgument(format!(
+                "regMrDmaBuf with fd {}: not a dma-buf file descriptor",
+                d.fd
+            )));
+        }
+        let mut mrs = self
+            .dev
+            .mrs
+            .lock()
+            .map_err(|_| NetError::Internal("IB registration cache poisoned".into()))?;
+        let id = mrs.reg(ptr as usize, size, PtrType::Dmabuf, |start, len| {
+            let lead = (ptr as usize - start) as u64;
+            let offset = d.offset.checked_sub(lead).ok_or_else(|| {
+                format!(
+                    "the buffer starts {lead} bytes into its page but only {} bytes into the dma-buf",
+                    d.offset
+                )
+            })?;
+            self.dev.register_dmabuf(offset, len, start as u64, d.fd)
+        })?;
+        Ok(MrHandle(id))
+    }
+
     fn dereg_mr(&self, mr: MrHandle) -> NetResult<()> {
         let released = self
             .dev
@@ -312,6 +371,16 @@ impl SendComm for IbSend {
         self.0.reg_mr(ptr, size, ty)
     }
 
+    fn reg_mr_dma_buf(
+        &mut self,
+        ptr: *mut u8,
+        size: usize,
+        ty: PtrType,
+        d: DmaBuf,
+    ) -> NetResult<MrHandle> {
+        self.0.reg_mr_dma_buf(ptr, size, ty, d)
+    }
+
     fn dereg_mr(&mut self, mr: MrHandle) -> NetResult<()> {
         self.0.dereg_mr(mr)
     }
@@ -376,6 +445,16 @@ impl RecvComm for IbRecv {
         self.0.reg_mr(ptr, size, ty)
     }
 
+    fn reg_mr_dma_buf(
+        &mut self,
+        ptr: *mut u8,
+        size: usize,
+        ty: PtrType,
+        d: DmaBuf,
+    ) -> NetResult<MrHandle> {
+        self.0.reg_mr_dma_buf(ptr, size, ty, d)
+    }
+
     fn dereg_mr(&mut self, mr: MrHandle) -> NetResult<()> {
         self.0.dereg_mr(mr)
     }
@@ -428,45 +507,76 @@ impl RecvComm for IbRecv {
         Ok(Some(self.0.request(p.id)))
     }
 
-    fn iflush(&mut self, data: *mut u8, size: usize) -> NetResult<Option<Box<dyn Request>>> {
+    /// NCCL's flush: when GPU-direct is in use and the receive carried
+    /// data, read one byte of the buffer back through each device's
+    /// loopback QP; the reads complete only once the NIC's writes before
+    /// them are visible.
+    fn iflush(
+        &mut self,
+        data: *mut u8,
+        size: usize,
+        mr: Option<MrHandle>,
+    ) -> NetResult<Option<Box<dyn Request>>> {
         let mut s = lock(&self.0.shared)?;
-        if s.res.flush.is_none() || size == 0 {
-            // Host memory, or no GPUDirect: nothing to flush.
+        if s.res.flush.is_empty() || size == 0 {
+            // No GPU-direct here (or the flush disabled), or nothing
+            // received: nothing to wait for.
             return Ok(None);
         }
-        let rkey = {
+        let rkeys: Vec<u32> = {
             let mrs = self
                 .0
                 .dev
                 .mrs
                 .lock()
                 .map_err(|_| NetError::Internal("IB registration cache poisoned".into()))?;
-            mrs.find(data as usize)
-                .and_then(|m| m.first())
-                .map(|m| m.rkey())
+            // NCCL always passes the receive's handle; without one, the
+            // registration covering the buffer serves.
+            let reg = match mr {
+                Some(m) => mrs.get(m.0),
+                None => mrs.find(data as usize),
+            };
+            let Some(reg) = reg else {
+                return Err(NetError::InvalidArgument(format!(
+                    "iflush of {data:?}: {} is not registered with this IB device",
+                    mr.map_or("the buffer".to_string(), |m| format!(
+                        "memory handle {:#x}",
+                        m.0
+                    ))
+                )));
+            };
+            s.res
+                .flush
+                .iter()
+                .map(|f| reg.get(f.port).map(|m| m.rkey()))
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
+                    NetError::Internal("IB registration lacks a port of its device".into())
+                })?
         };
-        let Some(rkey) = rkey else {
-            return Err(NetError::InvalidArgument(format!(
-                "iflush of {data:?}: the buffer is not registered"
-            )));
+        let reads = s.res.flush.len();
+        let Some(p) = s.tracker.post(Kind::Flush { reads }, 0)? else {
+            return Err(NetError::Internal(
+                "IB flush refused by the request bookkeeping".into(),
+            ));
         };
-        let Some(p) = s.tracker.post(Kind::Flush, 0)? else {
-            return Ok(None);
-        };
-        let f = s.res.flush.as_ref().expect("checked above");
-        let mut sge = IbvSge {
-            addr: f.addr,
-            length: 1,
-            lkey: f.mr.lkey(),
-        };
-        let mut wr = IbvSendWr::new(p.id, &mut sge, 1, verbs::IBV_WR_RDMA_READ);
-        wr.remote_addr = data as u64;
-        wr.rkey = rkey;
-        // SAFETY: the read lands in our own registered 64-byte buffer, which
-        // lives as long as the QP; it reads one byte of a registered buffer.
-        if let Err(e) = unsafe { f.qp.post_send(&mut wr) } {
-            s.tracker.unpost(p.id, e.clone());
-            return Err(sys(e));
+        for (i, rkey) in rkeys.into_iter().enumerate() {
+            let f = &s.res.flush[i];
+            let mut sge = IbvSge {
+                addr: f.addr,
+                length: 1,
+                lkey: f.mr.lkey(),
+            };
+            let mut wr = IbvSendWr::new(p.id, &mut sge, 1, verbs::IBV_WR_RDMA_READ);
+            wr.remote_addr = data as u64;
+            wr.rkey = rkey;
+            // SAFETY: the read lands in our own registered 64-byte buffer,
+            // which lives as long as the QP; it reads one byte of a
+            // registered buffer.
+            if let Err(e) = unsafe { f.qp.post_send(&mut wr) } {
+                s.tracker.unpost(p.id, e.clone());
+                return Err(sys(e));
+            }
         }
         drop(s);
         Ok(Some(self.0.request(p.id)))

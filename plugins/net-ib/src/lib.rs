@@ -34,7 +34,7 @@ use oxccl_plugin::{ListenComm, Net, NetError, NetHandle, NetProperties, NetResul
 use socket2::{Domain, Protocol, Socket, Type};
 
 pub use crate::config::Config;
-use crate::connection::Connector;
+use crate::connection::{Connector, Deadline};
 use crate::device::VDev;
 use crate::endpoint::{IbSend, Resources};
 use crate::handle::Handle;
@@ -66,7 +66,12 @@ const EINPROGRESS: i32 = 36;
 impl Connecting {
     fn start(dev: Arc<VDev>, h: &Handle, cfg: &Config) -> NetResult<Connecting> {
         let res = Resources::create(dev, h.nqps as usize, cfg)?;
-        let machine = Connector::new(res.hello(h.magic));
+        let deadline = Deadline::new(
+            std::time::Instant::now(),
+            cfg.connect_timeout,
+            h.addr.to_string(),
+        );
+        let machine = Connector::new(res.hello(h.magic), deadline);
         let sys = |e: std::io::Error| NetError::System(format!("IB connect to {}: {e}", h.addr));
         let s = Socket::new(
             Domain::for_address(h.addr),
@@ -92,6 +97,7 @@ impl Connecting {
 
     /// One round of progress; the send end once set-up is over.
     fn step(&mut self, cfg: &Config) -> NetResult<bool> {
+        self.machine.tick(std::time::Instant::now())?;
         let mut actions = Vec::new();
         if !self.connected {
             if let Some(e) = self.wire.sock.take_error().ok().flatten() {

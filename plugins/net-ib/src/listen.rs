@@ -11,7 +11,7 @@ use oxccl_plugin::{ListenComm, NetError, NetResult, RecvComm};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::config::Config;
-use crate::connection::{Acceptor, Action, Hello};
+use crate::connection::{Acceptor, Action, Deadline, Hello};
 use crate::device::VDev;
 use crate::endpoint::{IbRecv, Resources};
 
@@ -132,6 +132,7 @@ impl IbListen {
         let Some(a) = self.pending.as_mut() else {
             return Ok(None);
         };
+        a.machine.tick(std::time::Instant::now())?;
         let mut actions = Vec::new();
         if !a.machine.is_done() {
             let bytes = a.wire.read(|| a.machine.closed())?;
@@ -144,7 +145,7 @@ impl IbListen {
         a.established |= apply(&mut a.wire, actions, |remote| {
             let mut r = Resources::create(Arc::clone(dev), remote.qps.len(), cfg)?;
             r.bring_up(&remote, cfg)?;
-            if dev.ptr_support & oxccl_plugin::PtrType::Cuda as i32 != 0 {
+            if flush_enabled(dev.ptr_support, cfg) {
                 r.add_flush(cfg)?;
             }
             let next = machine.brought_up(&r.hello(magic))?;
@@ -160,6 +161,13 @@ impl IbListen {
         }
         Ok(None)
     }
+}
+
+/// NCCL's rule: receives are flushed when GPU memory can reach the NIC
+/// (peer memory or dma-buf) unless NCCL_GDR_FLUSH_DISABLE=1.
+pub fn flush_enabled(ptr_support: i32, cfg: &Config) -> bool {
+    use oxccl_plugin::PtrType;
+    ptr_support & (PtrType::Cuda as i32 | PtrType::Dmabuf as i32) != 0 && !cfg.gdr_flush_disable
 }
 
 /// Carries out a set-up machine's actions: bytes are queued on `wire`,
@@ -196,9 +204,14 @@ impl ListenComm for IbListen {
                     let peer = peer
                         .as_socket()
                         .map_or_else(|| "?".to_string(), |a| a.to_string());
+                    let deadline = Deadline::new(
+                        std::time::Instant::now(),
+                        self.cfg.connect_timeout,
+                        peer.clone(),
+                    );
                     self.pending = Some(Accepting {
                         wire: Wire::new(s, peer),
-                        machine: Acceptor::new(self.magic),
+                        machine: Acceptor::new(self.magic, deadline),
                         res: None,
                         established: false,
                     });
@@ -222,6 +235,14 @@ impl ListenComm for IbListen {
 mod tests {
     use super::*;
     use crate::connection::{Connector, QpInfo};
+
+    fn far() -> Deadline {
+        Deadline::new(
+            std::time::Instant::now(),
+            std::time::Duration::from_secs(3600),
+            "peer".into(),
+        )
+    }
 
     fn hello(magic: u64, base: u32) -> Hello {
         Hello {
@@ -254,8 +275,8 @@ mod tests {
     #[test]
     fn setup_over_loopback_tcp() {
         let (mut cw, mut aw) = pair();
-        let mut c = Connector::new(hello(7, 100));
-        let mut a = Acceptor::new(7);
+        let mut c = Connector::new(hello(7, 100), far());
+        let mut a = Acceptor::new(7, far());
         let (mut c_est, mut a_est) = (false, false);
         let (mut c_saw, mut a_saw) = (None, None);
         let first = c.connected().unwrap();
@@ -298,7 +319,7 @@ mod tests {
     #[test]
     fn peer_closing_mid_setup_is_a_remote_error() {
         let (mut cw, aw) = pair();
-        let mut c = Connector::new(hello(7, 100));
+        let mut c = Connector::new(hello(7, 100), far());
         let first = c.connected().unwrap();
         apply(&mut cw, first, |_| unreachable!()).unwrap();
         drop(aw);

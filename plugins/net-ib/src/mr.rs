@@ -68,10 +68,11 @@ impl<R> MrCache<R> {
         let reg = register(start, end - start).map_err(|e| {
             NetError::System(format!(
                 "registering {len} bytes at {addr:#x} ({ty:?} memory) failed: {e}{}",
-                if ty == PtrType::Cuda {
-                    " (GPU memory needs the nvidia_peermem module)"
-                } else {
-                    " (is the locked-memory limit, ulimit -l, too low?)"
+                match ty {
+                    PtrType::Cuda => " (GPU memory needs the nvidia_peermem module)",
+                    PtrType::Dmabuf =>
+                        " (dma-buf registration needs Linux 5.12+ and a NIC driver that supports it)",
+                    PtrType::Host => " (is the locked-memory limit, ulimit -l, too low?)",
                 }
             ))
         })?;
@@ -166,6 +167,12 @@ mod tests {
             })
             .unwrap_err();
         assert!(e.to_string().contains("ulimit -l"), "{e}");
+        let e = c
+            .reg(0x1000, 8, PtrType::Dmabuf, |_, _| {
+                Err("Bad file descriptor".into())
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("dma-buf"), "{e}");
         assert_eq!(c.len(), 0);
     }
 

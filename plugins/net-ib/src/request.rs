@@ -29,7 +29,12 @@ pub enum Kind {
         capacity: usize,
         tag: i32,
     },
-    Flush,
+    /// A GPU flush: one RDMA read per device of the connection (NCCL does
+    /// not know which device a receive landed on, so it reads through
+    /// each); done when all of them are.
+    Flush {
+        reads: usize,
+    },
 }
 
 /// Where the verbs side posts a new request.
@@ -63,6 +68,8 @@ enum State {
 struct Slot {
     kind: Kind,
     size: usize,
+    /// Completions still expected (a flush may have several).
+    awaiting: usize,
     state: State,
     /// The core dropped the request before it completed: forget it when it does.
     abandoned: bool,
@@ -98,15 +105,33 @@ impl Tracker {
     }
 
     /// Reserves an id and a QP for a new request; `Ok(None)` when
-    /// `MAX_REQUESTS` are in flight (the core retries later).
+    /// `MAX_REQUESTS` sends and receives are in flight (the core retries
+    /// later).
+    ///
+    /// Flushes have a budget of their own, and exceeding it is an error,
+    /// not `Ok(None)`: the C ABI reads a NULL flush request as "flushed",
+    /// so "try again later" cannot be said. NCCL keeps at most a few steps
+    /// per connection in flight, far below the budget.
     pub fn post(&mut self, kind: Kind, size: usize) -> Result<Option<Posted>, NetError> {
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
-        if self.slots.len() >= MAX_REQUESTS {
+        let is_flush = matches!(kind, Kind::Flush { .. });
+        let flushes = self.slots.keys().filter(|id| *id & FLUSH_BIT != 0).count();
+        if is_flush && flushes >= MAX_REQUESTS {
+            return Err(NetError::Internal(format!(
+                "{flushes} flushes in flight to {}: the caller does not test its flush requests",
+                self.peer
+            )));
+        }
+        if !is_flush && self.slots.len() - flushes >= MAX_REQUESTS {
             return Ok(None);
         }
-        let (id, qp) = if kind == Kind::Flush {
+        let awaiting = match kind {
+            Kind::Flush { reads } => reads.max(1),
+            _ => 1,
+        };
+        let (id, qp) = if is_flush {
             self.next_flush += 1;
             (FLUSH_BIT | self.next_flush, 0)
         } else {
@@ -119,6 +144,7 @@ impl Tracker {
             Slot {
                 kind,
                 size,
+                awaiting,
                 state: State::Pending,
                 abandoned: false,
             },
@@ -158,7 +184,14 @@ impl Tracker {
                 State::Failed(e)
             }
             (Ok(()), Kind::Send) => State::Done(slot.size),
-            (Ok(()), Kind::Flush) => State::Done(0),
+            (Ok(()), Kind::Flush { .. }) => {
+                slot.awaiting = slot.awaiting.saturating_sub(1);
+                if slot.awaiting > 0 {
+                    State::Pending
+                } else {
+                    State::Done(0)
+                }
+            }
             (Ok(()), Kind::Recv { capacity, tag }) => match c.imm {
                 Some(t) if t as i32 != tag => State::Failed(NetError::Internal(format!(
                     "a message of tag {} arrived for the receive of tag {tag}: sends and receives were posted in different orders",
@@ -240,7 +273,7 @@ mod tests {
             .collect();
         assert_eq!(qps, vec![0, 1, 2, 0, 1, 2, 0]);
         // Flushes have ids of their own and do not shift the spread.
-        let f = t.post(Kind::Flush, 0).unwrap().unwrap();
+        let f = t.post(Kind::Flush { reads: 1 }, 0).unwrap().unwrap();
         assert!(f.id & FLUSH_BIT != 0);
         assert_eq!(
             t.post(Kind::Send, 1).unwrap().unwrap(),
@@ -375,5 +408,51 @@ mod tests {
         t.unpost(c.id, "ibv_post_send: No memory".into());
         assert_eq!(t.in_flight(), 0);
         assert!(t.post(Kind::Send, 1).is_err());
+    }
+
+    #[test]
+    fn a_flush_over_several_devices_waits_for_every_read() {
+        let mut t = Tracker::new(1, "p".into());
+        let f = t.post(Kind::Flush { reads: 2 }, 0).unwrap().unwrap();
+        t.complete(ok(f.id, 1, None)).unwrap();
+        assert_eq!(t.poll(f.id).unwrap(), None, "one read of two");
+        t.complete(ok(f.id, 1, None)).unwrap();
+        assert_eq!(t.poll(f.id).unwrap(), Some(0));
+        assert_eq!(t.in_flight(), 0);
+        // A failed read fails the flush and the connection, with the peer named.
+        let f = t.post(Kind::Flush { reads: 2 }, 0).unwrap().unwrap();
+        t.complete(Completion {
+            wr_id: f.id,
+            status: Err("remote access error".into()),
+            byte_len: 0,
+            imm: None,
+        })
+        .unwrap();
+        let e = t.poll(f.id).unwrap_err().to_string();
+        assert!(
+            e.contains("remote access error") && e.contains(" p "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn flushes_have_their_own_budget_and_never_say_try_again() {
+        let mut t = Tracker::new(1, "p".into());
+        for _ in 0..MAX_REQUESTS {
+            t.post(Kind::Send, 1).unwrap().unwrap();
+        }
+        assert_eq!(t.post(Kind::Send, 1).unwrap(), None);
+        // Sends and receives filling their budget do not block a flush.
+        let flushes: Vec<_> = (0..MAX_REQUESTS)
+            .map(|_| t.post(Kind::Flush { reads: 1 }, 0).unwrap().unwrap().id)
+            .collect();
+        // Beyond the flush budget: an error (NULL would read as "flushed").
+        let e = t.post(Kind::Flush { reads: 1 }, 0).unwrap_err();
+        assert!(e.to_string().contains("flushes in flight"), "{e}");
+        // Flushes in flight do not take from the sends' budget either.
+        t.complete(ok(flushes[0], 1, None)).unwrap();
+        t.poll(flushes[0]).unwrap();
+        assert_eq!(t.post(Kind::Send, 1).unwrap(), None);
+        assert!(t.post(Kind::Flush { reads: 1 }, 0).unwrap().is_some());
     }
 }

@@ -364,11 +364,20 @@ const _: () = {
 };
 
 macro_rules! verbs_fns {
-    ($($field:ident : fn($($arg:ty),*) -> $ret:ty;)*) => {
-        /// The exported entry points of libibverbs, resolved once.
+    (
+        required {
+            $($field:ident : fn($($arg:ty),*) -> $ret:ty;)*
+        }
+        optional {
+            $($ofield:ident : fn($($oarg:ty),*) -> $oret:ty;)*
+        }
+    ) => {
+        /// The exported entry points of libibverbs, resolved once; the
+        /// optional ones are `None` in an rdma-core too old to have them.
         pub struct Verbs {
             _lib: libloading::Library,
             $($field: unsafe extern "C" fn($($arg),*) -> $ret,)*
+            $($ofield: Option<unsafe extern "C" fn($($oarg),*) -> $oret>,)*
         }
 
         impl Verbs {
@@ -388,6 +397,15 @@ macro_rules! verbs_fns {
                         .map_err(|e| format!("{soname} lacks {}: {e}", stringify!($field)))?;
                         *s
                     },)*
+                    $($ofield: {
+                        let name = concat!(stringify!($ofield), "\0");
+                        // SAFETY: as above, for the symbol's prototype in verbs.h.
+                        unsafe {
+                            lib.get::<unsafe extern "C" fn($($oarg),*) -> $oret>(name.as_bytes())
+                        }
+                        .ok()
+                        .map(|s| *s)
+                    },)*
                     _lib: lib,
                 })
             }
@@ -396,6 +414,7 @@ macro_rules! verbs_fns {
 }
 
 verbs_fns! {
+    required {
     ibv_get_device_list: fn(*mut c_int) -> *mut *mut c_void;
     ibv_free_device_list: fn(*mut *mut c_void) -> ();
     ibv_get_device_name: fn(*mut c_void) -> *const c_char;
@@ -414,6 +433,12 @@ verbs_fns! {
     ibv_modify_qp: fn(*mut c_void, *mut IbvQpAttr, c_int) -> c_int;
     ibv_destroy_qp: fn(*mut c_void) -> c_int;
     ibv_wc_status_str: fn(c_int) -> *const c_char;
+    }
+    optional {
+        // IBVERBS_1.12 (rdma-core 34, 2021): GPU memory exported by the
+        // driver as a dma-buf, registered without a peer-memory module.
+        ibv_reg_dmabuf_mr: fn(*mut c_void, u64, usize, u64, c_int, c_int) -> *mut IbvMr;
+    }
 }
 
 /// libibverbs, loaded on first use; the error says why it is unusable.
@@ -576,6 +601,58 @@ impl Pd {
         NonNull::new(p)
             .map(|ptr| Mr { v: self.v, ptr })
             .ok_or_else(|| format!("ibv_reg_mr({addr:#x}, {len} bytes): {}", last_os_error()))
+    }
+
+    /// Registers `len` bytes of the dma-buf `fd` from `offset`, seen by the
+    /// NIC at address `iova`, with the same access as `reg_mr`.
+    ///
+    /// Safe to call for the same reason as `reg_mr`: the kernel checks the
+    /// file descriptor and the range and pins the pages.
+    pub fn reg_dmabuf_mr(&self, offset: u64, len: usize, iova: u64, fd: i32) -> Result<Mr, String> {
+        let f = self.v.ibv_reg_dmabuf_mr.ok_or_else(|| {
+            format!("{LIBIBVERBS} lacks ibv_reg_dmabuf_mr (rdma-core older than 34)")
+        })?;
+        let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+        // SAFETY: live PD; the kernel validates the descriptor and the range.
+        let p = unsafe { f(self.ptr.as_ptr(), offset, len, iova, fd, access) };
+        NonNull::new(p)
+            .map(|ptr| Mr { v: self.v, ptr })
+            .ok_or_else(|| {
+                format!(
+                    "ibv_reg_dmabuf_mr(fd {fd}, offset {offset:#x}, {len} bytes at {iova:#x}): {}",
+                    last_os_error()
+                )
+            })
+    }
+
+    /// Whether this device registers dma-bufs, asked as NCCL does: a
+    /// registration of fd -1 fails with EBADF where the kernel and driver
+    /// support dma-buf, with EOPNOTSUPP or EPROTONOSUPPORT where they do not.
+    pub fn dmabuf_supported(&self) -> Result<(), String> {
+        let Some(f) = self.v.ibv_reg_dmabuf_mr else {
+            return Err(format!(
+                "{LIBIBVERBS} lacks ibv_reg_dmabuf_mr (rdma-core older than 34)"
+            ));
+        };
+        // SAFETY: live PD; fd -1 can register nothing.
+        let p = unsafe { f(self.ptr.as_ptr(), 0, 0, 0, -1, 0) };
+        let err = std::io::Error::last_os_error();
+        if !p.is_null() {
+            // Not expected of fd -1; release it rather than leak it.
+            drop(Mr {
+                v: self.v,
+                ptr: NonNull::new(p).expect("checked non-null"),
+            });
+            return Ok(());
+        }
+        const EOPNOTSUPP: i32 = 95;
+        const EPROTONOSUPPORT: i32 = 93;
+        match err.raw_os_error() {
+            Some(EOPNOTSUPP | EPROTONOSUPPORT) => Err(format!(
+                "the kernel or NIC driver refuses dma-buf registration ({err})"
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Creates an RC queue pair whose sends and receives complete on `cq`.

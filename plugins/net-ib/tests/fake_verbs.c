@@ -9,10 +9,15 @@
  *
  * FAKE_IBV_LINK=eth makes the port RoCE (then RTR must carry a global route);
  * FAKE_IBV_EXPECT_TIMEOUT / FAKE_IBV_EXPECT_RETRY: the values RTS must carry;
- * FAKE_IBV_PORTS: how many active ports the device has.
+ * FAKE_IBV_PORTS: how many active ports the device has;
+ * FAKE_IBV_DMABUF=unsupported: ibv_reg_dmabuf_mr fails with EOPNOTSUPP (a
+ * kernel without dma-buf); built with -DFAKE_NO_DMABUF the symbol is absent
+ * (an rdma-core older than 34).
  */
 #include <infiniband/verbs.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -306,6 +311,27 @@ int ibv_dereg_mr(struct ibv_mr* m) {
   free(m);
   return 0;
 }
+
+#ifndef FAKE_NO_DMABUF
+/* Any open descriptor stands for a dma-buf, and the "NIC" reaches the
+ * registered pages at their iova, which the tests make ordinary memory.
+ * Each registration is logged so a test can check offset, length and iova. */
+struct ibv_mr* ibv_reg_dmabuf_mr(struct ibv_pd* pd, uint64_t offset, size_t len, uint64_t iova, int fd,
+                                 int access) {
+  const char* m = getenv("FAKE_IBV_DMABUF");
+  if (m && !strcmp(m, "unsupported")) {
+    errno = EOPNOTSUPP;
+    return NULL;
+  }
+  if (fd < 0 || fcntl(fd, F_GETFD) == -1) {
+    errno = EBADF;
+    return NULL;
+  }
+  fprintf(stderr, "fake: reg_dmabuf fd=%d offset=%llu len=%zu iova=0x%llx\n", fd, (unsigned long long)offset,
+          len, (unsigned long long)iova);
+  return ibv_reg_mr(pd, (void*)(uintptr_t)iova, len, access);
+}
+#endif
 
 struct ibv_cq* ibv_create_cq(struct ibv_context* c, int cqe, void* ctx, struct ibv_comp_channel* ch, int vec) {
   (void)ctx;

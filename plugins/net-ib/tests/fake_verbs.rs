@@ -13,17 +13,19 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use oxccl_net_ib::{Config, IbNet};
-use oxccl_plugin::{Net, PtrType, RecvComm, Request, SendComm};
+use oxccl_plugin::{DmaBuf, MrHandle, Net, NetError, PtrType, RecvComm, Request, SendComm};
 
 const CHILD: &str = "OXCCL_FAKE_VERBS_CHILD";
 
 /// One directory per test: tests run in parallel and each removes its own.
-fn build_fake(name: &str) -> Result<PathBuf, String> {
+/// `defines` are `-D` flags selecting a variant of the fake.
+fn build_fake(name: &str, defines: &[&str]) -> Result<PathBuf, String> {
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_verbs.c");
     let dir =
         std::env::temp_dir().join(format!("oxccl-fake-ibverbs-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let out = Command::new("cc")
+        .args(defines.iter().map(|d| format!("-D{d}")))
         .args(["-shared", "-fPIC", "-O1", "-o"])
         .arg(dir.join("libibverbs.so.1"))
         .arg(&src)
@@ -40,7 +42,12 @@ fn build_fake(name: &str) -> Result<PathBuf, String> {
 
 /// Runs test `name` again as a child with the fake library and `env`.
 fn run_child(name: &str, env: &[(&str, &str)]) -> Option<(String, String)> {
-    let dir = match build_fake(name) {
+    run_child_with(name, env, &[])
+}
+
+/// As `run_child`, with a variant of the fake built with `defines`.
+fn run_child_with(name: &str, env: &[(&str, &str)], defines: &[&str]) -> Option<(String, String)> {
+    let dir = match build_fake(name, defines) {
         Ok(d) => d,
         Err(e) => {
             println!("skipped: cannot build the fake libibverbs: {e}");
@@ -56,6 +63,8 @@ fn run_child(name: &str, env: &[(&str, &str)]) -> Option<(String, String)> {
         "NCCL_IB_HCA",
         "NCCL_IB_DISABLE",
         "NCCL_IB_QPS_PER_CONNECTION",
+        "NCCL_GDR_FLUSH_DISABLE",
+        "OXCCL_IB_CONNECT_TIMEOUT",
     ] {
         cmd.env_remove(k);
     }
@@ -310,19 +319,233 @@ fn flush_reads_back_through_a_loopback_qp() {
         assert_eq!(wait(&mut rq).unwrap(), 256);
         assert_eq!(wait(&mut sq).unwrap(), 256);
         let mut fq = r
-            .iflush(dst.as_mut_ptr(), 256)
+            .iflush(dst.as_mut_ptr(), 256, Some(rm))
             .unwrap()
             .expect("a flush request");
         assert_eq!(wait(&mut fq).unwrap(), 0);
-        // Unregistered memory cannot be flushed: an error, not a crash. (On
-        // the heap: the stack page of `dst` is registered, pages being the unit.)
+        // Without the handle (NCCL always passes it), the covering
+        // registration is found.
+        let mut fq = r.iflush(dst.as_mut_ptr(), 256, None).unwrap().unwrap();
+        assert_eq!(wait(&mut fq).unwrap(), 0);
+        // Nothing received, nothing to flush: no request, which the C ABI
+        // reads as "flushed".
+        assert!(r.iflush(dst.as_mut_ptr(), 0, Some(rm)).unwrap().is_none());
+        // Unregistered memory or an unknown handle cannot be flushed: an
+        // error, not a crash. (On the heap: the stack page of `dst` is
+        // registered, pages being the unit.)
         let mut other = vec![0u8; 8];
-        assert!(r.iflush(other.as_mut_ptr(), 8).is_err());
+        assert!(r.iflush(other.as_mut_ptr(), 8, None).is_err());
+        let e = r
+            .iflush(dst.as_mut_ptr(), 8, Some(MrHandle(9999)))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("0x270f"), "{e}");
+        // Flushes left untested fill their own budget and then fail loudly
+        // (a NULL request would read as "flushed"); testing them frees it.
+        let mut pending: Vec<_> = (0..32)
+            .map(|_| r.iflush(dst.as_mut_ptr(), 256, Some(rm)).unwrap().unwrap())
+            .collect();
+        let e = r.iflush(dst.as_mut_ptr(), 256, Some(rm)).err().unwrap();
+        assert!(e.to_string().contains("flushes in flight"), "{e}");
+        for f in pending.iter_mut() {
+            assert_eq!(wait(f).unwrap(), 0);
+        }
+        let mut fq = r.iflush(dst.as_mut_ptr(), 256, Some(rm)).unwrap().unwrap();
+        assert_eq!(wait(&mut fq).unwrap(), 0);
         println!("FLUSH_OK");
         return;
     }
     if let Some((so, se)) = run_child(name, &[]) {
         assert!(so.contains("FLUSH_OK"), "{so}\n{se}");
+    }
+}
+
+/// NCCL_GDR_FLUSH_DISABLE=1: GPU-direct stays on, but receives are not
+/// flushed (no loopback QP, and iflush has nothing to wait for).
+#[test]
+fn flush_disabled_by_setting() {
+    let name = "flush_disabled_by_setting";
+    if is_child(name) {
+        let cfg = Config {
+            gdr_override: Some(true),
+            ..Config::from_env().unwrap()
+        };
+        assert!(cfg.gdr_flush_disable);
+        let net = IbNet::with_config(cfg);
+        let (_s, mut r) = connect_pair(&net);
+        let mut dst = [0u8; 64];
+        let rm = r.reg_mr(dst.as_mut_ptr(), 64, PtrType::Host).unwrap();
+        assert!(r.iflush(dst.as_mut_ptr(), 64, Some(rm)).unwrap().is_none());
+        println!("NO_FLUSH_OK");
+        return;
+    }
+    if let Some((so, se)) = run_child(name, &[("NCCL_GDR_FLUSH_DISABLE", "1")]) {
+        assert!(so.contains("NO_FLUSH_OK"), "{so}\n{se}");
+    }
+}
+
+/// A page-aligned heap buffer of `pages` pages (plus slack to align).
+fn aligned(pages: usize) -> (Vec<u8>, usize) {
+    let v = vec![0u8; (pages + 1) * 4096];
+    let off = (4096 - v.as_ptr() as usize % 4096) % 4096;
+    (v, off)
+}
+
+/// Where dma-buf works (the fake's default), the device reports
+/// NCCL_PTR_DMABUF, and a buffer registered through its dma-buf carries
+/// data and is flushed; the registration reaches ibv_reg_dmabuf_mr with
+/// NCCL's arguments (page-aligned iova and length, offset moved back
+/// with the start).
+#[test]
+fn dmabuf_registration_carries_data() {
+    let name = "dmabuf_registration_carries_data";
+    if is_child(name) {
+        use std::os::fd::AsRawFd;
+        let net = IbNet::from_env().unwrap();
+        let ps = net.properties(0).unwrap().ptr_support;
+        assert_ne!(ps & PtrType::Dmabuf as i32, 0, "ptr_support {ps:#x}");
+        let (mut s, mut r) = connect_pair(&net);
+        // Any open descriptor is a dma-buf to the fake.
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let fd = f.as_raw_fd();
+        let (mut dst, off) = aligned(2);
+        // The receive starts 100 bytes into a page, 4096 + 100 bytes into
+        // its dma-buf: the page starts 4096 bytes in.
+        let buf = dst[off + 100..].as_mut_ptr();
+        let page = dst[off..].as_ptr() as usize;
+        let d = DmaBuf {
+            fd,
+            offset: 4096 + 100,
+        };
+        let rm = r.reg_mr_dma_buf(buf, 4000, PtrType::Cuda, d).unwrap();
+        println!("EXPECT fake: reg_dmabuf fd={fd} offset=4096 len=8192 iova={page:#x}");
+        let src = [7u8; 4000];
+        let sm = s
+            .reg_mr(src.as_ptr() as *mut u8, 4000, PtrType::Host)
+            .unwrap();
+        // SAFETY: buffers outlive the requests, waited for below.
+        let mut rq = unsafe { r.irecv(buf, 4000, 3, Some(rm)) }.unwrap().unwrap();
+        // SAFETY: as above.
+        let mut sq = unsafe { s.isend(src.as_ptr(), 4000, 3, Some(sm)) }
+            .unwrap()
+            .unwrap();
+        assert_eq!(wait(&mut rq).unwrap(), 4000);
+        assert_eq!(wait(&mut sq).unwrap(), 4000);
+        assert!(dst[off + 100..off + 4100].iter().all(|b| *b == 7));
+        // dma-buf alone enables the flush, as in NCCL.
+        let mut fq = r.iflush(buf, 4000, Some(rm)).unwrap().expect("a flush");
+        assert_eq!(wait(&mut fq).unwrap(), 0);
+        r.dereg_mr(rm).unwrap();
+        // What cannot be a dma-buf registration is refused with the reason.
+        let mut bad = |fd, offset, ty| {
+            let e = s
+                .reg_mr_dma_buf(buf, 64, ty, DmaBuf { fd, offset })
+                .err()
+                .unwrap();
+            assert!(
+                matches!(e, NetError::InvalidArgument(_) | NetError::System(_)),
+                "{e}"
+            );
+            e.to_string()
+        };
+        assert!(bad(-1, 100, PtrType::Cuda).contains("fd -1"));
+        assert!(bad(fd, 100, PtrType::Host).contains("host memory"));
+        assert!(bad(fd, 10, PtrType::Cuda).contains("100 bytes into its page"));
+        assert!(bad(9999, 100, PtrType::Cuda).contains("Bad file descriptor"));
+        println!("DMABUF_OK");
+        return;
+    }
+    if let Some((so, se)) = run_child(name, &[]) {
+        assert!(so.contains("DMABUF_OK"), "{so}\n{se}");
+        let want = so
+            .lines()
+            .find_map(|l| l.strip_prefix("EXPECT "))
+            .expect("the child says what to expect");
+        assert!(se.contains(want), "{want}\n{se}");
+    }
+}
+
+/// Where dma-buf cannot work (the kernel refuses it, or libibverbs is too
+/// old to have ibv_reg_dmabuf_mr), the device does not report
+/// NCCL_PTR_DMABUF and a dma-buf registration says why.
+#[test]
+fn without_dmabuf_the_device_says_why() {
+    let name = "without_dmabuf_the_device_says_why";
+    if is_child(name) {
+        let net = IbNet::from_env().unwrap();
+        assert_eq!(
+            net.properties(0).unwrap().ptr_support & PtrType::Dmabuf as i32,
+            0
+        );
+        let (mut s, _r) = connect_pair(&net);
+        let mut buf = [0u8; 64];
+        let e = s
+            .reg_mr_dma_buf(
+                buf.as_mut_ptr(),
+                64,
+                PtrType::Cuda,
+                DmaBuf { fd: 0, offset: 0 },
+            )
+            .err()
+            .unwrap();
+        assert!(matches!(e, NetError::InvalidUsage(_)), "{e}");
+        println!("WHY {e}");
+        return;
+    }
+    /// The child's environment, the fake's build flags, the reason expected.
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], &'a str);
+    let cases: [Case; 2] = [
+        (
+            &[("FAKE_IBV_DMABUF", "unsupported")],
+            &[],
+            "refuses dma-buf",
+        ),
+        (&[], &["FAKE_NO_DMABUF"], "lacks ibv_reg_dmabuf_mr"),
+    ];
+    for (env, defines, why) in cases {
+        if let Some((so, se)) = run_child_with(name, env, defines) {
+            let line = so.lines().find(|l| l.starts_with("WHY ")).unwrap_or("");
+            assert!(
+                line.contains("NCCL_PTR_DMABUF") && line.contains(why),
+                "{why}: {so}\n{se}"
+            );
+        }
+    }
+}
+
+/// A peer whose listener never answers (its accept is never called: the
+/// kernel completes the TCP handshake, nobody reads the hello) ends the
+/// connect with an error naming the peer and OXCCL_IB_CONNECT_TIMEOUT,
+/// after that many seconds rather than never.
+#[test]
+fn connect_to_a_silent_peer_times_out() {
+    let name = "connect_to_a_silent_peer_times_out";
+    if is_child(name) {
+        let net = IbNet::from_env().unwrap();
+        let (mut h, _l) = net.listen(0).unwrap();
+        let t0 = Instant::now();
+        let e = loop {
+            match net.connect(0, &mut h) {
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                Ok(Some(_)) => panic!("connected to a listener that never accepts"),
+                Err(e) => break e,
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "no timeout");
+        };
+        let waited = t0.elapsed();
+        assert!(waited >= Duration::from_secs(1), "{waited:?}");
+        let t = e.to_string();
+        assert!(
+            matches!(e, NetError::Remote(_))
+                && t.contains("127.0.0.1:")
+                && t.contains("OXCCL_IB_CONNECT_TIMEOUT=1"),
+            "{t}"
+        );
+        println!("TIMEOUT_OK {t}");
+        return;
+    }
+    if let Some((so, se)) = run_child(name, &[("OXCCL_IB_CONNECT_TIMEOUT", "1")]) {
+        assert!(so.contains("TIMEOUT_OK"), "{so}\n{se}");
     }
 }
 

@@ -7,6 +7,7 @@
 //! so that one implementation can be exported through NCCL's C ABI as well.
 
 pub mod ffi;
+pub mod handle;
 pub mod logger;
 pub mod net;
 pub mod plugin_error;
@@ -14,8 +15,8 @@ pub mod profiler;
 pub mod tuner;
 
 pub use net::{
-    builtin_nets, BuiltinNet, ListenComm, MrHandle, Net, NetError, NetHandle, NetProperties,
-    NetResult, PtrType, RecvComm, Request, SendComm, NET_HANDLE_MAXSIZE,
+    builtin_nets, BuiltinNet, DeviceMr, DmaBuf, ListenComm, MrHandle, Net, NetError, NetHandle,
+    NetProperties, NetResult, PtrType, RecvComm, Request, SendComm, NET_HANDLE_MAXSIZE,
 };
 
 pub use logger::NcclLogger;

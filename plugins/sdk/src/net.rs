@@ -66,6 +66,16 @@ pub enum NetError {
     /// A bug or inconsistent state inside the plugin (`ncclInternalError`).
     #[error("internal error: {0}")]
     Internal(String),
+    /// The caller asked for something this network never offered, such as
+    /// dma-buf memory from a network that does not report
+    /// [`PtrType::Dmabuf`] (`ncclInvalidUsage`).
+    #[error("invalid usage: {0}")]
+    InvalidUsage(String),
+    /// The network does not implement this optional operation. NCCL's own
+    /// networks answer `ncclInternalError` here (its socket transport's
+    /// `iflush`), so that is the code this maps to.
+    #[error("not supported: {0}")]
+    Unsupported(String),
 }
 
 pub type NetResult<T> = Result<T, NetError>;
@@ -73,6 +83,33 @@ pub type NetResult<T> = Result<T, NetError>;
 /// A registered memory region, opaque to the core.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MrHandle(pub usize);
+
+/// GPU memory exported as a dma-buf: the file descriptor and where the
+/// buffer starts inside it (NCCL's `fd` and `offset` of `regMrDmaBuf`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DmaBuf {
+    pub fd: i32,
+    pub offset: u64,
+}
+
+/// A form of a registration that the network's device code can use
+/// (`getDeviceMr`); opaque to the core, which copies it to the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceMr(pub usize);
+
+fn no_dma_buf() -> NetError {
+    NetError::InvalidUsage(
+        "regMrDmaBuf: this network does not take dma-buf memory (it does not report \
+         NCCL_PTR_DMABUF); register the buffer with regMr instead"
+            .into(),
+    )
+}
+
+fn no_device_offload() -> NetError {
+    NetError::Unsupported(
+        "getDeviceMr: this network has no device offload (its netDeviceType is HOST)".into(),
+    )
+}
 
 /// An outstanding `isend` or `irecv`.
 pub trait Request: Send {
@@ -107,7 +144,24 @@ pub trait ListenComm: Send {
 /// sent; the core relies on that order and on nothing else for matching.
 pub trait SendComm: Send {
     fn reg_mr(&mut self, ptr: *mut u8, size: usize, ptr_type: PtrType) -> NetResult<MrHandle>;
+    /// Registers `size` bytes at `ptr` that the GPU driver exported as
+    /// `dmabuf`; released with [`SendComm::dereg_mr`]. Only called by a
+    /// caller that saw [`PtrType::Dmabuf`] in the device's `ptr_support`.
+    fn reg_mr_dma_buf(
+        &mut self,
+        _ptr: *mut u8,
+        _size: usize,
+        _ptr_type: PtrType,
+        _dmabuf: DmaBuf,
+    ) -> NetResult<MrHandle> {
+        Err(no_dma_buf())
+    }
     fn dereg_mr(&mut self, mr: MrHandle) -> NetResult<()>;
+    /// The device-side form of `mr`, for networks whose device code moves
+    /// data itself (NCCL calls it only when the network asked for offload).
+    fn get_device_mr(&mut self, _mr: MrHandle) -> NetResult<DeviceMr> {
+        Err(no_device_offload())
+    }
     /// Starts sending `size` bytes at `data`. `Ok(None)` means "no resources
     /// now, try again later".
     ///
@@ -126,7 +180,21 @@ pub trait SendComm: Send {
 /// The receiving end of a connection.
 pub trait RecvComm: Send {
     fn reg_mr(&mut self, ptr: *mut u8, size: usize, ptr_type: PtrType) -> NetResult<MrHandle>;
+    /// As [`SendComm::reg_mr_dma_buf`].
+    fn reg_mr_dma_buf(
+        &mut self,
+        _ptr: *mut u8,
+        _size: usize,
+        _ptr_type: PtrType,
+        _dmabuf: DmaBuf,
+    ) -> NetResult<MrHandle> {
+        Err(no_dma_buf())
+    }
     fn dereg_mr(&mut self, mr: MrHandle) -> NetResult<()>;
+    /// As [`SendComm::get_device_mr`].
+    fn get_device_mr(&mut self, _mr: MrHandle) -> NetResult<DeviceMr> {
+        Err(no_device_offload())
+    }
     /// Posts a receive of at most `size` bytes into `data`. A message larger
     /// than `size` is an error ("truncated"), a smaller one completes with its
     /// own size. `Ok(None)` means "try again later".
@@ -141,10 +209,30 @@ pub trait RecvComm: Send {
         tag: i32,
         mr: Option<MrHandle>,
     ) -> NetResult<Option<Box<dyn Request>>>;
-    /// Makes data received into GPU memory visible to the GPU. Host-only
-    /// networks have nothing to do.
-    fn iflush(&mut self, _data: *mut u8, _size: usize) -> NetResult<Option<Box<dyn Request>>> {
-        Ok(None)
+    /// Makes data that a completed receive wrote into GPU memory (`size`
+    /// bytes at `data`, registered as `mr`) visible to the GPU, as NCCL's
+    /// `iflush`. `Ok(None)` means "nothing to wait for" (already visible),
+    /// not "try again": the caller then treats the flush as done.
+    ///
+    /// The default refuses, as NCCL's socket transport does: a network that
+    /// never reports [`PtrType::Cuda`] is never asked to flush.
+    fn iflush(
+        &mut self,
+        _data: *mut u8,
+        _size: usize,
+        _mr: Option<MrHandle>,
+    ) -> NetResult<Option<Box<dyn Request>>> {
+        Err(NetError::Unsupported(
+            "iflush: this network has no GPU-direct receive to flush (it does not report \
+             NCCL_PTR_CUDA)"
+                .into(),
+        ))
+    }
+    /// The GPU has consumed the data of `n` completed receives (device
+    /// offload). NCCL calls this after every completed receive whenever the
+    /// entry is present, so the default accepts and does nothing.
+    fn irecv_consumed(&mut self, _n: usize) -> NetResult<()> {
+        Ok(())
     }
 }
 

@@ -178,6 +178,7 @@ fn check(what: &str, r: i32) -> NetResult<()> {
         NCCL_SYSTEM_ERROR => Err(NetError::System(m)),
         NCCL_INVALID_ARGUMENT => Err(NetError::InvalidArgument(m)),
         NCCL_REMOTE_ERROR => Err(NetError::Remote(m)),
+        NCCL_INVALID_USAGE => Err(NetError::InvalidUsage(m)),
         _ => Err(NetError::Internal(m)),
     }
 }

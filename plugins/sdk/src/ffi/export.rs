@@ -14,8 +14,8 @@ use super::net::{v10, v11, v12, v9, MAX_COLLNET_SIZE, NCCL_NET_ID_UNDEF};
 use super::net_v8::{DeviceHandleV8, NetV8, PropertiesV8};
 use super::*;
 use crate::{
-    ListenComm, MrHandle, Net, NetError, NetProperties, NetResult, PtrType, RecvComm, Request,
-    SendComm, NET_HANDLE_MAXSIZE,
+    DmaBuf, ListenComm, MrHandle, Net, NetError, NetProperties, NetResult, PtrType, RecvComm,
+    Request, SendComm, NET_HANDLE_MAXSIZE,
 };
 
 /// Where an exported plugin gets its one network instance.
@@ -72,6 +72,7 @@ fn code(e: &NetError) -> i32 {
         NetError::InvalidArgument(_) => NCCL_INVALID_ARGUMENT,
         NetError::System(_) => NCCL_SYSTEM_ERROR,
         NetError::Remote(_) => NCCL_REMOTE_ERROR,
+        NetError::InvalidUsage(_) => NCCL_INVALID_USAGE,
         _ => NCCL_INTERNAL_ERROR,
     }
 }
@@ -299,19 +300,34 @@ unsafe extern "C" fn reg_mr(
     })
 }
 
+/// `regMrDmaBuf`, the same in every version: the buffer, its memory type
+/// and the dma-buf (`fd`, `offset`) the GPU driver exported it as.
 unsafe extern "C" fn reg_mr_dma_buf(
-    _c: *mut c_void,
-    _d: *mut c_void,
-    _s: usize,
-    _t: c_int,
-    _o: u64,
-    _fd: c_int,
-    _mh: *mut *mut c_void,
+    c: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    ty: c_int,
+    offset: u64,
+    fd: c_int,
+    mh: *mut *mut c_void,
 ) -> i32 {
     guard("regMrDmaBuf", || {
-        Err(NetError::InvalidArgument(
-            "this network does not take dma-buf memory".into(),
-        ))
+        let out = nonnull(mh, "mhandle")?;
+        let t = ptr_type(ty)?;
+        let d = DmaBuf { fd, offset };
+        // SAFETY: NCCL passes a comm we returned.
+        let m = match unsafe { comm(c) }? {
+            Comm::Send(s) => s.reg_mr_dma_buf(data as *mut u8, size, t, d)?,
+            Comm::Recv(r) => r.reg_mr_dma_buf(data as *mut u8, size, t, d)?,
+            Comm::Listen(_) => {
+                return Err(NetError::InvalidArgument(
+                    "regMrDmaBuf on a listening comm".into(),
+                ))
+            }
+        };
+        // SAFETY: valid out-pointer from NCCL.
+        unsafe { *out = m.0 as *mut c_void };
+        Ok(())
     })
 }
 
@@ -516,20 +532,95 @@ unsafe fn irecv_any<S: RecvSize>(
     })
 }
 
+/// `iflush`, the same in every version. NCCL calls it with the buffers of
+/// one completed `irecv`; a NULL request back means "nothing to wait for".
 unsafe extern "C" fn iflush(
-    _c: *mut c_void,
-    _n: c_int,
-    _d: *mut *mut c_void,
-    _s: *mut c_int,
-    _m: *mut *mut c_void,
+    c: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    mhs: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> i32 {
     guard("iflush", || {
         let out = nonnull(request, "request")?;
-        // Host memory only: nothing to flush.
-        // SAFETY: valid out-pointer from NCCL.
+        // SAFETY: valid out-pointer from NCCL; cleared first so that no
+        // failure below leaves NCCL a stale request to test.
         unsafe { *out = std::ptr::null_mut() };
+        if n != 1 {
+            return Err(NetError::InvalidArgument(format!(
+                "iflush of {n} buffers: this network reports maxRecvs 1"
+            )));
+        }
+        let (d, s) = (nonnull(data, "data")?, nonnull(sizes, "sizes")?);
+        // SAFETY: NCCL passes arrays of n = 1 entries (`mhandles` may be NULL).
+        let (buf, size, m) = unsafe {
+            (
+                *d,
+                *s,
+                if mhs.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    *mhs
+                },
+            )
+        };
+        let size = usize::try_from(size).map_err(|_| {
+            NetError::InvalidArgument(format!("iflush of a negative size ({size})"))
+        })?;
+        // SAFETY: NCCL passes a comm we returned.
+        let Comm::Recv(r) = (unsafe { comm(c) })? else {
+            return Err(NetError::InvalidArgument(
+                "iflush on a comm that is not a receive comm".into(),
+            ));
+        };
+        let req = r.iflush(buf as *mut u8, size, mr(m))?;
+        // SAFETY: valid out-pointer from NCCL.
+        unsafe { *out = out_request(req) };
         Ok(())
+    })
+}
+
+/// `getDeviceMr`: NCCL calls it only for networks that asked for device
+/// offload; the trait's default refuses.
+unsafe extern "C" fn get_device_mr(
+    c: *mut c_void,
+    mh: *mut c_void,
+    dptr_mhandle: *mut *mut c_void,
+) -> i32 {
+    guard("getDeviceMr", || {
+        let out = nonnull(dptr_mhandle, "dptr_mhandle")?;
+        let m = mr(mh).ok_or_else(|| NetError::InvalidArgument("mhandle is NULL".into()))?;
+        // SAFETY: NCCL passes a comm we returned.
+        let d = match unsafe { comm(c) }? {
+            Comm::Send(s) => s.get_device_mr(m)?,
+            Comm::Recv(r) => r.get_device_mr(m)?,
+            Comm::Listen(_) => {
+                return Err(NetError::InvalidArgument(
+                    "getDeviceMr on a listening comm".into(),
+                ))
+            }
+        };
+        // SAFETY: valid out-pointer from NCCL.
+        unsafe { *out = d.0 as *mut c_void };
+        Ok(())
+    })
+}
+
+/// `irecvConsumed`. NCCL calls it after every completed receive when the
+/// entry is non-NULL, passing back the request that `test` already freed
+/// when it reported the request done: the pointer is never read.
+unsafe extern "C" fn irecv_consumed(c: *mut c_void, n: c_int, _request: *mut c_void) -> i32 {
+    guard("irecvConsumed", || {
+        let n = usize::try_from(n)
+            .map_err(|_| NetError::InvalidArgument(format!("irecvConsumed of {n} receives")))?;
+        // SAFETY: NCCL passes a comm we returned.
+        let Comm::Recv(r) = (unsafe { comm(c) })? else {
+            return Err(NetError::InvalidArgument(
+                "irecvConsumed on a comm that is not a receive comm".into(),
+            ));
+        };
+        r.irecv_consumed(n)
     })
 }
 
@@ -589,8 +680,8 @@ pub const fn vtable_v8<P: Provider>() -> NetV8 {
         close_send: Some(close_comm),
         close_recv: Some(close_comm),
         close_listen: Some(close_comm),
-        get_device_mr: None,
-        irecv_consumed: None,
+        get_device_mr: Some(get_device_mr),
+        irecv_consumed: Some(irecv_consumed),
     }
 }
 
@@ -743,9 +834,9 @@ unsafe extern "C" fn connect_ctx<P: Provider>(
     unsafe { connect::<P>(dev, handle, send_comm, dev_comm) }
 }
 
-/// The `ncclNet_v9_t` of a provider. Optional entries NCCL checks for NULL
-/// (`getDeviceMr`, `irecvConsumed`, `makeVDevice`) are left NULL: a socket
-/// network has no device offload and no NIC fusion.
+/// The `ncclNet_v9_t` of a provider. `makeVDevice` is left NULL (NCCL
+/// checks it): the glue offers no NIC fusion. `getDeviceMr` and
+/// `irecvConsumed` reach the trait, whose defaults suit a host-only network.
 pub const fn vtable_v9<P: Provider>() -> v9::NetV9 {
     v9::NetV9 {
         name: P::NAME.as_ptr() as *const c_char,
@@ -765,8 +856,8 @@ pub const fn vtable_v9<P: Provider>() -> v9::NetV9 {
         close_send: Some(close_comm),
         close_recv: Some(close_comm),
         close_listen: Some(close_comm),
-        get_device_mr: None,
-        irecv_consumed: None,
+        get_device_mr: Some(get_device_mr),
+        irecv_consumed: Some(irecv_consumed),
         make_vdevice: None,
     }
 }
@@ -791,8 +882,8 @@ pub const fn vtable_v10<P: Provider>() -> v10::NetV10 {
         close_send: Some(close_comm),
         close_recv: Some(close_comm),
         close_listen: Some(close_comm),
-        get_device_mr: None,
-        irecv_consumed: None,
+        get_device_mr: Some(get_device_mr),
+        irecv_consumed: Some(irecv_consumed),
         make_vdevice: None,
     }
 }
@@ -817,8 +908,8 @@ pub const fn vtable_v11<P: Provider>() -> v11::NetV11 {
         close_send: Some(close_comm),
         close_recv: Some(close_comm),
         close_listen: Some(close_comm),
-        get_device_mr: None,
-        irecv_consumed: None,
+        get_device_mr: Some(get_device_mr),
+        irecv_consumed: Some(irecv_consumed),
         make_vdevice: None,
         finalize: Some(finalize),
         set_net_attr: Some(set_net_attr_v11),
@@ -845,8 +936,8 @@ pub const fn vtable_v12<P: Provider>() -> v12::NetV12 {
         close_send: Some(close_comm),
         close_recv: Some(close_comm),
         close_listen: Some(close_comm),
-        get_device_mr: None,
-        irecv_consumed: None,
+        get_device_mr: Some(get_device_mr),
+        irecv_consumed: Some(irecv_consumed),
         make_vdevice: None,
         finalize: Some(finalize),
         set_net_attr: Some(set_net_attr_v12),
@@ -923,3 +1014,7 @@ macro_rules! export_net_plugin {
         }
     };
 }
+
+#[cfg(test)]
+#[path = "export_net_tests.rs"]
+mod tests;
