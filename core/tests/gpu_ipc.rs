@@ -113,9 +113,9 @@ fn all_reduce_and_all_gather_across_processes() {
         assert_eq!(wrong, 0);
         return;
     }
-    if two_gpus().is_none() {
+    let Some(_gpus) = two_gpus() else {
         return;
-    }
+    };
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())

@@ -46,9 +46,9 @@ fn op(kind: OpKind, input: u64, output: u64, count: usize, stream: &Stream) -> O
 
 #[test]
 fn staged_collectives_keep_stream_order_without_blocking() {
-    if two_gpus().is_none() {
+    let Some(_gpus) = two_gpus() else {
         return;
-    }
+    };
     let cfg = CommConfig::default()
         .with("P2P_DISABLE", "1")
         .with("SOCKET_IFNAME", "lo")

@@ -24,9 +24,9 @@ fn pattern(rank: usize) -> FillPattern {
 
 #[test]
 fn kernels_before_and_after_a_collective_see_its_order() {
-    if two_gpus().is_none() {
+    let Some(_gpus) = two_gpus() else {
         return;
-    }
+    };
     let dtype = DataType::Float32;
     let bytes = COUNT * 4;
     let wrong = with_ranks(DeviceConfig::from_env().unwrap(), |r, barrier| {
@@ -99,9 +99,9 @@ fn kernels_before_and_after_a_collective_see_its_order() {
 
 #[test]
 fn local_reduce_and_copy_kernels() {
-    if two_gpus().is_none() {
+    let Some(_gpus) = two_gpus() else {
         return;
-    }
+    };
     // One GPU is enough, but the helper sets up the communicator too.
     let wrong = with_ranks(DeviceConfig::from_env().unwrap(), |r, _| {
         if r.rank != 0 {

@@ -271,7 +271,7 @@ mod tests {
             (0..4)
                 .map(|link| LinkEnd {
                     link,
-                    remote: id(to),
+                    remote: Some(id(to)),
                 })
                 .collect()
         };

@@ -13,7 +13,10 @@ use super::TopoError;
 pub struct LinkEnd {
     /// The link's number on its GPU.
     pub link: u32,
-    pub remote: BusId,
+    /// `None`: NVML would not say (seen in VMs, whose guests do not see the
+    /// far end's address); counted like a switch link, which gives a pair
+    /// of GPUs their link count.
+    pub remote: Option<BusId>,
 }
 
 /// The active NVLinks of one GPU.
@@ -50,10 +53,11 @@ impl NvLinks {
         for (gpu, links) in ends {
             let mut g = GpuNvLinks::default();
             for end in links {
-                if ends.iter().any(|(b, _)| *b == end.remote) || is_gpu(end.remote) {
-                    *g.to_gpu.entry(end.remote).or_insert(0) += 1;
-                } else {
-                    g.to_switch += 1;
+                match end.remote {
+                    Some(r) if ends.iter().any(|(b, _)| *b == r) || is_gpu(r) => {
+                        *g.to_gpu.entry(r).or_insert(0) += 1;
+                    }
+                    _ => g.to_switch += 1,
                 }
             }
             gpus.insert(*gpu, g);
@@ -71,7 +75,9 @@ pub fn detect(gpus: &[BusId]) -> Result<NvLinks, TopoError> {
     for g in gpus {
         match nvml.links(*g) {
             Ok(l) => ends.push((*g, l)),
-            Err(e) => tracing::debug!(target: "oxccl::init", "NVML on GPU {g}: {e}"),
+            Err(e) => {
+                tracing::info!(target: "oxccl::init", "NVML on GPU {g}: {e}; its NVLinks are unknown")
+            }
         }
     }
     Ok(NvLinks::from_ends(&ends, |b| nvml.is_gpu(b)))
@@ -89,7 +95,7 @@ mod tests {
         (0..n)
             .map(|link| LinkEnd {
                 link,
-                remote: id(remote),
+                remote: Some(id(remote)),
             })
             .collect()
     }
@@ -115,12 +121,12 @@ mod tests {
             (0..n)
                 .map(|link| LinkEnd {
                     link,
-                    remote: id([
+                    remote: Some(id([
                         "0000:05:00.0",
                         "0000:06:00.0",
                         "0000:07:00.0",
                         "0000:08:00.0",
-                    ][link as usize % 4]),
+                    ][link as usize % 4])),
                 })
                 .collect()
         };
@@ -133,6 +139,15 @@ mod tests {
         assert_eq!(l.between(id(gpus[0]), id(gpus[1])), 18);
         // A GPU with links down reaches the others through what it has left.
         assert_eq!(l.between(id(gpus[0]), id(gpus[2])), 12);
+    }
+
+    #[test]
+    fn unknown_far_ends_count_for_the_pair() {
+        // A VM guest: links are up, their far ends not told.
+        let (a, b) = (id("0000:00:06.0"), id("0000:00:07.0"));
+        let up = |n: u32| (0..n).map(|link| LinkEnd { link, remote: None }).collect();
+        let l = NvLinks::from_ends(&[(a, up(18)), (b, up(18))], |_| false);
+        assert_eq!(l.between(a, b), 18);
     }
 
     #[test]

@@ -113,10 +113,19 @@ impl Nvml {
     pub fn links(&self, gpu: BusId) -> Result<Vec<LinkEnd>, TopoError> {
         let h = self.handle(gpu)?;
         let mut out = Vec::new();
+        // The first refusal, reported when no link answered at all (a VM
+        // may hide NVLink state from the guest) rather than "0 links".
+        let mut refused = None;
         for link in 0..MAX_LINKS {
             let mut active: c_int = 0;
             // SAFETY: `h` is a handle NVML gave; `active` a valid out-pointer.
             let r = unsafe { (self.state)(h, link, &mut active) };
+            if r != NVML_SUCCESS {
+                refused.get_or_insert(TopoError::Nvml {
+                    call: "nvmlDeviceGetNvLinkState",
+                    code: r,
+                });
+            }
             if r != NVML_SUCCESS || active != NVML_FEATURE_ENABLED {
                 // Unsupported or absent links answer with an error: no link.
                 continue;
@@ -126,17 +135,22 @@ impl Nvml {
             // SAFETY: `h` is valid; `info` has the layout the _v2 call writes.
             let r = unsafe { (self.remote)(h, link, &mut info) };
             if r != NVML_SUCCESS {
+                out.push(LinkEnd { link, remote: None });
                 continue;
             }
             // An unterminated answer must not run off the array.
             info.bus_id[31] = 0;
             // SAFETY: the array is terminated at the latest at its last byte.
             let s = unsafe { CStr::from_ptr(info.bus_id.as_ptr()) }.to_string_lossy();
-            if let Ok(remote) = s.parse::<BusId>() {
-                out.push(LinkEnd { link, remote });
-            }
+            out.push(LinkEnd {
+                link,
+                remote: s.parse::<BusId>().ok(),
+            });
         }
-        Ok(out)
+        match refused {
+            Some(e) if out.is_empty() => Err(e),
+            _ => Ok(out),
+        }
     }
 }
 

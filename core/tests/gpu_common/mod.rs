@@ -2,7 +2,7 @@
 //! skipped), running ranks as threads, and deterministic inputs.
 #![allow(dead_code)] // each test binary uses a part
 
-use std::sync::Barrier;
+use std::sync::{Barrier, Mutex, MutexGuard};
 
 use oxccl::cuda::{self, Stream};
 use oxccl::exec::device::{DeviceComm, DeviceConfig, LocalOob, Oob};
@@ -11,9 +11,16 @@ use oxccl::DataType;
 
 pub const NRANKS: usize = 2;
 
-/// `Some(())` when two GPUs, the driver and NVRTC are there; otherwise
-/// prints why the test is skipped (and it passes: CI has no GPU).
-pub fn two_gpus() -> Option<()> {
+/// Held by each GPU test of a binary while it runs: cargo runs a binary's
+/// tests on parallel threads, and two tests' kernels spinning on the same
+/// GPUs can each hold the SMs the other's peer kernel needs (NCCL's caveat
+/// about concurrent communicators), which ends in the kernels' timeout.
+static GPUS: Mutex<()> = Mutex::new(());
+
+/// The GPUs to themselves when two GPUs, the driver and NVRTC are there;
+/// otherwise `None`, having printed why the test is skipped (and it passes:
+/// CI has no GPU).
+pub fn two_gpus() -> Option<MutexGuard<'static, ()>> {
     match cuda::device_count() {
         Err(e) => {
             println!("skipped: {e}");
@@ -29,7 +36,7 @@ pub fn two_gpus() -> Option<()> {
         println!("skipped: {e}");
         return None;
     }
-    Some(())
+    Some(GPUS.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 /// One rank: its communicator and a stream of its own.

@@ -3,10 +3,13 @@
 //! busbw at 1 GiB where 64 reached 345 and 32 291; 256 KiB slots beat 128
 //! KiB and matched 512 KiB; a channel per 32 KiB and slices of at least 64
 //! KiB kept 64 KiB..4 MiB at their best. Each can be overridden from the
-//! environment (`OXCCL_DEV_*`) for tuning. The channel count, unless set,
-//! comes from the link between the ranks' GPUs (`crate::topo::channels`),
-//! so that a pair on PCIe or on few NVLinks does not hold a window sized for
-//! NV18.
+//! environment (`OXCCL_DEV_*`) for tuning. `OXCCL_DEV_CHANNELS=auto` takes
+//! the channel count from the link between the ranks' GPUs
+//! (`crate::topo::channels`), so that a pair on PCIe or on few NVLinks does
+//! not hold a window sized for NV18. It is not the default: on the 2 x H200
+//! VM NVML reported no NVLinks, the count fell to PCIe's 17 and all-reduce
+//! at 1 GiB from 363 to 267 GB/s, and the send/recv tests that rely on a
+//! FIFO of 128 channels stalled.
 
 use std::time::Duration;
 
@@ -57,10 +60,7 @@ impl Default for DeviceConfig {
     fn default() -> Self {
         DeviceConfig {
             channels: 128,
-            choice: ChannelChoice::Topology {
-                min: 1,
-                max: MAX_CHANNELS,
-            },
+            choice: ChannelChoice::Fixed,
             threads: 512,
             slots: 8,
             slot_bytes: 256 << 10,
@@ -83,9 +83,13 @@ impl DeviceConfig {
                 _ => Ok(None),
             }
         };
-        if let Some(v) = get("OXCCL_DEV_CHANNELS")? {
+        if std::env::var("OXCCL_DEV_CHANNELS").is_ok_and(|v| v.trim() == "auto") {
+            c.choice = ChannelChoice::Topology {
+                min: 1,
+                max: MAX_CHANNELS,
+            };
+        } else if let Some(v) = get("OXCCL_DEV_CHANNELS")? {
             c.channels = v as usize;
-            c.choice = ChannelChoice::Fixed;
         }
         if let Some(v) = get("OXCCL_DEV_THREADS")? {
             c.threads = v as u32;
@@ -191,7 +195,13 @@ mod tests {
 
     #[test]
     fn topology_count_within_nccl_bounds() {
-        let c = DeviceConfig::default();
+        let c = DeviceConfig {
+            choice: ChannelChoice::Topology {
+                min: 1,
+                max: MAX_CHANNELS,
+            },
+            ..DeviceConfig::default()
+        };
         assert_eq!(c.channels_for(Some(128)), 128);
         assert_eq!(c.channels_for(Some(17)), 17);
         // Unknown link: the default stands.
@@ -201,13 +211,13 @@ mod tests {
             ("NCCL_MAX_NCHANNELS", "64"),
         ])
         .unwrap();
-        let b = DeviceConfig::default().with_nccl_bounds(&cfg);
+        let b = c.clone().with_nccl_bounds(&cfg);
         assert_eq!(b.choice, ChannelChoice::Topology { min: 32, max: 64 });
         assert_eq!(b.channels_for(Some(17)), 32);
         assert_eq!(b.channels_for(Some(128)), 64);
         // Only the maximum set: the minimum stays 1, not the host's default.
         let cfg = crate::config::Config::load_with(&[("NCCL_MAX_NCHANNELS", "1000")]).unwrap();
-        let b = DeviceConfig::default().with_nccl_bounds(&cfg);
+        let b = c.clone().with_nccl_bounds(&cfg);
         assert_eq!(b.channels_for(Some(2)), 2);
         assert_eq!(b.channels_for(Some(128)), MAX_CHANNELS);
         // A fixed count ignores both.
