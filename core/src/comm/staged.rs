@@ -79,23 +79,16 @@ struct Region {
 fn layout(ops: &[(Op, OpBuffers)]) -> (Vec<Region>, usize) {
     let mut ext: Vec<Region> = Vec::new();
     for (_, b) in ops {
-        if b.in_bytes > 0 {
-            let s = b.input as u64;
+        let sides = [
+            (b.input as u64, b.in_bytes, true),
+            (b.output as u64, b.out_bytes, false),
+        ];
+        for (start, len, read) in sides.into_iter().filter(|s| s.1 > 0) {
             ext.push(Region {
-                start: s,
-                end: s + b.in_bytes as u64,
-                read: true,
-                written: false,
-                at: 0,
-            });
-        }
-        if b.out_bytes > 0 {
-            let s = b.output as u64;
-            ext.push(Region {
-                start: s,
-                end: s + b.out_bytes as u64,
-                read: false,
-                written: true,
+                start,
+                end: start + len as u64,
+                read,
+                written: !read,
                 at: 0,
             });
         }

@@ -82,6 +82,16 @@ impl PinnedHost {
         Ok(())
     }
 
+    /// Checks a copy's range and binds the context; `false`: nothing to copy.
+    fn ready(&self, offset: usize, len: usize) -> Result<bool> {
+        self.range(offset, len)?;
+        if len == 0 {
+            return Ok(false);
+        }
+        self.ctx.bind()?;
+        Ok(true)
+    }
+
     /// Enqueues a copy of `len` bytes from device address `src` to `offset`.
     pub fn copy_from_device(
         &self,
@@ -90,11 +100,9 @@ impl PinnedHost {
         len: usize,
         stream: RawStream,
     ) -> Result<()> {
-        self.range(offset, len)?;
-        if len == 0 {
+        if !self.ready(offset, len)? {
             return Ok(());
         }
-        self.ctx.bind()?;
         check(
             // SAFETY: the destination range is inside this allocation
             // (checked); the source is the caller's device buffer, valid by
@@ -114,11 +122,9 @@ impl PinnedHost {
         len: usize,
         stream: RawStream,
     ) -> Result<()> {
-        self.range(offset, len)?;
-        if len == 0 {
+        if !self.ready(offset, len)? {
             return Ok(());
         }
-        self.ctx.bind()?;
         check(
             // SAFETY: the source range is inside this allocation (checked);
             // the destination is the caller's device buffer.
