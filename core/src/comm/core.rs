@@ -162,7 +162,12 @@ impl Core {
         self.splits.fetch_add(1, Ordering::SeqCst)
     }
 
-    fn ctx(&self, what: String, seq: Option<u64>, mask: i32) -> ExecCtx<'_> {
+    fn ctx<'a>(
+        &'a self,
+        what: &'a (dyn Fn() -> String + Sync),
+        seq: Option<u64>,
+        mask: i32,
+    ) -> ExecCtx<'a> {
         ExecCtx {
             rank: self.rank,
             what,
@@ -310,8 +315,8 @@ impl Core {
             Some(e) if mask & PROXY_OP_BITS != 0 => vec![e.handle()],
             _ => Vec::new(),
         };
-        let what = format!("{} #{seq}", op.describe());
-        debug!(target: "oxccl::coll", rank = self.rank, "{what}: {} on {nch} channel(s)", algo.name());
+        let what = || format!("{} #{seq}", op.describe());
+        debug!(target: "oxccl::coll", rank = self.rank, "{}: {} on {nch} channel(s)", what(), algo.name());
         let header = OpHeader {
             seq,
             kind: op.kind.code(),
@@ -329,7 +334,7 @@ impl Core {
             .collect();
         let (sends, recvs) = peers_of(&plans, 0);
         self.connect(conns, &sends, &recvs)
-            .map_err(|e| self.failed(e.context(&what)))?;
+            .map_err(|e| self.failed(e.context(what())))?;
         let mut lanes: Vec<Lane> = plans
             .into_iter()
             .enumerate()
@@ -346,7 +351,7 @@ impl Core {
                 )
             })
             .collect();
-        let ctx = self.ctx(what.clone(), Some(seq), mask);
+        let ctx = self.ctx(&what, Some(seq), mask);
         let result = if lanes.len() == 1 {
             exec::run(&mut lanes, &ctx)
         } else {
@@ -368,10 +373,11 @@ impl Core {
         };
         self.put_back(conns, lanes);
         result.map_err(|e| {
+            let what = what();
             self.failed(if e.message().contains(&what) {
                 e
             } else {
-                e.context(&what)
+                e.context(what)
             })
         })
     }
@@ -546,11 +552,8 @@ impl Core {
             ));
         }
         drop(seqs);
-        let ctx = self.ctx(
-            format!("group of send/recv ({})", what.join(", ")),
-            None,
-            mask,
-        );
+        let what = || format!("group of send/recv ({})", what.join(", "));
+        let ctx = self.ctx(&what, None, mask);
         let result = exec::run(&mut lanes, &ctx);
         self.put_back(conns, lanes);
         result.map_err(|e| self.failed(e))

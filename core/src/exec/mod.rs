@@ -60,7 +60,9 @@ pub struct Lane {
 /// What the executor needs from the communicator to report failures.
 pub struct ExecCtx<'a> {
     pub rank: usize,
-    pub what: String,
+    /// Names the operation in errors; built only when one is reported, so
+    /// that a small operation does not pay for formatting it.
+    pub what: &'a (dyn Fn() -> String + Sync),
     /// Collective sequence number, compared with other ranks' progress on a timeout.
     pub seq: Option<u64>,
     pub timeout: Duration,
@@ -529,7 +531,7 @@ fn drive(lanes: &mut [Lane], states: &mut [LaneState<'_>], ctx: &ExecCtx<'_>) ->
             if ctx.aborted.load(Ordering::Relaxed) {
                 return Err(Error::InvalidUsage(format!(
                     "{}: the communicator was aborted",
-                    ctx.what
+                    (ctx.what)()
                 )));
             }
             if let Some((who, msg)) = ctx.bootstrap.remote_failure() {
@@ -570,7 +572,7 @@ fn prefer_peer_report(ctx: &ExecCtx<'_>, e: Error) -> Error {
 fn timeout_error(ctx: &ExecCtx<'_>, waits: &[String]) -> Error {
     let mut msg = format!(
         "{} on rank {}: no progress for {:.1} s (NCCL_TIMEOUT) waiting {}",
-        ctx.what,
+        (ctx.what)(),
         ctx.rank,
         ctx.timeout.as_secs_f64(),
         if waits.is_empty() {
