@@ -9,7 +9,6 @@ mod staged;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use oxccl_plugin::Net;
 use tracing::{info, warn};
 
 use crate::bootstrap::{get_unique_id, Bootstrap, UniqueId};
@@ -18,6 +17,7 @@ use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::group;
 use crate::op::{Op, OpKind};
+use crate::plugin::net::Network;
 
 pub(crate) use self::core::Core;
 
@@ -102,9 +102,10 @@ impl std::fmt::Debug for Comm {
     }
 }
 
-/// The network every communicator of this process uses, chosen once.
-fn network(cfg: &Config) -> Result<Arc<dyn Net>> {
-    static NET: Mutex<Option<Arc<dyn Net>>> = Mutex::new(None);
+/// The network every communicator of this process uses, chosen once (each
+/// communicator then takes its own view of it: [`Network::for_comm`]).
+fn network(cfg: &Config) -> Result<Network> {
+    static NET: Mutex<Option<Network>> = Mutex::new(None);
     let mut slot = NET
         .lock()
         .map_err(|_| Error::Internal("network table poisoned".into()))?;
@@ -144,7 +145,6 @@ fn network(cfg: &Config) -> Result<Arc<dyn Net>> {
             Ok(net) => match net.devices() {
                 Ok(n) if n > 0 => {
                     info!(target: "oxccl::net", "using network {} ({n} device(s))", b.name);
-                    let net: Arc<dyn Net> = Arc::from(net);
                     *slot = Some(net.clone());
                     return Ok(net);
                 }
@@ -249,7 +249,9 @@ impl Comm {
         device: Option<usize>,
         comm_hash: u64,
     ) -> Result<Core> {
-        let net = network(&cfg)?;
+        // The network is the process's; its context (v11+) is this
+        // communicator's, made with the commHash every rank of it shares.
+        let net = network(&cfg)?.for_comm(comm_hash)?;
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
         let nnodes = ident::count_nodes(&bootstrap, ident::host_hash(&cfg))?;
         let dc = match device {

@@ -44,7 +44,10 @@ pub const COLLNET_SYMBOLS: &[&str] = &[
     "ncclCollNetPlugin_v6",
 ];
 
-/// A v11+ per-communicator context; this adapter makes one for the process.
+/// A v11+ context: one for the process (made at negotiation, for the
+/// device probing that happens before any communicator exists) and one per
+/// communicator ([`CNet::for_comm`]), as NCCL's `ncclNetInit` makes one per
+/// communicator.
 #[derive(Clone, Copy)]
 struct Ctx(*mut c_void);
 
@@ -199,10 +202,36 @@ pub struct Refusal {
     pub reason: String,
 }
 
+/// What keeps a vtable usable: its library loaded and, for v11+, its
+/// context alive. Every comm and request made through a context holds it, so
+/// that `finalize` runs after the last of them is closed (NCCL finalizes a
+/// communicator's context after closing its connections), whatever order
+/// their owners drop in.
+struct Hold {
+    vt: Vt,
+    lib: Lib,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let (f, ctx) = match self.vt {
+            Vt::V11(v, c) => (v.finalize, c),
+            Vt::V12(v, c) => (v.finalize, c),
+            _ => return,
+        };
+        if let Some(f) = f {
+            // SAFETY: the context `init` returned, finalized once (the
+            // last holder is dropping it); the library is still loaded
+            // (`lib` drops after this).
+            let _ = unsafe { f(ctx.0) };
+        }
+    }
+}
+
 /// A network reached through one of the C vtables.
 pub struct CNet {
     vt: Vt,
-    lib: Lib,
+    hold: std::sync::Arc<Hold>,
     name: String,
 }
 
@@ -252,12 +281,34 @@ impl CNet {
         let name = unsafe { CStr::from_ptr(vt.name_ptr()) }
             .to_string_lossy()
             .into_owned();
-        let vt = init(vt).map_err(|e| refuse(format!("{sym} init failed: {e}")))?;
-        Ok(CNet {
+        let vt = init(vt, 0).map_err(|e| refuse(format!("{sym} init failed: {e}")))?;
+        Ok(CNet::with(vt, lib.clone(), name))
+    }
+
+    fn with(vt: Vt, lib: Lib, name: String) -> CNet {
+        CNet {
             vt,
-            lib: lib.clone(),
+            hold: std::sync::Arc::new(Hold { vt, lib }),
             name,
-        })
+        }
+    }
+
+    /// The same network with a context of its own for the communicator
+    /// `comm_hash` (v11+: `init(&ctx, commHash, …)`, finalized once the
+    /// returned value and every comm made through it are gone). `None`
+    /// before v11: there is no context, the process-wide network serves.
+    pub fn for_comm(&self, comm_hash: u64) -> NetResult<Option<CNet>> {
+        match self.vt {
+            Vt::V11(..) | Vt::V12(..) => {
+                let vt = init(self.vt, comm_hash)?;
+                Ok(Some(CNet::with(
+                    vt,
+                    self.hold.lib.clone(),
+                    self.name.clone(),
+                )))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// A built-in keeps its registered name ("Socket"), which `NCCL_NET`
@@ -273,8 +324,9 @@ impl CNet {
     }
 }
 
-/// Runs `init` with the core's logger; v11+ also returns a context.
-fn init(vt: Vt) -> NetResult<Vt> {
+/// Runs `init` with the core's logger; v11+ also returns a context, made
+/// for the communicator `comm_id` (0: the process's own).
+fn init(vt: Vt, comm_id: u64) -> NetResult<Vt> {
     let log = crate::plugin::ffi_log::logger();
     // SAFETY: entries checked non-null by `null_entries`; the arguments are
     // what the ABI describes (a logger, no profiler callback, a config with
@@ -293,7 +345,9 @@ fn init(vt: Vt) -> NetResult<Vt> {
                 };
                 check(
                     "init",
-                    (v.init.ok_or_else(|| missing("init"))?)(&mut ctx, 0, &mut cfg, log, None),
+                    (v.init.ok_or_else(|| missing("init"))?)(
+                        &mut ctx, comm_id, &mut cfg, log, None,
+                    ),
                 )?;
                 Ok(Vt::V11(v, Ctx(ctx)))
             }
@@ -304,24 +358,12 @@ fn init(vt: Vt) -> NetResult<Vt> {
                 };
                 check(
                     "init",
-                    (v.init.ok_or_else(|| missing("init"))?)(&mut ctx, 0, &mut cfg, log, None),
+                    (v.init.ok_or_else(|| missing("init"))?)(
+                        &mut ctx, comm_id, &mut cfg, log, None,
+                    ),
                 )?;
                 Ok(Vt::V12(v, Ctx(ctx)))
             }
-        }
-    }
-}
-
-impl Drop for CNet {
-    fn drop(&mut self) {
-        let (f, ctx) = match self.vt {
-            Vt::V11(v, c) => (v.finalize, c),
-            Vt::V12(v, c) => (v.finalize, c),
-            _ => return,
-        };
-        if let Some(f) = f {
-            // SAFETY: the context `init` returned, finalized once.
-            let _ = unsafe { f(ctx.0) };
         }
     }
 }
@@ -458,7 +500,7 @@ impl CNet {
     fn comm(&self, c: *mut c_void, kind: Kind) -> CComm {
         CComm {
             vt: self.vt,
-            _lib: self.lib.clone(),
+            _hold: self.hold.clone(),
             c,
             kind,
         }
@@ -474,7 +516,7 @@ enum Kind {
 
 struct CComm {
     vt: Vt,
-    _lib: Lib,
+    _hold: std::sync::Arc<Hold>,
     c: *mut c_void,
     kind: Kind,
 }
@@ -518,7 +560,7 @@ impl CComm {
         (!r.is_null()).then(|| {
             Box::new(CRequest {
                 vt: self.vt,
-                _lib: self._lib.clone(),
+                _hold: self._hold.clone(),
                 r,
                 done: false,
             }) as Box<dyn Request>
@@ -536,7 +578,7 @@ impl ListenComm for CComm {
         Ok((!c.is_null()).then(|| {
             Box::new(CComm {
                 vt: self.vt,
-                _lib: self._lib.clone(),
+                _hold: self._hold.clone(),
                 c,
                 kind: Kind::Recv,
             }) as Box<dyn RecvComm>
@@ -652,7 +694,7 @@ impl RecvComm for CComm {
 
 struct CRequest {
     vt: Vt,
-    _lib: Lib,
+    _hold: std::sync::Arc<Hold>,
     r: *mut c_void,
     done: bool,
 }
@@ -687,6 +729,14 @@ mod tests {
 
     /// The socket network's exported vtable of one version only, as a
     /// library exporting just that version would be.
+    /// The version chosen lives in a static read by `symbols`, so tests
+    /// running in parallel negotiate one at a time.
+    fn negotiate_only(version: u32) -> CNet {
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+        CNet::negotiate(&only(version)).unwrap()
+    }
+
     fn only(version: u32) -> Lib {
         oxccl_net_socket::force_link();
         static WANT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -706,12 +756,74 @@ mod tests {
         }
     }
 
+    /// Connects `net` to itself and sends one message; panics on failure.
+    fn round_trip(net: &CNet, fill: u8) {
+        let (mut h, mut l) = net.listen(0).unwrap();
+        let (mut s, mut r) = (None, None);
+        while s.is_none() || r.is_none() {
+            if s.is_none() {
+                s = net.connect(0, &mut h).unwrap();
+            }
+            if r.is_none() {
+                r = l.accept().unwrap();
+            }
+        }
+        let (mut s, mut r) = (s.unwrap(), r.unwrap());
+        let msg = vec![fill; 100];
+        let mut got = vec![0u8; 100];
+        let mut rq = loop {
+            // SAFETY: both buffers outlive their requests (polled to completion below).
+            if let Some(q) = unsafe { r.irecv(got.as_mut_ptr(), got.len(), 0, None) }.unwrap() {
+                break q;
+            }
+        };
+        let mut sq = loop {
+            // SAFETY: as above.
+            if let Some(q) = unsafe { s.isend(msg.as_ptr(), msg.len(), 0, None) }.unwrap() {
+                break q;
+            }
+        };
+        let (mut sd, mut rd) = (None, None);
+        while sd.is_none() || rd.is_none() {
+            if sd.is_none() {
+                sd = sq.test().unwrap();
+            }
+            if rd.is_none() {
+                rd = rq.test().unwrap();
+            }
+        }
+        assert_eq!(got, msg);
+    }
+
+    /// Per-communicator views over the export glue: several v11/v12
+    /// contexts alive at once, one finalized while the others and the
+    /// process's own keep working; none before v11.
+    #[test]
+    fn contexts_per_communicator_coexist() {
+        for v in [11u32, 12] {
+            let net = negotiate_only(v);
+            let a = net.for_comm(1).unwrap().expect("v11+ has contexts");
+            let b = net.for_comm(2).unwrap().expect("v11+ has contexts");
+            round_trip(&a, 1);
+            round_trip(&b, 2);
+            drop(a);
+            round_trip(&b, 3);
+            round_trip(&net, 4);
+            drop(b);
+            round_trip(&net, 5);
+        }
+        for v in [8u32, 9, 10] {
+            let net = negotiate_only(v);
+            assert!(net.for_comm(1).unwrap().is_none(), "v{v}");
+        }
+    }
+
     /// Every version's adapter against the same network's export glue:
     /// connect, accept and one message each way of the one connection.
     #[test]
     fn every_version_round_trips_a_message() {
         for v in [8u32, 9, 10, 11, 12] {
-            let net = CNet::negotiate(&only(v)).unwrap();
+            let net = negotiate_only(v);
             assert_eq!(net.version(), format!("v{v}"));
             assert!(net.properties(0).unwrap().max_p2p_bytes > 0);
             let (mut h, mut l) = net.listen(0).unwrap();

@@ -22,6 +22,49 @@ pub fn candidates(setting: Option<&str>) -> Vec<String> {
 
 pub use crate::plugin::loader::Outcome;
 
+/// A network as the process chose it: used as is to probe devices, and the
+/// source of each communicator's own view ([`Network::for_comm`]). It
+/// dereferences to the process-wide [`Net`].
+#[derive(Clone)]
+pub struct Network {
+    net: Arc<dyn Net>,
+    /// The C adapter behind `net`, when it is one: v11+ vtables take a
+    /// context per communicator.
+    c: Option<Arc<ffi::CNet>>,
+}
+
+impl Network {
+    fn c(net: ffi::CNet) -> Network {
+        let c = Arc::new(net);
+        Network {
+            net: c.clone(),
+            c: Some(c),
+        }
+    }
+
+    /// The network for the communicator whose NCCL commHash is `comm_hash`:
+    /// a v11/v12 vtable gets `init(&ctx, comm_hash, …)` here, and that
+    /// context is used by the returned value's listen/connect and finalized
+    /// when it and every connection made through it are dropped. The
+    /// library and vtable stay shared. Older versions and native networks
+    /// have no context: the process-wide network is returned.
+    pub fn for_comm(&self, comm_hash: u64) -> NetResult<Arc<dyn Net>> {
+        if let Some(c) = &self.c {
+            if let Some(mine) = c.for_comm(comm_hash)? {
+                return Ok(Arc::new(mine));
+            }
+        }
+        Ok(self.net.clone())
+    }
+}
+
+impl std::ops::Deref for Network {
+    type Target = dyn Net;
+    fn deref(&self) -> &(dyn Net + 'static) {
+        &*self.net
+    }
+}
+
 /// Looks for collnet symbols, which this oxccl does not use: NCCL without a
 /// collnet plugin runs the same, so they are reported and disabled.
 fn refuse_collnet(lib: &Lib) {
@@ -38,7 +81,7 @@ fn refuse_collnet(lib: &Lib) {
 /// opened, exports no version we load, has a NULL required entry or fails
 /// `init` gives one WARN line and `None`: the caller falls back to the
 /// built-in network, as NCCL falls back to its internal one.
-pub fn load(setting: Option<&str>) -> Result<(Option<Arc<dyn Net>>, Outcome)> {
+pub fn load(setting: Option<&str>) -> Result<(Option<Network>, Outcome)> {
     let search = loader::open(loader::NET, setting);
     let searched = search.tried.clone();
     if let (Some(l), Ok(mut slot)) = (&search.opened, OPENED.lock()) {
@@ -78,7 +121,7 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Arc<dyn Net>>, Outcome)> {
             info!(target: "oxccl::net",
                 "loaded net plugin {} from {} (ncclNetPlugin_{version})", net.name(), lib.name());
             Ok((
-                Some(Arc::new(net)),
+                Some(Network::c(net)),
                 Outcome::Loaded {
                     library: lib.name().to_string(),
                     version,
@@ -115,9 +158,12 @@ pub fn refusal_line(library: &str, r: &Refusal) -> String {
 
 /// Starts a built-in network: through its exported C vtable when it has one
 /// (the same negotiation and adapter as a library), else natively.
-pub fn builtin(b: &BuiltinNet) -> NetResult<Box<dyn Net>> {
+pub fn builtin(b: &BuiltinNet) -> NetResult<Network> {
     let Some(symbols) = b.abi else {
-        return (b.init)();
+        return Ok(Network {
+            net: Arc::from((b.init)()?),
+            c: None,
+        });
     };
     let lib = Lib::Builtin {
         name: b.name,
@@ -127,7 +173,7 @@ pub fn builtin(b: &BuiltinNet) -> NetResult<Box<dyn Net>> {
         Ok(net) => {
             tracing::debug!(target: "oxccl::net",
                 "built-in network {} through ncclNetPlugin_{}", b.name, net.version());
-            Ok(Box::new(net.renamed(b.name)))
+            Ok(Network::c(net.renamed(b.name)))
         }
         Err(r) => Err(NetError::Internal(refusal_line(b.name, &r))),
     }

@@ -755,7 +755,11 @@ unsafe extern "C" fn init_v10<P: Provider>(logger: Logger, _prof: ProfilerCallba
 }
 
 /// The per-communicator context of v11 and later. One network instance
-/// serves every communicator, so the context only has to be non-NULL.
+/// (the provider's cell, made on first use and kept for the process) serves
+/// every communicator, so the context only has to be non-NULL: every `init`
+/// returns this one and `finalize` releases nothing. Any number of
+/// contexts can therefore be alive at once, and finalizing one leaves the
+/// network usable through the others.
 static CONTEXT: u8 = 0;
 
 /// `init` of v11 and v12: called once per communicator, with a context out.
@@ -787,6 +791,8 @@ unsafe extern "C" fn init_v12<P: Provider>(
     init_as::<P>(logger, "ncclNet_v12")
 }
 
+/// Nothing to release: see [`CONTEXT`]. The network outlives every context
+/// on purpose, since NCCL finalizes one communicator's while others run.
 unsafe extern "C" fn finalize(_ctx: *mut c_void) -> i32 {
     NCCL_SUCCESS
 }
