@@ -24,6 +24,11 @@ pub trait Provider: 'static {
     fn make() -> NetResult<Box<dyn Net>>;
     /// The C name NCCL prints ("Socket" …), NUL-terminated.
     const NAME: &'static [u8];
+    /// Whether the vtables carry `irecvConsumed`. NCCL calls it after every
+    /// completed receive whenever it is non-NULL, so a network that has
+    /// nothing to do there leaves it NULL and saves NCCL that call per step
+    /// (`export_net_plugin!(name, make, irecv_consumed)` sets it).
+    const IRECV_CONSUMED: bool = false;
 }
 
 fn net<P: Provider>() -> Result<&'static dyn Net, NetError> {
@@ -681,7 +686,11 @@ pub const fn vtable_v8<P: Provider>() -> NetV8 {
         close_recv: Some(close_comm),
         close_listen: Some(close_comm),
         get_device_mr: Some(get_device_mr),
-        irecv_consumed: Some(irecv_consumed),
+        irecv_consumed: if P::IRECV_CONSUMED {
+            Some(irecv_consumed)
+        } else {
+            None
+        },
     }
 }
 
@@ -863,7 +872,11 @@ pub const fn vtable_v9<P: Provider>() -> v9::NetV9 {
         close_recv: Some(close_comm),
         close_listen: Some(close_comm),
         get_device_mr: Some(get_device_mr),
-        irecv_consumed: Some(irecv_consumed),
+        irecv_consumed: if P::IRECV_CONSUMED {
+            Some(irecv_consumed)
+        } else {
+            None
+        },
         make_vdevice: None,
     }
 }
@@ -889,7 +902,11 @@ pub const fn vtable_v10<P: Provider>() -> v10::NetV10 {
         close_recv: Some(close_comm),
         close_listen: Some(close_comm),
         get_device_mr: Some(get_device_mr),
-        irecv_consumed: Some(irecv_consumed),
+        irecv_consumed: if P::IRECV_CONSUMED {
+            Some(irecv_consumed)
+        } else {
+            None
+        },
         make_vdevice: None,
     }
 }
@@ -915,7 +932,11 @@ pub const fn vtable_v11<P: Provider>() -> v11::NetV11 {
         close_recv: Some(close_comm),
         close_listen: Some(close_comm),
         get_device_mr: Some(get_device_mr),
-        irecv_consumed: Some(irecv_consumed),
+        irecv_consumed: if P::IRECV_CONSUMED {
+            Some(irecv_consumed)
+        } else {
+            None
+        },
         make_vdevice: None,
         finalize: Some(finalize),
         set_net_attr: Some(set_net_attr_v11),
@@ -943,7 +964,11 @@ pub const fn vtable_v12<P: Provider>() -> v12::NetV12 {
         close_recv: Some(close_comm),
         close_listen: Some(close_comm),
         get_device_mr: Some(get_device_mr),
-        irecv_consumed: Some(irecv_consumed),
+        irecv_consumed: if P::IRECV_CONSUMED {
+            Some(irecv_consumed)
+        } else {
+            None
+        },
         make_vdevice: None,
         finalize: Some(finalize),
         set_net_attr: Some(set_net_attr_v12),
@@ -959,10 +984,12 @@ unsafe impl<T> Sync for Exported<T> {}
 
 /// Exports `ncclNetPlugin_v8` to `ncclNetPlugin_v12` (no collnet symbol:
 /// loaders then run without collnet) for a network made by `$make` (a
-/// `fn() -> NetResult<Box<dyn Net>>`), named `$name` in NCCL's logs.
+/// `fn() -> NetResult<Box<dyn Net>>`), named `$name` in NCCL's logs. A
+/// third argument `irecv_consumed` exports that entry (see
+/// [`Provider::IRECV_CONSUMED`]).
 #[macro_export]
 macro_rules! export_net_plugin {
-    ($name:literal, $make:path) => {
+    ($name:literal, $make:path $(, $consumed:ident)?) => {
         #[doc(hidden)]
         pub struct __OxcclNetProvider;
         impl $crate::ffi::export::Provider for __OxcclNetProvider {
@@ -977,6 +1004,10 @@ macro_rules! export_net_plugin {
                 $make()
             }
             const NAME: &'static [u8] = concat!($name, "\0").as_bytes();
+            $(const IRECV_CONSUMED: bool = {
+                let _ = stringify!($consumed);
+                true
+            };)?
         }
         /// NCCL's net plugin symbol, version 8 (loaded by NCCL 2.19 to 2.30).
         #[no_mangle]

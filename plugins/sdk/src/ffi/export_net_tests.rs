@@ -170,6 +170,29 @@ impl Provider for P {
         Err(NetError::Internal("not used by these tests".into()))
     }
     const NAME: &'static [u8] = b"test\0";
+    const IRECV_CONSUMED: bool = true;
+}
+
+/// A provider that keeps the default: no `irecvConsumed` in its vtables.
+struct Plain;
+impl Provider for Plain {
+    fn cell() -> &'static OnceLock<Result<Box<dyn Net>, NetError>> {
+        P::cell()
+    }
+    fn make() -> NetResult<Box<dyn Net>> {
+        P::make()
+    }
+    const NAME: &'static [u8] = b"plain\0";
+}
+
+#[test]
+fn irecv_consumed_is_null_unless_the_network_asks() {
+    assert!(vtable_v8::<Plain>().irecv_consumed.is_none());
+    assert!(vtable_v9::<Plain>().irecv_consumed.is_none());
+    assert!(vtable_v10::<Plain>().irecv_consumed.is_none());
+    assert!(vtable_v11::<Plain>().irecv_consumed.is_none());
+    assert!(vtable_v12::<Plain>().irecv_consumed.is_none());
+    assert!(vtable_v12::<P>().irecv_consumed.is_some());
 }
 
 type RegDmaBuf = unsafe extern "C" fn(
