@@ -113,7 +113,10 @@ const PAR_MIN: usize = 1 << 20;
 /// Splits `elems` elements into one span per thread worth starting:
 /// inputs and checks of a GiB take minutes on one core.
 fn spans(elems: usize) -> Vec<(usize, usize)> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // available_parallelism reads cgroup files on Linux: once per process.
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let threads =
+        *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let k = (elems / PAR_MIN).clamp(1, threads);
     let per = elems.div_ceil(k).max(1);
     (0..elems)

@@ -61,25 +61,38 @@ pub fn distinct(hashes: &[u64]) -> usize {
     v.len()
 }
 
-/// The number of nodes among the communicator's ranks (one allgather).
-pub fn count_nodes(bootstrap: &Bootstrap, mine: u64) -> Result<usize> {
-    let all = bootstrap.allgather(&mine.to_le_bytes())?;
-    let hashes = all
-        .iter()
-        .enumerate()
-        .map(|(r, b)| {
-            b.as_slice()
-                .try_into()
-                .map(u64::from_le_bytes)
-                .map_err(|_| {
-                    Error::Internal(format!(
-                        "rank {r} sent a {}-byte host hash where 8 were expected",
-                        b.len()
-                    ))
-                })
-        })
-        .collect::<Result<Vec<u64>>>()?;
-    Ok(distinct(&hashes))
+/// What the ranks of a communicator learn of each other at creation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peers {
+    /// Distinct host hashes among the ranks.
+    pub nnodes: usize,
+    /// Ranks that set NCCL_P2P_DISABLE (their GPUs must not map others').
+    pub p2p_disabled: Vec<usize>,
+}
+
+/// One allgather of each rank's host hash and P2P setting.
+pub fn exchange(bootstrap: &Bootstrap, host: u64, p2p_disable: bool) -> Result<Peers> {
+    let mut mine = host.to_le_bytes().to_vec();
+    mine.push(u8::from(p2p_disable));
+    let all = bootstrap.allgather(&mine)?;
+    let mut hashes = Vec::with_capacity(all.len());
+    let mut p2p_disabled = Vec::new();
+    for (r, b) in all.iter().enumerate() {
+        let (Some(h), Some(&flag)) = (b.get(..8), b.get(8)) else {
+            return Err(Error::Internal(format!(
+                "rank {r} sent {} bytes of rank facts where 9 were expected",
+                b.len()
+            )));
+        };
+        hashes.push(u64::from_le_bytes(h.try_into().expect("8 bytes")));
+        if flag == 1 {
+            p2p_disabled.push(r);
+        }
+    }
+    Ok(Peers {
+        nnodes: distinct(&hashes),
+        p2p_disabled,
+    })
 }
 
 #[cfg(test)]

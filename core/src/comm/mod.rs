@@ -253,11 +253,13 @@ impl Comm {
         // communicator's, made with the commHash every rank of it shares.
         let net = network(&cfg)?.for_comm(comm_hash)?;
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
-        let nnodes = ident::count_nodes(&bootstrap, ident::host_hash(&cfg))?;
+        let peers = ident::exchange(&bootstrap, ident::host_hash(&cfg), cfg.p2p_disable)?;
+        let nnodes = peers.nnodes;
         let dc = match device {
             Some(d) => Some(on_device::open(
                 &bootstrap,
-                (rank, nranks, nnodes),
+                (rank, nranks),
+                &peers,
                 d,
                 &cfg,
                 net.name(),

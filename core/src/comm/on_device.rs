@@ -9,6 +9,7 @@ use crate::bootstrap::Bootstrap;
 use tracing::info;
 
 use super::core::GpuPath;
+use super::ident::Peers;
 use super::staged::Staged;
 use crate::config::Config;
 use crate::cuda::{pointer_kind, Context, Device, PtrKind, RawStream, SavedCurrent};
@@ -45,16 +46,14 @@ impl Oob for BootstrapOob<'_> {
 /// staging through pinned host memory over the network.
 pub(crate) fn open(
     bootstrap: &Bootstrap,
-    (rank, nranks, nnodes): (usize, usize, usize),
+    (rank, nranks): (usize, usize),
+    peers: &Peers,
     device: usize,
     cfg: &Config,
     net: &str,
 ) -> Result<GpuPath> {
     let _restore = SavedCurrent::save()?;
-    let all = bootstrap.allgather(&[u8::from(cfg.p2p_disable)])?;
-    let disabled: Vec<usize> = (0..nranks)
-        .filter(|&r| all[r].first() == Some(&1))
-        .collect();
+    let (nnodes, disabled) = (peers.nnodes, &peers.p2p_disabled);
     if nnodes == 1 && disabled.is_empty() {
         let oob = BootstrapOob {
             bootstrap,

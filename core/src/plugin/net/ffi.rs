@@ -757,7 +757,9 @@ mod tests {
     }
 
     /// Connects `net` to itself and sends one message; panics on failure.
-    fn round_trip(net: &CNet, fill: u8) {
+    /// Connects `net`'s device 0 to itself, sends `msg` into a receive of
+    /// `capacity` bytes; returns the sizes the receive reported and its buffer.
+    fn round_trip(net: &CNet, msg: &[u8], capacity: usize) -> (Vec<usize>, Vec<u8>) {
         let (mut h, mut l) = net.listen(0).unwrap();
         let (mut s, mut r) = (None, None);
         while s.is_none() || r.is_none() {
@@ -769,8 +771,7 @@ mod tests {
             }
         }
         let (mut s, mut r) = (s.unwrap(), r.unwrap());
-        let msg = vec![fill; 100];
-        let mut got = vec![0u8; 100];
+        let mut got = vec![0u8; capacity];
         let mut rq = loop {
             // SAFETY: both buffers outlive their requests (polled to completion below).
             if let Some(q) = unsafe { r.irecv(got.as_mut_ptr(), got.len(), 0, None) }.unwrap() {
@@ -792,7 +793,13 @@ mod tests {
                 rd = rq.test().unwrap();
             }
         }
-        assert_eq!(got, msg);
+        (rd.unwrap(), got)
+    }
+
+    /// A 100-byte message of `fill` arrives whole.
+    fn echo(net: &CNet, fill: u8) {
+        let msg = vec![fill; 100];
+        assert_eq!(round_trip(net, &msg, 100).1, msg);
     }
 
     /// Per-communicator views over the export glue: several v11/v12
@@ -804,13 +811,13 @@ mod tests {
             let net = negotiate_only(v);
             let a = net.for_comm(1).unwrap().expect("v11+ has contexts");
             let b = net.for_comm(2).unwrap().expect("v11+ has contexts");
-            round_trip(&a, 1);
-            round_trip(&b, 2);
+            echo(&a, 1);
+            echo(&b, 2);
             drop(a);
-            round_trip(&b, 3);
-            round_trip(&net, 4);
+            echo(&b, 3);
+            echo(&net, 4);
             drop(b);
-            round_trip(&net, 5);
+            echo(&net, 5);
         }
         for v in [8u32, 9, 10] {
             let net = negotiate_only(v);
@@ -826,41 +833,9 @@ mod tests {
             let net = negotiate_only(v);
             assert_eq!(net.version(), format!("v{v}"));
             assert!(net.properties(0).unwrap().max_p2p_bytes > 0);
-            let (mut h, mut l) = net.listen(0).unwrap();
-            let (mut s, mut r) = (None, None);
-            while s.is_none() || r.is_none() {
-                if s.is_none() {
-                    s = net.connect(0, &mut h).unwrap();
-                }
-                if r.is_none() {
-                    r = l.accept().unwrap();
-                }
-            }
-            let (mut s, mut r) = (s.unwrap(), r.unwrap());
             let msg: Vec<u8> = (0..1000u32).map(|i| (i * v) as u8).collect();
-            let mut got = vec![0u8; 4096];
-            let mut rq = loop {
-                // SAFETY: both buffers outlive their requests (polled to completion below).
-                if let Some(q) = unsafe { r.irecv(got.as_mut_ptr(), got.len(), 0, None) }.unwrap() {
-                    break q;
-                }
-            };
-            let mut sq = loop {
-                // SAFETY: as above.
-                if let Some(q) = unsafe { s.isend(msg.as_ptr(), msg.len(), 0, None) }.unwrap() {
-                    break q;
-                }
-            };
-            let (mut sd, mut rd) = (None, None);
-            while sd.is_none() || rd.is_none() {
-                if sd.is_none() {
-                    sd = sq.test().unwrap();
-                }
-                if rd.is_none() {
-                    rd = rq.test().unwrap();
-                }
-            }
-            assert_eq!(rd.unwrap(), vec![1000], "v{v}");
+            let (rd, got) = round_trip(&net, &msg, 4096);
+            assert_eq!(rd, vec![1000], "v{v}");
             assert_eq!(&got[..1000], &msg[..], "v{v}");
         }
     }
