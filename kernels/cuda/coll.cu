@@ -64,7 +64,10 @@ struct CollArgs {
   u32 nchunks;
   u32 slice_elems;  // elements per FIFO slot use, a multiple of 16 bytes
   u32 nchannels;
-  u32 pad[2];
+  // Where each block writes its globaltimer at start and end (two u64 per
+  // channel, in mapped host memory), for the profiler's KernelCh events; 0:
+  // not timed.
+  u64 stamps;
   DevStep steps[OXCCL_MAX_STEPS];
 };
 
@@ -328,7 +331,19 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
   }
 }
 
+// The host polls these words while the kernel runs, so they go out at
+// system scope; the end stamp follows every thread of the block (the
+// early return of a block without work is taken by the whole block).
+__device__ __forceinline__ void oxccl_stamp(u64 stamps, u32 word) {
+  oxccl_st_relaxed_sys((volatile u64*)stamps + 2 * blockIdx.x + word, oxccl_globaltimer());
+}
+
 template <typename T, typename Op>
 __global__ void __launch_bounds__(1024, 1) oxccl_coll(const __grid_constant__ CollArgs a) {
+  if (a.stamps && threadIdx.x == 0) oxccl_stamp(a.stamps, 0);
   oxccl_coll_body<T, Op>(a);
+  if (a.stamps) {
+    __syncthreads();
+    if (threadIdx.x == 0) oxccl_stamp(a.stamps, 1);
+  }
 }

@@ -84,3 +84,35 @@ pub fn assert_all_ok(done: &[Finished]) {
         .collect();
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
+
+/// A library cargo built with this test binary (target/<profile>/deps/,
+/// where `cargo test` puts it, or target/<profile>/ after `cargo build`).
+pub fn built_library(name: &str) -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let deps = exe.parent()?.to_path_buf();
+    let up = deps.parent()?.to_path_buf();
+    [deps, up]
+        .into_iter()
+        .map(|d| d.join(name))
+        .find(|p| p.exists())
+}
+
+/// The complete events ("ph": "X") of rank `rank`'s trace written by our
+/// profiler plugin into `dir`.
+pub fn trace_events(dir: &std::path::Path, rank: usize) -> Vec<serde_json::Value> {
+    let suffix = format!("-rank{rank}.json");
+    let path = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(&suffix))
+        .unwrap_or_else(|| panic!("no trace of rank {rank} in {dir:?}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("trace is JSON");
+    v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .cloned()
+        .collect()
+}

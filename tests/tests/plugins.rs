@@ -8,22 +8,12 @@ use std::time::Duration;
 use oxccl::{DataType, RedOp};
 use oxccl_cli::perf::Case;
 use oxccl_tests::check::Coll;
-use oxccl_tests::{as_child, assert_all_ok, spawn};
+use oxccl_tests::{as_child, assert_all_ok, built_library, spawn, trace_events};
 
 /// The cdylib cargo built with this test binary (target/<profile>/deps/,
 /// where `cargo test` puts it, or target/<profile>/ after `cargo build`).
 fn plugin_path() -> Option<PathBuf> {
     built_library("liboxccl_net_socket.so")
-}
-
-fn built_library(name: &str) -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let deps = exe.parent()?.to_path_buf();
-    let up = deps.parent()?.to_path_buf();
-    [deps, up]
-        .into_iter()
-        .map(|d| d.join(name))
-        .find(|p| p.exists())
 }
 
 fn run_with_plugin(name: &str, plugin: &str) -> Vec<oxccl_cli::launch::Finished> {
@@ -323,24 +313,6 @@ fn profiler_sees_one_collective_event_per_collective() {
 }
 
 /// The complete events of `rank`'s trace in `dir`, by id.
-fn trace_events(dir: &std::path::Path, rank: usize) -> Vec<serde_json::Value> {
-    let suffix = format!("-rank{rank}.json");
-    let path = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().ends_with(&suffix))
-        .unwrap_or_else(|| panic!("no trace of rank {rank} in {dir:?}"));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("trace is JSON");
-    v["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "X")
-        .cloned()
-        .collect()
-}
-
 #[test]
 fn our_profiler_nests_proxy_ops_and_steps_under_operations() {
     let name = "our_profiler_nests_proxy_ops_and_steps_under_operations";

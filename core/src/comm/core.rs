@@ -80,7 +80,11 @@ pub(crate) struct Core {
     /// This core as its proxy thread holds it (not keeping it alive).
     this: std::sync::OnceLock<std::sync::Weak<Core>>,
     tuner: Option<crate::plugin::tuner::TunerComm>,
-    profiler: Option<ProfilerComm>,
+    /// Shared with the thread that reports the device path's kernel-channel
+    /// events.
+    profiler: Option<Arc<ProfilerComm>>,
+    /// That thread, started by the first group that asks for KernelCh events.
+    kernel_events: std::sync::OnceLock<super::kernel_events::KernelEvents>,
     pub ident: Ident,
 }
 
@@ -115,7 +119,8 @@ impl Core {
         };
         let cfg_tuner = cfg.tuner_plugin.clone();
         let profiler = crate::plugin::profiler::shared(cfg.profiler_plugin.as_deref())?
-            .and_then(|p| ProfilerComm::new(p, ident.comm_hash, nranks, rank, ident.nnodes));
+            .and_then(|p| ProfilerComm::new(p, ident.comm_hash, nranks, rank, ident.nnodes))
+            .map(Arc::new);
         Ok(Core {
             rank,
             nranks,
@@ -136,6 +141,7 @@ impl Core {
                 crate::plugin::tuner::TunerComm::new(t, ident.comm_hash, nranks, ident.nnodes)
             }),
             profiler,
+            kernel_events: std::sync::OnceLock::new(),
             ident,
         })
     }
@@ -177,7 +183,7 @@ impl Core {
             bootstrap: &self.bootstrap,
             prof: self
                 .profiler
-                .as_ref()
+                .as_deref()
                 .filter(|_| mask & PROXY_OP_BITS != 0)
                 .map(|comm| ProxyProfiler { comm, mask }),
         }
@@ -212,7 +218,18 @@ impl Core {
                 .filter(|(op, _)| op.kind.coll().is_some())
                 .count() as u64;
             let seq = self.seq.fetch_add(n, Ordering::SeqCst);
-            return super::on_device::execute(dc, ops).map_err(|e| {
+            let prof = self
+                .profiler
+                .as_ref()
+                .map(|comm| super::on_device::Profiling {
+                    comm,
+                    mask: comm.mask(),
+                    seq,
+                    kernel_events: &self.kernel_events,
+                    limit: self.cfg.timeout(),
+                    rank: self.rank,
+                });
+            return super::on_device::execute(dc, ops, prof).map_err(|e| {
                 e.context(format!(
                     "rank {} (device operations from #{seq})",
                     self.rank
@@ -232,7 +249,7 @@ impl Core {
         // operations' events as children (started in run_collective, here
         // for p2p), the proxy events below those (in the executor). The
         // mask is read once for the group. Without a profiler, one branch.
-        let prof = self.profiler.as_ref();
+        let prof = self.profiler.as_deref();
         let mask = prof.map_or(0, |p| p.mask());
         let group = prof.map(|p| p.start(mask, Event::Group));
         let r = (|| {
@@ -245,7 +262,7 @@ impl Core {
                 .collect();
             if !p2p.is_empty() {
                 let evs: Vec<_> = match (prof, group) {
-                    (Some(p), Some(g)) => p2p.iter().map(|(o, _)| p.p2p(mask, o, g)).collect(),
+                    (Some(p), Some(g)) => p2p.iter().map(|(o, _)| p.p2p(mask, o, 1, g)).collect(),
                     _ => Vec::new(),
                 };
                 let r = self.run_p2p(&mut conns, &p2p, &evs, mask);
@@ -306,7 +323,7 @@ impl Core {
                 )
             }
         };
-        let event = match (&self.profiler, group) {
+        let event = match (self.profiler.as_deref(), group) {
             (Some(p), Some(g)) => Some(p.running(p.coll(mask, op, seq, algo, nch, g))),
             _ => None,
         };

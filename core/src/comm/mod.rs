@@ -3,6 +3,7 @@
 
 mod core;
 mod ident;
+mod kernel_events;
 mod on_device;
 mod staged;
 

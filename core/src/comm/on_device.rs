@@ -3,13 +3,17 @@
 //! without waiting (NCCL's contract). The communicator's bootstrap carries
 //! the executor's setup exchange.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use oxccl_plugin::ffi::profiler::NCCL_PROFILE_KERNEL_CH;
 
 use crate::bootstrap::Bootstrap;
 use tracing::info;
 
 use super::core::GpuPath;
 use super::ident::Peers;
+use super::kernel_events::KernelEvents;
 use super::staged::Staged;
 use crate::config::Config;
 use crate::cuda::{pointer_kind, Context, Device, PtrKind, RawStream, SavedCurrent};
@@ -18,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::exec::device::{DeviceComm, DeviceConfig, Oob};
 use crate::exec::mem::OpBuffers;
 use crate::op::{Op, OpKind};
+use crate::plugin::profiler::{Event, Handle, ProfilerComm};
 
 /// The bootstrap as the device executor's out-of-band exchange.
 struct BootstrapOob<'a> {
@@ -80,9 +85,28 @@ pub(crate) fn open(
     })?))
 }
 
+/// The profiler as one group of the device path reports to it: NCCL's
+/// points (a group event, an event per operation, started before its
+/// kernel is launched and stopped once it is enqueued), and, when the mask
+/// asks for them, kernel-channel events from the launches' GPU times.
+pub(crate) struct Profiling<'a> {
+    pub comm: &'a Arc<ProfilerComm>,
+    pub mask: i32,
+    /// The number of the group's first collective.
+    pub seq: u64,
+    pub kernel_events: &'a OnceLock<KernelEvents>,
+    /// How long a launch may run before its channel events are given up.
+    pub limit: Duration,
+    pub rank: usize,
+}
+
 /// Enqueues one group's operations of this communicator: collectives in
 /// order, then the point-to-point messages together.
-pub(crate) fn execute(dc: &Mutex<DeviceComm>, ops: &[(Op, OpBuffers)]) -> Result<()> {
+pub(crate) fn execute(
+    dc: &Mutex<DeviceComm>,
+    ops: &[(Op, OpBuffers)],
+    prof: Option<Profiling<'_>>,
+) -> Result<()> {
     let mut dc = dc
         .lock()
         .map_err(|_| Error::Internal("device communicator poisoned by an earlier panic".into()))?;
@@ -90,14 +114,55 @@ pub(crate) fn execute(dc: &Mutex<DeviceComm>, ops: &[(Op, OpBuffers)]) -> Result
         check_reachable(dc.context().device().ordinal(), op, bufs)?;
     }
     let _restore = SavedCurrent::save()?;
-    for (op, _) in ops.iter().filter(|(op, _)| op.kind.coll().is_some()) {
+    let events = match &prof {
+        Some(p) => kernel_events(&mut dc, p)?,
+        None => None,
+    };
+    let p = prof.as_ref();
+    let mask = p.map_or(0, |p| p.mask);
+    let group = p.map(|p| p.comm.running(p.comm.start(mask, Event::Group)));
+    // Each timed launch since the last call, with the events it ran for.
+    let track = |dc: &mut DeviceComm, parents: &[Handle]| {
+        if let Some(ev) = events {
+            for t in dc.take_timed() {
+                ev.track(t.slot, t.channels, parents.to_vec());
+            }
+        }
+    };
+    let colls = ops.iter().filter(|(op, _)| op.kind.coll().is_some());
+    for (i, (op, _)) in colls.enumerate() {
+        let event = match (p, &group) {
+            (Some(p), Some(g)) => {
+                let coll = op.kind.coll().expect("a collective");
+                let (algo, nch) = dc.describe(coll, op.count, op.dtype);
+                let seq = p.seq + i as u64;
+                Some(
+                    p.comm
+                        .running(p.comm.coll(mask, op, seq, algo, nch, g.handle())),
+                )
+            }
+            _ => None,
+        };
         collective(&mut dc, op)?;
+        if let Some(e) = &event {
+            track(&mut dc, &[e.handle()]);
+        }
     }
     let p2p: Vec<&Op> = ops
         .iter()
         .map(|(op, _)| op)
         .filter(|op| op.kind.coll().is_none())
         .collect();
+    let p2p_events: Vec<_> = match (p, &group) {
+        (Some(p), Some(g)) => p2p
+            .iter()
+            .map(|op| {
+                let nch = dc.channels_for(op.count * op.dtype.size());
+                p.comm.running(p.comm.p2p(mask, op, nch, g.handle()))
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     // Messages of one size go together in one kernel; each size is a kernel.
     let mut sizes: Vec<usize> = Vec::new();
     for op in &p2p {
@@ -107,28 +172,50 @@ pub(crate) fn execute(dc: &Mutex<DeviceComm>, ops: &[(Op, OpBuffers)]) -> Result
         }
     }
     for bytes in sizes {
-        let group: Vec<&&Op> = p2p
-            .iter()
-            .filter(|op| op.count * op.dtype.size() == bytes)
-            .collect();
-        let dtype = group[0].dtype;
-        let (count, dtype) = if group.iter().all(|op| op.dtype == dtype) {
-            (group[0].count, dtype)
+        let of_size = |op: &Op| op.count * op.dtype.size() == bytes;
+        let msgs: Vec<&&Op> = p2p.iter().filter(|op| of_size(op)).collect();
+        let dtype = msgs[0].dtype;
+        let (count, dtype) = if msgs.iter().all(|op| op.dtype == dtype) {
+            (msgs[0].count, dtype)
         } else {
             (bytes, DataType::Uint8)
         };
         let mut sends = Vec::new();
         let mut recvs = Vec::new();
-        for op in &group {
+        for op in &msgs {
             match op.kind {
                 OpKind::Send { peer } => sends.push((peer, op.input as u64)),
                 OpKind::Recv { peer } => recvs.push((peer, op.output as u64)),
                 _ => {}
             }
         }
-        dc.p2p(&sends, &recvs, count, dtype, stream(group[0]))?;
+        dc.p2p(&sends, &recvs, count, dtype, stream(msgs[0]))?;
+        // Every message of the size moves on every channel of its kernel.
+        let parents: Vec<Handle> = p2p
+            .iter()
+            .zip(&p2p_events)
+            .filter(|(op, _)| of_size(op))
+            .map(|(_, e)| e.handle())
+            .collect();
+        track(&mut dc, &parents);
     }
     Ok(())
+}
+
+/// Times this group's launches when the mask asks for kernel-channel
+/// events (starting the thread that reports them, once), and not when it
+/// does not: the mask may change between groups.
+fn kernel_events<'a>(dc: &mut DeviceComm, p: &Profiling<'a>) -> Result<Option<&'a KernelEvents>> {
+    let wanted = p.mask & NCCL_PROFILE_KERNEL_CH != 0;
+    let Some(stamps) = dc.time_launches(wanted)?.filter(|_| wanted) else {
+        return Ok(None);
+    };
+    if p.kernel_events.get().is_none() {
+        // The device communicator's lock is held: no other group races here.
+        let ev = KernelEvents::spawn(p.comm.clone(), stamps, p.limit, p.rank)?;
+        let _ = p.kernel_events.set(ev);
+    }
+    Ok(p.kernel_events.get())
 }
 
 #[allow(unsafe_code)] // the one place an op's stream handle is trusted

@@ -108,6 +108,9 @@ pub struct SavedCurrent(sys::CUcontext);
 
 impl SavedCurrent {
     pub fn save() -> Result<SavedCurrent> {
+        // The first CUDA call of a process may be this one (a communicator
+        // created on a GPU before anything else touched CUDA).
+        super::device::driver()?;
         let mut raw: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer.
         check(unsafe { sys::cuCtxGetCurrent(&mut raw) }, "cuCtxGetCurrent")?;

@@ -71,6 +71,57 @@ impl PinnedHost {
         self.bytes == 0
     }
 
+    /// Reads the `i`th 64-bit word as the GPU last wrote it.
+    ///
+    /// # Panics
+    /// If the word is outside the allocation (a bug of the caller's layout).
+    pub fn load_u64(&self, i: usize) -> u64 {
+        assert!(
+            (i + 1) * 8 <= self.bytes.max(8),
+            "word {i} outside {} bytes",
+            self.bytes
+        );
+        // SAFETY: inside this live allocation (asserted), 8-aligned (the
+        // allocation is page-aligned); volatile, since the GPU writes it.
+        unsafe { std::ptr::read_volatile(self.host.cast::<u64>().add(i)) }
+    }
+
+    /// Writes the `i`th 64-bit word; what this thread wrote before is
+    /// visible to a GPU that sees it (fences on both sides, for DMA readers
+    /// that poll).
+    ///
+    /// # Panics
+    /// If the word is outside the allocation.
+    pub fn store_u64(&self, i: usize, v: u64) {
+        assert!(
+            (i + 1) * 8 <= self.bytes.max(8),
+            "word {i} outside {} bytes",
+            self.bytes
+        );
+        fence(Ordering::SeqCst);
+        // SAFETY: as in `load_u64`.
+        unsafe { std::ptr::write_volatile(self.host.cast::<u64>().add(i), v) };
+        fence(Ordering::SeqCst);
+    }
+
+    /// Zeroes 64-bit words `words`, then fences once (visible to the GPU
+    /// before anything this thread writes next).
+    ///
+    /// # Panics
+    /// If the words are outside the allocation.
+    pub fn zero_u64(&self, words: std::ops::Range<usize>) {
+        assert!(
+            words.end * 8 <= self.bytes.max(8),
+            "words {words:?} outside {} bytes",
+            self.bytes
+        );
+        for i in words {
+            // SAFETY: as in `load_u64`.
+            unsafe { std::ptr::write_volatile(self.host.cast::<u64>().add(i), 0) };
+        }
+        fence(Ordering::SeqCst);
+    }
+
     fn range(&self, offset: usize, len: usize) -> Result<()> {
         if offset.checked_add(len).is_none_or(|end| end > self.bytes) {
             return Err(Error::Internal(format!(
@@ -165,15 +216,11 @@ impl HostFlag {
     /// GPU that sees `v` (x86 and Arm both need the fence before the store
     /// for DMA readers that poll).
     pub fn store(&self, v: u64) {
-        fence(Ordering::SeqCst);
-        // SAFETY: 8 aligned bytes of our allocation; the GPU only reads it.
-        unsafe { std::ptr::write_volatile(self.mem.host.cast::<u64>(), v) };
-        fence(Ordering::SeqCst);
+        self.mem.store_u64(0, v)
     }
 
     pub fn load(&self) -> u64 {
-        // SAFETY: as for `store`.
-        unsafe { std::ptr::read_volatile(self.mem.host.cast::<u64>()) }
+        self.mem.load_u64(0)
     }
 
     /// Makes later work on `stream` wait (on the GPU) until the flag is at

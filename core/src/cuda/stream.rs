@@ -35,6 +35,19 @@ impl RawStream {
         self.0 as usize as sys::CUstream
     }
 
+    /// Whether work enqueued now is recorded into a CUDA graph (which may
+    /// run it many times, or never) rather than run.
+    pub fn is_capturing(self) -> Result<bool> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        check(
+            // SAFETY: the handle is valid by the contract of `from_raw`;
+            // `status` is a valid out-pointer.
+            unsafe { sys::cuStreamIsCapturing(self.sys(), &mut status) },
+            "cuStreamIsCapturing",
+        )?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// Waits on the host until everything enqueued on the stream is done.
     pub fn synchronize(self, ctx: &Context) -> Result<()> {
         ctx.bind()?;

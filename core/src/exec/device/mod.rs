@@ -20,6 +20,7 @@
 pub mod config;
 pub mod oob;
 mod plan;
+pub mod stamps;
 mod window;
 
 use std::collections::HashMap;
@@ -28,6 +29,7 @@ use std::sync::Arc;
 
 pub use config::{ChannelChoice, DeviceConfig};
 pub use oob::{LocalOob, Oob};
+pub use stamps::Stamps;
 
 use crate::algo::{Algo, Coll};
 use crate::cuda::abi::CollArgs;
@@ -96,6 +98,19 @@ pub struct DeviceComm {
     /// one after it when it comes on another stream.
     last_stream: Option<RawStream>,
     order: Event,
+    /// Kernel-channel timing for the profiler: made at the first timed
+    /// launch; `timed` says whether launches are timed now.
+    stamps: Option<Arc<Stamps>>,
+    timed: bool,
+    launched: Vec<TimedLaunch>,
+}
+
+/// A launch whose blocks write their start and end times into a slot of
+/// [`Stamps`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimedLaunch {
+    pub slot: usize,
+    pub channels: usize,
 }
 
 impl DeviceComm {
@@ -124,6 +139,9 @@ impl DeviceComm {
             templates: HashMap::new(),
             last_stream: None,
             order,
+            stamps: None,
+            timed: false,
+            launched: Vec::new(),
         })
     }
 
@@ -148,6 +166,37 @@ impl DeviceComm {
         &self.kernels
     }
 
+    /// Times the launches from now on (or stops): each block writes its
+    /// start and end into the returned [`Stamps`], and [`take_timed`]
+    /// lists the launches so timed. Launches recorded into a CUDA graph are
+    /// never timed: they may run many times, or never.
+    ///
+    /// [`take_timed`]: DeviceComm::take_timed
+    pub fn time_launches(&mut self, on: bool) -> Result<Option<Arc<Stamps>>> {
+        self.timed = on;
+        if on && self.stamps.is_none() {
+            self.stamps = Some(Arc::new(Stamps::new(&self.ctx, self.cfg.channels)?));
+        }
+        Ok(self.stamps.clone())
+    }
+
+    /// The launches timed since the last call, in launch order.
+    pub fn take_timed(&mut self) -> Vec<TimedLaunch> {
+        std::mem::take(&mut self.launched)
+    }
+
+    /// The algorithm and channel count an operation will run with (what
+    /// the profiler's collective event reports).
+    pub fn describe(&self, coll: Coll, count: usize, dtype: DataType) -> (Algo, usize) {
+        (self.algo(coll), self.channels_for(count * dtype.size()))
+    }
+
+    /// The channels a launch moving `bytes` per rank (per message, for
+    /// sends and receives) uses.
+    pub fn channels_for(&self, bytes: usize) -> usize {
+        plan::channels(&self.cfg, bytes)
+    }
+
     /// Every rank's window address as this process sees it (diagnostics).
     pub fn windows(&self) -> &[u64] {
         &self.window.peers
@@ -164,12 +213,7 @@ impl DeviceComm {
         stream: RawStream,
     ) -> Result<()> {
         self.check("all_reduce", count, dtype, &[send, recv])?;
-        let algo = if self.nranks == 2 {
-            Algo::RecDoubling
-        } else {
-            Algo::Ring
-        };
-        self.run(Coll::AllReduce, algo, send, recv, count, dtype, op, stream)
+        self.run(Coll::AllReduce, send, recv, count, dtype, op, stream)
     }
 
     /// `recv = root's send` on every rank (the root may pass send == recv).
@@ -191,16 +235,7 @@ impl DeviceComm {
         };
         self.check("broadcast", count, dtype, &bufs)?;
         let coll = Coll::Broadcast { root };
-        self.run(
-            coll,
-            Algo::Ring,
-            send,
-            recv,
-            count,
-            dtype,
-            RedOp::Sum,
-            stream,
-        )
+        self.run(coll, send, recv, count, dtype, RedOp::Sum, stream)
     }
 
     /// The root's `recv = op over ranks of send`; other ranks' recv is untouched.
@@ -222,16 +257,7 @@ impl DeviceComm {
             vec![send]
         };
         self.check("reduce", count, dtype, &bufs)?;
-        self.run(
-            Coll::Reduce { root },
-            Algo::Ring,
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-            stream,
-        )
+        self.run(Coll::Reduce { root }, send, recv, count, dtype, op, stream)
     }
 
     /// `recv[r * count ..][..count] = rank r's send`. In place when
@@ -247,7 +273,6 @@ impl DeviceComm {
         self.check("all_gather", count, dtype, &[send, recv])?;
         self.run(
             Coll::AllGather,
-            Algo::Ring,
             send,
             recv,
             count,
@@ -269,16 +294,7 @@ impl DeviceComm {
         stream: RawStream,
     ) -> Result<()> {
         self.check("reduce_scatter", count, dtype, &[send, recv])?;
-        self.run(
-            Coll::ReduceScatter,
-            Algo::Ring,
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-            stream,
-        )
+        self.run(Coll::ReduceScatter, send, recv, count, dtype, op, stream)
     }
 
     /// Sends `count` elements to `peer`, which calls [`DeviceComm::recv`]
@@ -424,7 +440,6 @@ impl DeviceComm {
     fn run(
         &mut self,
         coll: Coll,
-        algo: Algo,
         input: u64,
         output: u64,
         count: usize,
@@ -432,6 +447,21 @@ impl DeviceComm {
         op: RedOp,
         stream: RawStream,
     ) -> Result<()> {
+        let t = self.template(coll)?;
+        self.launch(t, input, output, count, dtype, op, stream)
+    }
+
+    /// Between two ranks an all-reduce is one exchange (recursive
+    /// doubling); everything else runs as a ring or chain.
+    fn algo(&self, coll: Coll) -> Algo {
+        match coll {
+            Coll::AllReduce if self.nranks == 2 => Algo::RecDoubling,
+            _ => Algo::Ring,
+        }
+    }
+
+    fn template(&mut self, coll: Coll) -> Result<Template> {
+        let algo = self.algo(coll);
         let (code, root) = match coll {
             Coll::AllReduce => (0, 0),
             Coll::Broadcast { root } => (1, root),
@@ -448,7 +478,7 @@ impl DeviceComm {
                 t
             }
         };
-        self.launch(t, input, output, count, dtype, op, stream)
+        Ok(t)
     }
 
     #[allow(clippy::too_many_arguments)] // one kernel launch's whole description
@@ -469,6 +499,11 @@ impl DeviceComm {
         let kernel = self.kernels.coll(dtype, kop)?;
         let shape = plan::shape(&self.cfg, count, dtype.size(), t.nchunks as usize);
         self.order_after_last(stream)?;
+        let nch = shape.channels as usize;
+        let timed = match &self.stamps {
+            Some(st) if self.timed && !stream.is_capturing()? => st.claim(nch),
+            _ => None,
+        };
         let args = CollArgs {
             comm: self.window.buf.ptr(),
             input,
@@ -480,10 +515,23 @@ impl DeviceComm {
             nchunks: t.nchunks,
             slice_elems: shape.slice_elems,
             nchannels: shape.channels,
-            pad: [0; 2],
+            stamps: match (&self.stamps, timed) {
+                (Some(st), Some(slot)) => st.device_addr(slot),
+                _ => 0,
+            },
             steps: t.steps,
         };
-        kernel.launch(shape.channels, self.cfg.threads, stream, &args)
+        let r = kernel.launch(shape.channels, self.cfg.threads, stream, &args);
+        if let (Some(st), Some(slot)) = (&self.stamps, timed) {
+            match r {
+                Ok(()) => self.launched.push(TimedLaunch {
+                    slot,
+                    channels: nch,
+                }),
+                Err(_) => st.release(slot, nch),
+            }
+        }
+        r
     }
 
     /// Operations share the window's counters, so each must run after the

@@ -196,6 +196,11 @@ pub(crate) struct Shape {
 /// channel overlap (a chunk goes out while the previous one is reduced).
 const MIN_SLICES: usize = 4;
 
+/// The channels (thread blocks) a launch moving `bytes` per rank uses.
+pub(crate) fn channels(cfg: &DeviceConfig, bytes: usize) -> usize {
+    bytes.div_ceil(cfg.channel_bytes).clamp(1, cfg.channels)
+}
+
 /// One channel per `channel_bytes` of data up to the configured number; a
 /// slice of a FIFO slot at most, a few per chunk where that keeps them above
 /// `min_slice_bytes` (each slice costs a fence and a flag round); all
@@ -203,9 +208,7 @@ const MIN_SLICES: usize = 4;
 /// `oxccl_chunk`).
 pub(crate) fn shape(cfg: &DeviceConfig, count: usize, esize: usize, nchunks: usize) -> Shape {
     let v = 16 / esize;
-    let channels = (count * esize)
-        .div_ceil(cfg.channel_bytes)
-        .clamp(1, cfg.channels);
+    let channels = channels(cfg, count * esize);
     let per = count.div_ceil(channels).next_multiple_of(v);
     let chunk = per.div_ceil(nchunks.max(1)).next_multiple_of(v);
     let slot = (cfg.slot_bytes / esize / v * v).max(v);

@@ -11,11 +11,12 @@ use std::ptr::null_mut;
 use std::sync::atomic::AtomicI32;
 
 use oxccl_plugin::ffi::profiler::{
-    v1, v2, v3, v4, v5, v6, EventState, NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4,
-    NCCL_PROFILER_PROXY_OP_RECV_DONE, NCCL_PROFILER_PROXY_STEP_RECV_GPU_WAIT,
-    NCCL_PROFILER_PROXY_STEP_SEND_GPU_WAIT, NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4,
-    NCCL_PROFILE_COLL, NCCL_PROFILE_GROUP, NCCL_PROFILE_KERNEL_CH, NCCL_PROFILE_NET_PLUGIN,
-    NCCL_PROFILE_P2P, NCCL_PROFILE_PROXY_OP, NCCL_PROFILE_PROXY_STEP,
+    v1, v2, v3, v4, v5, v6, EventState, NCCL_PROFILER_KERNEL_CH_STOP,
+    NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4, NCCL_PROFILER_PROXY_OP_RECV_DONE,
+    NCCL_PROFILER_PROXY_STEP_RECV_GPU_WAIT, NCCL_PROFILER_PROXY_STEP_SEND_GPU_WAIT,
+    NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4, NCCL_PROFILE_COLL, NCCL_PROFILE_GROUP,
+    NCCL_PROFILE_KERNEL_CH, NCCL_PROFILE_NET_PLUGIN, NCCL_PROFILE_P2P, NCCL_PROFILE_PROXY_OP,
+    NCCL_PROFILE_PROXY_STEP,
 };
 use oxccl_plugin::ffi::NCCL_SUCCESS;
 
@@ -96,6 +97,7 @@ pub enum Event<'a> {
         count: usize,
         dtype: &'a CStr,
         peer: c_int,
+        nchannels: u8,
         parent: Handle,
         codes: Codes,
     },
@@ -115,6 +117,14 @@ pub enum Event<'a> {
         parent: Handle,
         step: c_int,
     },
+    /// One channel (thread block) of a kernel running an operation, child
+    /// of the operation's event (`ncclProfileKernelCh`, v3 and later);
+    /// `p_timer` is the GPU's globaltimer when the channel started (v4+).
+    KernelCh {
+        parent: Handle,
+        channel: u8,
+        p_timer: u64,
+    },
 }
 
 /// The attributes a state change carries (`ncclProfilerEventStateArgs`).
@@ -124,6 +134,8 @@ pub enum StateArgs {
     Step { trans_size: usize },
     /// Proxy-op states of v1 to v3: steps done so far and their bytes.
     Op { steps: c_int, trans_size: usize },
+    /// `ncclProfilerKernelChStop` (v4+): the GPU's globaltimer at the end.
+    KernelCh { p_timer: u64 },
 }
 
 /// The enum codes v1 carries where later versions carry names:
@@ -160,6 +172,7 @@ impl Event<'_> {
             Event::P2p { .. } => NCCL_PROFILE_P2P | BELOW_TASK,
             Event::ProxyOp { .. } => PROXY_OP_BITS,
             Event::ProxyStep { .. } => PROXY_STEP_BITS,
+            Event::KernelCh { .. } => NCCL_PROFILE_KERNEL_CH,
         }
     }
 }
@@ -184,6 +197,7 @@ struct Fields {
     chunk_size: c_int,
     is_send: c_int,
     step: c_int,
+    p_timer: u64,
 }
 
 impl Fields {
@@ -204,6 +218,7 @@ impl Fields {
             chunk_size: 0,
             is_send: 0,
             step: 0,
+            p_timer: 0,
         };
         match *ev {
             Event::Group => {}
@@ -233,13 +248,14 @@ impl Fields {
                 count,
                 dtype,
                 peer,
+                nchannels,
                 parent,
                 codes,
             } => {
                 f.func = func.as_ptr();
                 f.count = count;
                 f.dtype = dtype.as_ptr();
-                f.nch = 1;
+                f.nch = nchannels;
                 f.peer = peer;
                 f.parent = parent.0;
                 f.codes = codes;
@@ -262,6 +278,15 @@ impl Fields {
             Event::ProxyStep { parent, step } => {
                 f.parent = parent.0;
                 f.step = step;
+            }
+            Event::KernelCh {
+                parent,
+                channel,
+                p_timer,
+            } => {
+                f.parent = parent.0;
+                f.channel = channel;
+                f.p_timer = p_timer;
             }
         }
         f
@@ -428,8 +453,12 @@ impl CProfiler {
     pub fn start(&self, ctx: &Ctx, rank: c_int, comm_hash: u64, ev: &Event<'_>) -> Handle {
         let mut h = null_mut();
         let f = Fields::of(ev);
+        // Versions before v3 have no kernel-channel event.
+        if matches!(ev, Event::KernelCh { .. }) && self.version < 3 {
+            return Handle::NONE;
+        }
         macro_rules! fire {
-            ($v:expr, $descr:ty, $ty:ty, $coll:expr, $p2p:expr, $op:expr, $step:expr) => {{
+            ($v:expr, $descr:ty, $ty:ty, $coll:expr, $p2p:expr, $op:expr, $step:expr $(, $kch:expr)?) => {{
                 // SAFETY: a zeroed descriptor is valid (NULL pointers, zero
                 // counts); the member written matches `ty`.
                 let mut d: $descr = unsafe { std::mem::zeroed() };
@@ -452,6 +481,12 @@ impl CProfiler {
                     Event::ProxyStep { .. } => {
                         d.ty = NCCL_PROFILE_PROXY_STEP as $ty;
                         d.detail = $step;
+                    }
+                    Event::KernelCh { .. } => {
+                        $(
+                            d.ty = NCCL_PROFILE_KERNEL_CH as $ty;
+                            d.detail = $kch;
+                        )?
                     }
                 }
                 // SAFETY: entry checked non-null; the descriptor lives for the call.
@@ -480,6 +515,10 @@ impl CProfiler {
             peer: f.peer,
             n_channels: f.nch,
             parent_group: f.parent,
+        };
+        let kch5 = v5::KernelChDescrV5 {
+            channel_id: f.channel,
+            p_timer: f.p_timer,
         };
         // The proxy-op descriptor is the same in every version; only its
         // type name changes.
@@ -619,6 +658,11 @@ impl CProfiler {
                 },
                 v3::EventDetailV3 {
                     proxy_step: v3::ProxyStepDescrV3 { step: f.step }
+                },
+                v3::EventDetailV3 {
+                    kernel_ch: v3::KernelChDescrV3 {
+                        channel_id: f.channel
+                    }
                 }
             ),
             Vt::V4(v) => fire!(
@@ -655,6 +699,12 @@ impl CProfiler {
                 },
                 v4::EventDetailV4 {
                     proxy_step: v4::ProxyStepDescrV4 { step: f.step }
+                },
+                v4::EventDetailV4 {
+                    kernel_ch: v4::KernelChDescrV4 {
+                        channel_id: f.channel,
+                        p_timer: f.p_timer,
+                    }
                 }
             ),
             Vt::V5(v) => fire!(
@@ -668,7 +718,8 @@ impl CProfiler {
                 },
                 v5::EventDetailV5 {
                     proxy_step: v5::ProxyStepDescrV5 { step: f.step }
-                }
+                },
+                v5::EventDetailV5 { kernel_ch: kch5 }
             ),
             Vt::V6(v) => fire!(
                 v,
@@ -681,7 +732,8 @@ impl CProfiler {
                 },
                 v6::EventDetailV6 {
                     proxy_step: v5::ProxyStepDescrV5 { step: f.step }
-                }
+                },
+                v6::EventDetailV6 { kernel_ch: kch5 }
             ),
         };
         Handle(h)
@@ -702,10 +754,13 @@ impl CProfiler {
             .contains(&state);
         let v4_only = state == NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4
             || state == NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4;
-        let (trans_size, steps) = match args {
-            StateArgs::Step { trans_size } => (trans_size, 0),
-            StateArgs::Op { steps, trans_size } => (trans_size, steps),
+        let (trans_size, steps, p_timer) = match args {
+            StateArgs::Step { trans_size } => (trans_size, 0, 0),
+            StateArgs::Op { steps, trans_size } => (trans_size, steps, 0),
+            StateArgs::KernelCh { p_timer } => (0, 0, p_timer),
         };
+        // v3's kernel-channel events end with stopEvent alone.
+        let kernel_stop = state == NCCL_PROFILER_KERNEL_CH_STOP;
         macro_rules! old {
             ($v:expr, $args:ty, $sm:ident :: $st:ident) => {{
                 if !(old_op || step) {
@@ -723,13 +778,17 @@ impl CProfiler {
             }};
         }
         macro_rules! new {
-            ($v:expr, $args:ty, $sm:ident :: $st:ident) => {{
-                if !(step || v4_only) {
+            ($v:expr, $args:ty, $sm:ident :: $st:ident, $km:ident :: $kt:ident) => {{
+                if !(step || v4_only || kernel_stop) {
                     return;
                 }
                 // SAFETY: all-zero is a valid argument union.
                 let mut a: $args = unsafe { std::mem::zeroed() };
-                a.proxy_step = $sm::$st { trans_size };
+                if kernel_stop {
+                    a.kernel_ch = $km::$kt { p_timer };
+                } else {
+                    a.proxy_step = $sm::$st { trans_size };
+                }
                 if let Some(f) = $v.record_event_state {
                     // SAFETY: a live handle startEvent returned; `a` lives for the call.
                     let _ = unsafe { f(h.0, state, &mut a) };
@@ -740,9 +799,24 @@ impl CProfiler {
             Vt::V1(v) => old!(v, v1::EventStateArgsV1, v1::ProxyOpStateV1),
             Vt::V2(v) => old!(v, v2::EventStateArgsV2, v2::ProxyOpStateV2),
             Vt::V3(v) => old!(v, v3::EventStateArgsV3, v3::ProxyOpStateV3),
-            Vt::V4(v) => new!(v, v4::EventStateArgsV4, v4::ProxyStepStateV4),
-            Vt::V5(v) => new!(v, v5::EventStateArgsV5, v5::ProxyStepStateV5),
-            Vt::V6(v) => new!(v, v6::EventStateArgsV6, v5::ProxyStepStateV5),
+            Vt::V4(v) => new!(
+                v,
+                v4::EventStateArgsV4,
+                v4::ProxyStepStateV4,
+                v4::KernelChStateV4
+            ),
+            Vt::V5(v) => new!(
+                v,
+                v5::EventStateArgsV5,
+                v5::ProxyStepStateV5,
+                v5::KernelChStateV5
+            ),
+            Vt::V6(v) => new!(
+                v,
+                v6::EventStateArgsV6,
+                v5::ProxyStepStateV5,
+                v5::KernelChStateV5
+            ),
         }
     }
 

@@ -237,8 +237,9 @@ impl ProfilerComm {
         )
     }
 
-    /// The p2p event of `op` (child of the group event `parent`).
-    pub fn p2p(&self, mask: i32, op: &crate::op::Op, parent: Handle) -> Handle {
+    /// The p2p event of `op` (child of the group event `parent`), moving
+    /// on `nch` channels.
+    pub fn p2p(&self, mask: i32, op: &crate::op::Op, nch: usize, parent: Handle) -> Handle {
         use crate::op::OpKind;
         let peer = match op.kind {
             OpKind::Send { peer } | OpKind::Recv { peer } => peer as i32,
@@ -251,6 +252,7 @@ impl ProfilerComm {
                 count: op.count,
                 dtype: cname(op.dtype.name()),
                 peer,
+                nchannels: nch.min(255) as u8,
                 parent,
                 codes: Codes {
                     func: func_code(&op.kind),

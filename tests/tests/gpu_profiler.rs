@@ -1,0 +1,189 @@
+//! The profiler on the peer-kernel device path: our trace profiler
+//! (liboxccl_profiler.so) loaded into two ranks, each a process on its own
+//! GPU, sees a group event per group, an event per operation under it, and
+//! with NCCL_PROFILE_EVENT_MASK's KernelCh bit one kernel-channel event per
+//! channel the operation's kernel used, under the operation, with the
+//! GPU's start and end times. Skips, saying so, without two GPUs.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use oxccl::cuda::{Context, Device, DeviceBuffer, FillPattern, KernelSet, Stream};
+use oxccl::{Comm, CommConfig, DataType, Op, OpKind, RedOp};
+use oxccl_tests::{as_child, assert_all_ok, built_library, spawn, trace_events, Rank};
+use serde_json::Value;
+
+/// All-reduce element counts: from one channel to many.
+const SIZES: [usize; 3] = [1024, 1 << 20, 16 << 20];
+/// Send/recv and all-gather element count.
+const P2P: usize = 1 << 20;
+
+fn pattern(rank: usize) -> FillPattern {
+    FillPattern {
+        seed: rank as u64 + 5,
+        modulus: 17,
+        offset: -8,
+    }
+}
+
+fn op(kind: OpKind, input: u64, output: u64, count: usize, stream: &Stream) -> Op {
+    Op {
+        kind,
+        input: input as usize as *const u8,
+        output: output as usize as *mut u8,
+        count,
+        dtype: DataType::Float32,
+        redop: RedOp::Sum,
+        stream: stream.handle().raw(),
+    }
+}
+
+/// One rank: all-reduces of every size (checked), an all-gather, and a
+/// group of a send and a receive with the other rank.
+fn rank_body(r: Rank) {
+    let cfg = CommConfig {
+        device: Some(r.rank),
+        ..CommConfig::default()
+    };
+    let comm = Comm::init_rank(r.nranks, r.id, r.rank, &cfg).expect("init_rank on a GPU");
+    let ctx = Context::primary(Device::get(r.rank).unwrap()).unwrap();
+    let kernels = KernelSet::new(&ctx).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let s = stream.handle();
+    let big = *SIZES.iter().max().unwrap();
+    let input = DeviceBuffer::alloc(&ctx, big * 4).unwrap();
+    let output = DeviceBuffer::alloc(&ctx, big * 4 * r.nranks).unwrap();
+    let mut wrong = 0usize;
+    for n in SIZES {
+        kernels
+            .fill(input.ptr(), n, DataType::Float32, pattern(r.rank), s)
+            .unwrap();
+        let ar = op(OpKind::AllReduce, input.ptr(), output.ptr(), n, &stream);
+        // SAFETY: device buffers of this rank's GPU, sized for the op,
+        // alive until the stream is synchronised below.
+        unsafe { comm.enqueue(ar) }.unwrap();
+        stream.synchronize().unwrap();
+        let mut got = vec![0u8; n * 4];
+        output.read(0, &mut got).unwrap();
+        for i in 0..n {
+            let want: f32 = (0..r.nranks).map(|p| pattern(p).value(i) as f32).sum();
+            let v = f32::from_ne_bytes(got[i * 4..i * 4 + 4].try_into().unwrap());
+            wrong += usize::from(v != want);
+        }
+    }
+    assert_eq!(wrong, 0, "rank {}: all-reduce results", r.rank);
+    let ag = op(OpKind::AllGather, input.ptr(), output.ptr(), P2P, &stream);
+    // SAFETY: as above.
+    unsafe { comm.enqueue(ag) }.unwrap();
+    let peer = 1 - r.rank;
+    oxccl::group_start();
+    let send = op(OpKind::Send { peer }, input.ptr(), 0, P2P, &stream);
+    let recv = op(OpKind::Recv { peer }, 0, output.ptr(), P2P, &stream);
+    // SAFETY: as above; the two buffers do not overlap.
+    unsafe {
+        comm.enqueue(send).unwrap();
+        comm.enqueue(recv).unwrap();
+    }
+    oxccl::group_end().unwrap();
+    stream.synchronize().unwrap();
+    comm.destroy().unwrap();
+}
+
+#[test]
+fn device_path_reports_kernel_channels_under_their_operations() {
+    let name = "device_path_reports_kernel_channels_under_their_operations";
+    if as_child(name, rank_body) {
+        return;
+    }
+    match oxccl::cuda::device_count() {
+        Err(e) => return println!("skipped: {e}"),
+        Ok(n) if n < 2 => return println!("skipped: {n} GPU(s) found, 2 needed"),
+        Ok(_) => {}
+    }
+    if let Err(e) = oxccl::cuda::nvrtc::version() {
+        return println!("skipped: {e}");
+    }
+    let lib = built_library("liboxccl_profiler.so")
+        .expect("liboxccl_profiler.so next to the test binary (a dev-dependency builds it)");
+    let lib = lib.to_string_lossy().into_owned();
+    // 0x47: group, coll, p2p and kernel channels; 7 lacks the last.
+    for (mask, kernel) in [("0x47", true), ("7", false)] {
+        let dir =
+            std::env::temp_dir().join(format!("oxccl-gpu-prof-{}-{mask}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.to_string_lossy().into_owned();
+        let done = spawn(
+            name,
+            2,
+            &[
+                ("NCCL_PROFILER_PLUGIN", &lib),
+                ("NCCL_PROFILE_EVENT_MASK", mask),
+                ("OXCCL_PROFILER_DIR", &d),
+                ("NCCL_NVLS_ENABLE", "0"),
+            ],
+            Duration::from_secs(120),
+        );
+        assert_all_ok(&done);
+        for rank in 0..2 {
+            let xs = trace_events(&dir, rank);
+            check_rank(rank, &xs, kernel);
+            println!(
+                "rank {rank}, mask {mask}: {} events, {} kernel-channel events",
+                xs.len(),
+                xs.iter().filter(|e| e["cat"] == "kernel").count()
+            );
+        }
+        if std::env::var_os("OXCCL_KEEP_TRACES").is_none() {
+            std::fs::remove_dir_all(&dir).ok();
+        }
+    }
+}
+
+fn check_rank(rank: usize, xs: &[Value], kernel: bool) {
+    let by_id: HashMap<u64, &Value> = xs
+        .iter()
+        .map(|e| (e["args"]["id"].as_u64().unwrap(), e))
+        .collect();
+    let named = |n: &str| xs.iter().filter(|e| e["name"] == n).count();
+    assert_eq!(named("AllReduce"), SIZES.len(), "rank {rank}: {xs:?}");
+    assert_eq!(named("AllGather"), 1, "rank {rank}");
+    assert_eq!(named("Send") + named("Recv"), 2, "rank {rank}");
+    let ops: Vec<&Value> = xs
+        .iter()
+        .filter(|e| e["cat"] == "coll" || e["cat"] == "p2p")
+        .collect();
+    for e in &ops {
+        let g = by_id[&e["args"]["parent"].as_u64().expect("a parent")];
+        assert_eq!(g["name"], "Group", "rank {rank}: {e}");
+    }
+    let kernels: Vec<&Value> = xs.iter().filter(|e| e["cat"] == "kernel").collect();
+    if !kernel {
+        assert!(kernels.is_empty(), "rank {rank}: {kernels:?}");
+        return;
+    }
+    let mut channel_counts = BTreeSet::new();
+    for e in &ops {
+        let id = e["args"]["id"].as_u64().unwrap();
+        let mine: Vec<&&Value> = kernels
+            .iter()
+            .filter(|k| k["args"]["parent"].as_u64() == Some(id))
+            .collect();
+        let nch = e["args"]["channels"].as_u64().expect("channels") as usize;
+        let chans: BTreeSet<u64> = mine
+            .iter()
+            .map(|k| k["args"]["channels"].as_u64().unwrap())
+            .collect();
+        assert_eq!(mine.len(), nch, "rank {rank}: kernel channels of {e}");
+        assert_eq!(chans, (0..nch as u64).collect(), "rank {rank}: {e}");
+        channel_counts.insert(nch);
+    }
+    // The sizes span one channel to many.
+    assert!(channel_counts.len() >= 2, "{channel_counts:?}");
+    assert_eq!(
+        kernels.len(),
+        ops.iter()
+            .map(|e| e["args"]["channels"].as_u64().unwrap() as usize)
+            .sum::<usize>(),
+        "rank {rank}: every kernel-channel event has an operation"
+    );
+}
