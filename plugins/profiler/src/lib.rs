@@ -3,8 +3,9 @@
 //! for more, e.g. 0x1f adds proxy ops and steps) into per-thread buffers
 //! and, at finalize, writes one Chrome/Perfetto trace per rank, each event
 //! linked to its parent (a proxy step under its proxy op, under its
-//! collective, under its group). Under Nsight Systems it also opens NVTX
-//! ranges. Built as a cdylib exporting `ncclProfiler_v1` … `_v6`.
+//! collective, under its group). When an NVTX tool is attached (Nsight
+//! Systems, through `NVTX_INJECTION64_PATH`) it also opens NVTX3 ranges.
+//! Built as a cdylib exporting `ncclProfiler_v1` … `_v6`.
 
 pub mod nvtx;
 pub mod record;
@@ -83,7 +84,7 @@ pub struct OpenEvent {
     cat: &'static str,
     name: Name,
     args: Args,
-    nvtx: Option<u64>,
+    nvtx: Option<nvtx::NvtxRange>,
 }
 
 impl TraceProfiler {
@@ -290,8 +291,8 @@ impl Profiler for TraceProfiler {
 
     fn stop_event_with_handle(e: OpenEvent, handle: usize) {
         let end = now_ns();
-        if let (Some(id), Some(n)) = (e.nvtx, nvtx::get()) {
-            n.end(id);
+        if let Some(r) = e.nvtx {
+            nvtx::end(r);
         }
         record::push(Record {
             ctx: e.shared.id,
