@@ -3,8 +3,9 @@
 //! for more, e.g. 0x1f adds proxy ops and steps) into per-thread buffers
 //! and, at finalize, writes one Chrome/Perfetto trace per rank, each event
 //! linked to its parent (a proxy step under its proxy op, under its
-//! collective, under its group). Under Nsight Systems it also opens NVTX
-//! ranges. Built as a cdylib exporting `ncclProfiler_v1` … `_v6`.
+//! collective, under its group). When an NVTX tool is attached (Nsight
+//! Systems, through `NVTX_INJECTION64_PATH`) it also opens NVTX3 ranges.
+//! Built as a cdylib exporting `ncclProfiler_v1` … `_v6`.
 
 pub mod nvtx;
 pub mod record;
@@ -83,7 +84,7 @@ pub struct OpenEvent {
     cat: &'static str,
     name: Name,
     args: Args,
-    nvtx: Option<u64>,
+    nvtx: Option<nvtx::NvtxRange>,
 }
 
 impl TraceProfiler {
@@ -130,6 +131,17 @@ impl TraceProfiler {
             path.display()
         ));
         Ok(path)
+    }
+}
+
+/// An event's length: a kernel channel's as the GPU timed it when NCCL gave
+/// both ends (the host only sees when the proxy noticed start and stop),
+/// else the host's between start and stop. The event stays placed at its
+/// host start: the GPU's globaltimer is another clock.
+fn duration(host_start: u64, host_end: u64, args: &Args) -> u64 {
+    match (args.gpu_start_ns, args.gpu_stop_ns) {
+        (Some(s), Some(e)) if e >= s => e - s,
+        _ => host_end.saturating_sub(host_start),
     }
 }
 
@@ -212,11 +224,15 @@ fn describe(kind: &EventKind<'_>) -> Option<(&'static str, Name, Args)> {
             },
         ),
         EventKind::ProxyCtrl => ("proxy", Name::Borrowed("ProxyCtrl"), Args::default()),
-        EventKind::KernelCh { channel_id, .. } => (
+        EventKind::KernelCh {
+            channel_id,
+            p_timer,
+        } => (
             "kernel",
             Name::Borrowed("KernelChannel"),
             Args {
                 channels: Some(*channel_id as u32),
+                gpu_start_ns: *p_timer,
                 ..Args::default()
             },
         ),
@@ -275,8 +291,8 @@ impl Profiler for TraceProfiler {
 
     fn stop_event_with_handle(e: OpenEvent, handle: usize) {
         let end = now_ns();
-        if let (Some(id), Some(n)) = (e.nvtx, nvtx::get()) {
-            n.end(id);
+        if let Some(r) = e.nvtx {
+            nvtx::end(r);
         }
         record::push(Record {
             ctx: e.shared.id,
@@ -286,7 +302,7 @@ impl Profiler for TraceProfiler {
             rank: e.shared.rank.load(Ordering::Relaxed),
             tid: e.tid,
             start_ns: e.start_ns,
-            dur_ns: end.saturating_sub(e.start_ns),
+            dur_ns: duration(e.start_ns, end, &e.args),
             cat: e.cat,
             name: e.name,
             args: e.args,
@@ -295,10 +311,12 @@ impl Profiler for TraceProfiler {
 
     fn record_event_state(e: &mut OpenEvent, u: &StateUpdate) {
         e.args.state = Some(u.state);
-        if let StateArgs::Transfer { trans_size, .. } = u.args {
-            if trans_size > 0 {
+        match u.args {
+            StateArgs::Transfer { trans_size, .. } if trans_size > 0 => {
                 e.args.bytes = Some(trans_size);
             }
+            StateArgs::KernelChStop { p_timer } => e.args.gpu_stop_ns = Some(p_timer),
+            _ => {}
         }
     }
 
@@ -316,6 +334,7 @@ oxccl_plugin::export_profiler_plugin!(TraceProfiler);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oxccl_plugin::ffi::profiler::NCCL_PROFILER_KERNEL_CH_STOP;
     use oxccl_plugin::ffi::types::NCCL_PROFILE;
     use oxccl_plugin::CollEvent;
 
@@ -397,6 +416,70 @@ mod tests {
         assert_eq!(xs[0]["args"]["dtype"], "ncclFloat32");
         let tids: HashSet<u64> = xs.iter().map(|e| e["tid"].as_u64().unwrap()).collect();
         assert_eq!(tids.len(), 2);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A kernel channel with both GPU timers lasts as long as the GPU says
+    /// (here much longer than the host saw), and keeps both timers in its
+    /// args; without the stop timer (v3 gives none) it keeps host time.
+    #[test]
+    fn kernel_channel_duration_is_the_gpu_one() {
+        use oxccl_plugin::profiler::NCCL_PROFILE_KERNEL_CH;
+        let dir = std::env::temp_dir().join(format!("oxccl-prof-kch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let init = ProfilerInit {
+            comm_id: Some(1),
+            comm_name: None,
+            n_nodes: None,
+            n_ranks: None,
+            rank: Some(5),
+            logger: NcclLogger::stderr(NCCL_PROFILE),
+        };
+        let p = TraceProfiler::new(&init, Output::Dir(dir.clone()), NCCL_PROFILE_KERNEL_CH);
+        let kch = |channel_id, p_timer| Event {
+            kind: EventKind::KernelCh {
+                channel_id,
+                p_timer,
+            },
+            rank: 5,
+            parent: 0,
+        };
+        let gpu_start = 1_700_000_000_000_000_000u64;
+        let mut e = p.start_event(&kch(2, Some(gpu_start))).unwrap();
+        TraceProfiler::record_event_state(
+            &mut e,
+            &StateUpdate {
+                state: NCCL_PROFILER_KERNEL_CH_STOP,
+                args: StateArgs::KernelChStop {
+                    p_timer: gpu_start + 250_000_000,
+                },
+            },
+        );
+        TraceProfiler::stop_event(e);
+        let e = p.start_event(&kch(3, None)).unwrap();
+        TraceProfiler::stop_event(e);
+
+        let path = p.write_trace().unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let xs: Vec<_> = v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .collect();
+        assert_eq!(xs.len(), 2);
+        let timed = xs.iter().find(|e| e["args"]["channels"] == 2).unwrap();
+        assert_eq!(timed["name"], "KernelChannel");
+        assert_eq!(timed["args"]["gpu_start_ns"], gpu_start);
+        assert_eq!(timed["args"]["gpu_stop_ns"], gpu_start + 250_000_000);
+        assert_eq!(timed["args"]["state"], NCCL_PROFILER_KERNEL_CH_STOP);
+        // 250 ms in µs: the GPU's, not the few µs between the host calls.
+        assert_eq!(timed["dur"].as_f64(), Some(250_000.0));
+        let untimed = xs.iter().find(|e| e["args"]["channels"] == 3).unwrap();
+        assert!(untimed["args"].get("gpu_start_ns").is_none());
+        assert!(untimed["args"].get("gpu_stop_ns").is_none());
+        assert!(untimed["dur"].as_f64().unwrap() < 250_000.0);
         std::fs::remove_dir_all(&dir).ok();
     }
 }

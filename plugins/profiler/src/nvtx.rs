@@ -1,68 +1,101 @@
-//! NVTX ranges for Nsight Systems, loaded only when a tool is attached: the
-//! library is opened at the first event if `nsys` (or another NVTX tool)
-//! announced itself through the environment, and never otherwise, so a
-//! normal run pays one relaxed load per event.
-#![allow(unsafe_code)]
+//! NVTX ranges for Nsight Systems, through NVTX3 (NVIDIA's `nvtx` crate
+//! builds NVTX3's loader into this library). NVTX3 attaches a tool only
+//! through `NVTX_INJECTION64_PATH`, which is how `nsys` injects itself: the
+//! library named there gets NVTX's callback tables at the first NVTX call.
+//! NVTX v2's `libnvToolsExt.so.1` is not used: CUDA 12 and later do not
+//! ship it.
+//!
+//! Without that variable no NVTX call is made at all, not even the domain's
+//! creation, so a normal run pays one load of an initialised `OnceLock` per
+//! event.
+//!
+//! Ranges are start/end, not push/pop, because NCCL may stop an event on
+//! another thread than the one that started it; they live in the domain
+//! `oxccl`, and the names NCCL uses are registered once, so that starting a
+//! range passes a handle rather than a string.
 
-use std::ffi::CString;
-use std::os::raw::c_char;
+use std::ffi::{CStr, CString};
 use std::sync::OnceLock;
 
-type RangeStart = unsafe extern "C" fn(*const c_char) -> u64;
-type RangeEnd = unsafe extern "C" fn(u64);
+use nvtx::domain::{Range, RegisteredString};
+use nvtx::Domain;
 
-/// The NVTX entry points used: start/end ranges (not push/pop), because
-/// NCCL may stop an event on another thread than the one that started it.
+/// The variable through which NVTX3 finds the tool to load.
+pub const INJECTION_ENV: &str = "NVTX_INJECTION64_PATH";
+
+/// The domain every range of this plugin belongs to.
+pub const DOMAIN: &CStr = c"oxccl";
+
+/// The event names that get ranges (groups, collectives, p2p, API calls),
+/// registered when the domain is created. Others go as plain strings.
+const NAMES: &[&CStr] = &[
+    c"Group",
+    c"GroupApi",
+    c"AllReduce",
+    c"Broadcast",
+    c"Reduce",
+    c"AllGather",
+    c"ReduceScatter",
+    c"Send",
+    c"Recv",
+    c"SendRecv",
+    c"AllToAll",
+    c"Gather",
+    c"Scatter",
+    c"AllGatherV",
+];
+
+/// NVTX state while a tool is attached.
 pub struct Nvtx {
-    start: RangeStart,
-    end: RangeEnd,
-    _lib: libloading::Library,
+    /// Leaked once per process: ranges and registered strings borrow it,
+    /// and they travel between threads inside open events.
+    domain: &'static Domain,
+    names: Vec<(&'static CStr, RegisteredString<'static>)>,
 }
+
+/// An open range; [`end`] (or dropping it) ends it, on any thread.
+pub type NvtxRange = Range<'static>;
 
 static NVTX: OnceLock<Option<Nvtx>> = OnceLock::new();
 
-/// Variables by which Nsight Systems (and NVTX tools in general) make
-/// themselves known to the process.
-const TOOL_ENV: [&str; 2] = ["NVTX_INJECTION64_PATH", "NSYS_PROFILING_SESSION_ID"];
-
 fn load() -> Option<Nvtx> {
-    if !TOOL_ENV.iter().any(|k| std::env::var_os(k).is_some()) {
-        return None;
-    }
-    // SAFETY: libnvToolsExt is NVIDIA's NVTX library; loading it runs no
-    // initialiser with preconditions (it hooks the tool on first call).
-    let lib = unsafe { libloading::Library::new("libnvToolsExt.so.1") }.ok()?;
-    // SAFETY: the documented NVTX C signatures of these two symbols.
-    let (start, end) = unsafe {
-        let s: RangeStart = *lib.get::<RangeStart>(b"nvtxRangeStartA\0").ok()?;
-        let e: RangeEnd = *lib.get::<RangeEnd>(b"nvtxRangeEnd\0").ok()?;
-        (s, e)
-    };
-    Some(Nvtx {
-        start,
-        end,
-        _lib: lib,
-    })
+    // An empty value would make NVTX3 dlopen("") (the main program), which
+    // is never a tool.
+    std::env::var_os(INJECTION_ENV).filter(|v| !v.is_empty())?;
+    let domain: &'static Domain = Box::leak(Box::new(Domain::new(DOMAIN)));
+    let names = NAMES
+        .iter()
+        .map(|&n| (n, domain.register_string(n)))
+        .collect();
+    Some(Nvtx { domain, names })
 }
 
-/// The NVTX library if a tool is attached.
+/// NVTX if a tool is attached.
 pub fn get() -> Option<&'static Nvtx> {
     NVTX.get_or_init(load).as_ref()
 }
 
 impl Nvtx {
-    /// Opens a range; its id goes to [`Nvtx::end`].
-    pub fn start(&self, name: &str) -> u64 {
-        let Ok(c) = CString::new(name) else {
-            return 0;
-        };
-        // SAFETY: a NUL-terminated string valid for the call (NVTX copies it).
-        unsafe { (self.start)(c.as_ptr()) }
+    /// Opens a range named `name` in the `oxccl` domain.
+    pub fn start(&self, name: &str) -> NvtxRange {
+        match self
+            .names
+            .iter()
+            .find(|(n, _)| n.to_bytes() == name.as_bytes())
+        {
+            Some((_, r)) => self.domain.range(*r),
+            None => {
+                // NCCL's names are C strings, so a NUL inside one cannot
+                // happen; cut there if it ever does.
+                let cut = name.split('\0').next().unwrap_or_default();
+                let c = CString::new(cut).unwrap_or_default();
+                self.domain.range(c)
+            }
+        }
     }
+}
 
-    /// Closes a range opened by [`Nvtx::start`].
-    pub fn end(&self, id: u64) {
-        // SAFETY: `id` came from nvtxRangeStartA of the same library.
-        unsafe { (self.end)(id) }
-    }
+/// Closes a range opened by [`Nvtx::start`] (`nvtxDomainRangeEnd`).
+pub fn end(range: NvtxRange) {
+    drop(range)
 }

@@ -75,6 +75,10 @@ pub struct Args {
     pub chunk: Option<i32>,
     /// The last `NCCL_PROFILER_*` state recorded.
     pub state: Option<i32>,
+    /// A kernel channel's GPU `globaltimer` (ns) at start and at stop, as
+    /// NCCL reads them on the device (v4 and later).
+    pub gpu_start_ns: Option<u64>,
+    pub gpu_stop_ns: Option<u64>,
 }
 
 /// One completed event.

@@ -198,6 +198,12 @@ fn event(r: &Record, at: Placed) -> Value {
     if let Some(v) = a.state {
         args.insert("state".into(), json!(v));
     }
+    if let Some(v) = a.gpu_start_ns {
+        args.insert("gpu_start_ns".into(), json!(v));
+    }
+    if let Some(v) = a.gpu_stop_ns {
+        args.insert("gpu_stop_ns".into(), json!(v));
+    }
     json!({
         "name": r.name,
         "cat": r.cat,

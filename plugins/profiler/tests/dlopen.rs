@@ -4,21 +4,13 @@
 //! complete event per collective.
 #![allow(unsafe_code)]
 
+mod common;
+
 use std::os::raw::{c_int, c_void};
 use std::path::{Path, PathBuf};
 
 use oxccl_plugin::ffi::profiler::{v1, v4, v5, NCCL_PROFILE_COLL};
 use oxccl_plugin::ffi::types::NCCL_SUCCESS;
-
-fn library() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps, deps.parent().unwrap()]
-        .iter()
-        .map(|d| d.join("liboxccl_profiler.so"))
-        .find(|p| p.exists())
-        .expect("liboxccl_profiler.so next to the test binary (cargo builds the cdylib)")
-}
 
 /// Runs `per_thread` on two threads at once, `n` times each.
 fn on_two_threads(n: u64, per_thread: impl Fn(u64) + Sync) {
@@ -60,7 +52,7 @@ fn v5_v4_v1_write_one_complete_event_per_collective() {
     std::env::remove_var("NCCL_PROFILE_EVENT_MASK");
 
     // SAFETY: our own library; its initialisers only set up statics.
-    let lib = unsafe { libloading::Library::new(library()) }.unwrap();
+    let lib = unsafe { libloading::Library::new(common::library()) }.unwrap();
 
     // v5: rank 0.
     // SAFETY: the symbol is a `ncclProfiler_v5_t` static (layout-tested in the sdk).

@@ -739,3 +739,182 @@ macro_rules! export_profiler_plugin {
         );
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// What [`Capture`] saw of one kernel-channel event.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    struct Seen {
+        channel: u8,
+        start: Option<u64>,
+        stop: Option<u64>,
+    }
+
+    /// Kernel-channel events seen, in stop order. Only the test below
+    /// drives [`Capture`], so no other test touches this.
+    static SEEN: Mutex<Vec<Seen>> = Mutex::new(Vec::new());
+
+    /// Keeps the GPU timers a kernel-channel event carries.
+    struct Capture;
+    impl Profiler for Capture {
+        const NAME: &'static CStr = c"capture";
+        type Event = Seen;
+        fn init(_: &ProfilerInit, mask: &mut i32) -> PluginResult<Self> {
+            *mask = NCCL_PROFILE_KERNEL_CH;
+            Ok(Capture)
+        }
+        fn start_event(&self, e: &Event<'_>) -> Option<Seen> {
+            match e.kind {
+                EventKind::KernelCh {
+                    channel_id,
+                    p_timer,
+                } => Some(Seen {
+                    channel: channel_id,
+                    start: p_timer,
+                    stop: None,
+                }),
+                _ => None,
+            }
+        }
+        fn stop_event(e: Seen) {
+            SEEN.lock().unwrap().push(e);
+        }
+        fn record_event_state(e: &mut Seen, u: &StateUpdate) {
+            if let StateArgs::KernelChStop { p_timer } = u.args {
+                assert_eq!(u.state, NCCL_PROFILER_KERNEL_CH_STOP);
+                e.stop = Some(p_timer);
+            }
+        }
+    }
+
+    fn take_seen() -> Vec<Seen> {
+        std::mem::take(&mut *SEEN.lock().unwrap())
+    }
+
+    /// The start timer (descriptor) and the stop timer (state args of
+    /// `NCCL_PROFILER_KERNEL_CH_STOP`) reach the plugin through every
+    /// version that has them, v4 to v6; v3's kernel channel has neither.
+    #[test]
+    fn kernel_channel_gpu_timers_reach_the_plugin() {
+        let mut ctx: *mut c_void = std::ptr::null_mut();
+        let mut mask: c_int = 0;
+        let mut h: *mut c_void = std::ptr::null_mut();
+
+        // v4.
+        let vt = vtable_v4::<Capture>();
+        // SAFETY: valid out-pointers, NULL name and logger.
+        let rc =
+            unsafe { vt.init.unwrap()(&mut ctx, &mut mask, std::ptr::null(), 1, 1, 2, 0, None) };
+        assert_eq!((rc, mask), (NCCL_SUCCESS, NCCL_PROFILE_KERNEL_CH));
+        // SAFETY: all-zero is a valid descriptor (NULL pointers, zeros).
+        let mut d: v4::EventDescrV4 = unsafe { std::mem::zeroed() };
+        d.ty = NCCL_PROFILE_KERNEL_CH as u8;
+        d.detail.kernel_ch = v4::KernelChDescrV4 {
+            channel_id: 3,
+            p_timer: 1_000,
+        };
+        let mut a = v4::EventStateArgsV4 {
+            kernel_ch: v4::KernelChStateV4 { p_timer: 1_750 },
+        };
+        // SAFETY: the context from init; `d`, `a` and `h` live for the calls;
+        // the handle is stopped once and the context finalized once.
+        unsafe {
+            assert_eq!(vt.start_event.unwrap()(ctx, &mut h, &mut d), NCCL_SUCCESS);
+            let rc = vt.record_event_state.unwrap()(h, NCCL_PROFILER_KERNEL_CH_STOP, &mut a);
+            assert_eq!(rc, NCCL_SUCCESS);
+            assert_eq!(vt.stop_event.unwrap()(h), NCCL_SUCCESS);
+            assert_eq!(vt.finalize.unwrap()(ctx), NCCL_SUCCESS);
+        }
+
+        // v5.
+        let vt = vtable_v5::<Capture>();
+        // SAFETY: valid out-pointers, NULL name and logger.
+        let rc =
+            unsafe { vt.init.unwrap()(&mut ctx, 1, &mut mask, std::ptr::null(), 1, 2, 0, None) };
+        assert_eq!(rc, NCCL_SUCCESS);
+        // SAFETY: all-zero is a valid descriptor.
+        let mut d: v5::EventDescrV5 = unsafe { std::mem::zeroed() };
+        d.ty = NCCL_PROFILE_KERNEL_CH as u64;
+        d.detail.kernel_ch = v5::KernelChDescrV5 {
+            channel_id: 5,
+            p_timer: 2_000,
+        };
+        let mut a = v5::EventStateArgsV5 {
+            kernel_ch: v5::KernelChStateV5 { p_timer: 2_500 },
+        };
+        // SAFETY: as for v4.
+        unsafe {
+            assert_eq!(vt.start_event.unwrap()(ctx, &mut h, &mut d), NCCL_SUCCESS);
+            let rc = vt.record_event_state.unwrap()(h, NCCL_PROFILER_KERNEL_CH_STOP, &mut a);
+            assert_eq!(rc, NCCL_SUCCESS);
+            assert_eq!(vt.stop_event.unwrap()(h), NCCL_SUCCESS);
+            assert_eq!(vt.finalize.unwrap()(ctx), NCCL_SUCCESS);
+        }
+
+        // v6 (its descriptor keeps v5's kernel-channel member).
+        let vt = vtable_v6::<Capture>();
+        // SAFETY: valid out-pointers, NULL name and logger.
+        let rc =
+            unsafe { vt.init.unwrap()(&mut ctx, 1, &mut mask, std::ptr::null(), 1, 2, 0, None) };
+        assert_eq!(rc, NCCL_SUCCESS);
+        // SAFETY: all-zero is a valid descriptor.
+        let mut d: v6::EventDescrV6 = unsafe { std::mem::zeroed() };
+        d.ty = NCCL_PROFILE_KERNEL_CH as u64;
+        d.detail.kernel_ch = v5::KernelChDescrV5 {
+            channel_id: 7,
+            p_timer: 3_000,
+        };
+        let mut a = v6::EventStateArgsV6 {
+            kernel_ch: v5::KernelChStateV5 { p_timer: 3_125 },
+        };
+        // SAFETY: as for v4.
+        unsafe {
+            assert_eq!(vt.start_event.unwrap()(ctx, &mut h, &mut d), NCCL_SUCCESS);
+            let rc = vt.record_event_state.unwrap()(h, NCCL_PROFILER_KERNEL_CH_STOP, &mut a);
+            assert_eq!(rc, NCCL_SUCCESS);
+            assert_eq!(vt.stop_event.unwrap()(h), NCCL_SUCCESS);
+            assert_eq!(vt.finalize.unwrap()(ctx), NCCL_SUCCESS);
+        }
+
+        // v3: a channel id only; its state args have no kernel member, so
+        // a stop state brings no timer.
+        let vt = vtable_v3::<Capture>();
+        // SAFETY: valid out-pointers.
+        let rc = unsafe { vt.init.unwrap()(&mut ctx, &mut mask) };
+        assert_eq!(rc, NCCL_SUCCESS);
+        // SAFETY: all-zero is a valid descriptor.
+        let mut d: v3::EventDescrV3 = unsafe { std::mem::zeroed() };
+        d.ty = NCCL_PROFILE_KERNEL_CH as u8;
+        d.detail.kernel_ch = v3::KernelChDescrV3 { channel_id: 9 };
+        // SAFETY: as for v4; NULL state args are allowed.
+        unsafe {
+            assert_eq!(vt.start_event.unwrap()(ctx, &mut h, &mut d), NCCL_SUCCESS);
+            let rc = vt.record_event_state.unwrap()(
+                h,
+                NCCL_PROFILER_KERNEL_CH_STOP,
+                std::ptr::null_mut(),
+            );
+            assert_eq!(rc, NCCL_SUCCESS);
+            assert_eq!(vt.stop_event.unwrap()(h), NCCL_SUCCESS);
+            assert_eq!(vt.finalize.unwrap()(ctx), NCCL_SUCCESS);
+        }
+
+        let seen = |channel, start, stop| Seen {
+            channel,
+            start,
+            stop,
+        };
+        assert_eq!(
+            take_seen(),
+            [
+                seen(3, Some(1_000), Some(1_750)),
+                seen(5, Some(2_000), Some(2_500)),
+                seen(7, Some(3_000), Some(3_125)),
+                seen(9, None, None),
+            ]
+        );
+    }
+}
