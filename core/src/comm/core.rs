@@ -82,6 +82,9 @@ pub(crate) struct Core {
     tuner: Option<crate::plugin::tuner::TunerComm>,
     profiler: Option<ProfilerComm>,
     pub ident: Ident,
+    /// NCCL's `shareResources`: this communicator's splits take its network
+    /// context (`net`) instead of making their own.
+    pub split_share: bool,
 }
 
 fn redop_code(op: RedOp) -> u8 {
@@ -137,6 +140,7 @@ impl Core {
             }),
             profiler,
             ident,
+            split_share: false,
         })
     }
 
