@@ -72,6 +72,17 @@ fn read_config(config: *const ncclConfig_t) -> Result<CommConfig, Error> {
             cc.settings.push(("NET".into(), n));
         }
     }
+    if has(std::mem::offset_of!(ncclConfig_t, splitShare) + 4) && c.splitShare != undef {
+        cc.split_share = Some(match c.splitShare {
+            0 => false,
+            1 => true,
+            v => {
+                return Err(Error::InvalidArgument(format!(
+                    "config splitShare is {v}: it must be 0 or 1 (or left at NCCL_CONFIG_UNDEF_INT)"
+                )))
+            }
+        });
+    }
     Ok(cc)
 }
 
@@ -274,7 +285,11 @@ pub extern "C" fn ncclCommSplit(
         if newcomm.is_null() {
             return Err(Error::InvalidArgument("newcomm is NULL".into()));
         }
-        let cc = read_config(config)?;
+        let mut cc = read_config(config)?;
+        if config.is_null() {
+            // NCCL copies the parent's config for a split given none.
+            cc.split_share = Some(h.comm.split_share()?);
+        }
         let child = h.comm.split(color, key, &cc)?;
         out(
             "newcomm",

@@ -28,13 +28,23 @@ pub fn main() -> Result<i32, String> {
     use oxccl::plugin::{net, profiler, tuner};
     println!("\n## Net plugin (NCCL_NET_PLUGIN)");
     match net::load(cfg.net_plugin.as_deref()) {
-        Ok((_, o)) => match o {
+        Ok((network, o)) => match o {
             net::Outcome::NotFound { searched } => not_found(&searched, "the built-in network"),
             net::Outcome::Loaded {
                 library,
                 version,
                 searched,
-            } => loaded(&searched, &library, &format!("ncclNetPlugin_{version}")),
+            } => {
+                loaded(&searched, &library, &format!("ncclNetPlugin_{version}"));
+                // Through a context made for this look and finalized right
+                // after (v11+): no communicator exists here.
+                if let Some(network) = network {
+                    match net::devices_line(&network) {
+                        Ok(line) => println!("  devices: {line}"),
+                        Err(e) => println!("  devices: unknown ({e}); a communicator would use the built-in network"),
+                    }
+                }
+            }
             net::Outcome::Refused {
                 library,
                 reason,

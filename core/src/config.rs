@@ -71,6 +71,15 @@ impl ParamValue for f64 {
     }
 }
 
+impl ParamValue for Option<bool> {
+    fn parse(s: &str) -> std::result::Result<Self, String> {
+        if s.trim().is_empty() {
+            return Ok(None);
+        }
+        bool::parse(s).map(Some)
+    }
+}
+
 impl ParamValue for bool {
     fn parse(s: &str) -> std::result::Result<Self, String> {
         match s.trim().to_ascii_lowercase().as_str() {
@@ -195,6 +204,8 @@ params! {
     conf_file: Option<String> = "CONF_FILE", "";
     /// This host's identity when counting nodes (ranks with the same one are on one node); empty: host name and boot id.
     hostid: Option<String> = "HOSTID", "";
+    /// 1: a communicator's splits share its network context (NCCL's splitShare); 0: each split makes its own. Replaces the config's split_share where set, as in NCCL; unset: the config's, else 0.
+    comm_split_share_resources: Option<bool> = "COMM_SPLIT_SHARE_RESOURCES", "";
 }
 
 impl Config {

@@ -1,14 +1,18 @@
-//! Per-communicator contexts of the v11+ net ABI: a built-in network named
-//! "Recording" exports a v12 vtable that wraps the socket network's and
-//! records `init`, `listen`, `connect` and `finalize`, with a context of its
-//! own per `init` (as a real plugin would allocate one). Two communicators
-//! of one process must each get their own context, made with their
-//! commHash, used by their connections, and finalized when they go.
+//! Contexts of the v11+ net ABI: a built-in network named "Recording"
+//! exports a v12 vtable that wraps the socket network's and records `init`,
+//! `devices`, `listen`, `connect` and `finalize`, with a context of its own
+//! per `init` (as a real plugin would allocate one). As in NCCL 2.30: each
+//! communicator gets its own context, made with its commHash, used by its
+//! connections and finalized when it goes; `devices()` is asked once, after
+//! the first `init`; there is no context for the process; a split of a
+//! communicator made with split_share takes its parent's context, finalized
+//! once both are gone.
 //!
-//! One test in this binary: the process's network is chosen once.
+//! One test in this binary: the process's network is chosen once, and the
+//! counts are per process.
 
 use std::os::raw::{c_int, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -24,6 +28,7 @@ enum Event {
         ctx: u64,
         comm_id: u64,
     },
+    Devices,
     Listen {
         ctx: u64,
     },
@@ -32,6 +37,12 @@ enum Event {
     },
     Finalize {
         ctx: u64,
+    },
+    /// listen or connect with a context already finalized, or a second
+    /// finalize: never allowed.
+    Misuse {
+        ctx: u64,
+        call: &'static str,
     },
 }
 
@@ -47,9 +58,12 @@ fn events() -> Vec<Event> {
 }
 
 /// This plugin's context: its serial number and the wrapped network's.
+/// Never freed, so that a call with a finalized context is recorded
+/// rather than reading freed memory.
 struct Ctx {
     serial: u64,
     inner: *mut c_void,
+    finalized: AtomicBool,
 }
 
 /// A vtable of pointers to functions and static strings.
@@ -85,6 +99,7 @@ fn wrapped() -> &'static NetV12 {
             Vt(NetV12 {
                 name: c"recording".as_ptr(),
                 init: Some(init),
+                devices: Some(devices),
                 listen: Some(listen),
                 connect: Some(connect),
                 finalize: Some(finalize),
@@ -115,6 +130,7 @@ unsafe extern "C" fn init(
     let mine = Box::new(Ctx {
         serial,
         inner: inner_ctx,
+        finalized: AtomicBool::new(false),
     });
     // SAFETY: NCCL passes a valid out-pointer.
     unsafe { *ctx = Box::into_raw(mine) as *mut c_void };
@@ -122,11 +138,29 @@ unsafe extern "C" fn init(
 }
 
 /// # Safety
-/// `ctx` is a context `init` returned, not finalized.
+/// `ctx` is a context `init` returned (they are never freed).
 unsafe fn ctx<'a>(ctx: *mut c_void) -> &'a Ctx {
     assert!(!ctx.is_null(), "a NULL context");
     // SAFETY: the caller's contract.
     unsafe { &*(ctx as *const Ctx) }
+}
+
+/// Records `call` on `c` as misuse when `c` was finalized; true if so.
+fn finalized(c: &Ctx, call: &'static str) -> bool {
+    let gone = c.finalized.load(Ordering::SeqCst);
+    if gone {
+        record(Event::Misuse {
+            ctx: c.serial,
+            call,
+        });
+    }
+    gone
+}
+
+unsafe extern "C" fn devices(n: *mut c_int) -> i32 {
+    record(Event::Devices);
+    // SAFETY: forwarded unchanged.
+    unsafe { (inner().devices.unwrap())(n) }
 }
 
 unsafe extern "C" fn listen(
@@ -137,6 +171,9 @@ unsafe extern "C" fn listen(
 ) -> i32 {
     // SAFETY: the core passes the context its `init` returned.
     let c = unsafe { ctx(c) };
+    if finalized(c, "listen") {
+        return 5;
+    }
     record(Event::Listen { ctx: c.serial });
     // SAFETY: forwarded unchanged, with the wrapped network's context.
     unsafe { (inner().listen.unwrap())(c.inner, dev, handle, listen_comm) }
@@ -151,6 +188,9 @@ unsafe extern "C" fn connect(
 ) -> i32 {
     // SAFETY: as in `listen`.
     let c = unsafe { ctx(c) };
+    if finalized(c, "connect") {
+        return 5;
+    }
     // Only a call that made a comm: connect is polled until it does.
     // SAFETY: forwarded unchanged, with the wrapped network's context.
     let r = unsafe { (inner().connect.unwrap())(c.inner, dev, handle, send_comm, dev_comm) };
@@ -162,10 +202,17 @@ unsafe extern "C" fn connect(
 }
 
 unsafe extern "C" fn finalize(c: *mut c_void) -> i32 {
-    // SAFETY: `c` came from `init` as a boxed `Ctx` and is finalized once.
-    let c = unsafe { Box::from_raw(c as *mut Ctx) };
+    // SAFETY: the core passes the context its `init` returned.
+    let c = unsafe { ctx(c) };
+    if c.finalized.swap(true, Ordering::SeqCst) {
+        record(Event::Misuse {
+            ctx: c.serial,
+            call: "finalize",
+        });
+        return 5;
+    }
     record(Event::Finalize { ctx: c.serial });
-    // SAFETY: the wrapped network's context, finalized once.
+    // SAFETY: the wrapped network's context, finalized once (just checked).
     unsafe { (inner().finalize.unwrap())(c.inner) }
 }
 
@@ -191,18 +238,44 @@ fn cfg() -> CommConfig {
         .with("NET_PLUGIN", "none")
 }
 
+fn sharing() -> CommConfig {
+    CommConfig {
+        split_share: Some(true),
+        ..cfg()
+    }
+}
+
 /// One all-reduce on every rank (one thread each), which connects them.
 fn all_reduce(comms: &[Comm]) {
+    let n = comms.len() as f32;
     std::thread::scope(|s| {
         for c in comms {
             s.spawn(move || {
                 let mut b = 1f32.to_ne_bytes().to_vec();
                 c.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
                     .unwrap();
-                assert_eq!(f32::from_ne_bytes(b[..4].try_into().unwrap()), 2.0);
+                assert_eq!(f32::from_ne_bytes(b[..4].try_into().unwrap()), n);
             });
         }
     });
+}
+
+/// Every rank splits into one communicator of the same ranks, with `config`.
+fn split_all(comms: &[Comm], config: &CommConfig) -> Vec<Comm> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| s.spawn(move || c.split(0, r as i32, config).unwrap().unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn destroy(comms: Vec<Comm>) {
+    for c in &comms {
+        c.destroy().unwrap();
+    }
 }
 
 /// The contexts made, with the commId each was made for.
@@ -213,6 +286,17 @@ fn inits(ev: &[Event]) -> Vec<(u64, u64)> {
             _ => None,
         })
         .collect()
+}
+
+/// The contexts made, sorted.
+fn ctxs(ev: &[Event]) -> Vec<u64> {
+    let mut v: Vec<u64> = inits(ev).into_iter().map(|i| i.0).collect();
+    v.sort();
+    v
+}
+
+fn devices_calls(ev: &[Event]) -> usize {
+    ev.iter().filter(|e| **e == Event::Devices).count()
 }
 
 /// The contexts seen by listen and connect, sorted and deduplicated.
@@ -232,7 +316,8 @@ fn used(ev: &[Event]) -> (Vec<u64>, Vec<u64>) {
     (pick(true), pick(false))
 }
 
-fn finalized(ev: &[Event]) -> Vec<u64> {
+/// Contexts finalized, sorted, with repeats.
+fn finalized_ctxs(ev: &[Event]) -> Vec<u64> {
     let mut v: Vec<u64> = ev
         .iter()
         .filter_map(|e| match *e {
@@ -244,12 +329,19 @@ fn finalized(ev: &[Event]) -> Vec<u64> {
     v
 }
 
+fn misuse(ev: &[Event]) -> Vec<Event> {
+    ev.iter()
+        .filter(|e| matches!(e, Event::Misuse { .. }))
+        .copied()
+        .collect()
+}
+
 /// Waits for a core's last holder (an operation's thread) to let go.
 fn wait_finalized(want: &[u64]) -> Vec<Event> {
     let t = Instant::now();
     loop {
         let ev = events();
-        let f = finalized(&ev);
+        let f = finalized_ctxs(&ev);
         if want.iter().all(|c| f.contains(c)) || t.elapsed() > Duration::from_secs(20) {
             return ev;
         }
@@ -257,76 +349,185 @@ fn wait_finalized(want: &[u64]) -> Vec<Event> {
     }
 }
 
+/// None of `ctx` finalized yet.
+fn none_finalized(ctx: &[u64]) {
+    // Time for the threads of a communicator just destroyed to let go.
+    std::thread::sleep(Duration::from_millis(200));
+    let ev = events();
+    let f = finalized_ctxs(&ev);
+    assert!(
+        ctx.iter().all(|c| !f.contains(c)),
+        "{ctx:?} still in use: {ev:?}"
+    );
+}
+
+/// A parent made with split_share and its split: the split makes no
+/// context and connects through the parent's; destroying either leaves the
+/// other working, and the contexts are finalized once, after both. Returns
+/// the contexts made.
+fn shared_split(parent_first: bool) -> Vec<u64> {
+    let mark = events().len();
+    let parent = Comm::init_all(2, &sharing()).unwrap();
+    assert!(parent.iter().all(|c| c.split_share().unwrap()));
+    let mine = ctxs(&events()[mark..]);
+    assert_eq!(mine.len(), 2, "{:?}", events());
+    all_reduce(&parent);
+
+    let mark = events().len();
+    let child = split_all(&parent, &cfg());
+    // The child's own split_share (unset) is for its own splits.
+    assert!(child.iter().all(|c| !c.split_share().unwrap()));
+    all_reduce(&child);
+    let ev = events();
+    assert!(
+        inits(&ev[mark..]).is_empty(),
+        "no init for the split: {ev:?}"
+    );
+    assert_eq!(
+        used(&ev[mark..]),
+        (mine.clone(), mine.clone()),
+        "the split connects through its parent's contexts: {ev:?}"
+    );
+
+    let (first, second) = if parent_first {
+        (parent, child)
+    } else {
+        (child, parent)
+    };
+    destroy(first);
+    none_finalized(&mine);
+    all_reduce(&second);
+    destroy(second);
+    let ev = wait_finalized(&mine);
+    let f = finalized_ctxs(&ev);
+    for c in &mine {
+        assert_eq!(f.iter().filter(|x| *x == c).count(), 1, "{ev:?}");
+    }
+    mine
+}
+
 #[test]
-fn each_communicator_has_its_own_context() {
+fn contexts_follow_communicators() {
+    // Contexts made, and those made for a communicator (the rest: probes).
+    let mut owned = 0;
+
+    // The first communicator: its context is the first init, then
+    // devices() once; no context for the process.
     let a = Comm::init_all(2, &cfg()).unwrap();
     assert_eq!(a[0].net_name().unwrap(), "Recording");
-    // The process's context, for probing devices before any communicator.
-    let process: Vec<(u64, u64)> = inits(&events()).into_iter().filter(|i| i.1 == 0).collect();
-    assert_eq!(process.len(), 1, "{:?}", events());
-    let process = process[0].0;
-
+    let ev = events();
+    let a_inits = inits(&ev);
+    assert_eq!(a_inits.len(), 2, "one init per rank, no other: {ev:?}");
+    assert!(
+        a_inits.iter().all(|i| i.1 != 0 && i.1 == a_inits[0].1),
+        "{ev:?}"
+    );
+    assert_eq!(devices_calls(&ev), 1, "{ev:?}");
+    let first_init = ev.iter().position(|e| matches!(e, Event::Init { .. }));
+    let devices_at = ev.iter().position(|e| *e == Event::Devices);
+    assert!(
+        first_init < devices_at,
+        "devices() after the first init: {ev:?}"
+    );
+    owned += 2;
     all_reduce(&a);
-    // Everything before `mark` is `a`'s (its inits and connections).
+    let a_ctx = ctxs(&ev);
+    assert_eq!(used(&events()), (a_ctx.clone(), a_ctx.clone()));
+
+    // A second communicator: contexts of its own, its own commHash, and
+    // the device count kept from the first.
     let mark = events().len();
     let b = Comm::init_all(2, &cfg()).unwrap();
     all_reduce(&b);
     let ev = events();
-
-    let comm: Vec<(u64, u64)> = inits(&ev).into_iter().filter(|i| i.0 != process).collect();
-    assert_eq!(comm.len(), 4, "one init per rank of each comm: {ev:?}");
-    // Every
-    // rank of a communicator gives the same commHash, and the two differ.
-    let a_inits: Vec<(u64, u64)> = inits(&ev[..mark])
-        .into_iter()
-        .filter(|i| i.0 != process)
-        .collect();
     let b_inits = inits(&ev[mark..]);
-    assert_eq!((a_inits.len(), b_inits.len()), (2, 2), "{ev:?}");
-    assert_eq!(a_inits[0].1, a_inits[1].1, "{ev:?}");
+    assert_eq!(b_inits.len(), 2, "{ev:?}");
     assert_eq!(b_inits[0].1, b_inits[1].1, "{ev:?}");
-    assert_ne!(a_inits[0].1, b_inits[0].1, "{ev:?}");
-    assert!(comm.iter().all(|i| i.1 != 0), "{ev:?}");
-    let a_ctx: Vec<u64> = a_inits.iter().map(|i| i.0).collect();
-    let b_ctx: Vec<u64> = b_inits.iter().map(|i| i.0).collect();
-
-    // Each communicator's connections went through its own two contexts.
-    let mut a_sorted = a_ctx.clone();
-    a_sorted.sort();
-    let mut b_sorted = b_ctx.clone();
-    b_sorted.sort();
-    assert_eq!(
-        used(&ev[..mark]),
-        (a_sorted.clone(), a_sorted.clone()),
-        "{ev:?}"
-    );
-    assert_eq!(
-        used(&ev[mark..]),
-        (b_sorted.clone(), b_sorted.clone()),
-        "{ev:?}"
-    );
-    assert!(finalized(&ev).is_empty(), "{ev:?}");
+    assert_ne!(b_inits[0].1, a_inits[0].1, "{ev:?}");
+    assert_eq!(devices_calls(&ev), 1, "{ev:?}");
+    owned += 2;
+    let b_ctx = ctxs(&ev[mark..]);
+    assert_eq!(used(&ev[mark..]), (b_ctx.clone(), b_ctx.clone()), "{ev:?}");
+    assert!(finalized_ctxs(&ev).is_empty(), "{ev:?}");
 
     // Destroying a communicator finalizes its contexts only, after its
     // connections are closed.
-    for c in &a {
-        c.destroy().unwrap();
-    }
-    drop(a);
+    destroy(a);
     let ev = wait_finalized(&a_ctx);
-    assert_eq!(finalized(&ev), a_sorted, "{ev:?}");
+    assert_eq!(finalized_ctxs(&ev), a_ctx, "{ev:?}");
     all_reduce(&b);
-    for c in &b {
-        c.destroy().unwrap();
-    }
-    drop(b);
-    let ev = wait_finalized(&b_ctx);
-    let mut both = [a_ctx, b_ctx].concat();
-    both.sort();
-    assert_eq!(
-        finalized(&ev),
-        both,
-        "the process's own context stays: {ev:?}"
+
+    // A split of a communicator made without split_share inits its own
+    // contexts with its own commHash, whatever its own config says (the
+    // parent's decides, as in NCCL).
+    let mark = events().len();
+    let s = split_all(&b, &sharing());
+    all_reduce(&s);
+    let ev = events();
+    let s_inits = inits(&ev[mark..]);
+    assert_eq!(s_inits.len(), 2, "{ev:?}");
+    assert_eq!(s_inits[0].1, s_inits[1].1, "{ev:?}");
+    assert!(s_inits[0].1 != b_inits[0].1 && s_inits[0].1 != 0, "{ev:?}");
+    owned += 2;
+    let s_ctx = ctxs(&ev[mark..]);
+    assert_eq!(used(&ev[mark..]), (s_ctx.clone(), s_ctx.clone()), "{ev:?}");
+    destroy(s);
+    let ev = wait_finalized(&s_ctx);
+    assert!(
+        s_ctx.iter().all(|c| finalized_ctxs(&ev).contains(c)),
+        "{ev:?}"
     );
-    assert!(!finalized(&ev).contains(&process));
+    none_finalized(&b_ctx);
+    destroy(b);
+    wait_finalized(&b_ctx);
+
+    // With split_share, in both orders of destruction.
+    shared_split(true);
+    shared_split(false);
+    owned += 4;
+
+    // NCCL_COMM_SPLIT_SHARE_RESOURCES (here through the same setting from
+    // the API) replaces the config's split_share either way, and a split
+    // inherits it with the parent's other settings.
+    let mark = events().len();
+    let p = Comm::init_all(1, &sharing().with("COMM_SPLIT_SHARE_RESOURCES", "0")).unwrap();
+    assert!(!p[0].split_share().unwrap());
+    let c = p[0].split(0, 0, &cfg()).unwrap().unwrap();
+    assert_eq!(inits(&events()[mark..]).len(), 2, "{:?}", events());
+    owned += 2;
+    destroy(vec![c]);
+    destroy(p);
+    let mark = events().len();
+    let p = Comm::init_all(1, &cfg().with("COMM_SPLIT_SHARE_RESOURCES", "1")).unwrap();
+    assert!(p[0].split_share().unwrap());
+    let c = p[0].split(0, 0, &cfg()).unwrap().unwrap();
+    assert!(c.split_share().unwrap(), "inherited with the settings");
+    assert_eq!(inits(&events()[mark..]).len(), 1, "{:?}", events());
+    owned += 1;
+    destroy(p);
+    destroy(vec![c]);
+
+    // A look at the devices without a communicator (`oxccl info`): a
+    // context made for it and finalized before the call returns.
+    let mark = events().len();
+    let lines = oxccl::net_summary();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("Recording (built in): ")),
+        "{lines:?}"
+    );
+    let ev = events();
+    let probe = inits(&ev[mark..]);
+    assert_eq!(probe.len(), 1, "{ev:?}");
+    assert_eq!(probe[0].1, 0, "{ev:?}");
+    assert_eq!(finalized_ctxs(&ev[mark..]), vec![probe[0].0], "{ev:?}");
+
+    // By the end: every context made was for a communicator or the probe,
+    // and was finalized exactly once, never used after.
+    let all = ctxs(&events());
+    let ev = wait_finalized(&all);
+    assert_eq!(all.len(), owned + 1, "{ev:?}");
+    assert_eq!(finalized_ctxs(&ev), all, "each once: {ev:?}");
+    assert!(misuse(&ev).is_empty(), "{ev:?}");
 }

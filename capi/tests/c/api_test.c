@@ -248,6 +248,22 @@ static void test_split(ncclComm_t comm, size_t n) {
   CHECK(ncclCommSplit(comm, rank == 0 ? NCCL_SPLIT_NOCOLOR : 0, 0, &none, NULL));
   if (rank == 0) EXPECT(none == NULL, "NOCOLOR gave a communicator");
   else CHECK(ncclCommDestroy(none));
+  /* splitShare: a split of p shares p's network context (NULL config: it
+   * takes p's config, splitShare included) and outlives p. */
+  ncclConfig_t share = NCCL_CONFIG_INITIALIZER;
+  share.splitShare = 1;
+  ncclComm_t p = NULL, q = NULL;
+  CHECK(ncclCommSplit(comm, 0, rank, &p, &share));
+  CHECK(ncclCommSplit(p, 0, rank, &q, NULL));
+  CHECK(ncclCommDestroy(p));
+  fill(s, rank, n, 0);
+  CHECK(ncclAllReduce(s, s, n, ncclFloat32, ncclSum, q, NULL));
+  for (size_t i = 0; i < n; i++) {
+    double want = 0;
+    for (int r = 0; r < nranks; r++) want += val(r, i);
+    EXPECT(s[i] == (float)want, "shared split all_reduce [%zu]", i);
+  }
+  CHECK(ncclCommDestroy(q));
   /* Abort always returns; the handle is gone after. */
   CHECK(ncclCommAbort(child));
   int dummy;
@@ -273,6 +289,9 @@ static void test_errors(ncclComm_t comm) {
   bad.magic = 0;
   ncclComm_t c2;
   expect_error(ncclCommSplit(comm, 0, 0, &c2, &bad), ncclInvalidArgument, "uninitialised config", "NCCL_CONFIG_INITIALIZER");
+  ncclConfig_t bad_share = NCCL_CONFIG_INITIALIZER;
+  bad_share.splitShare = 2;
+  expect_error(ncclCommSplit(comm, 0, 0, &c2, &bad_share), ncclInvalidArgument, "splitShare 2", "splitShare is 2");
   EXPECT(buf[0] == 0, "a refused call touched the buffer");
   /* Count 0 is legal and does nothing. */
   CHECK(ncclAllReduce(NULL, NULL, 0, ncclFloat32, ncclSum, comm, NULL));

@@ -86,6 +86,9 @@ pub(crate) struct Core {
     /// That thread, started by the first group that asks for KernelCh events.
     kernel_events: std::sync::OnceLock<super::kernel_events::KernelEvents>,
     pub ident: Ident,
+    /// NCCL's `shareResources`: this communicator's splits take its network
+    /// context (`net`) instead of making their own.
+    pub split_share: bool,
 }
 
 fn redop_code(op: RedOp) -> u8 {
@@ -143,6 +146,7 @@ impl Core {
             profiler,
             kernel_events: std::sync::OnceLock::new(),
             ident,
+            split_share: false,
         })
     }
 

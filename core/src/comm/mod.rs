@@ -10,6 +10,7 @@ mod staged;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use oxccl_plugin::{Net, NetError};
 use tracing::{info, warn};
 
 use crate::bootstrap::{get_unique_id, Bootstrap, UniqueId};
@@ -36,6 +37,11 @@ pub struct CommConfig {
     /// The GPU this rank runs on: its operations then take device memory
     /// and the caller's CUDA stream. `None`: host memory.
     pub device: Option<usize>,
+    /// NCCL's `splitShare`: the splits of this communicator share its
+    /// network context instead of making their own. `None` is NCCL's
+    /// undefined value (no sharing); `NCCL_COMM_SPLIT_SHARE_RESOURCES`,
+    /// where set, overrides either, as in NCCL.
+    pub split_share: Option<bool>,
 }
 
 impl Default for CommConfig {
@@ -44,6 +50,7 @@ impl Default for CommConfig {
             blocking: true,
             settings: Vec::new(),
             device: None,
+            split_share: None,
         }
     }
 }
@@ -63,6 +70,29 @@ impl CommConfig {
             .collect();
         Config::load_with(&pairs)
     }
+
+    /// Whether the splits of a communicator made with this configuration
+    /// share its network context. NCCL's `envConfigOverride` lets the
+    /// variable replace the config's `splitShare`, and an unset one is 0.
+    fn shares_with_splits(&self, cfg: &Config) -> bool {
+        match (cfg.comm_split_share_resources, self.split_share) {
+            (Some(var), Some(asked)) if var != asked => {
+                info!(target: "oxccl::env", "config split_share={asked} reset to NCCL_COMM_SPLIT_SHARE_RESOURCES={}", u8::from(var));
+                var
+            }
+            (Some(var), _) => var,
+            (None, asked) => asked.unwrap_or(false),
+        }
+    }
+}
+
+/// What a split takes from a parent that shares its resources with its
+/// splits (NCCL's `ncclNetInitFromParent`).
+struct FromParent {
+    /// The parent's network with its context.
+    net: Arc<dyn Net>,
+    /// The parent's NCCL_NET, which the split's must not contradict.
+    net_setting: Option<String>,
 }
 
 /// Where a communicator's asynchronous work stands.
@@ -103,33 +133,73 @@ impl std::fmt::Debug for Comm {
     }
 }
 
-/// The network every communicator of this process uses, chosen once (each
-/// communicator then takes its own view of it: [`Network::for_comm`]).
-fn network(cfg: &Config) -> Result<Network> {
+/// The network of the communicator `comm_hash`, with its context (v11+).
+/// The process chooses the network once, with its first communicator; each
+/// later one takes its own view of it ([`Network::for_comm`]).
+fn comm_net(cfg: &Config, comm_hash: u64) -> Result<Arc<dyn Net>> {
     static NET: Mutex<Option<Network>> = Mutex::new(None);
     let mut slot = NET
         .lock()
         .map_err(|_| Error::Internal("network table poisoned".into()))?;
-    if let Some(n) = slot.as_ref() {
-        return Ok(n.clone());
+    if let Some(n) = slot.clone() {
+        drop(slot);
+        return Ok(n.for_comm(comm_hash)?);
     }
-    let (plugin, _) = crate::plugin::net::load(cfg.net_plugin.as_deref())?;
-    if let Some(net) = plugin {
+    // Held while choosing: communicators created meanwhile wait for the choice.
+    let (chosen, mine) = choose_network(cfg, comm_hash)?;
+    *slot = Some(chosen);
+    Ok(mine)
+}
+
+/// The first use of `net`, as NCCL's `ncclNetPluginInit`: `init` with the
+/// first communicator's context, then `devices()` once. A network that fails
+/// either or has no device is not used; the context made for it is
+/// finalized (dropped) here, as NCCL finalizes it.
+fn first_use(net: &Network, comm_hash: u64) -> std::result::Result<Arc<dyn Net>, FirstUse> {
+    let mine = net.for_comm(comm_hash).map_err(FirstUse::Init)?;
+    match mine.devices() {
+        Ok(n) if n > 0 => Ok(mine),
+        Ok(_) => Err(FirstUse::NoDevices),
+        Err(e) => Err(FirstUse::Devices(e)),
+    }
+}
+
+/// Why a network was not taken at its first use.
+enum FirstUse {
+    Init(NetError),
+    NoDevices,
+    Devices(NetError),
+}
+
+/// Chooses the process's network for its first communicator: the plugin
+/// library, else the first built-in with devices (or the one `NCCL_NET`
+/// names). Returns the network and that communicator's view of it.
+fn choose_network(cfg: &Config, comm_hash: u64) -> Result<(Network, Arc<dyn Net>)> {
+    let (plugin, outcome) = crate::plugin::net::load(cfg.net_plugin.as_deref())?;
+    if let (Some(net), crate::plugin::net::Outcome::Loaded { library, .. }) = (plugin, outcome) {
+        // NCCL inits only a network whose name NCCL_NET allows.
         let wanted = cfg
             .net
             .as_deref()
             .is_none_or(|w| w.eq_ignore_ascii_case(net.name()));
-        match net.devices() {
-            Ok(n) if n > 0 && wanted => {
-                info!(target: "oxccl::net", "using network {} from a plugin library ({n} device(s))", net.name());
-                *slot = Some(net.clone());
-                return Ok(net);
-            }
-            Ok(n) => {
-                info!(target: "oxccl::net", "net plugin {} not used: {n} device(s), NCCL_NET={:?}", net.name(), cfg.net)
-            }
-            Err(e) => {
-                warn!(target: "oxccl::net", "net plugin {}: devices() failed: {e}; using the built-in network", net.name())
+        if !wanted {
+            info!(target: "oxccl::net", "net plugin {} not used: NCCL_NET={:?}", net.name(), cfg.net);
+        } else {
+            match first_use(&net, comm_hash) {
+                Ok(mine) => {
+                    info!(target: "oxccl::net", "using network {} from a plugin library ({} device(s))",
+                        net.name(), mine.devices().unwrap_or_default());
+                    return Ok((net, mine));
+                }
+                Err(FirstUse::Init(e)) => {
+                    warn!(target: "oxccl::net", "{}; using the built-in network", net.init_failed_line(&library, &e))
+                }
+                Err(FirstUse::NoDevices) => {
+                    info!(target: "oxccl::net", "net plugin {} not used: 0 device(s)", net.name())
+                }
+                Err(FirstUse::Devices(e)) => {
+                    warn!(target: "oxccl::net", "net plugin {}: devices() failed: {e}; using the built-in network", net.name())
+                }
             }
         }
     }
@@ -142,17 +212,22 @@ fn network(cfg: &Config) -> Result<Network> {
                 continue;
             }
         }
-        match crate::plugin::net::builtin(b) {
-            Ok(net) => match net.devices() {
-                Ok(n) if n > 0 => {
-                    info!(target: "oxccl::net", "using network {} ({n} device(s))", b.name);
-                    *slot = Some(net.clone());
-                    return Ok(net);
-                }
-                Ok(_) => why.push(format!("{}: no devices", b.name)),
-                Err(e) => why.push(format!("{}: {e}", b.name)),
-            },
-            Err(e) => why.push(format!("{}: {e}", b.name)),
+        let net = match crate::plugin::net::builtin(b) {
+            Ok(net) => net,
+            Err(e) => {
+                why.push(format!("{}: {e}", b.name));
+                continue;
+            }
+        };
+        match first_use(&net, comm_hash) {
+            Ok(mine) => {
+                info!(target: "oxccl::net", "using network {} ({} device(s))",
+                    b.name, mine.devices().unwrap_or_default());
+                return Ok((net, mine));
+            }
+            Err(FirstUse::Init(e)) => why.push(format!("{}: init failed: {e}", b.name)),
+            Err(FirstUse::NoDevices) => why.push(format!("{}: no devices", b.name)),
+            Err(FirstUse::Devices(e)) => why.push(format!("{}: {e}", b.name)),
         }
     }
     let names: Vec<&str> = builtins.iter().map(|b| b.name).collect();
@@ -182,17 +257,19 @@ impl Comm {
         rank: usize,
         config: &CommConfig,
     ) -> Result<Comm> {
-        Comm::init_rank_hashed(nranks, id, rank, config, ident::comm_hash(&id))
+        Comm::init_rank_hashed(nranks, id, rank, config, ident::comm_hash(&id), None)
     }
 
     /// As [`Comm::init_rank`], with the communicator's hash given (a split
-    /// derives it from its parent's, as NCCL does).
+    /// derives it from its parent's, as NCCL does), and the parent's network
+    /// (with its context) for a split that shares it.
     fn init_rank_hashed(
         nranks: usize,
         id: UniqueId,
         rank: usize,
         config: &CommConfig,
         comm_hash: u64,
+        parent: Option<FromParent>,
     ) -> Result<Comm> {
         if nranks == 0 {
             return Err(Error::InvalidArgument(
@@ -205,6 +282,7 @@ impl Comm {
             )));
         }
         let cfg = config.resolve()?;
+        let split_share = config.shares_with_splits(&cfg);
         let shared = Arc::new(Shared {
             rank,
             nranks,
@@ -216,7 +294,11 @@ impl Comm {
         };
         let device = config.device;
         let work = move || {
-            let r = Comm::build(nranks, &id, rank, cfg, device, comm_hash);
+            let r =
+                Comm::build(nranks, &id, rank, cfg, device, comm_hash, parent).map(|mut core| {
+                    core.split_share = split_share;
+                    core
+                });
             let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
             if let Status::Initializing = *st {
                 *st = match r {
@@ -249,10 +331,26 @@ impl Comm {
         cfg: Config,
         device: Option<usize>,
         comm_hash: u64,
+        parent: Option<FromParent>,
     ) -> Result<Core> {
         // The network is the process's; its context (v11+) is this
-        // communicator's, made with the commHash every rank of it shares.
-        let net = network(&cfg)?.for_comm(comm_hash)?;
+        // communicator's, made with the commHash every rank of it shares,
+        // or the parent's for a split that shares it (NCCL's
+        // ncclNetInitFromParent), finalized once both are gone.
+        let net = match parent {
+            Some(p) => {
+                let parents = p.net_setting.as_deref().unwrap_or(p.net.name());
+                if let Some(want) = cfg.net.as_deref() {
+                    if !want.eq_ignore_ascii_case(parents) {
+                        return Err(Error::InvalidUsage(format!(
+                            "NCCL_NET={want:?} for a split that shares its parent's network context, whose network is {parents:?} (the parent was made with split_share or NCCL_COMM_SPLIT_SHARE_RESOURCES=1): leave NET unset in the split's config, or make the parent without split_share"
+                        )));
+                    }
+                }
+                p.net
+            }
+            None => comm_net(&cfg, comm_hash)?,
+        };
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
         let peers = ident::exchange(&bootstrap, ident::host_hash(&cfg), cfg.p2p_disable)?;
         let nnodes = peers.nnodes;
@@ -375,6 +473,12 @@ impl Comm {
         Ok(self.core()?.net.name().to_string())
     }
 
+    /// Whether this communicator's splits share its network context (its
+    /// config's `split_share`, or `NCCL_COMM_SPLIT_SHARE_RESOURCES`).
+    pub fn split_share(&self) -> Result<bool> {
+        Ok(self.core()?.split_share)
+    }
+
     /// The GPU this communicator runs on (`None`: host memory).
     pub fn device(&self) -> Result<Option<usize>> {
         Ok(self.core()?.device.as_ref().and_then(|d| d.ordinal()))
@@ -401,7 +505,10 @@ impl Comm {
 
     /// Splits into new communicators by color, ranked by key then by rank
     /// here (NCCL's `ncclCommSplit`). Every rank must call it;
-    /// [`SPLIT_NOCOLOR`] gives `None`.
+    /// [`SPLIT_NOCOLOR`] gives `None`. When this communicator was made with
+    /// `split_share` (see [`Comm::split_share`]), the new one uses its
+    /// network context; `config.split_share` is the new one's, for its own
+    /// splits.
     pub fn split(&self, color: i32, key: i32, config: &CommConfig) -> Result<Option<Comm>> {
         if color < SPLIT_NOCOLOR {
             return Err(Error::InvalidArgument(format!(
@@ -466,7 +573,12 @@ impl Comm {
             .collect();
         cfg.settings = parent.into_iter().chain(cfg.settings).collect();
         let hash = ident::split_hash(core.ident.comm_hash, split_no, color);
-        Comm::init_rank_hashed(members.len(), id, new_rank, &cfg, hash).map(Some)
+        // As NCCL's shareResources, the parent's setting decides.
+        let parent = core.split_share.then(|| FromParent {
+            net: core.net.clone(),
+            net_setting: core.cfg.net.clone(),
+        });
+        Comm::init_rank_hashed(members.len(), id, new_rank, &cfg, hash, parent).map(Some)
     }
 
     /// Waits for this rank's outstanding work and synchronises with the
@@ -698,20 +810,16 @@ pub(crate) fn op_of(
     })
 }
 
-/// One line per network linked into this binary, with its devices, for `oxccl info`.
+/// One line per network linked into this binary, with its devices, for
+/// `oxccl info`. Each v11+ network is looked at through a context made for
+/// the purpose and finalized right after.
 pub fn net_summary() -> Vec<String> {
     oxccl_net_socket::force_link();
     oxccl_plugin::builtin_nets()
         .into_iter()
         .map(|b| match crate::plugin::net::builtin(b) {
-            Ok(net) => match net.devices() {
-                Ok(n) => {
-                    let devs: Vec<String> = (0..n)
-                        .filter_map(|d| net.properties(d).ok())
-                        .map(|p| format!("{} ({} Mb/s)", p.name, p.speed_mbps))
-                        .collect();
-                    format!("{} (built in): {n} device(s): {}", b.name, devs.join(", "))
-                }
+            Ok(net) => match crate::plugin::net::devices_line(&net) {
+                Ok(line) => format!("{} (built in): {line}", b.name),
                 Err(e) => format!("{} (built in): {e}", b.name),
             },
             Err(e) => format!("{} (built in): cannot start: {e}", b.name),
@@ -765,6 +873,34 @@ mod tests {
         for c in splits.iter().chain(&comms).chain(&other) {
             c.destroy().unwrap();
         }
+    }
+
+    /// NCCL_COMM_SPLIT_SHARE_RESOURCES, where set, replaces the config's
+    /// split_share (NCCL's envConfigOverride); unset, the config's counts,
+    /// and neither means no sharing. ("" through the API stands for unset,
+    /// whatever the environment of the test says.)
+    #[test]
+    fn split_share_variable_replaces_the_config() {
+        let shares = |var: &str, asked: Option<bool>| {
+            let cc = CommConfig {
+                split_share: asked,
+                ..CommConfig::default()
+            }
+            .with("COMM_SPLIT_SHARE_RESOURCES", var);
+            cc.shares_with_splits(&cc.resolve().unwrap())
+        };
+        assert!(!shares("", None));
+        assert!(shares("", Some(true)));
+        assert!(!shares("", Some(false)));
+        assert!(!shares("0", Some(true)));
+        assert!(shares("1", Some(false)));
+        assert!(shares("1", None));
+        let e = CommConfig::default()
+            .with("COMM_SPLIT_SHARE_RESOURCES", "2")
+            .resolve()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("NCCL_COMM_SPLIT_SHARE_RESOURCES"), "{e}");
     }
 
     /// Ranks that say they are on different hosts count as nodes.

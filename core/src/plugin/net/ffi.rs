@@ -44,10 +44,10 @@ pub const COLLNET_SYMBOLS: &[&str] = &[
     "ncclCollNetPlugin_v6",
 ];
 
-/// A v11+ context: one for the process (made at negotiation, for the
-/// device probing that happens before any communicator exists) and one per
-/// communicator ([`CNet::for_comm`]), as NCCL's `ncclNetInit` makes one per
-/// communicator.
+/// A v11+ context: one per communicator ([`CPlugin::open`]), as NCCL's
+/// `ncclNetInit` makes, or one shared by a communicator and the splits that
+/// share its resources. There is none for the process: the vtable kept by
+/// [`CPlugin`] holds NULL and is never called with it.
 #[derive(Clone, Copy)]
 struct Ctx(*mut c_void);
 
@@ -89,6 +89,11 @@ impl Vt {
             Vt::V11(..) => 11,
             Vt::V12(..) => 12,
         }
+    }
+
+    /// v11 and later take a context per communicator.
+    fn has_context(self) -> bool {
+        matches!(self, Vt::V11(..) | Vt::V12(..))
     }
 
     fn name_ptr(self) -> *const c_char {
@@ -202,14 +207,35 @@ pub struct Refusal {
     pub reason: String,
 }
 
+/// A negotiated vtable and its library, shared by every context made from
+/// it. Before v11 the plugin's one `init` has run; from v11 on nothing has:
+/// each [`CPlugin::open`] makes a context.
+pub struct CPlugin {
+    /// v11+: with a NULL context, only copied into [`Hold`]s with a real one.
+    vt: Vt,
+    /// Keeps the library loaded while any context or comm made from it lives.
+    _lib: Lib,
+    name: String,
+    /// The symbol the vtable was read from, and what the refusal line names.
+    sym: &'static str,
+    looked: Vec<&'static str>,
+    found: Vec<&'static str>,
+    /// What `devices()` answered: NCCL asks once, right after the first
+    /// `init` (`ncclNetPluginInit`), and keeps the count for every later
+    /// communicator.
+    devices: std::sync::Mutex<Option<usize>>,
+}
+
 /// What keeps a vtable usable: its library loaded and, for v11+, its
 /// context alive. Every comm and request made through a context holds it, so
 /// that `finalize` runs after the last of them is closed (NCCL finalizes a
 /// communicator's context after closing its connections), whatever order
-/// their owners drop in.
+/// their owners drop in. Communicators that share a context (a split with
+/// NCCL's splitShare) share one `Hold`: it is finalized once, when the last
+/// of them is gone.
 struct Hold {
     vt: Vt,
-    lib: Lib,
+    plugin: std::sync::Arc<CPlugin>,
 }
 
 impl Drop for Hold {
@@ -222,23 +248,23 @@ impl Drop for Hold {
         if let Some(f) = f {
             // SAFETY: the context `init` returned, finalized once (the
             // last holder is dropping it); the library is still loaded
-            // (`lib` drops after this).
+            // (`plugin` drops after this).
             let _ = unsafe { f(ctx.0) };
         }
     }
 }
 
-/// A network reached through one of the C vtables.
+/// A network reached through one of the C vtables, with its context (v11+).
 pub struct CNet {
-    vt: Vt,
     hold: std::sync::Arc<Hold>,
-    name: String,
 }
 
-impl CNet {
-    /// Picks the newest net version the library exports, checks its
-    /// required entries and runs its `init`.
-    pub fn negotiate(lib: &Lib) -> Result<CNet, Refusal> {
+impl CPlugin {
+    /// Picks the newest net version the library exports and checks its
+    /// required entries. Before v11 it also runs the plugin's one `init`
+    /// (those versions have no context, and NCCL's compat layer inits them
+    /// once); from v11 on `init` waits for [`CPlugin::open`].
+    pub fn negotiate(lib: &Lib) -> Result<CPlugin, Refusal> {
         let looked: Vec<&'static str> = SYMBOLS.iter().map(|(s, _)| *s).collect();
         let found = lib.present(&looked);
         let refuse = |reason: String| Refusal {
@@ -281,41 +307,63 @@ impl CNet {
         let name = unsafe { CStr::from_ptr(vt.name_ptr()) }
             .to_string_lossy()
             .into_owned();
-        let vt = init(vt, 0).map_err(|e| refuse(format!("{sym} init failed: {e}")))?;
-        Ok(CNet::with(vt, lib.clone(), name))
-    }
-
-    fn with(vt: Vt, lib: Lib, name: String) -> CNet {
-        CNet {
+        let plugin = CPlugin {
             vt,
-            hold: std::sync::Arc::new(Hold { vt, lib }),
+            _lib: lib.clone(),
             name,
+            sym,
+            looked: looked.clone(),
+            found: found.clone(),
+            devices: std::sync::Mutex::new(None),
+        };
+        if !vt.has_context() {
+            init(vt, 0).map_err(|e| refuse(plugin.init_failed(&e)))?;
         }
+        Ok(plugin)
     }
 
-    /// The same network with a context of its own for the communicator
-    /// `comm_hash` (v11+: `init(&ctx, commHash, …)`, finalized once the
-    /// returned value and every comm made through it are gone). `None`
-    /// before v11: there is no context, the process-wide network serves.
-    pub fn for_comm(&self, comm_hash: u64) -> NetResult<Option<CNet>> {
-        match self.vt {
-            Vt::V11(..) | Vt::V12(..) => {
-                let vt = init(self.vt, comm_hash)?;
-                Ok(Some(CNet::with(
-                    vt,
-                    self.hold.lib.clone(),
-                    self.name.clone(),
-                )))
-            }
-            _ => Ok(None),
+    /// The network as the communicator `comm_hash` uses it. v11+:
+    /// `init(&ctx, comm_hash, …)` here, and that context is finalized once
+    /// the returned value and every comm made through it are gone. Before
+    /// v11 there is no context: the process's one `init` serves.
+    pub fn open(self: &std::sync::Arc<Self>, comm_hash: u64) -> NetResult<CNet> {
+        let vt = if self.vt.has_context() {
+            init(self.vt, comm_hash)?
+        } else {
+            self.vt
+        };
+        Ok(CNet {
+            hold: std::sync::Arc::new(Hold {
+                vt,
+                plugin: self.clone(),
+            }),
+        })
+    }
+
+    /// Why `init` failed, as the refusal line gives it.
+    pub fn init_failed(&self, e: &NetError) -> String {
+        format!("{} init failed: {e}", self.sym)
+    }
+
+    /// This library refused for `reason` (after negotiation: a failed
+    /// `init`), with what was looked for and found.
+    pub fn refusal(&self, reason: String) -> Refusal {
+        Refusal {
+            looked: self.looked.clone(),
+            found: self.found.clone(),
+            reason,
         }
     }
 
     /// A built-in keeps its registered name ("Socket"), which `NCCL_NET`
     /// matches, rather than the name its exported vtable gives libraries.
-    pub fn renamed(mut self, name: &str) -> CNet {
+    pub fn renamed(mut self, name: &str) -> CPlugin {
         self.name = name.to_string();
         self
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The ABI version in use ("v11").
@@ -324,8 +372,22 @@ impl CNet {
     }
 }
 
+impl CNet {
+    fn vt(&self) -> Vt {
+        self.hold.vt
+    }
+
+    /// Whether this value has a context (v11+), which its listen and
+    /// connect pass.
+    #[cfg(test)]
+    fn has_context(&self) -> bool {
+        self.vt().has_context()
+    }
+}
+
 /// Runs `init` with the core's logger; v11+ also returns a context, made
-/// for the communicator `comm_id` (0: the process's own).
+/// for the communicator `comm_id` (0: a context made only to look at the
+/// devices before any communicator exists, finalized right after).
 fn init(vt: Vt, comm_id: u64) -> NetResult<Vt> {
     let log = crate::plugin::ffi_log::logger();
     // SAFETY: entries checked non-null by `null_entries`; the arguments are
@@ -412,21 +474,35 @@ macro_rules! get_props {
 
 impl Net for CNet {
     fn name(&self) -> &str {
-        &self.name
+        &self.hold.plugin.name
     }
 
+    /// Asked of the plugin once (a context is alive: this value's, or
+    /// before v11 the process's `init` ran), then answered from
+    /// [`CPlugin::devices`]; a failure is not kept, the next call asks again.
     fn devices(&self) -> NetResult<usize> {
+        let mut known = self
+            .hold
+            .plugin
+            .devices
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = *known {
+            return Ok(n);
+        }
         let mut n: c_int = 0;
-        let f = common!(self.vt, devices).ok_or_else(|| missing("devices"))?;
+        let f = common!(self.vt(), devices).ok_or_else(|| missing("devices"))?;
         // SAFETY: a valid out-pointer.
         check("devices", unsafe { f(&mut n) })?;
-        Ok(n.max(0) as usize)
+        let n = n.max(0) as usize;
+        *known = Some(n);
+        Ok(n)
     }
 
     fn properties(&self, dev: usize) -> NetResult<NetProperties> {
         let d = dev as c_int;
         let sized = |n: usize| if n == 0 { MAX_NET_SIZE } else { n };
-        Ok(match self.vt {
+        Ok(match self.vt() {
             // Before v9 there is no maxP2pBytes: NCCL assumes MAX_NET_SIZE.
             Vt::V8(v) => props!(get_props!(v, v8::PropertiesV8, d), MAX_NET_SIZE),
             Vt::V9(v) => {
@@ -455,7 +531,7 @@ impl Net for CNet {
         // SAFETY: entries checked non-null at load; a 128-byte handle buffer
         // and a valid out-pointer, as the ABI asks.
         let r = unsafe {
-            match self.vt {
+            match self.vt() {
                 Vt::V8(v) => (v.listen.ok_or_else(|| missing("listen"))?)(d, hp, &mut c),
                 Vt::V9(v) => (v.listen.ok_or_else(|| missing("listen"))?)(d, hp, &mut c),
                 Vt::V10(v) => (v.listen.ok_or_else(|| missing("listen"))?)(d, hp, &mut c),
@@ -477,7 +553,7 @@ impl Net for CNet {
         // SAFETY: entries checked non-null at load; the handle buffer the
         // peer's listen wrote, valid out-pointers.
         let r = unsafe {
-            match self.vt {
+            match self.vt() {
                 Vt::V8(v) => (v.connect.ok_or_else(|| missing("connect"))?)(d, hp, &mut c, &mut dc),
                 Vt::V9(v) => (v.connect.ok_or_else(|| missing("connect"))?)(d, hp, &mut c, &mut dc),
                 Vt::V10(v) => {
@@ -499,7 +575,7 @@ impl Net for CNet {
 impl CNet {
     fn comm(&self, c: *mut c_void, kind: Kind) -> CComm {
         CComm {
-            vt: self.vt,
+            vt: self.vt(),
             _hold: self.hold.clone(),
             c,
             kind,
@@ -731,10 +807,10 @@ mod tests {
     /// library exporting just that version would be.
     /// The version chosen lives in a static read by `symbols`, so tests
     /// running in parallel negotiate one at a time.
-    fn negotiate_only(version: u32) -> CNet {
+    fn negotiate_only(version: u32) -> std::sync::Arc<CPlugin> {
         static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
-        CNet::negotiate(&only(version)).unwrap()
+        std::sync::Arc::new(CPlugin::negotiate(&only(version)).unwrap())
     }
 
     fn only(version: u32) -> Lib {
@@ -803,25 +879,29 @@ mod tests {
     }
 
     /// Per-communicator views over the export glue: several v11/v12
-    /// contexts alive at once, one finalized while the others and the
-    /// process's own keep working; none before v11.
+    /// contexts alive at once, one finalized while the others keep working;
+    /// before v11 every view shares the process's one `init`.
     #[test]
     fn contexts_per_communicator_coexist() {
         for v in [11u32, 12] {
-            let net = negotiate_only(v);
-            let a = net.for_comm(1).unwrap().expect("v11+ has contexts");
-            let b = net.for_comm(2).unwrap().expect("v11+ has contexts");
+            let plugin = negotiate_only(v);
+            let a = plugin.open(1).unwrap();
+            let b = plugin.open(2).unwrap();
+            assert!(a.has_context() && b.has_context(), "v{v}");
             echo(&a, 1);
             echo(&b, 2);
             drop(a);
             echo(&b, 3);
-            echo(&net, 4);
+            let c = plugin.open(3).unwrap();
+            echo(&c, 4);
             drop(b);
-            echo(&net, 5);
+            echo(&c, 5);
         }
         for v in [8u32, 9, 10] {
-            let net = negotiate_only(v);
-            assert!(net.for_comm(1).unwrap().is_none(), "v{v}");
+            let plugin = negotiate_only(v);
+            let a = plugin.open(1).unwrap();
+            assert!(!a.has_context(), "v{v}");
+            echo(&a, 6);
         }
     }
 
@@ -830,8 +910,9 @@ mod tests {
     #[test]
     fn every_version_round_trips_a_message() {
         for v in [8u32, 9, 10, 11, 12] {
-            let net = negotiate_only(v);
-            assert_eq!(net.version(), format!("v{v}"));
+            let plugin = negotiate_only(v);
+            assert_eq!(plugin.version(), format!("v{v}"));
+            let net = plugin.open(0).unwrap();
             assert!(net.properties(0).unwrap().max_p2p_bytes > 0);
             let msg: Vec<u8> = (0..1000u32).map(|i| (i * v) as u8).collect();
             let (rd, got) = round_trip(&net, &msg, 4096);

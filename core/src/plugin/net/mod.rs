@@ -22,23 +22,31 @@ pub fn candidates(setting: Option<&str>) -> Vec<String> {
 
 pub use crate::plugin::loader::Outcome;
 
-/// A network as the process chose it: used as is to probe devices, and the
-/// source of each communicator's own view ([`Network::for_comm`]). It
-/// dereferences to the process-wide [`Net`].
+/// A network as the process chose it, before any communicator's context:
+/// each communicator takes its own view ([`Network::for_comm`]). There is
+/// no process-wide context (NCCL has none either): whoever needs the network
+/// without a communicator takes a short-lived one ([`Network::probe`]).
 #[derive(Clone)]
-pub struct Network {
-    net: Arc<dyn Net>,
-    /// The C adapter behind `net`, when it is one: v11+ vtables take a
-    /// context per communicator.
-    c: Option<Arc<ffi::CNet>>,
+pub struct Network(Kind);
+
+#[derive(Clone)]
+enum Kind {
+    /// Reached through a C vtable: v11+ vtables take a context per
+    /// communicator.
+    C(Arc<ffi::CPlugin>),
+    /// A built-in that exports no vtable: one instance serves everyone.
+    Native(Arc<dyn Net>),
 }
 
 impl Network {
-    fn c(net: ffi::CNet) -> Network {
-        let c = Arc::new(net);
-        Network {
-            net: c.clone(),
-            c: Some(c),
+    fn c(plugin: ffi::CPlugin) -> Network {
+        Network(Kind::C(Arc::new(plugin)))
+    }
+
+    pub fn name(&self) -> &str {
+        match &self.0 {
+            Kind::C(p) => p.name(),
+            Kind::Native(n) => n.name(),
         }
     }
 
@@ -47,21 +55,28 @@ impl Network {
     /// context is used by the returned value's listen/connect and finalized
     /// when it and every connection made through it are dropped. The
     /// library and vtable stay shared. Older versions and native networks
-    /// have no context: the process-wide network is returned.
+    /// have no context: every communicator shares the process's `init`.
     pub fn for_comm(&self, comm_hash: u64) -> NetResult<Arc<dyn Net>> {
-        if let Some(c) = &self.c {
-            if let Some(mine) = c.for_comm(comm_hash)? {
-                return Ok(Arc::new(mine));
-            }
+        match &self.0 {
+            Kind::C(p) => Ok(Arc::new(p.open(comm_hash)?)),
+            Kind::Native(n) => Ok(n.clone()),
         }
-        Ok(self.net.clone())
     }
-}
 
-impl std::ops::Deref for Network {
-    type Target = dyn Net;
-    fn deref(&self) -> &(dyn Net + 'static) {
-        &*self.net
+    /// The network for a look at its devices when no communicator exists
+    /// (`oxccl info`): v11+ makes a context for it (commId 0), finalized as
+    /// soon as the returned value is dropped, so drop it right after use.
+    pub fn probe(&self) -> NetResult<Arc<dyn Net>> {
+        self.for_comm(0)
+    }
+
+    /// The WARN line for a network whose `init` failed `e`, in the form of
+    /// a library's refusal when it is one.
+    pub fn init_failed_line(&self, library: &str, e: &NetError) -> String {
+        match &self.0 {
+            Kind::C(p) => refusal_line(library, &p.refusal(p.init_failed(e))),
+            Kind::Native(n) => format!("net {}: init failed: {e}", n.name()),
+        }
     }
 }
 
@@ -78,9 +93,11 @@ fn refuse_collnet(lib: &Lib) {
 /// Loads the network plugin the setting asks for. A library named
 /// explicitly that is nowhere to be found is an error naming
 /// NCCL_NET_PLUGIN (the setting matches nothing). A library that cannot be
-/// opened, exports no version we load, has a NULL required entry or fails
-/// `init` gives one WARN line and `None`: the caller falls back to the
-/// built-in network, as NCCL falls back to its internal one.
+/// opened, exports no version we load, has a NULL required entry or (before
+/// v11) fails `init` gives one WARN line and `None`: the caller falls back
+/// to the built-in network, as NCCL falls back to its internal one. From
+/// v11 on `init` runs with the first communicator's context (see
+/// [`Network::for_comm`]); the caller refuses the library then if it fails.
 pub fn load(setting: Option<&str>) -> Result<(Option<Network>, Outcome)> {
     let search = loader::open(loader::NET, setting);
     let searched = search.tried.clone();
@@ -115,7 +132,7 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Network>, Outcome)> {
         return Ok((None, Outcome::NotFound { searched }));
     };
     refuse_collnet(&lib);
-    match ffi::CNet::negotiate(&lib) {
+    match ffi::CPlugin::negotiate(&lib) {
         Ok(net) => {
             let version = net.version();
             info!(target: "oxccl::net",
@@ -160,16 +177,13 @@ pub fn refusal_line(library: &str, r: &Refusal) -> String {
 /// (the same negotiation and adapter as a library), else natively.
 pub fn builtin(b: &BuiltinNet) -> NetResult<Network> {
     let Some(symbols) = b.abi else {
-        return Ok(Network {
-            net: Arc::from((b.init)()?),
-            c: None,
-        });
+        return Ok(Network(Kind::Native(Arc::from((b.init)()?))));
     };
     let lib = Lib::Builtin {
         name: b.name,
         symbols,
     };
-    match ffi::CNet::negotiate(&lib) {
+    match ffi::CPlugin::negotiate(&lib) {
         Ok(net) => {
             tracing::debug!(target: "oxccl::net",
                 "built-in network {} through ncclNetPlugin_{}", b.name, net.version());
@@ -177,6 +191,18 @@ pub fn builtin(b: &BuiltinNet) -> NetResult<Network> {
         }
         Err(r) => Err(NetError::Internal(refusal_line(b.name, &r))),
     }
+}
+
+/// `network`'s devices ("2 device(s): eth0 (10000 Mb/s), …"), looked at
+/// through a context of its own (v11+) that is finalized before this returns.
+pub fn devices_line(network: &Network) -> NetResult<String> {
+    let net = network.probe()?;
+    let n = net.devices()?;
+    let devs: Vec<String> = (0..n)
+        .filter_map(|d| net.properties(d).ok())
+        .map(|p| format!("{} ({} Mb/s)", p.name, p.speed_mbps))
+        .collect();
+    Ok(format!("{n} device(s): {}", devs.join(", ")))
 }
 
 /// Each built-in network with the ABI it is reached through ("ncclNetPlugin_v12",
@@ -188,7 +214,7 @@ pub fn builtin_abis() -> Vec<(&'static str, String)> {
         .map(|b| {
             let abi = match b.abi {
                 None => "native (no C vtable exported)".to_string(),
-                Some(symbols) => match ffi::CNet::negotiate(&Lib::Builtin {
+                Some(symbols) => match ffi::CPlugin::negotiate(&Lib::Builtin {
                     name: b.name,
                     symbols,
                 }) {
@@ -232,7 +258,7 @@ mod tests {
             name: b.name,
             symbols: b.abi.expect("exported"),
         };
-        let net = ffi::CNet::negotiate(&lib).unwrap();
+        let net = ffi::CPlugin::negotiate(&lib).unwrap();
         assert_eq!(net.version(), "v12");
         assert_eq!(net.name(), "oxccl-Socket");
         assert_eq!(builtin(b).unwrap().name(), "Socket");
