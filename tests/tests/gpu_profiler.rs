@@ -3,7 +3,9 @@
 //! GPU, sees a group event per group, an event per operation under it, and
 //! with NCCL_PROFILE_EVENT_MASK's KernelCh bit one kernel-channel event per
 //! channel the operation's kernel used, under the operation, with the
-//! GPU's start and end times. Skips, saying so, without two GPUs.
+//! GPU's start and end times. With one GPU it runs one rank (its kernels
+//! still run the schedule's local step), without sends and receives;
+//! without a GPU it skips, saying so.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -38,8 +40,8 @@ fn op(kind: OpKind, input: u64, output: u64, count: usize, stream: &Stream) -> O
     }
 }
 
-/// One rank: all-reduces of every size (checked), an all-gather, and a
-/// group of a send and a receive with the other rank.
+/// One rank: all-reduces of every size (checked), an all-gather, and
+/// (with a peer) a group of a send and a receive with the other rank.
 fn rank_body(r: Rank) {
     let cfg = CommConfig {
         device: Some(r.rank),
@@ -75,6 +77,11 @@ fn rank_body(r: Rank) {
     let ag = op(OpKind::AllGather, input.ptr(), output.ptr(), P2P, &stream);
     // SAFETY: as above.
     unsafe { comm.enqueue(ag) }.unwrap();
+    if r.nranks == 1 {
+        stream.synchronize().unwrap();
+        comm.destroy().unwrap();
+        return;
+    }
     let peer = 1 - r.rank;
     oxccl::group_start();
     let send = op(OpKind::Send { peer }, input.ptr(), 0, P2P, &stream);
@@ -95,11 +102,12 @@ fn device_path_reports_kernel_channels_under_their_operations() {
     if as_child(name, rank_body) {
         return;
     }
-    match oxccl::cuda::device_count() {
+    let nranks = match oxccl::cuda::device_count() {
         Err(e) => return println!("skipped: {e}"),
-        Ok(n) if n < 2 => return println!("skipped: {n} GPU(s) found, 2 needed"),
-        Ok(_) => {}
-    }
+        Ok(0) => return println!("skipped: no GPU found"),
+        Ok(n) => n.min(2),
+    };
+    println!("{nranks} rank(s), one GPU each");
     if let Err(e) = oxccl::cuda::nvrtc::version() {
         return println!("skipped: {e}");
     }
@@ -114,7 +122,7 @@ fn device_path_reports_kernel_channels_under_their_operations() {
         let d = dir.to_string_lossy().into_owned();
         let done = spawn(
             name,
-            2,
+            nranks,
             &[
                 ("NCCL_PROFILER_PLUGIN", &lib),
                 ("NCCL_PROFILE_EVENT_MASK", mask),
@@ -124,9 +132,9 @@ fn device_path_reports_kernel_channels_under_their_operations() {
             Duration::from_secs(120),
         );
         assert_all_ok(&done);
-        for rank in 0..2 {
+        for rank in 0..nranks {
             let xs = trace_events(&dir, rank);
-            check_rank(rank, &xs, kernel);
+            check_rank(rank, nranks, &xs, kernel);
             println!(
                 "rank {rank}, mask {mask}: {} events, {} kernel-channel events",
                 xs.len(),
@@ -139,7 +147,7 @@ fn device_path_reports_kernel_channels_under_their_operations() {
     }
 }
 
-fn check_rank(rank: usize, xs: &[Value], kernel: bool) {
+fn check_rank(rank: usize, nranks: usize, xs: &[Value], kernel: bool) {
     let by_id: HashMap<u64, &Value> = xs
         .iter()
         .map(|e| (e["args"]["id"].as_u64().unwrap(), e))
@@ -147,7 +155,8 @@ fn check_rank(rank: usize, xs: &[Value], kernel: bool) {
     let named = |n: &str| xs.iter().filter(|e| e["name"] == n).count();
     assert_eq!(named("AllReduce"), SIZES.len(), "rank {rank}: {xs:?}");
     assert_eq!(named("AllGather"), 1, "rank {rank}");
-    assert_eq!(named("Send") + named("Recv"), 2, "rank {rank}");
+    let p2p = if nranks > 1 { 2 } else { 0 };
+    assert_eq!(named("Send") + named("Recv"), p2p, "rank {rank}");
     let ops: Vec<&Value> = xs
         .iter()
         .filter(|e| e["cat"] == "coll" || e["cat"] == "p2p")
@@ -174,6 +183,20 @@ fn check_rank(rank: usize, xs: &[Value], kernel: bool) {
             .map(|k| k["args"]["channels"].as_u64().unwrap())
             .collect();
         assert_eq!(mine.len(), nch, "rank {rank}: kernel channels of {e}");
+        for k in &mine {
+            // The GPU's globaltimer at the block's start and end, and the
+            // event lasting that long (trace times are microseconds).
+            let (t0, t1) = (
+                k["args"]["gpu_start_ns"].as_u64().expect("a GPU start"),
+                k["args"]["gpu_stop_ns"].as_u64().expect("a GPU stop"),
+            );
+            assert!(t0 > 0 && t1 >= t0, "rank {rank}: {k}");
+            let dur = k["dur"].as_f64().unwrap();
+            assert!(
+                (dur - (t1 - t0) as f64 / 1e3).abs() < 0.01,
+                "rank {rank}: {k}"
+            );
+        }
         assert_eq!(chans, (0..nch as u64).collect(), "rank {rank}: {e}");
         channel_counts.insert(nch);
     }
