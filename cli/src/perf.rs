@@ -58,9 +58,10 @@ pub struct PerfArgs {
     #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
     pub device: String,
     /// GPUs driven by this one process (nccl-tests' -g): as many ranks,
-    /// one thread. Implies `--device cuda`.
-    #[arg(short = 'g', long = "ngpus", default_value_t = 1)]
-    pub gpus: usize,
+    /// one thread, device memory (`-g 1` is a one-rank run on GPU 0).
+    /// Implies `--device cuda`.
+    #[arg(short = 'g', long = "ngpus")]
+    pub gpus: Option<usize>,
     /// Seconds a local run may take before its ranks are stopped.
     #[arg(long, default_value_t = 3600)]
     pub time_limit: u64,
@@ -96,14 +97,17 @@ struct Row {
 
 /// Runs the benchmark; returns the process exit code.
 pub fn main(mut args: PerfArgs) -> Result<i32, String> {
-    if args.gpus > 1 {
+    if let Some(n) = args.gpus {
+        if n == 0 {
+            return Err("-g must be at least 1".into());
+        }
+        if args.ranks.is_some() {
+            return Err("-g N drives N GPUs from one process; --ranks N starts N processes of one GPU each: pass one of them".into());
+        }
         args.device = "cuda".into();
-    }
-    if args.gpus > 1 && args.ranks.is_some() {
-        return Err("-g N drives N GPUs from one process; --ranks N starts N processes of one GPU each: pass one of them".into());
-    }
-    if args.gpus > 1 && launch::from_env()?.is_none() {
-        return crate::perf_device::run_single_process(&args);
+        if launch::from_env()?.is_none() {
+            return crate::perf_device::run_single_process(&args, n);
+        }
     }
     if let Some(n) = args.ranks {
         if launch::from_env()?.is_none() {

@@ -235,8 +235,7 @@ pub(crate) fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
 }
 
 /// `-g N`: this process drives GPUs 0..N, one rank each, from one thread.
-pub(crate) fn run_single_process(args: &PerfArgs) -> Result<i32, String> {
-    let n = args.gpus;
+pub(crate) fn run_single_process(args: &PerfArgs, n: usize) -> Result<i32, String> {
     selection(args, n)?;
     let gpus = gpu_count()?;
     if n > gpus {
