@@ -27,6 +27,15 @@ impl Default for LinkModel {
     }
 }
 
+impl LinkModel {
+    /// GPUs of one node storing into each other's memory (H100/H200 over
+    /// NVLink): a flag round trip of a few microseconds, ~360 GB/s a way.
+    pub const NVLINK: LinkModel = LinkModel {
+        latency_s: 5e-6,
+        bandwidth: 360e9,
+    };
+}
+
 /// Predicted seconds for `coll` of `bytes` (per rank's buffer) on `n` ranks.
 pub fn predict(algo: Algo, coll: Coll, bytes: usize, n: usize, link: LinkModel) -> Option<f64> {
     if !algo.supports(coll) || n < 2 {
@@ -100,6 +109,31 @@ pub fn cost_table(
     t
 }
 
+/// Whether the device kernels run `algo` for `coll` on `n` ranks: the ring
+/// (chain) for everything; recursive doubling only as the one exchange of
+/// a two-rank all-reduce, the shape proven on GPUs.
+pub fn device_runs(algo: Algo, coll: Coll, n: usize) -> bool {
+    match algo {
+        Algo::Ring => true,
+        Algo::RecDoubling => coll == Coll::AllReduce && n == 2,
+    }
+}
+
+/// The cost table of the device path: the rows its kernels run for this
+/// call (a tuner may pick only among those, as NCCL's tuners pick among
+/// the entries NCCL marked usable), costed by the model over NVLink;
+/// NCCL_ALGO leaves its own row where the device runs it.
+pub fn device_table(coll: Coll, bytes: usize, n: usize, forced: Option<Algo>) -> CostTable {
+    let forced = forced.filter(|f| device_runs(*f, coll, n));
+    let mut t = cost_table(coll, bytes, n, LinkModel::NVLINK, forced);
+    for a in [Algo::Ring, Algo::RecDoubling] {
+        if !device_runs(a, coll, n) {
+            t[nccl_row(a)] = [NCCL_ALGO_PROTO_IGNORE; NCCL_NUM_PROTOCOLS];
+        }
+    }
+    t
+}
+
 /// The cheapest entry of rows we can run, as (algorithm, NCCL protocol).
 /// Entries of rows we have no algorithm for are ignored even when a tuner
 /// made them cheapest; any protocol of a row runs as SIMPLE.
@@ -147,5 +181,31 @@ mod tests {
         assert_eq!(pick(&t, Coll::AllReduce).unwrap().0, Algo::RecDoubling);
         let f = cost_table(Coll::AllReduce, 8, 8, l, Some(Algo::Ring));
         assert!(f[nccl_row(Algo::RecDoubling)].iter().all(|c| *c < 0.0));
+    }
+
+    /// The device runs recursive doubling only as a two-rank all-reduce,
+    /// where it is the model's choice at every size; elsewhere only the
+    /// ring is on offer, even when NCCL_ALGO asks for the other.
+    #[test]
+    fn device_table_offers_what_the_kernels_run() {
+        let algo =
+            |coll, bytes, n, forced| pick(&device_table(coll, bytes, n, forced), coll).unwrap().0;
+        for bytes in [8, 1 << 20, 1 << 30] {
+            assert_eq!(algo(Coll::AllReduce, bytes, 2, None), Algo::RecDoubling);
+            assert_eq!(
+                algo(Coll::AllReduce, bytes, 2, Some(Algo::Ring)),
+                Algo::Ring
+            );
+            assert_eq!(algo(Coll::AllReduce, bytes, 4, None), Algo::Ring);
+            assert_eq!(
+                algo(Coll::AllReduce, bytes, 4, Some(Algo::RecDoubling)),
+                Algo::Ring
+            );
+            assert_eq!(algo(Coll::AllGather, bytes, 2, None), Algo::Ring);
+        }
+        let t = device_table(Coll::AllReduce, 8, 4, None);
+        assert!(t[nccl_row(Algo::RecDoubling)].iter().all(|c| *c < 0.0));
+        // One rank: the ring, always runnable.
+        assert_eq!(algo(Coll::AllReduce, 8, 1, None), Algo::Ring);
     }
 }

@@ -233,7 +233,11 @@ impl Core {
                     limit: self.cfg.timeout(),
                     rank: self.rank,
                 });
-            return super::on_device::execute(dc, ops, prof).map_err(|e| {
+            let tuning = super::on_device::Tuning {
+                tuner: self.tuner.as_ref(),
+                forced: self.forced_algo,
+            };
+            return super::on_device::execute(dc, ops, tuning, prof).map_err(|e| {
                 e.context(format!(
                     "rank {} (device operations from #{seq})",
                     self.rank
@@ -320,8 +324,8 @@ impl Core {
                     coll,
                     bytes,
                     n,
-                    self.link,
-                    self.forced_algo,
+                    cost::cost_table(coll, bytes, n, self.link, self.forced_algo),
+                    cost::choose(coll, bytes, n, self.link, self.forced_algo),
                     nch,
                     max,
                 )

@@ -9,20 +9,22 @@ use std::time::Duration;
 use oxccl_plugin::ffi::profiler::NCCL_PROFILE_KERNEL_CH;
 
 use crate::bootstrap::Bootstrap;
-use tracing::info;
+use tracing::{debug, info};
 
 use super::core::GpuPath;
 use super::ident::Peers;
 use super::kernel_events::KernelEvents;
 use super::staged::Staged;
+use crate::algo::{cost, Algo, Coll};
 use crate::config::Config;
 use crate::cuda::{pointer_kind, Context, Device, PtrKind, RawStream, SavedCurrent};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::exec::device::{DeviceComm, DeviceConfig, Oob};
+use crate::exec::device::{Choice, DeviceComm, DeviceConfig, Oob};
 use crate::exec::mem::OpBuffers;
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{Event, Handle, ProfilerComm};
+use crate::plugin::tuner::TunerComm;
 
 /// The bootstrap as the device executor's out-of-band exchange.
 struct BootstrapOob<'a> {
@@ -100,11 +102,55 @@ pub(crate) struct Profiling<'a> {
     pub rank: usize,
 }
 
+/// What chooses how a collective runs, besides the device's own table:
+/// the tuner plugin and NCCL_ALGO.
+pub(crate) struct Tuning<'a> {
+    pub tuner: Option<&'a TunerComm>,
+    pub forced: Option<Algo>,
+}
+
+/// The algorithm and channels of one collective: the cheapest entry of the
+/// device's cost table (NCCL_ALGO masks it), as the tuner changed it. Every
+/// rank decides alike: the same table, tuner and settings.
+fn choose(dc: &DeviceComm, t: &Tuning<'_>, coll: Coll, count: usize, dtype: DataType) -> Choice {
+    let (bytes, n) = (count * dtype.size(), dc.nranks());
+    let table = cost::device_table(coll, bytes, n, t.forced);
+    let model = cost::pick(&table, coll).map_or(Algo::Ring, |(a, _)| a);
+    let nch = dc.channels_for(bytes);
+    let Some(tuner) = t.tuner else {
+        return Choice {
+            algo: model,
+            channels: nch,
+        };
+    };
+    let (algo, channels) = crate::plugin::tuner::decide(
+        tuner,
+        coll,
+        bytes,
+        n,
+        table,
+        model,
+        nch,
+        dc.config().channels,
+    );
+    // A tuner that made an entry the device does not run the cheapest is
+    // not obeyed there (NCCL's tuners may only lower usable entries).
+    let algo = if cost::device_runs(algo, coll, n) {
+        algo
+    } else {
+        debug!(target: "oxccl::tuning", "tuner {} chose {} for {} on {n} ranks, which the device does not run; {} instead",
+            tuner.name(), algo.name(), coll.name(), model.name());
+        model
+    };
+    Choice { algo, channels }
+}
+
 /// Enqueues one group's operations of this communicator: collectives in
 /// order, then the point-to-point messages together.
 pub(crate) fn execute(
     dc: &Mutex<DeviceComm>,
     ops: &[(Op, OpBuffers)],
+    tuning: Tuning<'_>,
     prof: Option<Profiling<'_>>,
 ) -> Result<()> {
     let mut dc = dc
@@ -131,11 +177,11 @@ pub(crate) fn execute(
     };
     let colls = ops.iter().filter(|(op, _)| op.kind.coll().is_some());
     for (i, (op, _)) in colls.enumerate() {
+        let coll = op.kind.coll().expect("a collective");
+        let choice = choose(&dc, &tuning, coll, op.count, op.dtype);
         let event = match (p, &group) {
             (Some(p), Some(g)) => {
-                let coll = op.kind.coll().expect("a collective");
-                let (algo, nch) = dc.describe(coll, op.count, op.dtype);
-                let seq = p.seq + i as u64;
+                let (seq, algo, nch) = (p.seq + i as u64, choice.algo, choice.channels);
                 Some(
                     p.comm
                         .running(p.comm.coll(mask, op, seq, algo, nch, g.handle())),
@@ -143,7 +189,14 @@ pub(crate) fn execute(
             }
             _ => None,
         };
-        collective(&mut dc, op)?;
+        let (i, o, n, t, s) = (
+            op.input as u64,
+            op.output as u64,
+            op.count,
+            op.dtype,
+            stream(op),
+        );
+        dc.collective(coll, Some(choice), i, o, n, t, op.redop, s)?;
         if let Some(e) = &event {
             track(&mut dc, &[e.handle()]);
         }
@@ -223,24 +276,6 @@ pub(super) fn stream(op: &Op) -> RawStream {
     // SAFETY: the caller of `Comm::enqueue` promised a live stream of the
     // communicator's GPU (or 0), as NCCL requires of its callers.
     unsafe { RawStream::from_raw(op.stream) }
-}
-
-fn collective(dc: &mut DeviceComm, op: &Op) -> Result<()> {
-    let (i, o, n, t, s) = (
-        op.input as u64,
-        op.output as u64,
-        op.count,
-        op.dtype,
-        stream(op),
-    );
-    match op.kind {
-        OpKind::AllReduce => dc.all_reduce(i, o, n, t, op.redop, s),
-        OpKind::Broadcast { root } => dc.broadcast(i, o, n, t, root, s),
-        OpKind::Reduce { root } => dc.reduce(i, o, n, t, op.redop, root, s),
-        OpKind::AllGather => dc.all_gather(i, o, n, t, s),
-        OpKind::ReduceScatter => dc.reduce_scatter(i, o, n, t, op.redop, s),
-        OpKind::Send { .. } | OpKind::Recv { .. } => Ok(()),
-    }
 }
 
 /// A kernel that touches memory its GPU cannot reach faults the context

@@ -31,7 +31,7 @@ pub use config::{ChannelChoice, DeviceConfig};
 pub use oob::{LocalOob, Oob};
 pub use stamps::Stamps;
 
-use crate::algo::{Algo, Coll};
+use crate::algo::{cost, Algo, Coll};
 use crate::cuda::abi::CollArgs;
 use crate::cuda::kernels::kernel_op;
 use crate::cuda::{Context, Device, Event, KernelSet, RawStream};
@@ -103,6 +103,14 @@ pub struct DeviceComm {
     stamps: Option<Arc<Stamps>>,
     timed: bool,
     launched: Vec<TimedLaunch>,
+}
+
+/// How one collective runs: the algorithm and the channels (thread
+/// blocks), which a tuner plugin or NCCL_ALGO may choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    pub algo: Algo,
+    pub channels: usize,
 }
 
 /// A launch whose blocks write their start and end times into a slot of
@@ -185,14 +193,20 @@ impl DeviceComm {
         std::mem::take(&mut self.launched)
     }
 
-    /// The algorithm and channel count an operation will run with (what
-    /// the profiler's collective event reports).
-    pub fn describe(&self, coll: Coll, count: usize, dtype: DataType) -> (Algo, usize) {
-        (self.algo(coll), self.channels_for(count * dtype.size()))
+    /// How the device runs a collective when nobody chooses: the cheapest
+    /// algorithm of its cost table ([`cost::device_table`]) and a channel
+    /// per `channel_bytes`.
+    pub fn default_choice(&self, coll: Coll, count: usize, dtype: DataType) -> Choice {
+        let bytes = count * dtype.size();
+        let table = cost::device_table(coll, bytes, self.nranks, None);
+        Choice {
+            algo: cost::pick(&table, coll).map_or(Algo::Ring, |(a, _)| a),
+            channels: self.channels_for(bytes),
+        }
     }
 
     /// The channels a launch moving `bytes` per rank (per message, for
-    /// sends and receives) uses.
+    /// sends and receives) uses by default.
     pub fn channels_for(&self, bytes: usize) -> usize {
         plan::channels(&self.cfg, bytes)
     }
@@ -212,8 +226,8 @@ impl DeviceComm {
         op: RedOp,
         stream: RawStream,
     ) -> Result<()> {
-        self.check("all_reduce", count, dtype, &[send, recv])?;
-        self.run(Coll::AllReduce, send, recv, count, dtype, op, stream)
+        let coll = Coll::AllReduce;
+        self.collective(coll, None, send, recv, count, dtype, op, stream)
     }
 
     /// `recv = root's send` on every rank (the root may pass send == recv).
@@ -227,15 +241,8 @@ impl DeviceComm {
         root: usize,
         stream: RawStream,
     ) -> Result<()> {
-        self.check_peer("broadcast", "root", root, true)?;
-        let bufs = if self.rank == root {
-            vec![send, recv]
-        } else {
-            vec![recv]
-        };
-        self.check("broadcast", count, dtype, &bufs)?;
         let coll = Coll::Broadcast { root };
-        self.run(coll, send, recv, count, dtype, RedOp::Sum, stream)
+        self.collective(coll, None, send, recv, count, dtype, RedOp::Sum, stream)
     }
 
     /// The root's `recv = op over ranks of send`; other ranks' recv is untouched.
@@ -250,14 +257,8 @@ impl DeviceComm {
         root: usize,
         stream: RawStream,
     ) -> Result<()> {
-        self.check_peer("reduce", "root", root, true)?;
-        let bufs = if self.rank == root {
-            vec![send, recv]
-        } else {
-            vec![send]
-        };
-        self.check("reduce", count, dtype, &bufs)?;
-        self.run(Coll::Reduce { root }, send, recv, count, dtype, op, stream)
+        let coll = Coll::Reduce { root };
+        self.collective(coll, None, send, recv, count, dtype, op, stream)
     }
 
     /// `recv[r * count ..][..count] = rank r's send`. In place when
@@ -270,16 +271,8 @@ impl DeviceComm {
         dtype: DataType,
         stream: RawStream,
     ) -> Result<()> {
-        self.check("all_gather", count, dtype, &[send, recv])?;
-        self.run(
-            Coll::AllGather,
-            send,
-            recv,
-            count,
-            dtype,
-            RedOp::Sum,
-            stream,
-        )
+        let coll = Coll::AllGather;
+        self.collective(coll, None, send, recv, count, dtype, RedOp::Sum, stream)
     }
 
     /// `recv[..count] = op over ranks of send[rank * count ..][..count]`. In
@@ -293,8 +286,48 @@ impl DeviceComm {
         op: RedOp,
         stream: RawStream,
     ) -> Result<()> {
-        self.check("reduce_scatter", count, dtype, &[send, recv])?;
-        self.run(Coll::ReduceScatter, send, recv, count, dtype, op, stream)
+        let coll = Coll::ReduceScatter;
+        self.collective(coll, None, send, recv, count, dtype, op, stream)
+    }
+
+    /// Any collective, run as `choice` says (`None`: the
+    /// [`default_choice`](DeviceComm::default_choice)). Every rank must pass
+    /// the same choice: the ranks' kernels follow one schedule.
+    #[allow(clippy::too_many_arguments)] // one collective's whole description
+    pub fn collective(
+        &mut self,
+        coll: Coll,
+        choice: Option<Choice>,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: RedOp,
+        stream: RawStream,
+    ) -> Result<()> {
+        let what = coll.name();
+        let bufs = match coll {
+            Coll::Broadcast { root } | Coll::Reduce { root } => {
+                self.check_peer(what, "root", root, true)?;
+                match coll {
+                    _ if self.rank == root => vec![send, recv],
+                    Coll::Broadcast { .. } => vec![recv],
+                    _ => vec![send],
+                }
+            }
+            _ => vec![send, recv],
+        };
+        self.check(what, count, dtype, &bufs)?;
+        let choice = choice.unwrap_or_else(|| self.default_choice(coll, count, dtype));
+        if !cost::device_runs(choice.algo, coll, self.nranks) {
+            return Err(Error::InvalidUsage(format!(
+                "{what} on {} ranks: the device kernels do not run {} for it (they run Ring, and RecDoubling for a two-rank all_reduce)",
+                self.nranks,
+                choice.algo.name()
+            )));
+        }
+        let t = self.template(coll, choice.algo)?;
+        self.launch(t, send, recv, count, dtype, op, stream, choice.channels)
     }
 
     /// Sends `count` elements to `peer`, which calls [`DeviceComm::recv`]
@@ -312,15 +345,9 @@ impl DeviceComm {
     ) -> Result<()> {
         self.check_peer("send", "peer", peer, false)?;
         self.check("send", count, dtype, &[buf])?;
-        self.launch(
-            Template::send(peer),
-            buf,
-            0,
-            count,
-            dtype,
-            RedOp::Sum,
-            stream,
-        )
+        let nch = self.channels_for(count * dtype.size());
+        let t = Template::send(peer);
+        self.launch(t, buf, 0, count, dtype, RedOp::Sum, stream, nch)
     }
 
     /// Receives `count` elements from `peer` into `buf`.
@@ -334,15 +361,9 @@ impl DeviceComm {
     ) -> Result<()> {
         self.check_peer("recv", "peer", peer, false)?;
         self.check("recv", count, dtype, &[buf])?;
-        self.launch(
-            Template::recv(peer),
-            0,
-            buf,
-            count,
-            dtype,
-            RedOp::Sum,
-            stream,
-        )
+        let nch = self.channels_for(count * dtype.size());
+        let t = Template::recv(peer);
+        self.launch(t, 0, buf, count, dtype, RedOp::Sum, stream, nch)
     }
 
     /// A group's sends and receives, `count` elements each, as one kernel
@@ -371,6 +392,7 @@ impl DeviceComm {
             return Ok(());
         }
         let bytes = count * dtype.size();
+        let nch = self.channels_for(bytes);
         let me = self.rank;
         let self_sends: Vec<u64> = sends.iter().filter(|s| s.0 == me).map(|s| s.1).collect();
         let self_recvs: Vec<u64> = recvs.iter().filter(|r| r.0 == me).map(|r| r.1).collect();
@@ -392,15 +414,17 @@ impl DeviceComm {
         }
         match fused_p2p(&sends, &recvs, bytes) {
             Some((t, input, output)) => {
-                self.launch(t, input, output, count, dtype, RedOp::Sum, stream)
+                self.launch(t, input, output, count, dtype, RedOp::Sum, stream, nch)
             }
             None => {
                 tracing::debug!(target: "oxccl::coll", "send/recv group of {} send(s), {} recv(s) not addressable from one base: one kernel each", sends.len(), recvs.len());
                 for &(p, b) in &sends {
-                    self.launch(Template::send(p), b, 0, count, dtype, RedOp::Sum, stream)?;
+                    let t = Template::send(p);
+                    self.launch(t, b, 0, count, dtype, RedOp::Sum, stream, nch)?;
                 }
                 for &(p, b) in &recvs {
-                    self.launch(Template::recv(p), 0, b, count, dtype, RedOp::Sum, stream)?;
+                    let t = Template::recv(p);
+                    self.launch(t, 0, b, count, dtype, RedOp::Sum, stream, nch)?;
                 }
                 Ok(())
             }
@@ -436,32 +460,7 @@ impl DeviceComm {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)] // one collective's whole description
-    fn run(
-        &mut self,
-        coll: Coll,
-        input: u64,
-        output: u64,
-        count: usize,
-        dtype: DataType,
-        op: RedOp,
-        stream: RawStream,
-    ) -> Result<()> {
-        let t = self.template(coll)?;
-        self.launch(t, input, output, count, dtype, op, stream)
-    }
-
-    /// Between two ranks an all-reduce is one exchange (recursive
-    /// doubling); everything else runs as a ring or chain.
-    fn algo(&self, coll: Coll) -> Algo {
-        match coll {
-            Coll::AllReduce if self.nranks == 2 => Algo::RecDoubling,
-            _ => Algo::Ring,
-        }
-    }
-
-    fn template(&mut self, coll: Coll) -> Result<Template> {
-        let algo = self.algo(coll);
+    fn template(&mut self, coll: Coll, algo: Algo) -> Result<Template> {
         let (code, root) = match coll {
             Coll::AllReduce => (0, 0),
             Coll::Broadcast { root } => (1, root),
@@ -481,6 +480,7 @@ impl DeviceComm {
         Ok(t)
     }
 
+    /// `channels`: thread blocks, at most the window's (`cfg.channels`).
     #[allow(clippy::too_many_arguments)] // one kernel launch's whole description
     fn launch(
         &mut self,
@@ -491,13 +491,14 @@ impl DeviceComm {
         dtype: DataType,
         op: RedOp,
         stream: RawStream,
+        channels: usize,
     ) -> Result<()> {
         if count == 0 {
             return Ok(());
         }
         let (kop, sc) = kernel_op(dtype, op, self.nranks);
         let kernel = self.kernels.coll(dtype, kop)?;
-        let shape = plan::shape(&self.cfg, count, dtype.size(), t.nchunks as usize);
+        let shape = plan::shape(&self.cfg, count, dtype.size(), t.nchunks as usize, channels);
         self.order_after_last(stream)?;
         let nch = shape.channels as usize;
         let timed = match &self.stamps {

@@ -206,9 +206,17 @@ pub(crate) fn channels(cfg: &DeviceConfig, bytes: usize) -> usize {
 /// `min_slice_bytes` (each slice costs a fence and a flag round); all
 /// multiples of 16 bytes, as the kernel's ranges are (coll.cu's `per` and
 /// `oxccl_chunk`).
-pub(crate) fn shape(cfg: &DeviceConfig, count: usize, esize: usize, nchunks: usize) -> Shape {
+/// `channels` is the caller's (a tuner's, or [`channels`]), kept within
+/// 1 and the window's count.
+pub(crate) fn shape(
+    cfg: &DeviceConfig,
+    count: usize,
+    esize: usize,
+    nchunks: usize,
+    channels: usize,
+) -> Shape {
     let v = 16 / esize;
-    let channels = channels(cfg, count * esize);
+    let channels = channels.clamp(1, cfg.channels);
     let per = count.div_ceil(channels).next_multiple_of(v);
     let chunk = per.div_ceil(nchunks.max(1)).next_multiple_of(v);
     let slot = (cfg.slot_bytes / esize / v * v).max(v);
@@ -272,17 +280,17 @@ mod tests {
     #[test]
     fn shapes_stay_aligned_and_inside_a_slot() {
         let cfg = DeviceConfig::default();
-        let s = shape(&cfg, 2, 4, 1);
+        let s = shape(&cfg, 2, 4, 1, channels(&cfg, 2 * 4));
         assert_eq!((s.channels, s.slice_elems), (1, 4));
         // Small data: one slice, however it splits.
-        let s = shape(&cfg, 1000, 4, 1);
+        let s = shape(&cfg, 1000, 4, 1, channels(&cfg, 1000 * 4));
         assert_eq!(s.slice_elems, 1000);
-        let s = shape(&cfg, 1 << 28, 4, 2);
+        let s = shape(&cfg, 1 << 28, 4, 2, channels(&cfg, (1 << 28) * 4));
         assert_eq!(s.channels as usize, cfg.channels);
         assert_eq!(s.slice_elems as usize, cfg.slot_bytes / 4);
         for count in [1, 3, 1000, 1_000_003, 1 << 20] {
             for esize in [1, 2, 4, 8] {
-                let s = shape(&cfg, count, esize, 3);
+                let s = shape(&cfg, count, esize, 3, channels(&cfg, count * esize));
                 assert_eq!(s.slice_elems as usize * esize % 16, 0);
                 assert!(s.slice_elems as usize * esize <= cfg.slot_bytes);
             }

@@ -187,9 +187,10 @@ fn func(coll: Coll) -> oxccl_plugin::ffi::Func {
     }
 }
 
-/// The algorithm and channel count for one collective: NCCL's cost table
-/// from the model, changed by the tuner, the cheapest usable entry taken.
-/// The decision is logged at INFO once per (collective, size bucket).
+/// The algorithm and channel count for one collective: the executor's cost
+/// table (`table`, whose cheapest entry is the executor's own choice
+/// `model`), changed by the tuner, the cheapest usable entry taken. The
+/// decision is logged at INFO once per (collective, size bucket).
 #[allow(
     clippy::too_many_arguments,
     reason = "the inputs of NCCL's getCollInfo"
@@ -199,16 +200,14 @@ pub fn decide(
     coll: Coll,
     bytes: usize,
     nranks: usize,
-    link: crate::algo::cost::LinkModel,
-    forced: Option<crate::algo::Algo>,
+    mut table: crate::algo::cost::CostTable,
+    model: crate::algo::Algo,
     nchannels: usize,
     max_channels: usize,
 ) -> (crate::algo::Algo, usize) {
     use crate::algo::cost;
-    let mut table = cost::cost_table(coll, bytes, nranks, link, forced);
     let mut nch = nchannels as i32;
     t.tune(coll, bytes, &mut table, &mut nch);
-    let model = cost::choose(coll, bytes, nranks, link, forced);
     let (algo, proto) = cost::pick(&table, coll).unwrap_or((model, 2));
     // A tuner may ask for any count; an executor channel is a thread and a
     // slice of the buffer, so at most one per element and a sane ceiling.

@@ -1,0 +1,188 @@
+//! The tuner plugin and NCCL_ALGO on the peer-kernel device path: our
+//! TOML tuner (liboxccl_tuner.so) with a rule "all_reduce -> ring/simple on
+//! 4 channels" changes what the kernels run, seen in the decision logged
+//! at INFO and in the profiler's events (the collective's algorithm and
+//! channels, and one kernel-channel event per channel actually launched),
+//! with the results still right. Two ranks on two GPUs where there are
+//! two (the device's own choice there is recursive doubling), else one
+//! rank; skips, saying so, without a GPU.
+
+use std::time::Duration;
+
+use oxccl::cuda::{Context, Device, DeviceBuffer, FillPattern, KernelSet, Stream};
+use oxccl::{Comm, CommConfig, DataType, Op, OpKind, RedOp};
+use oxccl_tests::{as_child, assert_all_ok, built_library, spawn, trace_events, Rank};
+
+/// One channel by default (4 KiB), and many (4 MiB).
+const SIZES: [usize; 2] = [1024, 1 << 20];
+
+fn pattern(rank: usize) -> FillPattern {
+    FillPattern {
+        seed: rank as u64 + 3,
+        modulus: 11,
+        offset: -5,
+    }
+}
+
+fn rank_body(r: Rank) {
+    let cfg = CommConfig {
+        device: Some(r.rank),
+        ..CommConfig::default()
+    };
+    let comm = Comm::init_rank(r.nranks, r.id, r.rank, &cfg).expect("init_rank on a GPU");
+    let ctx = Context::primary(Device::get(r.rank).unwrap()).unwrap();
+    let kernels = KernelSet::new(&ctx).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let big = *SIZES.iter().max().unwrap();
+    let input = DeviceBuffer::alloc(&ctx, big * 4).unwrap();
+    let output = DeviceBuffer::alloc(&ctx, big * 4).unwrap();
+    let mut wrong = 0usize;
+    for n in SIZES {
+        let s = stream.handle();
+        kernels
+            .fill(input.ptr(), n, DataType::Float32, pattern(r.rank), s)
+            .unwrap();
+        let op = Op {
+            kind: OpKind::AllReduce,
+            input: input.ptr() as usize as *const u8,
+            output: output.ptr() as usize as *mut u8,
+            count: n,
+            dtype: DataType::Float32,
+            redop: RedOp::Sum,
+            stream: s.raw(),
+        };
+        // SAFETY: device buffers of this rank's GPU, sized for the op,
+        // alive until the stream is synchronised below.
+        unsafe { comm.enqueue(op) }.unwrap();
+        stream.synchronize().unwrap();
+        let mut got = vec![0u8; n * 4];
+        output.read(0, &mut got).unwrap();
+        for i in 0..n {
+            let want: f32 = (0..r.nranks).map(|p| pattern(p).value(i) as f32).sum();
+            let v = f32::from_ne_bytes(got[i * 4..i * 4 + 4].try_into().unwrap());
+            wrong += usize::from(v != want);
+        }
+    }
+    assert_eq!(wrong, 0, "rank {}: all-reduce results", r.rank);
+    comm.destroy().unwrap();
+}
+
+/// (algorithm, channels, kernel-channel events under it) of each all-reduce
+/// of one rank's trace.
+fn runs(dir: &std::path::Path, rank: usize) -> Vec<(String, u64, usize)> {
+    let xs = trace_events(dir, rank);
+    xs.iter()
+        .filter(|e| e["name"] == "AllReduce")
+        .map(|e| {
+            let id = e["args"]["id"].as_u64();
+            let kernels = xs
+                .iter()
+                .filter(|k| k["cat"] == "kernel" && k["args"]["parent"].as_u64() == id)
+                .count();
+            (
+                e["args"]["algo"].as_str().unwrap().to_string(),
+                e["args"]["channels"].as_u64().unwrap(),
+                kernels,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn tuner_and_nccl_algo_choose_what_the_device_runs() {
+    let name = "tuner_and_nccl_algo_choose_what_the_device_runs";
+    if as_child(name, rank_body) {
+        return;
+    }
+    let nranks = match oxccl::cuda::device_count() {
+        Err(e) => return println!("skipped: {e}"),
+        Ok(0) => return println!("skipped: no GPU found"),
+        Ok(n) => n.min(2),
+    };
+    println!("{nranks} rank(s), one GPU each");
+    let lib = |n: &str| {
+        built_library(n)
+            .unwrap_or_else(|| panic!("{n} next to the test binary (a dev-dependency builds it)"))
+            .to_string_lossy()
+            .into_owned()
+    };
+    let (tuner, profiler) = (lib("liboxccl_tuner.so"), lib("liboxccl_profiler.so"));
+    let dir = std::env::temp_dir().join(format!("oxccl-gpu-tuner-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = dir.join("rules.toml");
+    std::fs::write(
+        &rules,
+        "[[rule]]\ncollective = \"all_reduce\"\nalgorithm = \"ring\"\nprotocol = \"simple\"\nchannels = 4\n",
+    )
+    .unwrap();
+    let (rules, d) = (rules.to_string_lossy(), dir.to_string_lossy());
+    let common = [
+        ("NCCL_PROFILER_PLUGIN", profiler.as_str()),
+        ("NCCL_PROFILE_EVENT_MASK", "0x47"),
+        ("OXCCL_PROFILER_DIR", &d),
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_DEBUG_SUBSYS", "TUNING"),
+        ("NCCL_NVLS_ENABLE", "0"),
+    ];
+    let model = if nranks == 2 { "RecDoubling" } else { "Ring" };
+
+    // The tuner's rule: ring on 4 channels at every size.
+    let mut env = common.to_vec();
+    env.extend([
+        ("NCCL_TUNER_PLUGIN", tuner.as_str()),
+        ("OXCCL_TUNER_CONFIG", &*rules),
+    ]);
+    let done = spawn(name, nranks, &env, Duration::from_secs(120));
+    assert_all_ok(&done);
+    for f in &done {
+        let decisions: Vec<&str> = f
+            .stderr
+            .lines()
+            .filter(|l| l.contains("tuner oxccl-tuner: all_reduce of"))
+            .collect();
+        assert_eq!(
+            decisions.len(),
+            SIZES.len(),
+            "rank {}:\n{}",
+            f.rank,
+            f.stderr
+        );
+        for d in decisions {
+            assert!(
+                d.contains("-> Ring (NCCL row 1")
+                    && d.contains("4 channel(s)")
+                    && d.contains(&format!("the model alone chose {model}")),
+                "{d}"
+            );
+        }
+    }
+    for rank in 0..nranks {
+        let got = runs(&dir, rank);
+        println!("rank {rank} with the tuner: {got:?}");
+        assert_eq!(got, vec![("Ring".to_string(), 4, 4); SIZES.len()]);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+
+    // No tuner: the device's own choice; NCCL_ALGO=Ring forces the ring.
+    for (algo, want) in [(None, model), (Some("Ring"), "Ring")] {
+        let mut env = common.to_vec();
+        if let Some(a) = algo {
+            env.push(("NCCL_ALGO", a));
+        }
+        let done = spawn(name, nranks, &env, Duration::from_secs(120));
+        assert_all_ok(&done);
+        for rank in 0..nranks {
+            let got = runs(&dir, rank);
+            println!("rank {rank}, NCCL_ALGO={algo:?}: {got:?}");
+            assert_eq!(got.len(), SIZES.len());
+            for (a, nch, kernels) in got {
+                assert_eq!(a, want);
+                assert_eq!(nch as usize, kernels, "channels launched");
+            }
+        }
+        std::fs::remove_dir_all(&dir).ok();
+        std::fs::create_dir_all(&dir).unwrap();
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
