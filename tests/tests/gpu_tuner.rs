@@ -25,6 +25,8 @@ fn pattern(rank: usize) -> FillPattern {
 }
 
 fn rank_body(r: Rank) {
+    // The tuner's decisions are INFO lines on stderr.
+    oxccl::log::init();
     let cfg = CommConfig {
         device: Some(r.rank),
         ..CommConfig::default()
