@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+pub mod gpu;
+
 pub use oxccl_cli::check;
 use oxccl_cli::launch::{self, Finished, Output};
 

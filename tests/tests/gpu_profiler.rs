@@ -10,8 +10,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use oxccl::cuda::{Context, Device, DeviceBuffer, FillPattern, KernelSet, Stream};
-use oxccl::{Comm, CommConfig, DataType, Op, OpKind, RedOp};
+use oxccl::cuda::{DeviceBuffer, FillPattern};
+use oxccl::OpKind;
+use oxccl_tests::gpu::{self, GpuRank};
 use oxccl_tests::{as_child, assert_all_ok, built_library, spawn, trace_events, Rank};
 use serde_json::Value;
 
@@ -28,72 +29,36 @@ fn pattern(rank: usize) -> FillPattern {
     }
 }
 
-fn op(kind: OpKind, input: u64, output: u64, count: usize, stream: &Stream) -> Op {
-    Op {
-        kind,
-        input: input as usize as *const u8,
-        output: output as usize as *mut u8,
-        count,
-        dtype: DataType::Float32,
-        redop: RedOp::Sum,
-        stream: stream.handle().raw(),
-    }
-}
-
 /// One rank: all-reduces of every size (checked), an all-gather, and
 /// (with a peer) a group of a send and a receive with the other rank.
 fn rank_body(r: Rank) {
-    let cfg = CommConfig {
-        device: Some(r.rank),
-        ..CommConfig::default()
-    };
-    let comm = Comm::init_rank(r.nranks, r.id, r.rank, &cfg).expect("init_rank on a GPU");
-    let ctx = Context::primary(Device::get(r.rank).unwrap()).unwrap();
-    let kernels = KernelSet::new(&ctx).unwrap();
-    let stream = Stream::new(&ctx).unwrap();
-    let s = stream.handle();
+    let g = GpuRank::join(&r);
     let big = *SIZES.iter().max().unwrap();
-    let input = DeviceBuffer::alloc(&ctx, big * 4).unwrap();
-    let output = DeviceBuffer::alloc(&ctx, big * 4 * r.nranks).unwrap();
-    let mut wrong = 0usize;
-    for n in SIZES {
-        kernels
-            .fill(input.ptr(), n, DataType::Float32, pattern(r.rank), s)
-            .unwrap();
-        let ar = op(OpKind::AllReduce, input.ptr(), output.ptr(), n, &stream);
-        // SAFETY: device buffers of this rank's GPU, sized for the op,
-        // alive until the stream is synchronised below.
-        unsafe { comm.enqueue(ar) }.unwrap();
-        stream.synchronize().unwrap();
-        let mut got = vec![0u8; n * 4];
-        output.read(0, &mut got).unwrap();
-        for i in 0..n {
-            let want: f32 = (0..r.nranks).map(|p| pattern(p).value(i) as f32).sum();
-            let v = f32::from_ne_bytes(got[i * 4..i * 4 + 4].try_into().unwrap());
-            wrong += usize::from(v != want);
-        }
-    }
+    let input = DeviceBuffer::alloc(&g.ctx, big * 4).unwrap();
+    let output = DeviceBuffer::alloc(&g.ctx, big * 4 * r.nranks).unwrap();
+    let wrong: usize = SIZES
+        .iter()
+        .map(|&n| g.checked_all_reduce(&input, &output, n, pattern))
+        .sum();
     assert_eq!(wrong, 0, "rank {}: all-reduce results", r.rank);
-    let ag = op(OpKind::AllGather, input.ptr(), output.ptr(), P2P, &stream);
-    // SAFETY: as above.
-    unsafe { comm.enqueue(ag) }.unwrap();
-    if r.nranks == 1 {
-        stream.synchronize().unwrap();
-        comm.destroy().unwrap();
-        return;
+    let ag = g.op(OpKind::AllGather, input.ptr(), output.ptr(), P2P);
+    // SAFETY: device buffers of this rank's GPU, sized for the op, alive
+    // until the stream is synchronised below.
+    unsafe { g.comm.enqueue(ag) }.unwrap();
+    if r.nranks > 1 {
+        let peer = 1 - r.rank;
+        oxccl::group_start();
+        let send = g.op(OpKind::Send { peer }, input.ptr(), 0, P2P);
+        let recv = g.op(OpKind::Recv { peer }, 0, output.ptr(), P2P);
+        // SAFETY: as above; the two buffers do not overlap.
+        unsafe {
+            g.comm.enqueue(send).unwrap();
+            g.comm.enqueue(recv).unwrap();
+        }
+        oxccl::group_end().unwrap();
     }
-    let peer = 1 - r.rank;
-    oxccl::group_start();
-    let send = op(OpKind::Send { peer }, input.ptr(), 0, P2P, &stream);
-    let recv = op(OpKind::Recv { peer }, 0, output.ptr(), P2P, &stream);
-    // SAFETY: as above; the two buffers do not overlap.
-    unsafe {
-        comm.enqueue(send).unwrap();
-        comm.enqueue(recv).unwrap();
-    }
-    oxccl::group_end().unwrap();
-    stream.synchronize().unwrap();
-    comm.destroy().unwrap();
+    g.stream.synchronize().unwrap();
+    g.comm.destroy().unwrap();
 }
 
 #[test]
@@ -102,12 +67,9 @@ fn device_path_reports_kernel_channels_under_their_operations() {
     if as_child(name, rank_body) {
         return;
     }
-    let nranks = match oxccl::cuda::device_count() {
-        Err(e) => return println!("skipped: {e}"),
-        Ok(0) => return println!("skipped: no GPU found"),
-        Ok(n) => n.min(2),
+    let Some(nranks) = gpu::ranks() else {
+        return;
     };
-    println!("{nranks} rank(s), one GPU each");
     if let Err(e) = oxccl::cuda::nvrtc::version() {
         return println!("skipped: {e}");
     }

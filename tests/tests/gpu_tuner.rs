@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use oxccl::cuda::{Context, Device, DeviceBuffer, FillPattern, KernelSet, Stream};
-use oxccl::{Comm, CommConfig, DataType, Op, OpKind, RedOp};
+use oxccl::cuda::{DeviceBuffer, FillPattern};
+use oxccl_tests::gpu::{self, GpuRank};
 use oxccl_tests::{as_child, assert_all_ok, built_library, spawn, trace_events, Rank};
 
 /// One channel by default (4 KiB), and many (4 MiB).
@@ -27,46 +27,16 @@ fn pattern(rank: usize) -> FillPattern {
 fn rank_body(r: Rank) {
     // The tuner's decisions are INFO lines on stderr.
     oxccl::log::init();
-    let cfg = CommConfig {
-        device: Some(r.rank),
-        ..CommConfig::default()
-    };
-    let comm = Comm::init_rank(r.nranks, r.id, r.rank, &cfg).expect("init_rank on a GPU");
-    let ctx = Context::primary(Device::get(r.rank).unwrap()).unwrap();
-    let kernels = KernelSet::new(&ctx).unwrap();
-    let stream = Stream::new(&ctx).unwrap();
+    let g = GpuRank::join(&r);
     let big = *SIZES.iter().max().unwrap();
-    let input = DeviceBuffer::alloc(&ctx, big * 4).unwrap();
-    let output = DeviceBuffer::alloc(&ctx, big * 4).unwrap();
-    let mut wrong = 0usize;
-    for n in SIZES {
-        let s = stream.handle();
-        kernels
-            .fill(input.ptr(), n, DataType::Float32, pattern(r.rank), s)
-            .unwrap();
-        let op = Op {
-            kind: OpKind::AllReduce,
-            input: input.ptr() as usize as *const u8,
-            output: output.ptr() as usize as *mut u8,
-            count: n,
-            dtype: DataType::Float32,
-            redop: RedOp::Sum,
-            stream: s.raw(),
-        };
-        // SAFETY: device buffers of this rank's GPU, sized for the op,
-        // alive until the stream is synchronised below.
-        unsafe { comm.enqueue(op) }.unwrap();
-        stream.synchronize().unwrap();
-        let mut got = vec![0u8; n * 4];
-        output.read(0, &mut got).unwrap();
-        for i in 0..n {
-            let want: f32 = (0..r.nranks).map(|p| pattern(p).value(i) as f32).sum();
-            let v = f32::from_ne_bytes(got[i * 4..i * 4 + 4].try_into().unwrap());
-            wrong += usize::from(v != want);
-        }
-    }
+    let input = DeviceBuffer::alloc(&g.ctx, big * 4).unwrap();
+    let output = DeviceBuffer::alloc(&g.ctx, big * 4).unwrap();
+    let wrong: usize = SIZES
+        .iter()
+        .map(|&n| g.checked_all_reduce(&input, &output, n, pattern))
+        .sum();
     assert_eq!(wrong, 0, "rank {}: all-reduce results", r.rank);
-    comm.destroy().unwrap();
+    g.comm.destroy().unwrap();
 }
 
 /// (algorithm, channels, kernel-channel events under it) of each all-reduce
@@ -96,12 +66,9 @@ fn tuner_and_nccl_algo_choose_what_the_device_runs() {
     if as_child(name, rank_body) {
         return;
     }
-    let nranks = match oxccl::cuda::device_count() {
-        Err(e) => return println!("skipped: {e}"),
-        Ok(0) => return println!("skipped: no GPU found"),
-        Ok(n) => n.min(2),
+    let Some(nranks) = gpu::ranks() else {
+        return;
     };
-    println!("{nranks} rank(s), one GPU each");
     let lib = |n: &str| {
         built_library(n)
             .unwrap_or_else(|| panic!("{n} next to the test binary (a dev-dependency builds it)"))
