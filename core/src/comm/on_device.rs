@@ -197,9 +197,13 @@ pub(crate) fn execute(
             stream(op),
         );
         dc.collective(coll, Some(choice), i, o, n, t, op.redop, s)?;
-        if let Some(e) = &event {
-            track(&mut dc, &[e.handle()]);
-        }
+        // A plugin may not track the operation (a NULL handle): its
+        // channels still get events, parentless, as in NCCL, and the
+        // launch's slot is freed when it ends.
+        track(
+            &mut dc,
+            &[event.as_ref().map_or(Handle::NONE, |e| e.handle())],
+        );
     }
     let p2p: Vec<&Op> = ops
         .iter()
