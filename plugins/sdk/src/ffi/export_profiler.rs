@@ -801,7 +801,23 @@ mod tests {
     fn kernel_channel_gpu_timers_reach_the_plugin() {
         let mut ctx: *mut c_void = std::ptr::null_mut();
         let mut mask: c_int = 0;
-        let mut h: *mut c_void = std::ptr::null_mut();
+        // One kernel-channel event through a version's vtable: start, the
+        // stop state with its timer, stop, then the context's finalize.
+        macro_rules! run {
+            ($vt:expr, $ctx:expr, $d:expr, $a:expr) => {{
+                let mut h: *mut c_void = std::ptr::null_mut();
+                // SAFETY: the context from init; the descriptor, the state
+                // args (or NULL, which the ABI allows) and `h` live for the
+                // calls; the handle is stopped once, the context finalized once.
+                unsafe {
+                    assert_eq!($vt.start_event.unwrap()($ctx, &mut h, $d), NCCL_SUCCESS);
+                    let rc = $vt.record_event_state.unwrap()(h, NCCL_PROFILER_KERNEL_CH_STOP, $a);
+                    assert_eq!(rc, NCCL_SUCCESS);
+                    assert_eq!($vt.stop_event.unwrap()(h), NCCL_SUCCESS);
+                    assert_eq!($vt.finalize.unwrap()($ctx), NCCL_SUCCESS);
+                }
+            }};
+        }
 
         // v4.
         let vt = vtable_v4::<Capture>();
@@ -819,15 +835,7 @@ mod tests {
         let mut a = v4::EventStateArgsV4 {
             kernel_ch: v4::KernelChStateV4 { p_timer: 1_750 },
         };
-        // SAFETY: the context from init; `d`, `a` and `h` live for the calls;
-        // the handle is stopped once and the context finalized once.
-        unsafe {
-            assert_eq!(vt.start_event.unwrap()(ctx, &mut h, &mut d), NCCL_SUCCESS);
-            let rc = vt.record_event_state.unwrap()(h, NCCL_PROFILER_KERNEL_CH_STOP, &mut a);
-            assert_eq!(rc, NCCL_SUCCESS);
-            assert_eq!(vt.stop_event.unwrap()(h), NCCL_SUCCESS);
-            assert_eq!(vt.finalize.unwrap()(ctx), NCCL_SUCCESS);
-        }
+        run!(vt, ctx, &mut d, &mut a);
 
         // v5.
         let vt = vtable_v5::<Capture>();
@@ -845,14 +853,7 @@ mod tests {
         let mut a = v5::EventStateArgsV5 {
             kernel_ch: v5::KernelChStateV5 { p_timer: 2_500 },
         };
-        // SAFETY: as for v4.
-        unsafe {
-            assert_eq!(vt.start_event.unwrap()(ctx, &mut h, &mut d), NCCL_SUCCESS);
-            let rc = vt.record_event_state.unwrap()(h, NCCL_PROFILER_KERNEL_CH_STOP, &mut a);
-            assert_eq!(rc, NCCL_SUCCESS);
-            assert_eq!(vt.stop_event.unwrap()(h), NCCL_SUCCESS);
-            assert_eq!(vt.finalize.unwrap()(ctx), NCCL_SUCCESS);
-        }
+        run!(vt, ctx, &mut d, &mut a);
 
         // v6 (its descriptor keeps v5's kernel-channel member).
         let vt = vtable_v6::<Capture>();
@@ -870,14 +871,7 @@ mod tests {
         let mut a = v6::EventStateArgsV6 {
             kernel_ch: v5::KernelChStateV5 { p_timer: 3_125 },
         };
-        // SAFETY: as for v4.
-        unsafe {
-            assert_eq!(vt.start_event.unwrap()(ctx, &mut h, &mut d), NCCL_SUCCESS);
-            let rc = vt.record_event_state.unwrap()(h, NCCL_PROFILER_KERNEL_CH_STOP, &mut a);
-            assert_eq!(rc, NCCL_SUCCESS);
-            assert_eq!(vt.stop_event.unwrap()(h), NCCL_SUCCESS);
-            assert_eq!(vt.finalize.unwrap()(ctx), NCCL_SUCCESS);
-        }
+        run!(vt, ctx, &mut d, &mut a);
 
         // v3: a channel id only; its state args have no kernel member, so
         // a stop state brings no timer.
@@ -889,18 +883,7 @@ mod tests {
         let mut d: v3::EventDescrV3 = unsafe { std::mem::zeroed() };
         d.ty = NCCL_PROFILE_KERNEL_CH as u8;
         d.detail.kernel_ch = v3::KernelChDescrV3 { channel_id: 9 };
-        // SAFETY: as for v4; NULL state args are allowed.
-        unsafe {
-            assert_eq!(vt.start_event.unwrap()(ctx, &mut h, &mut d), NCCL_SUCCESS);
-            let rc = vt.record_event_state.unwrap()(
-                h,
-                NCCL_PROFILER_KERNEL_CH_STOP,
-                std::ptr::null_mut(),
-            );
-            assert_eq!(rc, NCCL_SUCCESS);
-            assert_eq!(vt.stop_event.unwrap()(h), NCCL_SUCCESS);
-            assert_eq!(vt.finalize.unwrap()(ctx), NCCL_SUCCESS);
-        }
+        run!(vt, ctx, &mut d, std::ptr::null_mut());
 
         let seen = |channel, start, stop| Seen {
             channel,
