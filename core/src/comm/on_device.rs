@@ -113,16 +113,12 @@ pub(crate) struct Tuning<'a> {
 /// device's cost table (NCCL_ALGO masks it), as the tuner changed it. Every
 /// rank decides alike: the same table, tuner and settings.
 fn choose(dc: &DeviceComm, t: &Tuning<'_>, coll: Coll, count: usize, dtype: DataType) -> Choice {
-    let (bytes, n) = (count * dtype.size(), dc.nranks());
-    let table = cost::device_table(coll, bytes, n, t.forced);
-    let model = cost::pick(&table, coll).map_or(Algo::Ring, |(a, _)| a);
-    let nch = dc.channels_for(bytes);
+    let own = dc.default_choice(coll, count, dtype, t.forced);
     let Some(tuner) = t.tuner else {
-        return Choice {
-            algo: model,
-            channels: nch,
-        };
+        return own;
     };
+    let (bytes, n, model) = (count * dtype.size(), dc.nranks(), own.algo);
+    let table = cost::device_table(coll, bytes, n, t.forced);
     let (algo, channels) = crate::plugin::tuner::decide(
         tuner,
         coll,
@@ -130,7 +126,7 @@ fn choose(dc: &DeviceComm, t: &Tuning<'_>, coll: Coll, count: usize, dtype: Data
         n,
         table,
         model,
-        nch,
+        own.channels,
         dc.config().channels,
     );
     // A tuner that made an entry the device does not run the cheapest is

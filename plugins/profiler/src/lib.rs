@@ -359,6 +359,19 @@ mod tests {
         }
     }
 
+    /// `init`'s arguments as a v1 to v3 NCCL (rank `None`) or a later one
+    /// gives them, logging to stderr.
+    fn init_args(comm_id: u64, rank: Option<i32>) -> ProfilerInit {
+        ProfilerInit {
+            comm_id: Some(comm_id),
+            comm_name: None,
+            n_nodes: None,
+            n_ranks: None,
+            rank,
+            logger: NcclLogger::stderr(NCCL_PROFILE),
+        }
+    }
+
     #[test]
     fn masks() {
         assert_eq!(parse_mask("7"), Some(7));
@@ -370,14 +383,7 @@ mod tests {
     fn two_threads_one_trace_event_per_collective() {
         let dir = std::env::temp_dir().join(format!("oxccl-prof-unit-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let init = ProfilerInit {
-            comm_id: Some(9),
-            comm_name: None,
-            n_nodes: None,
-            n_ranks: None,
-            rank: None,
-            logger: NcclLogger::stderr(NCCL_PROFILE),
-        };
+        let init = init_args(9, None);
         let p = Arc::new(TraceProfiler::new(
             &init,
             Output::Dir(dir.clone()),
@@ -427,14 +433,7 @@ mod tests {
         use oxccl_plugin::profiler::NCCL_PROFILE_KERNEL_CH;
         let dir = std::env::temp_dir().join(format!("oxccl-prof-kch-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let init = ProfilerInit {
-            comm_id: Some(1),
-            comm_name: None,
-            n_nodes: None,
-            n_ranks: None,
-            rank: Some(5),
-            logger: NcclLogger::stderr(NCCL_PROFILE),
-        };
+        let init = init_args(1, Some(5));
         let p = TraceProfiler::new(&init, Output::Dir(dir.clone()), NCCL_PROFILE_KERNEL_CH);
         let kch = |channel_id, p_timer| Event {
             kind: EventKind::KernelCh {

@@ -193,12 +193,18 @@ impl DeviceComm {
         std::mem::take(&mut self.launched)
     }
 
-    /// How the device runs a collective when nobody chooses: the cheapest
-    /// algorithm of its cost table ([`cost::device_table`]) and a channel
-    /// per `channel_bytes`.
-    pub fn default_choice(&self, coll: Coll, count: usize, dtype: DataType) -> Choice {
+    /// How the device runs a collective when no tuner chooses: the cheapest
+    /// algorithm of its cost table ([`cost::device_table`], which a forced
+    /// algorithm, NCCL_ALGO, masks) and a channel per `channel_bytes`.
+    pub fn default_choice(
+        &self,
+        coll: Coll,
+        count: usize,
+        dtype: DataType,
+        forced: Option<Algo>,
+    ) -> Choice {
         let bytes = count * dtype.size();
-        let table = cost::device_table(coll, bytes, self.nranks, None);
+        let table = cost::device_table(coll, bytes, self.nranks, forced);
         Choice {
             algo: cost::pick(&table, coll).map_or(Algo::Ring, |(a, _)| a),
             channels: self.channels_for(bytes),
@@ -318,7 +324,7 @@ impl DeviceComm {
             _ => vec![send, recv],
         };
         self.check(what, count, dtype, &bufs)?;
-        let choice = choice.unwrap_or_else(|| self.default_choice(coll, count, dtype));
+        let choice = choice.unwrap_or_else(|| self.default_choice(coll, count, dtype, None));
         if !cost::device_runs(choice.algo, coll, self.nranks) {
             return Err(Error::InvalidUsage(format!(
                 "{what} on {} ranks: the device kernels do not run {} for it (they run Ring, and RecDoubling for a two-rank all_reduce)",
