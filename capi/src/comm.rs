@@ -86,6 +86,21 @@ fn read_config(config: *const ncclConfig_t) -> Result<CommConfig, Error> {
     Ok(cc)
 }
 
+/// Set to 1, communicators made through the C API run on host memory even
+/// where GPUs exist (NCCL has no such mode; oxccl's host path is its own).
+pub const HOST_MEMORY_ENV: &str = "OXCCL_HOST_MEMORY";
+
+/// As NCCL: a communicator belongs to the GPU the CUDA runtime would use on
+/// the calling thread (cudaGetDevice: device 0 when none was selected),
+/// whether or not a context is current yet. Host memory only where there is
+/// no GPU, or when asked for.
+fn device_for_new_comm() -> Option<usize> {
+    if std::env::var(HOST_MEMORY_ENV).is_ok_and(|v| v.trim() == "1") {
+        return None;
+    }
+    oxccl::cuda::runtime_device()
+}
+
 fn init(
     newcomm: *mut ncclComm_t,
     nranks: c_int,
@@ -102,8 +117,7 @@ fn init(
     let r = usize::try_from(rank)
         .map_err(|_| Error::InvalidArgument(format!("rank {rank} is negative")))?;
     let mut cc = read_config(config)?;
-    // As NCCL: the communicator belongs to the GPU current on this thread.
-    cc.device = oxccl::cuda::current_device();
+    cc.device = device_for_new_comm();
     let mut bytes = [0u8; NCCL_UNIQUE_ID_BYTES];
     for (b, c) in bytes.iter_mut().zip(id.internal) {
         *b = c as u8;
@@ -253,7 +267,12 @@ pub extern "C" fn ncclCommInitAll(
                 })
                 .collect::<Result<_, _>>()?
         };
-        let gpus = oxccl::cuda::device_count().unwrap_or(0);
+        let host_only = std::env::var(HOST_MEMORY_ENV).is_ok_and(|v| v.trim() == "1");
+        let gpus = if host_only {
+            0
+        } else {
+            oxccl::cuda::device_count().unwrap_or(0)
+        };
         let made = if gpus == 0 {
             Comm::init_all(n, &CommConfig::default())?
         } else {
@@ -404,7 +423,7 @@ pub extern "C" fn ncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> nccl
     entry("ncclCommCuDevice", || {
         let d = handle::get(comm)?.comm.device()?.ok_or_else(|| {
             Error::InvalidUsage(
-                "this communicator runs on host memory (no CUDA context was current when it was created): it has no GPU".into(),
+                "this communicator runs on host memory (no GPU was found when it was created, or OXCCL_HOST_MEMORY=1 was set): it has no GPU".into(),
             )
         })?;
         out("device", device, d as c_int)?;

@@ -8,13 +8,15 @@ use oxccl::Error;
 use crate::guard::{entry, not_implemented, ok};
 use crate::types::*;
 
-/// Device memory on the GPU current on this thread.
+/// Device memory on the GPU current on this thread (cudaGetDevice's: device
+/// 0 where the thread selected none).
 #[no_mangle]
 pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
     entry("ncclMemAlloc", || {
         if ptr.is_null() {
             return Err(Error::InvalidArgument("ptr is NULL".into()));
         }
+        oxccl::cuda::bind_runtime_device()?;
         let p = oxccl::cuda::alloc_raw(size)?;
         // SAFETY: non-null; NCCL's contract makes it writable.
         unsafe { ptr.write(p as *mut c_void) };

@@ -155,3 +155,57 @@ fn one_thread_creates_every_rank_inside_a_group() {
     );
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// Runs `exe mode` as one rank with `env`, bounded in time; returns its output.
+fn run_one(exe: &Path, mode: &str, env: &[(&str, &str)]) -> String {
+    let mut cmd = Command::new(exe);
+    cmd.arg(mode)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_TIMEOUT", "20")
+        .env_remove("OXCCL_HOST_MEMORY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("start wrong_side");
+    let start = Instant::now();
+    while child.try_wait().expect("poll").is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().expect("collect output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "wrong_side {mode} failed:\n{text}");
+    assert!(
+        text.contains(&format!("PASS {mode}")),
+        "wrong_side {mode}:\n{text}"
+    );
+    text
+}
+
+/// NCCL's device choice through the C API, and buffers from the wrong side
+/// refused with ncclInvalidArgument naming the argument (a C program for
+/// each refusal). Without a GPU only the host-memory mode can run: the
+/// device modes are skipped, saying so.
+#[test]
+fn device_choice_and_wrong_side_buffers() {
+    let (tmp, exe) = stage("side", "wrong_side.c");
+    let gpus = oxccl::cuda::device_count().unwrap_or(0);
+    if gpus == 0 {
+        run_one(&exe, "nogpu", &[]);
+        eprintln!("no GPU here: the device-choice and GPU-buffer refusals were skipped (run on a GPU machine)");
+    } else {
+        let host = run_one(&exe, "host", &[("OXCCL_HOST_MEMORY", "1")]);
+        let dev = run_one(&exe, "device", &[]);
+        eprintln!("{host}{dev}");
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -629,6 +629,9 @@ impl Comm {
     pub unsafe fn enqueue(&self, op: Op) -> Result<()> {
         let core = self.core()?;
         let bufs = op.validate(self.user_rank(), self.count())?;
+        if core.device.is_none() {
+            check_host_side(&op, &bufs)?;
+        }
         group::submit(self.clone(), core, op, bufs)
     }
 
@@ -765,6 +768,27 @@ impl Comm {
 
 /// Builds an operation from slices, deriving the count from the output
 /// (divided by `out_blocks`) and checking the input's size (`in_blocks` per count).
+/// A host-memory communicator's executor reads and writes its buffers with
+/// the CPU: device memory there would be a segfault, so it is refused
+/// naming the argument (NCCL never meets this: it has no host path).
+fn check_host_side(op: &Op, bufs: &crate::exec::mem::OpBuffers) -> Result<()> {
+    for (what, ptr, len) in [
+        ("sendbuff", bufs.input as u64, bufs.in_bytes),
+        ("recvbuff", bufs.output as u64, bufs.out_bytes),
+    ] {
+        if len == 0 || op.count == 0 {
+            continue;
+        }
+        if crate::cuda::pointer_kind(ptr) == crate::cuda::PtrKind::Device {
+            return Err(Error::InvalidArgument(format!(
+                "{}: {what} {ptr:#x} is GPU memory, but this communicator runs on host memory (it was created with no GPU, or with OXCCL_HOST_MEMORY=1): pass host memory, or create the communicator on that GPU",
+                op.kind.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn op_of(
     kind: OpKind,
     input: Option<&[u8]>,

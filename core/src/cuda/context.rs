@@ -101,6 +101,81 @@ pub fn current_device() -> Option<usize> {
     usize::try_from(dev).ok()
 }
 
+/// The GPU a CUDA runtime caller on this thread would run on, as NCCL
+/// binds a communicator: `cudaGetDevice`, which is the current context's
+/// device, else the device the thread selected with `cudaSetDevice`, else
+/// device 0. The runtime is asked only if the process already loaded it
+/// (a program that never touched the runtime has selected nothing, so 0 is
+/// its answer too). `None` only where there is no driver or no GPU.
+pub fn runtime_device() -> Option<usize> {
+    if super::device::device_count().ok()? == 0 {
+        return None;
+    }
+    if let Some(d) = current_device() {
+        return Some(d);
+    }
+    Some(loaded_runtime_device().unwrap_or(0))
+}
+
+/// Makes the primary context of [`runtime_device`] current on this thread
+/// when none is, as the CUDA runtime does on a thread's first call (NCCL's
+/// `ncclMemAlloc` allocates there). The context is kept retained for the
+/// process's life, as the runtime keeps it: releasing it would free what
+/// was allocated in it.
+pub fn bind_runtime_device() -> Result<()> {
+    use std::sync::{Mutex, OnceLock};
+    static KEPT: OnceLock<Mutex<Vec<Arc<Context>>>> = OnceLock::new();
+    if current_device().is_some() {
+        return Ok(());
+    }
+    let Some(dev) = runtime_device() else {
+        return Err(crate::Error::InvalidUsage(
+            "no GPU: the CUDA driver finds no device to allocate on".into(),
+        ));
+    };
+    let kept = KEPT.get_or_init(Mutex::default);
+    let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(c) = kept.iter().find(|c| c.device().ordinal() == dev) {
+        return c.bind();
+    }
+    let ctx = Context::primary(Device::get(dev)?)?;
+    kept.push(ctx);
+    Ok(())
+}
+
+/// `cudaGetDevice` of a CUDA runtime this process has loaded, without
+/// loading one: a runtime PyTorch loaded privately (RTLD_LOCAL) is still
+/// found by its SONAME.
+fn loaded_runtime_device() -> Option<usize> {
+    use libloading::os::unix::{Library, RTLD_LAZY};
+    const SONAMES: &[&str] = &[
+        "libcudart.so.13",
+        "libcudart.so.12",
+        "libcudart.so.11.0",
+        "libcudart.so",
+    ];
+    type GetDevice = unsafe extern "C" fn(*mut std::os::raw::c_int) -> std::os::raw::c_int;
+    for name in SONAMES {
+        // SAFETY: RTLD_NOLOAD only returns a library that is already loaded
+        // (and initialised), so no initialiser runs here.
+        let Ok(lib) = (unsafe { Library::open(Some(*name), RTLD_LAZY | libc::RTLD_NOLOAD) }) else {
+            continue;
+        };
+        // SAFETY: `cudaGetDevice` has had this signature in every CUDA
+        // runtime: int cudaGetDevice(int *device).
+        let Ok(get) = (unsafe { lib.get::<GetDevice>(b"cudaGetDevice\0") }) else {
+            continue;
+        };
+        let mut dev: std::os::raw::c_int = -1;
+        // SAFETY: `dev` is a valid out-pointer; cudaGetDevice creates no
+        // context, it reads the thread's selection.
+        if unsafe { get(&mut dev) } == 0 {
+            return usize::try_from(dev).ok();
+        }
+    }
+    None
+}
+
 /// Puts back, when dropped, the context that was current when it was made:
 /// entry points that switch GPUs (one thread driving several) leave the
 /// caller's CUDA runtime state as they found it, as NCCL does.

@@ -151,8 +151,10 @@ impl Drop for DeviceBuffer {
 /// Where an address points, as the driver knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PtrKind {
-    /// Device memory (or managed memory) of some GPU.
+    /// Device memory of some GPU: the CPU must not touch it.
     Device,
+    /// Managed (unified) memory: both the CPU and the GPUs may touch it.
+    Managed,
     /// Host memory registered with or allocated by CUDA (device-accessible).
     PinnedHost,
     /// Memory CUDA does not know: ordinary pageable host memory.
@@ -182,8 +184,23 @@ pub fn pointer_kind(ptr: u64) -> PtrKind {
     match ty {
         t if t == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32 => PtrKind::PinnedHost,
         0 => PtrKind::Unknown,
+        _ if is_managed(ptr) => PtrKind::Managed,
         _ => PtrKind::Device,
     }
+}
+
+fn is_managed(ptr: u64) -> bool {
+    let mut managed: u32 = 0;
+    // SAFETY: `managed` is a valid out-pointer of the attribute's size (a
+    // bool stored as an unsigned int); the driver only reads its tables.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut managed as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+            ptr,
+        )
+    };
+    r == sys::CUresult::CUDA_SUCCESS && managed != 0
 }
 
 /// Allocates `bytes` of device memory in the calling thread's current

@@ -22,7 +22,7 @@ pub mod pinned;
 pub mod stream;
 
 pub use context::Context;
-pub use context::{current_device, SavedCurrent};
+pub use context::{bind_runtime_device, current_device, runtime_device, SavedCurrent};
 pub use device::{device_count, driver, Device, P2p};
 pub use event::Event;
 pub use ipc::{IpcMapping, IpcMemHandle};
