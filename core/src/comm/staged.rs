@@ -26,7 +26,7 @@ use super::on_device::{check_reachable, stream as stream_of};
 use crate::cuda::{Context, Event, HostFlag, PinnedHost, RawStream, SavedCurrent};
 use crate::error::{Error, Result};
 use crate::exec::mem::OpBuffers;
-use crate::op::Op;
+use crate::op::{Op, OpKind};
 
 /// Staging regions start on this boundary (copy engines and vector loads like it).
 const ALIGN: usize = 256;
@@ -121,6 +121,126 @@ fn translate(regions: &[Region], base: *mut u8, p: u64) -> Option<*mut u8> {
         .map(|r| base.wrapping_add(r.at + (p - r.start) as usize))
 }
 
+/// Below this many bytes a collective is staged whole: a piece costs a
+/// host collective's setup and an event, which small buffers cannot hide.
+const PIPELINE_MIN_BYTES: usize = 1 << 20;
+/// Smallest piece, and most pieces, of a pipelined collective.
+const PIECE_MIN_BYTES: usize = 256 << 10;
+const MAX_PIECES: usize = 16;
+
+/// A range of elements of a collective whose every element is independent
+/// of the others (all-reduce, broadcast, reduce): such a range is itself
+/// the same collective on sub-buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Piece {
+    lo: usize,
+    hi: usize,
+}
+
+impl Piece {
+    /// The operation on this piece's elements, with its device buffers.
+    fn of(&self, op: &Op, b: &OpBuffers) -> (Op, OpBuffers) {
+        let es = op.dtype.size();
+        let (off, n) = (self.lo * es, (self.hi - self.lo) * es);
+        let at = |p: *const u8, used: usize| {
+            if used == 0 {
+                p
+            } else {
+                p.wrapping_add(off)
+            }
+        };
+        let input = at(b.input, b.in_bytes);
+        let output = at(b.output, b.out_bytes) as *mut u8;
+        let bufs = OpBuffers {
+            input,
+            in_bytes: if b.in_bytes == 0 { 0 } else { n },
+            output,
+            out_bytes: if b.out_bytes == 0 { 0 } else { n },
+        };
+        let op = Op {
+            input,
+            output,
+            count: self.hi - self.lo,
+            ..*op
+        };
+        (op, bufs)
+    }
+}
+
+/// The pieces a group is pipelined in; empty when it is staged whole (more
+/// than one operation, an operation whose elements depend on their rank's
+/// block, or too small to gain).
+fn pieces_of(ops: &[(Op, OpBuffers)]) -> Vec<Piece> {
+    let [(op, b)] = ops else {
+        return Vec::new();
+    };
+    let elementwise = matches!(
+        op.kind,
+        OpKind::AllReduce | OpKind::Broadcast { .. } | OpKind::Reduce { .. }
+    );
+    let bytes = b.in_bytes.max(b.out_bytes);
+    if !elementwise || bytes < PIPELINE_MIN_BYTES || op.count == 0 {
+        return Vec::new();
+    }
+    let es = op.dtype.size().max(1);
+    let per = (bytes / MAX_PIECES).max(PIECE_MIN_BYTES) / es;
+    let per = per.max(1);
+    (0..op.count)
+        .step_by(per)
+        .map(|lo| Piece {
+            lo,
+            hi: (lo + per).min(op.count),
+        })
+        .collect()
+}
+
+/// `op` with its device addresses replaced by their places in the staging.
+fn to_host(regions: &[Region], base: *mut u8, op: &Op, b: &OpBuffers) -> (Op, OpBuffers) {
+    let input = translate(regions, base, b.input as u64).map_or(b.input, |p| p as *const u8);
+    let output = translate(regions, base, b.output as u64).unwrap_or(b.output);
+    let op = Op {
+        input,
+        output,
+        stream: 0,
+        ..*op
+    };
+    let bufs = OpBuffers {
+        input,
+        output,
+        ..*b
+    };
+    (op, bufs)
+}
+
+/// The staging offset of device address `p`, which some region holds.
+fn offset_of(regions: &[Region], p: u64) -> Result<usize> {
+    regions
+        .iter()
+        .find(|r| r.start <= p && p < r.end)
+        .map(|r| r.at + (p - r.start) as usize)
+        .ok_or_else(|| Error::Internal(format!("{p:#x} is outside every staged region")))
+}
+
+fn copy_in(
+    staging: &PinnedHost,
+    regions: &[Region],
+    src: u64,
+    len: usize,
+    stream: RawStream,
+) -> Result<()> {
+    staging.copy_from_device(offset_of(regions, src)?, src, len, stream)
+}
+
+fn copy_out(
+    staging: &PinnedHost,
+    regions: &[Region],
+    dst: u64,
+    len: usize,
+    stream: RawStream,
+) -> Result<()> {
+    staging.copy_to_device(dst, offset_of(regions, dst)?, len, stream)
+}
+
 impl Staged {
     pub(crate) fn new(ctx: Arc<Context>) -> Result<Staged> {
         let flag = Arc::new(HostFlag::new(&ctx)?);
@@ -202,37 +322,61 @@ impl Staged {
                 s
             }
         };
-        for r in regions.iter().filter(|r| r.read) {
-            staging.copy_from_device(r.at, r.start, (r.end - r.start) as usize, stream)?;
-        }
-        let staged = Event::new(&self.ctx, false)?;
-        staged.record(stream)?;
         let base = staging.host_ptr();
-        let host_ops: Vec<(Op, OpBuffers)> = ops
-            .iter()
-            .map(|(op, b)| {
-                let input =
-                    translate(&regions, base, b.input as u64).map_or(b.input, |p| p as *const u8);
-                let output = translate(&regions, base, b.output as u64).unwrap_or(b.output);
-                let op = Op {
-                    input,
-                    output,
-                    stream: 0,
-                    ..*op
-                };
-                let bufs = OpBuffers {
-                    input,
-                    output,
-                    ..*b
-                };
-                (op, bufs)
-            })
-            .collect();
-        st.seq += 1;
-        let seq = st.seq;
-        self.flag.wait_on(stream, seq)?;
-        for r in regions.iter().filter(|r| r.written) {
-            staging.copy_to_device(r.start, r.at, (r.end - r.start) as usize, stream)?;
+        let pieces = pieces_of(ops);
+        let mut jobs = Vec::with_capacity(pieces.len().max(1));
+        if pieces.is_empty() {
+            // Whole group at once: every input in, one job, every output back.
+            for r in regions.iter().filter(|r| r.read) {
+                staging.copy_from_device(r.at, r.start, (r.end - r.start) as usize, stream)?;
+            }
+            let staged = Event::new(&self.ctx, false)?;
+            staged.record(stream)?;
+            let host_ops = ops
+                .iter()
+                .map(|(op, b)| to_host(&regions, base, op, b))
+                .collect();
+            st.seq += 1;
+            jobs.push(Job {
+                seq: st.seq,
+                staged,
+                staging: staging.clone(),
+                ops: host_ops,
+            });
+            self.flag.wait_on(stream, st.seq)?;
+            for r in regions.iter().filter(|r| r.written) {
+                staging.copy_to_device(r.start, r.at, (r.end - r.start) as usize, stream)?;
+            }
+        } else {
+            // Pipelined: every piece's copy in is queued first, each with its
+            // event, so the proxy starts on piece 0 while later pieces cross
+            // PCIe; then, per piece, the stream waits for the proxy's flag
+            // and copies that piece back while the proxy works on the next.
+            let (op, b) = &ops[0];
+            let first = st.seq + 1;
+            for (i, piece) in pieces.iter().enumerate() {
+                let (pop, pb) = piece.of(op, b);
+                if pb.in_bytes > 0 {
+                    copy_in(&staging, &regions, pb.input as u64, pb.in_bytes, stream)?;
+                }
+                let staged = Event::new(&self.ctx, false)?;
+                staged.record(stream)?;
+                jobs.push(Job {
+                    seq: first + i as u64,
+                    staged,
+                    staging: staging.clone(),
+                    ops: vec![to_host(&regions, base, &pop, &pb)],
+                });
+            }
+            for (i, piece) in pieces.iter().enumerate() {
+                let (_, pb) = piece.of(op, b);
+                self.flag.wait_on(stream, first + i as u64)?;
+                if pb.out_bytes > 0 {
+                    copy_out(&staging, &regions, pb.output as u64, pb.out_bytes, stream)?;
+                }
+            }
+            st.seq += pieces.len() as u64;
+            debug!(target: "oxccl::coll", "rank {}: {} of {} B staged in {} pieces", core.rank, op.kind.name(), b.in_bytes.max(b.out_bytes), pieces.len());
         }
         st.done.record(stream)?;
         for s in &others {
@@ -252,16 +396,15 @@ impl Staged {
             st.tx = Some(tx);
             st.proxy = Some(h);
         }
-        let job = Job {
-            seq,
-            staged,
-            staging,
-            ops: host_ops,
-        };
-        st.tx
+        let tx = st
+            .tx
             .as_ref()
-            .and_then(|tx| tx.send(job).ok())
-            .ok_or_else(|| Error::Internal("the staging proxy thread is gone".into()))
+            .ok_or_else(|| Error::Internal("the staging proxy thread is gone".into()))?;
+        for job in jobs {
+            tx.send(job)
+                .map_err(|_| Error::Internal("the staging proxy thread is gone".into()))?;
+        }
+        Ok(())
     }
 }
 
@@ -395,5 +538,34 @@ mod tests {
         assert_eq!(bytes, 1280);
         // Null addresses of unused buffers stay as they are.
         assert_eq!(translate(&r, 0x9000usize as *mut u8, 0), None);
+    }
+
+    #[test]
+    fn large_elementwise_collectives_are_cut_into_pieces_covering_every_element() {
+        let n = (8 << 20) / 4 + 3; // 8 MiB of floats and a ragged tail
+        let mut o = op(OpKind::AllReduce, 0x10_0000, 0x10_0000, n * 4, n * 4);
+        o.0.count = n;
+        let pieces = pieces_of(std::slice::from_ref(&o));
+        assert_eq!(pieces.len(), MAX_PIECES + 1);
+        assert_eq!(pieces.first().map(|p| p.lo), Some(0));
+        assert_eq!(pieces.last().map(|p| p.hi), Some(n));
+        assert!(pieces.windows(2).all(|w| w[0].hi == w[1].lo));
+        let (pop, pb) = pieces[1].of(&o.0, &o.1);
+        let off = pieces[1].lo * 4;
+        assert_eq!(pop.count, pieces[1].hi - pieces[1].lo);
+        assert_eq!(pb.input as u64, 0x10_0000 + off as u64);
+        assert_eq!((pb.in_bytes, pb.out_bytes), (pop.count * 4, pop.count * 4));
+        // A non-root broadcast reads nothing; its pieces read nothing.
+        let mut bc = op(OpKind::Broadcast { root: 0 }, 0, 0x20_0000, 0, n * 4);
+        bc.0.count = n;
+        let (_, pb) = pieces_of(std::slice::from_ref(&bc))[2].of(&bc.0, &bc.1);
+        assert_eq!((pb.input as u64, pb.in_bytes), (0, 0));
+        // Staged whole: small, rank-blocked, or several operations.
+        let small = op(OpKind::AllReduce, 0x1000, 0x1000, 4096, 4096);
+        assert!(pieces_of(std::slice::from_ref(&small)).is_empty());
+        let mut ag = op(OpKind::AllGather, 0x1000, 0x9000_0000, n * 4, n * 8);
+        ag.0.count = n;
+        assert!(pieces_of(std::slice::from_ref(&ag)).is_empty());
+        assert!(pieces_of(&[o, o]).is_empty());
     }
 }
