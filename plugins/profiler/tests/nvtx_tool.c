@@ -1,8 +1,8 @@
 /*
  * A stand-in for Nsight Systems' NVTX injection library, for tests/nvtx.rs.
  *
- * NVTX3 (compiled into liboxccl_profiler.so by the `nvtx` crate) dlopens the
- * library named by NVTX_INJECTION64_PATH at the first NVTX call and calls its
+ * NVTX3's injection side (spoken by liboxccl_profiler.so, plugins/profiler/src/
+ * nvtx.rs) dlopens the library named by NVTX_INJECTION64_PATH at the first NVTX call and calls its
  * InitializeInjectionNvtx2 with a getter of export tables. This library asks
  * for the callbacks table, takes the function tables of the CORE and CORE2
  * modules, and puts its own handlers in the slots the profiler can reach:
