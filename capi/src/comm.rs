@@ -88,7 +88,7 @@ fn read_config(config: *const ncclConfig_t) -> Result<CommConfig, Error> {
 
 /// Set to 1, communicators made through the C API run on host memory even
 /// where GPUs exist (NCCL has no such mode; oxccl's host path is its own).
-pub const HOST_MEMORY_ENV: &str = "OXCCL_HOST_MEMORY";
+const HOST_MEMORY_ENV: &str = "OXCCL_HOST_MEMORY";
 
 /// As NCCL: a communicator belongs to the GPU the CUDA runtime would use on
 /// the calling thread (cudaGetDevice: device 0 when none was selected),
