@@ -387,7 +387,8 @@ enum ncclResult_t ncclGroupEnd(void);
 enum ncclResult_t ncclGroupSimulateEnd(struct ncclSimInfo_t *simInfo);
 
 /**
- * Device memory on the GPU current on this thread.
+ * Device memory on the GPU current on this thread (cudaGetDevice's: device
+ * 0 where the thread selected none).
  */
 enum ncclResult_t ncclMemAlloc(void **ptr, size_t size);
 
