@@ -10,18 +10,22 @@ use crate::guard::{entry, last_error, not_implemented, ok, Outcome};
 use crate::handle;
 use crate::types::*;
 
-/// One line naming oxccl, where NCCL prints its own version line
+/// NCCL's version line, naming oxccl, where NCCL prints its own
 /// (`NCCL_DEBUG=VERSION` or `INFO`), so a log tells which library ran.
 fn start() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         oxccl::log::init();
+        let line = format!(
+            "NCCL version 2.28.9+oxccl-{} (oxccl's libnccl.so.2, implementing the NCCL 2.28.9 C API)",
+            env!("CARGO_PKG_VERSION")
+        );
+        // As NCCL: a bare line at VERSION, a log line (any subsystem) above.
         let level = std::env::var("NCCL_DEBUG").unwrap_or_default();
-        if ["VERSION", "INFO", "TRACE"].contains(&level.trim().to_ascii_uppercase().as_str()) {
-            eprintln!(
-                "oxccl version {} (libnccl.so.2 of oxccl, implementing the NCCL 2.28.9 C API)",
-                env!("CARGO_PKG_VERSION")
-            );
+        match level.trim().to_ascii_uppercase().as_str() {
+            "VERSION" => eprintln!("{line}"),
+            "INFO" | "TRACE" => tracing::info!(target: "oxccl::all", "{line}"),
+            _ => {}
         }
     });
 }

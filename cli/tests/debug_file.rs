@@ -1,5 +1,6 @@
 //! NCCL_DEBUG_FILE: every process of a job writes its log to its own file
-//! (%h and %p substituted) instead of stderr.
+//! (%h and %p substituted) instead of stderr, in NCCL's line form
+//! (`host:pid:tid [dev] NCCL INFO ...`) with no colour codes.
 
 use std::process::Command;
 
@@ -20,7 +21,7 @@ fn each_rank_logs_to_its_own_file() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "oxccl perf failed: {stderr}");
     assert!(
-        !stderr.contains("communicator ready"),
+        !stderr.contains("Init COMPLETE"),
         "INFO lines went to stderr although NCCL_DEBUG_FILE is set:\n{stderr}"
     );
     let mut ready = 0;
@@ -31,7 +32,22 @@ fn each_rank_logs_to_its_own_file() {
         assert!(!name.contains('%'), "unsubstituted name {name}");
         let text = std::fs::read_to_string(&path).expect("read log");
         files += 1;
-        ready += text.matches("communicator ready").count();
+        ready += text.matches("Init COMPLETE").count();
+        assert!(!text.contains('\u{1b}'), "colour codes in {name}:\n{text}");
+        let pid = name.rsplit('.').next().unwrap_or_default();
+        for line in text.lines() {
+            let (prefix, rest) = line.split_once(' ').unwrap_or_default();
+            let parts: Vec<&str> = prefix.split(':').collect();
+            assert!(
+                parts.len() == 3 && parts[1] == pid && parts[2].parse::<u32>().is_ok(),
+                "not NCCL's host:pid:tid prefix in {name}: {line}"
+            );
+            assert!(
+                rest.starts_with('[') && rest.contains("] NCCL INFO ")
+                    || rest.contains("] NCCL WARN "),
+                "not NCCL's '[dev] NCCL INFO' form in {name}: {line}"
+            );
+        }
     }
     std::fs::remove_dir_all(&dir).ok();
     assert!(
@@ -40,6 +56,6 @@ fn each_rank_logs_to_its_own_file() {
     );
     assert_eq!(
         ready, 2,
-        "each of the 2 ranks logs 'communicator ready' once"
+        "each of the 2 ranks logs NCCL's 'Init COMPLETE' once"
     );
 }

@@ -1,52 +1,182 @@
-//! Logging through `tracing`, configured by NCCL's variables.
+//! Logging through `tracing`, configured by NCCL's variables and written in
+//! NCCL's line form, so that what people and log scrapers grep for in
+//! NCCL's output is found in oxccl's:
+//!
+//! `host:pid:tid [dev] NCCL INFO message`
 //!
 //! `NCCL_DEBUG` sets the level (VERSION and WARN → warn, INFO → info,
 //! TRACE → trace); `NCCL_DEBUG_SUBSYS` picks subsystems (INIT, COLL, P2P,
-//! NET, BOOTSTRAP, ENV, ALL; a leading `^` excludes). Subsystems map onto
-//! targets `oxccl::<subsys>`. The library installs no subscriber by itself:
-//! the CLI and the C ABI call [`init`].
+//! NET, BOOTSTRAP, ENV, TUNING, ALL; a leading `^` excludes; default
+//! INIT,BOOTSTRAP,ENV as NCCL's). An event's target names its subsystems
+//! as NCCL's flags do: `oxccl::init`, or `oxccl::init|net` for what NCCL
+//! logs under INIT|NET (shown when either is on); `oxccl::all` is shown
+//! whenever the level allows. Other targets show warnings only. The library
+//! installs no subscriber by itself: the CLI and the C ABI call [`init`].
 
-use tracing_subscriber::filter::EnvFilter;
+use std::cell::Cell;
+use std::fmt;
+use std::io::IsTerminal as _;
 
-/// The tracing filter directive for NCCL_DEBUG / NCCL_DEBUG_SUBSYS values.
+use tracing::{Event, Level, Metadata, Subscriber};
+use tracing_subscriber::filter::filter_fn;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::Layer as _;
+
+/// Which events NCCL_DEBUG and NCCL_DEBUG_SUBSYS let through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Filter {
+    /// Most verbose level shown for the chosen subsystems (`None`: warnings only).
+    level: Option<Level>,
+    exclude: bool,
+    subsystems: Vec<String>,
+}
+
+impl Filter {
+    pub fn new(debug: Option<&str>, subsys: Option<&str>) -> Filter {
+        let level = match debug.map(|s| s.trim().to_ascii_uppercase()).as_deref() {
+            Some("INFO") => Some(Level::INFO),
+            Some("TRACE") => Some(Level::TRACE),
+            _ => None,
+        };
+        let subsys = subsys
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .unwrap_or("INIT,BOOTSTRAP,ENV");
+        let (exclude, list) = match subsys.strip_prefix('^') {
+            Some(rest) => (true, rest),
+            None => (false, subsys),
+        };
+        let subsystems = list
+            .split(',')
+            .map(|s| s.trim().to_ascii_lowercase())
+            .filter(|s| !s.is_empty())
+            .collect();
+        Filter {
+            level,
+            exclude,
+            subsystems,
+        }
+    }
+
+    fn subsystem_on(&self, name: &str) -> bool {
+        let listed = self.subsystems.iter().any(|s| s == name || s == "all");
+        listed != self.exclude
+    }
+
+    /// Whether an event of `level` with `target` is shown.
+    pub fn enabled(&self, target: &str, level: Level) -> bool {
+        if level <= Level::WARN {
+            return true;
+        }
+        let Some(max) = self.level else {
+            return false;
+        };
+        if level > max {
+            return false;
+        }
+        let Some(rest) = target.strip_prefix("oxccl::") else {
+            return false;
+        };
+        // `oxccl::init|net`, or a module path such as `oxccl::net::x`
+        // (its first part is the subsystem).
+        let head = rest.split("::").next().unwrap_or(rest);
+        head.split('|').any(|s| s == "all" || self.subsystem_on(s))
+    }
+}
+
+thread_local! {
+    /// The GPU shown in this thread's lines (NCCL's `[cudaDev]`).
+    static DEVICE: Cell<i32> = const { Cell::new(0) };
+    /// The kernel's id of this thread, read once.
+    static TID: Cell<Option<u32>> = const { Cell::new(None) };
+}
+
+/// Makes this thread's log lines show `[dev]`, as NCCL shows the GPU of
+/// the communicator a thread works for. Threads that never set it show 0,
+/// cudaGetDevice's default, as NCCL's do.
+pub fn set_device(dev: usize) {
+    DEVICE.with(|d| d.set(i32::try_from(dev).unwrap_or(i32::MAX)));
+}
+
+fn tid() -> u32 {
+    TID.with(|t| {
+        if let Some(v) = t.get() {
+            return v;
+        }
+        // "/proc/thread-self" links to "<pid>/task/<tid>".
+        let v = std::fs::read_link("/proc/thread-self")
+            .ok()
+            .and_then(|p| p.file_name()?.to_str()?.parse().ok())
+            .unwrap_or(std::process::id());
+        t.set(Some(v));
+        v
+    })
+}
+
+/// NCCL's line: `host:pid:tid [dev] NCCL LEVEL message`.
+struct NcclLine {
+    host: String,
+    pid: u32,
+}
+
+impl<S, N> FormatEvent<S, N> for NcclLine
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let level = match *event.metadata().level() {
+            Level::ERROR | Level::WARN => "WARN",
+            Level::INFO => "INFO",
+            _ => "TRACE",
+        };
+        let dev = DEVICE.with(Cell::get);
+        write!(
+            w,
+            "{}:{}:{} [{dev}] NCCL {level} ",
+            self.host,
+            self.pid,
+            tid()
+        )?;
+        ctx.field_format().format_fields(w.by_ref(), event)?;
+        writeln!(w)
+    }
+}
+
+/// The tracing filter directive for NCCL_DEBUG / NCCL_DEBUG_SUBSYS values,
+/// for programs that build their own subscriber with an `EnvFilter` (a
+/// target naming several subsystems is matched only by its first there).
 pub fn directive(debug: Option<&str>, subsys: Option<&str>) -> String {
-    let level = match debug.map(|s| s.trim().to_ascii_uppercase()).as_deref() {
-        None | Some("") => return "warn".into(),
-        Some("VERSION") | Some("WARN") => "warn",
-        Some("INFO") => "info",
-        Some("ABORT") => "error",
-        Some("TRACE") => "trace",
-        Some(_) => "warn",
+    let f = Filter::new(debug, subsys);
+    let Some(level) = f.level else {
+        return "warn".into();
     };
-    let subsys = subsys
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .unwrap_or("INIT,BOOTSTRAP,ENV");
-    let (exclude, list) = match subsys.strip_prefix('^') {
-        Some(rest) => (true, rest),
-        None => (false, subsys),
-    };
-    let names: Vec<String> = list
-        .split(',')
-        .map(|s| s.trim().to_ascii_lowercase())
-        .filter(|s| !s.is_empty())
-        .collect();
-    if names.iter().any(|n| n == "all") {
-        return if exclude {
+    let level = level.as_str().to_ascii_lowercase();
+    if f.subsystems.iter().any(|n| n == "all") {
+        return if f.exclude {
             "warn".into()
         } else {
             format!("warn,oxccl={level}")
         };
     }
-    if exclude {
+    if f.exclude {
         let mut d = format!("warn,oxccl={level}");
-        for n in names {
+        for n in &f.subsystems {
             d += &format!(",oxccl::{n}=warn");
         }
         d
     } else {
         let mut d = "warn".to_string();
-        for n in names {
+        for n in &f.subsystems {
             d += &format!(",oxccl::{n}={level}");
         }
         d
@@ -83,32 +213,40 @@ fn host_name() -> String {
         .unwrap_or_else(|_| "unknown-host".into())
 }
 
-/// Installs a subscriber writing to stderr, or to `NCCL_DEBUG_FILE`, from
-/// the environment. Does nothing if one exists.
+/// Installs a subscriber writing NCCL's lines to stderr, or to
+/// `NCCL_DEBUG_FILE`, from the environment. Does nothing if one exists.
 pub fn init() {
     let cfg = crate::config::Config::load().ok();
-    let d = directive(
+    let filter = Filter::new(
         cfg.as_ref().and_then(|c| c.debug.as_deref()),
         cfg.as_ref().and_then(|c| c.debug_subsys.as_deref()),
     );
-    let filter = EnvFilter::try_new(d).unwrap_or_else(|_| EnvFilter::new("warn"));
+    let host = host_name();
+    let pid = std::process::id();
     let file = cfg.as_ref().and_then(|c| c.debug_file.as_deref()).map(|p| {
-        let name = debug_file_name(p, &host_name(), std::process::id());
+        let name = debug_file_name(p, &host, pid);
         (std::fs::File::create(&name), name)
     });
+    let format = NcclLine { host, pid };
+    let keep = move |m: &Metadata<'_>| filter.enabled(m.target(), *m.level());
     match file {
         Some((Ok(f), _)) => {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(filter)
+            let layer = tracing_subscriber::fmt::layer()
+                .event_format(format)
                 .with_ansi(false)
                 .with_writer(std::sync::Mutex::new(f))
-                .try_init();
+                .with_filter(filter_fn(keep));
+            let _ = tracing_subscriber::registry().with(layer).try_init();
         }
         other => {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(filter)
+            // NCCL writes no colour codes; only a terminal gets any field
+            // styling tracing adds.
+            let layer = tracing_subscriber::fmt::layer()
+                .event_format(format)
+                .with_ansi(std::io::stderr().is_terminal())
                 .with_writer(std::io::stderr)
-                .try_init();
+                .with_filter(filter_fn(keep));
+            let _ = tracing_subscriber::registry().with(layer).try_init();
             // NCCL falls back to stderr too; saying so names the setting.
             if let Some((Err(e), name)) = other {
                 tracing::warn!(target: "oxccl::init", "NCCL_DEBUG_FILE={name}: cannot create it ({e}); logging to stderr");
@@ -119,7 +257,8 @@ pub fn init() {
 
 #[cfg(test)]
 mod tests {
-    use super::{debug_file_name, directive};
+    use super::{debug_file_name, directive, Filter};
+    use tracing::Level;
 
     #[test]
     fn debug_file_substitutions() {
@@ -142,5 +281,27 @@ mod tests {
             directive(Some("TRACE"), Some("^NET")),
             "warn,oxccl=trace,oxccl::net=warn"
         );
+    }
+
+    #[test]
+    fn subsystems_as_nccl_flags() {
+        let default = Filter::new(Some("INFO"), None);
+        assert!(default.enabled("oxccl::init", Level::INFO));
+        assert!(default.enabled("oxccl::init|net", Level::INFO));
+        assert!(!default.enabled("oxccl::net", Level::INFO));
+        assert!(default.enabled("oxccl::net", Level::WARN));
+        assert!(!default.enabled("oxccl::init", Level::DEBUG));
+        assert!(default.enabled("oxccl::all", Level::INFO));
+        assert!(!default.enabled("other_crate", Level::INFO));
+        let net = Filter::new(Some("INFO"), Some("NET"));
+        assert!(net.enabled("oxccl::init|net", Level::INFO));
+        assert!(!net.enabled("oxccl::init", Level::INFO));
+        let not_net = Filter::new(Some("TRACE"), Some("^NET"));
+        assert!(not_net.enabled("oxccl::coll", Level::TRACE));
+        assert!(!not_net.enabled("oxccl::net", Level::INFO));
+        assert!(not_net.enabled("oxccl::init|net", Level::INFO));
+        let quiet = Filter::new(Some("VERSION"), None);
+        assert!(!quiet.enabled("oxccl::all", Level::INFO));
+        assert!(quiet.enabled("oxccl::init", Level::WARN));
     }
 }

@@ -12,5 +12,5 @@ timeout 300 $TR 29511 "$HERE/torch_on_oxccl.py" "$OUT/torch_nccl.json" > "$OUT/t
 echo "NCCL run rc=$?"
 NCCL_DEBUG=VERSION LD_PRELOAD=/tmp/oxccl-torch/libnccl.so.2 timeout 300 $TR 29512 "$HERE/torch_on_oxccl.py" "$OUT/torch_oxccl.json" > "$OUT/torch_oxccl.log" 2>&1
 echo "oxccl run rc=$?"
-grep -E "^rank|oxccl version|FAILED" "$OUT/torch_nccl.log" "$OUT/torch_oxccl.log"
+grep -E "^rank|NCCL version|FAILED" "$OUT/torch_nccl.log" "$OUT/torch_oxccl.log"
 $PY "$HERE/torch_on_oxccl.py" --compare "$OUT/torch_nccl.json" "$OUT/torch_oxccl.json" | tee "$OUT/torch_compare.txt"

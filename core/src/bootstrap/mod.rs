@@ -214,6 +214,8 @@ impl Bootstrap {
         }
         let iface = bootstrap_iface(cfg, Some(c.root.ip()))?;
         let listener = listen_on(&iface, "bootstrap")?;
+        // NCCL's line (INIT), which users grep to see the interface taken.
+        info!(target: "oxccl::init", "Bootstrap: Using {}:{}<0>", iface.name, iface.addr);
         let shared = Arc::new(Shared::new(rank, nranks, c.magic));
         // Serving before the table exists: peers may write as soon as they have it.
         let service = Service::start(shared.clone(), listener)?;

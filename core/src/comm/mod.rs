@@ -183,22 +183,22 @@ fn choose_network(cfg: &Config, comm_hash: u64) -> Result<(Network, Arc<dyn Net>
             .as_deref()
             .is_none_or(|w| w.eq_ignore_ascii_case(net.name()));
         if !wanted {
-            info!(target: "oxccl::net", "net plugin {} not used: NCCL_NET={:?}", net.name(), cfg.net);
+            info!(target: "oxccl::init|net", "net plugin {} not used: NCCL_NET={:?}", net.name(), cfg.net);
         } else {
             match first_use(&net, comm_hash) {
                 Ok(mine) => {
-                    info!(target: "oxccl::net", "using network {} from a plugin library ({} device(s))",
+                    info!(target: "oxccl::init|net", "Using network {} (a plugin library, {} device(s))",
                         net.name(), mine.devices().unwrap_or_default());
                     return Ok((net, mine));
                 }
                 Err(FirstUse::Init(e)) => {
-                    warn!(target: "oxccl::net", "{}; using the built-in network", net.init_failed_line(&library, &e))
+                    warn!(target: "oxccl::init|net", "{}; using the built-in network", net.init_failed_line(&library, &e))
                 }
                 Err(FirstUse::NoDevices) => {
-                    info!(target: "oxccl::net", "net plugin {} not used: 0 device(s)", net.name())
+                    info!(target: "oxccl::init|net", "net plugin {} not used: 0 device(s)", net.name())
                 }
                 Err(FirstUse::Devices(e)) => {
-                    warn!(target: "oxccl::net", "net plugin {}: devices() failed: {e}; using the built-in network", net.name())
+                    warn!(target: "oxccl::init|net", "net plugin {}: devices() failed: {e}; using the built-in network", net.name())
                 }
             }
         }
@@ -221,7 +221,7 @@ fn choose_network(cfg: &Config, comm_hash: u64) -> Result<(Network, Arc<dyn Net>
         };
         match first_use(&net, comm_hash) {
             Ok(mine) => {
-                info!(target: "oxccl::net", "using network {} ({} device(s))",
+                info!(target: "oxccl::init|net", "Using network {} (built in, {} device(s))",
                     b.name, mine.devices().unwrap_or_default());
                 return Ok((net, mine));
             }
@@ -365,14 +365,15 @@ impl Comm {
             )?),
             None => None,
         };
-        match device {
-            Some(d) => {
-                info!(target: "oxccl::init", rank, nranks, "communicator ready on GPU {d}, network {}", net.name())
-            }
-            None => {
-                info!(target: "oxccl::init", rank, nranks, "communicator ready on host memory, network {}", net.name())
-            }
+        if let Some(d) = device {
+            crate::log::set_device(d);
         }
+        // NCCL's closing line of a communicator's creation, which scripts
+        // wait for, with where oxccl runs it.
+        let on = device.map_or("host memory".to_string(), |d| format!("GPU {d}"));
+        info!(target: "oxccl::init",
+            "ncclCommInitRank comm {comm_hash:#018x} rank {rank} nranks {nranks} cudaDev {} nNodes {nnodes} - Init COMPLETE (on {on}, network {})",
+            device.map_or(-1, |d| d as i64), net.name());
         Core::new(
             rank,
             nranks,

@@ -85,7 +85,7 @@ impl Network {
 fn refuse_collnet(lib: &Lib) {
     let found = lib.present(ffi::COLLNET_SYMBOLS);
     if !found.is_empty() {
-        info!(target: "oxccl::net",
+        info!(target: "oxccl::init|net",
             "collnet plugin in {} ({}) not supported; disabled", lib.name(), found.join(", "));
     }
 }
@@ -108,7 +108,7 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Network>, Outcome)> {
         if let Some((library, why)) = search.failed.first() {
             let reason = format!("cannot be opened: {why}");
             let looked: Vec<&str> = SYMBOLS.iter().map(|s| s.0).collect();
-            warn!(target: "oxccl::net", "{}; using the built-in network",
+            warn!(target: "oxccl::init|net", "{}; using the built-in network",
                 loader::refusal("net", library, &looked, &[], &reason));
             return Ok((
                 None,
@@ -127,7 +127,7 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Network>, Outcome)> {
             )));
         }
         if !searched.is_empty() {
-            info!(target: "oxccl::net", "NET/Plugin: could not find {}; using the built-in network", searched.join(", "));
+            info!(target: "oxccl::init|net", "NET/Plugin: could not find {}; using the built-in network", searched.join(", "));
         }
         return Ok((None, Outcome::NotFound { searched }));
     };
@@ -135,7 +135,7 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Network>, Outcome)> {
     match ffi::CPlugin::negotiate(&lib) {
         Ok(net) => {
             let version = net.version();
-            info!(target: "oxccl::net",
+            info!(target: "oxccl::init|net",
                 "loaded net plugin {} from {} (ncclNetPlugin_{version})", net.name(), lib.name());
             Ok((
                 Some(Network::c(net)),
@@ -147,7 +147,7 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Network>, Outcome)> {
             ))
         }
         Err(r) => {
-            warn!(target: "oxccl::net", "{}; using the built-in network", refusal_line(lib.name(), &r));
+            warn!(target: "oxccl::init|net", "{}; using the built-in network", refusal_line(lib.name(), &r));
             Ok((
                 None,
                 Outcome::Refused {

@@ -41,7 +41,7 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Arc<ffi::CProfiler>>, Outco
         (Some(l), _) => l,
         (None, Some((library, why))) => {
             let reason = format!("cannot be opened: {why}");
-            warn!(target: "oxccl::profiler", "{}; no profiler", refused(library, &[], &reason));
+            warn!(target: "oxccl::init|profiler", "{}; no profiler", refused(library, &[], &reason));
             return Ok((
                 None,
                 Outcome::Refused {
@@ -63,7 +63,7 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Arc<ffi::CProfiler>>, Outco
     match ffi::CProfiler::negotiate(&lib) {
         Ok(p) => {
             let version = format!("v{}", p.version);
-            info!(target: "oxccl::profiler",
+            info!(target: "oxccl::init|profiler",
                 "loaded profiler plugin {} from {} (ncclProfiler_{version})", p.name, lib.name());
             Ok((
                 Some(Arc::new(p)),
@@ -75,7 +75,7 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Arc<ffi::CProfiler>>, Outco
             ))
         }
         Err((found, reason)) => {
-            warn!(target: "oxccl::profiler", "{}; no profiler", refused(lib.name(), &found, &reason));
+            warn!(target: "oxccl::init|profiler", "{}; no profiler", refused(lib.name(), &found, &reason));
             Ok((
                 None,
                 Outcome::Refused {

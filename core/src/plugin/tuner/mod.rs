@@ -42,7 +42,7 @@ pub fn load(
         (Some(l), _) => l,
         (None, Some((library, why))) => {
             let reason = format!("cannot be opened: {why}");
-            warn!(target: "oxccl::tuning", "{}; no tuner", refused(library, &[], &reason));
+            warn!(target: "oxccl::init|tuning", "{}; no tuner", refused(library, &[], &reason));
             return Ok((
                 None,
                 Outcome::Refused {
@@ -76,7 +76,7 @@ pub fn load(
     match ffi::CTuner::negotiate(&lib) {
         Ok(t) => {
             let version = format!("v{}", t.version);
-            info!(target: "oxccl::tuning",
+            info!(target: "oxccl::init|tuning",
                 "loaded tuner plugin {} from {} (ncclTunerPlugin_{version})", t.name, lib.name());
             Ok((
                 Some(Arc::new(t)),
@@ -88,7 +88,7 @@ pub fn load(
             ))
         }
         Err((found, reason)) => {
-            warn!(target: "oxccl::tuning", "{}; no tuner", refused(lib.name(), &found, &reason));
+            warn!(target: "oxccl::init|tuning", "{}; no tuner", refused(lib.name(), &found, &reason));
             Ok((
                 None,
                 Outcome::Refused {
