@@ -182,8 +182,12 @@ fn pieces_of(ops: &[(Op, OpBuffers)]) -> Vec<Piece> {
     if !elementwise || bytes < PIPELINE_MIN_BYTES || op.count == 0 {
         return Vec::new();
     }
+    let most = max_pieces();
+    if most <= 1 {
+        return Vec::new();
+    }
     let es = op.dtype.size().max(1);
-    let per = (bytes / MAX_PIECES).max(PIECE_MIN_BYTES) / es;
+    let per = (bytes / most).max(PIECE_MIN_BYTES) / es;
     let per = per.max(1);
     (0..op.count)
         .step_by(per)
@@ -192,6 +196,18 @@ fn pieces_of(ops: &[(Op, OpBuffers)]) -> Vec<Piece> {
             hi: (lo + per).min(op.count),
         })
         .collect()
+}
+
+/// `OXCCL_STAGED_PIECES=N` caps the pieces (1: stage whole, as before
+/// pipelining), for measuring what the pipeline gains.
+fn max_pieces() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("OXCCL_STAGED_PIECES")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(MAX_PIECES)
+    })
 }
 
 /// `op` with its device addresses replaced by their places in the staging.
