@@ -122,7 +122,21 @@ fn collectives_5_ranks_ring_forced() {
 #[test]
 fn collectives_6_ranks_doubling_forced() {
     run("collectives_6_ranks_doubling_forced", 6, |r| {
-        exercise(r, &[("ALGO", "Tree")], &[1, 1009])
+        exercise(r, &[("ALGO", "RecDoubling")], &[1, 1009])
+    });
+}
+
+/// NCCL_ALGO=Tree admits the tree row: recursive doubling for the small
+/// counts, the double binary tree (both trees, one per channel) for the
+/// large one, as the model prices them on 7 ranks.
+#[test]
+fn collectives_7_ranks_tree_forced() {
+    run("collectives_7_ranks_tree_forced", 7, |r| {
+        exercise(
+            r,
+            &[("ALGO", "Tree"), ("CHUNK_SIZE", "32K")],
+            &[1, 1009, 200_003],
+        )
     });
 }
 

@@ -3,7 +3,7 @@
 
 use oxccl_plugin::ffi::tuner::{
     NCCL_ALGO_PROTO_IGNORE, NCCL_ALGO_RING, NCCL_ALGO_TREE, NCCL_NUM_ALGORITHMS,
-    NCCL_NUM_PROTOCOLS, NCCL_PROTO_SIMPLE,
+    NCCL_NUM_PROTOCOLS, NCCL_PROTO_LL, NCCL_PROTO_SIMPLE,
 };
 
 use super::{Algo, Coll};
@@ -36,36 +36,124 @@ impl LinkModel {
     };
 }
 
+/// The links a communicator's collectives cross: between ranks of one host
+/// (shared memory, or the network when SHM is off) and between hosts (the
+/// net plugin). A ring crosses between hosts once per host; every step of
+/// it waits for its slowest hop.
+#[derive(Debug, Clone, Copy)]
+pub struct Fabric {
+    pub intra: LinkModel,
+    pub inter: LinkModel,
+    /// Hosts the ranks are on.
+    pub nodes: usize,
+}
+
+impl From<LinkModel> for Fabric {
+    fn from(l: LinkModel) -> Fabric {
+        Fabric {
+            intra: l,
+            inter: l,
+            nodes: 1,
+        }
+    }
+}
+
+impl Fabric {
+    /// The link every step of an algorithm spanning all ranks waits for.
+    fn slowest(&self) -> LinkModel {
+        if self.nodes > 1 {
+            LinkModel {
+                latency_s: self.intra.latency_s.max(self.inter.latency_s),
+                bandwidth: self.intra.bandwidth.min(self.inter.bandwidth),
+            }
+        } else {
+            self.intra
+        }
+    }
+}
+
+/// The share of a link's bandwidth a tree all-reduce gets: the busiest
+/// rank, inner node of one tree and leaf of the other, moves as much as a
+/// ring rank but folds two children into each slice, and its children's
+/// sends meet on one link. NCCL's model also puts tree bandwidth below the
+/// ring's.
+const TREE_EFFICIENCY: f64 = 0.7;
+
+fn log2_ceil(n: usize) -> f64 {
+    (n.max(1) as f64).log2().ceil()
+}
+
 /// Predicted seconds for `coll` of `bytes` (per rank's buffer) on `n` ranks.
-pub fn predict(algo: Algo, coll: Coll, bytes: usize, n: usize, link: LinkModel) -> Option<f64> {
+pub fn predict(
+    algo: Algo,
+    coll: Coll,
+    bytes: usize,
+    n: usize,
+    fabric: impl Into<Fabric>,
+) -> Option<f64> {
     if !algo.supports(coll) || n < 2 {
         return None;
     }
+    let f: Fabric = fabric.into();
     let b = bytes as f64;
-    let (a, bw) = (link.latency_s, link.bandwidth);
+    let slow = f.slowest();
+    let (a, bw) = (slow.latency_s, slow.bandwidth);
     let nf = n as f64;
     Some(match (algo, coll) {
         (Algo::Ring, Coll::AllReduce) => 2.0 * (nf - 1.0) * a + 2.0 * (nf - 1.0) / nf * b / bw,
         (Algo::Ring, Coll::AllGather | Coll::ReduceScatter) => (nf - 1.0) * (a + b / bw),
         (Algo::Ring, _) => (nf - 1.0) * a + b / bw,
         (Algo::RecDoubling, _) => {
-            let rounds = (nf.log2().ceil()) + if n.is_power_of_two() { 0.0 } else { 2.0 };
-            rounds * (a + b / bw)
+            // The exchanges between hosts are the last log2(hosts) rounds
+            // (ranks of a host are adjacent); the others stay inside.
+            let extra = if n.is_power_of_two() { 0.0 } else { 2.0 };
+            let across = if f.nodes > 1 { log2_ceil(f.nodes) } else { 0.0 };
+            let inside = (log2_ceil(n) - across).max(0.0) + extra;
+            let round = |l: LinkModel| l.latency_s + b / l.bandwidth;
+            inside * round(f.intra) + across * round(if f.nodes > 1 { f.inter } else { f.intra })
+        }
+        (Algo::Tree, _) => {
+            // Up and down a tree of depth log2(n), pipelined slice by
+            // slice: every hop's latency, and the data through the
+            // busiest rank's link twice (the two trees each carry half).
+            let depth = log2_ceil(n + 1);
+            2.0 * depth * a + 2.0 * b / (TREE_EFFICIENCY * bw)
         }
     })
 }
 
-/// The fastest algorithm by the model, unless one is forced.
-pub fn choose(coll: Coll, bytes: usize, n: usize, link: LinkModel, forced: Option<Algo>) -> Algo {
-    if let Some(f) = forced.filter(|f| f.supports(coll)) {
-        return f;
-    }
-    [Algo::Ring, Algo::RecDoubling]
+/// The fastest algorithm by the model, among those of a forced row
+/// (NCCL_ALGO) when one is forced.
+pub fn choose(
+    coll: Coll,
+    bytes: usize,
+    n: usize,
+    fabric: impl Into<Fabric>,
+    forced: Option<Algo>,
+) -> Algo {
+    let f: Fabric = fabric.into();
+    Algo::ALL
         .into_iter()
-        .filter_map(|a| predict(a, coll, bytes, n, link).map(|t| (a, t)))
+        .filter(|a| allowed(*a, coll, forced))
+        .filter_map(|a| predict(a, coll, bytes, n, f).map(|t| (a, t)))
         .min_by(|x, y| x.1.total_cmp(&y.1))
         .map(|(a, _)| a)
         .unwrap_or(Algo::Ring)
+}
+
+/// Whether `forced` (NCCL_ALGO, a row of NCCL's table) admits `a`; a forced
+/// row that cannot run `coll` admits everything, as NCCL ignores it then.
+fn allowed(a: Algo, coll: Coll, forced: Option<Algo>) -> bool {
+    match forced {
+        Some(f)
+            if Algo::ALL
+                .iter()
+                .any(|x| x.supports(coll) && row(*x) == row(f)) =>
+        {
+            row(a) == row(f)
+        }
+        _ => true,
+    }
 }
 
 /// NCCL's cost table (`collCostTable`): estimated microseconds per
@@ -73,80 +161,119 @@ pub fn choose(coll: Coll, bytes: usize, n: usize, link: LinkModel, forced: Optio
 /// tuner plugin receives and may change; the cheapest usable entry wins.
 pub type CostTable = [[f32; NCCL_NUM_PROTOCOLS]; NCCL_NUM_ALGORITHMS];
 
-/// The row of NCCL's table that stands for one of our algorithms: ring is
-/// ring; recursive doubling takes the tree row, NCCL's latency-bound choice.
-pub fn nccl_row(algo: Algo) -> usize {
+/// The cell of NCCL's table that stands for one of our algorithms: ring is
+/// ring (SIMPLE); the double binary tree is NCCL's tree (SIMPLE); recursive
+/// doubling, the latency algorithm, is the tree row's low-latency protocol
+/// (LL), the cell NCCL's small tree all-reduces fall in.
+pub fn nccl_cell(algo: Algo) -> (usize, usize) {
     match algo {
-        Algo::Ring => NCCL_ALGO_RING as usize,
-        Algo::RecDoubling => NCCL_ALGO_TREE as usize,
+        Algo::Ring => (NCCL_ALGO_RING as usize, NCCL_PROTO_SIMPLE as usize),
+        Algo::Tree => (NCCL_ALGO_TREE as usize, NCCL_PROTO_SIMPLE as usize),
+        Algo::RecDoubling => (NCCL_ALGO_TREE as usize, NCCL_PROTO_LL as usize),
     }
 }
 
-/// The table from the model: only the SIMPLE protocol exists here, and a
-/// forced algorithm (NCCL_ALGO) leaves only its own row, as NCCL masks the
-/// table before its tuner sees it.
+/// The NCCL algorithm row of `algo` (what profilers and tuners are told).
+pub fn nccl_row(algo: Algo) -> usize {
+    nccl_cell(algo).0
+}
+
+fn row(a: Algo) -> usize {
+    nccl_row(a)
+}
+
+/// Which of our algorithms a cell of NCCL's table runs: the ring row runs
+/// the ring at any protocol; the tree row's LL runs recursive doubling and
+/// its other protocols the tree. Other rows (CollNet, NVLS, PAT) none.
+fn algo_at(row: usize, proto: usize) -> Option<Algo> {
+    match row {
+        r if r == NCCL_ALGO_RING as usize => Some(Algo::Ring),
+        r if r == NCCL_ALGO_TREE as usize && proto == NCCL_PROTO_LL as usize => {
+            Some(Algo::RecDoubling)
+        }
+        r if r == NCCL_ALGO_TREE as usize => Some(Algo::Tree),
+        _ => None,
+    }
+}
+
+/// The table from the model: one cell per algorithm, and a forced row
+/// (NCCL_ALGO) leaves only its own cells, as NCCL masks the table before
+/// its tuner sees it.
 pub fn cost_table(
     coll: Coll,
     bytes: usize,
     n: usize,
-    link: LinkModel,
+    fabric: impl Into<Fabric>,
     forced: Option<Algo>,
 ) -> CostTable {
+    let f: Fabric = fabric.into();
     let mut t = [[NCCL_ALGO_PROTO_IGNORE; NCCL_NUM_PROTOCOLS]; NCCL_NUM_ALGORITHMS];
-    let forced = forced.filter(|f| f.supports(coll));
-    for a in [Algo::Ring, Algo::RecDoubling] {
-        if forced.is_some_and(|f| f != a) {
+    for a in Algo::ALL {
+        if !allowed(a, coll, forced) {
             continue;
         }
-        if let Some(s) = predict(a, coll, bytes, n, link) {
-            t[nccl_row(a)][NCCL_PROTO_SIMPLE as usize] = (s * 1e6) as f32;
+        if let Some(s) = predict(a, coll, bytes, n, f) {
+            let (r, p) = nccl_cell(a);
+            t[r][p] = (s * 1e6) as f32;
         }
     }
     if t.iter().flatten().all(|c| *c < 0.0) {
         // One rank, or nothing predicted: ring is always runnable.
-        t[nccl_row(Algo::Ring)][NCCL_PROTO_SIMPLE as usize] = 0.0;
+        let (r, p) = nccl_cell(Algo::Ring);
+        t[r][p] = 0.0;
     }
     t
 }
 
 /// Whether the device kernels run `algo` for `coll` on `n` ranks: the ring
 /// (chain) for everything; recursive doubling only as the one exchange of
-/// a two-rank all-reduce, the shape proven on GPUs.
+/// a two-rank all-reduce, the shape proven on GPUs; no tree yet.
 pub fn device_runs(algo: Algo, coll: Coll, n: usize) -> bool {
     match algo {
         Algo::Ring => true,
         Algo::RecDoubling => coll == Coll::AllReduce && n == 2,
+        Algo::Tree => false,
     }
 }
 
-/// The cost table of the device path: the rows its kernels run for this
+/// The cost table of the device path: the cells its kernels run for this
 /// call (a tuner may pick only among those, as NCCL's tuners pick among
 /// the entries NCCL marked usable), costed by the model over NVLink;
 /// NCCL_ALGO leaves its own row where the device runs it.
 pub fn device_table(coll: Coll, bytes: usize, n: usize, forced: Option<Algo>) -> CostTable {
-    let forced = forced.filter(|f| device_runs(*f, coll, n));
+    let forced = forced.filter(|f| {
+        Algo::ALL
+            .iter()
+            .any(|a| row(*a) == row(*f) && device_runs(*a, coll, n))
+    });
     let mut t = cost_table(coll, bytes, n, LinkModel::NVLINK, forced);
-    for a in [Algo::Ring, Algo::RecDoubling] {
-        if !device_runs(a, coll, n) {
-            t[nccl_row(a)] = [NCCL_ALGO_PROTO_IGNORE; NCCL_NUM_PROTOCOLS];
+    for (r, cells) in t.iter_mut().enumerate() {
+        for (p, c) in cells.iter_mut().enumerate() {
+            if !algo_at(r, p).is_some_and(|a| device_runs(a, coll, n)) {
+                *c = NCCL_ALGO_PROTO_IGNORE;
+            }
         }
+    }
+    if t.iter().flatten().all(|c| *c < 0.0) {
+        let (r, p) = nccl_cell(Algo::Ring);
+        t[r][p] = 0.0;
     }
     t
 }
 
-/// The cheapest entry of rows we can run, as (algorithm, NCCL protocol).
-/// Entries of rows we have no algorithm for are ignored even when a tuner
-/// made them cheapest; any protocol of a row runs as SIMPLE.
+/// The cheapest entry we can run, as (algorithm, NCCL protocol). Entries
+/// of cells we have no algorithm for are ignored even when a tuner made
+/// them cheapest.
 pub fn pick(table: &CostTable, coll: Coll) -> Option<(Algo, usize)> {
-    [Algo::Ring, Algo::RecDoubling]
-        .into_iter()
-        .filter(|a| a.supports(coll))
-        .flat_map(|a| {
-            table[nccl_row(a)]
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| **c >= 0.0)
-                .map(move |(p, c)| (a, p, *c))
+    table
+        .iter()
+        .enumerate()
+        .flat_map(|(r, cells)| cells.iter().enumerate().map(move |(p, c)| (r, p, *c)))
+        .filter(|(_, _, c)| *c >= 0.0)
+        .filter_map(|(r, p, c)| {
+            algo_at(r, p)
+                .filter(|a| a.supports(coll))
+                .map(|a| (a, p, c))
         })
         .min_by(|x, y| x.2.total_cmp(&y.2))
         .map(|(a, p, _)| (a, p))
@@ -179,8 +306,18 @@ mod tests {
         t[4][0] = 0.0;
         t[nccl_row(Algo::Ring)][NCCL_PROTO_SIMPLE as usize] = 1e6;
         assert_eq!(pick(&t, Coll::AllReduce).unwrap().0, Algo::RecDoubling);
+        // The tree row's SIMPLE cell runs the double binary tree.
+        t[nccl_row(Algo::Tree)][NCCL_PROTO_SIMPLE as usize] = 0.0;
+        assert_eq!(pick(&t, Coll::AllReduce).unwrap(), (Algo::Tree, 2));
         let f = cost_table(Coll::AllReduce, 8, 8, l, Some(Algo::Ring));
         assert!(f[nccl_row(Algo::RecDoubling)].iter().all(|c| *c < 0.0));
+        // NCCL_ALGO=Tree leaves both cells of the tree row.
+        let tr = cost_table(Coll::AllReduce, 8, 8, l, Some(Algo::Tree));
+        assert!(tr[nccl_row(Algo::Ring)].iter().all(|c| *c < 0.0));
+        assert_eq!(
+            choose(Coll::AllReduce, 8, 8, l, Some(Algo::Tree)),
+            Algo::RecDoubling
+        );
     }
 
     /// The device runs recursive doubling only as a two-rank all-reduce,
@@ -207,5 +344,27 @@ mod tests {
         assert!(t[nccl_row(Algo::RecDoubling)].iter().all(|c| *c < 0.0));
         // One rank: the ring, always runnable.
         assert_eq!(algo(Coll::AllReduce, 8, 1, None), Algo::Ring);
+    }
+
+    /// On many ranks across hosts, mid-sized all-reduces go to the tree:
+    /// the ring pays 2(n-1) slow hops, doubling moves the whole buffer
+    /// log2(n) times.
+    #[test]
+    fn the_tree_wins_mid_sizes_at_scale() {
+        let f = Fabric {
+            intra: LinkModel {
+                latency_s: 1e-6,
+                bandwidth: 20e9,
+            },
+            inter: LinkModel {
+                latency_s: 20e-6,
+                bandwidth: 10e9,
+            },
+            nodes: 16,
+        };
+        assert_eq!(choose(Coll::AllReduce, 8, 128, f, None), Algo::RecDoubling);
+        assert_eq!(choose(Coll::AllReduce, 1 << 20, 128, f, None), Algo::Tree);
+        assert_eq!(choose(Coll::AllReduce, 1 << 30, 128, f, None), Algo::Ring);
+        assert_eq!(choose(Coll::AllGather, 1 << 20, 128, f, None), Algo::Ring);
     }
 }

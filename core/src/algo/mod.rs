@@ -18,6 +18,7 @@
 pub mod cost;
 pub mod rec_doubling;
 pub mod ring;
+pub mod tree;
 
 /// Which user buffer a region lies in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +132,9 @@ pub enum Algo {
     Ring,
     /// Recursive doubling: log2(n) exchanges, for small all-reduces.
     RecDoubling,
+    /// Double binary tree: reduce up, broadcast down, 2·log2(n) hops, for
+    /// all-reduces on many ranks.
+    Tree,
 }
 
 impl Algo {
@@ -138,14 +142,19 @@ impl Algo {
         match self {
             Algo::Ring => "Ring",
             Algo::RecDoubling => "RecDoubling",
+            Algo::Tree => "Tree",
         }
     }
 
-    /// NCCL_ALGO names; `Tree` maps to our latency algorithm.
+    /// NCCL_ALGO names. NCCL's `Tree` is the tree row of the cost table,
+    /// which holds both our tree-shaped all-reduces (see
+    /// [`cost::nccl_cell`]); it parses as [`Algo::Tree`] and a forced
+    /// algorithm admits every algorithm of its row.
     pub fn parse(s: &str) -> Option<Algo> {
         match s.trim().to_ascii_lowercase().as_str() {
             "ring" => Some(Algo::Ring),
-            "tree" | "recdoubling" | "rd" => Some(Algo::RecDoubling),
+            "tree" => Some(Algo::Tree),
+            "recdoubling" | "rd" => Some(Algo::RecDoubling),
             _ => None,
         }
     }
@@ -153,12 +162,16 @@ impl Algo {
     pub fn supports(self, coll: Coll) -> bool {
         match self {
             Algo::Ring => true,
-            Algo::RecDoubling => coll == Coll::AllReduce,
+            Algo::RecDoubling | Algo::Tree => coll == Coll::AllReduce,
         }
     }
+
+    /// Every algorithm, in the order the cost model tries them.
+    pub const ALL: [Algo; 3] = [Algo::Ring, Algo::RecDoubling, Algo::Tree];
 }
 
-/// The steps of `rank` for the part `[lo, hi)` of each rank's block.
+/// The steps of `rank` for the part `[lo, hi)` of each rank's block, with
+/// the ring in rank order and the first tree.
 pub fn schedule(
     algo: Algo,
     coll: Coll,
@@ -168,17 +181,55 @@ pub fn schedule(
     lo: usize,
     hi: usize,
 ) -> Vec<Step> {
+    let order: Vec<usize> = (0..nranks).collect();
+    schedule_on(algo, coll, rank, &order, 0, count, lo, hi)
+}
+
+/// The steps of `rank` for the part `[lo, hi)` of each rank's block on
+/// channel `chan`, with the ranks in ring order `order` (a permutation of
+/// the ranks; trees are built over it too). Even channels take the first
+/// tree and odd ones the second: the double binary tree.
+#[allow(clippy::too_many_arguments)]
+pub fn schedule_on(
+    algo: Algo,
+    coll: Coll,
+    rank: usize,
+    order: &[usize],
+    chan: usize,
+    count: usize,
+    lo: usize,
+    hi: usize,
+) -> Vec<Step> {
+    let nranks = order.len();
     if nranks == 1 {
         return local_only(coll, lo, hi);
     }
     match (algo, coll) {
         (Algo::RecDoubling, Coll::AllReduce) => rec_doubling::all_reduce(rank, nranks, lo, hi),
-        (_, Coll::AllReduce) => ring::all_reduce(rank, nranks, lo, hi),
-        (_, Coll::AllGather) => ring::all_gather(rank, nranks, count, lo, hi),
-        (_, Coll::ReduceScatter) => ring::reduce_scatter(rank, nranks, count, lo, hi),
-        (_, Coll::Broadcast { root }) => ring::broadcast(rank, nranks, root, lo, hi),
-        (_, Coll::Reduce { root }) => ring::reduce(rank, nranks, root, lo, hi),
+        (Algo::Tree, Coll::AllReduce) => tree::all_reduce(rank, order, chan % 2, lo, hi),
+        (_, Coll::AllReduce) => ring::all_reduce(rank, order, lo, hi),
+        (_, Coll::AllGather) => ring::all_gather(rank, order, count, lo, hi),
+        (_, Coll::ReduceScatter) => ring::reduce_scatter(rank, order, count, lo, hi),
+        (_, Coll::Broadcast { root }) => ring::broadcast(rank, order, root, lo, hi),
+        (_, Coll::Reduce { root }) => ring::reduce(rank, order, root, lo, hi),
     }
+}
+
+/// The ring order that crosses between hosts once per host: ranks grouped
+/// by host (hosts in order of their lowest rank), rank order inside each.
+/// Both ends of every connection must compute the same order, so it
+/// depends only on facts every rank holds.
+pub fn ring_order(hosts: &[u64]) -> Vec<usize> {
+    let mut first: Vec<(usize, u64)> = Vec::new();
+    for (r, h) in hosts.iter().enumerate() {
+        if !first.iter().any(|(_, x)| x == h) {
+            first.push((r, *h));
+        }
+    }
+    first
+        .iter()
+        .flat_map(|(_, h)| (0..hosts.len()).filter(move |&r| hosts[r] == *h))
+        .collect()
 }
 
 /// One rank: the output is the input, put through the op's pre and post steps.

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::{schedule, Algo, Buf, Coll, Region, Step};
+use super::{schedule_on, Algo, Buf, Coll, Region, Step};
 
 /// A value: the running sum, and whether post-processing was applied.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -56,6 +56,13 @@ pub(crate) fn run(
         _ => (count, count),
     };
     let mut out_all = vec![vec![None; out_len]; n];
+    // A ring order other than rank order, as ranks grouped by host make.
+    let order: Vec<usize> = (0..n).map(|i| (i * 5 + 3) % n).collect();
+    let order = if order.iter().collect::<std::collections::HashSet<_>>().len() == n {
+        order
+    } else {
+        (0..n).rev().collect()
+    };
     for ch in 0..nch {
         let (lo, hi) = super::split(0, count, nch, ch);
         let mut ranks: Vec<Rank> = (0..n)
@@ -65,7 +72,7 @@ pub(crate) fn run(
                     .collect(),
                 output: out_all[r].clone(),
                 pc: 0,
-                steps: schedule(algo, coll, r, n, count, lo, hi),
+                steps: schedule_on(algo, coll, r, &order, ch, count, lo, hi),
                 sent_local: false,
             })
             .collect();
@@ -198,6 +205,7 @@ mod tests {
                 for nch in [1, 3] {
                     check(Algo::Ring, Coll::AllReduce, n, count, nch);
                     check(Algo::RecDoubling, Coll::AllReduce, n, count, nch);
+                    check(Algo::Tree, Coll::AllReduce, n, count, nch);
                     check(Algo::Ring, Coll::AllGather, n, count, nch);
                     check(Algo::Ring, Coll::ReduceScatter, n, count, nch);
                     for root in [0, n / 2, n - 1] {

@@ -73,7 +73,10 @@ pub(crate) struct Core {
     /// Staging buffers per channel, reused by every operation.
     staging: Mutex<BTreeMap<usize, Staging>>,
     forced_algo: Option<Algo>,
-    link: cost::LinkModel,
+    /// The ranks in ring order (the ring and trees are built over it).
+    ring: Vec<usize>,
+    /// The links collectives cross, for the cost model.
+    fabric: cost::Fabric,
     /// The GPU this rank is bound to, when it was created on one: its
     /// operations take device memory.
     pub device: Option<GpuPath>,
@@ -137,7 +140,8 @@ impl Core {
             conns: Mutex::default(),
             staging: Mutex::default(),
             forced_algo,
-            link: cost::LinkModel::default(),
+            ring: (0..nranks).collect(),
+            fabric: cost::LinkModel::default().into(),
             device,
             this: std::sync::OnceLock::new(),
             tuner: crate::plugin::tuner::shared(cfg_tuner.as_deref())?.and_then(|t| {
@@ -160,10 +164,14 @@ impl Core {
         let bytes = op.count * op.dtype.size();
         match op.kind.coll() {
             Some(coll) => {
-                let algo = cost::choose(coll, bytes, self.nranks, self.link, self.forced_algo);
-                cost::predict(algo, coll, bytes, self.nranks, self.link).unwrap_or(0.0)
+                let algo = cost::choose(coll, bytes, self.nranks, self.fabric, self.forced_algo);
+                cost::predict(algo, coll, bytes, self.nranks, self.fabric).unwrap_or(0.0)
             }
-            None => self.link.latency_s + bytes as f64 / self.link.bandwidth,
+            None => {
+                // A point-to-point message may cross hosts: the slower link.
+                let l = self.fabric.inter;
+                l.latency_s + bytes as f64 / l.bandwidth
+            }
         }
     }
 
@@ -314,7 +322,7 @@ impl Core {
         let nch = self.channels(bytes).min(op.count).max(1);
         let (algo, nch) = match &self.tuner {
             None => (
-                cost::choose(coll, bytes, n, self.link, self.forced_algo),
+                cost::choose(coll, bytes, n, self.fabric, self.forced_algo),
                 nch,
             ),
             Some(t) => {
@@ -324,12 +332,18 @@ impl Core {
                     coll,
                     bytes,
                     n,
-                    cost::cost_table(coll, bytes, n, self.link, self.forced_algo),
-                    cost::choose(coll, bytes, n, self.link, self.forced_algo),
+                    cost::cost_table(coll, bytes, n, self.fabric, self.forced_algo),
+                    cost::choose(coll, bytes, n, self.fabric, self.forced_algo),
                     nch,
                     max,
                 )
             }
+        };
+        // The double binary tree is two trees, one per channel.
+        let nch = if algo == Algo::Tree {
+            nch.max(2).min(op.count)
+        } else {
+            nch
         };
         let event = match (self.profiler.as_deref(), group) {
             (Some(p), Some(g)) => Some(p.running(p.coll(mask, op, seq, algo, nch, g))),
@@ -354,7 +368,7 @@ impl Core {
         let plans: Vec<Vec<Step>> = (0..nch)
             .map(|c| {
                 let (lo, hi) = algo::split(0, op.count, nch, c);
-                algo::schedule(algo, coll, self.rank, n, op.count, lo, hi)
+                algo::schedule_on(algo, coll, self.rank, &self.ring, c, op.count, lo, hi)
             })
             .collect();
         let (sends, recvs) = peers_of(&plans, 0);
