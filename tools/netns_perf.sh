@@ -7,7 +7,8 @@
 #   tools/netns_perf.sh BIN [oxccl perf arguments...]
 #
 # RATE=1gbit shapes both directions of the link to that rate (tc tbf), as a
-# slower network; DELAY=1ms adds netem delay. Rank 0's table goes to stdout,
+# slower network; otherwise DELAY=1ms and/or LOSS=1% add tc netem delay and
+# loss (netem must exist in the kernel). Rank 0's table goes to stdout,
 # rank 1's output to $LOG1 (default /dev/null). The namespaces and the
 # link are removed on exit, whatever happens. Bounded by LIMIT seconds (600).
 set -euo pipefail
@@ -32,8 +33,9 @@ for i in 0 1; do
   ip -n "${ns[$i]}" link set lo up
   if [ -n "${RATE:-}" ]; then
     ip netns exec "${ns[$i]}" tc qdisc add dev "${veth[$i]}" root tbf rate "$RATE" burst 1mb latency 50ms
-  elif [ -n "${DELAY:-}" ]; then
-    ip netns exec "${ns[$i]}" tc qdisc add dev "${veth[$i]}" root netem delay "$DELAY"
+  elif [ -n "${DELAY:-}${LOSS:-}" ]; then
+    ip netns exec "${ns[$i]}" tc qdisc add dev "${veth[$i]}" root netem \
+      ${DELAY:+delay "$DELAY"} ${LOSS:+loss "$LOSS"}
   fi
 done
 port=$((20000 + $$ % 20000))
