@@ -112,17 +112,22 @@ pub struct Finished {
     pub status: Option<ExitStatus>,
     pub stdout: String,
     pub stderr: String,
+    /// The first rank seen to exit with a failure.
+    pub first_failure: bool,
 }
 
 /// Starts `n` ranks as children running this executable with `args`, the
 /// id of a communicator rooted in this process, and `env`; waits for all,
-/// killing every one still running at `limit`.
+/// killing every one still running at `limit`, or `after_failure` after
+/// the first rank failed: the others have then failed too within
+/// NCCL_TIMEOUT, or are stopped or hung and never will.
 pub fn spawn(
     n: usize,
     args: &[String],
     env: &[(String, String)],
     output: Output,
     limit: Duration,
+    after_failure: Duration,
 ) -> Result<Vec<Finished>, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
     let id = oxccl::Comm::unique_id().map_err(|e| e.to_string())?;
@@ -173,13 +178,18 @@ pub fn spawn(
             })
         })
         .collect();
-    let deadline = Instant::now() + limit;
+    let mut deadline = Instant::now() + limit;
     let mut statuses: Vec<Option<ExitStatus>> = vec![None; n];
+    let mut first_failure = None;
     while statuses.iter().any(Option::is_none) && Instant::now() < deadline {
         for (rank, c) in &mut children {
             if statuses[*rank].is_none() {
                 if let Ok(Some(s)) = c.try_wait() {
                     statuses[*rank] = Some(s);
+                    if !s.success() && first_failure.is_none() {
+                        first_failure = Some(*rank);
+                        deadline = deadline.min(Instant::now() + after_failure);
+                    }
                 }
             }
         }
@@ -201,6 +211,7 @@ pub fn spawn(
                 status: statuses[rank],
                 stdout,
                 stderr,
+                first_failure: first_failure == Some(rank),
             }
         })
         .collect())

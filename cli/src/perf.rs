@@ -130,26 +130,47 @@ fn spawn_local(n: usize, args: &PerfArgs) -> Result<i32, String> {
     if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
         env.push(("NCCL_SOCKET_IFNAME".to_string(), "lo".to_string()));
     }
+    // Once a rank fails, the others fail within NCCL_TIMEOUT (each names
+    // the ranks it waited for); one that has not by then is stopped or
+    // hung, and is ended rather than waited for.
+    let timeout = oxccl::config::Config::load()
+        .map(|c| c.timeout())
+        .unwrap_or(Duration::from_secs(300));
     let done = launch::spawn(
         n,
         &argv,
         &env,
         launch::Output::Rank0,
         Duration::from_secs(args.time_limit),
+        timeout + Duration::from_secs(2),
     )?;
+    let failed_first = done.iter().find(|f| f.first_failure).map(|f| f.rank);
     let mut code = 0;
     for f in &done {
         match f.status {
             Some(s) if s.success() => {}
             Some(s) => {
-                eprintln!("oxccl perf: rank {} exited with {s}", f.rank);
+                let first = if f.first_failure {
+                    " (the first to fail)"
+                } else {
+                    ""
+                };
+                eprintln!("oxccl perf: rank {} exited with {s}{first}", f.rank);
                 code = 1;
             }
             None => {
-                eprintln!(
-                    "oxccl perf: rank {} was still running after {} s and was stopped",
-                    f.rank, args.time_limit
-                );
+                match failed_first {
+                    Some(r) => eprintln!(
+                        "oxccl perf: rank {} was still running {:.0} s after rank {r} failed (NCCL_TIMEOUT is {:.0} s): stopped or hung, so it was ended",
+                        f.rank,
+                        (timeout + Duration::from_secs(2)).as_secs_f64(),
+                        timeout.as_secs_f64()
+                    ),
+                    None => eprintln!(
+                        "oxccl perf: rank {} was still running after {} s and was stopped",
+                        f.rank, args.time_limit
+                    ),
+                }
                 code = 1;
             }
         }

@@ -61,7 +61,7 @@ pub fn spawn(name: &str, n: usize, env: &[(&str, &str)], limit: Duration) -> Vec
         ("NCCL_TIMEOUT".into(), "20".into()),
     ];
     vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    launch::spawn(n, &args, &vars, Output::Capture, limit).expect("spawn ranks")
+    launch::spawn(n, &args, &vars, Output::Capture, limit, limit).expect("spawn ranks")
 }
 
 /// Runs `body` on `n` ranks as processes and asserts every one succeeded.
