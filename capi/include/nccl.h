@@ -1,4 +1,4 @@
-/* oxccl's nccl.h: NCCL 2.28's C API as oxccl implements it.
+/* oxccl's nccl.h: NCCL 2.30's C API as oxccl implements it.
  * Enum values, struct layouts and function signatures are NCCL's, so code
  * written for NCCL compiles against this header unchanged. */
 
@@ -10,11 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <limits.h>
-#define NCCL_MAJOR 2
-#define NCCL_MINOR 28
-#define NCCL_PATCH 9
 #define NCCL_SUFFIX ""
-#define NCCL_VERSION_CODE 22809
 #define NCCL_VERSION(X,Y,Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
 #define NCCL_COMM_NULL NULL
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
@@ -25,24 +21,74 @@
 /* Without CUDA's headers (host-memory programs), a stream is an opaque pointer. */
 typedef struct CUstream_st* cudaStream_t;
 #endif
-#define NCCL_CONFIG_INITIALIZER { sizeof(ncclConfig_t), 0xcafebeef, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), \
+/* Every field after `version` undefined: blocking .. nvlinkCentricSched (2.28), graphUsageMode .. graphStreamOrdering (2.30). */
+#define NCCL_CONFIG_INITIALIZER { sizeof(ncclConfig_t), NCCL_API_MAGIC, NCCL_VERSION_CODE, \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT }
-#define NCCL_SIM_INFO_INITIALIZER { sizeof(ncclSimInfo_t), 0x74685283, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), NCCL_UNDEF_FLOAT }
+#define NCCL_SIM_INFO_INITIALIZER { sizeof(ncclSimInfo_t), 0x74685283, NCCL_VERSION_CODE, NCCL_UNDEF_FLOAT }
 
+
+#define NCCL_MAJOR 2
+
+#define NCCL_MINOR 30
+
+#define NCCL_PATCH 7
 
 /**
- * The version of NCCL's API this library implements (`NCCL_VERSION_CODE`).
+ * `NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)`.
  */
-#define OXCCL_NCCL_VERSION_CODE 22809
+#define NCCL_VERSION_CODE 23007
+
+/**
+ * `ncclConfig_t.magic` and `NCCL_CONFIG_INITIALIZER`'s.
+ */
+#define NCCL_API_MAGIC 3405692655
+
+/**
+ * `ncclCommWindowRegister` flags.
+ */
+#define NCCL_WIN_DEFAULT 0
+
+#define NCCL_WIN_COLL_SYMMETRIC 1
+
+#define NCCL_WIN_STRICT_ORDERING 2
+
+#define NCCL_WIN_REQUIRED_ALIGNMENT 4096
+
+/**
+ * `ncclConfig_t.CTAPolicy` values.
+ */
+#define NCCL_CTA_POLICY_DEFAULT 0
+
+#define NCCL_CTA_POLICY_EFFICIENCY 1
+
+#define NCCL_CTA_POLICY_ZERO 2
+
+/**
+ * `ncclCommShrink` flags.
+ */
+#define NCCL_SHRINK_DEFAULT 0
+
+#define NCCL_SHRINK_ABORT 1
+
+/**
+ * `ncclCommRevoke` flags (only 0 is defined).
+ */
+#define NCCL_REVOKE_DEFAULT 0
+
+/**
+ * `ncclCommSuspend` flag: release the communicator's GPU memory.
+ */
+#define NCCL_SUSPEND_MEM 1
 
 #define NCCL_UNIQUE_ID_BYTES 128
 
 /**
- * `NCCL_CONFIG_INITIALIZER`'s magic.
+ * `NCCL_API_MAGIC` under the name this header gave it before NCCL named it.
  */
-#define NCCL_CONFIG_MAGIC 3405692655
+#define NCCL_CONFIG_MAGIC NCCL_API_MAGIC
 
 /**
  * `NCCL_SIM_INFO_INITIALIZER`'s magic.
@@ -61,13 +107,19 @@ typedef enum ncclResult_t {
   ncclInvalidUsage = 5,
   ncclRemoteError = 6,
   ncclInProgress = 7,
-  ncclNumResults = 8,
+  ncclTimeout = 8,
+  ncclNumResults = 9,
 } ncclResult_t;
 
 /**
  * A communicator, as C code sees it: opaque.
  */
 typedef struct ncclComm ncclComm;
+
+/**
+ * A parameter bound by `ncclParamBind`: opaque, owned by the library.
+ */
+typedef struct ncclParamHandle ncclParamHandle;
 
 /**
  * A registered window (`ncclCommWindowRegister`): opaque.
@@ -90,7 +142,8 @@ typedef struct ncclUniqueId {
 } ncclUniqueId;
 
 /**
- * `ncclConfig_t` of NCCL 2.28 (`ncclConfig_v22800`). Older callers pass a
+ * `ncclConfig_t` of NCCL 2.30 (`ncclConfig_v23000`). Callers built
+ * against an older NCCL (2.28's ends at `nvlinkCentricSched`) pass a
  * shorter struct: `size` says how much of it is there, and fields past it
  * are never read.
  */
@@ -112,7 +165,17 @@ typedef struct ncclConfig_t {
   int nvlsCTAs;
   int nChannelsPerNetPeer;
   int nvlinkCentricSched;
+  int graphUsageMode;
+  int numRmaCtx;
+  int maxP2pPeers;
+  int graphStreamOrdering;
 } ncclConfig_t;
+
+/**
+ * What `ncclCommMemStats` reports. A plain `int` with NCCL's values, as
+ * the datatypes: a caller may pass any value, which is refused.
+ */
+typedef int ncclCommMemStat_t;
 
 /**
  * What `ncclGroupSimulateEnd` fills in.
@@ -128,6 +191,19 @@ typedef struct ncclSimInfo_t {
 } ncclSimInfo_t;
 
 typedef struct ncclWindow_vidmem *ncclWindow_t;
+
+/**
+ * One entry of `ncclWaitSignal`'s list: wait for `opCnt` signals from
+ * `peer` on signal `sigIdx` of context `ctx`.
+ */
+typedef struct ncclWaitSignalDesc_t {
+  int opCnt;
+  int peer;
+  int sigIdx;
+  int ctx;
+} ncclWaitSignalDesc_t;
+
+typedef struct ncclParamHandle *ncclParamHandle_t;
 
 #define ncclInt8 0
 
@@ -191,6 +267,26 @@ typedef struct ncclWindow_vidmem *ncclWindow_t;
  * The scalar is in host memory, read before the call returns.
  */
 #define ncclScalarHostImmediate 1
+
+/**
+ * GPU memory the communicator could release while suspended (bytes).
+ */
+#define ncclStatGpuMemSuspend 0
+
+/**
+ * 1 while the communicator is suspended, else 0.
+ */
+#define ncclStatGpuMemSuspended 1
+
+/**
+ * GPU memory kept for the communicator's whole life (bytes).
+ */
+#define ncclStatGpuMemPersist 2
+
+/**
+ * All GPU memory the communicator allocated (bytes).
+ */
+#define ncclStatGpuMemTotal 3
 
 #ifdef __cplusplus
 extern "C" {
@@ -300,7 +396,8 @@ enum ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op,
 enum ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 
 /**
- * Writes the version this library implements (NCCL 2.28.9: 22809).
+ * Writes the version of NCCL's API this library implements
+ * (`NCCL_VERSION_CODE`, 23007 for 2.30.7).
  */
 enum ncclResult_t ncclGetVersion(int *version);
 
@@ -352,6 +449,32 @@ enum ncclResult_t ncclCommShrink(ncclComm_t comm,
 
 enum ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
 
+enum ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, struct ncclUniqueId *uniqueId);
+
+enum ncclResult_t ncclCommGrow(ncclComm_t comm,
+                               int nRanks,
+                               const struct ncclUniqueId *uniqueId,
+                               int rank,
+                               ncclComm_t *newcomm,
+                               struct ncclConfig_t *config);
+
+/**
+ * Suspending would release the device window, which every peer has
+ * mapped; resuming would have to rebuild it with all of them.
+ */
+enum ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);
+
+enum ncclResult_t ncclCommResume(ncclComm_t comm);
+
+/**
+ * NCCL's figures for the GPU memory a communicator holds. Nothing oxccl
+ * allocates can be released by a suspend (there is none), so all of it is
+ * persistent: Suspend 0, Persist = Total, Suspended 0. A communicator on
+ * host memory, or one that stages device buffers through pinned host
+ * memory, holds no GPU memory.
+ */
+enum ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t *value);
+
 enum ncclResult_t ncclCommFinalize(ncclComm_t comm);
 
 enum ncclResult_t ncclCommDestroy(ncclComm_t comm);
@@ -370,6 +493,14 @@ enum ncclResult_t ncclCommUserRank(ncclComm_t comm, int *rank);
 enum ncclResult_t ncclCommCuDevice(ncclComm_t comm, int *device);
 
 const char *ncclGetErrorString(int result);
+
+/**
+ * NCCL re-reads its logging variables here (a call its header marks
+ * deprecated and not part of the API). oxccl installs its logger once, at
+ * the first call into the library, and cannot replace it; this says so at
+ * INFO and changes nothing.
+ */
+void ncclResetDebugInit(void);
 
 /**
  * The message of the last error in this process (empty if none).
@@ -413,11 +544,90 @@ enum ncclResult_t ncclCommWindowRegister(ncclComm_t comm,
 enum ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 
 /**
+ * oxccl registers no windows (ncclCommWindowRegister refuses), so no
+ * window exists to read a pointer from.
+ */
+enum ncclResult_t ncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void **outUserPtr);
+
+enum ncclResult_t ncclPutSignal(const void *localbuff,
+                                size_t count,
+                                ncclDataType_t datatype,
+                                int peer,
+                                ncclWindow_t peerWin,
+                                size_t peerWinOffset,
+                                int sigIdx,
+                                int ctx,
+                                unsigned int flags,
+                                ncclComm_t comm,
+                                cudaStream_t stream);
+
+enum ncclResult_t ncclSignal(int peer,
+                             int sigIdx,
+                             int ctx,
+                             unsigned int flags,
+                             ncclComm_t comm,
+                             cudaStream_t stream);
+
+enum ncclResult_t ncclWaitSignal(int nDesc,
+                                 struct ncclWaitSignalDesc_t *signalDescs,
+                                 ncclComm_t comm,
+                                 cudaStream_t stream);
+
+/**
  * NCCL's device API (`nccl_device.h`), for kernels that communicate by themselves.
  */
 enum ncclResult_t ncclDevCommCreate(ncclComm_t comm, const void *reqs, void *outDevComm);
 
 enum ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const void *devComm);
+
+enum ncclResult_t ncclParamBind(ncclParamHandle_t *out, const char *key);
+
+enum ncclResult_t ncclParamGetI8(ncclParamHandle_t h, int8_t *out);
+
+enum ncclResult_t ncclParamGetI16(ncclParamHandle_t h, int16_t *out);
+
+enum ncclResult_t ncclParamGetI32(ncclParamHandle_t h, int32_t *out);
+
+enum ncclResult_t ncclParamGetI64(ncclParamHandle_t h, int64_t *out);
+
+enum ncclResult_t ncclParamGetU8(ncclParamHandle_t h, uint8_t *out);
+
+enum ncclResult_t ncclParamGetU16(ncclParamHandle_t h, uint16_t *out);
+
+enum ncclResult_t ncclParamGetU32(ncclParamHandle_t h, uint32_t *out);
+
+enum ncclResult_t ncclParamGetU64(ncclParamHandle_t h, uint64_t *out);
+
+/**
+ * The value as text; the pointer stays valid until this thread's next
+ * `ncclParamGetStr`.
+ */
+enum ncclResult_t ncclParamGetStr(ncclParamHandle_t h, const char **out);
+
+/**
+ * Copies the value's text and its NUL into `out`; `*len` gets the bytes
+ * copied, or 0 when `maxLen` is too small (then nothing is copied).
+ */
+enum ncclResult_t ncclParamGet(ncclParamHandle_t h, void *out, int maxLen, int *len);
+
+/**
+ * The value of `key` as text and its length (without the NUL); the
+ * pointer stays valid until this thread's next `ncclParamGetParameter`.
+ * An unknown key gives NULL and 0, as NCCL.
+ */
+enum ncclResult_t ncclParamGetParameter(const char *key, const char **value, int *valueLen);
+
+/**
+ * Every key, as `oxccl info` lists them. The strings live as long as the
+ * process; the table of pointers until this thread's next call.
+ */
+enum ncclResult_t ncclParamGetAllParameterKeys(const char ***table, int *tableLen);
+
+/**
+ * Prints every setting to standard output, as NCCL prints its registry:
+ * name, value, where the value came from, default, meaning.
+ */
+void ncclParamDumpAll(void);
 
 #ifdef __cplusplus
 }  // extern "C"

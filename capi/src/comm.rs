@@ -16,8 +16,9 @@ fn start() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         oxccl::log::init();
+        let nccl = format!("{NCCL_MAJOR}.{NCCL_MINOR}.{NCCL_PATCH}");
         let line = format!(
-            "NCCL version 2.28.9+oxccl-{} (oxccl's libnccl.so.2, implementing the NCCL 2.28.9 C API)",
+            "NCCL version {nccl}+oxccl-{} (oxccl's libnccl.so.2, implementing the NCCL {nccl} C API)",
             env!("CARGO_PKG_VERSION")
         );
         // As NCCL: a bare line at VERSION, a log line (any subsystem) above.
@@ -31,7 +32,7 @@ fn start() {
 }
 
 /// Writes through a C out-pointer, refusing NULL with its name.
-fn out<T>(what: &str, p: *mut T, v: T) -> Result<(), Error> {
+pub(crate) fn out<T>(what: &str, p: *mut T, v: T) -> Result<(), Error> {
     if p.is_null() {
         return Err(Error::InvalidArgument(format!("{what} is NULL")));
     }
@@ -41,7 +42,7 @@ fn out<T>(what: &str, p: *mut T, v: T) -> Result<(), Error> {
     Ok(())
 }
 
-fn c_str(p: *const c_char) -> Option<String> {
+pub(crate) fn c_str(p: *const c_char) -> Option<String> {
     if p.is_null() {
         return None;
     }
@@ -167,11 +168,12 @@ pub(crate) fn finish_deferred() -> Result<(), Error> {
     first
 }
 
-/// Writes the version this library implements (NCCL 2.28.9: 22809).
+/// Writes the version of NCCL's API this library implements
+/// (`NCCL_VERSION_CODE`, 23007 for 2.30.7).
 #[no_mangle]
 pub extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
     entry("ncclGetVersion", || {
-        out("version", version, OXCCL_NCCL_VERSION_CODE)?;
+        out("version", version, NCCL_VERSION_CODE)?;
         ok()
     })
 }
@@ -352,6 +354,83 @@ pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclRe
     not_implemented("ncclCommRevoke", "use ncclCommAbort")
 }
 
+/// Elastic communicators (ids of an existing communicator, growing it)
+/// are a later piece of work: these say so rather than half-work.
+const ELASTIC: &str = "elastic communicators, which new ranks join; create a new communicator with ncclGetUniqueId and ncclCommInitRank instead";
+
+#[no_mangle]
+pub extern "C" fn ncclCommGetUniqueId(
+    comm: ncclComm_t,
+    uniqueId: *mut ncclUniqueId,
+) -> ncclResult_t {
+    let _ = (comm, uniqueId);
+    not_implemented("ncclCommGetUniqueId", ELASTIC)
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommGrow(
+    comm: ncclComm_t,
+    nRanks: c_int,
+    uniqueId: *const ncclUniqueId,
+    rank: c_int,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> ncclResult_t {
+    let _ = (comm, nRanks, uniqueId, rank, newcomm, config);
+    not_implemented("ncclCommGrow", ELASTIC)
+}
+
+/// Suspending would release the device window, which every peer has
+/// mapped; resuming would have to rebuild it with all of them.
+#[no_mangle]
+pub extern "C" fn ncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ncclResult_t {
+    let _ = (comm, flags);
+    not_implemented(
+        "ncclCommSuspend",
+        "a communicator keeps its GPU memory until it is destroyed; ncclCommMemStats reports how much",
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommResume(comm: ncclComm_t) -> ncclResult_t {
+    let _ = (comm,);
+    not_implemented(
+        "ncclCommResume",
+        "ncclCommSuspend is not offered, so no communicator is ever suspended",
+    )
+}
+
+/// NCCL's figures for the GPU memory a communicator holds. Nothing oxccl
+/// allocates can be released by a suspend (there is none), so all of it is
+/// persistent: Suspend 0, Persist = Total, Suspended 0. A communicator on
+/// host memory, or one that stages device buffers through pinned host
+/// memory, holds no GPU memory.
+#[no_mangle]
+pub extern "C" fn ncclCommMemStats(
+    comm: ncclComm_t,
+    stat: ncclCommMemStat_t,
+    value: *mut u64,
+) -> ncclResult_t {
+    entry("ncclCommMemStats", || {
+        let h = handle::get(comm)?;
+        if value.is_null() {
+            return Err(Error::InvalidArgument("value is NULL".into()));
+        }
+        let total = h.comm.mem_stats()?.device_bytes;
+        let v = match stat {
+            ncclStatGpuMemSuspend | ncclStatGpuMemSuspended => 0,
+            ncclStatGpuMemPersist | ncclStatGpuMemTotal => total,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "stat {other} is not an ncclCommMemStat_t (ncclStatGpuMemSuspend 0, ncclStatGpuMemSuspended 1, ncclStatGpuMemPersist 2, ncclStatGpuMemTotal 3)"
+                )))
+            }
+        };
+        out("value", value, v)?;
+        ok()
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
     entry("ncclCommFinalize", || {
@@ -446,9 +525,23 @@ pub extern "C" fn ncclGetErrorString(result: c_int) -> *const c_char {
         5 => b"invalid usage (run with NCCL_DEBUG=WARN for details)\0",
         6 => b"remote process exited or there was a network error\0",
         7 => b"NCCL operation in progress\0",
+        8 => b"timeout\0",
         _ => b"unknown result code\0",
     };
     s.as_ptr().cast()
+}
+
+/// NCCL re-reads its logging variables here (a call its header marks
+/// deprecated and not part of the API). oxccl installs its logger once, at
+/// the first call into the library, and cannot replace it; this says so at
+/// INFO and changes nothing.
+#[no_mangle]
+pub extern "C" fn ncclResetDebugInit() {
+    // No result to return: a failure here can only be logged.
+    let _ = std::panic::catch_unwind(|| {
+        start();
+        tracing::info!(target: "oxccl::init", "ncclResetDebugInit: logging keeps the NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE read at the first call into the library");
+    });
 }
 
 /// The message of the last error in this process (empty if none).

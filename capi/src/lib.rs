@@ -1,5 +1,5 @@
 //! NCCL's C API over oxccl: `libnccl.so.2`, so that nccl-tests, PyTorch and
-//! any program built against NCCL 2.28 run on oxccl by finding this library
+//! any program built against NCCL (up to 2.30) run on oxccl by finding this library
 //! first on the library path.
 //!
 //! Every entry point goes through [`guard::entry`]: no panic crosses the
@@ -22,6 +22,7 @@ mod group;
 mod guard;
 mod handle;
 mod mem;
+mod param;
 mod profiling;
 pub mod types;
 
@@ -29,3 +30,4 @@ pub use coll::*;
 pub use comm::*;
 pub use group::*;
 pub use mem::*;
+pub use param::*;

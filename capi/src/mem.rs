@@ -1,7 +1,7 @@
 //! Memory: allocation for NCCL's optimisations, buffer registration, and
 //! the device-side API oxccl does not offer.
 
-use std::os::raw::{c_int, c_void};
+use std::os::raw::{c_int, c_uint, c_void};
 
 use oxccl::Error;
 
@@ -87,6 +87,81 @@ pub extern "C" fn ncclCommWindowRegister(
 pub extern "C" fn ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
     let _ = (comm, win);
     not_implemented("ncclCommWindowDeregister", "symmetric memory windows")
+}
+
+/// oxccl registers no windows (ncclCommWindowRegister refuses), so no
+/// window exists to read a pointer from.
+#[no_mangle]
+pub extern "C" fn ncclWinGetUserPtr(
+    comm: ncclComm_t,
+    win: ncclWindow_t,
+    outUserPtr: *mut *mut c_void,
+) -> ncclResult_t {
+    let _ = (comm, win, outUserPtr);
+    not_implemented(
+        "ncclWinGetUserPtr",
+        "memory windows: ncclCommWindowRegister makes none",
+    )
+}
+
+/// One-sided transfers write into a peer's registered window; without
+/// windows there is nothing to write into or signal on.
+const ONE_SIDED: &str =
+    "one-sided transfers and signals need memory windows, which oxccl does not offer; use ncclSend/ncclRecv";
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
+pub extern "C" fn ncclPutSignal(
+    localbuff: *const c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: c_int,
+    peerWin: ncclWindow_t,
+    peerWinOffset: usize,
+    sigIdx: c_int,
+    ctx: c_int,
+    flags: c_uint,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = (
+        localbuff,
+        count,
+        datatype,
+        peer,
+        peerWin,
+        peerWinOffset,
+        sigIdx,
+        ctx,
+        flags,
+        comm,
+        stream,
+    );
+    not_implemented("ncclPutSignal", ONE_SIDED)
+}
+
+#[no_mangle]
+pub extern "C" fn ncclSignal(
+    peer: c_int,
+    sigIdx: c_int,
+    ctx: c_int,
+    flags: c_uint,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = (peer, sigIdx, ctx, flags, comm, stream);
+    not_implemented("ncclSignal", ONE_SIDED)
+}
+
+#[no_mangle]
+pub extern "C" fn ncclWaitSignal(
+    nDesc: c_int,
+    signalDescs: *mut ncclWaitSignalDesc_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    let _ = (nDesc, signalDescs, comm, stream);
+    not_implemented("ncclWaitSignal", ONE_SIDED)
 }
 
 /// NCCL's device API (`nccl_device.h`), for kernels that communicate by themselves.

@@ -3,16 +3,16 @@
 //! `pnccl` names, each forwarding to its `nccl` function (not in our header,
 //! as in NCCL's only for tools).
 
-use std::os::raw::{c_char, c_int, c_void};
+use std::os::raw::{c_char, c_int, c_uint, c_void};
 
 use crate::types::*;
 use crate::*;
 
 macro_rules! profiling_names {
-    ($($alias:ident => $target:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+    ($($alias:ident => $target:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*) => {
         $(
             #[no_mangle]
-            pub extern "C" fn $alias($($arg: $ty),*) -> $ret {
+            pub extern "C" fn $alias($($arg: $ty),*) $(-> $ret)? {
                 $target($($arg),*)
             }
         )*
@@ -62,4 +62,28 @@ profiling_names! {
     pncclCommWindowDeregister => ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t;
     pncclDevCommCreate => ncclDevCommCreate(comm: ncclComm_t, reqs: *const c_void, outDevComm: *mut c_void) -> ncclResult_t;
     pncclDevCommDestroy => ncclDevCommDestroy(comm: ncclComm_t, devComm: *const c_void) -> ncclResult_t;
+    pncclCommGetUniqueId => ncclCommGetUniqueId(comm: ncclComm_t, uniqueId: *mut ncclUniqueId) -> ncclResult_t;
+    pncclCommGrow => ncclCommGrow(comm: ncclComm_t, nRanks: c_int, uniqueId: *const ncclUniqueId, rank: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t) -> ncclResult_t;
+    pncclCommSuspend => ncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ncclResult_t;
+    pncclCommResume => ncclCommResume(comm: ncclComm_t) -> ncclResult_t;
+    pncclCommMemStats => ncclCommMemStats(comm: ncclComm_t, stat: ncclCommMemStat_t, value: *mut u64) -> ncclResult_t;
+    pncclWinGetUserPtr => ncclWinGetUserPtr(comm: ncclComm_t, win: ncclWindow_t, outUserPtr: *mut *mut c_void) -> ncclResult_t;
+    pncclPutSignal => ncclPutSignal(localbuff: *const c_void, count: usize, datatype: ncclDataType_t, peer: c_int, peerWin: ncclWindow_t, peerWinOffset: usize, sigIdx: c_int, ctx: c_int, flags: c_uint, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclSignal => ncclSignal(peer: c_int, sigIdx: c_int, ctx: c_int, flags: c_uint, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclWaitSignal => ncclWaitSignal(nDesc: c_int, signalDescs: *mut ncclWaitSignalDesc_t, comm: ncclComm_t, stream: cudaStream_t) -> ncclResult_t;
+    pncclParamBind => ncclParamBind(out: *mut ncclParamHandle_t, key: *const c_char) -> ncclResult_t;
+    pncclParamGetI8 => ncclParamGetI8(h: ncclParamHandle_t, out: *mut i8) -> ncclResult_t;
+    pncclParamGetI16 => ncclParamGetI16(h: ncclParamHandle_t, out: *mut i16) -> ncclResult_t;
+    pncclParamGetI32 => ncclParamGetI32(h: ncclParamHandle_t, out: *mut i32) -> ncclResult_t;
+    pncclParamGetI64 => ncclParamGetI64(h: ncclParamHandle_t, out: *mut i64) -> ncclResult_t;
+    pncclParamGetU8 => ncclParamGetU8(h: ncclParamHandle_t, out: *mut u8) -> ncclResult_t;
+    pncclParamGetU16 => ncclParamGetU16(h: ncclParamHandle_t, out: *mut u16) -> ncclResult_t;
+    pncclParamGetU32 => ncclParamGetU32(h: ncclParamHandle_t, out: *mut u32) -> ncclResult_t;
+    pncclParamGetU64 => ncclParamGetU64(h: ncclParamHandle_t, out: *mut u64) -> ncclResult_t;
+    pncclParamGetStr => ncclParamGetStr(h: ncclParamHandle_t, out: *mut *const c_char) -> ncclResult_t;
+    pncclParamGet => ncclParamGet(h: ncclParamHandle_t, out: *mut c_void, maxLen: c_int, len: *mut c_int) -> ncclResult_t;
+    pncclParamGetParameter => ncclParamGetParameter(key: *const c_char, value: *mut *const c_char, valueLen: *mut c_int) -> ncclResult_t;
+    pncclParamGetAllParameterKeys => ncclParamGetAllParameterKeys(table: *mut *mut *const c_char, tableLen: *mut c_int) -> ncclResult_t;
+    pncclParamDumpAll => ncclParamDumpAll();
+    pncclResetDebugInit => ncclResetDebugInit();
 }

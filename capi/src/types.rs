@@ -1,6 +1,7 @@
-//! NCCL 2.28's C types, value for value and byte for byte: result codes,
-//! datatypes, reduction operators, the unique id, the configuration and
-//! the simulation record. Datatypes and operators are plain `int`s here,
+//! NCCL 2.30's C types, value for value and byte for byte: result codes,
+//! datatypes, reduction operators, the unique id, the configuration, the
+//! simulation record, and the types of 2.30's newer calls (memory
+//! statistics, signals, parameter handles). Datatypes and operators are plain `int`s here,
 //! not Rust enums, because callers may pass any value (a redop made by
 //! `ncclRedOpCreatePreMulSum` is one past the built-in ones) and an
 //! out-of-range enum would be undefined behaviour in Rust.
@@ -8,8 +9,39 @@
 
 use std::os::raw::{c_char, c_float, c_int, c_uint, c_void};
 
-/// The version of NCCL's API this library implements (`NCCL_VERSION_CODE`).
-pub const OXCCL_NCCL_VERSION_CODE: c_int = 22809;
+// The NCCL release whose nccl.h this library mirrors. `ncclGetVersion`
+// reports it: programs built against an older NCCL (PyTorch 2.11 against
+// 2.28) accept a newer runtime, and nothing older than 2.30 has the calls
+// this library exports.
+pub const NCCL_MAJOR: c_int = 2;
+pub const NCCL_MINOR: c_int = 30;
+pub const NCCL_PATCH: c_int = 7;
+/// `NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)`.
+pub const NCCL_VERSION_CODE: c_int = 23007;
+
+/// `ncclConfig_t.magic` and `NCCL_CONFIG_INITIALIZER`'s.
+pub const NCCL_API_MAGIC: c_uint = 0xcafe_beef;
+
+/// `ncclCommWindowRegister` flags.
+pub const NCCL_WIN_DEFAULT: c_int = 0x00;
+pub const NCCL_WIN_COLL_SYMMETRIC: c_int = 0x01;
+pub const NCCL_WIN_STRICT_ORDERING: c_int = 0x02;
+pub const NCCL_WIN_REQUIRED_ALIGNMENT: c_int = 4096;
+
+/// `ncclConfig_t.CTAPolicy` values.
+pub const NCCL_CTA_POLICY_DEFAULT: c_int = 0x00;
+pub const NCCL_CTA_POLICY_EFFICIENCY: c_int = 0x01;
+pub const NCCL_CTA_POLICY_ZERO: c_int = 0x02;
+
+/// `ncclCommShrink` flags.
+pub const NCCL_SHRINK_DEFAULT: c_int = 0x00;
+pub const NCCL_SHRINK_ABORT: c_int = 0x01;
+
+/// `ncclCommRevoke` flags (only 0 is defined).
+pub const NCCL_REVOKE_DEFAULT: c_int = 0x00;
+
+/// `ncclCommSuspend` flag: release the communicator's GPU memory.
+pub const NCCL_SUSPEND_MEM: c_int = 0x01;
 
 /// NCCL's result codes.
 #[repr(C)]
@@ -23,7 +55,8 @@ pub enum ncclResult_t {
     ncclInvalidUsage = 5,
     ncclRemoteError = 6,
     ncclInProgress = 7,
-    ncclNumResults = 8,
+    ncclTimeout = 8,
+    ncclNumResults = 9,
 }
 
 pub type ncclDataType_t = c_int;
@@ -71,7 +104,8 @@ pub struct ncclUniqueId {
     pub internal: [c_char; NCCL_UNIQUE_ID_BYTES],
 }
 
-/// `ncclConfig_t` of NCCL 2.28 (`ncclConfig_v22800`). Older callers pass a
+/// `ncclConfig_t` of NCCL 2.30 (`ncclConfig_v23000`). Callers built
+/// against an older NCCL (2.28's ends at `nvlinkCentricSched`) pass a
 /// shorter struct: `size` says how much of it is there, and fields past it
 /// are never read.
 #[repr(C)]
@@ -94,10 +128,14 @@ pub struct ncclConfig_t {
     pub nvlsCTAs: c_int,
     pub nChannelsPerNetPeer: c_int,
     pub nvlinkCentricSched: c_int,
+    pub graphUsageMode: c_int,
+    pub numRmaCtx: c_int,
+    pub maxP2pPeers: c_int,
+    pub graphStreamOrdering: c_int,
 }
 
-/// `NCCL_CONFIG_INITIALIZER`'s magic.
-pub const NCCL_CONFIG_MAGIC: c_uint = 0xcafe_beef;
+/// `NCCL_API_MAGIC` under the name this header gave it before NCCL named it.
+pub const NCCL_CONFIG_MAGIC: c_uint = NCCL_API_MAGIC;
 
 /// What `ncclGroupSimulateEnd` fills in.
 #[repr(C)]
@@ -125,6 +163,35 @@ pub struct ncclWindow_vidmem {
 }
 pub type ncclWindow_t = *mut ncclWindow_vidmem;
 
+/// What `ncclCommMemStats` reports. A plain `int` with NCCL's values, as
+/// the datatypes: a caller may pass any value, which is refused.
+pub type ncclCommMemStat_t = c_int;
+/// GPU memory the communicator could release while suspended (bytes).
+pub const ncclStatGpuMemSuspend: ncclCommMemStat_t = 0;
+/// 1 while the communicator is suspended, else 0.
+pub const ncclStatGpuMemSuspended: ncclCommMemStat_t = 1;
+/// GPU memory kept for the communicator's whole life (bytes).
+pub const ncclStatGpuMemPersist: ncclCommMemStat_t = 2;
+/// All GPU memory the communicator allocated (bytes).
+pub const ncclStatGpuMemTotal: ncclCommMemStat_t = 3;
+
+/// One entry of `ncclWaitSignal`'s list: wait for `opCnt` signals from
+/// `peer` on signal `sigIdx` of context `ctx`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ncclWaitSignalDesc_t {
+    pub opCnt: c_int,
+    pub peer: c_int,
+    pub sigIdx: c_int,
+    pub ctx: c_int,
+}
+
+/// A parameter bound by `ncclParamBind`: opaque, owned by the library.
+pub struct ncclParamHandle {
+    pub(crate) _private: [u8; 0],
+}
+pub type ncclParamHandle_t = *mut ncclParamHandle;
+
 /// `cudaStream_t` (a `CUstream`); declared by CUDA's headers, or as an
 /// opaque pointer by ours when they are not included.
 pub type cudaStream_t = *mut c_void;
@@ -134,11 +201,19 @@ mod tests {
     use super::*;
     use std::mem::{offset_of, size_of};
 
-    /// Offsets of NCCL 2.28.9's nccl.h on x86-64 (LP64).
+    /// Offsets of NCCL 2.30.7's nccl.h on x86-64 (LP64).
     #[test]
     fn layouts_match_nccl() {
         assert_eq!(size_of::<ncclUniqueId>(), 128);
-        assert_eq!(size_of::<ncclConfig_t>(), 80);
+        assert_eq!(size_of::<ncclConfig_t>(), 96);
+        // Where 2.28's struct ended: callers built against it pass size 80.
+        assert_eq!(offset_of!(ncclConfig_t, graphUsageMode), 80);
+        assert_eq!(offset_of!(ncclConfig_t, graphStreamOrdering), 92);
+        assert_eq!(size_of::<ncclWaitSignalDesc_t>(), 16);
+        assert_eq!(
+            NCCL_VERSION_CODE,
+            NCCL_MAJOR * 10000 + NCCL_MINOR * 100 + NCCL_PATCH
+        );
         assert_eq!(offset_of!(ncclConfig_t, blocking), 16);
         assert_eq!(offset_of!(ncclConfig_t, netName), 32);
         assert_eq!(offset_of!(ncclConfig_t, splitShare), 40);

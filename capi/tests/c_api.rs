@@ -116,7 +116,7 @@ fn c_programs_drive_every_collective_over_several_processes() {
                 "{n} ranks: rank {r} did not finish:\n{out}"
             );
             assert!(
-                out.contains("NCCL version 2.28.9+oxccl"),
+                out.contains("NCCL version 2.30.7+oxccl"),
                 "{n} ranks: rank {r} printed no NCCL version line naming oxccl:\n{out}"
             );
         }
@@ -168,7 +168,8 @@ fn run_one(exe: &Path, mode: &str, env: &[(&str, &str)]) -> String {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("start wrong_side");
+    let prog = exe.file_name().unwrap_or_default().to_string_lossy();
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("start {prog}: {e}"));
     let start = Instant::now();
     while child.try_wait().expect("poll").is_none() {
         if start.elapsed() > Duration::from_secs(60) {
@@ -183,10 +184,10 @@ fn run_one(exe: &Path, mode: &str, env: &[(&str, &str)]) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
-    assert!(o.status.success(), "wrong_side {mode} failed:\n{text}");
+    assert!(o.status.success(), "{prog} {mode} failed:\n{text}");
     assert!(
         text.contains(&format!("PASS {mode}")),
-        "wrong_side {mode}:\n{text}"
+        "{prog} {mode}:\n{text}"
     );
     text
 }
@@ -207,5 +208,25 @@ fn device_choice_and_wrong_side_buffers() {
         let dev = run_one(&exe, "device", &[]);
         eprintln!("{host}{dev}");
     }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// NCCL 2.30's parameter API reads the settings `oxccl info` shows (here a
+/// value set through the environment), ncclCommMemStats reports a host
+/// communicator's 0 GPU bytes, and the calls oxccl does not offer return
+/// ncclInvalidUsage naming themselves (tests/c/params_stats.c).
+#[test]
+fn params_mem_stats_and_refusals() {
+    let (tmp, exe) = stage("params", "params_stats.c");
+    let out = run_one(
+        &exe,
+        "params",
+        &[("OXCCL_HOST_MEMORY", "1"), ("NCCL_CHUNK_SIZE", "123456")],
+    );
+    // ncclParamDumpAll's listing, with where the value came from.
+    assert!(
+        out.contains("NCCL_CHUNK_SIZE = 123456 (from env"),
+        "ncclParamDumpAll did not list NCCL_CHUNK_SIZE from the environment:\n{out}"
+    );
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -95,6 +95,15 @@ struct FromParent {
     net_setting: Option<String>,
 }
 
+/// Memory a communicator holds (NCCL's `ncclCommMemStats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemStats {
+    /// GPU memory allocated for this communicator: the device path's
+    /// window, which every peer maps. 0 on host memory, and where device
+    /// buffers are staged through pinned host memory.
+    pub device_bytes: u64,
+}
+
 /// Where a communicator's asynchronous work stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InitState {
@@ -483,6 +492,22 @@ impl Comm {
     /// The GPU this communicator runs on (`None`: host memory).
     pub fn device(&self) -> Result<Option<usize>> {
         Ok(self.core()?.device.as_ref().and_then(|d| d.ordinal()))
+    }
+
+    /// What the communicator allocated (see [`MemStats`]); it holds the
+    /// same until it is destroyed.
+    pub fn mem_stats(&self) -> Result<MemStats> {
+        let core = self.core()?;
+        let device_bytes = match &core.device {
+            Some(self::core::GpuPath::Peer(dc)) => dc
+                .lock()
+                .map_err(|_| {
+                    Error::Internal("device executor poisoned by an earlier panic".into())
+                })?
+                .device_bytes() as u64,
+            Some(self::core::GpuPath::Staged(_)) | None => 0,
+        };
+        Ok(MemStats { device_bytes })
     }
 
     pub fn count(&self) -> usize {

@@ -217,6 +217,12 @@ impl DeviceComm {
         plan::channels(&self.cfg, bytes)
     }
 
+    /// Device memory this rank allocated: its window. Peers' windows are
+    /// mapped, not allocated, here.
+    pub fn device_bytes(&self) -> usize {
+        self.window.buf.len()
+    }
+
     /// Every rank's window address as this process sees it (diagnostics).
     pub fn windows(&self) -> &[u64] {
         &self.window.peers
