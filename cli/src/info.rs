@@ -9,7 +9,7 @@ use oxccl::topo::{NicKind, Topology};
 
 pub fn main() -> Result<i32, String> {
     let cfg = Config::load().map_err(|e| e.to_string())?;
-    println!("oxccl {} (NCCL API 2.28)", env!("CARGO_PKG_VERSION"));
+    println!("oxccl {} (NCCL API 2.30.7)", env!("CARGO_PKG_VERSION"));
     println!("\n## Settings (value, source)");
     for e in cfg.entries() {
         let v = if e.value.is_empty() {
