@@ -545,8 +545,8 @@ fn slot(
 
 /// The buffer `span` lies in and how long its registration lives: a
 /// staging slot (kept), else the step's output or input (the operation's).
-/// Output first: in-place operations name an input inside the output, and
-/// one registration then covers both.
+/// Output first: an in-place all-gather names an input inside the output,
+/// which one registration then covers.
 fn buffer_of(slots: &[(Vec<u8>, Vec<u8>)], bufs: &OpBuffers, span: Span) -> Option<(Span, Scope)> {
     let by_addr = |v: &Vec<u8>| Span {
         ptr: v.as_ptr() as *mut u8,
