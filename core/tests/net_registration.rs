@@ -343,9 +343,11 @@ const CHUNK: usize = 1024;
 const SLOT_BYTES: usize = 32 + CHUNK;
 
 /// Small slices, so that operations run through many staging slots and
-/// over two channels.
+/// over two channels. The ranks share a host: SHM_DISABLE keeps them on
+/// the network under test once a shared-memory transport exists.
 fn cfg(algo: &str) -> CommConfig {
     CommConfig::default()
+        .with("SHM_DISABLE", "1")
         .with("SOCKET_IFNAME", "lo")
         .with("TIMEOUT", "30")
         .with("NET", "Strict")

@@ -622,9 +622,9 @@ impl Drop for Core {
         // The connections deregister the staging slots (and, after a failed
         // operation, staged device buffers) as they close: they go first,
         // while that memory still exists.
-        drop(std::mem::take(
-            self.conns.get_mut().unwrap_or_else(PoisonError::into_inner),
-        ));
+        let conns = self.conns.get_mut().unwrap_or_else(PoisonError::into_inner);
+        conns.send.clear();
+        conns.recv.clear();
     }
 }
 
