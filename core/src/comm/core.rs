@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use oxccl_plugin::Net;
 use tracing::{debug, warn};
@@ -29,6 +29,21 @@ const P2P_CHANNEL: usize = 1 << 16;
 
 /// A lane's staging slots (receive, send).
 type Staging = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Whose staging a lane takes: a collective channel's, or for a
+/// point-to-point lane (they all share one channel) its peer's and
+/// direction's, so that the lanes of one group each keep their own.
+type StagingKey = (usize, Option<(usize, bool)>);
+
+fn staging_key(chan: usize, steps: &[Step]) -> StagingKey {
+    if chan != P2P_CHANNEL {
+        return (chan, None);
+    }
+    let peer = steps
+        .first()
+        .and_then(|s| s.send.map(|p| (p, true)).or(s.recv.map(|p| (p, false))));
+    (chan, peer)
+}
 
 /// How a GPU rank's operations move: kernels storing into peers' memory
 /// (one node, peer access), or staged through pinned host memory over the
@@ -70,8 +85,10 @@ pub(crate) struct Core {
     /// Point-to-point groups exchanged with each (peer, is_send).
     p2p_seq: Mutex<BTreeMap<(usize, bool), u64>>,
     conns: Mutex<Connections>,
-    /// Staging buffers per channel, reused by every operation.
-    staging: Mutex<BTreeMap<usize, Staging>>,
+    /// Staging buffers per lane, reused by every operation. Never freed
+    /// before the connections that registered them are closed (see the
+    /// `Drop`).
+    staging: Mutex<BTreeMap<StagingKey, Staging>>,
     forced_algo: Option<Algo>,
     /// The ranks in ring order (the ring and trees are built over it).
     ring: Vec<usize>,
@@ -444,10 +461,13 @@ impl Core {
             .filter_map(|k| conns.recv.remove(k).map(|c| (k.1, c)))
             .collect();
         let slice_bytes = (self.cfg.chunk_size as usize).max(64);
+        // Through a poisoned lock too: buffers dropped here would still be
+        // registered with connections.
         let staging = self
             .staging
             .lock()
-            .map(|mut m| m.remove(&chan).unwrap_or_default())
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&staging_key(chan, &steps))
             .unwrap_or_default();
         Lane {
             staging,
@@ -467,9 +487,10 @@ impl Core {
     fn put_back(&self, conns: &mut Connections, lanes: Vec<Lane>) {
         for lane in lanes {
             let chan = lane.chan;
-            if let Ok(mut m) = self.staging.lock() {
-                m.insert(chan, lane.staging);
-            }
+            self.staging
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(staging_key(chan, &lane.steps), lane.staging);
             conns
                 .send
                 .extend(lane.send.into_iter().map(|(p, c)| ((chan, p), c)));
@@ -607,6 +628,17 @@ impl Core {
             self.bootstrap.broadcast_failure(&e.to_string());
         }
         e
+    }
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        // The connections deregister the staging slots (and, after a failed
+        // operation, staged device buffers) as they close: they go first,
+        // while that memory still exists.
+        let conns = self.conns.get_mut().unwrap_or_else(PoisonError::into_inner);
+        conns.send.clear();
+        conns.recv.clear();
     }
 }
 

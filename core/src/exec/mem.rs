@@ -32,6 +32,14 @@ pub struct Span {
     pub len: usize,
 }
 
+impl Span {
+    /// Whether `inner` lies entirely in this span.
+    pub fn holds(&self, inner: Span) -> bool {
+        let (lo, hi) = (self.ptr as usize, self.ptr as usize + self.len);
+        lo <= inner.ptr as usize && inner.ptr as usize + inner.len <= hi
+    }
+}
+
 impl OpBuffers {
     /// `n` elements at element `off` of `region`, bounds-checked.
     pub fn span(&self, region: Region, off: usize, n: usize, esize: usize) -> Result<Span> {
@@ -150,13 +158,25 @@ pub(crate) fn read(ptr: *const u8, len: usize) -> Vec<u8> {
     unsafe { std::slice::from_raw_parts(ptr, len) }.to_vec()
 }
 
-/// `prefix` followed by the bytes of `span`, in one allocation and one copy.
-pub(crate) fn prefixed(prefix: &[u8], span: Span) -> Vec<u8> {
-    let mut v = Vec::with_capacity(prefix.len() + span.len);
-    v.extend_from_slice(prefix);
-    if span.len > 0 {
-        // SAFETY: as for `read`: a span whose data is computed and not being written.
-        v.extend_from_slice(unsafe { std::slice::from_raw_parts(span.ptr, span.len) });
+/// Writes `prefix` and then the bytes of `src` at the start of `dst`;
+/// returns the span of both. `src` may lie in `dst` (a slot's own contents
+/// moved up to make room).
+pub(crate) fn prefix_into(dst: Span, prefix: &[u8], src: Span) -> Result<Span> {
+    let len = prefix.len() + src.len;
+    if len > dst.len {
+        return Err(Error::Internal(format!(
+            "a {len}-byte first message does not fit a {}-byte staging slot",
+            dst.len
+        )));
     }
-    v
+    // SAFETY: `dst` is a staging slot valid for `dst.len` bytes that no
+    // request uses (the sending task's own slot, before its send is
+    // posted); `src` is a span whose data is computed and not being
+    // written. `copy` is a memmove, so `src` may overlap `dst`; the prefix
+    // is written after the move, when `src` is no longer read.
+    unsafe {
+        std::ptr::copy(src.ptr, dst.ptr.add(prefix.len()), src.len);
+        std::ptr::copy_nonoverlapping(prefix.as_ptr(), dst.ptr, prefix.len());
+    }
+    Ok(Span { ptr: dst.ptr, len })
 }

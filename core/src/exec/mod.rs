@@ -8,17 +8,23 @@
 //! once, so the network and the reduction overlap. Every call into the
 //! network returns at once; one thread polls all its lanes, which is what
 //! lets sends and receives in any order complete without deadlock.
+//!
+//! Every buffer handed to the network is registered with that connection
+//! first, as the ncclNet ABI requires (see [`reg`]): staging slots once per
+//! connection for as long as both live, the caller's buffers for the
+//! operation.
 
 pub mod device;
 pub mod header;
 pub mod mem;
 mod proxy_prof;
+pub mod reg;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use oxccl_plugin::{RecvComm, Request, SendComm};
+use oxccl_plugin::Request;
 
 use crate::algo::{Buf, Step};
 use crate::bootstrap::{Bootstrap, PeerProgress};
@@ -29,6 +35,7 @@ use header::{OpHeader, HEADER_BYTES};
 use mem::{OpBuffers, Span};
 pub use proxy_prof::ProxyProfiler;
 use proxy_prof::{Proxies, NO_OP};
+use reg::{RecvConn, Scope, SendConn};
 
 /// Staging slots in flight per lane.
 const WINDOW: usize = 4;
@@ -39,8 +46,8 @@ pub struct Lane {
     /// The channel whose connections the lane holds.
     pub chan: usize,
     pub steps: Vec<Step>,
-    pub send: BTreeMap<usize, Box<dyn SendComm>>,
-    pub recv: BTreeMap<usize, Box<dyn RecvComm>>,
+    pub send: BTreeMap<usize, SendConn>,
+    pub recv: BTreeMap<usize, RecvConn>,
     /// The buffers of each step, or one entry shared by all steps.
     pub bufs: Vec<OpBuffers>,
     pub reducer: Reducer,
@@ -49,7 +56,9 @@ pub struct Lane {
     pub header: OpHeader,
     pub slice_bytes: usize,
     /// Staging buffers, kept by the communicator between operations so
-    /// that a small operation allocates nothing.
+    /// that a small operation allocates nothing. Each slot is allocated
+    /// once at its full size and never moves, since connections keep it
+    /// registered: it must outlive the lane's connections.
     pub staging: Vec<(Vec<u8>, Vec<u8>)>,
     /// The profiler event (collective or p2p) of each step, or one shared
     /// by all steps, that the lane's proxy-op events are children of;
@@ -92,6 +101,9 @@ struct Task {
     computed: bool,
     /// What to send once computed (or, for an exchange, before).
     send_span: Option<Span>,
+    /// `send_span` is the first message to its peer, already built with
+    /// the header in front in the task's send slot.
+    framed: bool,
     send_req: Option<Box<dyn Request>>,
     send_done: bool,
     /// Profiler proxy ops and steps of the send and the receive ([`NO_OP`]
@@ -112,8 +124,9 @@ struct LaneState<'a> {
     /// Peers whose first message (the one carrying the header) is posted.
     hdr_sent: Vec<usize>,
     hdr_recv_posted: Vec<usize>,
-    /// Header + first slice, per send peer, kept until the lane completes.
-    first_sends: Vec<Vec<u8>>,
+    /// Bytes of every staging slot: a first message (header and a whole
+    /// slice) fits.
+    slot_bytes: usize,
     done: bool,
     prof: Option<Proxies<'a>>,
 }
@@ -134,19 +147,22 @@ impl<'a> LaneState<'a> {
             hdr: lane.header.encode(),
             hdr_sent: Vec::new(),
             hdr_recv_posted: Vec::new(),
-            first_sends: Vec::new(),
+            slot_bytes: HEADER_BYTES + lane.slice_bytes,
             done: false,
             prof,
         }
     }
 
-    fn slot(&mut self, i: usize, send: bool, bytes: usize) -> Span {
-        let (r, s) = &mut self.slots[i];
-        let v = if send { s } else { r };
-        if v.len() < bytes {
-            v.resize(bytes, 0);
-        }
-        mem::staging(&mut v[..bytes])
+    fn slot(&mut self, i: usize, send: bool, bytes: usize) -> Result<Span> {
+        slot(&mut self.slots, self.slot_bytes, i, send, bytes)
+    }
+
+    /// Whether none of the lane's requests can still be posted in the
+    /// network: its buffers may then be released.
+    fn settled(&self) -> bool {
+        self.tasks
+            .iter()
+            .all(|t| (t.recv_req.is_none() || t.recv_done) && (t.send_req.is_none() || t.send_done))
     }
 
     /// Advances the lane as far as it can without waiting; returns whether
@@ -200,6 +216,7 @@ impl<'a> LaneState<'a> {
                 recv_done: step.recv.is_none(),
                 computed: false,
                 send_span: None,
+                framed: false,
                 send_req: None,
                 send_done: false,
                 send_op: NO_OP,
@@ -227,7 +244,7 @@ impl<'a> LaneState<'a> {
                         } else {
                             (0, n * esize)
                         };
-                        let whole = self.slot(slot, false, extra + room);
+                        let whole = self.slot(slot, false, extra + room)?;
                         (
                             whole,
                             Span {
@@ -237,14 +254,20 @@ impl<'a> LaneState<'a> {
                         )
                     }
                 };
+                let (whole, scope) = buffer_of(&self.slots, lane.bufs_of(task.step), post)
+                    .ok_or_else(|| unknown_buffer(post, lane))?;
                 let c = lane
                     .recv
                     .get_mut(&peer)
                     .expect("recv peer has a connection");
+                let mr = c
+                    .mr(post, whole, scope)
+                    .map_err(|e| reg_err(e, "receive from", peer, whole, &lane.label))?;
                 // SAFETY: the span is a bounds-checked user or staging buffer
-                // that nothing else touches until this task completes.
+                // that nothing else touches until this task completes; `mr`
+                // is this connection's registration covering it.
                 #[allow(unsafe_code)]
-                let req = unsafe { c.irecv(post.ptr, post.len, 0, None) }
+                let req = unsafe { c.comm().irecv(post.ptr, post.len, 0, Some(mr)) }
                     .map_err(|e| net_err(e, "receive from", peer, lane))?;
                 let Some(req) = req else { break };
                 if task.prefixed {
@@ -288,7 +311,7 @@ impl<'a> LaneState<'a> {
                 // An exchange: what goes out is the value before combining, so
                 // it is copied aside first (the combine may overwrite it).
                 let (l, pre) = local.expect("an exchange has a local operand");
-                let out = self.slot(slot, true, n * esize);
+                let out = self.slot(slot, true, n * esize)?;
                 mem::produce(&lane.reducer, out, Some((l, pre)), None, false);
                 self.tasks[i].send_span = Some(out);
                 moved |= self.post_sends(lane)?;
@@ -344,7 +367,7 @@ impl<'a> LaneState<'a> {
                 (None, Some(m), None) => m,
                 (None, None, Some((l, pre))) => {
                     if lane.reducer.changes(pre, post) {
-                        let out = self.slot(slot, true, n * esize);
+                        let out = self.slot(slot, true, n * esize)?;
                         mem::produce(&lane.reducer, out, Some((l, pre)), None, post);
                         out
                     } else {
@@ -382,28 +405,42 @@ impl<'a> LaneState<'a> {
             }
             let Some(span) = t.send_span else { break };
             let peer = step.send.expect("checked");
-            let first = !self.hdr_sent.contains(&peer);
-            let out = if first {
-                // The first message to a peer leads with the header.
-                self.first_sends.push(mem::prefixed(&self.hdr, span));
-                mem::staging(self.first_sends.last_mut().expect("just pushed"))
-            } else {
-                span
-            };
+            if !t.framed && !self.hdr_sent.contains(&peer) {
+                // The first message to a peer leads with the header, built
+                // in the task's own send slot: a buffer that is already
+                // registered and free until this send completes (an
+                // exchange's copy there is moved up to make room).
+                let room = slot(
+                    &mut self.slots,
+                    self.slot_bytes,
+                    t.slot,
+                    true,
+                    HEADER_BYTES + span.len,
+                )?;
+                t.send_span = Some(mem::prefix_into(room, &self.hdr, span)?);
+                t.framed = true;
+            }
+            let out = t.send_span.expect("set above");
+            let (whole, scope) = buffer_of(&self.slots, lane.bufs_of(t.step), out)
+                .ok_or_else(|| unknown_buffer(out, lane))?;
             let c = lane
                 .send
                 .get_mut(&peer)
                 .expect("send peer has a connection");
+            let mr = c
+                .mr(out, whole, scope)
+                .map_err(|e| reg_err(e, "send to", peer, whole, &lane.label))?;
             // SAFETY: the span stays valid and unchanged until the send
-            // completes: the task holds its slot, first messages live in
-            // `first_sends` (never reallocated: each is its own Vec), and
-            // user regions being sent are not written by later tasks.
+            // completes: the task holds its slots (first messages are built
+            // in its send slot) and user regions being sent are not written
+            // by later tasks; `mr` is this connection's registration
+            // covering it.
             #[allow(unsafe_code)]
-            let req = unsafe { c.isend(out.ptr, out.len, 0, None) }
+            let req = unsafe { c.comm().isend(out.ptr, out.len, 0, Some(mr)) }
                 .map_err(|e| net_err(e, "send to", peer, lane))?;
             match req {
                 Some(r) => {
-                    if first {
+                    if t.framed {
                         self.hdr_sent.push(peer);
                     }
                     t.send_req = Some(r);
@@ -412,12 +449,7 @@ impl<'a> LaneState<'a> {
                     }
                     moved = true;
                 }
-                None => {
-                    if first {
-                        self.first_sends.pop();
-                    }
-                    break;
-                }
+                None => break,
             }
         }
         Ok(moved)
@@ -473,14 +505,89 @@ fn net_err(e: oxccl_plugin::NetError, dir: &str, peer: usize, lane: &Lane) -> Er
     Error::from(e).context(format!("{dir} rank {peer} ({})", lane.label))
 }
 
+fn reg_err(e: oxccl_plugin::NetError, dir: &str, peer: usize, whole: Span, label: &str) -> Error {
+    Error::from(e).context(format!(
+        "regMr of {} bytes of host memory at {:p} on the connection to {dir} rank {peer} ({label})",
+        whole.len, whole.ptr
+    ))
+}
+
+fn unknown_buffer(span: Span, lane: &Lane) -> Error {
+    Error::Internal(format!(
+        "{}: {} bytes at {:p} lie in no staging slot or buffer of the operation",
+        lane.label, span.len, span.ptr
+    ))
+}
+
+/// `bytes` at the start of staging slot `i` (its send or receive half),
+/// allocated at its full size `slot_bytes` on first use. It never grows
+/// after that: connections keep it registered.
+fn slot(
+    slots: &mut [(Vec<u8>, Vec<u8>)],
+    slot_bytes: usize,
+    i: usize,
+    send: bool,
+    bytes: usize,
+) -> Result<Span> {
+    let (r, s) = &mut slots[i];
+    let v = if send { s } else { r };
+    if v.is_empty() {
+        *v = vec![0; slot_bytes];
+    }
+    if bytes > v.len() {
+        return Err(Error::Internal(format!(
+            "{bytes} bytes asked of a {}-byte staging slot",
+            v.len()
+        )));
+    }
+    Ok(mem::staging(&mut v[..bytes]))
+}
+
+/// The buffer `span` lies in and how long its registration lives: a
+/// staging slot (kept), else the step's output or input (the operation's).
+/// Output first: an in-place all-gather names an input inside the output,
+/// which one registration then covers.
+fn buffer_of(slots: &[(Vec<u8>, Vec<u8>)], bufs: &OpBuffers, span: Span) -> Option<(Span, Scope)> {
+    let by_addr = |v: &Vec<u8>| Span {
+        ptr: v.as_ptr() as *mut u8,
+        len: v.len(),
+    };
+    let staged = slots
+        .iter()
+        .flat_map(|(r, s)| [by_addr(r), by_addr(s)])
+        .find(|w| w.len > 0 && w.holds(span))
+        .map(|w| (w, Scope::Kept));
+    let user = || {
+        [
+            Span {
+                ptr: bufs.output,
+                len: bufs.out_bytes,
+            },
+            Span {
+                ptr: bufs.input as *mut u8,
+                len: bufs.in_bytes,
+            },
+        ]
+        .into_iter()
+        .find(|w| w.len > 0 && w.holds(span))
+        .map(|w| (w, Scope::Op))
+    };
+    staged.or_else(user)
+}
+
 /// Runs lanes to completion on this thread.
 pub fn run(lanes: &mut [Lane], ctx: &ExecCtx<'_>) -> Result<()> {
     let mut states: Vec<LaneState> = lanes
         .iter_mut()
         .map(|l| LaneState::new(l, ctx.prof))
         .collect();
-    let result = drive(lanes, &mut states, ctx);
+    let mut result = drive(lanes, &mut states, ctx);
     for (lane, st) in lanes.iter_mut().zip(states) {
+        let settled = st.settled();
+        let ended = end_registrations(lane, settled);
+        if result.is_ok() {
+            result = ended;
+        }
         if let Some(p) = st.prof {
             // A failed lane leaves events open: they end here, inside
             // their parents, as on success.
@@ -490,6 +597,30 @@ pub fn run(lanes: &mut [Lane], ctx: &ExecCtx<'_>) -> Result<()> {
         lane.staging = st.slots;
     }
     result
+}
+
+/// Releases the registrations of the operation's buffers on every
+/// connection of the lane, or (`settled` false: a request may still be
+/// posted) leaves them until the connection closes.
+fn end_registrations(lane: &mut Lane, settled: bool) -> Result<()> {
+    let mut first = Ok(());
+    let label = &lane.label;
+    let sends = lane
+        .send
+        .iter_mut()
+        .map(|(p, c)| (*p, "send to", c.end_op(settled)));
+    let recvs = lane
+        .recv
+        .iter_mut()
+        .map(|(p, c)| (*p, "receive from", c.end_op(settled)));
+    for (peer, dir, r) in sends.chain(recvs) {
+        if let (Err(e), true) = (r, first.is_ok()) {
+            first = Err(Error::from(e).context(format!(
+                "deregMr at the end of {label} on the connection to {dir} rank {peer}"
+            )));
+        }
+    }
+    first
 }
 
 fn drive(lanes: &mut [Lane], states: &mut [LaneState<'_>], ctx: &ExecCtx<'_>) -> Result<()> {

@@ -9,10 +9,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxccl_plugin::{ListenComm, Net, RecvComm, SendComm};
+use oxccl_plugin::{ListenComm, Net};
 
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
+use crate::exec::reg::{RecvConn, SendConn};
 
 /// Bootstrap tags of connection handles: one per (channel, purpose).
 pub const TAG_CONN: u64 = 1 << 32;
@@ -20,11 +21,12 @@ pub const TAG_CONN: u64 = 1 << 32;
 /// A connection's place: channel (lane set) and peer rank.
 pub type ConnKey = (usize, usize);
 
-/// All connections of one communicator.
+/// All connections of one communicator, each with the memory registered
+/// through it.
 #[derive(Default)]
 pub struct Connections {
-    pub send: BTreeMap<ConnKey, Box<dyn SendComm>>,
-    pub recv: BTreeMap<ConnKey, Box<dyn RecvComm>>,
+    pub send: BTreeMap<ConnKey, SendConn>,
+    pub recv: BTreeMap<ConnKey, RecvConn>,
 }
 
 impl Connections {
@@ -76,7 +78,7 @@ impl Connections {
                     .map_err(|e| Error::from(e).context(format!("accepting rank {}", key.1)))?
                 {
                     Some(c) => {
-                        self.recv.insert(*key, c);
+                        self.recv.insert(*key, RecvConn::new(c));
                         listens.swap_remove(i);
                     }
                     None => i += 1,
@@ -90,7 +92,7 @@ impl Connections {
                     .map_err(|e| Error::from(e).context(format!("connecting to rank {}", key.1)))?
                 {
                     Some(c) => {
-                        self.send.insert(*key, c);
+                        self.send.insert(*key, SendConn::new(c));
                         connects.swap_remove(i);
                     }
                     None => i += 1,

@@ -878,6 +878,250 @@ mod tests {
         assert_eq!(round_trip(net, &msg, 100).1, msg);
     }
 
+    /// A network whose registrations are its own: every regMr answers a
+    /// fresh value (not the address registered, which a layer in between
+    /// could make up again), and every transfer records the handle it was
+    /// given. Data moves through the socket network, which ignores handles.
+    mod marked {
+        use std::os::raw::c_void;
+        use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+        use std::sync::{Mutex, OnceLock};
+
+        use oxccl_net_socket::SocketNet;
+        use oxccl_plugin::ffi::export::{self, Exported, Provider};
+        use oxccl_plugin::ffi::net::{v10, v11, v12, v8, v9};
+        use oxccl_plugin::{
+            ListenComm, MrHandle, Net, NetError, NetHandle, NetProperties, NetResult, PtrType,
+            RecvComm, Request, SendComm,
+        };
+
+        use crate::plugin::loader::Lib;
+
+        /// (call, handle) in call order: the handle regMr made, or the one
+        /// deregMr, isend or irecv received (0 for none).
+        pub static MARKS: Mutex<Vec<(&'static str, usize)>> = Mutex::new(Vec::new());
+        static NEXT: AtomicUsize = AtomicUsize::new(0x6d72_0001);
+
+        fn mark(call: &'static str, h: usize) {
+            MARKS.lock().unwrap().push((call, h));
+        }
+
+        struct Marked(SocketNet);
+        struct Listen(Box<dyn ListenComm>);
+        struct Send(Box<dyn SendComm>);
+        struct Recv(Box<dyn RecvComm>);
+
+        impl Net for Marked {
+            fn name(&self) -> &str {
+                "marked"
+            }
+            fn devices(&self) -> NetResult<usize> {
+                self.0.devices()
+            }
+            fn properties(&self, dev: usize) -> NetResult<NetProperties> {
+                self.0.properties(dev)
+            }
+            fn listen(&self, dev: usize) -> NetResult<(NetHandle, Box<dyn ListenComm>)> {
+                let (h, l) = self.0.listen(dev)?;
+                Ok((h, Box::new(Listen(l))))
+            }
+            fn connect(
+                &self,
+                dev: usize,
+                h: &mut NetHandle,
+            ) -> NetResult<Option<Box<dyn SendComm>>> {
+                Ok(self
+                    .0
+                    .connect(dev, h)?
+                    .map(|c| Box::new(Send(c)) as Box<dyn SendComm>))
+            }
+        }
+
+        impl ListenComm for Listen {
+            fn accept(&mut self) -> NetResult<Option<Box<dyn RecvComm>>> {
+                Ok(self
+                    .0
+                    .accept()?
+                    .map(|c| Box::new(Recv(c)) as Box<dyn RecvComm>))
+            }
+        }
+
+        fn reg() -> MrHandle {
+            let h = NEXT.fetch_add(0x10, Ordering::SeqCst);
+            mark("regMr", h);
+            MrHandle(h)
+        }
+
+        fn seen(call: &'static str, m: Option<MrHandle>) {
+            mark(call, m.map_or(0, |m| m.0));
+        }
+
+        impl SendComm for Send {
+            fn reg_mr(&mut self, _: *mut u8, _: usize, _: PtrType) -> NetResult<MrHandle> {
+                Ok(reg())
+            }
+            fn dereg_mr(&mut self, m: MrHandle) -> NetResult<()> {
+                seen("deregMr", Some(m));
+                Ok(())
+            }
+            unsafe fn isend(
+                &mut self,
+                d: *const u8,
+                n: usize,
+                tag: i32,
+                m: Option<MrHandle>,
+            ) -> NetResult<Option<Box<dyn Request>>> {
+                seen("isend", m);
+                // SAFETY: forwarded under the caller's contract.
+                unsafe { self.0.isend(d, n, tag, None) }
+            }
+        }
+
+        impl RecvComm for Recv {
+            fn reg_mr(&mut self, _: *mut u8, _: usize, _: PtrType) -> NetResult<MrHandle> {
+                Ok(reg())
+            }
+            fn dereg_mr(&mut self, m: MrHandle) -> NetResult<()> {
+                seen("deregMr", Some(m));
+                Ok(())
+            }
+            unsafe fn irecv(
+                &mut self,
+                d: *mut u8,
+                n: usize,
+                tag: i32,
+                m: Option<MrHandle>,
+            ) -> NetResult<Option<Box<dyn Request>>> {
+                seen("irecv", m);
+                // SAFETY: forwarded under the caller's contract.
+                unsafe { self.0.irecv(d, n, tag, None) }
+            }
+        }
+
+        struct P;
+        impl Provider for P {
+            fn cell() -> &'static OnceLock<Result<Box<dyn Net>, NetError>> {
+                static CELL: OnceLock<Result<Box<dyn Net>, NetError>> = OnceLock::new();
+                &CELL
+            }
+            fn make() -> NetResult<Box<dyn Net>> {
+                Ok(Box::new(Marked(SocketNet::from_env()?)))
+            }
+            const NAME: &'static [u8] = b"marked\0";
+        }
+
+        // The export glue's vtables of every version; it passes handles
+        // through unchanged both ways (`MrHandle(p as usize)`), so a
+        // handle the network sees is the one that crossed the C ABI.
+        static V8: Exported<v8::NetV8> = Exported(export::vtable_v8::<P>());
+        static V9: Exported<v9::NetV9> = Exported(export::vtable_v9::<P>());
+        static V10: Exported<v10::NetV10> = Exported(export::vtable_v10::<P>());
+        static V11: Exported<v11::NetV11> = Exported(export::vtable_v11::<P>());
+        static V12: Exported<v12::NetV12> = Exported(export::vtable_v12::<P>());
+        static WANT: AtomicU32 = AtomicU32::new(0);
+
+        fn symbols(name: &str) -> Option<*const c_void> {
+            let v = WANT.load(Ordering::SeqCst);
+            if name != format!("ncclNetPlugin_v{v}") {
+                return None;
+            }
+            Some(match v {
+                8 => std::ptr::addr_of!(V8).cast(),
+                9 => std::ptr::addr_of!(V9).cast(),
+                10 => std::ptr::addr_of!(V10).cast(),
+                11 => std::ptr::addr_of!(V11).cast(),
+                _ => std::ptr::addr_of!(V12).cast(),
+            })
+        }
+
+        /// This network as a library exporting `version` only.
+        pub fn only(version: u32) -> std::sync::Arc<super::CPlugin> {
+            static ONE: Mutex<()> = Mutex::new(());
+            let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+            WANT.store(version, Ordering::SeqCst);
+            let lib = Lib::Builtin {
+                name: "marked",
+                symbols,
+            };
+            std::sync::Arc::new(super::CPlugin::negotiate(&lib).unwrap())
+        }
+    }
+
+    /// The `mhandle` the adapter passes to isend, irecv and deregMr is
+    /// exactly what the plugin's regMr wrote, and the handle the adapter
+    /// returns from regMr is that value too, in every version (no boxing
+    /// or copying on the way).
+    #[test]
+    fn transfers_carry_the_handle_reg_mr_made() {
+        for v in [8u32, 9, 10, 11, 12] {
+            let net = marked::only(v).open(0).unwrap();
+            let (mut h, mut l) = net.listen(0).unwrap();
+            let (mut s, mut r) = (None, None);
+            while s.is_none() || r.is_none() {
+                if s.is_none() {
+                    s = net.connect(0, &mut h).unwrap();
+                }
+                if r.is_none() {
+                    r = l.accept().unwrap();
+                }
+            }
+            let (mut s, mut r) = (s.unwrap(), r.unwrap());
+            let msg = vec![v as u8; 64];
+            let mut got = vec![0u8; 64];
+            let start = marked::MARKS.lock().unwrap().len();
+            let rm = r
+                .reg_mr(got.as_mut_ptr(), got.len(), PtrType::Host)
+                .unwrap();
+            let sm = s
+                .reg_mr(msg.as_ptr() as *mut u8, msg.len(), PtrType::Host)
+                .unwrap();
+            let mut rq = loop {
+                let (p, n) = (got.as_mut_ptr(), got.len());
+                // SAFETY: both buffers outlive their requests (polled to completion below).
+                if let Some(q) = unsafe { r.irecv(p, n, 0, Some(rm)) }.unwrap() {
+                    break q;
+                }
+            };
+            let mut sq = loop {
+                // SAFETY: as above.
+                if let Some(q) = unsafe { s.isend(msg.as_ptr(), msg.len(), 0, Some(sm)) }.unwrap() {
+                    break q;
+                }
+            };
+            let (mut sd, mut rd) = (None, None);
+            while sd.is_none() || rd.is_none() {
+                if sd.is_none() {
+                    sd = sq.test().unwrap();
+                }
+                if rd.is_none() {
+                    rd = rq.test().unwrap();
+                }
+            }
+            assert_eq!(got, msg, "v{v}");
+            s.dereg_mr(sm).unwrap();
+            r.dereg_mr(rm).unwrap();
+            let mut seen = marked::MARKS.lock().unwrap()[start..].to_vec();
+            seen.dedup();
+            assert_ne!(
+                rm.0,
+                got.as_ptr() as usize,
+                "v{v}: a handle of the plugin's own"
+            );
+            assert_eq!(
+                seen,
+                vec![
+                    ("regMr", rm.0),
+                    ("regMr", sm.0),
+                    ("irecv", rm.0),
+                    ("isend", sm.0),
+                    ("deregMr", sm.0),
+                    ("deregMr", rm.0),
+                ],
+                "v{v}"
+            );
+        }
+    }
+
     /// Per-communicator views over the export glue: several v11/v12
     /// contexts alive at once, one finalized while the others keep working;
     /// before v11 every view shares the process's one `init`.
