@@ -5,6 +5,8 @@
 //! The receiver listens and sends its handle to the sender through the
 //! bootstrap; both then poll `connect`/`accept` together until done.
 
+pub mod shm;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
