@@ -352,8 +352,22 @@ impl Comm {
             None => comm_net(&cfg, comm_hash)?,
         };
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
-        let peers = ident::exchange(&bootstrap, ident::host_hash(&cfg), cfg.p2p_disable)?;
+        let peers = ident::exchange(
+            &bootstrap,
+            ident::Facts {
+                host: ident::host_hash(&cfg),
+                p2p_disable: cfg.p2p_disable,
+                shm_disable: cfg.shm_disable,
+                device,
+            },
+        )?;
         let nnodes = peers.nnodes;
+        let locality = crate::transport::Locality {
+            rank,
+            hosts: peers.hosts.clone(),
+            shm_disabled: peers.shm_disabled.clone(),
+            devices: peers.devices.clone(),
+        };
         let dc = match device {
             Some(d) => Some(on_device::open(
                 &bootstrap,
@@ -374,13 +388,12 @@ impl Comm {
             }
         }
         Core::new(
-            rank,
-            nranks,
             cfg,
             bootstrap,
             net,
             dc,
             core::Ident { comm_hash, nnodes },
+            locality,
         )
     }
 
@@ -471,6 +484,18 @@ impl Comm {
     /// The network this communicator's connections go through.
     pub fn net_name(&self) -> Result<String> {
         Ok(self.core()?.net.name().to_string())
+    }
+
+    /// How this rank reaches `peer`: shared memory for a peer on this host
+    /// (unless either rank set NCCL_SHM_DISABLE), else the network.
+    pub fn transport(&self, peer: usize) -> Result<crate::transport::Transport> {
+        if peer >= self.count() {
+            return Err(Error::InvalidArgument(format!(
+                "peer {peer} is out of range: nranks is {}",
+                self.count()
+            )));
+        }
+        Ok(self.core()?.transport(peer))
     }
 
     /// Whether this communicator's splits share its network context (its
