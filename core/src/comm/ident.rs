@@ -74,6 +74,8 @@ pub struct Peers {
     pub shm_disabled: Vec<usize>,
     /// Each rank's GPU, -1 for a rank on host memory.
     pub devices: Vec<i32>,
+    /// Each rank's /dev/shm device ([`shm_dev`]).
+    pub shm_devs: Vec<u64>,
 }
 
 /// What one rank tells the others.
@@ -83,9 +85,17 @@ pub struct Facts {
     pub p2p_disable: bool,
     pub shm_disable: bool,
     pub device: Option<usize>,
+    pub shm_dev: u64,
 }
 
-const FACT_BYTES: usize = 14;
+const FACT_BYTES: usize = 22;
+
+/// The device of this process's /dev/shm (0 where there is none): containers
+/// of one host share shared memory only if it is the same (NCCL's shmDev).
+pub fn shm_dev() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/dev/shm").map_or(0, |m| m.dev())
+}
 
 impl Facts {
     fn encode(&self) -> Vec<u8> {
@@ -96,6 +106,7 @@ impl Facts {
             .device
             .map_or(-1, |d| i32::try_from(d).unwrap_or(i32::MAX));
         b.extend_from_slice(&dev.to_le_bytes());
+        b.extend_from_slice(&self.shm_dev.to_le_bytes());
         debug_assert_eq!(b.len(), FACT_BYTES);
         b
     }
@@ -110,6 +121,7 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
         p2p_disabled: Vec::new(),
         shm_disabled: Vec::new(),
         devices: Vec::with_capacity(all.len()),
+        shm_devs: Vec::with_capacity(all.len()),
     };
     for (r, b) in all.iter().enumerate() {
         if b.len() != FACT_BYTES {
@@ -130,6 +142,9 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
         peers
             .devices
             .push(i32::from_le_bytes(b[10..14].try_into().expect("4 bytes")));
+        peers
+            .shm_devs
+            .push(u64::from_le_bytes(b[14..22].try_into().expect("8 bytes")));
     }
     peers.nnodes = distinct(&peers.hosts);
     Ok(peers)

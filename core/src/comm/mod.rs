@@ -359,12 +359,14 @@ impl Comm {
                 p2p_disable: cfg.p2p_disable,
                 shm_disable: cfg.shm_disable,
                 device,
+                shm_dev: ident::shm_dev(),
             },
         )?;
         let nnodes = peers.nnodes;
         let locality = crate::transport::Locality {
             rank,
             hosts: peers.hosts.clone(),
+            shm_devs: peers.shm_devs.clone(),
             shm_disabled: peers.shm_disabled.clone(),
             devices: peers.devices.clone(),
         };

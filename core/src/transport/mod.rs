@@ -3,8 +3,8 @@
 //!
 //! Each peer is reached through one transport, chosen as NCCL chooses:
 //! shared memory ([`shm`]) when the peer runs on this host (the same host
-//! hash) and neither rank set NCCL_SHM_DISABLE, else the network (the net
-//! plugin). The choice depends only on what the ranks exchanged at
+//! hash) with the same /dev/shm and neither rank set NCCL_SHM_DISABLE, else
+//! the network (the net plugin). The choice depends only on what the ranks exchanged at
 //! creation ([`Locality`]), so both ends of a connection make the same one.
 //!
 //! Every transport speaks the net plugin's interface, so connections are
@@ -49,6 +49,9 @@ pub struct Locality {
     pub rank: usize,
     /// Each rank's host hash (NCCL_HOSTID, else host name and boot id).
     pub hosts: Vec<u64>,
+    /// Each rank's /dev/shm device: containers of one host may each have
+    /// their own.
+    pub shm_devs: Vec<u64>,
     /// Ranks that set NCCL_SHM_DISABLE: a pair with either one in it does
     /// not use shared memory, whatever the other set.
     pub shm_disabled: Vec<usize>,
@@ -60,7 +63,8 @@ impl Locality {
     /// The transport between this rank and `peer` (the same seen from
     /// either end).
     pub fn transport(&self, peer: usize) -> Transport {
-        let same_host = self.hosts.get(peer) == self.hosts.get(self.rank);
+        let same_host = self.hosts.get(peer) == self.hosts.get(self.rank)
+            && self.shm_devs.get(peer) == self.shm_devs.get(self.rank);
         let disabled = [self.rank, peer]
             .iter()
             .any(|r| self.shm_disabled.contains(r));
@@ -233,6 +237,7 @@ mod tests {
         Locality {
             rank,
             hosts: vec![7, 7, 9],
+            shm_devs: vec![5, 5, 5],
             shm_disabled: shm_disabled.to_vec(),
             devices: vec![-1, 0, 1],
         }
@@ -258,5 +263,9 @@ mod tests {
         assert_eq!(at(0, &[]).transport(2), Transport::Net);
         assert_eq!(at(1, &[0]).transport(0), Transport::Net);
         assert_eq!(at(2, &[]).who(1), "1[0]");
+        // One host, but rank 1 in a container with a /dev/shm of its own.
+        let mut apart = at(0, &[]);
+        apart.shm_devs[1] = 6;
+        assert_eq!(apart.transport(1), Transport::Net);
     }
 }
