@@ -190,8 +190,10 @@ params! {
     profiler_plugin: Option<String> = "PROFILER_PLUGIN", "";
     /// 1: GPUs never map each other's memory; device buffers go staged through pinned host memory over the network.
     p2p_disable: bool = "P2P_DISABLE", "0";
-    /// 1: no shared-memory transport. oxccl has none (GPUs of one node map each other, or stage over the network), so this changes nothing; accepted for NCCL's scripts.
+    /// 1: no shared-memory transport: ranks of one host connect through the network. Set on either rank of a pair, it holds for the pair.
     shm_disable: bool = "SHM_DISABLE", "0";
+    /// Bytes of a shared-memory connection's ring: 8 slots (NCCL_STEPS) of BUFFSIZE/8 bytes.
+    buffsize: u64 = "BUFFSIZE", "4M";
     /// Network to use by name (e.g. Socket); empty takes the first that has devices.
     net: Option<String> = "NET", "";
     /// Smallest number of channels (parallel lanes per collective).

@@ -230,8 +230,11 @@ oxccl_plugin::inventory::submit! {
     BuiltinNet { name: "Recording", priority: 0, init: not_native, abi: Some(symbols) }
 }
 
+/// The ranks of these tests share a host, so they would talk through
+/// shared memory: SHM_DISABLE makes them use the network under test.
 fn cfg() -> CommConfig {
     CommConfig::default()
+        .with("SHM_DISABLE", "1")
         .with("SOCKET_IFNAME", "lo")
         .with("TIMEOUT", "20")
         .with("NET", "Recording")

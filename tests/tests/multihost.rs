@@ -115,6 +115,10 @@ impl Hosts {
                     .env(ENV_NRANKS, "2")
                     .env("NCCL_HOSTID", format!("netns-host-{r}"));
                 c.env("NCCL_SOCKET_IFNAME", "oxv");
+                // Namespaces share the kernel, host name and /dev/shm: each
+                // stands for a node only with its own NCCL_HOSTID (else the
+                // ranks would talk through shared memory, past the link).
+                c.env("NCCL_HOSTID", &self.ns[r]);
                 for (k, v) in env {
                     c.env(k, v);
                 }

@@ -20,7 +20,12 @@ fn run_with_plugin(name: &str, plugin: &str) -> Vec<oxccl_cli::launch::Finished>
     let done = spawn(
         name,
         2,
-        &[("NCCL_NET_PLUGIN", plugin), ("NCCL_DEBUG", "WARN")],
+        // Ranks of one host would otherwise bypass the plugin through SHM.
+        &[
+            ("NCCL_NET_PLUGIN", plugin),
+            ("NCCL_DEBUG", "WARN"),
+            ("NCCL_SHM_DISABLE", "1"),
+        ],
         Duration::from_secs(60),
     );
     assert_all_ok(&done);
@@ -88,6 +93,7 @@ fn ib_plugin_without_a_device_falls_back_to_socket() {
             ("NCCL_NET_PLUGIN", p.to_str().unwrap()),
             ("NCCL_DEBUG", "INFO"),
             ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+            ("NCCL_SHM_DISABLE", "1"),
         ],
         Duration::from_secs(60),
     );
@@ -577,6 +583,7 @@ fn ib_plugin_runs_collectives_over_soft_roce_where_available() {
         &[
             ("NCCL_NET_PLUGIN", p.to_str().unwrap()),
             ("NCCL_DEBUG", "WARN"),
+            ("NCCL_SHM_DISABLE", "1"),
         ],
         Duration::from_secs(60),
     );

@@ -21,11 +21,8 @@ use crate::exec::{self, ExecCtx, Lane, ProxyProfiler};
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{Event, Handle, ProfilerComm, PROXY_OP_BITS};
 use crate::reduce::Reducer;
-use crate::transport::{ConnKey, Connections};
-
-/// Connections of point-to-point messages live apart from the channels of
-/// collectives.
-const P2P_CHANNEL: usize = 1 << 16;
+use crate::transport::shm::ShmNet;
+use crate::transport::{ConnKey, Connections, Locality, Transport, P2P_CHANNEL};
 
 /// A lane's staging slots (receive, send).
 type Staging = Vec<(Vec<u8>, Vec<u8>)>;
@@ -106,6 +103,8 @@ pub(crate) struct Core {
     /// That thread, started by the first group that asks for KernelCh events.
     kernel_events: std::sync::OnceLock<super::kernel_events::KernelEvents>,
     pub ident: Ident,
+    /// Where the ranks run, which decides each peer's transport.
+    pub locality: Locality,
     /// NCCL's `shareResources`: this communicator's splits take its network
     /// context (`net`) instead of making their own.
     pub split_share: bool,
@@ -123,15 +122,16 @@ fn redop_code(op: RedOp) -> u8 {
 }
 
 impl Core {
+    /// The core of rank `locality.rank` of `locality.hosts.len()`.
     pub fn new(
-        rank: usize,
-        nranks: usize,
         cfg: Config,
         bootstrap: Bootstrap,
         net: Arc<dyn Net>,
         device: Option<GpuPath>,
         ident: Ident,
+        locality: Locality,
     ) -> Result<Core> {
+        let (rank, nranks) = (locality.rank, locality.hosts.len());
         let forced_algo = match cfg.algo.as_deref() {
             None => None,
             Some(s) => Some(Algo::parse(s).ok_or_else(|| {
@@ -144,6 +144,7 @@ impl Core {
         let profiler = crate::plugin::profiler::shared(cfg.profiler_plugin.as_deref())?
             .and_then(|p| ProfilerComm::new(p, ident.comm_hash, nranks, rank, ident.nnodes))
             .map(Arc::new);
+        let conns = Connections::new(net.clone(), ShmNet::new(cfg.buffsize), locality.clone());
         Ok(Core {
             rank,
             nranks,
@@ -154,7 +155,7 @@ impl Core {
             seq: AtomicU64::new(0),
             splits: AtomicU64::new(0),
             p2p_seq: Mutex::default(),
-            conns: Mutex::default(),
+            conns: Mutex::new(conns),
             staging: Mutex::default(),
             forced_algo,
             ring: (0..nranks).collect(),
@@ -167,13 +168,19 @@ impl Core {
             profiler,
             kernel_events: std::sync::OnceLock::new(),
             ident,
+            locality,
             split_share: false,
         })
     }
 
     /// Establishes the connections a set of lanes needs.
     fn connect(&self, conns: &mut Connections, sends: &[ConnKey], recvs: &[ConnKey]) -> Result<()> {
-        conns.ensure(&self.net, &self.bootstrap, sends, recvs, self.cfg.timeout())
+        conns.ensure(&self.bootstrap, sends, recvs, self.cfg.timeout())
+    }
+
+    /// How this rank reaches `peer`.
+    pub fn transport(&self, peer: usize) -> Transport {
+        self.locality.transport(peer)
     }
 
     /// Seconds the cost model predicts for `op` on this communicator.

@@ -66,33 +66,88 @@ pub fn distinct(hashes: &[u64]) -> usize {
 pub struct Peers {
     /// Distinct host hashes among the ranks.
     pub nnodes: usize,
+    /// Each rank's host hash.
+    pub hosts: Vec<u64>,
     /// Ranks that set NCCL_P2P_DISABLE (their GPUs must not map others').
     pub p2p_disabled: Vec<usize>,
+    /// Ranks that set NCCL_SHM_DISABLE.
+    pub shm_disabled: Vec<usize>,
+    /// Each rank's GPU, -1 for a rank on host memory.
+    pub devices: Vec<i32>,
+    /// Each rank's /dev/shm device ([`shm_dev`]).
+    pub shm_devs: Vec<u64>,
 }
 
-/// One allgather of each rank's host hash and P2P setting.
-pub fn exchange(bootstrap: &Bootstrap, host: u64, p2p_disable: bool) -> Result<Peers> {
-    let mut mine = host.to_le_bytes().to_vec();
-    mine.push(u8::from(p2p_disable));
-    let all = bootstrap.allgather(&mine)?;
-    let mut hashes = Vec::with_capacity(all.len());
-    let mut p2p_disabled = Vec::new();
+/// What one rank tells the others.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts {
+    pub host: u64,
+    pub p2p_disable: bool,
+    pub shm_disable: bool,
+    pub device: Option<usize>,
+    pub shm_dev: u64,
+}
+
+const FACT_BYTES: usize = 22;
+
+/// The device of this process's /dev/shm (0 where there is none): containers
+/// of one host share shared memory only if it is the same (NCCL's shmDev).
+pub fn shm_dev() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/dev/shm").map_or(0, |m| m.dev())
+}
+
+impl Facts {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = self.host.to_le_bytes().to_vec();
+        b.push(u8::from(self.p2p_disable));
+        b.push(u8::from(self.shm_disable));
+        let dev = self
+            .device
+            .map_or(-1, |d| i32::try_from(d).unwrap_or(i32::MAX));
+        b.extend_from_slice(&dev.to_le_bytes());
+        b.extend_from_slice(&self.shm_dev.to_le_bytes());
+        debug_assert_eq!(b.len(), FACT_BYTES);
+        b
+    }
+}
+
+/// One allgather of each rank's [`Facts`].
+pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
+    let all = bootstrap.allgather(&mine.encode())?;
+    let mut peers = Peers {
+        nnodes: 0,
+        hosts: Vec::with_capacity(all.len()),
+        p2p_disabled: Vec::new(),
+        shm_disabled: Vec::new(),
+        devices: Vec::with_capacity(all.len()),
+        shm_devs: Vec::with_capacity(all.len()),
+    };
     for (r, b) in all.iter().enumerate() {
-        let (Some(h), Some(&flag)) = (b.get(..8), b.get(8)) else {
+        if b.len() != FACT_BYTES {
             return Err(Error::Internal(format!(
-                "rank {r} sent {} bytes of rank facts where 9 were expected",
+                "rank {r} sent {} bytes of rank facts where {FACT_BYTES} were expected",
                 b.len()
             )));
-        };
-        hashes.push(u64::from_le_bytes(h.try_into().expect("8 bytes")));
-        if flag == 1 {
-            p2p_disabled.push(r);
         }
+        peers
+            .hosts
+            .push(u64::from_le_bytes(b[..8].try_into().expect("8 bytes")));
+        if b[8] == 1 {
+            peers.p2p_disabled.push(r);
+        }
+        if b[9] == 1 {
+            peers.shm_disabled.push(r);
+        }
+        peers
+            .devices
+            .push(i32::from_le_bytes(b[10..14].try_into().expect("4 bytes")));
+        peers
+            .shm_devs
+            .push(u64::from_le_bytes(b[14..22].try_into().expect("8 bytes")));
     }
-    Ok(Peers {
-        nnodes: distinct(&hashes),
-        p2p_disabled,
-    })
+    peers.nnodes = distinct(&peers.hosts);
+    Ok(peers)
 }
 
 #[cfg(test)]

@@ -361,8 +361,24 @@ impl Comm {
             None => comm_net(&cfg, comm_hash)?,
         };
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
-        let peers = ident::exchange(&bootstrap, ident::host_hash(&cfg), cfg.p2p_disable)?;
+        let peers = ident::exchange(
+            &bootstrap,
+            ident::Facts {
+                host: ident::host_hash(&cfg),
+                p2p_disable: cfg.p2p_disable,
+                shm_disable: cfg.shm_disable,
+                device,
+                shm_dev: ident::shm_dev(),
+            },
+        )?;
         let nnodes = peers.nnodes;
+        let locality = crate::transport::Locality {
+            rank,
+            hosts: peers.hosts.clone(),
+            shm_devs: peers.shm_devs.clone(),
+            shm_disabled: peers.shm_disabled.clone(),
+            devices: peers.devices.clone(),
+        };
         let dc = match device {
             Some(d) => Some(on_device::open(
                 &bootstrap,
@@ -384,13 +400,12 @@ impl Comm {
             "ncclCommInitRank comm {comm_hash:#018x} rank {rank} nranks {nranks} cudaDev {} nNodes {nnodes} - Init COMPLETE (on {on}, network {})",
             device.map_or(-1, |d| d as i64), net.name());
         Core::new(
-            rank,
-            nranks,
             cfg,
             bootstrap,
             net,
             dc,
             core::Ident { comm_hash, nnodes },
+            locality,
         )
     }
 
@@ -481,6 +496,18 @@ impl Comm {
     /// The network this communicator's connections go through.
     pub fn net_name(&self) -> Result<String> {
         Ok(self.core()?.net.name().to_string())
+    }
+
+    /// How this rank reaches `peer`: shared memory for a peer on this host
+    /// (unless either rank set NCCL_SHM_DISABLE), else the network.
+    pub fn transport(&self, peer: usize) -> Result<crate::transport::Transport> {
+        if peer >= self.count() {
+            return Err(Error::InvalidArgument(format!(
+                "peer {peer} is out of range: nranks is {}",
+                self.count()
+            )));
+        }
+        Ok(self.core()?.transport(peer))
     }
 
     /// Whether this communicator's splits share its network context (its

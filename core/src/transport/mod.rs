@@ -1,15 +1,25 @@
-//! Connections between ranks through the network interface: set up on
-//! first use (both ends reach the same point of the same operation), kept
-//! for the communicator's life.
+//! Connections between ranks: set up on first use (both ends reach the
+//! same point of the same operation), kept for the communicator's life.
 //!
-//! The receiver listens and sends its handle to the sender through the
-//! bootstrap; both then poll `connect`/`accept` together until done.
+//! Each peer is reached through one transport, chosen as NCCL chooses:
+//! shared memory ([`shm`]) when the peer runs on this host (the same host
+//! hash) with the same /dev/shm and neither rank set NCCL_SHM_DISABLE, else
+//! the network (the net plugin). The choice depends only on what the ranks exchanged at
+//! creation ([`Locality`]), so both ends of a connection make the same one.
+//!
+//! Every transport speaks the net plugin's interface, so connections are
+//! made and driven one way: the receiver listens and sends its handle to
+//! the sender through the bootstrap; both then poll `connect`/`accept`
+//! together until done; the executor runs any of them alike.
+
+pub mod shm;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oxccl_plugin::{ListenComm, Net};
+use tracing::info;
 
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
@@ -21,41 +31,142 @@ pub const TAG_CONN: u64 = 1 << 32;
 /// A connection's place: channel (lane set) and peer rank.
 pub type ConnKey = (usize, usize);
 
+/// The channel of point-to-point connections, apart from the channels of
+/// collectives.
+pub const P2P_CHANNEL: usize = 1 << 16;
+
+/// How a rank reaches a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// A ring in shared memory (same host).
+    Shm,
+    /// The net plugin.
+    Net,
+}
+
+/// What the ranks told each other at creation that decides how they connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Locality {
+    pub rank: usize,
+    /// Each rank's host hash (NCCL_HOSTID, else host name and boot id).
+    pub hosts: Vec<u64>,
+    /// Each rank's /dev/shm device: containers of one host may each have
+    /// their own.
+    pub shm_devs: Vec<u64>,
+    /// Ranks that set NCCL_SHM_DISABLE: a pair with either one in it does
+    /// not use shared memory, whatever the other set.
+    pub shm_disabled: Vec<usize>,
+    /// Each rank's GPU, -1 for host memory: NCCL names a rank `rank[dev]`.
+    pub devices: Vec<i32>,
+}
+
+impl Locality {
+    /// The transport between this rank and `peer` (the same seen from
+    /// either end).
+    pub fn transport(&self, peer: usize) -> Transport {
+        let same_host = self.hosts.get(peer) == self.hosts.get(self.rank)
+            && self.shm_devs.get(peer) == self.shm_devs.get(self.rank);
+        let disabled = [self.rank, peer]
+            .iter()
+            .any(|r| self.shm_disabled.contains(r));
+        if same_host && !disabled {
+            Transport::Shm
+        } else {
+            Transport::Net
+        }
+    }
+
+    /// `rank[dev]`, as NCCL's connection lines name a rank.
+    fn who(&self, r: usize) -> String {
+        format!("{r}[{}]", self.devices.get(r).copied().unwrap_or(-1))
+    }
+}
+
 /// All connections of one communicator, each with the memory registered
 /// through it.
-#[derive(Default)]
 pub struct Connections {
     pub send: BTreeMap<ConnKey, SendConn>,
     pub recv: BTreeMap<ConnKey, RecvConn>,
+    net: Arc<dyn Net>,
+    shm: shm::ShmNet,
+    local: Locality,
 }
 
 impl Connections {
+    pub fn new(net: Arc<dyn Net>, shm: shm::ShmNet, local: Locality) -> Connections {
+        Connections {
+            send: BTreeMap::new(),
+            recv: BTreeMap::new(),
+            net,
+            shm,
+            local,
+        }
+    }
+
+    /// The transport of `key` and the device of it to use (the net's
+    /// devices taken in turn by channel).
+    fn route(&self, key: ConnKey, ndev: &mut Option<usize>) -> Result<(&dyn Net, usize)> {
+        match self.local.transport(key.1) {
+            Transport::Shm => Ok((&self.shm, 0)),
+            Transport::Net => {
+                let n = match *ndev {
+                    Some(n) => n,
+                    None => *ndev.insert(self.net.devices()?.max(1)),
+                };
+                Ok((&*self.net, key.0 % n))
+            }
+        }
+    }
+
+    /// NCCL's INFO line for a connection made (its formats of 2.18-2.29:
+    /// SHM logs the send side only; NET logs both, with the channel's
+    /// connection index, 1 for point-to-point).
+    fn log(&self, key: ConnKey, send: bool, dev: usize) {
+        let (chan, conn) = if key.0 == P2P_CHANNEL {
+            (0, 1)
+        } else {
+            (key.0, 0)
+        };
+        let (me, peer) = (self.local.who(self.local.rank), self.local.who(key.1));
+        match (self.local.transport(key.1), send) {
+            (Transport::Shm, true) => {
+                info!(target: "oxccl::init", "Channel {chan:02} : {me} -> {peer} via SHM/direct/direct")
+            }
+            (Transport::Shm, false) => {}
+            (Transport::Net, true) => info!(target: "oxccl::init",
+                "Channel {chan:02}/{conn} : {me} -> {peer} [send] via NET/{}/{dev}", self.net.name()),
+            (Transport::Net, false) => info!(target: "oxccl::init",
+                "Channel {chan:02}/{conn} : {peer} -> {me} [receive] via NET/{}/{dev}", self.net.name()),
+        }
+    }
+
     /// Establishes the missing connections among `sends` and `recvs`.
     pub fn ensure(
         &mut self,
-        net: &Arc<dyn Net>,
         bootstrap: &Bootstrap,
         sends: &[ConnKey],
         recvs: &[ConnKey],
         timeout: Duration,
     ) -> Result<()> {
-        let ndev = net.devices()?.max(1);
-        let mut listens: Vec<(ConnKey, Box<dyn ListenComm>)> = Vec::new();
+        let mut ndev = None;
+        let mut listens: Vec<(ConnKey, usize, Box<dyn ListenComm>)> = Vec::new();
         for &key in recvs {
-            if self.recv.contains_key(&key) || listens.iter().any(|(k, _)| *k == key) {
+            if self.recv.contains_key(&key) || listens.iter().any(|(k, ..)| *k == key) {
                 continue;
             }
+            let (net, dev) = self.route(key, &mut ndev)?;
             let (handle, listen) = net
-                .listen(key.0 % ndev)
+                .listen(dev)
                 .map_err(|e| Error::from(e).context(format!("listening for rank {}", key.1)))?;
             bootstrap.send(key.1, TAG_CONN + key.0 as u64, &handle)?;
-            listens.push((key, listen));
+            listens.push((key, dev, listen));
         }
-        let mut connects = Vec::new();
+        let mut connects: Vec<(ConnKey, usize, oxccl_plugin::NetHandle)> = Vec::new();
         for &key in sends {
-            if self.send.contains_key(&key) || connects.iter().any(|(k, _)| *k == key) {
+            if self.send.contains_key(&key) || connects.iter().any(|(k, ..)| *k == key) {
                 continue;
             }
+            let dev = self.route(key, &mut ndev)?.1;
             let bytes = bootstrap.recv(key.1, TAG_CONN + key.0 as u64)?;
             let mut handle = [0u8; oxccl_plugin::NET_HANDLE_MAXSIZE];
             if bytes.len() != handle.len() {
@@ -66,34 +177,39 @@ impl Connections {
                 )));
             }
             handle.copy_from_slice(&bytes);
-            connects.push((key, handle));
+            connects.push((key, dev, handle));
         }
         let start = Instant::now();
         while !(listens.is_empty() && connects.is_empty()) {
             let mut i = 0;
             while i < listens.len() {
-                let (key, l) = &mut listens[i];
+                let (key, dev, l) = &mut listens[i];
                 match l
                     .accept()
                     .map_err(|e| Error::from(e).context(format!("accepting rank {}", key.1)))?
                 {
                     Some(c) => {
-                        self.recv.insert(*key, RecvConn::new(c));
+                        let (key, dev) = (*key, *dev);
+                        self.recv.insert(key, RecvConn::new(c));
                         listens.swap_remove(i);
+                        self.log(key, false, dev);
                     }
                     None => i += 1,
                 }
             }
             let mut i = 0;
             while i < connects.len() {
-                let (key, h) = &mut connects[i];
+                let (key, dev, h) = &mut connects[i];
+                let (key, dev) = (*key, *dev);
+                let net = self.route(key, &mut ndev)?.0;
                 match net
-                    .connect(key.0 % ndev, h)
+                    .connect(dev, h)
                     .map_err(|e| Error::from(e).context(format!("connecting to rank {}", key.1)))?
                 {
                     Some(c) => {
-                        self.send.insert(*key, SendConn::new(c));
+                        self.send.insert(key, SendConn::new(c));
                         connects.swap_remove(i);
+                        self.log(key, true, dev);
                     }
                     None => i += 1,
                 }
@@ -101,8 +217,8 @@ impl Connections {
             if start.elapsed() > timeout {
                 let peers: Vec<usize> = listens
                     .iter()
-                    .map(|(k, _)| k.1)
-                    .chain(connects.iter().map(|(k, _)| k.1))
+                    .map(|(k, ..)| k.1)
+                    .chain(connects.iter().map(|(k, ..)| k.1))
                     .collect();
                 return Err(Error::Remote(format!(
                     "connections to ranks {peers:?} not established within {:.1} s (NCCL_TIMEOUT)",
@@ -112,5 +228,46 @@ impl Connections {
             std::thread::yield_now();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(rank: usize, shm_disabled: &[usize]) -> Locality {
+        Locality {
+            rank,
+            hosts: vec![7, 7, 9],
+            shm_devs: vec![5, 5, 5],
+            shm_disabled: shm_disabled.to_vec(),
+            devices: vec![-1, 0, 1],
+        }
+    }
+
+    /// Ranks 0 and 1 share a host, rank 2 is alone; whatever is disabled
+    /// where, the two ends of every pair choose alike.
+    #[test]
+    fn both_ends_of_a_pair_choose_alike() {
+        for disabled in [&[][..], &[0], &[1], &[2], &[0, 1]] {
+            for a in 0..3 {
+                for b in (0..3).filter(|b| *b != a) {
+                    assert_eq!(
+                        at(a, disabled).transport(b),
+                        at(b, disabled).transport(a),
+                        "{a}-{b} with {disabled:?} disabled"
+                    );
+                }
+            }
+        }
+        assert_eq!(at(0, &[]).transport(1), Transport::Shm);
+        assert_eq!(at(0, &[2]).transport(1), Transport::Shm);
+        assert_eq!(at(0, &[]).transport(2), Transport::Net);
+        assert_eq!(at(1, &[0]).transport(0), Transport::Net);
+        assert_eq!(at(2, &[]).who(1), "1[0]");
+        // One host, but rank 1 in a container with a /dev/shm of its own.
+        let mut apart = at(0, &[]);
+        apart.shm_devs[1] = 6;
+        assert_eq!(apart.transport(1), Transport::Net);
     }
 }
