@@ -26,7 +26,7 @@ fn perf(tag: &str, env: &[(&str, &str)]) -> (Vec<(u32, String)>, String) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let logs: Vec<(u32, String)> = read_logs(&dir)
         .into_iter()
-        .filter(|(_, l)| l.contains("communicator ready"))
+        .filter(|(_, l)| l.contains("Init COMPLETE"))
         .collect();
     std::fs::remove_dir_all(&dir).ok();
     assert!(

@@ -28,6 +28,31 @@ impl Default for LinkModel {
 }
 
 impl LinkModel {
+    /// Ranks of one host through a ring in shared memory: a cache line's
+    /// hand-off between cores, and memcpy speed for each of the two copies.
+    pub const SHM: LinkModel = LinkModel {
+        latency_s: 1.5e-6,
+        bandwidth: 8e9,
+    };
+
+    /// What a net plugin device reports (port speed in Mbit/s, latency in
+    /// microseconds), falling back to the default where it reports 0.
+    pub fn from_net(speed_mbps: i32, latency_us: f32) -> LinkModel {
+        let d = LinkModel::default();
+        LinkModel {
+            latency_s: if latency_us > 0.0 {
+                f64::from(latency_us) * 1e-6
+            } else {
+                d.latency_s
+            },
+            bandwidth: if speed_mbps > 0 {
+                f64::from(speed_mbps) * 1e6 / 8.0
+            } else {
+                d.bandwidth
+            },
+        }
+    }
+
     /// GPUs of one node storing into each other's memory (H100/H200 over
     /// NVLink): a flag round trip of a few microseconds, ~360 GB/s a way.
     pub const NVLINK: LinkModel = LinkModel {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use oxccl_plugin::Net;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::algo::{self, cost, Algo, Region, Step};
 use crate::bootstrap::Bootstrap;
@@ -121,6 +121,44 @@ fn redop_code(op: RedOp) -> u8 {
     }
 }
 
+/// The links this rank's collectives cross, for the cost model: between
+/// ranks of a host, shared memory where every pair of the host uses it,
+/// else the network; between hosts, the net plugin's first device as it
+/// describes itself.
+fn fabric_of(local: &Locality, net: &dyn Net, nodes: usize) -> cost::Fabric {
+    let inter = net
+        .properties(0)
+        .map(|p| cost::LinkModel::from_net(p.speed_mbps, p.latency_us))
+        .unwrap_or_default();
+    let me = local.rank;
+    let same_host: Vec<usize> = (0..local.hosts.len())
+        .filter(|&r| r != me && local.hosts[r] == local.hosts[me])
+        .collect();
+    let intra = if same_host
+        .iter()
+        .all(|&r| local.transport(r) == Transport::Shm)
+    {
+        cost::LinkModel::SHM
+    } else {
+        inter
+    };
+    cost::Fabric {
+        intra,
+        inter,
+        nodes,
+    }
+}
+
+/// NCCL's ring lines (`Channel 00/02 : 0 1 2 3`), one per channel, under
+/// INIT: the order the ring (and the trees) follow, ranks of a host next to
+/// each other.
+fn log_rings(ring: &[usize], channels: usize) {
+    let order: Vec<String> = ring.iter().map(|r| r.to_string()).collect();
+    for c in 0..channels {
+        info!(target: "oxccl::init", "Channel {c:02}/{channels:02} : {}", order.join(" "));
+    }
+}
+
 impl Core {
     /// The core of rank `locality.rank` of `locality.hosts.len()`.
     pub fn new(
@@ -144,6 +182,9 @@ impl Core {
         let profiler = crate::plugin::profiler::shared(cfg.profiler_plugin.as_deref())?
             .and_then(|p| ProfilerComm::new(p, ident.comm_hash, nranks, rank, ident.nnodes))
             .map(Arc::new);
+        let ring = algo::ring_order(&locality.hosts);
+        let fabric = fabric_of(&locality, net.as_ref(), ident.nnodes);
+        log_rings(&ring, cfg.max_nchannels.max(1) as usize);
         let conns = Connections::new(net.clone(), ShmNet::new(cfg.buffsize), locality.clone());
         Ok(Core {
             rank,
@@ -158,8 +199,8 @@ impl Core {
             conns: Mutex::new(conns),
             staging: Mutex::default(),
             forced_algo,
-            ring: (0..nranks).collect(),
-            fabric: cost::LinkModel::default().into(),
+            ring,
+            fabric,
             device,
             this: std::sync::OnceLock::new(),
             tuner: crate::plugin::tuner::shared(cfg_tuner.as_deref())?.and_then(|t| {

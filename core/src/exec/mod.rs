@@ -40,6 +40,68 @@ use reg::{RecvConn, Scope, SendConn};
 /// Staging slots in flight per lane.
 const WINDOW: usize = 4;
 
+/// Slices of each step opened before the next step's: fewer than the
+/// window, so that a window always holds a receive when it holds sends.
+/// Opening every slice of a step before the next (as this executor once
+/// did) needs the network to buffer a whole send-only step (all-gather's
+/// first, a tree leaf's way up) while the peer's window is full of its own
+/// sends: loopback TCP's socket buffers hid that; shared memory's ring and
+/// rendezvous networks (IB, where a send waits for the receive) do not.
+const GROUP: usize = WINDOW / 2;
+
+/// The order slices are opened in: `GROUP` slices of every step, then the
+/// next `GROUP` of every step, and so on (NCCL's loops run chunk by chunk
+/// over the steps in the same way). Both ends of a connection open their
+/// matching steps in the same order, so messages still meet in FIFO order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Cursor {
+    group: usize,
+    step: usize,
+    /// Slices of `step` already opened in this group.
+    taken: usize,
+}
+
+impl Cursor {
+    /// The next slice to open, as (step, element offset, elements), without
+    /// moving; `None` once every slice is open. Steps of zero elements
+    /// have no slices.
+    fn peek(&self, steps: &[Step], slice: usize) -> Option<(usize, usize, usize)> {
+        let mut c = *self;
+        c.next(steps, slice)
+    }
+
+    fn advance(&mut self, steps: &[Step], slice: usize) {
+        let _ = self.next(steps, slice);
+    }
+
+    fn next(&mut self, steps: &[Step], slice: usize) -> Option<(usize, usize, usize)> {
+        let most = steps
+            .iter()
+            .map(|s| s.count.div_ceil(slice))
+            .max()
+            .unwrap_or(0);
+        loop {
+            if self.step >= steps.len() {
+                self.step = 0;
+                self.taken = 0;
+                self.group += 1;
+            }
+            if self.group * GROUP >= most {
+                return None;
+            }
+            let count = steps[self.step].count;
+            let idx = self.group * GROUP + self.taken;
+            if self.taken < GROUP && idx < count.div_ceil(slice) {
+                self.taken += 1;
+                let off = idx * slice;
+                return Some((self.step, off, slice.min(count - off)));
+            }
+            self.step += 1;
+            self.taken = 0;
+        }
+    }
+}
+
 /// One sequence of steps and the connections it uses.
 pub struct Lane {
     pub label: String,
@@ -115,8 +177,8 @@ struct Task {
 }
 
 struct LaneState<'a> {
-    next_step: usize,
-    next_off: usize,
+    /// Where the next slice to open is.
+    cursor: Cursor,
     tasks: VecDeque<Task>,
     free_slots: Vec<usize>,
     slots: Vec<(Vec<u8>, Vec<u8>)>,
@@ -139,8 +201,7 @@ impl<'a> LaneState<'a> {
         let mut slots = std::mem::take(&mut lane.staging);
         slots.resize_with(WINDOW, Default::default);
         LaneState {
-            next_step: 0,
-            next_off: 0,
+            cursor: Cursor::default(),
             tasks: VecDeque::new(),
             free_slots: (0..WINDOW).rev().collect(),
             slots,
@@ -181,7 +242,8 @@ impl<'a> LaneState<'a> {
             self.free_slots.push(t.slot);
             moved = true;
         }
-        if self.tasks.is_empty() && self.next_step >= lane.steps.len() {
+        let slice = (lane.slice_bytes / lane.reducer.dtype().size()).max(1);
+        if self.tasks.is_empty() && self.cursor.peek(&lane.steps, slice).is_none() {
             self.done = true;
         }
         Ok(moved)
@@ -195,19 +257,13 @@ impl<'a> LaneState<'a> {
         let esize = lane.reducer.dtype().size();
         let slice = (lane.slice_bytes / esize).max(1);
         while let Some(&slot) = self.free_slots.last() {
-            while self.next_step < lane.steps.len()
-                && self.next_off >= lane.steps[self.next_step].count
-            {
-                self.next_step += 1;
-                self.next_off = 0;
-            }
-            let Some(step) = lane.steps.get(self.next_step).copied() else {
+            let Some((step_no, off, n)) = self.cursor.peek(&lane.steps, slice) else {
                 break;
             };
-            let n = slice.min(step.count - self.next_off);
+            let step = lane.steps[step_no];
             let mut task = Task {
-                step: self.next_step,
-                off: self.next_off,
+                step: step_no,
+                off,
                 n,
                 slot,
                 recv_req: None,
@@ -276,14 +332,14 @@ impl<'a> LaneState<'a> {
                 task.recv_req = Some(req);
                 task.recv_span = Some(data);
                 if let Some(p) = &mut self.prof {
-                    (task.recv_op, task.recv_ev) = p.recv_posted(self.next_step, peer, post.len);
+                    (task.recv_op, task.recv_ev) = p.recv_posted(step_no, peer, post.len);
                 }
             }
             if let (Some(p), Some(peer)) = (&mut self.prof, step.send) {
-                (task.send_op, task.send_ev) = p.send_created(self.next_step, peer, n * esize);
+                (task.send_op, task.send_ev) = p.send_created(step_no, peer, n * esize);
             }
             self.free_slots.pop();
-            self.next_off += n;
+            self.cursor.advance(&lane.steps, slice);
             self.tasks.push_back(task);
             moved = true;
         }
@@ -741,4 +797,47 @@ fn timeout_error(ctx: &ExecCtx<'_>, waits: &[String]) -> Error {
         }
     }
     Error::Remote(msg)
+}
+
+#[cfg(test)]
+mod cursor_tests {
+    use super::{Cursor, GROUP};
+    use crate::algo::Step;
+
+    fn order(counts: &[usize], slice: usize) -> Vec<(usize, usize, usize)> {
+        let steps: Vec<Step> = counts.iter().map(|&c| Step::new(c)).collect();
+        let mut c = Cursor::default();
+        let mut out = Vec::new();
+        while let Some(x) = c.peek(&steps, slice) {
+            c.advance(&steps, slice);
+            out.push(x);
+        }
+        out
+    }
+
+    #[test]
+    fn groups_of_slices_step_by_step_cover_everything_once() {
+        assert_eq!(GROUP, 2);
+        assert_eq!(
+            order(&[5, 0, 3], 1),
+            vec![
+                (0, 0, 1),
+                (0, 1, 1),
+                (2, 0, 1),
+                (2, 1, 1),
+                (0, 2, 1),
+                (0, 3, 1),
+                (2, 2, 1),
+                (0, 4, 1)
+            ]
+        );
+        // A ragged last slice, and steps of different lengths.
+        let o = order(&[10, 7], 4);
+        assert_eq!(
+            o,
+            vec![(0, 0, 4), (0, 4, 4), (1, 0, 4), (1, 4, 3), (0, 8, 2)]
+        );
+        assert!(order(&[0, 0], 4).is_empty());
+        assert!(order(&[], 4).is_empty());
+    }
 }
