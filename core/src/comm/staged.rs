@@ -171,6 +171,10 @@ impl Piece {
 /// than one operation, an operation whose elements depend on their rank's
 /// block, or too small to gain).
 fn pieces_of(ops: &[(Op, OpBuffers)]) -> Vec<Piece> {
+    pieces_up_to(ops, max_pieces())
+}
+
+fn pieces_up_to(ops: &[(Op, OpBuffers)], most: usize) -> Vec<Piece> {
     let [(op, b)] = ops else {
         return Vec::new();
     };
@@ -182,7 +186,6 @@ fn pieces_of(ops: &[(Op, OpBuffers)]) -> Vec<Piece> {
     if !elementwise || bytes < PIPELINE_MIN_BYTES || op.count == 0 {
         return Vec::new();
     }
-    let most = max_pieces();
     if most <= 1 {
         return Vec::new();
     }
@@ -198,15 +201,20 @@ fn pieces_of(ops: &[(Op, OpBuffers)]) -> Vec<Piece> {
         .collect()
 }
 
-/// `OXCCL_STAGED_PIECES=N` caps the pieces (1: stage whole, as before
-/// pipelining), for measuring what the pipeline gains.
+/// `OXCCL_STAGED_PIECES=N` pipelines in up to N pieces (at most
+/// [`MAX_PIECES`]). Whole buffers (1) are the default: on one H100 with two
+/// processes, 16 pieces were slower at every size from 8 MiB to 1 GiB,
+/// through shared memory and through the network (docs/PERF.md, session
+/// 5), since each piece pays a host collective's setup and an event
+/// round trip while both ranks' copies share one GPU.
 fn max_pieces() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
         std::env::var("OXCCL_STAGED_PIECES")
             .ok()
             .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(MAX_PIECES)
+            .unwrap_or(1)
+            .min(MAX_PIECES)
     })
 }
 
@@ -561,7 +569,7 @@ mod tests {
         let n = (8 << 20) / 4 + 3; // 8 MiB of floats and a ragged tail
         let mut o = op(OpKind::AllReduce, 0x10_0000, 0x10_0000, n * 4, n * 4);
         o.0.count = n;
-        let pieces = pieces_of(std::slice::from_ref(&o));
+        let pieces = pieces_up_to(std::slice::from_ref(&o), MAX_PIECES);
         assert_eq!(pieces.len(), MAX_PIECES + 1);
         assert_eq!(pieces.first().map(|p| p.lo), Some(0));
         assert_eq!(pieces.last().map(|p| p.hi), Some(n));
@@ -574,14 +582,14 @@ mod tests {
         // A non-root broadcast reads nothing; its pieces read nothing.
         let mut bc = op(OpKind::Broadcast { root: 0 }, 0, 0x20_0000, 0, n * 4);
         bc.0.count = n;
-        let (_, pb) = pieces_of(std::slice::from_ref(&bc))[2].of(&bc.0, &bc.1);
+        let (_, pb) = pieces_up_to(std::slice::from_ref(&bc), MAX_PIECES)[2].of(&bc.0, &bc.1);
         assert_eq!((pb.input as u64, pb.in_bytes), (0, 0));
         // Staged whole: small, rank-blocked, or several operations.
         let small = op(OpKind::AllReduce, 0x1000, 0x1000, 4096, 4096);
-        assert!(pieces_of(std::slice::from_ref(&small)).is_empty());
+        assert!(pieces_up_to(std::slice::from_ref(&small), MAX_PIECES).is_empty());
         let mut ag = op(OpKind::AllGather, 0x1000, 0x9000_0000, n * 4, n * 8);
         ag.0.count = n;
-        assert!(pieces_of(std::slice::from_ref(&ag)).is_empty());
-        assert!(pieces_of(&[o, o]).is_empty());
+        assert!(pieces_up_to(std::slice::from_ref(&ag), MAX_PIECES).is_empty());
+        assert!(pieces_up_to(&[o, o], MAX_PIECES).is_empty());
     }
 }

@@ -42,6 +42,7 @@ const SYMBOLS: &[&str] = &[
     "cuModuleGetFunction",
     "cuModuleUnload",
     "cuLaunchKernel",
+    "cuStreamGetCaptureInfo_v3",
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",

@@ -48,6 +48,30 @@ impl RawStream {
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
+    /// The id of the capture the stream is recording into, `None` when it
+    /// runs work as it comes.
+    pub fn capture_id(self) -> Result<Option<u64>> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut id: sys::cuuint64_t = 0;
+        check(
+            // SAFETY: the handle is valid by the contract of `from_raw`;
+            // status and id are valid out-pointers, the rest may be NULL.
+            unsafe {
+                sys::cuStreamGetCaptureInfo_v3(
+                    self.sys(),
+                    &mut status,
+                    &mut id,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuStreamGetCaptureInfo",
+        )?;
+        Ok((status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE).then_some(id))
+    }
+
     /// Waits on the host until everything enqueued on the stream is done.
     pub fn synchronize(self, ctx: &Context) -> Result<()> {
         ctx.bind()?;

@@ -551,10 +551,19 @@ impl DeviceComm {
     /// previous one even when the caller switches streams. On a switch, the
     /// new stream waits for everything enqueued on the old one so far (more
     /// than needed, never less; no cost while the stream stays the same).
+    ///
+    /// An event joins two streams only when both are in the same CUDA graph
+    /// capture or neither is: CUDA refuses a wait that would tie a capture
+    /// to work outside it (CUDA_ERROR_STREAM_CAPTURE_ISOLATION, which also
+    /// invalidates the capture; PyTorch captures on a side stream after
+    /// warming up on another). Across that border the caller orders the
+    /// graph's launches, as with NCCL.
     fn order_after_last(&mut self, stream: RawStream) -> Result<()> {
         if let Some(last) = self.last_stream.filter(|l| *l != stream) {
-            self.order.record(last)?;
-            self.order.wait_on(stream)?;
+            if last.capture_id()? == stream.capture_id()? {
+                self.order.record(last)?;
+                self.order.wait_on(stream)?;
+            }
         }
         self.last_stream = Some(stream);
         Ok(())
