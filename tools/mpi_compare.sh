@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# oxccl perf against OpenMPI's MPI_Allreduce over TCP loopback, in one run,
-# plus a raw TCP stream (iperf3) for the machine's loopback limit.
+# oxccl perf (through shared memory, and with NCCL_SHM_DISABLE=1 through the
+# socket network) against OpenMPI's MPI_Allreduce over TCP loopback and over
+# its shared-memory transport (vader), in one run, plus a raw TCP stream
+# (iperf3) for the machine's loopback limit.
 # Needs: apt-get install openmpi-bin libopenmpi-dev iperf3
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,14 +11,18 @@ cargo build --release -q -p oxccl-cli
 bin=${CARGO_TARGET_DIR:-target}/release
 mpicc -O2 -o "$bin/mpi_allreduce" tools/mpi_allreduce.c
 mpi() { mpirun --allow-run-as-root --oversubscribe -np "$ranks" --mca btl tcp,self --mca btl_tcp_if_include lo \
-  --mca pml ob1 "$bin/mpi_allreduce" "$@"; }
+  --mca pml ob1 "$bin/mpi_allreduce" "$@" | sed 's/^/mpi-tcp /'; }
+mpi_shm() { mpirun --allow-run-as-root --oversubscribe -np "$ranks" --mca btl vader,self \
+  --mca pml ob1 "$bin/mpi_allreduce" "$@" | sed 's/^/mpi-vader /'; }
 echo "## machine: $(nproc) cores, $(uname -r)"
 for size in 8 67108864; do
   iters=$([ "$size" -le 8 ] && echo 2000 || echo 20)
   echo "## $size bytes, $ranks ranks"
   for round in 1 2 3; do
-    "$bin/oxccl" perf --ranks "$ranks" --op all_reduce -b "$size" -e "$size" -n "$iters" -w 20 | grep -v '^#' | sed 's/^/oxccl /'
+    "$bin/oxccl" perf --ranks "$ranks" --op all_reduce -b "$size" -e "$size" -n "$iters" -w 20 | grep -v '^#' | sed 's/^/oxccl-shm /'
+    NCCL_SHM_DISABLE=1 "$bin/oxccl" perf --ranks "$ranks" --op all_reduce -b "$size" -e "$size" -n "$iters" -w 20 | grep -v '^#' | sed 's/^/oxccl-net /'
     mpi "$size" "$iters"
+    mpi_shm "$size" "$iters"
   done
 done
 if command -v iperf3 >/dev/null; then

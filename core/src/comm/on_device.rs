@@ -80,7 +80,7 @@ pub(crate) fn open(
     } else {
         format!("NCCL_P2P_DISABLE=1 on rank(s) {disabled:?}")
     };
-    info!(target: "oxccl::init", "rank {rank} on GPU {device}: {why}: device buffers are staged through pinned host memory over network {net}");
+    info!(target: "oxccl::init", "rank {rank} on GPU {device}: {why}: device buffers are staged through pinned host memory (shared memory to ranks of this host unless NCCL_SHM_DISABLE=1, network {net} to other hosts; no GPUDirect)");
     let ctx = Context::primary(Device::get(device)?)?;
     Ok(GpuPath::Staged(Staged::new(ctx).map_err(|e| {
         e.context(format!("binding rank {rank} to GPU {device}"))
