@@ -663,9 +663,20 @@ impl Comm {
             std::mem::replace(&mut *st, Status::Destroyed(how))
         };
         if let Status::Ready(core) = old {
+            let aborted = how == "aborted";
             core.aborted
-                .store(how == "aborted", std::sync::atomic::Ordering::SeqCst);
+                .store(aborted, std::sync::atomic::Ordering::SeqCst);
             core.bootstrap.close();
+            if aborted && core.device.is_some() {
+                // Abort must return even while a kernel of this
+                // communicator waits for a peer that never comes (PyTorch's
+                // watchdog aborts exactly then): freeing its device memory
+                // would wait for that kernel (cuMemFree synchronizes), which
+                // spins until NCCL_TIMEOUT. So an aborted GPU communicator
+                // keeps its memory, streams and threads until the process
+                // ends.
+                std::mem::forget(core);
+            }
         }
         Ok(())
     }
