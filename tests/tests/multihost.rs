@@ -200,24 +200,30 @@ fn child_comm() -> Option<oxccl::Comm> {
     Some(oxccl::Comm::init_rank(2, env.id, env.rank, &oxccl::CommConfig::default()).unwrap())
 }
 
+/// Every collective at each of `sizes` on random data, checked against
+/// the host's reference; prints "done" at the end.
+fn check_every_collective(comm: &oxccl::Comm, root: usize, sizes: &[usize]) {
+    for coll in Coll::ALL {
+        for &size in sizes {
+            let case = Case {
+                coll,
+                dtype: DataType::Float32,
+                op: RedOp::Sum,
+                root,
+                size,
+                inplace: false,
+            };
+            assert_eq!(case.check_once(comm).unwrap(), 0, "{case:?}");
+        }
+    }
+    println!("rank {} done", comm.user_rank());
+}
+
 #[test]
 fn two_hosts_run_collectives() {
     let name = "two_hosts_run_collectives";
     if let Some(comm) = child_comm() {
-        for coll in Coll::ALL {
-            for size in [8usize, 3 << 20] {
-                let case = Case {
-                    coll,
-                    dtype: DataType::Float32,
-                    op: RedOp::Sum,
-                    root: 1,
-                    size,
-                    inplace: false,
-                };
-                assert_eq!(case.check_once(&comm).unwrap(), 0, "{case:?}");
-            }
-        }
-        println!("rank {} done", comm.user_rank());
+        check_every_collective(&comm, 1, &[8, 3 << 20]);
         return;
     }
     let Some((hosts, env)) = setup("c", name) else {
@@ -297,20 +303,7 @@ fn cut_link_fails_both_hosts_in_bounded_time() {
 fn lossy_link_gives_correct_results() {
     let name = "lossy_link_gives_correct_results";
     if let Some(comm) = child_comm() {
-        for coll in Coll::ALL {
-            for size in [8usize, 1 << 20] {
-                let case = Case {
-                    coll,
-                    dtype: DataType::Float32,
-                    op: RedOp::Sum,
-                    root: 0,
-                    size,
-                    inplace: false,
-                };
-                assert_eq!(case.check_once(&comm).unwrap(), 0, "{case:?}");
-            }
-        }
-        println!("rank {} done", comm.user_rank());
+        check_every_collective(&comm, 0, &[8, 1 << 20]);
         return;
     }
     let Some((hosts, env)) = setup("l", name) else {

@@ -10,25 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(cmd)                                                              \
-  do {                                                                          \
-    ncclResult_t r_ = (cmd);                                                    \
-    if (r_ != ncclSuccess) {                                                    \
-      fprintf(stderr, "%s:%d: %s = %d (%s): %s\n", __FILE__, __LINE__, #cmd, r_, \
-              ncclGetErrorString(r_), ncclGetLastError(NULL));                  \
-      exit(1);                                                                  \
-    }                                                                           \
-  } while (0)
-
-#define EXPECT(cond, ...)                                        \
-  do {                                                           \
-    if (!(cond)) {                                               \
-      fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                              \
-      fprintf(stderr, "\n");                                     \
-      exit(1);                                                   \
-    }                                                            \
-  } while (0)
+#include "check.h"
 
 /* The call returned `want` and the last error mentions every needle. */
 static void refused(ncclResult_t got, ncclResult_t want, const char* what, const char* n1, const char* n2) {
