@@ -499,15 +499,22 @@ impl Core {
         reducer: Reducer,
         header: OpHeader,
     ) -> Lane {
-        let (s, r) = peers_of(std::slice::from_ref(&steps), chan);
-        let send = s
-            .iter()
-            .filter_map(|k| conns.send.remove(k).map(|c| (k.1, c)))
-            .collect();
-        let recv = r
-            .iter()
-            .filter_map(|k| conns.recv.remove(k).map(|c| (k.1, c)))
-            .collect();
+        // A collective's channel is one lane: it takes the channel's
+        // connections whole. Point-to-point lanes share their channel, so
+        // each takes only its peers.
+        let (send, recv) = if chan < P2P_CHANNEL {
+            (conns.send.take_channel(chan), conns.recv.take_channel(chan))
+        } else {
+            let (s, r) = peers_of(std::slice::from_ref(&steps), chan);
+            (
+                s.iter()
+                    .filter_map(|k| conns.send.take(*k).map(|c| (k.1, c)))
+                    .collect(),
+                r.iter()
+                    .filter_map(|k| conns.recv.take(*k).map(|c| (k.1, c)))
+                    .collect(),
+            )
+        };
         let slice_bytes = (self.cfg.chunk_size as usize).max(64);
         // Through a poisoned lock too: buffers dropped here would still be
         // registered with connections.
@@ -539,12 +546,8 @@ impl Core {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(staging_key(chan, &lane.steps), lane.staging);
-            conns
-                .send
-                .extend(lane.send.into_iter().map(|(p, c)| ((chan, p), c)));
-            conns
-                .recv
-                .extend(lane.recv.into_iter().map(|(p, c)| ((chan, p), c)));
+            conns.send.put_back(chan, lane.send);
+            conns.recv.put_back(chan, lane.recv);
         }
     }
 

@@ -82,11 +82,63 @@ impl Locality {
     }
 }
 
+/// One direction's connections, by channel and then peer. A collective's
+/// lane takes its channel's whole map and gives it back (a swap, no
+/// allocation per operation); point-to-point lanes take single peers.
+pub struct ByChannel<C> {
+    chans: BTreeMap<usize, BTreeMap<usize, C>>,
+}
+
+impl<C> Default for ByChannel<C> {
+    fn default() -> Self {
+        ByChannel {
+            chans: BTreeMap::new(),
+        }
+    }
+}
+
+impl<C> ByChannel<C> {
+    pub fn contains(&self, (chan, peer): ConnKey) -> bool {
+        self.chans.get(&chan).is_some_and(|m| m.contains_key(&peer))
+    }
+
+    pub fn insert(&mut self, (chan, peer): ConnKey, c: C) {
+        self.chans.entry(chan).or_default().insert(peer, c);
+    }
+
+    /// Every connection of `chan`, leaving an empty map in its place.
+    pub fn take_channel(&mut self, chan: usize) -> BTreeMap<usize, C> {
+        self.chans
+            .get_mut(&chan)
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    pub fn take(&mut self, (chan, peer): ConnKey) -> Option<C> {
+        self.chans.get_mut(&chan)?.remove(&peer)
+    }
+
+    /// Gives back what [`ByChannel::take_channel`] or [`ByChannel::take`]
+    /// took from `chan`.
+    pub fn put_back(&mut self, chan: usize, conns: BTreeMap<usize, C>) {
+        let m = self.chans.entry(chan).or_default();
+        if m.is_empty() {
+            *m = conns;
+        } else {
+            m.extend(conns);
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.chans.clear();
+    }
+}
+
 /// All connections of one communicator, each with the memory registered
 /// through it.
 pub struct Connections {
-    pub send: BTreeMap<ConnKey, SendConn>,
-    pub recv: BTreeMap<ConnKey, RecvConn>,
+    pub send: ByChannel<SendConn>,
+    pub recv: ByChannel<RecvConn>,
     net: Arc<dyn Net>,
     shm: shm::ShmNet,
     local: Locality,
@@ -95,8 +147,8 @@ pub struct Connections {
 impl Connections {
     pub fn new(net: Arc<dyn Net>, shm: shm::ShmNet, local: Locality) -> Connections {
         Connections {
-            send: BTreeMap::new(),
-            recv: BTreeMap::new(),
+            send: ByChannel::default(),
+            recv: ByChannel::default(),
             net,
             shm,
             local,
@@ -151,7 +203,7 @@ impl Connections {
         let mut ndev = None;
         let mut listens: Vec<(ConnKey, usize, Box<dyn ListenComm>)> = Vec::new();
         for &key in recvs {
-            if self.recv.contains_key(&key) || listens.iter().any(|(k, ..)| *k == key) {
+            if self.recv.contains(key) || listens.iter().any(|(k, ..)| *k == key) {
                 continue;
             }
             let (net, dev) = self.route(key, &mut ndev)?;
@@ -163,7 +215,7 @@ impl Connections {
         }
         let mut connects: Vec<(ConnKey, usize, oxccl_plugin::NetHandle)> = Vec::new();
         for &key in sends {
-            if self.send.contains_key(&key) || connects.iter().any(|(k, ..)| *k == key) {
+            if self.send.contains(key) || connects.iter().any(|(k, ..)| *k == key) {
                 continue;
             }
             let dev = self.route(key, &mut ndev)?.1;
