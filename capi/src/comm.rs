@@ -100,10 +100,14 @@ const HOST_MEMORY_ENV: &str = "OXCCL_HOST_MEMORY";
 /// whether or not a context is current yet. Host memory only where there is
 /// no GPU, or when asked for.
 fn device_for_new_comm() -> Option<usize> {
-    if std::env::var(HOST_MEMORY_ENV).is_ok_and(|v| v.trim() == "1") {
+    if host_memory_asked() {
         return None;
     }
     oxccl::cuda::runtime_device()
+}
+
+fn host_memory_asked() -> bool {
+    std::env::var(HOST_MEMORY_ENV).is_ok_and(|v| v.trim() == "1")
 }
 
 fn init(
@@ -273,8 +277,7 @@ pub extern "C" fn ncclCommInitAll(
                 })
                 .collect::<Result<_, _>>()?
         };
-        let host_only = std::env::var(HOST_MEMORY_ENV).is_ok_and(|v| v.trim() == "1");
-        let gpus = if host_only {
+        let gpus = if host_memory_asked() {
             0
         } else {
             oxccl::cuda::device_count().unwrap_or(0)

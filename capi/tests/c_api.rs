@@ -50,6 +50,26 @@ fn stage(tag: &str, src: &str) -> (PathBuf, PathBuf) {
     (tmp, exe)
 }
 
+/// Waits for `child`, killing it past `limit`; its success and its stdout
+/// followed by its stderr.
+fn finish(mut child: Child, limit: Duration) -> (bool, String) {
+    let start = Instant::now();
+    while child.try_wait().expect("poll").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().expect("collect output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success(), text)
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -128,31 +148,15 @@ fn c_programs_drive_every_collective_over_several_processes() {
 #[test]
 fn one_thread_creates_every_rank_inside_a_group() {
     let (tmp, exe) = stage("group", "group_init.c");
-    let mut child = Command::new(&exe)
+    let child = Command::new(&exe)
         .env("NCCL_SOCKET_IFNAME", "lo")
         .env("NCCL_TIMEOUT", "20")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start group_init");
-    let start = Instant::now();
-    while child.try_wait().expect("poll").is_none() {
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let o = child.wait_with_output().expect("output");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(
-        o.status.success() && text.contains("PASS"),
-        "group_init failed:\n{text}"
-    );
+    let (ok, text) = finish(child, Duration::from_secs(60));
+    assert!(ok && text.contains("PASS"), "group_init failed:\n{text}");
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
@@ -169,22 +173,9 @@ fn run_one(exe: &Path, mode: &str, env: &[(&str, &str)]) -> String {
         cmd.env(k, v);
     }
     let prog = exe.file_name().unwrap_or_default().to_string_lossy();
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("start {prog}: {e}"));
-    let start = Instant::now();
-    while child.try_wait().expect("poll").is_none() {
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let o = child.wait_with_output().expect("collect output");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "{prog} {mode} failed:\n{text}");
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("start {prog}: {e}"));
+    let (ok, text) = finish(child, Duration::from_secs(60));
+    assert!(ok, "{prog} {mode} failed:\n{text}");
     assert!(
         text.contains(&format!("PASS {mode}")),
         "{prog} {mode}:\n{text}"

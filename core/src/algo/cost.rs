@@ -173,9 +173,9 @@ fn allowed(a: Algo, coll: Coll, forced: Option<Algo>) -> bool {
         Some(f)
             if Algo::ALL
                 .iter()
-                .any(|x| x.supports(coll) && row(*x) == row(f)) =>
+                .any(|x| x.supports(coll) && nccl_row(*x) == nccl_row(f)) =>
         {
-            row(a) == row(f)
+            nccl_row(a) == nccl_row(f)
         }
         _ => true,
     }
@@ -201,10 +201,6 @@ pub fn nccl_cell(algo: Algo) -> (usize, usize) {
 /// The NCCL algorithm row of `algo` (what profilers and tuners are told).
 pub fn nccl_row(algo: Algo) -> usize {
     nccl_cell(algo).0
-}
-
-fn row(a: Algo) -> usize {
-    nccl_row(a)
 }
 
 /// Which of our algorithms a cell of NCCL's table runs: the ring row runs
@@ -269,7 +265,7 @@ pub fn device_table(coll: Coll, bytes: usize, n: usize, forced: Option<Algo>) ->
     let forced = forced.filter(|f| {
         Algo::ALL
             .iter()
-            .any(|a| row(*a) == row(*f) && device_runs(*a, coll, n))
+            .any(|a| nccl_row(*a) == nccl_row(*f) && device_runs(*a, coll, n))
     });
     let mut t = cost_table(coll, bytes, n, LinkModel::NVLINK, forced);
     for (r, cells) in t.iter_mut().enumerate() {

@@ -836,13 +836,10 @@ impl Comm {
 /// the CPU: device memory there would be a segfault, so it is refused
 /// naming the argument (NCCL never meets this: it has no host path).
 fn check_host_side(op: &Op, bufs: &crate::exec::mem::OpBuffers) -> Result<()> {
-    for (what, ptr, len) in [
-        ("sendbuff", bufs.input as u64, bufs.in_bytes),
-        ("recvbuff", bufs.output as u64, bufs.out_bytes),
-    ] {
-        if len == 0 || op.count == 0 {
-            continue;
-        }
+    if op.count == 0 {
+        return Ok(());
+    }
+    for (what, ptr, _) in bufs.used() {
         if crate::cuda::pointer_kind(ptr) == crate::cuda::PtrKind::Device {
             return Err(Error::InvalidArgument(format!(
                 "{}: {what} {ptr:#x} is GPU memory, but this communicator runs on host memory (it was created with no GPU, or with OXCCL_HOST_MEMORY=1): pass host memory, or create the communicator on that GPU",

@@ -281,13 +281,10 @@ pub(super) fn stream(op: &Op) -> RawStream {
 /// A kernel that touches memory its GPU cannot reach faults the context
 /// for good; refusing the call instead names the buffer.
 pub(super) fn check_reachable(gpu: usize, op: &Op, bufs: &OpBuffers) -> Result<()> {
-    for (what, ptr, len) in [
-        ("sendbuff", bufs.input as u64, bufs.in_bytes),
-        ("recvbuff", bufs.output as u64, bufs.out_bytes),
-    ] {
-        if len == 0 || op.count == 0 {
-            continue;
-        }
+    if op.count == 0 {
+        return Ok(());
+    }
+    for (what, ptr, _) in bufs.used() {
         if pointer_kind(ptr) == PtrKind::Unknown {
             return Err(Error::InvalidArgument(format!(
                 "{}: {what} {ptr:#x} is not memory CUDA knows (pageable host memory?): this communicator runs on GPU {}; pass device memory (cudaMalloc, ncclMemAlloc) or registered host memory",

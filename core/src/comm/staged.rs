@@ -113,12 +113,17 @@ fn layout(ops: &[(Op, OpBuffers)]) -> (Vec<Region>, usize) {
     (merged, at)
 }
 
-/// The host address of device address `p` in the staging, if some region holds it.
-fn translate(regions: &[Region], base: *mut u8, p: u64) -> Option<*mut u8> {
+/// The staging offset of device address `p`, if some region holds it.
+fn staged_at(regions: &[Region], p: u64) -> Option<usize> {
     regions
         .iter()
         .find(|r| r.start <= p && p < r.end)
-        .map(|r| base.wrapping_add(r.at + (p - r.start) as usize))
+        .map(|r| r.at + (p - r.start) as usize)
+}
+
+/// The host address of device address `p` in the staging, if some region holds it.
+fn translate(regions: &[Region], base: *mut u8, p: u64) -> Option<*mut u8> {
+    staged_at(regions, p).map(|at| base.wrapping_add(at))
 }
 
 /// Below this many bytes a collective is staged whole: a piece costs a
@@ -238,10 +243,7 @@ fn to_host(regions: &[Region], base: *mut u8, op: &Op, b: &OpBuffers) -> (Op, Op
 
 /// The staging offset of device address `p`, which some region holds.
 fn offset_of(regions: &[Region], p: u64) -> Result<usize> {
-    regions
-        .iter()
-        .find(|r| r.start <= p && p < r.end)
-        .map(|r| r.at + (p - r.start) as usize)
+    staged_at(regions, p)
         .ok_or_else(|| Error::Internal(format!("{p:#x} is outside every staged region")))
 }
 

@@ -41,6 +41,18 @@ impl Span {
 }
 
 impl OpBuffers {
+    /// The buffers the caller passed that the operation touches, with the
+    /// names NCCL's API gives them (for errors about the wrong kind of
+    /// memory).
+    pub fn used(&self) -> impl Iterator<Item = (&'static str, u64, usize)> {
+        [
+            ("sendbuff", self.input as u64, self.in_bytes),
+            ("recvbuff", self.output as u64, self.out_bytes),
+        ]
+        .into_iter()
+        .filter(|(_, _, len)| *len > 0)
+    }
+
     /// `n` elements at element `off` of `region`, bounds-checked.
     pub fn span(&self, region: Region, off: usize, n: usize, esize: usize) -> Result<Span> {
         let (base, len) = match region.buf {

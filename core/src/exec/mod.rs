@@ -53,8 +53,12 @@ const GROUP: usize = WINDOW / 2;
 /// next `GROUP` of every step, and so on (NCCL's loops run chunk by chunk
 /// over the steps in the same way). Both ends of a connection open their
 /// matching steps in the same order, so messages still meet in FIFO order.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Cursor {
+    /// Elements per slice, and the most slices any step has: fixed for
+    /// the lane, so counted once rather than at every poll.
+    slice: usize,
+    most: usize,
     group: usize,
     step: usize,
     /// Slices of `step` already opened in this group.
@@ -62,31 +66,42 @@ struct Cursor {
 }
 
 impl Cursor {
+    fn new(steps: &[Step], slice: usize) -> Cursor {
+        let slice = slice.max(1);
+        Cursor {
+            slice,
+            most: steps
+                .iter()
+                .map(|s| s.count.div_ceil(slice))
+                .max()
+                .unwrap_or(0),
+            group: 0,
+            step: 0,
+            taken: 0,
+        }
+    }
+
     /// The next slice to open, as (step, element offset, elements), without
     /// moving; `None` once every slice is open. Steps of zero elements
     /// have no slices.
-    fn peek(&self, steps: &[Step], slice: usize) -> Option<(usize, usize, usize)> {
+    fn peek(&self, steps: &[Step]) -> Option<(usize, usize, usize)> {
         let mut c = *self;
-        c.next(steps, slice)
+        c.next(steps)
     }
 
-    fn advance(&mut self, steps: &[Step], slice: usize) {
-        let _ = self.next(steps, slice);
+    fn advance(&mut self, steps: &[Step]) {
+        let _ = self.next(steps);
     }
 
-    fn next(&mut self, steps: &[Step], slice: usize) -> Option<(usize, usize, usize)> {
-        let most = steps
-            .iter()
-            .map(|s| s.count.div_ceil(slice))
-            .max()
-            .unwrap_or(0);
+    fn next(&mut self, steps: &[Step]) -> Option<(usize, usize, usize)> {
+        let slice = self.slice;
         loop {
             if self.step >= steps.len() {
                 self.step = 0;
                 self.taken = 0;
                 self.group += 1;
             }
-            if self.group * GROUP >= most {
+            if self.group * GROUP >= self.most {
                 return None;
             }
             let count = steps[self.step].count;
@@ -201,7 +216,7 @@ impl<'a> LaneState<'a> {
         let mut slots = std::mem::take(&mut lane.staging);
         slots.resize_with(WINDOW, Default::default);
         LaneState {
-            cursor: Cursor::default(),
+            cursor: Cursor::new(&lane.steps, lane.slice_bytes / lane.reducer.dtype().size()),
             tasks: VecDeque::new(),
             free_slots: (0..WINDOW).rev().collect(),
             slots,
@@ -242,8 +257,7 @@ impl<'a> LaneState<'a> {
             self.free_slots.push(t.slot);
             moved = true;
         }
-        let slice = (lane.slice_bytes / lane.reducer.dtype().size()).max(1);
-        if self.tasks.is_empty() && self.cursor.peek(&lane.steps, slice).is_none() {
+        if self.tasks.is_empty() && self.cursor.peek(&lane.steps).is_none() {
             self.done = true;
         }
         Ok(moved)
@@ -255,9 +269,8 @@ impl<'a> LaneState<'a> {
     fn create_tasks(&mut self, lane: &mut Lane) -> Progress {
         let mut moved = false;
         let esize = lane.reducer.dtype().size();
-        let slice = (lane.slice_bytes / esize).max(1);
         while let Some(&slot) = self.free_slots.last() {
-            let Some((step_no, off, n)) = self.cursor.peek(&lane.steps, slice) else {
+            let Some((step_no, off, n)) = self.cursor.peek(&lane.steps) else {
                 break;
             };
             let step = lane.steps[step_no];
@@ -339,7 +352,7 @@ impl<'a> LaneState<'a> {
                 (task.send_op, task.send_ev) = p.send_created(step_no, peer, n * esize);
             }
             self.free_slots.pop();
-            self.cursor.advance(&lane.steps, slice);
+            self.cursor.advance(&lane.steps);
             self.tasks.push_back(task);
             moved = true;
         }
@@ -806,10 +819,10 @@ mod cursor_tests {
 
     fn order(counts: &[usize], slice: usize) -> Vec<(usize, usize, usize)> {
         let steps: Vec<Step> = counts.iter().map(|&c| Step::new(c)).collect();
-        let mut c = Cursor::default();
+        let mut c = Cursor::new(&steps, slice);
         let mut out = Vec::new();
-        while let Some(x) = c.peek(&steps, slice) {
-            c.advance(&steps, slice);
+        while let Some(x) = c.peek(&steps) {
+            c.advance(&steps);
             out.push(x);
         }
         out
