@@ -235,13 +235,12 @@ pub(crate) fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
 }
 
 /// `-g N`: this process drives GPUs 0..N, one rank each, from one thread.
+/// With fewer GPUs than ranks, rank `i` takes GPU `i % GPUs` (several
+/// ranks share a GPU, which NCCL refuses).
 pub(crate) fn run_single_process(args: &PerfArgs, n: usize) -> Result<i32, String> {
     selection(args, n)?;
     let gpus = gpu_count()?;
-    if n > gpus {
-        return Err(format!("-g {n}: this machine has {gpus} GPU(s)"));
-    }
-    let devices: Vec<usize> = (0..n).collect();
+    let devices: Vec<usize> = (0..n).map(|i| i % gpus).collect();
     let comms =
         Comm::init_all_devices(&devices, &CommConfig::default()).map_err(|e| e.to_string())?;
     let ranks = comms
@@ -250,7 +249,12 @@ pub(crate) fn run_single_process(args: &PerfArgs, n: usize) -> Result<i32, Strin
         .map(|(c, &g)| DevRank::new(c, g, args, n))
         .collect::<oxccl::Result<Vec<_>>>()
         .map_err(|e| e.to_string())?;
-    let what = format!("{n} ranks in one process (-g {n}), device memory");
+    let shared = if n > gpus {
+        format!(", {gpus} GPU(s) shared")
+    } else {
+        String::new()
+    };
+    let what = format!("{n} ranks in one process (-g {n}{shared}), device memory");
     let wrong = report(args, n, true, &what, &mut |case| {
         measure(&ranks, args, case, n)
     })?;

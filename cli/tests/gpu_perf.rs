@@ -3,7 +3,7 @@
 //! large, two ranks as two processes and as one process with `-g 2`; output
 //! buffers poisoned before each checked run, results checked against a
 //! float64 host reference; then again with NCCL_P2P_DISABLE=1 (device
-//! buffers staged through host memory over the network). Skips, saying why, where fewer than two GPUs are
+//! kernels through host step slots: shared memory, then the net plugin). Skips, saying why, where fewer than two GPUs are
 //! found.
 
 use std::process::Command;
@@ -59,11 +59,15 @@ fn every_collective_on_two_gpus_in_one_and_two_processes() {
             perf(mode, s, &[]);
         }
     }
-    // Staged through pinned host memory over the socket network, as
+    // Through host step slots: shared memory, then the socket network as
     // between nodes; the network is the slow part, so up to 12 MiB.
-    for mode in modes {
-        for s in &sizes[..4] {
-            perf(mode, s, &[("NCCL_P2P_DISABLE", "1")]);
+    for extra in [&[][..], &[("NCCL_SHM_DISABLE", "1")][..]] {
+        for mode in modes {
+            for s in &sizes[..4] {
+                let mut env = vec![("NCCL_P2P_DISABLE", "1")];
+                env.extend_from_slice(extra);
+                perf(mode, s, &env);
+            }
         }
     }
 }

@@ -188,7 +188,7 @@ params! {
     tuner_plugin: Option<String> = "TUNER_PLUGIN", "";
     /// Profiler plugin library: a name (`foo` loads libnccl-profiler-foo.so), a path, or `none`; unset tries libnccl-profiler.so.
     profiler_plugin: Option<String> = "PROFILER_PLUGIN", "";
-    /// 1: GPUs never map each other's memory; device buffers go staged through pinned host memory over the network.
+    /// 1: GPUs never map each other's memory; the kernels reach peers of this host through shared host memory (or the network with SHM_DISABLE).
     p2p_disable: bool = "P2P_DISABLE", "0";
     /// 1: no shared-memory transport: ranks of one host connect through the network. Set on either rank of a pair, it holds for the pair.
     shm_disable: bool = "SHM_DISABLE", "0";

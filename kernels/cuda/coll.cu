@@ -4,12 +4,20 @@
 // connections.
 //
 // A connection p -> r (per channel) is a FIFO of `nslots` slots in r's
-// window: p stores a slice into the next slot with 16-byte stores over
-// NVLink, fences, and bumps `tail` in r's window; r waits for `tail`, reads
-// the slot from its own memory, and bumps `head` in p's window so p may
+// receive area: p stores a slice into the next slot with 16-byte stores,
+// records its size, fences, and bumps `tail` there; r waits for `tail`,
+// reads the slot from its own memory, and bumps `head` in p's area so p may
 // reuse the slot. Each side polls only words in its own memory. The counters
 // grow for the life of the communicator; the kernel keeps them in the
 // window's state area between launches, so no host round trip is needed.
+//
+// Where the areas are is the transport's business (core/src/transport):
+// a peer's GPU memory over NVLink (P2P), host memory shared between the
+// processes of a host (SHM), or host memory a proxy thread moves through
+// the net plugin (NET: the "peer's area" is then a local mirror the proxy
+// sends from, and the proxy fills this rank's area as messages arrive).
+// The kernel sees only addresses: `mine[p]` where it receives from p,
+// `peer[p]` where it sends to p, both laid out alike.
 
 #define OXCCL_MAX_RANKS 64
 #define OXCCL_MAX_STEPS 64
@@ -26,16 +34,18 @@
 // Layout and peers of a window; at offset 0 of every window. Mirrored by
 // `WinHeader` in core/src/cuda/abi.rs.
 struct WinHeader {
-  u64 off_tail;   // u64 per (peer index, channel), OXCCL_FLAG_BYTES apart: slices a peer posted here
+  u64 off_tail;   // in an area: u64 per (peer index, channel), OXCCL_FLAG_BYTES apart: slices a peer posted here
   u64 off_head;   // same shape: slices a peer consumed of ours
-  u64 off_state;  // 2 u64 per (peer index, channel): our send and receive counters
-  u64 off_fifo;   // nslots slots per (peer index, channel)
+  u64 off_state;  // in the window: 2 u64 per (peer index, channel): our send and receive counters
+  u64 off_fifo;   // in an area: nslots slots per (peer index, channel)
+  u64 off_size;   // in an area: a u64 per slot of the fifo: the bytes the sender stored there
   u64 slot_bytes;
   u32 nslots;
   u32 maxch;
   u32 rank;
   u32 nranks;
-  u64 peer[OXCCL_MAX_RANKS];  // every rank's window, as this process addresses it
+  u64 peer[OXCCL_MAX_RANKS];  // the area each rank receives from this one in, as this process addresses it
+  u64 mine[OXCCL_MAX_RANKS];  // the area this rank receives from each rank in
 };
 
 // One step (see core/src/algo/mod.rs); offsets are abstract: element e of
@@ -112,15 +122,16 @@ struct OxChan {
   u64 slot_bytes, timeout_ns;
 
   __device__ __forceinline__ u64 cell(u32 q) const { return (u64)q * maxch + ch; }
-  // In my window: data from p, p's posts, p's acks, my counters towards p.
+  // In my area for p: data from p, p's posts, p's acks; my counters
+  // towards p are in my window.
   __device__ __forceinline__ char* fifo_from(u32 p, u64 step) const {
-    return win + h->off_fifo + (cell(oxccl_pidx(p, me, n)) * nslots + step % nslots) * slot_bytes;
+    return (char*)h->mine[p] + h->off_fifo + (cell(oxccl_pidx(p, me, n)) * nslots + step % nslots) * slot_bytes;
   }
   __device__ __forceinline__ volatile u64* tail_from(u32 p) const {
-    return (volatile u64*)(win + h->off_tail + cell(oxccl_pidx(p, me, n)) * OXCCL_FLAG_BYTES);
+    return (volatile u64*)((char*)h->mine[p] + h->off_tail + cell(oxccl_pidx(p, me, n)) * OXCCL_FLAG_BYTES);
   }
   __device__ __forceinline__ volatile u64* head_from(u32 p) const {
-    return (volatile u64*)(win + h->off_head + cell(oxccl_pidx(p, me, n)) * OXCCL_FLAG_BYTES);
+    return (volatile u64*)((char*)h->mine[p] + h->off_head + cell(oxccl_pidx(p, me, n)) * OXCCL_FLAG_BYTES);
   }
   __device__ __forceinline__ u64* state(u32 p) const {
     return (u64*)(win + h->off_state) + cell(oxccl_pidx(p, me, n)) * 2;
@@ -134,6 +145,16 @@ struct OxChan {
   }
   __device__ __forceinline__ volatile u64* head_at(u32 p) const {
     return (volatile u64*)((char*)h->peer[p] + h->off_head + cell(oxccl_pidx(me, p, n)) * OXCCL_FLAG_BYTES);
+  }
+  __device__ __forceinline__ volatile u64* size_at(u32 p, u64 step) const {
+    return (volatile u64*)((char*)h->peer[p] + h->off_size) + cell(oxccl_pidx(me, p, n)) * nslots + step % nslots;
+  }
+  // Makes a slice stored into p's slot `step` (`bytes` long) visible, then
+  // posts it: the size first (a proxy sends that many bytes), then `tail`.
+  __device__ __forceinline__ void post(u32 p, u64 step, u64 bytes) const {
+    *size_at(p, step) = bytes;
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+    oxccl_st_relaxed_sys(tail_at(p), step + 1);
   }
 };
 
@@ -176,8 +197,8 @@ __device__ __forceinline__ void oxccl_slice(const OxChan& c, OxShared& sh, int r
   __syncthreads();
   if (threadIdx.x == 0) {
     if (send >= 0) {
-      asm volatile("fence.acq_rel.sys;" ::: "memory");
-      oxccl_st_relaxed_sys(c.tail_at(send), ++sh.sent[send]);
+      c.post(send, sh.sent[send], n * sizeof(T));
+      sh.sent[send]++;
     }
     if (recv >= 0) oxccl_st_relaxed_sys(c.head_at(recv), ++sh.recvd[recv]);
   }
@@ -233,8 +254,8 @@ __device__ __forceinline__ void oxccl_exchange(const CollArgs& a, const OxChan& 
                                nthr);
       oxccl_bar(1, nthr);
       if (tid == 0) {
-        asm volatile("fence.acq_rel.sys;" ::: "memory");
-        oxccl_st_relaxed_sys(c.tail_at(peer), ++sh.sent[peer]);
+        c.post(peer, sh.sent[peer], ne * sizeof(T));
+        sh.sent[peer]++;
         sh.local_done = j + 1;
       }
     }

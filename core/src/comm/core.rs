@@ -42,20 +42,13 @@ fn staging_key(chan: usize, steps: &[Step]) -> StagingKey {
     (chan, peer)
 }
 
-/// How a GPU rank's operations move: kernels storing into peers' memory
-/// (one node, peer access), or staged through pinned host memory over the
-/// network.
-pub(crate) enum GpuPath {
-    Peer(Box<Mutex<DeviceComm>>),
-    Staged(super::staged::Staged),
-}
+/// How a GPU rank's operations move: kernels storing into the areas of
+/// its peers, whichever transport reaches each.
+pub(crate) struct GpuPath(pub Mutex<DeviceComm>);
 
 impl GpuPath {
     pub fn ordinal(&self) -> Option<usize> {
-        match self {
-            GpuPath::Peer(d) => d.lock().ok().map(|d| d.context().device().ordinal()),
-            GpuPath::Staged(s) => Some(s.context().device().ordinal()),
-        }
+        self.0.lock().ok().map(|d| d.context().device().ordinal())
     }
 }
 
@@ -94,8 +87,6 @@ pub(crate) struct Core {
     /// The GPU this rank is bound to, when it was created on one: its
     /// operations take device memory.
     pub device: Option<GpuPath>,
-    /// This core as its proxy thread holds it (not keeping it alive).
-    this: std::sync::OnceLock<std::sync::Weak<Core>>,
     tuner: Option<crate::plugin::tuner::TunerComm>,
     /// Shared with the thread that reports the device path's kernel-channel
     /// events.
@@ -202,7 +193,6 @@ impl Core {
             ring,
             fabric,
             device,
-            this: std::sync::OnceLock::new(),
             tuner: crate::plugin::tuner::shared(cfg_tuner.as_deref())?.and_then(|t| {
                 crate::plugin::tuner::TunerComm::new(t, ident.comm_hash, nranks, ident.nnodes)
             }),
@@ -266,30 +256,16 @@ impl Core {
         }
     }
 
-    /// Records the `Arc` this core lives in, for threads that must not keep it alive.
-    pub fn set_this(self: &std::sync::Arc<Core>) {
-        let _ = self.this.set(std::sync::Arc::downgrade(self));
-    }
-
-    pub fn this(&self) -> std::sync::Weak<Core> {
-        self.this.get().cloned().unwrap_or_default()
-    }
-
-    /// A failure found after the call that enqueued it returned (staged
-    /// device operations), as NCCL's asynchronous error.
+    /// A failure found after the call that enqueued it returned (the
+    /// device path's network proxy stopped), as NCCL's asynchronous error.
     pub fn async_failure(&self) -> Option<Error> {
-        match &self.device {
-            Some(GpuPath::Staged(s)) => s.failure(),
-            _ => None,
-        }
+        let dc = self.device.as_ref()?.0.lock().ok()?;
+        dc.failure()
     }
 
     /// Runs the operations of one group on this communicator.
     pub fn execute(&self, ops: &[(Op, OpBuffers)]) -> Result<()> {
-        if let Some(GpuPath::Staged(s)) = &self.device {
-            return s.execute(self, ops);
-        }
-        if let Some(GpuPath::Peer(dc)) = &self.device {
+        if let Some(GpuPath(dc)) = &self.device {
             let n = ops
                 .iter()
                 .filter(|(op, _)| op.kind.coll().is_some())
@@ -684,9 +660,8 @@ impl Core {
 
 impl Drop for Core {
     fn drop(&mut self) {
-        // The connections deregister the staging slots (and, after a failed
-        // operation, staged device buffers) as they close: they go first,
-        // while that memory still exists.
+        // The connections deregister the host path's slots as they close:
+        // they go first, while that memory still exists.
         let conns = self.conns.get_mut().unwrap_or_else(PoisonError::into_inner);
         conns.send.clear();
         conns.recv.clear();

@@ -5,7 +5,6 @@ mod core;
 mod ident;
 mod kernel_events;
 mod on_device;
-mod staged;
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -99,8 +98,8 @@ struct FromParent {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemStats {
     /// GPU memory allocated for this communicator: the device path's
-    /// window, which every peer maps. 0 on host memory, and where device
-    /// buffers are staged through pinned host memory.
+    /// window. 0 on host memory; the pinned host step slots of peers
+    /// reached through shared memory or the network are not counted.
     pub device_bytes: u64,
 }
 
@@ -311,11 +310,7 @@ impl Comm {
             let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
             if let Status::Initializing = *st {
                 *st = match r {
-                    Ok(core) => {
-                        let core = Arc::new(core);
-                        core.set_this();
-                        Status::Ready(core)
-                    }
+                    Ok(core) => Status::Ready(Arc::new(core)),
                     Err(e) => Status::Failed(e),
                 };
             }
@@ -381,12 +376,7 @@ impl Comm {
         };
         let dc = match device {
             Some(d) => Some(on_device::open(
-                &bootstrap,
-                (rank, nranks),
-                &peers,
-                d,
-                &cfg,
-                net.name(),
+                &bootstrap, &peers, d, &cfg, &net, &locality,
             )?),
             None => None,
         };
@@ -526,13 +516,13 @@ impl Comm {
     pub fn mem_stats(&self) -> Result<MemStats> {
         let core = self.core()?;
         let device_bytes = match &core.device {
-            Some(self::core::GpuPath::Peer(dc)) => dc
+            Some(self::core::GpuPath(dc)) => dc
                 .lock()
                 .map_err(|_| {
                     Error::Internal("device executor poisoned by an earlier panic".into())
                 })?
                 .device_bytes() as u64,
-            Some(self::core::GpuPath::Staged(_)) | None => 0,
+            None => 0,
         };
         Ok(MemStats { device_bytes })
     }

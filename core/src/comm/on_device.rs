@@ -14,17 +14,19 @@ use tracing::{debug, info};
 use super::core::GpuPath;
 use super::ident::Peers;
 use super::kernel_events::KernelEvents;
-use super::staged::Staged;
 use crate::algo::{cost, Algo, Coll};
 use crate::config::Config;
-use crate::cuda::{pointer_kind, Context, Device, PtrKind, RawStream, SavedCurrent};
+use crate::cuda::{pointer_kind, PtrKind, RawStream, SavedCurrent};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::exec::device::{Choice, DeviceComm, DeviceConfig, Oob};
+use crate::exec::device::{Choice, DeviceComm, DeviceConfig, Oob, Transports};
 use crate::exec::mem::OpBuffers;
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{Event, Handle, ProfilerComm};
 use crate::plugin::tuner::TunerComm;
+use crate::transport::shm::ShmNet;
+use crate::transport::{ConnKey, Connections, Locality, Transport};
+use oxccl_plugin::Net;
 
 /// The bootstrap as the device executor's out-of-band exchange.
 struct BootstrapOob<'a> {
@@ -48,43 +50,77 @@ impl Oob for BootstrapOob<'_> {
 }
 
 /// Binds this rank to GPU `device`: every rank of the communicator calls
-/// it during creation, and all take the same path: kernels over peer
-/// mappings when every rank is on this node and none disabled P2P; else
-/// staging through pinned host memory over the network.
+/// it during creation. Each peer is reached as NCCL reaches it (see
+/// [`Locality::device_transport`]): the peer's GPU memory over P2P, else
+/// shared host memory on one host, else the network through a proxy
+/// thread; the same kernels run over all three.
 pub(crate) fn open(
     bootstrap: &Bootstrap,
-    (rank, nranks): (usize, usize),
     peers: &Peers,
     device: usize,
     cfg: &Config,
-    net: &str,
+    net: &Arc<dyn Net>,
+    locality: &Locality,
 ) -> Result<GpuPath> {
     let _restore = SavedCurrent::save()?;
-    let (nnodes, disabled) = (peers.nnodes, &peers.p2p_disabled);
-    if nnodes == 1 && disabled.is_empty() {
-        let oob = BootstrapOob {
-            bootstrap,
-            rank,
-            nranks,
-        };
-        let dc = DeviceComm::new(
-            &oob,
-            device,
-            DeviceConfig::from_env()?.with_nccl_bounds(cfg),
-        )
-        .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
-        return Ok(GpuPath::Peer(Box::new(Mutex::new(dc))));
+    let (rank, nranks) = (locality.rank, locality.hosts.len());
+    let routes: Vec<Transport> = (0..nranks)
+        .map(|p| locality.device_transport(p, &peers.p2p_disabled))
+        .collect();
+    let mut dcfg = DeviceConfig::from_env()?.with_nccl_bounds(cfg);
+    // Either every rank has a peer through host memory or none has (a rank
+    // whose peers are all P2P shares a host with every rank, none of which
+    // disabled P2P): the window's layout stays the same on every rank.
+    let hosted = (0..nranks).any(|p| p != rank && routes[p] != Transport::P2p);
+    if hosted {
+        dcfg = dcfg.through_host(cfg);
+        log_routes(locality, &routes, dcfg.channels);
     }
-    let why = if nnodes > 1 {
-        format!("ranks on {nnodes} nodes")
-    } else {
-        format!("NCCL_P2P_DISABLE=1 on rank(s) {disabled:?}")
+    let oob = BootstrapOob {
+        bootstrap,
+        rank,
+        nranks,
     };
-    info!(target: "oxccl::init", "rank {rank} on GPU {device}: {why}: device buffers are staged through pinned host memory (shared memory to ranks of this host unless NCCL_SHM_DISABLE=1, network {net} to other hosts; no GPUDirect)");
-    let ctx = Context::primary(Device::get(device)?)?;
-    Ok(GpuPath::Staged(Staged::new(ctx).map_err(|e| {
-        e.context(format!("binding rank {rank} to GPU {device}"))
-    })?))
+    let mut conns = Connections::new(net.clone(), ShmNet::new(cfg.buffsize), locality.clone());
+    let timeout = cfg.timeout();
+    let connect = move |peers: &[usize], channels: usize| {
+        let keys: Vec<ConnKey> = peers
+            .iter()
+            .flat_map(|&p| (0..channels).map(move |c| (c, p)))
+            .collect();
+        conns.ensure(bootstrap, &keys, &keys, timeout)?;
+        conns.take_links(peers, channels)
+    };
+    let tr = Transports {
+        routes,
+        connect: Box::new(connect),
+    };
+    let dc = DeviceComm::with_transports(&oob, device, dcfg, tr)
+        .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
+    if hosted {
+        info!(target: "oxccl::init", "rank {rank} on GPU {device}: {} MiB of host memory registered for peers reached through it; no GPUDirect: the network reads and writes host memory", dc.host_bytes() >> 20);
+    }
+    Ok(GpuPath(Mutex::new(dc)))
+}
+
+/// NCCL's connection lines for the peers the kernels reach directly (P2P
+/// and SHM; the network's connections log themselves as they are made),
+/// the ring's next rank on every channel, as NCCL logs its rings.
+fn log_routes(local: &Locality, routes: &[Transport], channels: usize) {
+    let n = routes.len();
+    let next = (local.rank + 1) % n;
+    if next == local.rank {
+        return;
+    }
+    let (me, peer) = (local.who(local.rank), local.who(next));
+    let via = match routes[next] {
+        Transport::P2p => "P2P/IPC",
+        Transport::Shm => "SHM/direct/direct",
+        Transport::Net => return,
+    };
+    for c in 0..channels {
+        info!(target: "oxccl::init", "Channel {c:02}/0 : {me} -> {peer} via {via}");
+    }
 }
 
 /// The profiler as one group of the device path reports to it: NCCL's

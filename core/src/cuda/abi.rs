@@ -111,16 +111,20 @@ pub struct WinHeader {
     pub off_head: u64,
     pub off_state: u64,
     pub off_fifo: u64,
+    pub off_size: u64,
     pub slot_bytes: u64,
     pub nslots: u32,
     pub maxch: u32,
     pub rank: u32,
     pub nranks: u32,
+    /// The area each rank receives this rank's slices in.
     pub peer: [u64; MAX_RANKS],
+    /// The area this rank receives each rank's slices in.
+    pub mine: [u64; MAX_RANKS],
 }
 
 impl WinHeader {
-    pub const BYTES: usize = 56 + 8 * MAX_RANKS;
+    pub const BYTES: usize = 64 + 16 * MAX_RANKS;
 
     /// The bytes the device reads (little-endian, as every CUDA GPU).
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -130,6 +134,7 @@ impl WinHeader {
             self.off_head,
             self.off_state,
             self.off_fifo,
+            self.off_size,
             self.slot_bytes,
         ] {
             b.extend_from_slice(&v.to_le_bytes());
@@ -137,7 +142,7 @@ impl WinHeader {
         for v in [self.nslots, self.maxch, self.rank, self.nranks] {
             b.extend_from_slice(&v.to_le_bytes());
         }
-        for v in self.peer {
+        for v in self.peer.iter().chain(&self.mine) {
             b.extend_from_slice(&v.to_le_bytes());
         }
         debug_assert_eq!(b.len(), Self::BYTES);
@@ -165,6 +170,6 @@ mod tests {
         assert_eq!(size_of::<ReduceArgs>(), 72);
         assert_eq!(size_of::<CopyArgs>(), 24);
         assert_eq!(size_of::<FillArgs>(), 40);
-        assert_eq!(WinHeader::BYTES, 568);
+        assert_eq!(WinHeader::BYTES, 1088);
     }
 }

@@ -36,6 +36,12 @@ impl Context {
         Ok(ctx)
     }
 
+    /// Whether both are the same driver context (every retain of a
+    /// device's primary context is).
+    pub fn same(&self, other: &Context) -> bool {
+        self.raw == other.raw
+    }
+
     /// Makes this context current on the calling thread: every driver call
     /// that follows acts on this GPU. Cheap; done at each entry point.
     pub fn bind(&self) -> Result<()> {

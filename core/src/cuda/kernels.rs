@@ -228,6 +228,31 @@ impl KernelSet {
         })
     }
 
+    /// The kernel set of `ctx`'s device, shared by every user in this
+    /// process. Loading a module waits for the kernels running in the
+    /// context, so ranks that share a GPU (and so its primary context)
+    /// must not load their own: a rank's first launch would wait for a
+    /// peer's kernel that waits for that launch.
+    pub fn shared(ctx: &Arc<Context>) -> Result<Arc<KernelSet>> {
+        static SETS: Mutex<Vec<(usize, std::sync::Weak<KernelSet>)>> = Mutex::new(Vec::new());
+        let dev = ctx.device().ordinal();
+        let mut sets = SETS
+            .lock()
+            .map_err(|_| Error::Internal("kernel registry lock poisoned".into()))?;
+        sets.retain(|(_, w)| w.strong_count() > 0);
+        let found = sets
+            .iter()
+            .find(|(d, _)| *d == dev)
+            .and_then(|(_, w)| w.upgrade())
+            .filter(|k| k.ctx.same(ctx));
+        if let Some(k) = found {
+            return Ok(k);
+        }
+        let k = Arc::new(KernelSet::new(ctx)?);
+        sets.push((dev, Arc::downgrade(&k)));
+        Ok(k)
+    }
+
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
     }

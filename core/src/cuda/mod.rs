@@ -28,5 +28,5 @@ pub use event::Event;
 pub use ipc::{IpcMapping, IpcMemHandle};
 pub use kernels::{FillPattern, KernelSet};
 pub use memory::{alloc_raw, free_raw, pointer_kind, read_raw, DeviceBuffer, PtrKind};
-pub use pinned::{HostFlag, PinnedHost};
+pub use pinned::{HostFlag, HostMapping, PinnedHost, Registered};
 pub use stream::{RawStream, Stream};

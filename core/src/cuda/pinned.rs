@@ -242,3 +242,79 @@ impl HostFlag {
         )
     }
 }
+
+/// Host memory that some other owner mapped (a shared-memory segment, a
+/// private mapping), to be made visible to the GPU.
+///
+/// # Safety
+/// `host_range` names memory that stays mapped, readable and writable for
+/// as long as the implementing value lives.
+pub unsafe trait HostMapping: Send + Sync {
+    fn host_range(&self) -> (*mut u8, usize);
+}
+
+/// A [`HostMapping`] registered with CUDA (page-locked, mapped into the
+/// GPU's address space): kernels store into it and load from it, the CPU
+/// (a peer process, the proxy) reads and writes it directly. Owns the
+/// mapping, so the memory outlives the registration.
+pub struct Registered<M: HostMapping> {
+    ctx: Arc<Context>,
+    mem: M,
+    device: u64,
+}
+
+impl<M: HostMapping> std::fmt::Debug for Registered<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Registered({:#x}, {} bytes)",
+            self.device,
+            self.mem.host_range().1
+        )
+    }
+}
+
+impl<M: HostMapping> Registered<M> {
+    pub fn new(ctx: &Arc<Context>, mem: M) -> Result<Registered<M>> {
+        ctx.bind()?;
+        let (host, bytes) = mem.host_range();
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        check(
+            // SAFETY: the range is mapped for as long as `mem` lives (the
+            // trait's contract), and `mem` is dropped after the unregister.
+            unsafe { sys::cuMemHostRegister_v2(host.cast(), bytes, flags) },
+            format!("cuMemHostRegister({bytes} bytes of host memory for the GPU)"),
+        )?;
+        let mut device: sys::CUdeviceptr = 0;
+        let r = check(
+            // SAFETY: `host` was just registered with DEVICEMAP in this context.
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) },
+            "cuMemHostGetDevicePointer",
+        );
+        let reg = Registered {
+            ctx: ctx.clone(),
+            mem,
+            device,
+        };
+        r.map(|_| reg)
+    }
+
+    /// The memory as the GPU addresses it.
+    pub fn device_ptr(&self) -> u64 {
+        self.device
+    }
+
+    pub fn mem(&self) -> &M {
+        &self.mem
+    }
+}
+
+impl<M: HostMapping> Drop for Registered<M> {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            // SAFETY: registered in `new`, unregistered once, here, before
+            // the mapping (`mem`) goes.
+            let _ = unsafe { sys::cuMemHostUnregister(self.mem.host_range().0.cast()) };
+        }
+    }
+}

@@ -12,6 +12,8 @@
 //! the sender through the bootstrap; both then poll `connect`/`accept`
 //! together until done; the executor runs any of them alike.
 
+pub mod layout;
+pub mod proxy;
 pub mod shm;
 
 use std::collections::BTreeMap;
@@ -38,7 +40,11 @@ pub const P2P_CHANNEL: usize = 1 << 16;
 /// How a rank reaches a peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
-    /// A ring in shared memory (same host).
+    /// The peer's GPU memory, mapped (device buffers, same host, peer
+    /// access): the device path's kernels store into it directly.
+    P2p,
+    /// Shared memory (same host): a ring for host buffers, a host area the
+    /// GPUs store into for device buffers.
     Shm,
     /// The net plugin.
     Net,
@@ -76,8 +82,22 @@ impl Locality {
         }
     }
 
+    /// The transport of the device path to `peer`: P2P between GPUs of one
+    /// host unless either rank disabled it (`p2p_disabled`), else as host
+    /// buffers go. The driver may still refuse the mapping (no peer
+    /// access), which the window reports.
+    pub fn device_transport(&self, peer: usize, p2p_disabled: &[usize]) -> Transport {
+        let same_host = self.hosts.get(peer) == self.hosts.get(self.rank);
+        let off = [self.rank, peer].iter().any(|r| p2p_disabled.contains(r));
+        if same_host && !off {
+            Transport::P2p
+        } else {
+            self.transport(peer)
+        }
+    }
+
     /// `rank[dev]`, as NCCL's connection lines name a rank.
-    fn who(&self, r: usize) -> String {
+    pub fn who(&self, r: usize) -> String {
         format!("{r}[{}]", self.devices.get(r).copied().unwrap_or(-1))
     }
 }
@@ -159,6 +179,10 @@ impl Connections {
     /// devices taken in turn by channel).
     fn route(&self, key: ConnKey, ndev: &mut Option<usize>) -> Result<(&dyn Net, usize)> {
         match self.local.transport(key.1) {
+            Transport::P2p => Err(Error::Internal(format!(
+                "a network connection asked for P2P peer {}",
+                key.1
+            ))),
             Transport::Shm => Ok((&self.shm, 0)),
             Transport::Net => {
                 let n = match *ndev {
@@ -184,12 +208,39 @@ impl Connections {
             (Transport::Shm, true) => {
                 info!(target: "oxccl::init", "Channel {chan:02} : {me} -> {peer} via SHM/direct/direct")
             }
-            (Transport::Shm, false) => {}
+            (Transport::Shm | Transport::P2p, false) => {}
+            (Transport::P2p, true) => {
+                info!(target: "oxccl::init", "Channel {chan:02} : {me} -> {peer} via P2P/direct")
+            }
             (Transport::Net, true) => info!(target: "oxccl::init",
                 "Channel {chan:02}/{conn} : {me} -> {peer} [send] via NET/{}/{dev}", self.net.name()),
             (Transport::Net, false) => info!(target: "oxccl::init",
                 "Channel {chan:02}/{conn} : {peer} -> {me} [receive] via NET/{}/{dev}", self.net.name()),
         }
+    }
+
+    /// Takes the connections of `peers` on channels `0..channels` out, both
+    /// directions of each pair together (the device path's proxy drives
+    /// them from then on).
+    pub fn take_links(&mut self, peers: &[usize], channels: usize) -> Result<Vec<proxy::Link>> {
+        let mut links = Vec::new();
+        for &peer in peers {
+            for chan in 0..channels {
+                let (send, recv) = (self.send.take((chan, peer)), self.recv.take((chan, peer)));
+                let (Some(send), Some(recv)) = (send, recv) else {
+                    return Err(Error::Internal(format!(
+                        "no connection to rank {peer} on channel {chan}"
+                    )));
+                };
+                links.push(proxy::Link {
+                    peer,
+                    chan,
+                    send,
+                    recv,
+                });
+            }
+        }
+        Ok(links)
     }
 
     /// Establishes the missing connections among `sends` and `recvs`.

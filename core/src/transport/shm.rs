@@ -16,6 +16,7 @@
 //! died without dropping is found by its lock (see [`segment`]) when the
 //! other end has waited a while.
 
+pub mod area;
 mod ring;
 mod segment;
 

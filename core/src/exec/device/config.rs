@@ -19,6 +19,9 @@ use crate::error::{Error, Result};
 /// Thread blocks a collective may use at most (one per multiprocessor of an H100/H200, roughly).
 pub const MAX_CHANNELS: usize = 128;
 
+/// Channels of a window whose peers are reached through host memory.
+pub const HOST_CHANNELS: usize = 4;
+
 /// How a communicator settles its channel count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChannelChoice {
@@ -127,6 +130,25 @@ impl DeviceConfig {
                 *max = (cfg.max_nchannels as usize).clamp(1, MAX_CHANNELS);
             }
         }
+        self
+    }
+
+    /// The window of a communicator some of whose peers are reached
+    /// through host memory (SHM or the network): NCCL's step slots
+    /// (NCCL_STEPS = 8 of NCCL_BUFFSIZE / 8 bytes) on a few channels, since
+    /// host memory is pinned per peer and a PCIe link or a NIC is fed by
+    /// few blocks. NCCL_MAX_NCHANNELS, where set, bounds the count.
+    pub fn through_host(mut self, cfg: &crate::config::Config) -> DeviceConfig {
+        use crate::config::Source;
+        let mut channels = HOST_CHANNELS.min(self.channels);
+        if cfg.source("MAX_NCHANNELS") != Some(&Source::Default) {
+            channels = (cfg.max_nchannels as usize).clamp(1, MAX_CHANNELS);
+        }
+        self.channels = channels;
+        self.choice = ChannelChoice::Fixed;
+        self.slots = 8;
+        self.slot_bytes = ((cfg.buffsize as usize / 8) & !15).clamp(4 << 10, 64 << 20);
+        self.min_slice_bytes = self.min_slice_bytes.min(self.slot_bytes);
         self
     }
 

@@ -39,6 +39,7 @@ use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::topo::BusId;
 use plan::Template;
+pub use window::Transports;
 use window::Window;
 
 /// The channel count every rank will use: each proposes what the link to
@@ -91,7 +92,7 @@ pub struct DeviceComm {
     nranks: usize,
     ctx: Arc<Context>,
     cfg: DeviceConfig,
-    kernels: KernelSet,
+    kernels: Arc<KernelSet>,
     window: Window,
     templates: HashMap<Key, Template>,
     /// The stream of the last operation, and an event to order the next
@@ -124,7 +125,18 @@ pub struct TimedLaunch {
 impl DeviceComm {
     /// Joins the communicator as `oob.rank()` on GPU `device`. Every rank
     /// calls it at the same time (it exchanges through `oob`).
-    pub fn new(oob: &dyn Oob, device: usize, mut cfg: DeviceConfig) -> Result<DeviceComm> {
+    pub fn new(oob: &dyn Oob, device: usize, cfg: DeviceConfig) -> Result<DeviceComm> {
+        DeviceComm::with_transports(oob, device, cfg, Transports::all_p2p(oob.nranks()))
+    }
+
+    /// As [`DeviceComm::new`], each peer reached as `tr` says (P2P, shared
+    /// host memory, or the network through a proxy thread).
+    pub fn with_transports(
+        oob: &dyn Oob,
+        device: usize,
+        mut cfg: DeviceConfig,
+        tr: Transports<'_>,
+    ) -> Result<DeviceComm> {
         cfg.validate()?;
         let dev = Device::get(device)?;
         if let ChannelChoice::Topology { .. } = cfg.choice {
@@ -132,8 +144,8 @@ impl DeviceComm {
             cfg.choice = ChannelChoice::Fixed;
         }
         let ctx = Context::primary(dev)?;
-        let kernels = KernelSet::new(&ctx)?;
-        let window = Window::setup(&ctx, oob, &cfg)?;
+        let kernels = KernelSet::shared(&ctx)?;
+        let window = Window::setup(&ctx, oob, &cfg, tr)?;
         let order = Event::new(&ctx, false)?;
         tracing::info!(target: "oxccl::init", "rank {}/{} on GPU {device}: device window of {} MiB ({} channels x {} slots x {} KiB per peer)",
             oob.rank(), oob.nranks(), window.layout.bytes >> 20, cfg.channels, cfg.slots, cfg.slot_bytes >> 10);
@@ -221,6 +233,17 @@ impl DeviceComm {
     /// mapped, not allocated, here.
     pub fn device_bytes(&self) -> usize {
         self.window.buf.len()
+    }
+
+    /// What stopped this rank's network proxy, if anything did: its
+    /// kernels would wait for the peer until their timeout.
+    pub fn failure(&self) -> Option<Error> {
+        self.window.failure()
+    }
+
+    /// Host memory this rank registered for SHM and net peers.
+    pub fn host_bytes(&self) -> usize {
+        self.window.host_bytes()
     }
 
     /// Every rank's window address as this process sees it (diagnostics).
@@ -534,7 +557,11 @@ impl DeviceComm {
             },
             steps: t.steps,
         };
+        if let Some(e) = self.window.failure() {
+            return Err(e.context("the network proxy of this communicator stopped"));
+        }
         let r = kernel.launch(shape.channels, self.cfg.threads, stream, &args);
+        self.window.kick();
         if let (Some(st), Some(slot)) = (&self.stamps, timed) {
             match r {
                 Ok(()) => self.launched.push(TimedLaunch {

@@ -1,7 +1,8 @@
 //! GPU communicators whose GPUs may not map each other (NCCL_P2P_DISABLE=1,
-//! as ranks on different nodes): device buffers are staged through pinned
-//! host memory over the network, still ordered on the caller's stream and
-//! without the enqueuing thread waiting. Both ranks are issued from one
+//! as ranks on different nodes): the kernels move device buffers through
+//! step slots in host memory (shared memory, or the net plugin's proxy),
+//! still ordered on the caller's stream and without the enqueuing thread
+//! waiting. Both ranks are issued from one
 //! thread, so an enqueue that waited for its peer would never return.
 
 mod gpu_common;
