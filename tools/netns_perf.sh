@@ -1,54 +1,9 @@
 #!/usr/bin/env bash
-# Two ranks of `oxccl perf` as two hosts: two network namespaces joined by a
-# veth pair, each rank with its own address and NCCL_HOSTID, so the
-# communicator sees two nodes and takes the network path (the net plugin,
-# NCCL_SOCKET_IFNAME=the veth). Needs root and iproute2 (tc for RATE).
+# `oxccl perf` as two ranks on two "hosts" (network namespaces, distinct
+# NCCL_HOSTID): see tools/netns_run.sh for the setup and its variables.
 #
 #   tools/netns_perf.sh BIN [oxccl perf arguments...]
-#
-# RATE=1gbit shapes both directions of the link to that rate (tc tbf), as a
-# slower network; otherwise DELAY=1ms and/or LOSS=1% add tc netem delay and
-# loss (netem must exist in the kernel). Rank 0's table goes to stdout,
-# rank 1's output to $LOG1 (default /dev/null). The namespaces and the
-# link are removed on exit, whatever happens. Bounded by LIMIT seconds (600).
 set -euo pipefail
 bin=$1
 shift
-tag=oxp$$
-ns=("${tag}a" "${tag}b")
-veth=("${tag}va" "${tag}vb")
-net=$((1 + $$ % 200))
-addr=("10.234.$net.1" "10.234.$net.2")
-cleanup() {
-  ip link del "${veth[0]}" 2>/dev/null || true
-  for n in "${ns[@]}"; do ip netns del "$n" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-for n in "${ns[@]}"; do ip netns add "$n"; done
-ip link add "${veth[0]}" type veth peer name "${veth[1]}"
-for i in 0 1; do
-  ip link set "${veth[$i]}" netns "${ns[$i]}"
-  ip -n "${ns[$i]}" addr add "${addr[$i]}/24" dev "${veth[$i]}"
-  ip -n "${ns[$i]}" link set "${veth[$i]}" up
-  ip -n "${ns[$i]}" link set lo up
-  if [ -n "${RATE:-}" ]; then
-    ip netns exec "${ns[$i]}" tc qdisc add dev "${veth[$i]}" root tbf rate "$RATE" burst 1mb latency 50ms
-  elif [ -n "${DELAY:-}${LOSS:-}" ]; then
-    ip netns exec "${ns[$i]}" tc qdisc add dev "${veth[$i]}" root netem \
-      ${DELAY:+delay "$DELAY"} ${LOSS:+loss "$LOSS"}
-  fi
-done
-port=$((20000 + $$ % 20000))
-run() {
-  local r=$1
-  shift
-  ip netns exec "${ns[$r]}" env RANK="$r" WORLD_SIZE=2 NCCL_COMM_ID="${addr[0]}:$port" \
-    NCCL_HOSTID="netns-host-$r" NCCL_SOCKET_IFNAME="${veth[$r]}" \
-    timeout "${LIMIT:-600}" "$bin" perf "$@"
-}
-run 1 "$@" >"${LOG1:-/dev/null}" 2>&1 &
-b=$!
-rc=0
-run 0 "$@" || rc=$?
-wait "$b" || rc=$((rc ? rc : $?))
-exit "$rc"
+exec "$(dirname "$0")/netns_run.sh" "$bin" perf "$@"

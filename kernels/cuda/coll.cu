@@ -74,6 +74,8 @@ struct CollArgs {
   u32 nchunks;
   u32 slice_elems;  // elements per FIFO slot use, a multiple of 16 bytes
   u32 nchannels;
+  u32 group;  // slices a step moves before the next step moves (a chunk); 0 or 1: one
+  u32 pad;
   // Where each block writes its globaltimer at start and end (two u64 per
   // channel, in mapped host memory), for the profiler's KernelCh events; 0:
   // not timed.
@@ -315,28 +317,37 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
   if (a.nsteps == 1 && (a.steps[0].flags & OXCCL_STEP_SEND_LOCAL)) {
     oxccl_exchange<T, Op>(a, c, sh, lo, hi);
   } else {
-    // Slice-major order, as NCCL's loops: every step advances one slice
-    // before any step takes the next, so a ring never waits on a FIFO that
-    // only a later step of its neighbour would drain.
+    // Group-major order, as NCCL's loops: every step advances `group`
+    // slices (a chunk) before any step takes the next group, so a ring never
+    // waits on a FIFO that only a later step of its neighbour would drain (a
+    // group is at most half the FIFO: two in flight never fill it). Groups of
+    // several slices let a rank run ahead of a peer that is not running at
+    // the moment (a process time-sliced on one GPU, a proxy between hosts).
+    const u64 G = (u64)max(a.group, 1u) * S;
     for (u64 j = 0;; j++) {
       bool any = false;
       for (u32 s = 0; s < a.nsteps; s++) {
         const DevStep& d = a.steps[s];
         u64 clo, chi;
         oxccl_chunk(lo, hi, a.nchunks, d.chunk, V, &clo, &chi);
-        const u64 e0 = clo + j * S;
-        if (e0 >= chi) continue;
+        const u64 g0 = clo + j * G;
+        if (g0 >= chi) continue;
         any = true;
-        const u64 ne = min(S, chi - e0);
-        const T* src = oxccl_buf<T>(a, d.src_buf, d.src_block, e0);
-        T* dst = oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0);
+        const u64 g1 = min(g0 + G, chi);
         const u32 pre = d.src_buf == OXCCL_BUF_INPUT ? OXCCL_F_PRE_S : 0;
         const u32 fin = (d.flags & OXCCL_STEP_FINALIZE) ? OXCCL_F_POST : 0;
         if (d.flags & OXCCL_STEP_SEND_LOCAL) {
-          oxccl_slice<T, Op>(c, sh, -1, d.send, src, 0, ne, pre, a.sc);
-          oxccl_slice<T, Op>(c, sh, d.recv, -1, src, dst, ne, pre | fin | OXCCL_F_ROUND, a.sc);
+          for (u64 e0 = g0; e0 < g1; e0 += S)
+            oxccl_slice<T, Op>(c, sh, -1, d.send, oxccl_buf<T>(a, d.src_buf, d.src_block, e0), 0, min(S, g1 - e0), pre,
+                               a.sc);
+          for (u64 e0 = g0; e0 < g1; e0 += S)
+            oxccl_slice<T, Op>(c, sh, d.recv, -1, oxccl_buf<T>(a, d.src_buf, d.src_block, e0),
+                               oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0), min(S, g1 - e0),
+                               pre | fin | OXCCL_F_ROUND, a.sc);
         } else {
-          oxccl_slice<T, Op>(c, sh, d.recv, d.send, src, dst, ne, pre | fin, a.sc);
+          for (u64 e0 = g0; e0 < g1; e0 += S)
+            oxccl_slice<T, Op>(c, sh, d.recv, d.send, oxccl_buf<T>(a, d.src_buf, d.src_block, e0),
+                               oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0), min(S, g1 - e0), pre | fin, a.sc);
         }
       }
       if (!any) break;

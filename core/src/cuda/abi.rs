@@ -57,6 +57,9 @@ pub struct CollArgs {
     pub nchunks: u32,
     pub slice_elems: u32,
     pub nchannels: u32,
+    /// Slices a step moves before the next step moves (a chunk).
+    pub group: u32,
+    pub pad: u32,
     /// Mapped host address of the launch's (start, end) globaltimer pairs,
     /// one per channel; 0 when the launch is not timed.
     pub stamps: u64,
@@ -164,9 +167,10 @@ mod tests {
         assert_eq!(offset_of!(CollArgs, timeout_ns), 64);
         assert_eq!(offset_of!(CollArgs, nsteps), 72);
         assert_eq!(offset_of!(CollArgs, nchannels), 84);
-        assert_eq!(offset_of!(CollArgs, stamps), 88);
-        assert_eq!(offset_of!(CollArgs, steps), 96);
-        assert_eq!(size_of::<CollArgs>(), 96 + 16 * MAX_STEPS);
+        assert_eq!(offset_of!(CollArgs, group), 88);
+        assert_eq!(offset_of!(CollArgs, stamps), 96);
+        assert_eq!(offset_of!(CollArgs, steps), 104);
+        assert_eq!(size_of::<CollArgs>(), 104 + 16 * MAX_STEPS);
         assert_eq!(size_of::<ReduceArgs>(), 72);
         assert_eq!(size_of::<CopyArgs>(), 24);
         assert_eq!(size_of::<FillArgs>(), 40);

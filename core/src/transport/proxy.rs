@@ -11,6 +11,16 @@
 //! the kernel works on others, so the network, the PCIe traffic of the
 //! kernel and its reductions overlap, on every channel at once.
 //!
+//! When a communicator is destroyed its proxy says goodbye on each link (a
+//! message of 0 bytes, which no slice is) and waits for the peer's goodbye
+//! before the connections close: a running peer answers at once, and one
+//! being destroyed at the same moment sends its own. So receives posted
+//! ahead end in an orderly way rather than on a broken connection, neither
+//! side ever sends to a closed one, and only a launch that would need the
+//! departed rank fails (`Proxy::gone`); nothing is reported
+//! asynchronously, since ranks of a finished job destroy their
+//! communicators at different times.
+//!
 //! [`SendSteps`] and [`RecvSteps`] are the per-connection state machines,
 //! without sockets or GPUs; [`Proxy`] is the thread that feeds them the
 //! counters it reads and performs what they answer.
@@ -113,11 +123,29 @@ impl RecvSteps {
     }
 }
 
+/// Host memory the proxy reads and writes: an area mapped into the GPU
+/// (a plain one in tests, where the test plays the kernel).
+pub trait HostArea: Send + Sync {
+    fn area(&self) -> &Area;
+}
+
+impl HostArea for Registered<Area> {
+    fn area(&self) -> &Area {
+        self.mem()
+    }
+}
+
+impl HostArea for Area {
+    fn area(&self) -> &Area {
+        self
+    }
+}
+
 /// The memory the proxy works in: this rank's receive area and its send
-/// mirror, both mapped into the GPU.
+/// mirror.
 pub struct Areas {
-    pub mine: Arc<Registered<Area>>,
-    pub mirror: Arc<Registered<Area>>,
+    pub mine: Arc<dyn HostArea>,
+    pub mirror: Arc<dyn HostArea>,
     pub layout: Layout,
     pub rank: usize,
 }
@@ -142,6 +170,12 @@ struct Driven {
     recvs: RecvSteps,
     send_q: VecDeque<Box<dyn Request>>,
     recv_q: VecDeque<Box<dyn Request>>,
+    /// The peer said goodbye: nothing more comes from it.
+    heard_bye: bool,
+    /// Our goodbye (or our answer to the peer's), in flight; `said_bye`
+    /// once it went.
+    bye: Option<Box<dyn Request>>,
+    said_bye: bool,
 }
 
 fn span(a: &Area, (off, len): (usize, usize)) -> Span {
@@ -162,12 +196,12 @@ impl Driven {
                 link.chan, link.peer
             ))
         };
-        let s = span(a.mirror.mem(), l.slots(out));
+        let s = span(a.mirror.area(), l.slots(out));
         let send_mr = link
             .send
             .mr(s, s, Scope::Kept)
             .map_err(|e| what("send", e))?;
-        let r = span(a.mine.mem(), l.slots(inc));
+        let r = span(a.mine.area(), l.slots(inc));
         let recv_mr = link
             .recv
             .mr(r, r, Scope::Kept)
@@ -182,17 +216,20 @@ impl Driven {
             recvs: RecvSteps::new(l.nslots),
             send_q: VecDeque::new(),
             recv_q: VecDeque::new(),
+            heard_bye: false,
+            bye: None,
+            said_bye: false,
         })
     }
 
     /// Posts and completes what it can; whether anything moved.
     fn progress(&mut self, a: &Areas) -> Result<bool> {
-        let (l, mine, mirror) = (&a.layout, a.mine.mem(), a.mirror.mem());
+        let (l, mine, mirror) = (&a.layout, a.mine.area(), a.mirror.area());
         let (peer, chan) = (self.link.peer, self.link.chan);
         let fail = |what: &str, e| {
             Error::from(e).context(format!("{what} on channel {chan} with rank {peer}"))
         };
-        let mut moved = false;
+        let mut moved = self.goodbye(a, false).map_err(|e| fail("goodbye", e))?;
         while let Some(step) = self.sends.next(mirror.load(l.tail(self.out))) {
             let bytes = mirror.load(l.size(self.out, step)) as usize;
             if bytes > l.slot_bytes {
@@ -227,7 +264,11 @@ impl Driven {
             mine.store(l.head(self.inc), self.sends.done());
             moved = true;
         }
-        while let Some(step) = self.recvs.next(mirror.load(l.head(self.out))) {
+        while let Some(step) = self
+            .recvs
+            .next(mirror.load(l.head(self.out)))
+            .filter(|_| !self.heard_bye)
+        {
             let data = mine.at(l.slot(self.inc, step), l.slot_bytes);
             // SAFETY: the slot lies in the receive area, which outlives the
             // request; the kernel has consumed the step that used it last
@@ -245,15 +286,65 @@ impl Driven {
             self.recvs.posted();
             moved = true;
         }
-        while let Some(r) = self.recv_q.front_mut() {
-            if r.test().map_err(|e| fail("receive", e))?.is_none() {
+        while let Some(r) = self.recv_q.front_mut().filter(|_| !self.heard_bye) {
+            let Some(sizes) = r.test().map_err(|e| fail("receive", e))? else {
+                break;
+            };
+            self.recv_q.pop_front();
+            moved = true;
+            if sizes.first() == Some(&0) {
+                // The receives posted behind it will never complete; they
+                // are dropped with the connection. The peer waits for our
+                // answer before it closes.
+                self.heard_bye = true;
+                self.goodbye(a, false).map_err(|e| fail("goodbye", e))?;
                 break;
             }
-            self.recv_q.pop_front();
             mine.store(l.tail(self.inc), self.recvs.done());
-            moved = true;
         }
         Ok(moved)
+    }
+
+    /// Says goodbye where it is due (leaving, or answering the peer's) and
+    /// not said yet, and completes it; whether anything moved.
+    fn goodbye(&mut self, a: &Areas, leaving: bool) -> oxccl_plugin::NetResult<bool> {
+        let mut moved = false;
+        if (leaving || self.heard_bye) && !self.said_bye && self.bye.is_none() {
+            let at = a.mirror.area().at(a.layout.slot(self.out, 0), 0);
+            // SAFETY: a 0-byte send reads nothing; the pointer lies in the
+            // registered mirror, which outlives the request.
+            #[allow(unsafe_code)]
+            let req = unsafe { self.link.send.comm().isend(at, 0, 0, Some(self.send_mr)) }?;
+            moved |= req.is_some();
+            self.bye = req;
+        }
+        if let Some(r) = self.bye.as_mut() {
+            if r.test()?.is_some() {
+                self.bye = None;
+                self.said_bye = true;
+                moved = true;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// One round of leaving: our goodbye, and the peer's (or its answer).
+    /// Whether both are done. Errors end it quietly: the peer may be gone.
+    fn farewell(&mut self, a: &Areas) -> bool {
+        let mut step = || -> Result<()> {
+            self.goodbye(a, true)?;
+            if !self.heard_bye {
+                self.progress(a)?;
+            }
+            Ok(())
+        };
+        match step() {
+            Ok(()) => self.heard_bye && self.said_bye,
+            Err(e) => {
+                tracing::debug!(target: "oxccl::net", "rank {}: goodbye to rank {} on channel {}: {e}", a.rank, self.link.peer, self.link.chan);
+                true
+            }
+        }
     }
 }
 
@@ -263,11 +354,17 @@ impl Driven {
 const SPIN: Duration = Duration::from_millis(20);
 const NAP: Duration = Duration::from_micros(200);
 
+/// How long a departing proxy waits for its peers' goodbyes: peers that
+/// are being destroyed at the same moment answer within it; the others say
+/// theirs later, to a closed connection that they know is closed.
+const BYE_WAIT: Duration = Duration::from_millis(50);
+
 /// The proxy thread of one rank's net connections.
 pub struct Proxy {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     failed: Arc<Mutex<Option<Error>>>,
+    gone: Arc<Mutex<Option<Error>>>,
 }
 
 impl Proxy {
@@ -278,15 +375,17 @@ impl Proxy {
             .collect::<Result<Vec<_>>>()?;
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
-        let (s, f) = (stop.clone(), failed.clone());
+        let gone = Arc::new(Mutex::new(None));
+        let (s, f, g) = (stop.clone(), failed.clone(), gone.clone());
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-proxy-{}", areas.rank))
-            .spawn(move || run(driven, areas, &s, &f))
+            .spawn(move || run(driven, areas, &s, &f, &g))
             .map_err(|e| Error::System(format!("cannot start the proxy thread: {e}")))?;
         Ok(Proxy {
             stop,
             thread: Some(thread),
             failed,
+            gone,
         })
     }
 
@@ -301,15 +400,38 @@ impl Proxy {
     pub fn failure(&self) -> Option<Error> {
         self.failed.lock().ok()?.clone()
     }
+
+    /// A peer that destroyed its communicator: no launch can reach it.
+    pub fn gone(&self) -> Option<Error> {
+        self.gone.lock().ok()?.clone()
+    }
 }
 
-fn run(mut driven: Vec<Driven>, areas: Areas, stop: &AtomicBool, failed: &Mutex<Option<Error>>) {
+fn run(
+    mut driven: Vec<Driven>,
+    areas: Areas,
+    stop: &AtomicBool,
+    failed: &Mutex<Option<Error>>,
+    gone: &Mutex<Option<Error>>,
+) {
     let mut last = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let mut moved = false;
         for d in &mut driven {
+            let heard = d.heard_bye;
             match d.progress(&areas) {
-                Ok(m) => moved |= m,
+                Ok(m) => {
+                    moved |= m;
+                    if d.heard_bye && !heard {
+                        tracing::debug!(target: "oxccl::net", "rank {}: rank {} said goodbye on channel {}", areas.rank, d.link.peer, d.link.chan);
+                        if let Ok(mut g) = gone.lock() {
+                            g.get_or_insert(Error::Remote(format!(
+                                "rank {} destroyed its communicator (its proxy said goodbye on channel {})",
+                                d.link.peer, d.link.chan
+                            )));
+                        }
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(target: "oxccl::net", "proxy of rank {}: {e}", areas.rank);
                     if let Ok(mut f) = failed.lock() {
@@ -328,6 +450,16 @@ fn run(mut driven: Vec<Driven>, areas: Areas, stop: &AtomicBool, failed: &Mutex<
         } else {
             std::hint::spin_loop();
         }
+    }
+    let until = Instant::now() + BYE_WAIT;
+    let mut done = vec![false; driven.len()];
+    while Instant::now() < until && done.iter().any(|d| !d) {
+        for (d, ok) in driven.iter_mut().zip(done.iter_mut()) {
+            if !*ok {
+                *ok = d.farewell(&areas);
+            }
+        }
+        std::hint::spin_loop();
     }
 }
 
@@ -447,5 +579,159 @@ mod tests {
             }
         }
         assert_eq!((stored, tail), (total, total));
+    }
+}
+
+/// The proxy thread itself, over the socket network on loopback: the test
+/// plays both ranks' kernels on plain host areas.
+#[cfg(test)]
+mod over_sockets {
+    use super::*;
+    use oxccl_net_socket::SocketNet;
+    use oxccl_plugin::{Net, RecvComm, SendComm};
+    use rand::{Rng, SeedableRng};
+
+    const LIMIT: Duration = Duration::from_secs(30);
+
+    fn pair(net: &SocketNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
+        let (mut h, mut l) = net.listen(0).unwrap();
+        let (mut s, mut r) = (None, None);
+        let start = Instant::now();
+        while s.is_none() || r.is_none() {
+            if s.is_none() {
+                s = net.connect(0, &mut h).unwrap();
+            }
+            if r.is_none() {
+                r = l.accept().unwrap();
+            }
+            assert!(start.elapsed() < LIMIT, "connect/accept never completed");
+        }
+        (s.unwrap(), r.unwrap())
+    }
+
+    /// One rank's kernel: sends `steps` random slices of random size to its
+    /// peer and receives as many, in the FIFO protocol the kernels use.
+    struct Kernel {
+        mine: Arc<Area>,
+        mirror: Arc<Area>,
+        layout: Layout,
+        out: usize,
+        inc: usize,
+        sent: u64,
+        recvd: u64,
+        rng: rand::rngs::StdRng,
+    }
+
+    /// Slice `step` from rank `from`: its size and bytes, known to both sides.
+    fn slice(from: usize, step: u64, slot: usize) -> Vec<u8> {
+        let mut r = rand::rngs::StdRng::seed_from_u64(((from as u64) << 32) | step);
+        let len = r.random_range(1..=slot);
+        (0..len).map(|_| r.random()).collect()
+    }
+
+    impl Kernel {
+        fn new(rank: usize, peer: usize, layout: Layout) -> Kernel {
+            Kernel {
+                mine: Arc::new(Area::private(layout.bytes).unwrap()),
+                mirror: Arc::new(Area::private(layout.bytes).unwrap()),
+                out: layout.cell(rank, peer, 0),
+                inc: layout.cell(peer, rank, 0),
+                layout,
+                sent: 0,
+                recvd: 0,
+                rng: rand::rngs::StdRng::seed_from_u64(rank as u64),
+            }
+        }
+
+        /// One poll: a send where a slot is free, a receive where a slice
+        /// arrived (checked against the sender's bytes).
+        fn poll(&mut self, rank: usize, peer: usize, steps: u64) {
+            let l = &self.layout;
+            let free = self.mine.load(l.head(self.inc)) + l.nslots as u64;
+            if self.sent < steps && self.sent < free && self.rng.random_bool(0.5) {
+                let data = slice(rank, self.sent, l.slot_bytes);
+                let at = self.mirror.at(l.slot(self.out, self.sent), data.len());
+                // SAFETY: `at` is inside the mirror, which the proxy only
+                // reads between this slot's post and its `head`.
+                #[allow(unsafe_code)]
+                unsafe {
+                    std::ptr::copy_nonoverlapping(data.as_ptr(), at, data.len())
+                };
+                self.mirror
+                    .store(l.size(self.out, self.sent), data.len() as u64);
+                self.sent += 1;
+                self.mirror.store(l.tail(self.out), self.sent);
+            }
+            if self.recvd < self.mine.load(l.tail(self.inc)) {
+                let want = slice(peer, self.recvd, l.slot_bytes);
+                let at = self.mine.at(l.slot(self.inc, self.recvd), want.len());
+                // SAFETY: the proxy wrote this slot before it bumped `tail`,
+                // and posts no receive into it until `head` passes it.
+                #[allow(unsafe_code)]
+                let got = unsafe { std::slice::from_raw_parts(at, want.len()) };
+                assert_eq!(got, &want[..], "slice {} from rank {peer}", self.recvd);
+                self.recvd += 1;
+                self.mirror.store(l.head(self.out), self.recvd);
+            }
+        }
+    }
+
+    #[test]
+    fn random_slices_cross_the_network_and_a_goodbye_ends_it_quietly() {
+        // Data on the control socket, then on helper threads' sockets.
+        for (threads, socks) in [(0, 1), (2, 2)] {
+            goodbye_after_random_slices(threads, socks);
+        }
+    }
+
+    fn goodbye_after_random_slices(threads: usize, socks: usize) {
+        let net = SocketNet::new(Some("lo"), oxccl_netif::Family::V4, threads, socks).unwrap();
+        let layout = Layout::new(2, 1, 4, 4096);
+        let (s01, r01) = pair(&net);
+        let (s10, r10) = pair(&net);
+        let mut kernels = [Kernel::new(0, 1, layout), Kernel::new(1, 0, layout)];
+        let start = |rank: usize, k: &Kernel, send, recv| {
+            let link = Link {
+                peer: 1 - rank,
+                chan: 0,
+                send: SendConn::new(send),
+                recv: RecvConn::new(recv),
+            };
+            let areas = Areas {
+                mine: k.mine.clone(),
+                mirror: k.mirror.clone(),
+                layout,
+                rank,
+            };
+            Proxy::start(vec![link], areas).unwrap()
+        };
+        let p0 = start(0, &kernels[0], s01, r10);
+        let p1 = start(1, &kernels[1], s10, r01);
+        const STEPS: u64 = 300;
+        let t = Instant::now();
+        while kernels.iter().any(|k| k.recvd < STEPS || k.sent < STEPS) {
+            for (r, k) in kernels.iter_mut().enumerate() {
+                k.poll(r, 1 - r, STEPS);
+            }
+            assert!(
+                t.elapsed() < LIMIT,
+                "stalled at {:?}",
+                kernels
+                    .iter()
+                    .map(|k| (k.sent, k.recvd))
+                    .collect::<Vec<_>>()
+            );
+            assert!(p0.failure().is_none() && p1.failure().is_none());
+        }
+        // Rank 0 leaves; rank 1 hears its goodbye, with no failure.
+        drop(p0);
+        let t = Instant::now();
+        while p1.gone().is_none() {
+            assert!(t.elapsed() < LIMIT, "rank 1 never heard the goodbye");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let gone = p1.gone().unwrap().to_string();
+        assert!(gone.contains("rank 0 destroyed its communicator"), "{gone}");
+        assert!(p1.failure().is_none(), "{:?}", p1.failure());
     }
 }

@@ -51,6 +51,12 @@ pub struct DeviceConfig {
     /// A channel is added per this many bytes of data, so that small
     /// operations use few blocks. `OXCCL_DEV_CHANNEL_BYTES`.
     pub channel_bytes: usize,
+    /// Slices each step of a channel moves before the next step moves (a
+    /// chunk, in NCCL's terms); at most half the slots, so that two chunks
+    /// in flight never fill a FIFO. More than one lets a rank run ahead of
+    /// a peer that is not running (another process's kernel on a shared
+    /// GPU, a proxy across a network). `OXCCL_DEV_GROUP`.
+    pub group: usize,
     /// Smallest slice worth a FIFO round (flags, fences), unless the data
     /// is smaller. `OXCCL_DEV_MIN_SLICE_BYTES`.
     pub min_slice_bytes: usize,
@@ -67,6 +73,7 @@ impl Default for DeviceConfig {
             threads: 512,
             slots: 8,
             slot_bytes: 256 << 10,
+            group: 1,
             channel_bytes: 32 << 10,
             min_slice_bytes: 64 << 10,
             timeout: Duration::from_secs(120),
@@ -102,6 +109,9 @@ impl DeviceConfig {
         }
         if let Some(v) = get("OXCCL_DEV_SLOT_BYTES")? {
             c.slot_bytes = v as usize;
+        }
+        if let Some(v) = get("OXCCL_DEV_GROUP")? {
+            c.group = v as usize;
         }
         if let Some(v) = get("OXCCL_DEV_CHANNEL_BYTES")? {
             c.channel_bytes = v as usize;
@@ -147,6 +157,9 @@ impl DeviceConfig {
         self.channels = channels;
         self.choice = ChannelChoice::Fixed;
         self.slots = 8;
+        if std::env::var_os("OXCCL_DEV_GROUP").is_none() {
+            self.group = self.slots / 2;
+        }
         self.slot_bytes = ((cfg.buffsize as usize / 8) & !15).clamp(4 << 10, 64 << 20);
         self.min_slice_bytes = self.min_slice_bytes.min(self.slot_bytes);
         self
@@ -189,6 +202,12 @@ impl DeviceConfig {
             return bad(format!(
                 "slot bytes {} not a multiple of 16 up to 64 MiB",
                 self.slot_bytes
+            ));
+        }
+        if self.group == 0 || (self.group > 1 && 2 * self.group > self.slots) {
+            return bad(format!(
+                "group {} not 1 or at most half of {} slots",
+                self.group, self.slots
             ));
         }
         if self.channel_bytes == 0 {

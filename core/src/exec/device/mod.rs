@@ -551,6 +551,8 @@ impl DeviceComm {
             nchunks: t.nchunks,
             slice_elems: shape.slice_elems,
             nchannels: shape.channels,
+            group: self.cfg.group as u32,
+            pad: 0,
             stamps: match (&self.stamps, timed) {
                 (Some(st), Some(slot)) => st.device_addr(slot),
                 _ => 0,
@@ -559,6 +561,9 @@ impl DeviceComm {
         };
         if let Some(e) = self.window.failure() {
             return Err(e.context("the network proxy of this communicator stopped"));
+        }
+        if let Some(e) = self.window.gone() {
+            return Err(e.context("a peer of this communicator left"));
         }
         let r = kernel.launch(shape.channels, self.cfg.threads, stream, &args);
         self.window.kick();

@@ -277,6 +277,134 @@ mod tests {
         assert!(template(Algo::Ring, Coll::AllReduce, 0, 40).is_err());
     }
 
+    /// The kernel's slice order for one channel of `count` elements (the
+    /// generic loop of coll.cu's `oxccl_coll_body`): per slice, the peer it
+    /// waits on and the peer it sends to.
+    fn kernel_order(t: &Template, count: u64, slice: u64, group: u64) -> Vec<(i16, i16)> {
+        const V: u64 = 4;
+        let chunk = |c: u8| -> (u64, u64) {
+            if c == CHUNK_WHOLE {
+                return (0, count);
+            }
+            let n = t.nchunks as u64;
+            let cs = count.div_ceil(n).next_multiple_of(V);
+            let lo = (c as u64 * cs).min(count);
+            (lo, (lo + cs).min(count))
+        };
+        let mut ops = Vec::new();
+        for j in 0.. {
+            let mut any = false;
+            for d in &t.steps[..t.nsteps as usize] {
+                let (clo, chi) = chunk(d.chunk);
+                let g0 = clo + j * group * slice;
+                if g0 >= chi {
+                    continue;
+                }
+                any = true;
+                let n = (chi.min(g0 + group * slice) - g0).div_ceil(slice) as usize;
+                if d.flags & STEP_SEND_LOCAL != 0 {
+                    ops.extend(std::iter::repeat_n((-1, d.send), n));
+                    ops.extend(std::iter::repeat_n((d.recv, -1), n));
+                } else {
+                    ops.extend(std::iter::repeat_n((d.recv, d.send), n));
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        ops
+    }
+
+    /// Runs every rank's slice order against FIFOs of `slots`; a slice goes
+    /// when its slice has arrived and its slot is free. Returns whether all
+    /// ranks finished, with every FIFO drained.
+    fn completes(orders: &[Vec<(i16, i16)>], slots: usize) -> bool {
+        let n = orders.len();
+        let mut fifo = vec![vec![0usize; n]; n];
+        let mut pc = vec![0usize; n];
+        loop {
+            let mut moved = false;
+            for r in 0..n {
+                while let Some(&(from, to)) = orders[r].get(pc[r]) {
+                    let ready = (from < 0 || fifo[from as usize][r] > 0)
+                        && (to < 0 || fifo[r][to as usize] < slots);
+                    if !ready {
+                        break;
+                    }
+                    if from >= 0 {
+                        fifo[from as usize][r] -= 1;
+                    }
+                    if to >= 0 {
+                        fifo[r][to as usize] += 1;
+                    }
+                    pc[r] += 1;
+                    moved = true;
+                }
+            }
+            if !moved {
+                let done = (0..n).all(|r| pc[r] == orders[r].len());
+                return done && fifo.iter().flatten().all(|&f| f == 0);
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_slices_never_deadlock_with_half_the_slots() {
+        let slots = 8;
+        for n in 2..=9 {
+            for coll in colls(n) {
+                for algo in [Algo::Ring, Algo::RecDoubling] {
+                    if algo == Algo::RecDoubling && coll != Coll::AllReduce {
+                        continue;
+                    }
+                    let ts: Vec<Template> = (0..n)
+                        .map(|r| template(algo, coll, r, n).unwrap())
+                        .collect();
+                    for (count, slice) in [(4u64, 4u64), (1000, 16), (100_000, 256), (4096, 4)] {
+                        for group in [1, 2, slots as u64 / 2] {
+                            let orders: Vec<_> = ts
+                                .iter()
+                                .map(|t| kernel_order(t, count, slice, group))
+                                .collect();
+                            assert!(
+                                completes(&orders, slots),
+                                "{} {} n={n} count={count} slice={slice} group={group} deadlocks",
+                                algo.name(),
+                                coll.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // A fused send/recv group with every peer (all-to-all).
+        for n in 2..=9 {
+            let orders: Vec<_> = (0..n)
+                .map(|r| {
+                    let mut steps: Vec<DevStep> = (0..n)
+                        .filter(|&p| p != r)
+                        .map(|p| Template::send(p).steps[0])
+                        .collect();
+                    steps.extend(
+                        (0..n)
+                            .filter(|&p| p != r)
+                            .map(|p| Template::recv(p).steps[0]),
+                    );
+                    let t = Template::from_steps(&steps).unwrap();
+                    kernel_order(&t, 100_000, 256, slots as u64 / 2)
+                })
+                .collect();
+            assert!(
+                completes(&orders, slots),
+                "all-to-all on {n} ranks deadlocks"
+            );
+            // The model sees a deadlock where there is one: groups larger
+            // than the FIFO, every rank sending before it receives.
+            assert!(!completes(&orders, 2));
+        }
+    }
+
     #[test]
     fn shapes_stay_aligned_and_inside_a_slot() {
         let cfg = DeviceConfig::default();

@@ -391,6 +391,11 @@ impl Window {
         self.proxy.as_ref().and_then(Proxy::failure)
     }
 
+    /// A net peer that destroyed its communicator, if one did.
+    pub fn gone(&self) -> Option<Error> {
+        self.proxy.as_ref().and_then(Proxy::gone)
+    }
+
     /// Host memory this rank registered for its peers (area and mirror).
     /// Counted once per area.
     pub fn host_bytes(&self) -> usize {
