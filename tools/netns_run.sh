@@ -9,7 +9,8 @@
 # Each rank gets RANK, WORLD_SIZE=2, NCCL_COMM_ID (oxccl), MASTER_ADDR and
 # MASTER_PORT (torch.distributed), NCCL_HOSTID and NCCL_SOCKET_IFNAME.
 # RATE=1gbit shapes both directions of the link (tc tbf); otherwise
-# DELAY=1ms and/or LOSS=1% add tc netem (netem must exist in the kernel).
+# DELAY=1ms and/or LOSS=1% add tc netem; where the kernel has no netem,
+# LOSS (alone) drops that share of incoming packets with nftables.
 # Rank 0's output goes to stdout, rank 1's to $LOG1 (default /dev/null).
 # The namespaces and the link are removed on exit, whatever happens.
 # Bounded by LIMIT seconds (600).
@@ -34,8 +35,12 @@ for i in 0 1; do
   if [ -n "${RATE:-}" ]; then
     ip netns exec "${ns[$i]}" tc qdisc add dev "${veth[$i]}" root tbf rate "$RATE" burst 1mb latency 50ms
   elif [ -n "${DELAY:-}${LOSS:-}" ]; then
-    ip netns exec "${ns[$i]}" tc qdisc add dev "${veth[$i]}" root netem \
-      ${DELAY:+delay "$DELAY"} ${LOSS:+loss "$LOSS"}
+    if ! ip netns exec "${ns[$i]}" tc qdisc add dev "${veth[$i]}" root netem \
+      ${DELAY:+delay "$DELAY"} ${LOSS:+loss "$LOSS"} 2>/dev/null; then
+      [ -z "${DELAY:-}" ] || { echo "no netem in this kernel: DELAY cannot be applied" >&2; exit 1; }
+      printf 'table inet oxloss {\n chain in {\n  type filter hook input priority 0;\n  numgen random mod 100 < %s counter drop\n }\n}\n' \
+        "${LOSS%\%}" | ip netns exec "${ns[$i]}" nft -f -
+    fi
   fi
 done
 port=$((20000 + $$ % 20000))

@@ -20,6 +20,34 @@ struct Hosts {
     veth: [String; 2],
 }
 
+/// Runs `c` (with `input` on its stdin); Err with its stderr on failure.
+fn run(mut c: Command, input: Option<&str>) -> Result<(), String> {
+    use std::io::Write;
+    let what = format!("{c:?}");
+    let mut child = c
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{what}: {e}"))?;
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| format!("{what}: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("{what}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
 fn ip(args: &[&str]) -> Result<(), String> {
     let out = Command::new("ip")
         .args(args)
@@ -72,23 +100,53 @@ impl Hosts {
         Ok(h)
     }
 
-    /// Drops `percent` of the packets each way (tc netem); Err where the
-    /// kernel has no netem.
-    fn lose(&self, percent: &str) -> Result<(), String> {
-        for i in 0..2 {
-            let out = Command::new("ip")
-                .args(["netns", "exec", &self.ns[i], "tc", "qdisc", "add", "dev"])
-                .args([&self.veth[i], "root", "netem", "loss", percent])
-                .output()
-                .map_err(|e| format!("tc: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "tc netem: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
-        }
-        Ok(())
+    /// Drops `percent` % of the packets each way: tc netem where the kernel
+    /// has it, else an nftables rule dropping packets at random as they
+    /// come in (numgen random); which of the two, or Err where neither is
+    /// there.
+    fn lose(&self, percent: u32) -> Result<&'static str, String> {
+        let netem = self.each(|ns, veth| {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, "tc", "qdisc", "add", "dev", veth])
+                .args(["root", "netem", "loss", &format!("{percent}%")]);
+            run(c, None)
+        });
+        netem.map(|()| "tc netem").or_else(|e| {
+            let rules = format!(
+                "table inet oxloss {{\n chain in {{\n  type filter hook input priority 0;\n  \
+                 numgen random mod 100 < {percent} counter drop\n }}\n}}\n"
+            );
+            self.each(|ns, _| {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "nft", "-f", "-"]);
+                run(c, Some(&rules))
+            })
+            .map(|()| "nftables")
+            .map_err(|f| format!("{e}; {f}"))
+        })
+    }
+
+    /// Packets the nftables rule dropped in each namespace, as nft lists
+    /// them ("packets N bytes M"); empty under netem.
+    fn dropped(&self) -> Vec<String> {
+        self.ns
+            .iter()
+            .filter_map(|ns| {
+                let out = Command::new("ip")
+                    .args([
+                        "netns", "exec", ns, "nft", "list", "chain", "inet", "oxloss", "in",
+                    ])
+                    .output()
+                    .ok()?;
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                let at = text.find("packets")?;
+                Some(text[at..].split(" drop").next()?.trim().to_string())
+            })
+            .collect()
+    }
+
+    fn each(&self, f: impl Fn(&str, &str) -> Result<(), String>) -> Result<(), String> {
+        (0..2).try_for_each(|i| f(&self.ns[i], &self.veth[i]))
     }
 
     /// Takes host b's end of the link down.
@@ -107,17 +165,14 @@ impl Hosts {
                     "--nocapture",
                     "--test-threads=1",
                 ]);
-                // The namespaces share the kernel, host name and boot id:
-                // only NCCL_HOSTID makes them two hosts, so that the ranks
-                // talk through the network rather than shared memory.
                 c.env(CHILD, test)
                     .env(ENV_RANK, r.to_string())
-                    .env(ENV_NRANKS, "2")
-                    .env("NCCL_HOSTID", format!("netns-host-{r}"));
+                    .env(ENV_NRANKS, "2");
                 c.env("NCCL_SOCKET_IFNAME", "oxv");
-                // Namespaces share the kernel, host name and /dev/shm: each
-                // stands for a node only with its own NCCL_HOSTID (else the
-                // ranks would talk through shared memory, past the link).
+                // Namespaces share the kernel, host name, boot id and
+                // /dev/shm: each stands for a node only with its own
+                // NCCL_HOSTID (else the ranks would talk through shared
+                // memory, past the link).
                 c.env("NCCL_HOSTID", &self.ns[r]);
                 for (k, v) in env {
                     c.env(k, v);
@@ -298,22 +353,32 @@ fn cut_link_fails_both_hosts_in_bounded_time() {
 }
 
 /// 1 % of packets lost each way: TCP retransmits, and every collective's
-/// result is still exact. Skips, saying so, where the kernel has no netem.
+/// result is still exact. Skips, saying so, where the kernel has neither
+/// netem nor nftables.
 #[test]
 fn lossy_link_gives_correct_results() {
     let name = "lossy_link_gives_correct_results";
     if let Some(comm) = child_comm() {
-        check_every_collective(&comm, 0, &[8, 1 << 20]);
+        check_every_collective(&comm, 0, &[8, 1 << 20, 16 << 20]);
         return;
     }
     let Some((hosts, env)) = setup("l", name) else {
         return;
     };
-    if let Err(e) = hosts.lose("1%") {
-        println!("skipped: cannot shape the link here ({e})");
-        return;
+    match hosts.lose(1) {
+        Ok(how) => println!("1 % loss each way by {how}"),
+        Err(e) => {
+            println!("skipped: cannot shape the link here ({e})");
+            return;
+        }
     }
+    let t = Instant::now();
     let res = wait(hosts.start(name, &env), Duration::from_secs(120));
+    println!(
+        "both ranks done in {:?}; dropped: {:?}",
+        t.elapsed(),
+        hosts.dropped()
+    );
     for (r, (ok, out)) in res.iter().enumerate() {
         assert!(*ok && out.contains("done"), "rank {r}:\n{out}");
     }
