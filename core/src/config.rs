@@ -190,6 +190,8 @@ params! {
     profiler_plugin: Option<String> = "PROFILER_PLUGIN", "";
     /// 1: GPUs never map each other's memory; the kernels reach peers of this host through shared host memory (or the network with SHM_DISABLE).
     p2p_disable: bool = "P2P_DISABLE", "0";
+    /// Farthest PCIe path between a GPU and a NIC over which the network reads and writes GPU memory (GPUDirect): LOC, PIX, PXB, PHB or SYS; unset: PXB. Needs a plugin reporting CUDA pointer support.
+    net_gdr_level: Option<String> = "NET_GDR_LEVEL", "";
     /// 1: no shared-memory transport: ranks of one host connect through the network. Set on either rank of a pair, it holds for the pair.
     shm_disable: bool = "SHM_DISABLE", "0";
     /// Bytes of a shared-memory connection's ring: 8 slots (NCCL_STEPS) of BUFFSIZE/8 bytes.

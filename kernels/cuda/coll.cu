@@ -17,7 +17,10 @@
 // the net plugin (NET: the "peer's area" is then a local mirror the proxy
 // sends from, and the proxy fills this rank's area as messages arrive).
 // The kernel sees only addresses: `mine[p]` where it receives from p,
-// `peer[p]` where it sends to p, both laid out alike.
+// `peer[p]` where it sends to p, both laid out alike; their slots are at
+// `fifo_mine[p]` and `fifo_peer[p]`, in the same areas, or in device
+// memory that the network reads and writes itself (GPUDirect), the counters
+// staying in host memory for the proxy.
 
 #define OXCCL_MAX_RANKS 64
 #define OXCCL_MAX_STEPS 64
@@ -46,6 +49,8 @@ struct WinHeader {
   u32 nranks;
   u64 peer[OXCCL_MAX_RANKS];  // the area each rank receives from this one in, as this process addresses it
   u64 mine[OXCCL_MAX_RANKS];  // the area this rank receives from each rank in
+  u64 fifo_peer[OXCCL_MAX_RANKS];  // slot 0 of cell 0 of peer[p]'s slots: in the area, or device memory (GPUDirect)
+  u64 fifo_mine[OXCCL_MAX_RANKS];  // the same for mine[p]
 };
 
 // One step (see core/src/algo/mod.rs); offsets are abstract: element e of
@@ -127,7 +132,7 @@ struct OxChan {
   // In my area for p: data from p, p's posts, p's acks; my counters
   // towards p are in my window.
   __device__ __forceinline__ char* fifo_from(u32 p, u64 step) const {
-    return (char*)h->mine[p] + h->off_fifo + (cell(oxccl_pidx(p, me, n)) * nslots + step % nslots) * slot_bytes;
+    return (char*)h->fifo_mine[p] + (cell(oxccl_pidx(p, me, n)) * nslots + step % nslots) * slot_bytes;
   }
   __device__ __forceinline__ volatile u64* tail_from(u32 p) const {
     return (volatile u64*)((char*)h->mine[p] + h->off_tail + cell(oxccl_pidx(p, me, n)) * OXCCL_FLAG_BYTES);
@@ -140,7 +145,7 @@ struct OxChan {
   }
   // In p's window (same layout): my data for p, my posts, my acks.
   __device__ __forceinline__ char* fifo_at(u32 p, u64 step) const {
-    return (char*)h->peer[p] + h->off_fifo + (cell(oxccl_pidx(me, p, n)) * nslots + step % nslots) * slot_bytes;
+    return (char*)h->fifo_peer[p] + (cell(oxccl_pidx(me, p, n)) * nslots + step % nslots) * slot_bytes;
   }
   __device__ __forceinline__ volatile u64* tail_at(u32 p) const {
     return (volatile u64*)((char*)h->peer[p] + h->off_tail + cell(oxccl_pidx(me, p, n)) * OXCCL_FLAG_BYTES);

@@ -16,7 +16,7 @@ use super::ident::Peers;
 use super::kernel_events::KernelEvents;
 use crate::algo::{cost, Algo, Coll};
 use crate::config::Config;
-use crate::cuda::{pointer_kind, PtrKind, RawStream, SavedCurrent};
+use crate::cuda::{pointer_kind, Device, PtrKind, RawStream, SavedCurrent};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::exec::device::{Choice, DeviceComm, DeviceConfig, Oob, Transports};
@@ -24,6 +24,8 @@ use crate::exec::mem::OpBuffers;
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{Event, Handle, ProfilerComm};
 use crate::plugin::tuner::TunerComm;
+use crate::topo::{BusId, PciNode};
+use crate::transport::gdr;
 use crate::transport::shm::ShmNet;
 use crate::transport::{ConnKey, Connections, Locality, Transport};
 use oxccl_plugin::Net;
@@ -81,6 +83,7 @@ pub(crate) fn open(
         rank,
         nranks,
     };
+    let gdr = routes.contains(&Transport::Net) && gpu_direct(&**net, device, cfg)?;
     let mut conns = Connections::new(net.clone(), ShmNet::new(cfg.buffsize), locality.clone());
     let timeout = cfg.timeout();
     let connect = move |peers: &[usize], channels: usize| {
@@ -94,13 +97,41 @@ pub(crate) fn open(
     let tr = Transports {
         routes,
         connect: Box::new(connect),
+        gdr,
     };
     let dc = DeviceComm::with_transports(&oob, device, dcfg, tr)
         .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
     if hosted {
-        info!(target: "oxccl::init", "rank {rank} on GPU {device}: {} MiB of host memory registered for peers reached through it; no GPUDirect: the network reads and writes host memory", dc.host_bytes() >> 20);
+        info!(target: "oxccl::init", "rank {rank} on GPU {device}: {} MiB of host memory registered for peers reached through it{}", dc.host_bytes() >> 20,
+            if gdr { "; net peers' step slots in GPU memory (GPUDirect)" } else { "" });
     }
     Ok(GpuPath(Mutex::new(dc)))
+}
+
+/// Whether the network reads and writes this GPU's memory itself (see
+/// [`gdr::decide`]), said once per communicator in NCCL's words.
+fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<bool> {
+    let sys = std::path::Path::new("/sys");
+    let props = (0..net.devices()?.max(1))
+        .map(|d| net.properties(d))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let gpu = Device::get(device)
+        .and_then(|d| d.pci_bus_id())
+        .ok()
+        .and_then(|b| b.parse::<BusId>().ok())
+        .and_then(|b| PciNode::read(sys, b).ok());
+    let mut d = gdr::decide(&props, gpu.as_ref(), cfg.net_gdr_level.as_deref(), sys)?;
+    let cc = Device::get(device)?.compute_capability()?;
+    if d.on && cc.0 < 9 {
+        // NCCL flushes GPUDirect receives there (iflush); the proxy does not.
+        d = gdr::Decision {
+            on: false,
+            why: format!("sm_{}{} needs a flush after each GPUDirect receive, which is not built (Hopper and later need none)", cc.0, cc.1),
+        };
+    }
+    info!(target: "oxccl::init", "NET/{} : GPU Direct RDMA {} for GPU {device}: {}", net.name(),
+        if d.on { "Enabled" } else { "Disabled" }, d.why);
+    Ok(d.on)
 }
 
 /// NCCL's connection lines for the peers the kernels reach directly (P2P

@@ -124,10 +124,16 @@ pub struct WinHeader {
     pub peer: [u64; MAX_RANKS],
     /// The area this rank receives each rank's slices in.
     pub mine: [u64; MAX_RANKS],
+    /// Slot 0 of cell 0 of the slots matching `peer`: in the area itself
+    /// (`peer + off_fifo`), or in device memory the network reads
+    /// (GPUDirect).
+    pub fifo_peer: [u64; MAX_RANKS],
+    /// The same for `mine`.
+    pub fifo_mine: [u64; MAX_RANKS],
 }
 
 impl WinHeader {
-    pub const BYTES: usize = 64 + 16 * MAX_RANKS;
+    pub const BYTES: usize = 64 + 32 * MAX_RANKS;
 
     /// The bytes the device reads (little-endian, as every CUDA GPU).
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -145,7 +151,13 @@ impl WinHeader {
         for v in [self.nslots, self.maxch, self.rank, self.nranks] {
             b.extend_from_slice(&v.to_le_bytes());
         }
-        for v in self.peer.iter().chain(&self.mine) {
+        for v in self
+            .peer
+            .iter()
+            .chain(&self.mine)
+            .chain(&self.fifo_peer)
+            .chain(&self.fifo_mine)
+        {
             b.extend_from_slice(&v.to_le_bytes());
         }
         debug_assert_eq!(b.len(), Self::BYTES);
@@ -174,6 +186,6 @@ mod tests {
         assert_eq!(size_of::<ReduceArgs>(), 72);
         assert_eq!(size_of::<CopyArgs>(), 24);
         assert_eq!(size_of::<FillArgs>(), 40);
-        assert_eq!(WinHeader::BYTES, 1088);
+        assert_eq!(WinHeader::BYTES, 2112);
     }
 }

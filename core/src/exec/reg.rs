@@ -43,15 +43,13 @@ struct Entry {
 
 /// The registration calls of one end of a connection.
 pub trait Registrar {
-    fn register(&mut self, ptr: *mut u8, len: usize) -> NetResult<MrHandle>;
+    fn register(&mut self, ptr: *mut u8, len: usize, ty: PtrType) -> NetResult<MrHandle>;
     fn deregister(&mut self, mr: MrHandle) -> NetResult<()>;
 }
 
-// The executor works on memory the CPU reaches: user host buffers and
-// staging, pinned or not, all of it `NCCL_PTR_HOST` to the plugin.
 impl Registrar for dyn SendComm {
-    fn register(&mut self, ptr: *mut u8, len: usize) -> NetResult<MrHandle> {
-        self.reg_mr(ptr, len, PtrType::Host)
+    fn register(&mut self, ptr: *mut u8, len: usize, ty: PtrType) -> NetResult<MrHandle> {
+        self.reg_mr(ptr, len, ty)
     }
     fn deregister(&mut self, mr: MrHandle) -> NetResult<()> {
         self.dereg_mr(mr)
@@ -59,8 +57,8 @@ impl Registrar for dyn SendComm {
 }
 
 impl Registrar for dyn RecvComm {
-    fn register(&mut self, ptr: *mut u8, len: usize) -> NetResult<MrHandle> {
-        self.reg_mr(ptr, len, PtrType::Host)
+    fn register(&mut self, ptr: *mut u8, len: usize, ty: PtrType) -> NetResult<MrHandle> {
+        self.reg_mr(ptr, len, ty)
     }
     fn deregister(&mut self, mr: MrHandle) -> NetResult<()> {
         self.dereg_mr(mr)
@@ -92,7 +90,21 @@ impl<C: ?Sized + Registrar> Conn<C> {
     /// A live registration covering `span`; when there is none, `whole`
     /// (the buffer `span` lies in) is registered for `scope`. Whole
     /// buffers, so that the slices of one buffer share one registration.
+    /// Memory the CPU reaches (the host executor's buffers and slots, the
+    /// device path's host slots): `NCCL_PTR_HOST` to the plugin.
     pub fn mr(&mut self, span: Span, whole: Span, scope: Scope) -> NetResult<MrHandle> {
+        self.mr_as(span, whole, scope, PtrType::Host)
+    }
+
+    /// As [`Conn::mr`], for memory of type `ty` (device memory the plugin
+    /// reads and writes itself: GPUDirect).
+    pub fn mr_as(
+        &mut self,
+        span: Span,
+        whole: Span,
+        scope: Scope,
+        ty: PtrType,
+    ) -> NetResult<MrHandle> {
         let (lo, hi) = (span.ptr as usize, span.ptr as usize + span.len);
         // A few entries per connection (staging slots and the operation's
         // buffers): a scan is cheaper than any index.
@@ -103,7 +115,7 @@ impl<C: ?Sized + Registrar> Conn<C> {
         {
             return Ok(e.mr);
         }
-        let mr = self.comm.register(whole.ptr, whole.len)?;
+        let mr = self.comm.register(whole.ptr, whole.len, ty)?;
         self.regs.push(Entry {
             base: whole.ptr as usize,
             len: whole.len,
@@ -170,7 +182,7 @@ mod tests {
     }
 
     impl Registrar for Fake {
-        fn register(&mut self, ptr: *mut u8, len: usize) -> NetResult<MrHandle> {
+        fn register(&mut self, ptr: *mut u8, len: usize, _ty: PtrType) -> NetResult<MrHandle> {
             self.next += 1;
             self.log.lock().unwrap().push(("reg", ptr as usize, len));
             Ok(MrHandle(self.next))

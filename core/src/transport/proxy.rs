@@ -31,11 +31,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use oxccl_plugin::{MrHandle, Request};
+use oxccl_plugin::{MrHandle, PtrType, Request};
 
 use super::layout::Layout;
 use super::shm::area::Area;
-use crate::cuda::Registered;
+use crate::cuda::{Context, Registered};
 use crate::error::{Error, Result};
 use crate::exec::mem::Span;
 use crate::exec::reg::{RecvConn, Scope, SendConn};
@@ -141,11 +141,49 @@ impl HostArea for Area {
     }
 }
 
+/// Where one side's step slots are, as the plugin is given them: in its
+/// host area, or in device memory (GPUDirect), which the proxy hands on
+/// but never touches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slots {
+    /// Slot 0 of cell 0.
+    pub base: usize,
+    pub ty: PtrType,
+}
+
+impl Slots {
+    /// The slots inside a host area.
+    pub fn host(a: &Area, l: &Layout) -> Slots {
+        Slots {
+            base: a.at(l.off_fifo, 0) as usize,
+            ty: PtrType::Host,
+        }
+    }
+
+    fn at(&self, l: &Layout, cell: usize, step: u64) -> *mut u8 {
+        (self.base + l.slot(cell, step) - l.off_fifo) as *mut u8
+    }
+
+    fn span(&self, l: &Layout, cell: usize) -> Span {
+        let (off, len) = l.slots(cell);
+        Span {
+            ptr: (self.base + off - l.off_fifo) as *mut u8,
+            len,
+        }
+    }
+}
+
 /// The memory the proxy works in: this rank's receive area and its send
-/// mirror.
+/// mirror (their counters always; their slots unless `slots` say
+/// otherwise).
 pub struct Areas {
     pub mine: Arc<dyn HostArea>,
     pub mirror: Arc<dyn HostArea>,
+    /// The slots of `mine` and of `mirror`.
+    pub slots: [Slots; 2],
+    /// Bound on the proxy thread, as NCCL's proxy sets its device: a
+    /// plugin may call CUDA.
+    pub ctx: Option<Arc<Context>>,
     pub layout: Layout,
     pub rank: usize,
 }
@@ -178,13 +216,6 @@ struct Driven {
     said_bye: bool,
 }
 
-fn span(a: &Area, (off, len): (usize, usize)) -> Span {
-    Span {
-        ptr: a.at(off, len),
-        len,
-    }
-}
-
 impl Driven {
     fn new(mut link: Link, a: &Areas) -> Result<Driven> {
         let l = &a.layout;
@@ -196,15 +227,16 @@ impl Driven {
                 link.chan, link.peer
             ))
         };
-        let s = span(a.mirror.area(), l.slots(out));
+        let [mine, mirror] = a.slots;
+        let s = mirror.span(l, out);
         let send_mr = link
             .send
-            .mr(s, s, Scope::Kept)
+            .mr_as(s, s, Scope::Kept, mirror.ty)
             .map_err(|e| what("send", e))?;
-        let r = span(a.mine.area(), l.slots(inc));
+        let r = mine.span(l, inc);
         let recv_mr = link
             .recv
-            .mr(r, r, Scope::Kept)
+            .mr_as(r, r, Scope::Kept, mine.ty)
             .map_err(|e| what("receive", e))?;
         Ok(Driven {
             link,
@@ -238,11 +270,12 @@ impl Driven {
                     l.slot_bytes
                 )));
             }
-            let data = mirror.at(l.slot(self.out, step), bytes);
-            // SAFETY: the slot lies in the mirror (`at` checked), which
-            // outlives every request (the proxy joins before the areas go);
-            // the kernel does not store into it again until `head` passes
-            // it, which happens only after this request completes.
+            let data = a.slots[1].at(l, self.out, step);
+            // SAFETY: the slot lies in the mirror's slots (the layout's
+            // bounds), which outlive every request (the proxy joins before
+            // the areas go); the kernel does not store into it again until
+            // `head` passes it, which happens only after this request
+            // completes.
             #[allow(unsafe_code)]
             let req = unsafe {
                 self.link
@@ -269,8 +302,8 @@ impl Driven {
             .next(mirror.load(l.head(self.out)))
             .filter(|_| !self.heard_bye)
         {
-            let data = mine.at(l.slot(self.inc, step), l.slot_bytes);
-            // SAFETY: the slot lies in the receive area, which outlives the
+            let data = a.slots[0].at(l, self.inc, step);
+            // SAFETY: the slot lies in the receive slots, which outlive the
             // request; the kernel has consumed the step that used it last
             // and reads it again only after `tail` says this one arrived.
             #[allow(unsafe_code)]
@@ -310,9 +343,9 @@ impl Driven {
     fn goodbye(&mut self, a: &Areas, leaving: bool) -> oxccl_plugin::NetResult<bool> {
         let mut moved = false;
         if (leaving || self.heard_bye) && !self.said_bye && self.bye.is_none() {
-            let at = a.mirror.area().at(a.layout.slot(self.out, 0), 0);
+            let at = a.slots[1].at(&a.layout, self.out, 0);
             // SAFETY: a 0-byte send reads nothing; the pointer lies in the
-            // registered mirror, which outlives the request.
+            // registered slots, which outlive the request.
             #[allow(unsafe_code)]
             let req = unsafe { self.link.send.comm().isend(at, 0, 0, Some(self.send_mr)) }?;
             moved |= req.is_some();
@@ -414,6 +447,11 @@ fn run(
     failed: &Mutex<Option<Error>>,
     gone: &Mutex<Option<Error>>,
 ) {
+    if let Some(ctx) = &areas.ctx {
+        if let Err(e) = ctx.bind() {
+            tracing::warn!(target: "oxccl::net", "proxy of rank {}: {e}", areas.rank);
+        }
+    }
     let mut last = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let mut moved = false;
@@ -700,6 +738,11 @@ mod over_sockets {
             let areas = Areas {
                 mine: k.mine.clone(),
                 mirror: k.mirror.clone(),
+                slots: [
+                    Slots::host(&k.mine, &layout),
+                    Slots::host(&k.mirror, &layout),
+                ],
+                ctx: None,
                 layout,
                 rank,
             };

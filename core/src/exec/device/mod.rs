@@ -229,10 +229,11 @@ impl DeviceComm {
         plan::channels(&self.cfg, bytes)
     }
 
-    /// Device memory this rank allocated: its window. Peers' windows are
-    /// mapped, not allocated, here.
+    /// Device memory this rank allocated: its window, and with GPUDirect
+    /// the net peers' step slots. Peers' windows are mapped, not
+    /// allocated, here.
     pub fn device_bytes(&self) -> usize {
-        self.window.buf.len()
+        self.window.device_bytes()
     }
 
     /// What stopped this rank's network proxy, if anything did: its

@@ -6,11 +6,15 @@
 //! SHM peers into this rank's host area, a POSIX segment every such peer
 //! maps into its own GPU; net peers through the proxy, which fills the same
 //! host area from the network and sends what the kernel stores into a
-//! local mirror of the peer's area.
+//! local mirror of the peer's area. With GPUDirect the net peers' slots
+//! (both ways) are GPU memory the plugin reads and writes; their counters
+//! stay in the host areas, where the proxy polls them.
 
 use std::sync::Arc;
 
 use oxccl_kernels::MAX_RANKS;
+
+use oxccl_plugin::PtrType;
 
 use super::config::DeviceConfig;
 use super::oob::Oob;
@@ -18,7 +22,7 @@ use crate::cuda::abi::WinHeader;
 use crate::cuda::{Context, Device, DeviceBuffer, IpcMapping, IpcMemHandle, Registered};
 use crate::error::{Error, Result};
 use crate::transport::layout::Layout;
-use crate::transport::proxy::{Areas, Link, Proxy};
+use crate::transport::proxy::{Areas, Link, Proxy, Slots};
 use crate::transport::shm::area::Area;
 use crate::transport::Transport;
 
@@ -31,6 +35,9 @@ pub struct Transports<'a> {
     pub routes: Vec<Transport>,
     /// Connects to `peers` on channels `0..channels`, both directions.
     pub connect: Connect<'a>,
+    /// The network reads and writes device memory (GPUDirect): net peers'
+    /// step slots go in GPU memory rather than host memory.
+    pub gdr: bool,
 }
 
 impl Transports<'_> {
@@ -39,6 +46,7 @@ impl Transports<'_> {
         Transports {
             routes: vec![Transport::P2p; n],
             connect: Box::new(|_, _| Ok(Vec::new())),
+            gdr: false,
         }
     }
 }
@@ -141,6 +149,8 @@ pub(crate) struct Window {
     /// This rank's host area (SHM and net peers) and send mirror (net peers).
     area: Option<Arc<Registered<Area>>>,
     mirror: Option<Arc<Registered<Area>>>,
+    /// With GPUDirect, the net peers' receive slots and send slots.
+    gdr_slots: Option<[DeviceBuffer; 2]>,
 }
 
 impl std::fmt::Debug for Window {
@@ -232,6 +242,15 @@ impl Window {
                 ctx,
                 Area::private(layout.bytes)?,
             )?))
+        } else {
+            None
+        };
+        let gdr_slots = if tr.gdr && has(Transport::Net) {
+            let bytes = layout.bytes - layout.off_fifo;
+            Some([
+                DeviceBuffer::alloc(ctx, bytes)?,
+                DeviceBuffer::alloc(ctx, bytes)?,
+            ])
         } else {
             None
         };
@@ -335,12 +354,29 @@ impl Window {
             a.mem().unlink();
         }
         let links = (tr.connect)(&net_peers, layout.maxch)?;
+        let off = layout.off_fifo as u64;
+        let mut fifo_peer: Vec<u64> = peers.iter().map(|&a| a + off).collect();
+        let mut fifo_mine: Vec<u64> = mine.iter().map(|&a| a + off).collect();
+        if let Some([m, r]) = &gdr_slots {
+            for &p in &net_peers {
+                fifo_mine[p] = m.ptr();
+                fifo_peer[p] = r.ptr();
+            }
+        }
         let proxy = match (&area, &mirror) {
             (Some(a), Some(m)) if !links.is_empty() => Some(Proxy::start(
                 links,
                 Areas {
                     mine: a.clone(),
                     mirror: m.clone(),
+                    slots: match &gdr_slots {
+                        Some([ms, rs]) => [ms, rs].map(|b| Slots {
+                            base: b.ptr() as usize,
+                            ty: PtrType::Cuda,
+                        }),
+                        None => [Slots::host(a.mem(), &layout), Slots::host(m.mem(), &layout)],
+                    },
+                    ctx: Some(ctx.clone()),
                     layout,
                     rank,
                 },
@@ -352,6 +388,10 @@ impl Window {
         hp[..n].copy_from_slice(&peers);
         let mut hm = [0u64; MAX_RANKS];
         hm[..n].copy_from_slice(&mine);
+        let mut fp = [0u64; MAX_RANKS];
+        fp[..n].copy_from_slice(&fifo_peer);
+        let mut fm = [0u64; MAX_RANKS];
+        fm[..n].copy_from_slice(&fifo_mine);
         let header = WinHeader {
             off_tail: layout.off_tail as u64,
             off_head: layout.off_head as u64,
@@ -365,6 +405,8 @@ impl Window {
             nranks: n as u32,
             peer: hp,
             mine: hm,
+            fifo_peer: fp,
+            fifo_mine: fm,
         };
         buf.write(0, &header.to_bytes())?;
         Ok(Window {
@@ -376,6 +418,7 @@ impl Window {
             _maps: maps,
             area,
             mirror,
+            gdr_slots,
         })
     }
 
@@ -394,6 +437,15 @@ impl Window {
     /// A net peer that destroyed its communicator, if one did.
     pub fn gone(&self) -> Option<Error> {
         self.proxy.as_ref().and_then(Proxy::gone)
+    }
+
+    /// Device memory this rank allocated: the window and GPUDirect slots.
+    pub fn device_bytes(&self) -> usize {
+        self.buf.len()
+            + self
+                .gdr_slots
+                .as_ref()
+                .map_or(0, |s| s.iter().map(DeviceBuffer::len).sum())
     }
 
     /// Host memory this rank registered for its peers (area and mirror).

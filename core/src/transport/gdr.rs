@@ -1,0 +1,162 @@
+//! GPUDirect for the net transport: whether the network reads and writes
+//! the GPU's step slots itself, as NCCL decides it. The plugin must report
+//! CUDA pointers in its devices' `ptr_support`, and the PCIe path between
+//! the GPU and each NIC must be no longer than NCCL_NET_GDR_LEVEL allows
+//! (PXB by default: GPU and NIC under one PCIe switch tree, never through
+//! the CPU). Otherwise the slots stay in host memory the GPU maps.
+
+use std::path::Path;
+
+use oxccl_plugin::{NetProperties, PtrType};
+
+use crate::error::{Error, Result};
+use crate::topo::{BusId, PciNode, PciPath};
+
+/// NCCL's path types from near to far, as NCCL_NET_GDR_LEVEL names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Loc,
+    Pix,
+    Pxb,
+    Phb,
+    Sys,
+}
+
+impl Level {
+    /// NCCL_NET_GDR_LEVEL: a path name, or NCCL's older integers (0 LOC,
+    /// 1 PIX, 2 PXB, 3 PHB, 4 and above SYS). NVLink paths (NVL, NVB, C2C)
+    /// are nearer than any PCIe one: GPUDirect only to a NIC on the GPU.
+    pub fn parse(s: &str) -> Result<Level> {
+        let s = s.trim().to_ascii_uppercase();
+        Ok(match s.as_str() {
+            "LOC" | "NVL" | "NVB" | "C2C" | "0" => Level::Loc,
+            "PIX" | "1" => Level::Pix,
+            "PXB" | "PXN" | "2" => Level::Pxb,
+            "PHB" | "3" => Level::Phb,
+            "SYS" => Level::Sys,
+            n if n.parse::<u32>().is_ok_and(|v| v >= 4) => Level::Sys,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "NCCL_NET_GDR_LEVEL={s:?}: expected LOC, PIX, PXB, PHB, SYS or 0-4"
+                )))
+            }
+        })
+    }
+
+    fn of(path: PciPath) -> Level {
+        match path {
+            PciPath::Pix => Level::Pix,
+            PciPath::Pxb => Level::Pxb,
+            PciPath::Phb | PciPath::Node => Level::Phb,
+            PciPath::Sys => Level::Sys,
+        }
+    }
+}
+
+/// What was decided, and why, for the INFO log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub on: bool,
+    pub why: String,
+}
+
+/// The PCIe node of a NIC from the plugin's `pci_path` (a sysfs path whose
+/// last component is the function's bus id); None for virtual devices.
+fn nic_node(sys: &Path, pci_path: &str) -> Option<PciNode> {
+    let last = Path::new(pci_path).file_name()?.to_str()?;
+    let bus: BusId = last.parse().ok()?;
+    PciNode::read(sys, bus).ok()
+}
+
+/// GPUDirect for the devices `props` of a network, for a GPU at `gpu` in
+/// the PCIe tree (None: unknown), under `level` (NCCL_NET_GDR_LEVEL, None:
+/// unset). Every device must qualify, since channels take the devices in
+/// turn. A NIC whose place in the tree is unknown counts as SYS.
+pub fn decide(
+    props: &[NetProperties],
+    gpu: Option<&PciNode>,
+    level: Option<&str>,
+    sys: &Path,
+) -> Result<Decision> {
+    let limit = level.map(Level::parse).transpose()?.unwrap_or(Level::Pxb);
+    let off = |why: String| Ok(Decision { on: false, why });
+    if props.is_empty() {
+        return off("the network has no device".into());
+    }
+    for (d, p) in props.iter().enumerate() {
+        if p.ptr_support & PtrType::Cuda as i32 == 0 {
+            return off(format!(
+                "device {d} ({}) does not take CUDA pointers",
+                p.name
+            ));
+        }
+        let path = match (gpu, nic_node(sys, &p.pci_path)) {
+            (Some(g), Some(n)) => Level::of(crate::topo::pci::path(g, &n)),
+            _ => Level::Sys,
+        };
+        if path > limit {
+            return off(format!(
+                "device {d} ({}) is {path:?} from the GPU, beyond NCCL_NET_GDR_LEVEL {limit:?}",
+                p.name
+            ));
+        }
+    }
+    Ok(Decision {
+        on: true,
+        why: format!("every device takes CUDA pointers within NCCL_NET_GDR_LEVEL {limit:?}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props(ptr: i32, pci: &str) -> NetProperties {
+        NetProperties {
+            name: "nic".into(),
+            pci_path: pci.into(),
+            guid: 0,
+            ptr_support: ptr,
+            reg_is_global: false,
+            speed_mbps: 100_000,
+            port: 0,
+            latency_us: 0.0,
+            max_comms: 1,
+            max_recvs: 1,
+            max_p2p_bytes: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn levels_parse_as_nccl_names_them() {
+        assert_eq!(Level::parse("pxb").unwrap(), Level::Pxb);
+        assert_eq!(Level::parse(" SYS ").unwrap(), Level::Sys);
+        assert_eq!(Level::parse("3").unwrap(), Level::Phb);
+        assert_eq!(Level::parse("5").unwrap(), Level::Sys);
+        assert_eq!(Level::parse("NVL").unwrap(), Level::Loc);
+        let e = Level::parse("near").unwrap_err().to_string();
+        assert!(e.contains("NCCL_NET_GDR_LEVEL") && e.contains("PXB"), "{e}");
+    }
+
+    #[test]
+    fn cuda_pointers_and_a_short_enough_path_are_both_needed() {
+        let none = Path::new("/nonexistent");
+        let host = props(PtrType::Host as i32, "");
+        let cuda = props(PtrType::Host as i32 | PtrType::Cuda as i32, "");
+        let d = decide(&[host], None, Some("SYS"), none).unwrap();
+        assert!(!d.on && d.why.contains("CUDA pointers"), "{d:?}");
+        // A virtual device (no PCI path) is SYS away: off by default, on
+        // when the level allows SYS.
+        let d = decide(std::slice::from_ref(&cuda), None, None, none).unwrap();
+        assert!(!d.on && d.why.contains("Sys"), "{d:?}");
+        assert!(
+            decide(std::slice::from_ref(&cuda), None, Some("SYS"), none)
+                .unwrap()
+                .on
+        );
+        let d = decide(&[cuda.clone(), props(1, "")], None, Some("SYS"), none).unwrap();
+        assert!(!d.on && d.why.contains("device 1"), "{d:?}");
+        assert!(decide(&[], None, Some("SYS"), none).is_ok_and(|d| !d.on));
+        assert!(decide(&[cuda], None, Some("x"), none).is_err());
+    }
+}
