@@ -179,6 +179,21 @@ impl Device {
         ))
     }
 
+    /// Blocks of `threads` threads that are resident on this GPU at once,
+    /// at most, for a kernel using up to 64 registers a thread (what
+    /// `__launch_bounds__(1024, 1)` allows the collective kernel): kernels
+    /// whose blocks wait for each other must all fit.
+    pub fn resident_blocks(&self, threads: u32) -> Result<usize> {
+        use sys::CUdevice_attribute as A;
+        let threads = threads.max(1) as i64;
+        let per_sm_threads =
+            i64::from(self.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?);
+        let regs =
+            i64::from(self.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)?);
+        let per_sm = (per_sm_threads / threads).min(regs / (threads * 64)).max(1);
+        Ok(self.multiprocessors()? * per_sm as usize)
+    }
+
     pub fn multiprocessors(&self) -> Result<usize> {
         let v =
             self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;

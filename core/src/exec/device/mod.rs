@@ -146,6 +146,7 @@ impl DeviceComm {
         let ctx = Context::primary(dev)?;
         let kernels = KernelSet::shared(&ctx)?;
         let window = Window::setup(&ctx, oob, &cfg, tr)?;
+        cfg.channels = window.launch_channels;
         let order = Event::new(&ctx, false)?;
         tracing::info!(target: "oxccl::init", "rank {}/{} on GPU {device}: device window of {} MiB ({} channels x {} slots x {} KiB per peer)",
             oob.rank(), oob.nranks(), window.layout.bytes >> 20, cfg.channels, cfg.slots, cfg.slot_bytes >> 10);

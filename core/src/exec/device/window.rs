@@ -64,11 +64,16 @@ struct PeerInfo {
     ipc: Option<IpcMemHandle>,
     /// The host area's name in /dev/shm, for SHM peers; empty without one.
     area: String,
+    /// This GPU, whatever CUDA_VISIBLE_DEVICES numbers it: a hash of its
+    /// PCI address (ranks with the same `node` and `gpu` share a GPU).
+    gpu: u64,
+    /// Blocks of the kernel that are resident on this GPU at once.
+    resident: u32,
 }
 
-const MAGIC: u64 = 0x6f78_6363_6c57_6e32; // "oxcclWn2"
+const MAGIC: u64 = 0x6f78_6363_6c57_6e33; // "oxcclWn3"
 const NAME_BYTES: usize = 64;
-const INFO_BYTES: usize = 8 + 4 + 8 + 4 + 4 + 4 + 8 + 8 + 1 + 64 + NAME_BYTES;
+const INFO_BYTES: usize = 8 + 4 + 8 + 4 + 4 + 4 + 8 + 8 + 1 + 64 + NAME_BYTES + 8 + 4;
 
 impl PeerInfo {
     fn encode(&self) -> Vec<u8> {
@@ -86,6 +91,8 @@ impl PeerInfo {
         let mut name = [0u8; NAME_BYTES];
         name[..self.area.len()].copy_from_slice(self.area.as_bytes());
         b.extend_from_slice(&name);
+        b.extend_from_slice(&self.gpu.to_le_bytes());
+        b.extend_from_slice(&self.resident.to_le_bytes());
         b
     }
 
@@ -112,8 +119,54 @@ impl PeerInfo {
                 let end = name.iter().position(|c| *c == 0).unwrap_or(NAME_BYTES);
                 String::from_utf8(name[..end].to_vec()).ok()?
             },
+            gpu: u64_at(113 + NAME_BYTES),
+            resident: u32_at(121 + NAME_BYTES),
         })
     }
+}
+
+fn fnv1a(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325, |h, &c| {
+        (h ^ u64::from(c)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The channels a launch may use, the same on every rank: ranks sharing a
+/// GPU run kernels whose blocks wait for each other's, so all of them must
+/// be resident at once (in one process, or several under MPS; without MPS
+/// the GPU runs one process at a time and each kernel waits for its turn).
+/// Says so once, on each rank that shares its GPU.
+fn shared_gpus(infos: &[PeerInfo], rank: usize, channels: usize) -> usize {
+    let on = |i: &PeerInfo| {
+        infos
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| (o.node, o.gpu) == (i.node, i.gpu))
+            .map(|(r, _)| r)
+            .collect::<Vec<_>>()
+    };
+    let cap = infos
+        .iter()
+        .map(|i| i.resident as usize / on(i).len())
+        .min()
+        .unwrap_or(channels)
+        .clamp(1, channels);
+    let mine = on(&infos[rank]);
+    if mine.len() > 1 {
+        let procs = {
+            let mut p: Vec<u32> = mine.iter().map(|&r| infos[r].pid).collect();
+            p.sort_unstable();
+            p.dedup();
+            p.len()
+        };
+        let how = if procs == 1 {
+            "in one process: their kernels run together".to_string()
+        } else {
+            format!("in {procs} processes: their kernels run together under MPS (nvidia-cuda-mps-control -d); without it the GPU switches between the processes and each operation waits for its turn (milliseconds)")
+        };
+        tracing::info!(target: "oxccl::init", "rank {rank} shares its GPU with ranks {mine:?} {how}; up to {cap} channels per launch so that every rank's blocks fit on the GPU at once");
+    }
+    cap
 }
 
 /// This boot of this machine: ranks with the same id share a node.
@@ -151,6 +204,9 @@ pub(crate) struct Window {
     mirror: Option<Arc<Registered<Area>>>,
     /// With GPUDirect, the net peers' receive slots and send slots.
     gdr_slots: Option<[DeviceBuffer; 2]>,
+    /// Channels a launch may use (see `shared_gpus`), the same on every
+    /// rank; the layout has room for more.
+    pub launch_channels: usize,
 }
 
 impl std::fmt::Debug for Window {
@@ -274,6 +330,11 @@ impl Window {
             } else {
                 String::new()
             },
+            gpu: fnv1a(ctx.device().pci_bus_id()?.to_ascii_lowercase().as_bytes()),
+            resident: ctx
+                .device()
+                .resident_blocks(cfg.threads)?
+                .min(u32::MAX as usize) as u32,
         };
         let all = oob.allgather(&me.encode())?;
         if all.len() != n {
@@ -282,14 +343,21 @@ impl Window {
                 all.len()
             )));
         }
+        let infos = all
+            .iter()
+            .enumerate()
+            .map(|(p, bytes)| {
+                PeerInfo::decode(bytes).ok_or_else(|| {
+                    Error::Remote(format!("rank {p} sent no device window description"))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let launch_channels = shared_gpus(&infos, rank, cfg.channels);
         let mut peers = vec![0u64; n];
         let mut mine = vec![0u64; n];
         let mut maps = Vec::with_capacity(n);
         let mut net_peers = Vec::new();
-        for (p, bytes) in all.iter().enumerate() {
-            let info = PeerInfo::decode(bytes).ok_or_else(|| {
-                Error::Remote(format!("rank {p} sent no device window description"))
-            })?;
+        for (p, info) in infos.into_iter().enumerate() {
             if (info.maxch, info.nslots, info.slot_bytes) != (me.maxch, me.nslots, me.slot_bytes) {
                 return Err(Error::InvalidUsage(format!(
                     "rank {p} uses {} channels x {} slots x {} bytes, rank {rank} {} x {} x {}: every rank needs the same device config",
@@ -419,6 +487,7 @@ impl Window {
             area,
             mirror,
             gdr_slots,
+            launch_channels,
         })
     }
 
@@ -485,6 +554,8 @@ mod tests {
             window: 0x7f00_0000_0000,
             ipc: Some(IpcMemHandle([9; 64])),
             area: "/oxccl-dev-1-2-ab".into(),
+            gpu: 0x1b00_feed,
+            resident: 264,
         };
         assert_eq!(PeerInfo::decode(&i.encode()), Some(i.clone()));
         let none = PeerInfo {
@@ -494,5 +565,34 @@ mod tests {
         };
         assert_eq!(PeerInfo::decode(&none.encode()), Some(none));
         assert_eq!(PeerInfo::decode(b"short"), None);
+    }
+
+    #[test]
+    fn ranks_sharing_a_gpu_cap_every_ranks_channels_alike() {
+        let info = |pid: u32, gpu: u64| PeerInfo {
+            pid,
+            node: 1,
+            device: 0,
+            maxch: 128,
+            nslots: 8,
+            slot_bytes: 1 << 18,
+            window: 0,
+            ipc: None,
+            area: String::new(),
+            gpu,
+            resident: 264,
+        };
+        // Four ranks on one GPU: 264 resident blocks, 66 each.
+        let one: Vec<_> = (0..4).map(|p| info(p, 7)).collect();
+        assert!((0..4).all(|r| shared_gpus(&one, r, 128) == 66));
+        // Two share GPU 7, one is alone: all launch 128 (132 would fit).
+        let mixed = [info(1, 7), info(2, 7), info(3, 8)];
+        assert!((0..3).all(|r| shared_gpus(&mixed, r, 128) == 128));
+        // The same GPU id on another node is another GPU.
+        let mut apart = one.clone();
+        for (k, i) in apart.iter_mut().enumerate() {
+            i.node = k as u64;
+        }
+        assert_eq!(shared_gpus(&apart, 0, 128), 128);
     }
 }

@@ -1,0 +1,51 @@
+//! Ranks sharing one GPU, which NCCL refuses: 2 and 4 ranks on GPU 0 in
+//! one process (`-g N`, kernels run together, launches capped so that
+//! every rank's blocks are resident at once) and 2 ranks in two processes
+//! (kernels time-sliced unless MPS runs), every collective at sizes that
+//! cross the channel cap, results checked against a host reference.
+//! Skips, saying why, without a GPU.
+
+use std::process::Command;
+use std::time::Instant;
+
+fn perf(args: &[&str]) {
+    let bin = std::env::var("OXCCL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_oxccl").into());
+    let t = Instant::now();
+    let out = Command::new(bin)
+        .arg("perf")
+        .args(args)
+        .args(["--device", "cuda", "--op", "all", "-n", "2", "-w", "1"])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        // GPU 0 only, however many the machine has.
+        .env("CUDA_VISIBLE_DEVICES", "0")
+        .env("NCCL_DEBUG", "INFO")
+        .output()
+        .expect("run oxccl perf");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("Out of bounds values : 0 OK"),
+        "oxccl perf {args:?} failed:\n{text}"
+    );
+    assert!(
+        text.contains("shares its GPU with ranks"),
+        "no INFO line about the shared GPU:\n{text}"
+    );
+    eprintln!("oxccl perf {args:?}: #wrong 0 in {:?}", t.elapsed());
+}
+
+#[test]
+fn ranks_share_one_gpu_in_one_and_two_processes() {
+    let n = oxccl::cuda::device_count().unwrap_or(0);
+    if n == 0 {
+        eprintln!("skipped: no GPU (this test needs the CUDA driver and one GPU)");
+        return;
+    }
+    for g in ["2", "4"] {
+        perf(&["-g", g, "-b", "8", "-e", "16M", "-f", "64"]);
+    }
+    perf(&["--ranks", "2", "-b", "8", "-e", "4M", "-f", "512"]);
+}
