@@ -1,14 +1,16 @@
 //! Ranks sharing one GPU, which NCCL refuses: 2 and 4 ranks on GPU 0 in
 //! one process (`-g N`, kernels run together, launches capped so that
 //! every rank's blocks are resident at once) and 2 ranks in two processes
-//! (kernels time-sliced unless MPS runs), every collective at sizes that
+//! and 3 processes (without MPS rank 0 runs each collective on every
+//! rank's buffers; `OXCCL_SHARED_GPU=kernels` makes every rank run its
+//! kernels, time-sliced), every collective at sizes that
 //! cross the channel cap, results checked against a host reference.
 //! Skips, saying why, without a GPU.
 
 use std::process::Command;
 use std::time::Instant;
 
-fn perf(args: &[&str]) {
+fn perf(args: &[&str], env: &[(&str, &str)]) {
     let bin = std::env::var("OXCCL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_oxccl").into());
     let t = Instant::now();
     let out = Command::new(bin)
@@ -19,6 +21,7 @@ fn perf(args: &[&str]) {
         // GPU 0 only, however many the machine has.
         .env("CUDA_VISIBLE_DEVICES", "0")
         .env("NCCL_DEBUG", "INFO")
+        .envs(env.iter().copied())
         .output()
         .expect("run oxccl perf");
     let text = format!(
@@ -28,13 +31,13 @@ fn perf(args: &[&str]) {
     );
     assert!(
         out.status.success() && text.contains("Out of bounds values : 0 OK"),
-        "oxccl perf {args:?} failed:\n{text}"
+        "oxccl perf {args:?} {env:?} failed:\n{text}"
     );
     assert!(
         text.contains("shares its GPU with ranks"),
         "no INFO line about the shared GPU:\n{text}"
     );
-    eprintln!("oxccl perf {args:?}: #wrong 0 in {:?}", t.elapsed());
+    eprintln!("oxccl perf {args:?} {env:?}: #wrong 0 in {:?}", t.elapsed());
 }
 
 #[test]
@@ -45,7 +48,14 @@ fn ranks_share_one_gpu_in_one_and_two_processes() {
         return;
     }
     for g in ["2", "4"] {
-        perf(&["-g", g, "-b", "8", "-e", "16M", "-f", "64"]);
+        perf(&["-g", g, "-b", "8", "-e", "16M", "-f", "64"], &[]);
     }
-    perf(&["--ranks", "2", "-b", "8", "-e", "4M", "-f", "512"]);
+    for n in ["2", "3"] {
+        perf(&["--ranks", n, "-b", "8", "-e", "16M", "-f", "64"], &[]);
+    }
+    let kernels = [("OXCCL_SHARED_GPU", "kernels")];
+    perf(
+        &["--ranks", "2", "-b", "8", "-e", "4M", "-f", "512"],
+        &kernels,
+    );
 }

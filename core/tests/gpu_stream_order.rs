@@ -126,26 +126,44 @@ fn local_reduce_and_copy_kernels() {
             b.write(0, &hb).unwrap();
             let s = r.stream.handle();
             let k = r.comm.kernels();
-            k.reduce(d.ptr(), a.ptr(), b.ptr(), n, dtype, RedOp::Min, 2, 0, s)
-                .unwrap();
+            // The second output is an input too, as for a peer in place.
+            k.reduce(
+                d.ptr(),
+                b.ptr(),
+                a.ptr(),
+                b.ptr(),
+                n,
+                dtype,
+                RedOp::Min,
+                2,
+                0,
+                s,
+            )
+            .unwrap();
             r.stream.synchronize().unwrap();
             let mut out = vec![0u8; n * es];
+            let mut out2 = vec![0u8; n * es];
             d.read(0, &mut out).unwrap();
+            b.read(0, &mut out2).unwrap();
             let red = oxccl::reduce::Reducer::new(dtype, RedOp::Min, 2);
             let mut want = vec![0u8; n * es];
             red.combine(&mut want, &ha, &hb, oxccl::reduce::Stage::default());
-            let w = out
-                .chunks(es)
-                .zip(want.chunks(es))
-                .filter(|(x, y)| x != y)
-                .count();
+            let w = [&out, &out2]
+                .iter()
+                .map(|o| {
+                    o.chunks(es)
+                        .zip(want.chunks(es))
+                        .filter(|(x, y)| x != y)
+                        .count()
+                })
+                .sum::<usize>();
             let k = r.comm.kernels();
             k.copy(d.ptr() + 1, a.ptr() + 3, n * es - 3, s).unwrap();
             r.stream.synchronize().unwrap();
             d.read(0, &mut out).unwrap();
             let wc = (0..n * es - 3).filter(|&i| out[i + 1] != ha[i + 3]).count();
             println!(
-                "local {}: min {w} wrong, unaligned copy {wc} wrong",
+                "local {}: min into two outputs {w} wrong, unaligned copy {wc} wrong",
                 dtype.name()
             );
             wrong += w + wc;

@@ -10,6 +10,7 @@ struct ReduceArgs {
   Scalars sc;
   u32 flags;  // OXCCL_F_PRE_S (scale a), OXCCL_F_PRE_R (scale b), OXCCL_F_POST
   u32 pad;
+  u64 dst2;   // 0, or a second output: a copy of dst
 };
 
 struct CopyArgs {
@@ -42,6 +43,13 @@ __global__ void __launch_bounds__(1024, 1) oxccl_reduce(const __grid_constant__ 
   if (lo >= hi) return;
   oxccl_rc_loop<T, Op, true, true>((const T*)r.a + lo, (const T*)r.b + lo, (T*)r.dst + lo, 0, hi - lo, r.flags, r.sc,
                                    threadIdx.x, blockDim.x);
+  // The block copies only the range it reduced, after all of it is written:
+  // dst2 may be b (a peer's in-place buffer), which no other block reads here.
+  if (r.dst2) {
+    __syncthreads();
+    oxccl_copy_loop<false>((const u8*)((const T*)r.dst + lo), (u8*)((T*)r.dst2 + lo), 0, (hi - lo) * sizeof(T),
+                           threadIdx.x, blockDim.x);
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(1024, 1) oxccl_copy(const __grid_constant__ CopyArgs c) {

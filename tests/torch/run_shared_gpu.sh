@@ -2,7 +2,7 @@
 # PyTorch DDP with 2 and 4 processes on GPU 0 over oxccl (with and without
 # device_id), each against one process on the same global batch; then the
 # same under MPS when nvidia-cuda-mps-control is there (a private pipe
-# directory, stopped at the end). Usage: run_shared_gpu.sh LIBNCCL OUTDIR
+# directory, stopped at the end; NO_MPS=1 skips it). Usage: run_shared_gpu.sh LIBNCCL OUTDIR
 set -u
 LIB=$1 OUT=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -24,7 +24,7 @@ round() {
   done
 }
 round plain
-if command -v nvidia-cuda-mps-control >/dev/null; then
+if [ -z "${NO_MPS:-}" ] && command -v nvidia-cuda-mps-control >/dev/null; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/oxmps-torch CUDA_MPS_LOG_DIRECTORY=/tmp/oxmps-torch-log
   mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
   nvidia-cuda-mps-control -d && round mps

@@ -76,6 +76,8 @@ pub struct ReduceArgs {
     pub sc: Scalars,
     pub flags: u32,
     pub pad: u32,
+    /// 0, or a second output that receives a copy of `dst`.
+    pub dst2: u64,
 }
 
 #[repr(C)]
@@ -183,7 +185,7 @@ mod tests {
         assert_eq!(offset_of!(CollArgs, stamps), 96);
         assert_eq!(offset_of!(CollArgs, steps), 104);
         assert_eq!(size_of::<CollArgs>(), 104 + 16 * MAX_STEPS);
-        assert_eq!(size_of::<ReduceArgs>(), 72);
+        assert_eq!(size_of::<ReduceArgs>(), 80);
         assert_eq!(size_of::<CopyArgs>(), 24);
         assert_eq!(size_of::<FillArgs>(), 40);
         assert_eq!(WinHeader::BYTES, 2112);

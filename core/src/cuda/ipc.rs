@@ -44,6 +44,30 @@ impl IpcMapping {
     }
 }
 
+/// The allocation holding device address `ptr` as a handle another
+/// process can open, and `ptr`'s offset in it; `None` when the allocation
+/// cannot be shared this way (virtual-memory allocations such as PyTorch's
+/// expandable segments, memory of another context).
+pub fn export(ctx: &Arc<Context>, ptr: u64) -> Result<Option<(IpcMemHandle, u64)>> {
+    ctx.bind()?;
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: both out-pointers are valid; the driver only reads `ptr`'s value.
+    let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
+    if check(r, "cuMemGetAddressRange").is_err() {
+        return Ok(None);
+    }
+    let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+    // SAFETY: `h` is a valid out-pointer; `base` starts an allocation.
+    let r = unsafe { sys::cuIpcGetMemHandle(&mut h, base) };
+    if check(r, "cuIpcGetMemHandle").is_err() {
+        return Ok(None);
+    }
+    Ok(Some((
+        IpcMemHandle(h.reserved.map(|b| b as u8)),
+        ptr - base,
+    )))
+}
+
 impl Drop for IpcMapping {
     fn drop(&mut self) {
         if self.ctx.bind().is_ok() {

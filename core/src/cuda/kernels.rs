@@ -378,13 +378,15 @@ impl KernelSet {
         )
     }
 
-    /// `dst = post(pre_a(a) op pre_b(b))` element-wise on `stream`; which of
-    /// the op's pre and post steps apply is given by `flags` (`abi::F_*`);
+    /// `dst = post(pre_a(a) op pre_b(b))` element-wise on `stream`, and the
+    /// same into `dst2` unless it is 0 (`dst2` may be `b`); which of the
+    /// op's pre and post steps apply is given by `flags` (`abi::F_*`);
     /// `nranks` sets the average's divisor or scale.
     #[allow(clippy::too_many_arguments)] // NCCL-shaped: buffers, count, type, op, stream
     pub fn reduce(
         &self,
         dst: u64,
+        dst2: u64,
         a: u64,
         b: u64,
         count: usize,
@@ -418,6 +420,7 @@ impl KernelSet {
                 sc,
                 flags,
                 pad: 0,
+                dst2,
             },
         )
     }

@@ -72,6 +72,54 @@ impl RawStream {
         Ok((status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE).then_some(id))
     }
 
+    /// Enqueues: store `value` at device address `addr` once the work
+    /// before it is done (a stream memory operation: no kernel, so another
+    /// process's stream waiting for it never waits for this one's turn on
+    /// the GPU's SMs).
+    ///
+    /// # Safety
+    /// `addr` is 4-byte aligned device memory mapped in this context, alive
+    /// until the stream has run the store.
+    pub unsafe fn write_u32(self, addr: u64, value: u32) -> Result<()> {
+        check(
+            // SAFETY: the caller's contract; flags 0: the store waits for
+            // the stream's earlier work.
+            unsafe { sys::cuStreamWriteValue32_v2(self.sys(), addr, value, 0) },
+            "cuStreamWriteValue32",
+        )
+    }
+
+    /// Enqueues: the stream's later work waits until the 32-bit word at
+    /// `addr` is at least `value` (wrapping comparison).
+    ///
+    /// # Safety
+    /// As [`RawStream::write_u32`].
+    pub unsafe fn wait_u32(self, addr: u64, value: u32) -> Result<()> {
+        let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        check(
+            // SAFETY: the caller's contract.
+            unsafe { sys::cuStreamWaitValue32_v2(self.sys(), addr, value, geq) },
+            "cuStreamWaitValue32",
+        )
+    }
+
+    /// Enqueues a copy of `bytes` between device addresses on a copy
+    /// engine (no kernel).
+    ///
+    /// # Safety
+    /// Both ranges are device memory mapped in this context, alive until
+    /// the stream has run the copy.
+    pub unsafe fn copy_device(self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        check(
+            // SAFETY: the caller's contract.
+            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.sys()) },
+            "cuMemcpyDtoDAsync",
+        )
+    }
+
     /// Waits on the host until everything enqueued on the stream is done.
     pub fn synchronize(self, ctx: &Context) -> Result<()> {
         ctx.bind()?;

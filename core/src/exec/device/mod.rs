@@ -20,6 +20,7 @@
 pub mod config;
 pub mod oob;
 mod plan;
+mod shared;
 pub mod stamps;
 mod window;
 
@@ -362,6 +363,14 @@ impl DeviceComm {
                 self.nranks,
                 choice.algo.name()
             )));
+        }
+        if self.window.shared.is_some() && count > 0 {
+            self.order_after_last(stream)?;
+            if let Some(sh) = self.window.shared.as_mut() {
+                if sh.run(&self.kernels, coll, send, recv, count, dtype, op, stream)? {
+                    return Ok(());
+                }
+            }
         }
         let t = self.template(coll, choice.algo)?;
         self.launch(t, send, recv, count, dtype, op, stream, choice.channels)

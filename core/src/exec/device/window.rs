@@ -18,6 +18,7 @@ use oxccl_plugin::PtrType;
 
 use super::config::DeviceConfig;
 use super::oob::Oob;
+use super::shared::{self, SharedGpu};
 use crate::cuda::abi::WinHeader;
 use crate::cuda::{Context, Device, DeviceBuffer, IpcMapping, IpcMemHandle, Registered};
 use crate::error::{Error, Result};
@@ -162,7 +163,7 @@ fn shared_gpus(infos: &[PeerInfo], rank: usize, channels: usize) -> usize {
         let how = if procs == 1 {
             "in one process: their kernels run together".to_string()
         } else {
-            format!("in {procs} processes: their kernels run together under MPS (nvidia-cuda-mps-control -d); without it the GPU switches between the processes and each operation waits for its turn (milliseconds)")
+            format!("in {procs} processes: their kernels run together under MPS (nvidia-cuda-mps-control -d); without it the GPU switches between the processes, so where every rank of the communicator is on this GPU one rank runs each collective for all (below), and otherwise each operation waits for its turn (milliseconds)")
         };
         tracing::info!(target: "oxccl::init", "rank {rank} shares its GPU with ranks {mine:?} {how}; up to {cap} channels per launch so that every rank's blocks fit on the GPU at once");
     }
@@ -207,6 +208,9 @@ pub(crate) struct Window {
     /// Channels a launch may use (see `shared_gpus`), the same on every
     /// rank; the layout has room for more.
     pub launch_channels: usize,
+    /// Every rank on this one GPU, each in its own process, without MPS:
+    /// the all-reduce that runs no kernel on the other ranks.
+    pub shared: Option<SharedGpu>,
 }
 
 impl std::fmt::Debug for Window {
@@ -353,6 +357,16 @@ impl Window {
             })
             .collect::<Result<Vec<_>>>()?;
         let launch_channels = shared_gpus(&infos, rank, cfg.channels);
+        let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
+        let one_gpu = infos
+            .iter()
+            .all(|i| (i.node, i.gpu) == (infos[0].node, infos[0].gpu));
+        let own_processes = {
+            let mut p = pids.clone();
+            p.sort_unstable();
+            p.dedup();
+            p.len() == n
+        };
         let mut peers = vec![0u64; n];
         let mut mine = vec![0u64; n];
         let mut maps = Vec::with_capacity(n);
@@ -418,6 +432,17 @@ impl Window {
         }
         // Every peer has mapped this rank's area: its name can go.
         oob.allgather(&[])?;
+        let mut shared = None;
+        if n > 1 && one_gpu && own_processes && (0..n).all(|p| route(p) == Transport::P2p) {
+            // Every rank must take the same path: all want it or none.
+            let votes = oob.allgather(&[u8::from(shared::wanted())])?;
+            if votes.iter().all(|v| v.first() == Some(&1)) {
+                shared = Some(SharedGpu::setup(ctx, oob, cfg.timeout)?);
+                if rank == 0 {
+                    tracing::info!(target: "oxccl::init", "all {n} ranks share one GPU from {n} processes, without MPS: rank 0 runs each collective on every rank's buffers (CUDA IPC), the others only signal with stream memory operations (OXCCL_SHARED_GPU=kernels: every rank's kernels)");
+                }
+            }
+        }
         if let Some(a) = &area {
             a.mem().unlink();
         }
@@ -488,6 +513,7 @@ impl Window {
             mirror,
             gdr_slots,
             launch_channels,
+            shared,
         })
     }
 
@@ -511,6 +537,7 @@ impl Window {
     /// Device memory this rank allocated: the window and GPUDirect slots.
     pub fn device_bytes(&self) -> usize {
         self.buf.len()
+            + self.shared.as_ref().map_or(0, SharedGpu::device_bytes)
             + self
                 .gdr_slots
                 .as_ref()
@@ -532,7 +559,7 @@ impl Drop for Window {
     fn drop(&mut self) {
         // Kernels still queued need the proxy to finish (their peers'
         // data comes through it): let them, before the fields go in order.
-        if self.proxy.is_some() {
+        if self.proxy.is_some() || self.shared.is_some() {
             let _ = self.buf.context().synchronize();
         }
     }

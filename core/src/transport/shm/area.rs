@@ -167,6 +167,22 @@ impl Area {
         unsafe { AtomicU64::from_ptr(p) }
     }
 
+    /// Copies `data` to byte `off`; publish it with a later [`Area::store`].
+    pub fn write_bytes(&self, off: usize, data: &[u8]) {
+        let p = self.at(off, data.len());
+        // SAFETY: inside the live mapping (checked by `at`); the protocol
+        // using it gives these bytes one writer at a time.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
+    }
+
+    /// Copies the bytes at `off` into `out`, after an [`Area::load`] that
+    /// saw their writer's publication.
+    pub fn read_bytes(&self, off: usize, out: &mut [u8]) {
+        let p = self.at(off, out.len());
+        // SAFETY: as in `write_bytes`.
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) }
+    }
+
     /// The word at `off` as its writer (a GPU or a peer) last published it.
     pub fn load(&self, off: usize) -> u64 {
         self.word(off).load(Ordering::Acquire)

@@ -1,0 +1,281 @@
+//! The host half of the shared-GPU path. Before enqueuing anything, every
+//! rank but the leader posts the call it was given and its buffers (as
+//! CUDA IPC handles) into its slot of a small POSIX segment; the leader
+//! reads every slot, maps the buffers and answers each slot with how this
+//! call runs. A slot is read as soon as it is posted: no socket round trip
+//! on the way of an 8-byte collective.
+
+use std::time::{Duration, Instant};
+
+use crate::cuda::IpcMemHandle;
+use crate::error::{Error, Result};
+use crate::transport::shm::area::Area;
+
+/// Bytes of one rank's slot.
+pub(crate) const SLOT: usize = 512;
+const POSTED: usize = 0;
+const ANSWER: usize = 8;
+const LEN: usize = 16;
+const BODY: usize = 24;
+
+/// One buffer of a posted call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Buf {
+    /// The collective does not touch it on this rank.
+    Unused,
+    /// Memory that CUDA IPC cannot share (virtual-memory allocations).
+    Private,
+    /// The allocation's handle and the buffer's offset in it.
+    Shared(IpcMemHandle, u64),
+}
+
+/// What a rank posts for one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Post {
+    /// The call as the rank was given it; every rank's must be the same.
+    pub what: String,
+    /// Its stream is being captured into a CUDA graph.
+    pub capturing: bool,
+    pub send: Buf,
+    pub recv: Buf,
+}
+
+/// The leader's answer to one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// The leader runs it on every rank's buffers; the others signal.
+    Direct,
+    /// Every rank runs its own kernels (graph capture, private memory).
+    Kernels,
+    /// The ranks were not called for the same collective.
+    Mismatch,
+}
+
+impl Answer {
+    fn code(self) -> u64 {
+        match self {
+            Answer::Direct => 1,
+            Answer::Kernels => 2,
+            Answer::Mismatch => 3,
+        }
+    }
+}
+
+impl Post {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![u8::from(self.capturing)];
+        for buf in [self.send, self.recv] {
+            match buf {
+                Buf::Unused => b.push(0),
+                Buf::Private => b.push(1),
+                Buf::Shared(h, off) => {
+                    b.push(2);
+                    b.extend_from_slice(&h.0);
+                    b.extend_from_slice(&off.to_le_bytes());
+                }
+            }
+        }
+        let what = self.what.as_bytes();
+        let what = &what[..what.len().min(SLOT - BODY - b.len() - 1)];
+        b.push(what.len() as u8);
+        b.extend_from_slice(what);
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Post> {
+        let (&cap, mut rest) = b.split_first()?;
+        let mut buf = || -> Option<Buf> {
+            let (&tag, r) = rest.split_first()?;
+            rest = r;
+            Some(match tag {
+                0 => Buf::Unused,
+                1 => Buf::Private,
+                2 => {
+                    let h: [u8; 64] = rest.get(..64)?.try_into().ok()?;
+                    let off = u64::from_le_bytes(rest.get(64..72)?.try_into().ok()?);
+                    rest = &rest[72..];
+                    Buf::Shared(IpcMemHandle(h), off)
+                }
+                _ => return None,
+            })
+        };
+        let (send, recv) = (buf()?, buf()?);
+        let (&len, what) = rest.split_first()?;
+        let what = String::from_utf8(what.get(..len as usize)?.to_vec()).ok()?;
+        Some(Post {
+            what,
+            capturing: cap != 0,
+            send,
+            recv,
+        })
+    }
+}
+
+/// Spins briefly, then yields, until `ready` or `deadline`.
+fn wait_until(deadline: Instant, mut ready: impl FnMut() -> bool) -> bool {
+    let mut spins = 0u32;
+    loop {
+        if ready() {
+            return true;
+        }
+        spins = spins.wrapping_add(1);
+        if spins < 4096 {
+            std::hint::spin_loop();
+        } else {
+            if spins.is_multiple_of(64) && Instant::now() >= deadline {
+                return ready();
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// The segment, as one rank sees it.
+pub(crate) struct Mailbox {
+    area: Area,
+    me: usize,
+    timeout: Duration,
+}
+
+impl Mailbox {
+    pub fn new(area: Area, me: usize, timeout: Duration) -> Mailbox {
+        Mailbox { area, me, timeout }
+    }
+
+    pub fn bytes(nranks: usize) -> usize {
+        nranks * SLOT
+    }
+
+    #[cfg(test)]
+    pub fn area(&self) -> &Area {
+        &self.area
+    }
+
+    /// Posts this rank's call number `seq`. The leader has answered the
+    /// previous one, so it is done reading the slot.
+    pub fn post(&self, seq: u64, post: &Post) {
+        let at = self.me * SLOT;
+        let body = post.encode();
+        self.area.write_bytes(at + BODY, &body);
+        self.area.store(at + LEN, body.len() as u64);
+        self.area.store(at + POSTED, seq);
+    }
+
+    /// The leader: rank `r`'s post for call `seq`.
+    pub fn wait_post(&self, r: usize, seq: u64, mine: &str) -> Result<Post> {
+        let at = r * SLOT;
+        let deadline = Instant::now() + self.timeout;
+        if !wait_until(deadline, || self.area.load(at + POSTED) == seq) {
+            return Err(Error::Remote(format!(
+                "rank {r} did not call collective #{seq} ({mine}) within {:?} (NCCL_TIMEOUT): it died, hangs, or called fewer collectives than rank {}",
+                self.timeout, self.me
+            )));
+        }
+        let len = (self.area.load(at + LEN) as usize).min(SLOT - BODY);
+        let mut body = vec![0; len];
+        self.area.read_bytes(at + BODY, &mut body);
+        Post::decode(&body).ok_or_else(|| {
+            Error::Internal(format!("rank {r}'s post for collective #{seq} is garbled"))
+        })
+    }
+
+    /// The leader answers rank `r`'s call `seq`.
+    pub fn answer(&self, r: usize, seq: u64, a: Answer) {
+        self.area.store(r * SLOT + ANSWER, seq << 2 | a.code());
+    }
+
+    /// This rank's answer for call `seq`, from `leader`.
+    pub fn wait_answer(&self, seq: u64, leader: usize, mine: &str) -> Result<Answer> {
+        let at = self.me * SLOT + ANSWER;
+        let deadline = Instant::now() + self.timeout;
+        if !wait_until(deadline, || self.area.load(at) >> 2 == seq) {
+            return Err(Error::Remote(format!(
+                "rank {leader}, which runs this GPU's collectives, did not answer collective #{seq} ({mine}) within {:?} (NCCL_TIMEOUT)",
+                self.timeout
+            )));
+        }
+        Ok(match self.area.load(at) & 3 {
+            1 => Answer::Direct,
+            2 => Answer::Kernels,
+            _ => Answer::Mismatch,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn post(what: &str) -> Post {
+        Post {
+            what: what.into(),
+            capturing: false,
+            send: Buf::Shared(IpcMemHandle([7; 64]), 4096),
+            recv: Buf::Private,
+        }
+    }
+
+    #[test]
+    fn posts_survive_the_slot() {
+        for p in [
+            post("all_reduce of 2 x Float (Sum)"),
+            Post {
+                what: String::new(),
+                capturing: true,
+                send: Buf::Unused,
+                recv: Buf::Shared(IpcMemHandle([255; 64]), u64::MAX),
+            },
+            post(&"x".repeat(1000)),
+        ] {
+            let b = p.encode();
+            assert!(b.len() <= SLOT - BODY);
+            let back = Post::decode(&b).unwrap();
+            assert_eq!(back.send, p.send);
+            assert_eq!(back.recv, p.recv);
+            assert!(p.what.starts_with(&back.what));
+        }
+        assert_eq!(Post::decode(&[0, 9]), None);
+    }
+
+    #[test]
+    fn a_call_goes_and_its_answer_comes_back() {
+        // Two mappings of one segment stand for the two processes.
+        let name = format!("/oxccl-test-mailbox-{}", std::process::id());
+        let leader = Mailbox::new(
+            Area::create_shared(&name, Mailbox::bytes(2)).unwrap(),
+            0,
+            Duration::from_secs(5),
+        );
+        let view = Area::open_shared(&name, Mailbox::bytes(2)).unwrap();
+        leader.area().unlink();
+        let other = std::thread::spawn(move || {
+            let mb = Mailbox::new(view, 1, Duration::from_secs(5));
+            mb.post(1, &post("all_reduce"));
+            let a = mb.wait_answer(1, 0, "all_reduce").unwrap();
+            mb.post(2, &post("broadcast"));
+            (a, mb.wait_answer(2, 0, "broadcast").unwrap())
+        });
+        let p = leader.wait_post(1, 1, "all_reduce").unwrap();
+        assert_eq!(p.what, "all_reduce");
+        leader.answer(1, 1, Answer::Direct);
+        let p = leader.wait_post(1, 2, "broadcast").unwrap();
+        assert_eq!(p.what, "broadcast");
+        leader.answer(1, 2, Answer::Kernels);
+        assert_eq!(other.join().unwrap(), (Answer::Direct, Answer::Kernels));
+    }
+
+    #[test]
+    fn a_missing_rank_is_named_after_the_timeout() {
+        let mb = Mailbox::new(
+            Area::private(Mailbox::bytes(3)).unwrap(),
+            0,
+            Duration::from_millis(50),
+        );
+        let e = mb.wait_post(2, 1, "all_gather").unwrap_err();
+        assert!(
+            e.message()
+                .contains("rank 2 did not call collective #1 (all_gather)"),
+            "{e}"
+        );
+    }
+}

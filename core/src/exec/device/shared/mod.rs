@@ -1,0 +1,320 @@
+//! Collectives between processes whose ranks all share one GPU, without MPS.
+//! The GPU then runs one process's kernels at a time, so a kernel that
+//! waits for another process's kernel waits for the next time slice
+//! (milliseconds), and even a copy-engine copy in one process next to a
+//! kernel in another costs a context switch each time (a cross-process
+//! round trip measured 283 us on an H100). Stream memory operations (store
+//! or wait on a word) cost none: 9.4 us per round trip, 20 us with a kernel
+//! and a copy in one of the two processes.
+//!
+//! So one rank, the leader, runs the whole collective: it maps every rank's
+//! buffers (CUDA IPC, handles posted through a host mailbox) and moves and
+//! reduces the data with its own kernels and copies; every other rank only
+//! stores "ready" on its stream and waits for the leader's "done". Calls
+//! the leader cannot run this way (graph capture, memory CUDA IPC cannot
+//! share) go to every rank's kernels, which all ranks learn from the
+//! leader's answer.
+
+mod mailbox;
+mod steps;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algo::Coll;
+use crate::cuda::{ipc, Context, DeviceBuffer, IpcMapping, IpcMemHandle, KernelSet, RawStream};
+use crate::dtype::{DataType, RedOp};
+use crate::error::{Error, Result};
+use crate::transport::shm::area::Area;
+
+use super::oob::Oob;
+use mailbox::{Answer, Buf, Mailbox, Post};
+use steps::{Bufs, Step};
+
+/// Offsets of each rank's words in its flag buffer.
+const READY: u64 = 0;
+const DONE: u64 = 64;
+const FLAG_BYTES: usize = 256;
+
+/// Mapped user allocations kept before the cache is emptied.
+const MAX_MAPPED: usize = 512;
+
+/// Whether this path should run for ranks that all share one GPU from
+/// several processes: not under MPS (where the kernels run together),
+/// unless `OXCCL_SHARED_GPU` says `leader` (this path) or `kernels`.
+pub(crate) fn wanted() -> bool {
+    match std::env::var("OXCCL_SHARED_GPU").as_deref().map(str::trim) {
+        Ok("leader") => true,
+        Ok("kernels") => false,
+        _ => {
+            std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").is_none()
+                && !std::path::Path::new("/tmp/nvidia-mps").exists()
+        }
+    }
+}
+
+pub(crate) struct SharedGpu {
+    ctx: Arc<Context>,
+    me: usize,
+    leader: usize,
+    nranks: usize,
+    /// Calls made so far, the same count on every rank.
+    seq: u64,
+    /// Each rank's flag buffer as this process addresses it.
+    flags: Vec<u64>,
+    mailbox: Mailbox,
+    /// The leader's mappings of other ranks' allocations, by handle.
+    mapped: HashMap<[u8; 64], IpcMapping>,
+    _own: DeviceBuffer,
+    _flag_maps: Vec<IpcMapping>,
+}
+
+impl SharedGpu {
+    /// Every rank calls it; rank 0 leads. `timeout` bounds each wait for
+    /// another rank on the host.
+    pub fn setup(ctx: &Arc<Context>, oob: &dyn Oob, timeout: Duration) -> Result<SharedGpu> {
+        let (me, nranks, leader) = (oob.rank(), oob.nranks(), 0);
+        let own = DeviceBuffer::alloc(ctx, FLAG_BYTES)?;
+        own.fill_bytes(0)?;
+        let name = format!(
+            "/oxccl-gpu-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        );
+        let bytes = Mailbox::bytes(nranks);
+        let area = if me == leader {
+            Some(Area::create_shared(&name, bytes)?)
+        } else {
+            None
+        };
+        let mut mine = own.ipc_handle()?.0.to_vec();
+        if me == leader {
+            mine.extend_from_slice(name.as_bytes());
+        }
+        let all = oob.allgather(&mine)?;
+        let area = match area {
+            Some(a) => a,
+            None => {
+                let leader_name = all[leader]
+                    .get(64..)
+                    .and_then(|b| std::str::from_utf8(b).ok())
+                    .ok_or_else(|| Error::Remote(format!("rank {leader} sent no mailbox name")))?;
+                Area::open_shared(leader_name, bytes)?
+            }
+        };
+        let mut flags = vec![0u64; nranks];
+        let mut flag_maps = Vec::new();
+        for (p, h) in all.iter().enumerate() {
+            if p == me {
+                flags[p] = own.ptr();
+                continue;
+            }
+            let h: [u8; 64] = h
+                .get(..64)
+                .and_then(|h| h.try_into().ok())
+                .ok_or_else(|| Error::Remote(format!("rank {p} sent no flag handle")))?;
+            let m = IpcMapping::open(ctx, &IpcMemHandle(h))
+                .map_err(|e| e.context(format!("mapping rank {p}'s flags")))?;
+            flags[p] = m.ptr();
+            flag_maps.push(m);
+        }
+        // Everyone has mapped everything: the segment's name can go.
+        oob.allgather(&[])?;
+        area.unlink();
+        Ok(SharedGpu {
+            ctx: ctx.clone(),
+            me,
+            leader,
+            nranks,
+            seq: 0,
+            flags,
+            mailbox: Mailbox::new(area, me, timeout),
+            mapped: HashMap::new(),
+            _own: own,
+            _flag_maps: flag_maps,
+        })
+    }
+
+    pub fn device_bytes(&self) -> usize {
+        FLAG_BYTES
+    }
+
+    fn export(&self, used: bool, ptr: u64) -> Result<Buf> {
+        if !used {
+            return Ok(Buf::Unused);
+        }
+        Ok(match ipc::export(&self.ctx, ptr)? {
+            Some((h, off)) => Buf::Shared(h, off),
+            None => Buf::Private,
+        })
+    }
+
+    /// The leader's address of a buffer another rank posted; `None` when
+    /// it cannot have one.
+    fn map(&mut self, buf: Buf) -> Result<Option<u64>> {
+        let (h, off) = match buf {
+            Buf::Unused => return Ok(Some(0)),
+            Buf::Private => return Ok(None),
+            Buf::Shared(h, off) => (h, off),
+        };
+        if !self.mapped.contains_key(&h.0) {
+            if self.mapped.len() >= MAX_MAPPED {
+                // Nothing queued may still use a mapping that goes.
+                self.ctx.synchronize()?;
+                self.mapped.clear();
+            }
+            match IpcMapping::open(&self.ctx, &h) {
+                Ok(m) => {
+                    self.mapped.insert(h.0, m);
+                }
+                Err(e) => {
+                    tracing::debug!(target: "oxccl::coll", "a shared-GPU peer's buffer cannot be mapped ({e}): this call runs on every rank's kernels");
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(self.mapped.get(&h.0).map(|m| m.ptr() + off))
+    }
+
+    /// The leader's side of the handshake: every rank's buffers as the
+    /// leader addresses them, or `None` when every rank runs its kernels.
+    fn lead(
+        &mut self,
+        seq: u64,
+        what: &str,
+        capturing: bool,
+        send: u64,
+        recv: u64,
+    ) -> Result<Option<Vec<Bufs>>> {
+        let mut posts = Vec::with_capacity(self.nranks - 1);
+        for r in (0..self.nranks).filter(|&r| r != self.me) {
+            posts.push((r, self.mailbox.wait_post(r, seq, what)?));
+        }
+        let answer =
+            |mb: &Mailbox, a: Answer| posts.iter().for_each(|(r, _)| mb.answer(*r, seq, a));
+        let odd: Vec<String> = posts
+            .iter()
+            .filter(|(_, p)| p.what != what)
+            .map(|(r, p)| format!("rank {r} called {}", p.what))
+            .collect();
+        if !odd.is_empty() {
+            answer(&self.mailbox, Answer::Mismatch);
+            return Err(Error::InvalidUsage(format!(
+                "collective #{seq} on a GPU shared by {} ranks: rank {} called {what}, {}",
+                self.nranks,
+                self.me,
+                odd.join(", ")
+            )));
+        }
+        let mut bufs = vec![Bufs { send: 0, recv: 0 }; self.nranks];
+        bufs[self.me] = Bufs { send, recv };
+        let mut direct = !capturing && posts.iter().all(|(_, p)| !p.capturing);
+        for (r, p) in &posts {
+            if !direct {
+                break;
+            }
+            match (self.map(p.send)?, self.map(p.recv)?) {
+                (Some(send), Some(recv)) => bufs[*r] = Bufs { send, recv },
+                _ => direct = false,
+            }
+        }
+        let a = if direct {
+            Answer::Direct
+        } else {
+            Answer::Kernels
+        };
+        answer(&self.mailbox, a);
+        Ok(direct.then_some(bufs))
+    }
+
+    /// Runs `coll` the shared-GPU way, or returns `false` when every rank
+    /// runs it on its own kernels instead (all ranks return the same).
+    #[allow(clippy::too_many_arguments)] // one collective's whole description
+    pub fn run(
+        &mut self,
+        kernels: &KernelSet,
+        coll: Coll,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: RedOp,
+        stream: RawStream,
+    ) -> Result<bool> {
+        self.seq += 1;
+        let seq = self.seq;
+        // Flags compare as wrapping 32-bit words.
+        let flag = seq as u32;
+        let what = format!("{} of {count} x {dtype:?} ({op:?})", describe(coll));
+        let capturing = stream.is_capturing()?;
+        let (use_send, use_recv) = steps::used(coll, self.me);
+        if self.me != self.leader {
+            let post = Post {
+                what: what.clone(),
+                capturing,
+                send: self.export(use_send, send)?,
+                recv: self.export(use_recv, recv)?,
+            };
+            self.mailbox.post(seq, &post);
+            return match self.mailbox.wait_answer(seq, self.leader, &what)? {
+                Answer::Kernels => Ok(false),
+                Answer::Mismatch => Err(Error::InvalidUsage(format!(
+                    "collective #{seq} on a GPU shared by {} ranks: this rank (rank {}) called {what}, and not every rank called the same (rank {}'s error names them)",
+                    self.nranks, self.me, self.leader
+                ))),
+                Answer::Direct => {
+                    #[allow(unsafe_code)]
+                    // SAFETY: both words are in flag buffers mapped in this
+                    // context until the communicator goes, which
+                    // synchronizes the context first.
+                    unsafe {
+                        stream.write_u32(self.flags[self.me] + READY, flag)?;
+                        stream.wait_u32(self.flags[self.leader] + DONE, flag)?;
+                    }
+                    Ok(true)
+                }
+            };
+        }
+        let Some(bufs) = self.lead(seq, &what, capturing, send, recv)? else {
+            return Ok(false);
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: the flag words as above; the buffers are the callers'
+        // (valid for the collective's sizes by its contract) or mappings
+        // of theirs held in `mapped`, which is only emptied after the
+        // context is synchronized. Every other rank's stream waits for
+        // DONE before it touches its buffers again.
+        unsafe {
+            for r in (0..self.nranks).filter(|&r| r != self.me) {
+                stream.wait_u32(self.flags[r] + READY, flag)?;
+            }
+            for s in steps::steps(coll, &bufs, count, dtype.size(), self.leader) {
+                match s {
+                    Step::Copy { dst, src, bytes } => stream.copy_device(dst, src, bytes)?,
+                    Step::Reduce {
+                        dst,
+                        dst2,
+                        a,
+                        b,
+                        n,
+                        flags,
+                    } => {
+                        kernels.reduce(dst, dst2, a, b, n, dtype, op, self.nranks, flags, stream)?
+                    }
+                }
+            }
+            stream.write_u32(self.flags[self.me] + DONE, flag)?;
+        }
+        Ok(true)
+    }
+}
+
+fn describe(coll: Coll) -> String {
+    match coll {
+        Coll::Broadcast { root } | Coll::Reduce { root } => {
+            format!("{} (root {root})", coll.name())
+        }
+        _ => coll.name().to_string(),
+    }
+}
