@@ -127,19 +127,8 @@ fn local_reduce_and_copy_kernels() {
             let s = r.stream.handle();
             let k = r.comm.kernels();
             // The second output is an input too, as for a peer in place.
-            k.reduce(
-                d.ptr(),
-                b.ptr(),
-                a.ptr(),
-                b.ptr(),
-                n,
-                dtype,
-                RedOp::Min,
-                2,
-                0,
-                s,
-            )
-            .unwrap();
+            let (d2, ins) = ([d.ptr(), b.ptr()], [a.ptr(), b.ptr()]);
+            k.reduce(&d2, &ins, n, dtype, RedOp::Min, 2, 0, s).unwrap();
             r.stream.synchronize().unwrap();
             let mut out = vec![0u8; n * es];
             let mut out2 = vec![0u8; n * es];

@@ -2,15 +2,21 @@
 // byte copy, and a fill with a pattern the host can recompute (tests and
 // benchmarks write their inputs with it, on the stream, at memory speed).
 
+#define OXCCL_LOCAL_MAX 8
+
+// out[0..nout] = post(pre(in[0]) op pre(in[1]) op ...): which pre and post
+// steps apply is given by flags as for one step of a chain (OXCCL_F_PRE_S
+// for in[0], OXCCL_F_PRE_R for every later input, OXCCL_F_POST at the
+// end). With one input it is a copy to every output.
 struct ReduceArgs {
-  u64 dst;
-  u64 a;
-  u64 b;
+  u64 in[OXCCL_LOCAL_MAX];
+  u64 out[OXCCL_LOCAL_MAX];
   u64 count;
   Scalars sc;
-  u32 flags;  // OXCCL_F_PRE_S (scale a), OXCCL_F_PRE_R (scale b), OXCCL_F_POST
+  u32 flags;
+  u32 nin;
+  u32 nout;
   u32 pad;
-  u64 dst2;   // 0, or a second output: a copy of dst
 };
 
 struct CopyArgs {
@@ -40,15 +46,29 @@ template <typename T, typename Op>
 __global__ void __launch_bounds__(1024, 1) oxccl_reduce(const __grid_constant__ ReduceArgs r) {
   u64 lo, hi;
   oxccl_block_share(r.count, 16 / sizeof(T), &lo, &hi);
-  if (lo >= hi) return;
-  oxccl_rc_loop<T, Op, true, true>((const T*)r.a + lo, (const T*)r.b + lo, (T*)r.dst + lo, 0, hi - lo, r.flags, r.sc,
-                                   threadIdx.x, blockDim.x);
-  // The block copies only the range it reduced, after all of it is written:
-  // dst2 may be b (a peer's in-place buffer), which no other block reads here.
-  if (r.dst2) {
-    __syncthreads();
-    oxccl_copy_loop<false>((const u8*)((const T*)r.dst + lo), (u8*)((T*)r.dst2 + lo), 0, (hi - lo) * sizeof(T),
-                           threadIdx.x, blockDim.x);
+  if (lo >= hi || r.nout == 0) return;
+  T* dst = (T*)r.out[0] + lo;
+  T* dst2 = r.nout > 1 ? (T*)r.out[1] + lo : 0;
+  const u64 n = hi - lo;
+  // Each pass reads what the block wrote in the one before, in its own
+  // range only: an output may be an input of this or an earlier pass (a
+  // rank in place), never of a later one (the caller orders the inputs so).
+  for (u32 k = 1; k < r.nin; k++) {
+    const bool last = k + 1 == r.nin;
+    const u32 pre = k == 1 ? r.flags & (OXCCL_F_PRE_S | OXCCL_F_PRE_R) : r.flags & OXCCL_F_PRE_R;
+    const u32 f = pre | (last ? r.flags & OXCCL_F_POST : 0);
+    if (k > 1) __syncthreads();
+    const T* a = k == 1 ? (const T*)r.in[0] + lo : dst;
+    oxccl_rc_loop<T, Op, true, true>(a, (const T*)r.in[k] + lo, dst, last ? dst2 : 0, n, f, r.sc, threadIdx.x,
+                                     blockDim.x);
+  }
+  const u8* src = (const u8*)(r.nin > 1 ? dst : (const T*)r.in[0] + lo);
+  u32 first = 2;
+  if (r.nin <= 1) first = 0;
+  else __syncthreads();
+  for (u32 j = first; j < r.nout; j += 2) {
+    u8* o2 = j + 1 < r.nout ? (u8*)((T*)r.out[j + 1] + lo) : 0;
+    oxccl_copy_loop<false>(src, (u8*)((T*)r.out[j] + lo), o2, n * sizeof(T), threadIdx.x, blockDim.x);
   }
 }
 

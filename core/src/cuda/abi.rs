@@ -66,18 +66,20 @@ pub struct CollArgs {
     pub steps: [DevStep; MAX_STEPS],
 }
 
+/// Inputs and outputs of one local reduce launch (`OXCCL_LOCAL_MAX`).
+pub const LOCAL_MAX: usize = 8;
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ReduceArgs {
-    pub dst: u64,
-    pub a: u64,
-    pub b: u64,
+    pub inputs: [u64; LOCAL_MAX],
+    pub outputs: [u64; LOCAL_MAX],
     pub count: u64,
     pub sc: Scalars,
     pub flags: u32,
+    pub nin: u32,
+    pub nout: u32,
     pub pad: u32,
-    /// 0, or a second output that receives a copy of `dst`.
-    pub dst2: u64,
 }
 
 #[repr(C)]
@@ -185,7 +187,9 @@ mod tests {
         assert_eq!(offset_of!(CollArgs, stamps), 96);
         assert_eq!(offset_of!(CollArgs, steps), 104);
         assert_eq!(size_of::<CollArgs>(), 104 + 16 * MAX_STEPS);
-        assert_eq!(size_of::<ReduceArgs>(), 80);
+        assert_eq!(offset_of!(ReduceArgs, count), 128);
+        assert_eq!(offset_of!(ReduceArgs, flags), 168);
+        assert_eq!(size_of::<ReduceArgs>(), 184);
         assert_eq!(size_of::<CopyArgs>(), 24);
         assert_eq!(size_of::<FillArgs>(), 40);
         assert_eq!(WinHeader::BYTES, 2112);

@@ -13,7 +13,7 @@ use std::time::Instant;
 use oxccl_kernels::{KernelOp, COPY_KERNEL, ELEM_TYPES, SOURCE, SOURCE_HASH};
 use tracing::info;
 
-use super::abi::{CollArgs, CopyArgs, FillArgs, ReduceArgs, Scalars};
+use super::abi::{CollArgs, CopyArgs, FillArgs, ReduceArgs, Scalars, LOCAL_MAX};
 use super::cache;
 use super::context::Context;
 use super::module::{Kernel, Module};
@@ -378,17 +378,17 @@ impl KernelSet {
         )
     }
 
-    /// `dst = post(pre_a(a) op pre_b(b))` element-wise on `stream`, and the
-    /// same into `dst2` unless it is 0 (`dst2` may be `b`); which of the
-    /// op's pre and post steps apply is given by `flags` (`abi::F_*`);
-    /// `nranks` sets the average's divisor or scale.
+    /// Every one of `outputs` = `post(pre_a(inputs[0]) op pre_b(inputs[1])
+    /// op ...)` element-wise on `stream`, in one launch; which of the op's
+    /// pre and post steps apply is given by `flags` (`abi::F_*`, `F_PRE_B`
+    /// for every input after the first); `nranks` sets the average's
+    /// divisor or scale. One input: a copy to every output. An output may
+    /// be an input only if no later input is an output.
     #[allow(clippy::too_many_arguments)] // NCCL-shaped: buffers, count, type, op, stream
     pub fn reduce(
         &self,
-        dst: u64,
-        dst2: u64,
-        a: u64,
-        b: u64,
+        outputs: &[u64],
+        inputs: &[u64],
         count: usize,
         dtype: DataType,
         op: RedOp,
@@ -396,8 +396,15 @@ impl KernelSet {
         flags: u32,
         stream: RawStream,
     ) -> Result<()> {
-        if count == 0 {
+        if count == 0 || outputs.is_empty() {
             return Ok(());
+        }
+        if inputs.is_empty() || inputs.len() > LOCAL_MAX || outputs.len() > LOCAL_MAX {
+            return Err(Error::Internal(format!(
+                "a local reduce of {} inputs into {} outputs (1 to {LOCAL_MAX} each)",
+                inputs.len(),
+                outputs.len()
+            )));
         }
         let (kop, sc) = kernel_op(dtype, op, nranks);
         let k = self
@@ -408,21 +415,19 @@ impl KernelSet {
             .ok_or_else(|| Error::Internal(format!("no {kop:?} reduce kernel")))?;
         let per_block = LOCAL_THREADS as usize * 16 * 4 / dtype.size();
         let grid = count.div_ceil(per_block).clamp(1, self.sms * 2) as u32;
-        k.launch(
-            grid,
-            LOCAL_THREADS,
-            stream,
-            &ReduceArgs {
-                dst,
-                a,
-                b,
-                count: count as u64,
-                sc,
-                flags,
-                pad: 0,
-                dst2,
-            },
-        )
+        let mut args = ReduceArgs {
+            inputs: [0; LOCAL_MAX],
+            outputs: [0; LOCAL_MAX],
+            count: count as u64,
+            sc,
+            flags,
+            nin: inputs.len() as u32,
+            nout: outputs.len() as u32,
+            pad: 0,
+        };
+        args.inputs[..inputs.len()].copy_from_slice(inputs);
+        args.outputs[..outputs.len()].copy_from_slice(outputs);
+        k.launch(grid, LOCAL_THREADS, stream, &args)
     }
 }
 

@@ -103,23 +103,6 @@ impl RawStream {
         )
     }
 
-    /// Enqueues a copy of `bytes` between device addresses on a copy
-    /// engine (no kernel).
-    ///
-    /// # Safety
-    /// Both ranges are device memory mapped in this context, alive until
-    /// the stream has run the copy.
-    pub unsafe fn copy_device(self, dst: u64, src: u64, bytes: usize) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        check(
-            // SAFETY: the caller's contract.
-            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.sys()) },
-            "cuMemcpyDtoDAsync",
-        )
-    }
-
     /// Waits on the host until everything enqueued on the stream is done.
     pub fn synchronize(self, ctx: &Context) -> Result<()> {
         ctx.bind()?;

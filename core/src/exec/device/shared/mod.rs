@@ -9,7 +9,9 @@
 //!
 //! So one rank, the leader, runs the whole collective: it maps every rank's
 //! buffers (CUDA IPC, handles posted through a host mailbox) and moves and
-//! reduces the data with its own kernels and copies; every other rank only
+//! reduces the data with its own kernels (one launch per output block,
+//! each reading up to 8 inputs and writing up to 8 outputs); every other
+//! rank only
 //! stores "ready" on its stream and waits for the leader's "done". Calls
 //! the leader cannot run this way (graph capture, memory CUDA IPC cannot
 //! share) go to every rank's kernels, which all ranks learn from the
@@ -30,7 +32,7 @@ use crate::transport::shm::area::Area;
 
 use super::oob::Oob;
 use mailbox::{Answer, Buf, Mailbox, Post};
-use steps::{Bufs, Step};
+use steps::Bufs;
 
 /// Offsets of each rank's words in its flag buffer.
 const READY: u64 = 0;
@@ -290,19 +292,8 @@ impl SharedGpu {
                 stream.wait_u32(self.flags[r] + READY, flag)?;
             }
             for s in steps::steps(coll, &bufs, count, dtype.size(), self.leader) {
-                match s {
-                    Step::Copy { dst, src, bytes } => stream.copy_device(dst, src, bytes)?,
-                    Step::Reduce {
-                        dst,
-                        dst2,
-                        a,
-                        b,
-                        n,
-                        flags,
-                    } => {
-                        kernels.reduce(dst, dst2, a, b, n, dtype, op, self.nranks, flags, stream)?
-                    }
-                }
+                let (o, i) = (&s.outputs, &s.inputs);
+                kernels.reduce(o, i, count, dtype, op, self.nranks, s.flags, stream)?;
             }
             stream.write_u32(self.flags[self.me] + DONE, flag)?;
         }

@@ -5,23 +5,18 @@
 //! the host.
 
 use crate::algo::Coll;
-use crate::cuda::abi::{F_POST, F_PRE_A, F_PRE_B};
+use crate::cuda::abi::{F_POST, F_PRE_A, F_PRE_B, LOCAL_MAX};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Step {
-    /// `bytes` from `src` to `dst` (a copy engine).
-    Copy { dst: u64, src: u64, bytes: usize },
-    /// `dst = a op b` over `n` elements, with the pre and post steps of the
-    /// op that `flags` names, and a copy into `dst2` unless it is 0 (a
-    /// kernel).
-    Reduce {
-        dst: u64,
-        dst2: u64,
-        a: u64,
-        b: u64,
-        n: usize,
-        flags: u32,
-    },
+/// One launch of the local reduce kernel: every output gets the inputs
+/// reduced, or, with one input, a copy of it. `flags` says which of the
+/// op's pre and post steps apply, as [`KernelSet::reduce`] reads them.
+///
+/// [`KernelSet::reduce`]: crate::cuda::KernelSet::reduce
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Step {
+    pub outputs: Vec<u64>,
+    pub inputs: Vec<u64>,
+    pub flags: u32,
 }
 
 /// A rank's buffers as the leader addresses them.
@@ -41,34 +36,47 @@ pub(crate) fn used(coll: Coll, rank: usize) -> (bool, bool) {
     }
 }
 
-/// `dst = op over inputs`, and the result into `dst2` too unless it is 0.
-/// The first input is read first: it may be `dst` itself (in place), which
-/// the later reductions no longer read.
-fn reduce_into(out: &mut Vec<Step>, dst: u64, dst2: u64, inputs: &[u64], n: usize) {
-    let last = inputs.len() - 1;
-    for (k, &b) in inputs.iter().enumerate().skip(1) {
-        let (a, mut flags) = if k == 1 {
-            (inputs[0], F_PRE_A | F_PRE_B)
-        } else {
-            (dst, F_PRE_B)
-        };
-        if k == last {
-            flags |= F_POST;
+/// `outputs[0]` and every other output = op over `inputs`, read first
+/// to last: the first input may be `outputs[0]` (in place); the other
+/// outputs are written after every input is read. More than `LOCAL_MAX`
+/// of either take several launches, each continuing from `outputs[0]`.
+fn reduce_into(out: &mut Vec<Step>, outputs: &[u64], inputs: &[u64]) {
+    let dst = outputs[0];
+    let mut rest = &inputs[1..];
+    let mut first = vec![inputs[0]];
+    let mut flags = F_PRE_A | F_PRE_B;
+    loop {
+        let take = rest.len().min(LOCAL_MAX - first.len());
+        first.extend_from_slice(&rest[..take]);
+        rest = &rest[take..];
+        if rest.is_empty() {
+            out.push(Step {
+                outputs: outputs[..outputs.len().min(LOCAL_MAX)].to_vec(),
+                inputs: first,
+                flags: flags | F_POST,
+            });
+            break;
         }
-        out.push(Step::Reduce {
-            dst,
-            dst2: if k == last { dst2 } else { 0 },
-            a,
-            b,
-            n,
+        out.push(Step {
+            outputs: vec![dst],
+            inputs: first,
             flags,
         });
+        first = vec![dst];
+        flags = F_PRE_B;
     }
+    copy(out, dst, &outputs[outputs.len().min(LOCAL_MAX)..]);
 }
 
-fn copy(out: &mut Vec<Step>, dst: u64, src: u64, bytes: usize) {
-    if dst != src {
-        out.push(Step::Copy { dst, src, bytes });
+/// `src` into every one of `outputs` but itself.
+fn copy(out: &mut Vec<Step>, src: u64, outputs: &[u64]) {
+    let outputs: Vec<u64> = outputs.iter().copied().filter(|&o| o != src).collect();
+    for chunk in outputs.chunks(LOCAL_MAX) {
+        out.push(Step {
+            outputs: chunk.to_vec(),
+            inputs: vec![src],
+            flags: 0,
+        });
     }
 }
 
@@ -88,41 +96,26 @@ pub(crate) fn steps(
     if count == 0 {
         return out;
     }
-    // Rank `first`'s input, then everyone else's, at `at` bytes in.
+    // Rank `first`'s buffer, then everyone else's, `at` bytes in.
+    let order = |first: usize| std::iter::once(first).chain((0..n).filter(move |&r| r != first));
     let inputs = |first: usize, at: usize| -> Vec<u64> {
-        std::iter::once(first)
-            .chain((0..n).filter(|&r| r != first))
-            .map(|r| bufs[r].send + at as u64)
-            .collect()
+        order(first).map(|r| bufs[r].send + at as u64).collect()
+    };
+    let recvs = |first: usize, at: usize| -> Vec<u64> {
+        order(first).map(|r| bufs[r].recv + at as u64).collect()
     };
     match coll {
-        Coll::AllReduce => {
-            // The last reduction also writes one other rank's output (one
-            // launch for two ranks); copies serve the rest.
-            let dst = bufs[leader].recv;
-            let mut others = (0..n).filter(|&r| r != leader).map(|r| bufs[r].recv);
-            let dst2 = others.next().unwrap_or(0);
-            reduce_into(&mut out, dst, dst2, &inputs(leader, 0), count);
-            for recv in others {
-                copy(&mut out, recv, dst, bytes);
-            }
-        }
-        Coll::Broadcast { root } => {
-            for b in bufs {
-                copy(&mut out, b.recv, bufs[root].send, bytes);
-            }
-        }
-        Coll::Reduce { root } => reduce_into(&mut out, bufs[root].recv, 0, &inputs(root, 0), count),
+        Coll::AllReduce => reduce_into(&mut out, &recvs(leader, 0), &inputs(leader, 0)),
+        Coll::Broadcast { root } => copy(&mut out, bufs[root].send, &recvs(root, 0)),
+        Coll::Reduce { root } => reduce_into(&mut out, &[bufs[root].recv], &inputs(root, 0)),
         Coll::AllGather => {
-            for q in bufs {
-                for (r, b) in bufs.iter().enumerate() {
-                    copy(&mut out, q.recv + (r * bytes) as u64, b.send, bytes);
-                }
+            for (r, b) in bufs.iter().enumerate() {
+                copy(&mut out, b.send, &recvs(r, r * bytes));
             }
         }
         Coll::ReduceScatter => {
             for (q, b) in bufs.iter().enumerate() {
-                reduce_into(&mut out, b.recv, 0, &inputs(q, q * bytes), count);
+                reduce_into(&mut out, &[b.recv], &inputs(q, q * bytes));
             }
         }
     }
@@ -148,37 +141,36 @@ mod tests {
         fn get(&mut self, addr: u64) -> f64 {
             *self.slot(addr)
         }
-        /// Runs the steps as the GPU would, one after another; the op is a
-        /// sum, the post step a division by `n` (an average).
-        fn run(&mut self, steps: &[Step], n: usize, avg: bool) {
+        /// Runs the steps as the GPU would, pass by pass (each pass over
+        /// every element before the next, as each block does over its
+        /// range); the op is a sum, the post step a division by `n`.
+        fn run(&mut self, steps: &[Step], count: usize, n: usize, avg: bool) {
+            let at = |p: u64, i: usize| p + 8 * i as u64;
             for s in steps {
-                match *s {
-                    Step::Copy { dst, src, bytes } => {
-                        let vals: Vec<f64> = (0..bytes as u64 / 8)
-                            .map(|i| self.get(src + 8 * i))
-                            .collect();
-                        for (i, v) in vals.into_iter().enumerate() {
-                            *self.slot(dst + 8 * i as u64) = v;
-                        }
-                    }
-                    Step::Reduce {
-                        dst,
-                        dst2,
-                        a,
-                        b,
-                        n: len,
-                        flags,
-                    } => {
-                        for i in 0..len as u64 {
-                            let mut v = self.get(a + 8 * i) + self.get(b + 8 * i);
-                            if avg && flags & F_POST != 0 {
+                let (dst, src) = (s.outputs[0], s.inputs[0]);
+                let mut outs = &s.outputs[..];
+                if s.inputs.len() > 1 {
+                    let last = s.inputs.len() - 1;
+                    for k in 1..=last {
+                        let a = if k == 1 { src } else { dst };
+                        for i in 0..count {
+                            let mut v = self.get(at(a, i)) + self.get(at(s.inputs[k], i));
+                            if avg && k == last && s.flags & F_POST != 0 {
                                 v /= n as f64;
                             }
-                            *self.slot(dst + 8 * i) = v;
-                            if dst2 != 0 {
-                                *self.slot(dst2 + 8 * i) = v;
+                            *self.slot(at(dst, i)) = v;
+                            if k == last && s.outputs.len() > 1 {
+                                *self.slot(at(s.outputs[1], i)) = v;
                             }
                         }
+                    }
+                    outs = &s.outputs[s.outputs.len().min(2)..];
+                }
+                let from = if s.inputs.len() > 1 { dst } else { src };
+                for &o in outs {
+                    for i in 0..count {
+                        let v = self.get(at(from, i));
+                        *self.slot(at(o, i)) = v;
                     }
                 }
             }
@@ -236,7 +228,7 @@ mod tests {
             };
             bufs.push(b);
         }
-        mem.run(&steps(coll, &bufs, count, 8, 0), n, avg);
+        mem.run(&steps(coll, &bufs, count, 8, 0), count, n, avg);
         let div = if avg { n as f64 } else { 1.0 };
         let sum = |i: usize| inputs.iter().map(|x| x[i]).sum::<f64>() / div;
         let what = format!("{coll:?} n {n} in place {in_place} avg {avg}");
@@ -262,7 +254,7 @@ mod tests {
 
     #[test]
     fn every_collective_in_and_out_of_place() {
-        for n in 2..=5 {
+        for n in [2, 3, 4, 5, 8, 9, 17] {
             for root in [0, n - 1] {
                 let colls = [
                     Coll::AllReduce,
