@@ -13,6 +13,8 @@ fn main() {
         "profiler_count",
         "profiler_v1",
         "net_with_tuner",
+        "profiler_keep_name",
+        "tuner_keep",
     ] {
         let src = format!("fixtures/{name}.c");
         println!("cargo:rerun-if-changed={src}");

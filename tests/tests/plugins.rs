@@ -594,3 +594,65 @@ fn ib_plugin_runs_collectives_over_soft_roce_where_available() {
     }
     assert_all_ok(&done);
 }
+
+/// What `init` hands a plugin that NCCL keeps for the communicator's life
+/// stays valid until the plugin's `finalize`: the profiler's `commName`
+/// (NCCL's example profiler stores it at init and prints it at finalize)
+/// and the tuner's `nvlDomainInfo` and `constants` (fields of NCCL's
+/// communicator). The fixtures keep the pointers and compare the bytes
+/// behind them at finalize with copies made at init, after collectives and
+/// a destroy have churned the heap.
+#[test]
+fn pointers_given_at_init_stay_valid_until_finalize() {
+    let name = "pointers_given_at_init_stay_valid_until_finalize";
+    if as_child(name, |r| {
+        let comm = r.comm(&[]);
+        for size in [8usize, 1 << 20] {
+            let mut buf = vec![0u8; size];
+            comm.all_reduce(None, &mut buf, DataType::Float32, RedOp::Sum)
+                .unwrap();
+        }
+        comm.destroy().unwrap();
+    }) {
+        return;
+    }
+    let (prof, tuner) = (fixture("profiler_keep_name"), fixture("tuner_keep"));
+    let done = spawn_with(
+        name,
+        &[
+            ("NCCL_PROFILER_PLUGIN", &prof),
+            ("NCCL_TUNER_PLUGIN", &tuner),
+        ],
+    );
+    for f in &done {
+        let e = &f.stderr;
+        let line = |prefix: &str| -> Vec<&str> {
+            e.lines()
+                .filter(|l| l.starts_with(prefix))
+                .collect::<Vec<_>>()
+        };
+        let init = line("fixture-keep-name init");
+        let fin = line("fixture-keep-name finalize");
+        assert_eq!((init.len(), fin.len()), (1, 1), "rank {}:\n{e}", f.rank);
+        // The name is oxccl's for the communicator, the same at both ends.
+        let name_at = |l: &str| {
+            l.split("name=")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        assert!(name_at(init[0]).starts_with("oxccl-"), "{}", init[0]);
+        assert_eq!(name_at(init[0]), name_at(fin[0]));
+        assert!(fin[0].ends_with("intact=1"), "rank {}: {}", f.rank, fin[0]);
+        let t = line("fixture-tuner-keep finalize");
+        assert_eq!(
+            t,
+            ["fixture-tuner-keep finalize nvl_intact=1 constants_intact=1"],
+            "rank {}:\n{e}",
+            f.rank
+        );
+    }
+}

@@ -61,8 +61,17 @@ unsafe impl Send for CProfiler {}
 // SAFETY: as above.
 unsafe impl Sync for CProfiler {}
 
-/// A profiler context of one communicator.
-pub struct Ctx(pub(super) *mut c_void);
+/// A profiler context of one communicator, with what `init` was given that
+/// the plugin may keep: NCCL hands over `comm->config.commName`, which
+/// lives as long as the communicator, and plugins (NCCL's example among
+/// them) store the pointer at `init` and print it at `finalize`. The name
+/// is owned here, so it outlives `finalize` (`ProfilerComm`'s `Drop`).
+pub struct Ctx {
+    pub(super) ptr: *mut c_void,
+    /// The C string `init`'s `commName` points into; a `CString` keeps its
+    /// bytes on the heap, so moving the `Ctx` does not move them.
+    _comm_name: CString,
+}
 // SAFETY: the plugin's context; the ABI has it used from any thread.
 unsafe impl Send for Ctx {}
 // SAFETY: as above.
@@ -424,27 +433,33 @@ impl CProfiler {
         let mut ctx = null_mut();
         let mask = MASK.as_ptr();
         let name = CString::new(format!("oxccl-{comm_id:x}")).unwrap_or_default();
+        let comm_name = name.as_ptr();
         let (n, r, nn) = (nranks as c_int, rank as c_int, nnodes as c_int);
         // SAFETY: entries checked non-null at load; the mask is a
-        // process-lifetime int as the ABI asks; valid out-pointer.
+        // process-lifetime int as the ABI asks; `comm_name` points into
+        // `name`, which the returned `Ctx` owns past `finalize`; valid
+        // out-pointer.
         let rc = unsafe {
             match self.vt {
                 Vt::V1(v) => v.init.expect("checked")(&mut ctx, mask),
                 Vt::V2(v) => v.init.expect("checked")(&mut ctx, mask),
                 Vt::V3(v) => v.init.expect("checked")(&mut ctx, mask),
                 Vt::V4(v) => {
-                    v.init.expect("checked")(&mut ctx, mask, name.as_ptr(), comm_id, nn, n, r, log)
+                    v.init.expect("checked")(&mut ctx, mask, comm_name, comm_id, nn, n, r, log)
                 }
                 Vt::V5(v) => {
-                    v.init.expect("checked")(&mut ctx, comm_id, mask, name.as_ptr(), nn, n, r, log)
+                    v.init.expect("checked")(&mut ctx, comm_id, mask, comm_name, nn, n, r, log)
                 }
                 Vt::V6(v) => {
-                    v.init.expect("checked")(&mut ctx, comm_id, mask, name.as_ptr(), nn, n, r, log)
+                    v.init.expect("checked")(&mut ctx, comm_id, mask, comm_name, nn, n, r, log)
                 }
             }
         };
         if rc == NCCL_SUCCESS {
-            Ok(Ctx(ctx))
+            Ok(Ctx {
+                ptr: ctx,
+                _comm_name: name,
+            })
         } else {
             Err(format!("init returned error {rc}"))
         }
@@ -490,7 +505,7 @@ impl CProfiler {
                     }
                 }
                 // SAFETY: entry checked non-null; the descriptor lives for the call.
-                unsafe { $v.start_event.expect("checked")(ctx.0, &mut h, &mut d) }
+                unsafe { $v.start_event.expect("checked")(ctx.ptr, &mut h, &mut d) }
             }};
         }
         let coll5 = v5::CollDescrV5 {
@@ -849,7 +864,7 @@ impl CProfiler {
         };
         if let Some(f) = f {
             // SAFETY: the context init returned, finalized once.
-            let _ = unsafe { f(ctx.0) };
+            let _ = unsafe { f(ctx.ptr) };
         }
     }
 }
