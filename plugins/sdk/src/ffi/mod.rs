@@ -7,7 +7,6 @@ pub mod export;
 pub mod export_profiler;
 pub mod export_tuner;
 pub mod net;
-pub mod net_v8;
 pub mod profiler;
 pub mod tuner;
 pub mod types;
