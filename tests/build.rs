@@ -15,6 +15,7 @@ fn main() {
         "net_with_tuner",
         "profiler_keep_name",
         "tuner_keep",
+        "profiler_tree",
     ] {
         let src = format!("fixtures/{name}.c");
         println!("cargo:rerun-if-changed={src}");
