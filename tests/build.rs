@@ -16,6 +16,8 @@ fn main() {
         "profiler_keep_name",
         "tuner_keep",
         "profiler_tree",
+        "net_v7_shim",
+        "net_v6_shim",
     ] {
         let src = format!("fixtures/{name}.c");
         println!("cargo:rerun-if-changed={src}");

@@ -855,3 +855,95 @@ fn profiler_v5_api_event_tree_follows_nccl() {
         }
     }
 }
+
+/// Every collective, rooted at rank 1, at a small and an odd large size,
+/// checked on random data; the network must be `expect_net`.
+fn every_collective(expect_net: &str) -> impl FnOnce(oxccl_tests::Rank) + '_ {
+    move |r| {
+        oxccl::log::init();
+        let comm = r.comm(&[]);
+        assert_eq!(comm.net_name().unwrap(), expect_net);
+        for coll in Coll::ALL {
+            for size in [8usize, (1 << 20) + 12] {
+                let case = Case {
+                    coll,
+                    dtype: DataType::Float32,
+                    op: RedOp::Sum,
+                    root: 1,
+                    size,
+                    inplace: false,
+                };
+                assert_eq!(case.check_once(&comm).unwrap(), 0, "{case:?}");
+            }
+        }
+    }
+}
+
+/// A net plugin of an old ABI carrying every collective: the fixture
+/// exports only `ncclNetPlugin_v{version}` and passes each call on to the
+/// socket net's `ncclNetPlugin_v8` (converting properties and sizes), so
+/// the traffic really goes through oxccl's v6/v7 adapter; it counts what
+/// it sent and logs the count as each send comm closes.
+fn old_abi_carries_collectives(name: &str, version: u32) {
+    let Some(inner) = plugin_path() else {
+        println!("skipped: liboxccl_net_socket.so was not built beside the tests (cargo build --workspace builds it)");
+        return;
+    };
+    let lib = fixture(&format!("net_v{version}_shim"));
+    let done = spawn_with(
+        name,
+        &[
+            ("NCCL_NET_PLUGIN", &lib),
+            ("FIXTURE_INNER_NET", inner.to_str().unwrap()),
+            ("NCCL_SHM_DISABLE", "1"),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+        ],
+    );
+    for f in &done {
+        let e = &f.stderr;
+        assert!(
+            e.contains(&format!(
+                "loaded net plugin fixture-v{version} from {lib} (ncclNetPlugin_v{version})"
+            )),
+            "rank {}:\n{e}",
+            f.rank
+        );
+        assert!(e.contains("fixture net shim over oxccl-Socket"), "{e}");
+        // Each rank sends at least its half of a 1 MiB all-reduce.
+        let bytes: u64 = e
+            .lines()
+            .filter_map(|l| l.split("fixture net shim closes a send comm after ").nth(1))
+            .filter_map(|l| l.split(", ").nth(1)?.strip_suffix(" bytes")?.parse().ok())
+            .max()
+            .unwrap_or_else(|| {
+                panic!(
+                    "rank {}: no send comm closed through the shim:\n{e}",
+                    f.rank
+                )
+            });
+        assert!(
+            bytes >= 1 << 19,
+            "rank {}: {bytes} bytes through the shim",
+            f.rank
+        );
+    }
+}
+
+#[test]
+fn net_v7_plugin_carries_collectives() {
+    let name = "net_v7_plugin_carries_collectives";
+    if as_child(name, every_collective("fixture-v7")) {
+        return;
+    }
+    old_abi_carries_collectives(name, 7);
+}
+
+#[test]
+fn net_v6_plugin_carries_collectives() {
+    let name = "net_v6_plugin_carries_collectives";
+    if as_child(name, every_collective("fixture-v6")) {
+        return;
+    }
+    old_abi_carries_collectives(name, 6);
+}

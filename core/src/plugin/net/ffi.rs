@@ -29,8 +29,8 @@ pub const SYMBOLS: &[(&str, Option<u32>)] = &[
     ("ncclNetPlugin_v10", Some(10)),
     ("ncclNetPlugin_v9", Some(9)),
     ("ncclNetPlugin_v8", Some(8)),
-    ("ncclNetPlugin_v7", None),
-    ("ncclNetPlugin_v6", None),
+    ("ncclNetPlugin_v7", Some(7)),
+    ("ncclNetPlugin_v6", Some(6)),
 ];
 
 /// Collnet symbols: recognised so that the refusal can be named.
@@ -167,7 +167,7 @@ impl CPlugin {
         };
         let Some(l) = LOADABLE.iter().find(|l| found.contains(&l.symbol)) else {
             return Err(refuse(
-                "no net ABI version this oxccl loads (v8 to v12)".to_string(),
+                "no net ABI version this oxccl loads (v6 to v12)".to_string(),
             ));
         };
         let sym = l.symbol;

@@ -34,6 +34,8 @@ use crate::ffi::types::{Logger, NcclResult, ProfilerCallback, NCCL_INTERNAL_ERRO
 pub mod v10;
 pub mod v11;
 pub mod v12;
+pub mod v6;
+pub mod v7;
 pub mod v8;
 pub mod v9;
 
@@ -455,6 +457,16 @@ pub const LOADABLE: &[Loadable] = &[
         version: 8,
         cast: cast::<v8::NetV8>,
     },
+    Loadable {
+        symbol: "ncclNetPlugin_v7",
+        version: 7,
+        cast: cast::<v7::NetV7>,
+    },
+    Loadable {
+        symbol: "ncclNetPlugin_v6",
+        version: 6,
+        cast: cast::<v6::NetV6>,
+    },
 ];
 
 /// A v12 vtable offered under older versions too: each `vN::exported::<N>()`
@@ -584,6 +596,25 @@ pub(crate) unsafe fn isend_int(
         return NCCL_INTERNAL_ERROR;
     }
     call!(f, send_comm, data, size as c_int, tag, mhandle, request)
+}
+
+/// `regMr` with an `int` size (before v8) in the newest shape: NCCL's
+/// adapters refuse 2 GiB and more.
+///
+/// # Safety
+/// As `regMr`'s caller.
+pub(crate) unsafe fn reg_mr_int(
+    f: Option<v7::RegMrIntFn>,
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    ty: c_int,
+    mhandle: *mut *mut c_void,
+) -> NcclResult {
+    let Ok(size) = c_int::try_from(size) else {
+        return NCCL_INTERNAL_ERROR;
+    };
+    call!(f, comm, data, size, ty, mhandle)
 }
 
 /// Most buffers of one `irecv` NCCL passes (`NCCL_PROXY_MAX_SUBS`), the
@@ -760,6 +791,59 @@ macro_rules! as_newest {
             $crate::ffi::net::call!(self.connect, dev, handle, send_comm, send_dev_comm)
         }
     };
+    // Before v9: `isend` takes an `int` size and no profiler handle.
+    (@ isend_int) => {
+        unsafe fn isend(
+            &self,
+            send_comm: *mut c_void,
+            data: *mut c_void,
+            size: usize,
+            tag: c_int,
+            mhandle: *mut c_void,
+            _phandle: *mut c_void,
+            request: *mut *mut c_void,
+        ) -> NcclResult {
+            // SAFETY: forwarded.
+            unsafe {
+                $crate::ffi::net::isend_int(self.isend, send_comm, data, size, tag, mhandle, request)
+            }
+        }
+    };
+    // Before v9: `irecv` takes `int` sizes and no profiler handles.
+    (@ irecv_int) => {
+        unsafe fn irecv(
+            &self,
+            recv_comm: *mut c_void,
+            n: c_int,
+            data: *mut *mut c_void,
+            sizes: *mut usize,
+            tags: *mut c_int,
+            mhandles: *mut *mut c_void,
+            _phandles: *mut *mut c_void,
+            request: *mut *mut c_void,
+        ) -> NcclResult {
+            // SAFETY: forwarded.
+            unsafe {
+                $crate::ffi::net::irecv_int(
+                    self.irecv, recv_comm, n, data, sizes, tags, mhandles, request,
+                )
+            }
+        }
+    };
+    // Before v8: `regMr` takes an `int` size.
+    (@ reg_mr_int) => {
+        unsafe fn reg_mr(
+            &self,
+            comm: *mut c_void,
+            data: *mut c_void,
+            size: usize,
+            ty: c_int,
+            mhandle: *mut *mut c_void,
+        ) -> NcclResult {
+            // SAFETY: forwarded.
+            unsafe { $crate::ffi::net::reg_mr_int(self.reg_mr, comm, data, size, ty, mhandle) }
+        }
+    };
     // Before v10: `init` takes the logger only, once for the process.
     (@ init_log) => {
         unsafe fn init(
@@ -880,7 +964,9 @@ mod tests {
     /// The names NCCL's loader looks up with dlsym (src/plugin/net/net_vN.cc).
     #[test]
     fn symbols_are_the_names_nccl_looks_up() {
-        let all: [(&[u8], &str); 6] = [
+        let all: [(&[u8], &str); 8] = [
+            (v6::SYMBOL, "ncclNetPlugin_v6"),
+            (v7::SYMBOL, "ncclNetPlugin_v7"),
             (v8::SYMBOL, "ncclNetPlugin_v8"),
             (v9::SYMBOL, "ncclNetPlugin_v9"),
             (v10::SYMBOL, "ncclNetPlugin_v10"),

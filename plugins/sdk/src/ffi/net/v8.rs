@@ -122,42 +122,13 @@ unsafe impl Abi for NetV8 {
         connect_no_ctx,
         accept,
         reg_mr,
+        isend_int,
+        irecv_int,
         no_finalize
     );
     unsafe fn get_properties(&self, dev: c_int, props: *mut PropertiesV12) -> NcclResult {
         // SAFETY: forwarded.
         unsafe { props_via(self.get_properties, dev, props, |p| up(p, dev)) }
-    }
-    unsafe fn isend(
-        &self,
-        send_comm: *mut c_void,
-        data: *mut c_void,
-        size: usize,
-        tag: c_int,
-        mhandle: *mut c_void,
-        _phandle: *mut c_void,
-        request: *mut *mut c_void,
-    ) -> NcclResult {
-        // SAFETY: forwarded.
-        unsafe { isend_int(self.isend, send_comm, data, size, tag, mhandle, request) }
-    }
-    unsafe fn irecv(
-        &self,
-        recv_comm: *mut c_void,
-        n: c_int,
-        data: *mut *mut c_void,
-        sizes: *mut usize,
-        tags: *mut c_int,
-        mhandles: *mut *mut c_void,
-        _phandles: *mut *mut c_void,
-        request: *mut *mut c_void,
-    ) -> NcclResult {
-        // SAFETY: forwarded.
-        unsafe {
-            irecv_int(
-                self.irecv, recv_comm, n, data, sizes, tags, mhandles, request,
-            )
-        }
     }
 }
 
