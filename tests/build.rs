@@ -18,6 +18,8 @@ fn main() {
         "profiler_tree",
         "net_v7_shim",
         "net_v6_shim",
+        "env_fixture",
+        "env_fixture_v1",
     ] {
         let src = format!("fixtures/{name}.c");
         println!("cargo:rerun-if-changed={src}");

@@ -863,19 +863,7 @@ fn every_collective(expect_net: &str) -> impl FnOnce(oxccl_tests::Rank) + '_ {
         oxccl::log::init();
         let comm = r.comm(&[]);
         assert_eq!(comm.net_name().unwrap(), expect_net);
-        for coll in Coll::ALL {
-            for size in [8usize, (1 << 20) + 12] {
-                let case = Case {
-                    coll,
-                    dtype: DataType::Float32,
-                    op: RedOp::Sum,
-                    root: 1,
-                    size,
-                    inplace: false,
-                };
-                assert_eq!(case.check_once(&comm).unwrap(), 0, "{case:?}");
-            }
-        }
+        oxccl_tests::check_every_collective(&comm, 1, &[8, (1 << 20) + 12]);
     }
 }
 
