@@ -14,3 +14,24 @@ pub mod tuner;
 pub mod types;
 
 pub use types::*;
+
+/// Asserts a `#[repr(C)]` type's size, alignment and field offsets, as
+/// measured from NCCL's headers; a nested path (`detail.coll.func`) is the
+/// offset from the start of the outer struct, as `offsetof` gives it for a
+/// member of an anonymous union.
+#[cfg(test)]
+macro_rules! assert_layout {
+    ($t:ty, $size:expr, $align:expr $(, $($field:ident).+ @ $off:expr)* $(,)?) => {{
+        assert_eq!(std::mem::size_of::<$t>(), $size, "size of {}", stringify!($t));
+        assert_eq!(std::mem::align_of::<$t>(), $align, "align of {}", stringify!($t));
+        $(assert_eq!(
+            std::mem::offset_of!($t, $($field).+),
+            $off,
+            "{}.{}",
+            stringify!($t),
+            stringify!($($field).+)
+        );)*
+    }};
+}
+#[cfg(test)]
+pub(crate) use assert_layout;

@@ -931,24 +931,8 @@ macro_rules! props {
 }
 pub(crate) use props;
 
-/// Asserts a `#[repr(C)]` type's size, alignment and field offsets, as
-/// measured from NCCL's headers.
 #[cfg(test)]
-macro_rules! assert_layout {
-    ($t:ty, $size:expr, $align:expr $(, $field:ident @ $off:expr)* $(,)?) => {{
-        assert_eq!(std::mem::size_of::<$t>(), $size, "size of {}", stringify!($t));
-        assert_eq!(std::mem::align_of::<$t>(), $align, "align of {}", stringify!($t));
-        $(assert_eq!(
-            std::mem::offset_of!($t, $field),
-            $off,
-            "{}.{}",
-            stringify!($t),
-            stringify!($field)
-        );)*
-    }};
-}
-#[cfg(test)]
-pub(crate) use assert_layout;
+pub(crate) use crate::ffi::assert_layout;
 
 #[cfg(test)]
 mod tests {
