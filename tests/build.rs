@@ -13,6 +13,13 @@ fn main() {
         "profiler_count",
         "profiler_v1",
         "net_with_tuner",
+        "profiler_keep_name",
+        "tuner_keep",
+        "profiler_tree",
+        "net_v7_shim",
+        "net_v6_shim",
+        "env_fixture",
+        "env_fixture_v1",
     ] {
         let src = format!("fixtures/{name}.c");
         println!("cargo:rerun-if-changed={src}");

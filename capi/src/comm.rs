@@ -22,7 +22,7 @@ fn start() {
             env!("CARGO_PKG_VERSION")
         );
         // As NCCL: a bare line at VERSION, a log line (any subsystem) above.
-        let level = std::env::var("NCCL_DEBUG").unwrap_or_default();
+        let level = oxccl::config::var("NCCL_DEBUG").unwrap_or_default();
         match level.trim().to_ascii_uppercase().as_str() {
             "VERSION" => eprintln!("{line}"),
             "INFO" | "TRACE" => tracing::info!(target: "oxccl::all", "{line}"),

@@ -1,5 +1,5 @@
 //! `oxccl info`: every setting with its value and source; for each plugin
-//! type (net, tuner, profiler) what was searched, what was found, the ABI
+//! type (env, net, tuner, profiler) what was searched, what was found, the ABI
 //! version negotiated or why the library was refused; the networks linked
 //! in with their devices, the interfaces found, and the node's topology
 //! (GPUs, what joins each pair, NICs and their PCIe distance to each GPU).
@@ -25,7 +25,26 @@ pub fn main() -> Result<i32, String> {
             e.def.doc
         );
     }
-    use oxccl::plugin::{net, profiler, tuner};
+    use oxccl::plugin::{env, net, profiler, tuner};
+    println!("\n## Env plugin (NCCL_ENV_PLUGIN, read with getenv as NCCL does)");
+    let r = env::report();
+    if let Some(s) = &r.setting {
+        println!("  NCCL_ENV_PLUGIN={s}");
+    }
+    show(&r.outcome, "ncclEnvPlugin_", "the process environment");
+    if let Some(name) = &r.name {
+        println!(
+            "  name: {name}; every NCCL_ value above marked \"env plugin\" was read through it"
+        );
+    }
+    println!(
+        "  looks for: {}",
+        env::LOADABLE
+            .iter()
+            .map(|l| l.0)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     println!("\n## Net plugin (NCCL_NET_PLUGIN)");
     match net::load(cfg.net_plugin.as_deref()) {
         Ok((network, o)) => match o {
@@ -66,19 +85,7 @@ pub fn main() -> Result<i32, String> {
     }
     println!("\n## Tuner plugin (NCCL_TUNER_PLUGIN)");
     match tuner::load(cfg.tuner_plugin.as_deref(), net::opened_library()) {
-        Ok((_, o)) => match o {
-            tuner::Outcome::NotFound { searched } => not_found(&searched, "the cost model alone"),
-            tuner::Outcome::Loaded {
-                library,
-                version,
-                searched,
-            } => loaded(&searched, &library, &format!("ncclTunerPlugin_{version}")),
-            tuner::Outcome::Refused {
-                library,
-                reason,
-                searched,
-            } => refused(&searched, &library, &reason, "the cost model alone"),
-        },
+        Ok((_, o)) => show(&o, "ncclTunerPlugin_", "the cost model alone"),
         Err(e) => println!("  error: {e}"),
     }
     println!(
@@ -91,19 +98,7 @@ pub fn main() -> Result<i32, String> {
     );
     println!("\n## Profiler plugin (NCCL_PROFILER_PLUGIN)");
     match profiler::load(cfg.profiler_plugin.as_deref()) {
-        Ok((_, o)) => match o {
-            profiler::Outcome::NotFound { searched } => not_found(&searched, "no profiler"),
-            profiler::Outcome::Loaded {
-                library,
-                version,
-                searched,
-            } => loaded(&searched, &library, &format!("ncclProfiler_{version}")),
-            profiler::Outcome::Refused {
-                library,
-                reason,
-                searched,
-            } => refused(&searched, &library, &reason, "no profiler"),
-        },
+        Ok((_, o)) => show(&o, "ncclProfiler_", "no profiler"),
         Err(e) => println!("  error: {e}"),
     }
     println!(
@@ -220,6 +215,24 @@ fn topology(t: &Topology) {
 
 fn oxccl_plugin_list() -> Vec<String> {
     oxccl::net_summary()
+}
+
+/// What the search for one plugin found; `abi` prefixes the version.
+fn show(o: &oxccl::plugin::loader::Outcome, abi: &str, instead: &str) {
+    use oxccl::plugin::loader::Outcome;
+    match o {
+        Outcome::NotFound { searched } => not_found(searched, instead),
+        Outcome::Loaded {
+            library,
+            version,
+            searched,
+        } => loaded(searched, library, &format!("{abi}{version}")),
+        Outcome::Refused {
+            library,
+            reason,
+            searched,
+        } => refused(searched, library, reason, instead),
+    }
 }
 
 fn searched(list: &[String]) {

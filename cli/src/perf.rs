@@ -126,8 +126,12 @@ fn spawn_local(n: usize, args: &PerfArgs) -> Result<i32, String> {
     }
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut env = Vec::new();
-    // Ranks of one machine talk over loopback unless told otherwise.
-    if std::env::var_os("NCCL_SOCKET_IFNAME").is_none() {
+    // Ranks of one machine talk over loopback unless told otherwise (by
+    // the environment, an env plugin or a configuration file).
+    let set = oxccl::config::Config::load()
+        .ok()
+        .is_some_and(|c| c.socket_ifname.is_some());
+    if !set {
         env.push(("NCCL_SOCKET_IFNAME".to_string(), "lo".to_string()));
     }
     // Once a rank fails, the others fail within NCCL_TIMEOUT (each names

@@ -2,9 +2,11 @@
 //! meaning (UCC's way), resolved once per communicator and passed down.
 //!
 //! Precedence, highest first: the API (a communicator's config), the
-//! environment (`NCCL_<KEY>`), the configuration file (`NCCL_CONF_FILE`, else
-//! `~/.nccl.conf`, then `/etc/nccl.conf`, in NCCL's `KEY=VALUE` form), the
-//! default. `oxccl info` prints [`Config::entries`].
+//! environment (`NCCL_<KEY>`, read through the env plugin when one is in use:
+//! [`var`]), oxccl's TOML file (`OXCCL_CONFIG`, its `[env]` table), the
+//! configuration file (`NCCL_CONF_FILE`, else `~/.nccl.conf`, then
+//! `/etc/nccl.conf`, in NCCL's `KEY=VALUE` form), the default. `oxccl info`
+//! prints [`Config::entries`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -17,6 +19,8 @@ use crate::error::{Error, Result};
 pub enum Source {
     Api,
     Env,
+    /// Read through the env plugin of this name (`NCCL_ENV_PLUGIN`).
+    EnvPlugin(String),
     File(PathBuf),
     Default,
 }
@@ -26,6 +30,7 @@ impl fmt::Display for Source {
         match self {
             Source::Api => write!(f, "api"),
             Source::Env => write!(f, "env"),
+            Source::EnvPlugin(name) => write!(f, "env plugin {name}"),
             Source::File(p) => write!(f, "file {}", p.display()),
             Source::Default => write!(f, "default"),
         }
@@ -221,6 +226,9 @@ impl Config {
 
     /// As [`Config::load`], with values given through the API on top.
     pub fn load_with(api: &[(&str, &str)]) -> Result<Config> {
+        if let Some(e) = crate::plugin::env::setting_error() {
+            return Err(e);
+        }
         let mut raw: BTreeMap<&'static str, (String, Source)> = BTreeMap::new();
         if let Some((path, text)) = conf_file()? {
             for (key, value) in parse_conf(&text) {
@@ -229,9 +237,21 @@ impl Config {
                 }
             }
         }
+        // Variables of other libraries (NCCL's own, read by NCCL through
+        // the env plugin) are left to them.
+        let toml =
+            oxccl_plugin::env::load_config().map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        if let Some(f) = toml {
+            for (name, value) in f.vars {
+                if let Some(def) = name.strip_prefix("NCCL_").and_then(lookup) {
+                    raw.insert(def.key, (value, Source::File(f.path.clone())));
+                }
+            }
+        }
+        let env_source = crate::plugin::env::source().map_or(Source::Env, Source::EnvPlugin);
         for def in PARAMS {
-            if let Ok(v) = std::env::var(def.env_name()) {
-                raw.insert(def.key, (v, Source::Env));
+            if let Some(v) = var(&def.env_name()) {
+                raw.insert(def.key, (v, env_source.clone()));
             }
         }
         for (key, value) in api {
@@ -258,6 +278,15 @@ impl Config {
     pub fn timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.timeout_s.max(0.001))
     }
+}
+
+/// The value of an `NCCL_*` variable as NCCL reads it (`ncclGetEnv`):
+/// through the env plugin when one is in use, else from the process
+/// environment. Every `NCCL_*` value oxccl reads comes through here, but
+/// for `NCCL_CONF_FILE` and `NCCL_ENV_PLUGIN` (NCCL reads those two with
+/// `getenv`, before the plugin).
+pub fn var(name: &str) -> Option<String> {
+    crate::plugin::env::var(name)
 }
 
 fn lookup(key: &str) -> Option<&'static ParamDef> {
@@ -361,7 +390,10 @@ mod tests {
                     .chars()
                     .take_while(|c| c.is_ascii_uppercase() || *c == '_' || c.is_ascii_digit())
                     .collect();
-                if !name.is_empty() && lookup(&name).is_none() && name != "CONF_FILE" {
+                // Read with getenv, as NCCL does, not as settings.
+                let raw_env = ["CONF_FILE", "ENV_PLUGIN"];
+                if !name.is_empty() && lookup(&name).is_none() && !raw_env.contains(&name.as_str())
+                {
                     undeclared.push(name);
                 }
             }

@@ -15,18 +15,52 @@ use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::exec::mem::OpBuffers;
 use crate::op::{Op, OpKind};
+use crate::plugin::profiler::{ApiEvents, GroupApi, Handle};
 
 pub(crate) struct Task {
     comm: Comm,
     core: Arc<Core>,
     op: Op,
     bufs: OpBuffers,
+    /// The API event of the call that queued it (profiler v5+).
+    api: Handle,
+}
+
+/// The profiler's API events of one outermost group: its group API event,
+/// started at the first operation queued (NCCL starts it in the first task
+/// append, with `ncclGroupDepth` then: 1 for a lone call's implicit group,
+/// 2 in one explicit group), and each call's event.
+#[derive(Default)]
+struct Api(Option<GroupApi>);
+
+impl Api {
+    /// The API events of one call: the group's on its first, then the
+    /// call's own (started and stopped here, within the call).
+    fn call(&mut self, core: &Core, op: &Op, depth: usize) -> Handle {
+        let Some(prof) = core.profiler() else {
+            return Handle::NONE;
+        };
+        let g = self
+            .0
+            .get_or_insert_with(|| GroupApi::start(prof, depth as i32));
+        g.call(prof, op)
+    }
+
+    /// The group's end begins; the event stops when `self` is dropped,
+    /// after the group ran.
+    fn ending(&self) -> Handle {
+        self.0.as_ref().map_or(Handle::NONE, |g| {
+            g.end_starts();
+            g.handle()
+        })
+    }
 }
 
 #[derive(Default)]
 struct Pending {
     depth: usize,
     tasks: Vec<Task>,
+    api: Api,
 }
 
 thread_local! {
@@ -41,7 +75,7 @@ pub fn group_start() {
 /// Closes one level of the thread's group; the outermost runs everything
 /// queued since the outermost `group_start`.
 pub fn group_end() -> Result<()> {
-    let tasks = GROUP.with(|g| {
+    let (tasks, api) = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
             return Err(Error::InvalidUsage(
@@ -50,12 +84,13 @@ pub fn group_end() -> Result<()> {
         }
         g.depth -= 1;
         Ok(if g.depth == 0 {
-            std::mem::take(&mut g.tasks)
+            (std::mem::take(&mut g.tasks), std::mem::take(&mut g.api))
         } else {
-            Vec::new()
+            (Vec::new(), Api::default())
         })
     })?;
-    run_tasks(tasks)
+    let group_api = api.ending();
+    run_tasks(tasks, group_api)
 }
 
 /// Closes one level of the thread's group like [`group_end`], but runs
@@ -71,6 +106,8 @@ pub fn group_simulate_end() -> Result<f64> {
         }
         g.depth -= 1;
         Ok(if g.depth == 0 {
+            // Nothing runs: the group API event just ends.
+            g.api = Api::default();
             std::mem::take(&mut g.tasks)
         } else {
             Vec::new()
@@ -85,15 +122,19 @@ pub fn depth() -> usize {
 }
 
 pub(crate) fn submit(comm: Comm, core: Arc<Core>, op: Op, bufs: OpBuffers) -> Result<()> {
-    let task = Task {
+    let mut task = Task {
         comm,
         core,
         op,
         bufs,
+        api: Handle::NONE,
     };
     let queued = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth > 0 {
+            // NCCL opens an internal group level around each call.
+            let depth = g.depth + 1;
+            task.api = g.api.call(&task.core, &task.op, depth);
             g.tasks.push(task);
             None
         } else {
@@ -101,32 +142,50 @@ pub(crate) fn submit(comm: Comm, core: Arc<Core>, op: Op, bufs: OpBuffers) -> Re
         }
     });
     match queued {
-        Some(t) => run_tasks(vec![t]),
+        Some(mut t) => {
+            // A lone call: its own implicit group, of depth 1.
+            let mut api = Api::default();
+            t.api = api.call(&t.core, &t.op, 1);
+            let group_api = api.ending();
+            run_tasks(vec![t], group_api)
+        }
         None => Ok(()),
     }
 }
 
-/// One communicator's share of a group.
-type PerComm = (Comm, Arc<Core>, Vec<(Op, OpBuffers)>);
+/// One communicator's share of a group, with the API events above it.
+type PerComm = (Comm, Arc<Core>, Vec<(Op, OpBuffers)>, ApiEvents);
 
 /// Runs tasks: each communicator's in its order, communicators at once
-/// (one thread each) since each may wait on another's peers.
-fn run_tasks(tasks: Vec<Task>) -> Result<()> {
+/// (one thread each) since each may wait on another's peers. `group_api`
+/// is the group's API event (the parent of kernel launches).
+fn run_tasks(tasks: Vec<Task>, group_api: Handle) -> Result<()> {
     let mut per_comm: Vec<PerComm> = Vec::new();
     for t in tasks {
         match per_comm
             .iter_mut()
-            .find(|(_, c, _)| Arc::ptr_eq(c, &t.core))
+            .find(|(_, c, _, _)| Arc::ptr_eq(c, &t.core))
         {
-            Some((_, _, ops)) => ops.push((t.op, t.bufs)),
-            None => per_comm.push((t.comm, t.core, vec![(t.op, t.bufs)])),
+            Some((_, _, ops, api)) => {
+                ops.push((t.op, t.bufs));
+                api.ops.push(t.api);
+            }
+            None => {
+                let api = ApiEvents {
+                    group: Some(group_api),
+                    ops: vec![t.api],
+                };
+                per_comm.push((t.comm, t.core, vec![(t.op, t.bufs)], api));
+            }
         }
     }
-    let run_one =
-        |(comm, core, ops): &PerComm| core.execute(ops).inspect_err(|e| comm.record_failure(e));
+    let run_one = |(comm, core, ops, api): &PerComm| {
+        core.execute(ops, api)
+            .inspect_err(|e| comm.record_failure(e))
+    };
     // Device operations only enqueue work, which never waits on the host:
     // one thread issues them all, in the caller's order.
-    let all_device = per_comm.iter().all(|(_, c, _)| c.device.is_some());
+    let all_device = per_comm.iter().all(|(_, c, _, _)| c.device.is_some());
     match per_comm.len() {
         0 => Ok(()),
         1 => run_one(&per_comm[0]),
@@ -150,28 +209,51 @@ fn run_tasks(tasks: Vec<Task>) -> Result<()> {
 
 /// Operations on borrowed slices, run together by [`Group::run`]; may span
 /// communicators (one thread driving several ranks, as with `init_all`).
-#[derive(Default)]
 pub struct Group<'a> {
     tasks: Vec<Task>,
+    api: Api,
+    /// NCCL's group depth at each call, for the group API event: 2 as one
+    /// explicit group of calls, 1 for a lone call ([`Group::lone`]).
+    depth: usize,
     _borrows: PhantomData<&'a mut [u8]>,
+}
+
+impl Default for Group<'_> {
+    fn default() -> Self {
+        Group::new()
+    }
 }
 
 impl<'a> Group<'a> {
     pub fn new() -> Group<'a> {
         Group {
             tasks: Vec::new(),
+            api: Api::default(),
+            depth: 2,
             _borrows: PhantomData,
+        }
+    }
+
+    /// The group of one call on borrowed slices (`Comm::all_reduce` …),
+    /// as NCCL's implicit group around a lone call.
+    pub(crate) fn lone() -> Group<'a> {
+        Group {
+            depth: 1,
+            ..Group::new()
         }
     }
 
     pub(crate) fn push(&mut self, comm: &Comm, op: Op) -> Result<&mut Self> {
         let core = comm.core()?;
         let bufs = op.validate(comm.user_rank(), comm.count())?;
+        // As one explicit group of NCCL calls: depth 2 at each call.
+        let api = self.api.call(&core, &op, self.depth);
         self.tasks.push(Task {
             comm: comm.clone(),
             core,
             op,
             bufs,
+            api,
         });
         Ok(self)
     }
@@ -250,7 +332,8 @@ impl<'a> Group<'a> {
 
     /// Runs every operation; the first error is returned.
     pub fn run(self) -> Result<()> {
-        run_tasks(self.tasks)
+        let group_api = self.api.ending();
+        run_tasks(self.tasks, group_api)
     }
 }
 

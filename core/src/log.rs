@@ -253,6 +253,9 @@ pub fn init() {
             }
         }
     }
+    // The env plugin was loaded to read the settings above, before any
+    // subscriber: what it found is logged now.
+    crate::plugin::env::announce();
 }
 
 #[cfg(test)]

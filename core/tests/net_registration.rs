@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use oxccl::{Comm, CommConfig, DataType, Group, RedOp};
 use oxccl_net_socket::SocketNet;
-use oxccl_plugin::ffi::export::{vtable_v12, Exported, Provider};
+use oxccl_plugin::ffi::export::{vtable, Exported, Provider};
 use oxccl_plugin::ffi::net::v12::NetV12;
 use oxccl_plugin::{
     BuiltinNet, ListenComm, MrHandle, Net, NetError, NetHandle, NetProperties, NetResult, PtrType,
@@ -318,7 +318,7 @@ impl Provider for StrictProvider {
     const NAME: &'static [u8] = b"Strict\0";
 }
 
-static V12: Exported<NetV12> = Exported(vtable_v12::<StrictProvider>());
+static V12: Exported<NetV12> = Exported(vtable::<StrictProvider>());
 
 fn symbols(name: &str) -> Option<*const c_void> {
     (name == "ncclNetPlugin_v12").then(|| std::ptr::addr_of!(V12).cast())

@@ -29,6 +29,25 @@ impl Rank {
     }
 }
 
+/// Every collective (float32 sum, out of place), rooted at `root`, at each
+/// of `sizes` bytes, on random data checked against the host's reference
+/// (#wrong 0, else a panic naming the case).
+pub fn check_every_collective(comm: &oxccl::Comm, root: usize, sizes: &[usize]) {
+    for coll in check::Coll::ALL {
+        for &size in sizes {
+            let case = oxccl_cli::perf::Case {
+                coll,
+                dtype: oxccl::DataType::Float32,
+                op: oxccl::RedOp::Sum,
+                root,
+                size,
+                inplace: false,
+            };
+            assert_eq!(case.check_once(comm).unwrap(), 0, "{case:?}");
+        }
+    }
+}
+
 /// In a child: runs `body` as this rank and returns true. In the parent:
 /// returns false (the parent then calls [`spawn`]).
 pub fn as_child(name: &str, body: impl FnOnce(Rank)) -> bool {

@@ -8,8 +8,6 @@ use std::time::{Duration, Instant};
 
 use oxccl::{DataType, RedOp};
 use oxccl_cli::launch::{id_to_hex, ENV_ID, ENV_NRANKS, ENV_RANK};
-use oxccl_cli::perf::Case;
-use oxccl_tests::check::Coll;
 
 const CHILD: &str = "OXCCL_NETNS_CHILD";
 
@@ -258,19 +256,7 @@ fn child_comm() -> Option<oxccl::Comm> {
 /// Every collective at each of `sizes` on random data, checked against
 /// the host's reference; prints "done" at the end.
 fn check_every_collective(comm: &oxccl::Comm, root: usize, sizes: &[usize]) {
-    for coll in Coll::ALL {
-        for &size in sizes {
-            let case = Case {
-                coll,
-                dtype: DataType::Float32,
-                op: RedOp::Sum,
-                root,
-                size,
-                inplace: false,
-            };
-            assert_eq!(case.check_once(comm).unwrap(), 0, "{case:?}");
-        }
-    }
+    oxccl_tests::check_every_collective(comm, root, sizes);
     println!("rank {} done", comm.user_rank());
 }
 

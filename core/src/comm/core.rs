@@ -19,7 +19,7 @@ use crate::exec::header::OpHeader;
 use crate::exec::mem::OpBuffers;
 use crate::exec::{self, ExecCtx, Lane, ProxyProfiler};
 use crate::op::{Op, OpKind};
-use crate::plugin::profiler::{Event, Handle, ProfilerComm, PROXY_OP_BITS};
+use crate::plugin::profiler::{ApiEvents, Event, Handle, ProfilerComm, PROXY_OP_BITS};
 use crate::reduce::Reducer;
 use crate::transport::shm::ShmNet;
 use crate::transport::{ConnKey, Connections, Locality, Transport, P2P_CHANNEL};
@@ -263,8 +263,14 @@ impl Core {
         dc.failure()
     }
 
-    /// Runs the operations of one group on this communicator.
-    pub fn execute(&self, ops: &[(Op, OpBuffers)]) -> Result<()> {
+    /// The communicator's profiler, if a plugin is loaded.
+    pub fn profiler(&self) -> Option<&Arc<ProfilerComm>> {
+        self.profiler.as_ref()
+    }
+
+    /// Runs the operations of one group on this communicator; `api` holds
+    /// the profiler's API events above them.
+    pub fn execute(&self, ops: &[(Op, OpBuffers)], api: &ApiEvents) -> Result<()> {
         if let Some(GpuPath(dc)) = &self.device {
             let n = ops
                 .iter()
@@ -281,6 +287,7 @@ impl Core {
                     kernel_events: &self.kernel_events,
                     limit: self.cfg.timeout(),
                     rank: self.rank,
+                    api,
                 });
             let tuning = super::on_device::Tuning {
                 tuner: self.tuner.as_ref(),
@@ -293,11 +300,11 @@ impl Core {
                 ))
             });
         }
-        self.execute_host(ops)
+        self.execute_host(ops, api)
     }
 
     /// Runs one group on host memory over the network.
-    pub fn execute_host(&self, ops: &[(Op, OpBuffers)]) -> Result<()> {
+    pub fn execute_host(&self, ops: &[(Op, OpBuffers)], api: &ApiEvents) -> Result<()> {
         let mut conns = self
             .conns
             .lock()
@@ -310,18 +317,22 @@ impl Core {
         let mask = prof.map_or(0, |p| p.mask());
         let group = prof.map(|p| p.start(mask, Event::Group));
         let r = (|| {
-            for (op, bufs) in ops.iter().filter(|(op, _)| op.kind.coll().is_some()) {
-                self.run_collective(&mut conns, op, *bufs, group, mask)?;
+            let is_coll = |(_, (op, _)): &(usize, &(Op, OpBuffers))| op.kind.coll().is_some();
+            for (i, (op, bufs)) in ops.iter().enumerate().filter(is_coll) {
+                let parents = group.map(|g| (g, api.op(i)));
+                self.run_collective(&mut conns, op, *bufs, parents, mask)?;
             }
-            let p2p: Vec<&(Op, OpBuffers)> = ops
-                .iter()
-                .filter(|(op, _)| op.kind.coll().is_none())
-                .collect();
+            let p2p: Vec<(usize, &(Op, OpBuffers))> =
+                ops.iter().enumerate().filter(|x| !is_coll(x)).collect();
             if !p2p.is_empty() {
                 let evs: Vec<_> = match (prof, group) {
-                    (Some(p), Some(g)) => p2p.iter().map(|(o, _)| p.p2p(mask, o, 1, g)).collect(),
+                    (Some(p), Some(g)) => p2p
+                        .iter()
+                        .map(|(i, (o, _))| p.p2p(mask, o, 1, g, api.op(*i)))
+                        .collect(),
                     _ => Vec::new(),
                 };
+                let p2p: Vec<&(Op, OpBuffers)> = p2p.into_iter().map(|(_, x)| x).collect();
                 let r = self.run_p2p(&mut conns, &p2p, &evs, mask);
                 if let Some(p) = prof {
                     evs.into_iter().for_each(|h| p.stop(h));
@@ -349,7 +360,7 @@ impl Core {
         conns: &mut Connections,
         op: &Op,
         bufs: OpBuffers,
-        group: Option<Handle>,
+        parents: Option<(Handle, Handle)>,
         mask: i32,
     ) -> Result<()> {
         let coll = op.kind.coll().expect("a collective");
@@ -386,8 +397,8 @@ impl Core {
         } else {
             nch
         };
-        let event = match (self.profiler.as_deref(), group) {
-            (Some(p), Some(g)) => Some(p.running(p.coll(mask, op, seq, algo, nch, g))),
+        let event = match (self.profiler.as_deref(), parents) {
+            (Some(p), Some((g, api))) => Some(p.running(p.coll(mask, op, seq, algo, nch, g, api))),
             _ => None,
         };
         // The parent of the proxy ops, only when they are started.

@@ -697,7 +697,7 @@ impl Comm {
                 op.kind.name()
             )));
         }
-        let mut g = group::Group::new();
+        let mut g = group::Group::lone();
         g.push(self, op)?;
         g.run()
     }
@@ -808,13 +808,13 @@ impl Comm {
     }
 
     pub fn send(&self, input: &[u8], dtype: DataType, peer: usize) -> Result<()> {
-        let mut g = group::Group::new();
+        let mut g = group::Group::lone();
         g.send(self, input, dtype, peer)?;
         g.run()
     }
 
     pub fn recv(&self, output: &mut [u8], dtype: DataType, peer: usize) -> Result<()> {
-        let mut g = group::Group::new();
+        let mut g = group::Group::lone();
         g.recv(self, output, dtype, peer)?;
         g.run()
     }

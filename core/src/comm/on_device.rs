@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use oxccl_plugin::ffi::profiler::NCCL_PROFILE_KERNEL_CH;
+use oxccl_plugin::ffi::profiler::{NCCL_PROFILE_KERNEL_CH, NCCL_PROFILE_KERNEL_LAUNCH};
 
 use crate::bootstrap::Bootstrap;
 use tracing::{debug, info};
@@ -167,6 +167,8 @@ pub(crate) struct Profiling<'a> {
     /// How long a launch may run before its channel events are given up.
     pub limit: Duration,
     pub rank: usize,
+    /// The API events above the group's operations.
+    pub api: &'a crate::plugin::profiler::ApiEvents,
 }
 
 /// What chooses how a collective runs, besides the device's own table:
@@ -238,16 +240,33 @@ pub(crate) fn execute(
             }
         }
     };
-    let colls = ops.iter().filter(|(op, _)| op.kind.coll().is_some());
-    for (i, (op, _)) in colls.enumerate() {
+    // A kernel launch event (v5+, its own mask bit) around each launch,
+    // child of the group API event, as NCCL's enqueue.cc does.
+    let launch = |op: &Op| {
+        p.filter(|p| p.mask & NCCL_PROFILE_KERNEL_LAUNCH != 0)
+            .map(|p| {
+                let parent = p.api.group();
+                let ev = Event::KernelLaunch {
+                    parent,
+                    stream: op.stream as *mut std::os::raw::c_void,
+                };
+                p.comm.running(p.comm.start(p.mask, ev))
+            })
+    };
+    let colls = ops
+        .iter()
+        .enumerate()
+        .filter(|(_, (op, _))| op.kind.coll().is_some());
+    for (i, (at, (op, _))) in colls.enumerate() {
         let coll = op.kind.coll().expect("a collective");
         let choice = choose(&dc, &tuning, coll, op.count, op.dtype);
         let event = match (p, &group) {
             (Some(p), Some(g)) => {
                 let (seq, algo, nch) = (p.seq + i as u64, choice.algo, choice.channels);
+                let api = p.api.op(at);
                 Some(
                     p.comm
-                        .running(p.comm.coll(mask, op, seq, algo, nch, g.handle())),
+                        .running(p.comm.coll(mask, op, seq, algo, nch, g.handle(), api)),
                 )
             }
             _ => None,
@@ -259,7 +278,9 @@ pub(crate) fn execute(
             op.dtype,
             stream(op),
         );
+        let launched = launch(op);
         dc.collective(coll, Some(choice), i, o, n, t, op.redop, s)?;
+        drop(launched);
         // A plugin may not track the operation (a NULL handle): its
         // channels still get events, parentless, as in NCCL, and the
         // launch's slot is freed when it ends.
@@ -268,21 +289,24 @@ pub(crate) fn execute(
             &[event.as_ref().map_or(Handle::NONE, |e| e.handle())],
         );
     }
-    let p2p: Vec<&Op> = ops
+    let p2p_at: Vec<(usize, &Op)> = ops
         .iter()
         .map(|(op, _)| op)
-        .filter(|op| op.kind.coll().is_none())
+        .enumerate()
+        .filter(|(_, op)| op.kind.coll().is_none())
         .collect();
     let p2p_events: Vec<_> = match (p, &group) {
-        (Some(p), Some(g)) => p2p
+        (Some(p), Some(g)) => p2p_at
             .iter()
-            .map(|op| {
+            .map(|(at, op)| {
                 let nch = dc.channels_for(op.count * op.dtype.size());
-                p.comm.running(p.comm.p2p(mask, op, nch, g.handle()))
+                let api = p.api.op(*at);
+                p.comm.running(p.comm.p2p(mask, op, nch, g.handle(), api))
             })
             .collect(),
         _ => Vec::new(),
     };
+    let p2p: Vec<&Op> = p2p_at.into_iter().map(|(_, op)| op).collect();
     // Messages of one size go together in one kernel; each size is a kernel.
     let mut sizes: Vec<usize> = Vec::new();
     for op in &p2p {
@@ -309,7 +333,9 @@ pub(crate) fn execute(
                 _ => {}
             }
         }
+        let launched = launch(msgs[0]);
         dc.p2p(&sends, &recvs, count, dtype, stream(msgs[0]))?;
+        drop(launched);
         // Every message of the size moves on every channel of its kernel.
         let parents: Vec<Handle> = p2p
             .iter()

@@ -4,6 +4,7 @@
 //! the core's targets.
 #![allow(unsafe_code)]
 
+use std::cell::RefCell;
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_ulong};
 use std::sync::Once;
@@ -33,6 +34,38 @@ fn text(p: *const c_char) -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
+/// One line a plugin logged while [`capture`] held it back.
+#[derive(Debug, Clone)]
+pub struct Captured {
+    level: c_int,
+    subsys: c_ulong,
+    file: String,
+    line: c_int,
+    msg: String,
+}
+
+thread_local! {
+    /// Lines held back on this thread (see [`capture`]); `None`: log them.
+    static HELD: RefCell<Option<Vec<Captured>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f`, holding back what plugins log on this thread meanwhile: for
+/// the env plugin, which is loaded while the configuration that sets up
+/// logging is read, so its lines are [`replay`]ed once logging is set up.
+pub fn capture<R>(f: impl FnOnce() -> R) -> (R, Vec<Captured>) {
+    let outer = HELD.with(|h| h.borrow_mut().replace(Vec::new()));
+    let r = f();
+    let lines = HELD.with(|h| std::mem::replace(&mut *h.borrow_mut(), outer));
+    (r, lines.unwrap_or_default())
+}
+
+/// Logs lines [`capture`] held back.
+pub fn replay(lines: &[Captured]) {
+    for c in lines {
+        emit(c.level, c.subsys, &c.file, c.line, &c.msg);
+    }
+}
+
 extern "C" fn sink(
     level: c_int,
     subsys: c_ulong,
@@ -41,7 +74,26 @@ extern "C" fn sink(
     msg: *const c_char,
 ) {
     let (msg, file) = (text(msg), text(file));
-    let msg = msg.trim_end_matches('\n');
+    let msg = msg.trim_end_matches('\n').to_string();
+    let held = HELD.with(|h| match h.borrow_mut().as_mut() {
+        Some(v) => {
+            v.push(Captured {
+                level,
+                subsys,
+                file: file.clone(),
+                line,
+                msg: msg.clone(),
+            });
+            true
+        }
+        None => false,
+    });
+    if !held {
+        emit(level, subsys, &file, line, &msg);
+    }
+}
+
+fn emit(level: c_int, subsys: c_ulong, file: &str, line: c_int, msg: &str) {
     // `tracing` needs targets known at compile time, hence one arm per
     // subsystem family rather than a computed target.
     macro_rules! emit {
@@ -60,6 +112,8 @@ extern "C" fn sink(
         emit!("oxccl::tuning")
     } else if subsys & NCCL_NET != 0 {
         emit!("oxccl::net")
+    } else if subsys & NCCL_ENV != 0 {
+        emit!("oxccl::env")
     } else {
         emit!("oxccl::plugin")
     }

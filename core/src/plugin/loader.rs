@@ -1,6 +1,6 @@
 //! Finding and opening plugin libraries, as NCCL 2.30's `plugin_open.cc`:
 //! the setting (`NCCL_NET_PLUGIN`, `NCCL_TUNER_PLUGIN`,
-//! `NCCL_PROFILER_PLUGIN`) is tried as given, then, when it is a bare name
+//! `NCCL_PROFILER_PLUGIN`, `NCCL_ENV_PLUGIN`) is tried as given, then, when it is a bare name
 //! (no `/`, not `lib…​.so`), as `<prefix>-NAME.so`; `none` disables; unset
 //! tries `<prefix>.so` on the library search path.
 //!
@@ -34,6 +34,10 @@ pub const TUNER: Kind = Kind {
 pub const PROFILER: Kind = Kind {
     prefix: "libnccl-profiler",
     key: "NCCL_PROFILER_PLUGIN",
+};
+pub const ENV: Kind = Kind {
+    prefix: "libnccl-env",
+    key: "NCCL_ENV_PLUGIN",
 };
 
 /// What the search for a plugin found, for logs and `oxccl info`; the same

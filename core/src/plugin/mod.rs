@@ -2,6 +2,7 @@
 //! (`loader`); each interface has an adapter from its C vtables into the one
 //! Rust type the core uses, so nothing else in the core sees a C struct.
 
+pub mod env;
 mod ffi_log;
 pub mod loader;
 pub mod net;

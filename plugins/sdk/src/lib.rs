@@ -1,11 +1,12 @@
 //! The plugin interfaces of oxccl.
 //!
-//! A plugin (network, tuner, profiler) depends on this crate only: it holds the
+//! A plugin (network, tuner, profiler, env) depends on this crate only: it holds the
 //! traits the core calls and the types crossing that boundary, and no logic of
 //! the core. The network interface mirrors NCCL's `ncclNet` (devices,
 //! properties, non-blocking listen/connect/accept, tagged `isend`/`irecv`/`test`)
 //! so that one implementation can be exported through NCCL's C ABI as well.
 
+pub mod env;
 pub mod ffi;
 pub mod handle;
 pub mod logger;
@@ -19,6 +20,7 @@ pub use net::{
     NetProperties, NetResult, PtrType, RecvComm, Request, SendComm, NET_HANDLE_MAXSIZE,
 };
 
+pub use env::{EnvPlugin, NcclVersion};
 pub use logger::NcclLogger;
 pub use plugin_error::{PluginError, PluginResult};
 pub use profiler::{

@@ -1,4 +1,4 @@
-//! The network interface, modelled on NCCL's `ncclNet` (v8 to v12).
+//! The network interface, modelled on NCCL's `ncclNet` (loaded at v6 to v12).
 //!
 //! Every call returns at once: an operation that cannot complete yet returns
 //! `Ok(None)` and is called again by the core (a `Poll`-like contract, not a

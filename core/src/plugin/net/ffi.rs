@@ -1,18 +1,18 @@
-//! `ncclNet_v8_t` … `ncclNet_v12_t` as the core's one `Net` trait.
+//! A library's `ncclNet_vN_t` as the core's one `Net` trait.
 //!
-//! One adapter serves every version: the entries whose C signatures are
-//! identical across versions (`devices`, `accept`, `regMr`, `test`, the
-//! closes …) are read through [`common!`], and each entry whose signature
-//! changed (`init`, `getProperties`, `listen`, `connect`, `isend`, `irecv`)
-//! has one match arm per version — the per-version shim, filling what an
-//! older version lacks as NCCL's `net_vN.cc` do.
+//! Written once against the newest version: the SDK's
+//! [`oxccl_plugin::ffi::net::Abi`] presents any version's vtable in v12's
+//! shape (each version file converts its own arguments and fills what it
+//! lacks, as NCCL's `net_vN.cc` do), so nothing here matches on a version.
 #![allow(unsafe_code)]
 
 use std::ffi::CStr;
-use std::os::raw::{c_char, c_int, c_void};
+use std::os::raw::{c_int, c_void};
 use std::ptr::null_mut;
 
-use oxccl_plugin::ffi::net::{v10, v11, v12, v8, v9, MAX_NET_SIZE, NCCL_NET_TRAFFIC_CLASS_UNDEF};
+use oxccl_plugin::ffi::net::{
+    v12, Abi, Same, LOADABLE, MAX_NET_SIZE, NCCL_NET_TRAFFIC_CLASS_UNDEF,
+};
 use oxccl_plugin::ffi::*;
 use oxccl_plugin::{
     ListenComm, MrHandle, Net, NetError, NetHandle, NetProperties, NetResult, PtrType, RecvComm,
@@ -29,8 +29,8 @@ pub const SYMBOLS: &[(&str, Option<u32>)] = &[
     ("ncclNetPlugin_v10", Some(10)),
     ("ncclNetPlugin_v9", Some(9)),
     ("ncclNetPlugin_v8", Some(8)),
-    ("ncclNetPlugin_v7", None),
-    ("ncclNetPlugin_v6", None),
+    ("ncclNetPlugin_v7", Some(7)),
+    ("ncclNetPlugin_v6", Some(6)),
 ];
 
 /// Collnet symbols: recognised so that the refusal can be named.
@@ -51,13 +51,13 @@ pub const COLLNET_SYMBOLS: &[&str] = &[
 #[derive(Clone, Copy)]
 struct Ctx(*mut c_void);
 
+/// A vtable in the newest shape, the entries typed as the newest's copied
+/// out once, and the context (NULL before v11 and in [`CPlugin`]).
 #[derive(Clone, Copy)]
-enum Vt {
-    V8(&'static v8::NetV8),
-    V9(&'static v9::NetV9),
-    V10(&'static v10::NetV10),
-    V11(&'static v11::NetV11, Ctx),
-    V12(&'static v12::NetV12, Ctx),
+struct Vt {
+    abi: &'static dyn Abi,
+    same: Same,
+    ctx: Ctx,
 }
 
 // SAFETY: the vtable is immutable data of a library kept loaded by the
@@ -66,108 +66,6 @@ enum Vt {
 unsafe impl Send for Vt {}
 // SAFETY: as above.
 unsafe impl Sync for Vt {}
-
-/// An entry whose type is the same in every version.
-macro_rules! common {
-    ($vt:expr, $f:ident) => {
-        match $vt {
-            Vt::V8(v) => v.$f,
-            Vt::V9(v) => v.$f,
-            Vt::V10(v) => v.$f,
-            Vt::V11(v, _) => v.$f,
-            Vt::V12(v, _) => v.$f,
-        }
-    };
-}
-
-impl Vt {
-    fn version(self) -> u32 {
-        match self {
-            Vt::V8(_) => 8,
-            Vt::V9(_) => 9,
-            Vt::V10(_) => 10,
-            Vt::V11(..) => 11,
-            Vt::V12(..) => 12,
-        }
-    }
-
-    /// v11 and later take a context per communicator.
-    fn has_context(self) -> bool {
-        matches!(self, Vt::V11(..) | Vt::V12(..))
-    }
-
-    fn name_ptr(self) -> *const c_char {
-        common!(self, name)
-    }
-
-    /// The required entries that are NULL (NCCL calls these unchecked).
-    fn null_entries(self) -> Vec<&'static str> {
-        let mut all = vec![
-            ("devices", common!(self, devices).is_some()),
-            ("regMr", common!(self, reg_mr).is_some()),
-            ("deregMr", common!(self, dereg_mr).is_some()),
-            ("accept", common!(self, accept).is_some()),
-            ("test", common!(self, test).is_some()),
-            ("closeSend", common!(self, close_send).is_some()),
-            ("closeRecv", common!(self, close_recv).is_some()),
-            ("closeListen", common!(self, close_listen).is_some()),
-        ];
-        let (init, props, listen, connect, isend, irecv) = match self {
-            Vt::V8(v) => (
-                v.init.is_some(),
-                v.get_properties.is_some(),
-                v.listen.is_some(),
-                v.connect.is_some(),
-                v.isend.is_some(),
-                v.irecv.is_some(),
-            ),
-            Vt::V9(v) => (
-                v.init.is_some(),
-                v.get_properties.is_some(),
-                v.listen.is_some(),
-                v.connect.is_some(),
-                v.isend.is_some(),
-                v.irecv.is_some(),
-            ),
-            Vt::V10(v) => (
-                v.init.is_some(),
-                v.get_properties.is_some(),
-                v.listen.is_some(),
-                v.connect.is_some(),
-                v.isend.is_some(),
-                v.irecv.is_some(),
-            ),
-            Vt::V11(v, _) => (
-                v.init.is_some(),
-                v.get_properties.is_some(),
-                v.listen.is_some(),
-                v.connect.is_some(),
-                v.isend.is_some(),
-                v.irecv.is_some(),
-            ),
-            Vt::V12(v, _) => (
-                v.init.is_some(),
-                v.get_properties.is_some(),
-                v.listen.is_some(),
-                v.connect.is_some(),
-                v.isend.is_some(),
-                v.irecv.is_some(),
-            ),
-        };
-        all.extend([
-            ("init", init),
-            ("getProperties", props),
-            ("listen", listen),
-            ("connect", connect),
-            ("isend", isend),
-            ("irecv", irecv),
-        ]);
-        all.into_iter()
-            .filter(|(_, ok)| !ok)
-            .map(|(n, _)| n)
-            .collect()
-    }
-}
 
 fn check(what: &str, r: i32) -> NetResult<()> {
     // Every poll of a request comes through here: success costs nothing.
@@ -240,16 +138,11 @@ struct Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        let (f, ctx) = match self.vt {
-            Vt::V11(v, c) => (v.finalize, c),
-            Vt::V12(v, c) => (v.finalize, c),
-            _ => return,
-        };
-        if let Some(f) = f {
+        if self.vt.abi.has_context() {
             // SAFETY: the context `init` returned, finalized once (the
             // last holder is dropping it); the library is still loaded
             // (`plugin` drops after this).
-            let _ = unsafe { f(ctx.0) };
+            let _ = unsafe { self.vt.abi.finalize(self.vt.ctx.0) };
         }
     }
 }
@@ -272,39 +165,28 @@ impl CPlugin {
             found: found.clone(),
             reason,
         };
-        let Some((sym, version)) = SYMBOLS
-            .iter()
-            .find_map(|(s, v)| v.filter(|_| found.contains(s)).map(|v| (*s, v)))
-        else {
+        let Some(l) = LOADABLE.iter().find(|l| found.contains(&l.symbol)) else {
             return Err(refuse(
-                "no net ABI version this oxccl loads (v8 to v12)".to_string(),
+                "no net ABI version this oxccl loads (v6 to v12)".to_string(),
             ));
         };
+        let sym = l.symbol;
         let p = lib.symbol(sym).expect("found above");
-        let ctx = Ctx(null_mut());
         // SAFETY: by the ABI, the symbol `ncclNetPlugin_vN` is an
         // `ncclNet_vN_t`; the library stays loaded as long as `lib` (held by
         // the returned value and every comm made from it).
-        let vt = unsafe {
-            match version {
-                12 => Vt::V12(&*(p as *const v12::NetV12), ctx),
-                11 => Vt::V11(&*(p as *const v11::NetV11), ctx),
-                10 => Vt::V10(&*(p as *const v10::NetV10)),
-                9 => Vt::V9(&*(p as *const v9::NetV9)),
-                _ => Vt::V8(&*(p as *const v8::NetV8)),
-            }
+        let abi = unsafe { (l.cast)(p as *const c_void) };
+        let vt = Vt {
+            abi,
+            same: abi.same(),
+            ctx: Ctx(null_mut()),
         };
-        let null = vt.null_entries();
-        if !null.is_empty() || vt.name_ptr().is_null() {
-            let what = if null.is_empty() {
-                "name".to_string()
-            } else {
-                null.join(", ")
-            };
-            return Err(refuse(format!("{sym} has NULL {what}")));
+        let null = abi.null_entries();
+        if !null.is_empty() {
+            return Err(refuse(format!("{sym} has NULL {}", null.join(", "))));
         }
         // SAFETY: checked non-null; the plugin's name is a C string.
-        let name = unsafe { CStr::from_ptr(vt.name_ptr()) }
+        let name = unsafe { CStr::from_ptr(abi.name()) }
             .to_string_lossy()
             .into_owned();
         let plugin = CPlugin {
@@ -316,7 +198,7 @@ impl CPlugin {
             found: found.clone(),
             devices: std::sync::Mutex::new(None),
         };
-        if !vt.has_context() {
+        if !abi.has_context() {
             init(vt, 0).map_err(|e| refuse(plugin.init_failed(&e)))?;
         }
         Ok(plugin)
@@ -327,7 +209,7 @@ impl CPlugin {
     /// the returned value and every comm made through it are gone. Before
     /// v11 there is no context: the process's one `init` serves.
     pub fn open(self: &std::sync::Arc<Self>, comm_hash: u64) -> NetResult<CNet> {
-        let vt = if self.vt.has_context() {
+        let vt = if self.vt.abi.has_context() {
             init(self.vt, comm_hash)?
         } else {
             self.vt
@@ -368,7 +250,7 @@ impl CPlugin {
 
     /// The ABI version in use ("v11").
     pub fn version(&self) -> String {
-        format!("v{}", self.vt.version())
+        format!("v{}", self.vt.abi.version())
     }
 }
 
@@ -381,7 +263,7 @@ impl CNet {
     /// connect pass.
     #[cfg(test)]
     fn has_context(&self) -> bool {
-        self.vt().has_context()
+        self.vt().abi.has_context()
     }
 }
 
@@ -390,86 +272,29 @@ impl CNet {
 /// devices before any communicator exists, finalized right after).
 fn init(vt: Vt, comm_id: u64) -> NetResult<Vt> {
     let log = crate::plugin::ffi_log::logger();
-    // SAFETY: entries checked non-null by `null_entries`; the arguments are
-    // what the ABI describes (a logger, no profiler callback, a config with
-    // the traffic class left to the plugin, a context out-pointer).
-    unsafe {
-        match vt {
-            Vt::V8(v) => check("init", (v.init.ok_or_else(|| missing("init"))?)(log)).map(|_| vt),
-            Vt::V9(v) => check("init", (v.init.ok_or_else(|| missing("init"))?)(log)).map(|_| vt),
-            Vt::V10(v) => {
-                check("init", (v.init.ok_or_else(|| missing("init"))?)(log, None)).map(|_| vt)
-            }
-            Vt::V11(v, _) => {
-                let mut ctx = null_mut();
-                let mut cfg = v11::CommConfigV11 {
-                    traffic_class: NCCL_NET_TRAFFIC_CLASS_UNDEF,
-                };
-                check(
-                    "init",
-                    (v.init.ok_or_else(|| missing("init"))?)(
-                        &mut ctx, comm_id, &mut cfg, log, None,
-                    ),
-                )?;
-                Ok(Vt::V11(v, Ctx(ctx)))
-            }
-            Vt::V12(v, _) => {
-                let mut ctx = null_mut();
-                let mut cfg = v12::CommConfigV12 {
-                    traffic_class: NCCL_NET_TRAFFIC_CLASS_UNDEF,
-                };
-                check(
-                    "init",
-                    (v.init.ok_or_else(|| missing("init"))?)(
-                        &mut ctx, comm_id, &mut cfg, log, None,
-                    ),
-                )?;
-                Ok(Vt::V12(v, Ctx(ctx)))
-            }
-        }
-    }
+    let mut ctx = null_mut();
+    let mut cfg = v12::CommConfigV12 {
+        traffic_class: NCCL_NET_TRAFFIC_CLASS_UNDEF,
+    };
+    // SAFETY: entries checked non-null at load; the arguments are what the
+    // ABI describes (a logger, no profiler callback, a config with the
+    // traffic class left to the plugin, a context out-pointer).
+    check("init", unsafe {
+        vt.abi.init(&mut ctx, comm_id, &mut cfg, log, None)
+    })?;
+    Ok(Vt {
+        ctx: Ctx(ctx),
+        ..vt
+    })
 }
 
-fn cstr(c: *mut c_char) -> String {
+fn cstr(c: *mut std::os::raw::c_char) -> String {
     if c.is_null() {
         String::new()
     } else {
         // SAFETY: the plugin returns NUL-terminated strings it keeps alive.
         unsafe { CStr::from_ptr(c) }.to_string_lossy().into_owned()
     }
-}
-
-/// Reads one version's properties struct into the trait's type.
-macro_rules! props {
-    ($p:expr, $max_p2p:expr) => {{
-        let p = $p;
-        NetProperties {
-            name: cstr(p.name),
-            pci_path: cstr(p.pci_path),
-            guid: p.guid,
-            ptr_support: p.ptr_support,
-            reg_is_global: p.reg_is_global != 0,
-            speed_mbps: p.speed,
-            port: p.port,
-            latency_us: p.latency,
-            max_comms: p.max_comms,
-            max_recvs: p.max_recvs,
-            max_p2p_bytes: $max_p2p,
-        }
-    }};
-}
-
-/// Calls one version's `getProperties` into a zeroed struct of its type.
-macro_rules! get_props {
-    ($v:expr, $ty:ty, $dev:expr) => {{
-        // SAFETY: an all-zero properties struct is valid (NULL pointers, zeros).
-        let mut p: $ty = unsafe { std::mem::zeroed() };
-        // SAFETY: entry checked non-null at load; `p` is the version's struct.
-        check("getProperties", unsafe {
-            ($v.get_properties.ok_or_else(|| missing("getProperties"))?)($dev, &mut p)
-        })?;
-        p
-    }};
 }
 
 impl Net for CNet {
@@ -491,7 +316,7 @@ impl Net for CNet {
             return Ok(n);
         }
         let mut n: c_int = 0;
-        let f = common!(self.vt(), devices).ok_or_else(|| missing("devices"))?;
+        let f = self.vt().same.devices.ok_or_else(|| missing("devices"))?;
         // SAFETY: a valid out-pointer.
         check("devices", unsafe { f(&mut n) })?;
         let n = n.max(0) as usize;
@@ -500,27 +325,30 @@ impl Net for CNet {
     }
 
     fn properties(&self, dev: usize) -> NetResult<NetProperties> {
-        let d = dev as c_int;
-        let sized = |n: usize| if n == 0 { MAX_NET_SIZE } else { n };
-        Ok(match self.vt() {
-            // Before v9 there is no maxP2pBytes: NCCL assumes MAX_NET_SIZE.
-            Vt::V8(v) => props!(get_props!(v, v8::PropertiesV8, d), MAX_NET_SIZE),
-            Vt::V9(v) => {
-                let p = get_props!(v, v9::PropertiesV9, d);
-                props!(p, sized(p.max_p2p_bytes))
-            }
-            Vt::V10(v) => {
-                let p = get_props!(v, v10::PropertiesV10, d);
-                props!(p, sized(p.max_p2p_bytes))
-            }
-            Vt::V11(v, _) => {
-                let p = get_props!(v, v11::PropertiesV11, d);
-                props!(p, sized(p.max_p2p_bytes))
-            }
-            Vt::V12(v, _) => {
-                let p = get_props!(v, v12::PropertiesV12, d);
-                props!(p, sized(p.max_p2p_bytes))
-            }
+        // SAFETY: an all-zero properties struct is valid (NULL pointers, zeros).
+        let mut p: v12::PropertiesV12 = unsafe { std::mem::zeroed() };
+        // SAFETY: entry checked non-null at load; `p` is the newest's struct,
+        // which the version's conversion fills.
+        check("getProperties", unsafe {
+            self.vt().abi.get_properties(dev as c_int, &mut p)
+        })?;
+        Ok(NetProperties {
+            name: cstr(p.name),
+            pci_path: cstr(p.pci_path),
+            guid: p.guid,
+            ptr_support: p.ptr_support,
+            reg_is_global: p.reg_is_global != 0,
+            speed_mbps: p.speed,
+            port: p.port,
+            latency_us: p.latency,
+            max_comms: p.max_comms,
+            max_recvs: p.max_recvs,
+            // 0 (unset): the limit NCCL assumes, as v8 (which lacks it) gets.
+            max_p2p_bytes: if p.max_p2p_bytes == 0 {
+                MAX_NET_SIZE
+            } else {
+                p.max_p2p_bytes
+            },
         })
     }
 
@@ -528,17 +356,10 @@ impl Net for CNet {
         let mut h = [0u8; NET_HANDLE_MAXSIZE];
         let mut c = null_mut();
         let (d, hp) = (dev as c_int, h.as_mut_ptr() as *mut c_void);
+        let vt = self.vt();
         // SAFETY: entries checked non-null at load; a 128-byte handle buffer
         // and a valid out-pointer, as the ABI asks.
-        let r = unsafe {
-            match self.vt() {
-                Vt::V8(v) => (v.listen.ok_or_else(|| missing("listen"))?)(d, hp, &mut c),
-                Vt::V9(v) => (v.listen.ok_or_else(|| missing("listen"))?)(d, hp, &mut c),
-                Vt::V10(v) => (v.listen.ok_or_else(|| missing("listen"))?)(d, hp, &mut c),
-                Vt::V11(v, x) => (v.listen.ok_or_else(|| missing("listen"))?)(x.0, d, hp, &mut c),
-                Vt::V12(v, x) => (v.listen.ok_or_else(|| missing("listen"))?)(x.0, d, hp, &mut c),
-            }
-        };
+        let r = unsafe { vt.abi.listen(vt.ctx.0, d, hp, &mut c) };
         check("listen", r)?;
         Ok((h, Box::new(self.comm(c, Kind::Listen))))
     }
@@ -547,26 +368,10 @@ impl Net for CNet {
         let mut c = null_mut();
         let mut dc = null_mut();
         let (d, hp) = (dev as c_int, handle.as_mut_ptr() as *mut c_void);
-        let mut cfg = v10::CommConfigV10 {
-            traffic_class: NCCL_NET_TRAFFIC_CLASS_UNDEF,
-        };
+        let vt = self.vt();
         // SAFETY: entries checked non-null at load; the handle buffer the
         // peer's listen wrote, valid out-pointers.
-        let r = unsafe {
-            match self.vt() {
-                Vt::V8(v) => (v.connect.ok_or_else(|| missing("connect"))?)(d, hp, &mut c, &mut dc),
-                Vt::V9(v) => (v.connect.ok_or_else(|| missing("connect"))?)(d, hp, &mut c, &mut dc),
-                Vt::V10(v) => {
-                    (v.connect.ok_or_else(|| missing("connect"))?)(d, &mut cfg, hp, &mut c, &mut dc)
-                }
-                Vt::V11(v, x) => {
-                    (v.connect.ok_or_else(|| missing("connect"))?)(x.0, d, hp, &mut c, &mut dc)
-                }
-                Vt::V12(v, x) => {
-                    (v.connect.ok_or_else(|| missing("connect"))?)(x.0, d, hp, &mut c, &mut dc)
-                }
-            }
-        };
+        let r = unsafe { vt.abi.connect(vt.ctx.0, d, hp, &mut c, &mut dc) };
         check("connect", r)?;
         Ok((!c.is_null()).then(|| Box::new(self.comm(c, Kind::Send)) as Box<dyn SendComm>))
     }
@@ -604,9 +409,9 @@ unsafe impl Send for CComm {}
 impl Drop for CComm {
     fn drop(&mut self) {
         let f = match self.kind {
-            Kind::Send => common!(self.vt, close_send),
-            Kind::Recv => common!(self.vt, close_recv),
-            Kind::Listen => common!(self.vt, close_listen),
+            Kind::Send => self.vt.same.close_send,
+            Kind::Recv => self.vt.same.close_recv,
+            Kind::Listen => self.vt.same.close_listen,
         };
         if let Some(f) = f {
             // SAFETY: the comm the plugin returned, closed once.
@@ -618,16 +423,17 @@ impl Drop for CComm {
 impl CComm {
     fn reg(&mut self, ptr: *mut u8, size: usize, t: PtrType) -> NetResult<MrHandle> {
         let mut mh = null_mut();
-        let f = common!(self.vt, reg_mr).ok_or_else(|| missing("regMr"))?;
         // SAFETY: our comm, the caller's buffer, a valid out-pointer.
         check("regMr", unsafe {
-            f(self.c, ptr as *mut c_void, size, t as c_int, &mut mh)
+            self.vt
+                .abi
+                .reg_mr(self.c, ptr as *mut c_void, size, t as c_int, &mut mh)
         })?;
         Ok(MrHandle(mh as usize))
     }
 
     fn dereg(&mut self, m: MrHandle) -> NetResult<()> {
-        let f = common!(self.vt, dereg_mr).ok_or_else(|| missing("deregMr"))?;
+        let f = self.vt.same.dereg_mr.ok_or_else(|| missing("deregMr"))?;
         // SAFETY: our comm and a handle its regMr returned.
         check("deregMr", unsafe { f(self.c, m.0 as *mut c_void) })
     }
@@ -648,9 +454,10 @@ impl ListenComm for CComm {
     fn accept(&mut self) -> NetResult<Option<Box<dyn RecvComm>>> {
         let mut c = null_mut();
         let mut dc = null_mut();
-        let f = common!(self.vt, accept).ok_or_else(|| missing("accept"))?;
         // SAFETY: our listen comm and valid out-pointers.
-        check("accept", unsafe { f(self.c, &mut c, &mut dc) })?;
+        check("accept", unsafe {
+            self.vt.abi.accept(self.c, &mut c, &mut dc)
+        })?;
         Ok((!c.is_null()).then(|| {
             Box::new(CComm {
                 vt: self.vt,
@@ -664,12 +471,6 @@ impl ListenComm for CComm {
 
 fn mr(m: Option<MrHandle>) -> *mut c_void {
     m.map_or(null_mut(), |m| m.0 as *mut c_void)
-}
-
-fn int_size(size: usize) -> NetResult<c_int> {
-    c_int::try_from(size).map_err(|_| {
-        NetError::InvalidArgument(format!("{size} bytes exceed ncclNet_v8's int sizes"))
-    })
 }
 
 impl SendComm for CComm {
@@ -691,30 +492,7 @@ impl SendComm for CComm {
         let ph = null_mut();
         // SAFETY: entries checked non-null at load; the caller keeps `data`
         // valid until the request completes (this function's contract).
-        let rc = unsafe {
-            match self.vt {
-                Vt::V8(v) => (v.isend.ok_or_else(|| missing("isend"))?)(
-                    c,
-                    d,
-                    int_size(size)?,
-                    tag,
-                    mh,
-                    &mut r,
-                ),
-                Vt::V9(v) => {
-                    (v.isend.ok_or_else(|| missing("isend"))?)(c, d, size, tag, mh, &mut r)
-                }
-                Vt::V10(v) => {
-                    (v.isend.ok_or_else(|| missing("isend"))?)(c, d, size, tag, mh, ph, &mut r)
-                }
-                Vt::V11(v, _) => {
-                    (v.isend.ok_or_else(|| missing("isend"))?)(c, d, size, tag, mh, ph, &mut r)
-                }
-                Vt::V12(v, _) => {
-                    (v.isend.ok_or_else(|| missing("isend"))?)(c, d, size, tag, mh, ph, &mut r)
-                }
-            }
-        };
+        let rc = unsafe { self.vt.abi.isend(c, d, size, tag, mh, ph, &mut r) };
         check("isend", rc)?;
         Ok(self.request(r))
     }
@@ -742,26 +520,9 @@ impl RecvComm for CComm {
         // SAFETY: entries checked non-null at load; arrays of one entry; the
         // caller keeps `data` valid until the request completes.
         let rc = unsafe {
-            match self.vt {
-                Vt::V8(v) => {
-                    let mut s8 = int_size(size)?;
-                    (v.irecv.ok_or_else(|| missing("irecv"))?)(
-                        c, 1, &mut d, &mut s8, &mut t, &mut mh, &mut r,
-                    )
-                }
-                Vt::V9(v) => (v.irecv.ok_or_else(|| missing("irecv"))?)(
-                    c, 1, &mut d, &mut s, &mut t, &mut mh, &mut r,
-                ),
-                Vt::V10(v) => (v.irecv.ok_or_else(|| missing("irecv"))?)(
-                    c, 1, &mut d, &mut s, &mut t, &mut mh, &mut ph, &mut r,
-                ),
-                Vt::V11(v, _) => (v.irecv.ok_or_else(|| missing("irecv"))?)(
-                    c, 1, &mut d, &mut s, &mut t, &mut mh, &mut ph, &mut r,
-                ),
-                Vt::V12(v, _) => (v.irecv.ok_or_else(|| missing("irecv"))?)(
-                    c, 1, &mut d, &mut s, &mut t, &mut mh, &mut ph, &mut r,
-                ),
-            }
+            self.vt
+                .abi
+                .irecv(c, 1, &mut d, &mut s, &mut t, &mut mh, &mut ph, &mut r)
         };
         check("irecv", rc)?;
         Ok(self.request(r))
@@ -784,7 +545,7 @@ impl Request for CRequest {
             return Err(NetError::Internal("request tested after completion".into()));
         }
         let (mut done, mut size): (c_int, c_int) = (0, 0);
-        let f = common!(self.vt, test).ok_or_else(|| missing("test"))?;
+        let f = self.vt.same.test.ok_or_else(|| missing("test"))?;
         // SAFETY: a request the plugin returned, not yet completed.
         let r = unsafe { f(self.r, &mut done, &mut size) };
         if r != NCCL_SUCCESS {
@@ -1013,11 +774,11 @@ mod tests {
         // The export glue's vtables of every version; it passes handles
         // through unchanged both ways (`MrHandle(p as usize)`), so a
         // handle the network sees is the one that crossed the C ABI.
-        static V8: Exported<v8::NetV8> = Exported(export::vtable_v8::<P>());
-        static V9: Exported<v9::NetV9> = Exported(export::vtable_v9::<P>());
-        static V10: Exported<v10::NetV10> = Exported(export::vtable_v10::<P>());
-        static V11: Exported<v11::NetV11> = Exported(export::vtable_v11::<P>());
-        static V12: Exported<v12::NetV12> = Exported(export::vtable_v12::<P>());
+        static V8: Exported<v8::NetV8> = Exported(v8::exported::<P>());
+        static V9: Exported<v9::NetV9> = Exported(v9::exported::<P>());
+        static V10: Exported<v10::NetV10> = Exported(v10::exported::<P>());
+        static V11: Exported<v11::NetV11> = Exported(v11::exported::<P>());
+        static V12: Exported<v12::NetV12> = Exported(export::vtable::<P>());
         static WANT: AtomicU32 = AtomicU32::new(0);
 
         fn symbols(name: &str) -> Option<*const c_void> {

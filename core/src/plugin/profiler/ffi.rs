@@ -11,11 +11,14 @@ use std::ptr::null_mut;
 use std::sync::atomic::AtomicI32;
 
 use oxccl_plugin::ffi::profiler::{
-    v1, v2, v3, v4, v5, v6, EventState, NCCL_PROFILER_KERNEL_CH_STOP,
+    v1, v2, v3, v4, v5, v6, EventState, NCCL_PROFILER_GROUP_END_API_START,
+    NCCL_PROFILER_GROUP_START_API_STOP, NCCL_PROFILER_KERNEL_CH_STOP,
     NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4, NCCL_PROFILER_PROXY_OP_RECV_DONE,
     NCCL_PROFILER_PROXY_STEP_RECV_GPU_WAIT, NCCL_PROFILER_PROXY_STEP_SEND_GPU_WAIT,
-    NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4, NCCL_PROFILE_COLL, NCCL_PROFILE_GROUP,
-    NCCL_PROFILE_KERNEL_CH, NCCL_PROFILE_NET_PLUGIN, NCCL_PROFILE_P2P, NCCL_PROFILE_PROXY_OP,
+    NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4, NCCL_PROFILE_CE_BATCH, NCCL_PROFILE_CE_COLL,
+    NCCL_PROFILE_CE_SYNC, NCCL_PROFILE_COLL, NCCL_PROFILE_COLL_API, NCCL_PROFILE_GROUP,
+    NCCL_PROFILE_GROUP_API, NCCL_PROFILE_KERNEL_CH, NCCL_PROFILE_KERNEL_LAUNCH,
+    NCCL_PROFILE_NET_PLUGIN, NCCL_PROFILE_P2P, NCCL_PROFILE_P2P_API, NCCL_PROFILE_PROXY_OP,
     NCCL_PROFILE_PROXY_STEP,
 };
 use oxccl_plugin::ffi::NCCL_SUCCESS;
@@ -61,8 +64,17 @@ unsafe impl Send for CProfiler {}
 // SAFETY: as above.
 unsafe impl Sync for CProfiler {}
 
-/// A profiler context of one communicator.
-pub struct Ctx(pub(super) *mut c_void);
+/// A profiler context of one communicator, with what `init` was given that
+/// the plugin may keep: NCCL hands over `comm->config.commName`, which
+/// lives as long as the communicator, and plugins (NCCL's example among
+/// them) store the pointer at `init` and print it at `finalize`. The name
+/// is owned here, so it outlives `finalize` (`ProfilerComm`'s `Drop`).
+pub struct Ctx {
+    pub(super) ptr: *mut c_void,
+    /// The C string `init`'s `commName` points into; a `CString` keeps its
+    /// bytes on the heap, so moving the `Ctx` does not move them.
+    _comm_name: CString,
+}
 // SAFETY: the plugin's context; the ABI has it used from any thread.
 unsafe impl Send for Ctx {}
 // SAFETY: as above.
@@ -73,6 +85,8 @@ unsafe impl Sync for Ctx {}
 pub struct Handle(pub(super) *mut c_void);
 // SAFETY: handles are opaque to us and passed back to the plugin only.
 unsafe impl Send for Handle {}
+// SAFETY: as above: never dereferenced here, only copied.
+unsafe impl Sync for Handle {}
 
 impl Handle {
     pub const NONE: Handle = Handle(null_mut());
@@ -80,6 +94,35 @@ impl Handle {
 
 /// One event of the core, before its per-version descriptor is built.
 pub enum Event<'a> {
+    /// An outermost group of API calls (`ncclProfileGroupApi`, v5+): from
+    /// the first operation queued in it to the end of its `group_end`.
+    /// `depth` is NCCL's `ncclGroupDepth` at that first call: 1 for a lone
+    /// call (its implicit group), 2 inside one explicit group.
+    GroupApi {
+        depth: c_int,
+    },
+    /// One collective API call (`ncclProfileCollApi`, v5+), child of its
+    /// group API event; it parents the collective's execution event.
+    CollApi {
+        func: &'a CStr,
+        count: usize,
+        dtype: &'a CStr,
+        root: c_int,
+        parent: Handle,
+    },
+    /// One send or receive call (`ncclProfileP2pApi`, v5+).
+    P2pApi {
+        func: &'a CStr,
+        count: usize,
+        dtype: &'a CStr,
+        parent: Handle,
+    },
+    /// One kernel launch on `stream` (`ncclProfileKernelLaunch`, v5+),
+    /// child of the group API event.
+    KernelLaunch {
+        parent: Handle,
+        stream: *mut c_void,
+    },
     Group,
     Coll {
         seq: u64,
@@ -90,6 +133,9 @@ pub enum Event<'a> {
         algo: &'a CStr,
         nchannels: u8,
         parent: Handle,
+        /// The collective's API event: the parent from v5 on, where
+        /// `parent` (the group) is `parentGroup`.
+        api: Handle,
         codes: Codes,
     },
     P2p {
@@ -99,6 +145,8 @@ pub enum Event<'a> {
         peer: c_int,
         nchannels: u8,
         parent: Handle,
+        /// The call's API event (the parent from v5 on).
+        api: Handle,
         codes: Codes,
     },
     /// The network transfers of one operation with one peer in one
@@ -130,6 +178,8 @@ pub enum Event<'a> {
 /// The attributes a state change carries (`ncclProfilerEventStateArgs`).
 #[derive(Clone, Copy)]
 pub enum StateArgs {
+    /// States that carry none (the group API states).
+    None,
     /// Proxy step states (v4 and later carry the bytes moved).
     Step { trans_size: usize },
     /// Proxy-op states of v1 to v3: steps done so far and their bytes.
@@ -156,6 +206,20 @@ const BELOW_TASK: c_int = NCCL_PROFILE_PROXY_OP
     | NCCL_PROFILE_KERNEL_CH
     | NCCL_PROFILE_NET_PLUGIN;
 
+/// Copy-engine events (v6), below a collective API event.
+const CE_BITS: c_int = NCCL_PROFILE_CE_COLL | NCCL_PROFILE_CE_SYNC | NCCL_PROFILE_CE_BATCH;
+
+/// The mask bits that start a group API event: any event at all.
+pub const GROUP_API_BITS: c_int = NCCL_PROFILE_GROUP_API
+    | NCCL_PROFILE_COLL_API
+    | NCCL_PROFILE_P2P_API
+    | NCCL_PROFILE_KERNEL_LAUNCH
+    | NCCL_PROFILE_GROUP
+    | NCCL_PROFILE_COLL
+    | NCCL_PROFILE_P2P
+    | BELOW_TASK
+    | CE_BITS;
+
 /// The mask bits that start proxy-op events (NCCL's proxy.cc and profiler.cc).
 pub const PROXY_OP_BITS: c_int =
     NCCL_PROFILE_PROXY_OP | NCCL_PROFILE_PROXY_STEP | NCCL_PROFILE_NET_PLUGIN;
@@ -173,6 +237,12 @@ impl Event<'_> {
             Event::ProxyOp { .. } => PROXY_OP_BITS,
             Event::ProxyStep { .. } => PROXY_STEP_BITS,
             Event::KernelCh { .. } => NCCL_PROFILE_KERNEL_CH,
+            Event::GroupApi { .. } => GROUP_API_BITS,
+            Event::CollApi { .. } => {
+                NCCL_PROFILE_COLL_API | NCCL_PROFILE_COLL | BELOW_TASK | CE_BITS
+            }
+            Event::P2pApi { .. } => NCCL_PROFILE_P2P_API | NCCL_PROFILE_P2P | BELOW_TASK,
+            Event::KernelLaunch { .. } => NCCL_PROFILE_KERNEL_LAUNCH,
         }
     }
 }
@@ -198,6 +268,8 @@ struct Fields {
     is_send: c_int,
     step: c_int,
     p_timer: u64,
+    /// v5+: the API parent of a collective or p2p event.
+    api: *mut c_void,
 }
 
 impl Fields {
@@ -219,8 +291,14 @@ impl Fields {
             is_send: 0,
             step: 0,
             p_timer: 0,
+            api: null_mut(),
         };
         match *ev {
+            // Built by `CProfiler::start_api`.
+            Event::GroupApi { .. }
+            | Event::CollApi { .. }
+            | Event::P2pApi { .. }
+            | Event::KernelLaunch { .. } => {}
             Event::Group => {}
             Event::Coll {
                 seq,
@@ -231,8 +309,10 @@ impl Fields {
                 algo,
                 nchannels,
                 parent,
+                api,
                 codes,
             } => {
+                f.api = api.0;
                 f.seq = seq;
                 f.func = func.as_ptr();
                 f.count = count;
@@ -250,8 +330,10 @@ impl Fields {
                 peer,
                 nchannels,
                 parent,
+                api,
                 codes,
             } => {
+                f.api = api.0;
                 f.func = func.as_ptr();
                 f.count = count;
                 f.dtype = dtype.as_ptr();
@@ -424,33 +506,48 @@ impl CProfiler {
         let mut ctx = null_mut();
         let mask = MASK.as_ptr();
         let name = CString::new(format!("oxccl-{comm_id:x}")).unwrap_or_default();
+        let comm_name = name.as_ptr();
         let (n, r, nn) = (nranks as c_int, rank as c_int, nnodes as c_int);
         // SAFETY: entries checked non-null at load; the mask is a
-        // process-lifetime int as the ABI asks; valid out-pointer.
+        // process-lifetime int as the ABI asks; `comm_name` points into
+        // `name`, which the returned `Ctx` owns past `finalize`; valid
+        // out-pointer.
         let rc = unsafe {
             match self.vt {
                 Vt::V1(v) => v.init.expect("checked")(&mut ctx, mask),
                 Vt::V2(v) => v.init.expect("checked")(&mut ctx, mask),
                 Vt::V3(v) => v.init.expect("checked")(&mut ctx, mask),
                 Vt::V4(v) => {
-                    v.init.expect("checked")(&mut ctx, mask, name.as_ptr(), comm_id, nn, n, r, log)
+                    v.init.expect("checked")(&mut ctx, mask, comm_name, comm_id, nn, n, r, log)
                 }
                 Vt::V5(v) => {
-                    v.init.expect("checked")(&mut ctx, comm_id, mask, name.as_ptr(), nn, n, r, log)
+                    v.init.expect("checked")(&mut ctx, comm_id, mask, comm_name, nn, n, r, log)
                 }
                 Vt::V6(v) => {
-                    v.init.expect("checked")(&mut ctx, comm_id, mask, name.as_ptr(), nn, n, r, log)
+                    v.init.expect("checked")(&mut ctx, comm_id, mask, comm_name, nn, n, r, log)
                 }
             }
         };
         if rc == NCCL_SUCCESS {
-            Ok(Ctx(ctx))
+            Ok(Ctx {
+                ptr: ctx,
+                _comm_name: name,
+            })
         } else {
             Err(format!("init returned error {rc}"))
         }
     }
 
     pub fn start(&self, ctx: &Ctx, rank: c_int, comm_hash: u64, ev: &Event<'_>) -> Handle {
+        if matches!(
+            ev,
+            Event::GroupApi { .. }
+                | Event::CollApi { .. }
+                | Event::P2pApi { .. }
+                | Event::KernelLaunch { .. }
+        ) {
+            return self.start_api(ctx, rank, ev);
+        }
         let mut h = null_mut();
         let f = Fields::of(ev);
         // Versions before v3 have no kernel-channel event.
@@ -469,10 +566,18 @@ impl CProfiler {
                     Event::Coll { .. } => {
                         d.ty = NCCL_PROFILE_COLL as $ty;
                         d.detail = $coll;
+                        // From v5 on the parent is the API event; the group
+                        // is `parentGroup` (NCCL's profiler.cc).
+                        if self.version >= 5 {
+                            d.parent_obj = f.api;
+                        }
                     }
                     Event::P2p { .. } => {
                         d.ty = NCCL_PROFILE_P2P as $ty;
                         d.detail = $p2p;
+                        if self.version >= 5 {
+                            d.parent_obj = f.api;
+                        }
                     }
                     Event::ProxyOp { .. } => {
                         d.ty = NCCL_PROFILE_PROXY_OP as $ty;
@@ -488,9 +593,10 @@ impl CProfiler {
                             d.detail = $kch;
                         )?
                     }
+                    _ => {}
                 }
                 // SAFETY: entry checked non-null; the descriptor lives for the call.
-                unsafe { $v.start_event.expect("checked")(ctx.0, &mut h, &mut d) }
+                unsafe { $v.start_event.expect("checked")(ctx.ptr, &mut h, &mut d) }
             }};
         }
         let coll5 = v5::CollDescrV5 {
@@ -739,6 +845,105 @@ impl CProfiler {
         Handle(h)
     }
 
+    /// An API event (v5 and later; NCCL's adapters of older versions drop
+    /// them): the descriptor as NCCL's profiler.cc fills it.
+    fn start_api(&self, ctx: &Ctx, rank: c_int, ev: &Event<'_>) -> Handle {
+        let (ty, parent, detail) = match *ev {
+            Event::GroupApi { depth } => (
+                NCCL_PROFILE_GROUP_API,
+                null_mut(),
+                v6::EventDetailV6 {
+                    group_api: v5::GroupApiDescrV5 {
+                        graph_captured: false,
+                        group_depth: depth,
+                    },
+                },
+            ),
+            Event::CollApi {
+                func,
+                count,
+                dtype,
+                root,
+                parent,
+            } => (
+                NCCL_PROFILE_COLL_API,
+                parent.0,
+                v6::EventDetailV6 {
+                    coll_api: v5::CollApiDescrV5 {
+                        func: func.as_ptr(),
+                        count,
+                        datatype: dtype.as_ptr(),
+                        root,
+                        stream: null_mut(),
+                        graph_captured: false,
+                    },
+                },
+            ),
+            Event::P2pApi {
+                func,
+                count,
+                dtype,
+                parent,
+            } => (
+                NCCL_PROFILE_P2P_API,
+                parent.0,
+                v6::EventDetailV6 {
+                    p2p_api: v5::P2pApiDescrV5 {
+                        func: func.as_ptr(),
+                        count,
+                        datatype: dtype.as_ptr(),
+                        stream: null_mut(),
+                        graph_captured: false,
+                    },
+                },
+            ),
+            Event::KernelLaunch { parent, stream } => (
+                NCCL_PROFILE_KERNEL_LAUNCH,
+                parent.0,
+                v6::EventDetailV6 {
+                    kernel_launch: v5::KernelLaunchDescrV5 { stream },
+                },
+            ),
+            _ => return Handle::NONE,
+        };
+        let mut h = null_mut();
+        match self.vt {
+            Vt::V6(v) => {
+                let mut d = v6::EventDescrV6 {
+                    ty: ty as u64,
+                    parent_obj: parent,
+                    rank,
+                    detail,
+                };
+                // SAFETY: entry checked non-null at load; the descriptor
+                // lives for the call.
+                let _ = unsafe { v.start_event.expect("checked")(ctx.ptr, &mut h, &mut d) };
+            }
+            Vt::V5(v) => {
+                // SAFETY: a zeroed descriptor is valid; the API members are
+                // v5's own types, the first members of v6's larger union.
+                let mut d: v5::EventDescrV5 = unsafe { std::mem::zeroed() };
+                d.ty = ty as u64;
+                d.parent_obj = parent;
+                d.rank = rank;
+                // SAFETY: reading the member just written (all four API
+                // members are v5 types of v6's union).
+                unsafe {
+                    match ty {
+                        NCCL_PROFILE_GROUP_API => d.detail.group_api = detail.group_api,
+                        NCCL_PROFILE_COLL_API => d.detail.coll_api = detail.coll_api,
+                        NCCL_PROFILE_P2P_API => d.detail.p2p_api = detail.p2p_api,
+                        _ => d.detail.kernel_launch = detail.kernel_launch,
+                    }
+                }
+                // SAFETY: as for v6.
+                let _ = unsafe { v.start_event.expect("checked")(ctx.ptr, &mut h, &mut d) };
+            }
+            _ => return Handle::NONE,
+        }
+        Handle(h)
+    }
+
     /// `recordEventState`, filtered and converted as NCCL's adapter of the
     /// version does: v1 to v3 get the step states without arguments (and,
     /// as the NCCL they were written for gave them, the proxy-op states
@@ -758,9 +963,26 @@ impl CProfiler {
             StateArgs::Step { trans_size } => (trans_size, 0, 0),
             StateArgs::Op { steps, trans_size } => (trans_size, steps, 0),
             StateArgs::KernelCh { p_timer } => (0, 0, p_timer),
+            StateArgs::None => (0, 0, 0),
         };
         // v3's kernel-channel events end with stopEvent alone.
         let kernel_stop = state == NCCL_PROFILER_KERNEL_CH_STOP;
+        // The group API states (v5+) carry no arguments: NCCL passes NULL.
+        if state == NCCL_PROFILER_GROUP_START_API_STOP || state == NCCL_PROFILER_GROUP_END_API_START
+        {
+            let f = match self.vt {
+                Vt::V5(v) => v.record_event_state,
+                // The same type: v6's state arguments are v5's.
+                Vt::V6(v) => v.record_event_state,
+                _ => None,
+            };
+            if let Some(f) = f {
+                // SAFETY: a live handle startEvent returned; NULL arguments
+                // as NCCL gives these states.
+                let _ = unsafe { f(h.0, state, null_mut()) };
+            }
+            return;
+        }
         macro_rules! old {
             ($v:expr, $args:ty, $sm:ident :: $st:ident) => {{
                 if !(old_op || step) {
@@ -849,7 +1071,7 @@ impl CProfiler {
         };
         if let Some(f) = f {
             // SAFETY: the context init returned, finalized once.
-            let _ = unsafe { f(ctx.0) };
+            let _ = unsafe { f(ctx.ptr) };
         }
     }
 }

@@ -20,7 +20,9 @@ use tracing::{info, warn};
 use crate::error::{Error, Result};
 use crate::plugin::loader;
 
-pub use ffi::{cname, Codes, Event, Handle, StateArgs, PROXY_OP_BITS, PROXY_STEP_BITS, SYMBOLS};
+pub use ffi::{
+    cname, Codes, Event, Handle, StateArgs, GROUP_API_BITS, PROXY_OP_BITS, PROXY_STEP_BITS, SYMBOLS,
+};
 
 pub use crate::plugin::loader::Outcome;
 
@@ -191,6 +193,27 @@ fn redop_code(op: crate::RedOp) -> u32 {
     }
 }
 
+/// NCCL's datatype names, as its profiler descriptors carry them
+/// (`ncclDatatypeToString`; NCCL 2.30 has no case for ncclUint8 and says
+/// "Unknown" there, which is not copied).
+fn dtype_name(t: crate::DataType) -> &'static str {
+    use crate::DataType as T;
+    match t {
+        T::Int8 => "ncclInt8",
+        T::Uint8 => "ncclUint8",
+        T::Int32 => "ncclInt32",
+        T::Uint32 => "ncclUint32",
+        T::Int64 => "ncclInt64",
+        T::Uint64 => "ncclUint64",
+        T::Float16 => "ncclFloat16",
+        T::Float32 => "ncclFloat32",
+        T::Float64 => "ncclFloat64",
+        T::Bfloat16 => "ncclBfloat16",
+        T::Float8e4m3 => "ncclFloat8e4m3",
+        T::Float8e5m2 => "ncclFloat8e5m2",
+    }
+}
+
 /// NCCL's function names, as profilers print them.
 fn func(kind: &crate::op::OpKind) -> &'static str {
     use crate::op::OpKind;
@@ -206,7 +229,35 @@ fn func(kind: &crate::op::OpKind) -> &'static str {
 }
 
 impl ProfilerComm {
-    /// The collective event of `op` (child of the group event `parent`).
+    /// The API event of the call that queued `op` (`ncclProfileCollApi`
+    /// or `ncclProfileP2pApi`), child of the group API event `parent`;
+    /// started and stopped within the call, as NCCL does.
+    pub fn api(&self, mask: i32, op: &crate::op::Op, parent: Handle) -> Handle {
+        let (func, dtype) = (cname(func(&op.kind)), cname(dtype_name(op.dtype)));
+        let ev = if op.kind.coll().is_some() {
+            Event::CollApi {
+                func,
+                count: op.count,
+                dtype,
+                root: op.kind.root() as i32,
+                parent,
+            }
+        } else {
+            Event::P2pApi {
+                func,
+                count: op.count,
+                dtype,
+                parent,
+            }
+        };
+        let h = self.start(mask, ev);
+        self.stop(h);
+        h
+    }
+
+    /// The collective event of `op` (child of the group event `parent`;
+    /// from v5 on, of the API event `api`, with the group as `parentGroup`).
+    #[allow(clippy::too_many_arguments, reason = "NCCL's descriptor fields")]
     pub fn coll(
         &self,
         mask: i32,
@@ -215,6 +266,7 @@ impl ProfilerComm {
         algo: crate::algo::Algo,
         nch: usize,
         parent: Handle,
+        api: Handle,
     ) -> Handle {
         self.start(
             mask,
@@ -223,10 +275,11 @@ impl ProfilerComm {
                 func: cname(func(&op.kind)),
                 count: op.count,
                 root: op.kind.root() as i32,
-                dtype: cname(op.dtype.name()),
+                dtype: cname(dtype_name(op.dtype)),
                 algo: cname(algo.name()),
                 nchannels: nch.min(255) as u8,
                 parent,
+                api,
                 codes: Codes {
                     func: func_code(&op.kind),
                     dtype: op.dtype as u8,
@@ -237,9 +290,16 @@ impl ProfilerComm {
         )
     }
 
-    /// The p2p event of `op` (child of the group event `parent`), moving
-    /// on `nch` channels.
-    pub fn p2p(&self, mask: i32, op: &crate::op::Op, nch: usize, parent: Handle) -> Handle {
+    /// The p2p event of `op` (child of the group event `parent`; from v5
+    /// on, of the API event `api`), moving on `nch` channels.
+    pub fn p2p(
+        &self,
+        mask: i32,
+        op: &crate::op::Op,
+        nch: usize,
+        parent: Handle,
+        api: Handle,
+    ) -> Handle {
         use crate::op::OpKind;
         let peer = match op.kind {
             OpKind::Send { peer } | OpKind::Recv { peer } => peer as i32,
@@ -250,10 +310,11 @@ impl ProfilerComm {
             Event::P2p {
                 func: cname(func(&op.kind)),
                 count: op.count,
-                dtype: cname(op.dtype.name()),
+                dtype: cname(dtype_name(op.dtype)),
                 peer,
                 nchannels: nch.min(255) as u8,
                 parent,
+                api,
                 codes: Codes {
                     func: func_code(&op.kind),
                     dtype: op.dtype as u8,
@@ -261,6 +322,79 @@ impl ProfilerComm {
                 },
             },
         )
+    }
+}
+
+/// The API events above one group's operations on a communicator (NCCL's
+/// `ncclProfilerApiState` and each task's API handle): the group API
+/// event, and per operation, in order, the API event of its call.
+#[derive(Clone, Default)]
+pub struct ApiEvents {
+    pub group: Option<Handle>,
+    pub ops: Vec<Handle>,
+}
+
+impl ApiEvents {
+    /// The API event of operation `i` (NONE when none was started).
+    pub fn op(&self, i: usize) -> Handle {
+        self.ops.get(i).copied().unwrap_or(Handle::NONE)
+    }
+
+    pub fn group(&self) -> Handle {
+        self.group.unwrap_or(Handle::NONE)
+    }
+}
+
+/// The group API event of an outermost group (started at its first
+/// operation, as NCCL starts it in the first task append), with the
+/// profiler and mask it was started under; stopped when dropped.
+pub struct GroupApi {
+    prof: Arc<ProfilerComm>,
+    mask: i32,
+    handle: Handle,
+}
+
+impl GroupApi {
+    /// Starts it (`depth`: NCCL's group depth at the first call) and
+    /// records `ncclProfilerGroupStartApiStop`, as NCCL does right away.
+    pub fn start(prof: &Arc<ProfilerComm>, depth: i32) -> GroupApi {
+        let mask = prof.mask();
+        let handle = prof.start(mask, Event::GroupApi { depth });
+        prof.record(
+            handle,
+            oxccl_plugin::ffi::profiler::NCCL_PROFILER_GROUP_START_API_STOP,
+            StateArgs::None,
+        );
+        GroupApi {
+            prof: prof.clone(),
+            mask,
+            handle,
+        }
+    }
+
+    /// The API event of one call queued in the group, on `prof` (the
+    /// call's communicator's profiler).
+    pub fn call(&self, prof: &ProfilerComm, op: &crate::op::Op) -> Handle {
+        prof.api(self.mask, op, self.handle)
+    }
+
+    /// `ncclProfilerGroupEndApiStart`: the outermost `group_end` begins.
+    pub fn end_starts(&self) {
+        self.prof.record(
+            self.handle,
+            oxccl_plugin::ffi::profiler::NCCL_PROFILER_GROUP_END_API_START,
+            StateArgs::None,
+        );
+    }
+
+    pub fn handle(&self) -> Handle {
+        self.handle
+    }
+}
+
+impl Drop for GroupApi {
+    fn drop(&mut self) {
+        self.prof.stop(self.handle);
     }
 }
 

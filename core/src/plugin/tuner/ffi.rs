@@ -46,8 +46,16 @@ unsafe impl Send for CTuner {}
 // SAFETY: as above.
 unsafe impl Sync for CTuner {}
 
-/// A tuner's per-communicator context.
-pub struct Ctx(*mut c_void);
+/// A tuner's per-communicator context, with the structs `init` (v5+) was
+/// handed: NCCL passes `&comm->nvlDomainInfo` and `&comm->tunerConstants`,
+/// which live as long as the communicator, so a tuner may keep the
+/// pointers. Boxed, they stay put until the context is dropped, after
+/// `finalize`.
+pub struct Ctx {
+    ptr: *mut c_void,
+    _nvl: Box<v5::NvlDomainInfoV5>,
+    _constants: Box<v5::ConstantsV5>,
+}
 // SAFETY: the plugin's context, used under the communicator's own
 // serialisation (one collective is planned at a time per communicator).
 unsafe impl Send for Ctx {}
@@ -149,15 +157,16 @@ impl CTuner {
         let mut ctx = null_mut();
         // Zeroed: we have no NVLink domains and no latency/bandwidth
         // constants of NCCL's model to share; a tuner only reads them.
-        let mut nvl = v5::NvlDomainInfoV5 {
+        let mut nvl = Box::new(v5::NvlDomainInfoV5 {
             n_nvl_domains: 0,
             min_ranks_per_nvl_domain: 0,
             max_ranks_per_nvl_domain: 0,
-        };
+        });
         // SAFETY: an all-zero block of f64 arrays is a valid value.
-        let mut constants: v5::ConstantsV5 = unsafe { std::mem::zeroed() };
+        let mut constants: Box<v5::ConstantsV5> = Box::new(unsafe { std::mem::zeroed() });
         // SAFETY: entries checked non-null at load; valid out-pointers and
-        // structs of the version's types.
+        // structs of the version's types, boxed in the returned `Ctx` so
+        // that they outlive `finalize` as NCCL's communicator fields do.
         let r = unsafe {
             match self.vt {
                 Vt::V2(v) => v.init.expect("checked")(nranks, nnodes, log, &mut ctx),
@@ -169,8 +178,8 @@ impl CTuner {
                     nranks,
                     nnodes,
                     log,
-                    &mut nvl,
-                    &mut constants,
+                    &mut *nvl,
+                    &mut *constants,
                 ),
                 Vt::V6(v) => v.init.expect("checked")(
                     &mut ctx,
@@ -178,12 +187,16 @@ impl CTuner {
                     nranks,
                     nnodes,
                     log,
-                    &mut nvl,
-                    &mut constants,
+                    &mut *nvl,
+                    &mut *constants,
                 ),
             }
         };
-        ok("init", r).map(|_| Ctx(ctx))
+        ok("init", r).map(|_| Ctx {
+            ptr: ctx,
+            _nvl: nvl,
+            _constants: constants,
+        })
     }
 
     /// `getCollInfo`: lets the tuner rewrite `table` and the channel count.
@@ -206,7 +219,7 @@ impl CTuner {
                 Vt::V2(v) => {
                     let (mut a, mut p) = (-1, -1);
                     let r = v.get_coll_info.expect("checked")(
-                        ctx.0, func, bytes, 0, 0, 1, &mut a, &mut p, nchannels,
+                        ctx.ptr, func, bytes, 0, 0, 1, &mut a, &mut p, nchannels,
                     );
                     if (0..na).contains(&a) && (0..np).contains(&p) {
                         table[a as usize][p as usize] = 0.0;
@@ -214,16 +227,16 @@ impl CTuner {
                     r
                 }
                 Vt::V3(v) => {
-                    v.get_coll_info.expect("checked")(ctx.0, func, bytes, 1, t, na, np, nchannels)
+                    v.get_coll_info.expect("checked")(ctx.ptr, func, bytes, 1, t, na, np, nchannels)
                 }
                 Vt::V4(v) => v.get_coll_info.expect("checked")(
-                    ctx.0, func, bytes, 1, t, na, np, 0, nchannels,
+                    ctx.ptr, func, bytes, 1, t, na, np, 0, nchannels,
                 ),
                 Vt::V5(v) => v.get_coll_info.expect("checked")(
-                    ctx.0, func, bytes, 1, t, na, np, 0, nchannels,
+                    ctx.ptr, func, bytes, 1, t, na, np, 0, nchannels,
                 ),
                 Vt::V6(v) => v.get_coll_info.expect("checked")(
-                    ctx.0, func, bytes, 1, t, na, np, 0, nchannels,
+                    ctx.ptr, func, bytes, 1, t, na, np, 0, nchannels,
                 ),
             }
         };
@@ -241,7 +254,7 @@ impl CTuner {
         };
         if let Some(f) = f {
             // SAFETY: the context `init` returned, finalized once (by Drop).
-            let _ = unsafe { f(ctx.0) };
+            let _ = unsafe { f(ctx.ptr) };
         }
     }
 }

@@ -1,7 +1,10 @@
-//! Exports a Rust [`Net`] through NCCL's C ABI. The glue is generated once
-//! here, generic over a [`Provider`]: null checks, panics caught at the
-//! boundary, errors turned into `ncclResult_t` and a WARN line through
-//! NCCL's logger. A plugin writes one line: [`crate::export_net_plugin!`].
+//! Exports a Rust [`Net`] through NCCL's C ABI. The glue is written once
+//! here, against the newest version (`ncclNet_v12_t`), generic over a
+//! [`Provider`]: null checks, panics caught at the boundary, errors turned
+//! into `ncclResult_t` and a WARN line through NCCL's logger. The older
+//! versions are that vtable converted by their own files
+//! (`net::vN::exported`). A plugin writes one line:
+//! [`crate::export_net_plugin!`].
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
@@ -10,8 +13,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use super::net::{v10, v11, v12, v9, MAX_COLLNET_SIZE, NCCL_NET_ID_UNDEF};
-use super::net_v8::{DeviceHandleV8, NetV8, PropertiesV8};
+use super::net::v12::{self, PropertiesV12, VDevicePropsV12};
+use super::net::{DeviceHandle, Newest, INIT_AS, MAX_COLLNET_SIZE, NCCL_NET_ID_UNDEF};
 use super::*;
 use crate::{
     DmaBuf, ListenComm, MrHandle, Net, NetError, NetProperties, NetResult, PtrType, RecvComm,
@@ -141,11 +144,32 @@ fn ptr_type(t: c_int) -> NetResult<PtrType> {
 /// Names of devices, kept alive for NCCL (it keeps the pointers).
 static NAMES: Mutex<Vec<(usize, CString, CString)>> = Mutex::new(Vec::new());
 
-unsafe extern "C" fn init<P: Provider>(logger: Logger) -> i32 {
-    init_as::<P>(logger, "ncclNet_v8")
-}
+/// The per-communicator context. One network instance (the provider's
+/// cell, made on first use and kept for the process) serves every
+/// communicator, so the context only has to be non-NULL: every `init`
+/// returns this one and `finalize` releases nothing. Any number of
+/// contexts can therefore be alive at once, and finalizing one leaves the
+/// network usable through the others.
+static CONTEXT: u8 = 0;
 
-fn init_as<P: Provider>(logger: Logger, abi: &str) -> i32 {
+/// `init`: called once per communicator (v11 and later), or once for the
+/// process through an older version's conversion, which sets [`INIT_AS`]
+/// for the log line.
+unsafe extern "C" fn init<P: Provider>(
+    ctx: *mut *mut c_void,
+    _comm_id: u64,
+    _config: *mut v12::CommConfigV12,
+    logger: Logger,
+    _prof: ProfilerCallback,
+) -> i32 {
+    if !ctx.is_null() {
+        // SAFETY: non-null out-pointer from NCCL.
+        unsafe { *ctx = &CONTEXT as *const u8 as *mut c_void };
+    }
+    let abi = match INIT_AS.swap(0, Ordering::Relaxed) {
+        0 => 12,
+        v => v,
+    };
     if let Some(f) = logger {
         LOGGER.store(f as usize, Ordering::Release);
     }
@@ -154,7 +178,7 @@ fn init_as<P: Provider>(logger: Logger, abi: &str) -> i32 {
         log(
             NCCL_LOG_INFO,
             &format!(
-                "oxccl net plugin {} ({abi}) with {} device(s)",
+                "oxccl net plugin {} (ncclNet_v{abi}) with {} device(s)",
                 n.name(),
                 n.devices()?
             ),
@@ -196,16 +220,19 @@ fn properties<P: Provider>(dev: c_int) -> NetResult<(NetProperties, *mut c_char,
     Ok((p, name.as_ptr() as *mut c_char, pci))
 }
 
-unsafe extern "C" fn get_properties<P: Provider>(dev: c_int, props: *mut PropertiesV8) -> i32 {
+unsafe extern "C" fn get_properties<P: Provider>(dev: c_int, props: *mut PropertiesV12) -> i32 {
     guard("getProperties", || {
         let out = nonnull(props, "props")?;
         let (p, name, pci_path) = properties::<P>(dev)?;
-        let v = PropertiesV8 {
+        let mut devs = [0; v12::MAX_DEVS_PER_NIC_V12];
+        devs[0] = dev;
+        let v = PropertiesV12 {
             name,
             pci_path,
             guid: p.guid,
             ptr_support: p.ptr_support,
             reg_is_global: p.reg_is_global as c_int,
+            force_flush: 0,
             speed: p.speed_mbps,
             port: p.port,
             latency: p.latency_us,
@@ -213,6 +240,15 @@ unsafe extern "C" fn get_properties<P: Provider>(dev: c_int, props: *mut Propert
             max_recvs: p.max_recvs,
             net_device_type: 0,
             net_device_version: 0,
+            // Not a virtual device: the one physical device it is.
+            vprops: VDevicePropsV12 { ndevs: 1, devs },
+            max_p2p_bytes: p
+                .max_p2p_bytes
+                .clamp(1, super::net::NCCL_MAX_NET_SIZE_BYTES),
+            max_coll_bytes: MAX_COLLNET_SIZE,
+            max_multi_request_size: 1,
+            rail_id: NCCL_NET_ID_UNDEF,
+            plane_id: NCCL_NET_ID_UNDEF,
         };
         // SAFETY: checked non-null; NCCL passes its properties struct.
         unsafe { out.write(v) };
@@ -221,6 +257,7 @@ unsafe extern "C" fn get_properties<P: Provider>(dev: c_int, props: *mut Propert
 }
 
 unsafe extern "C" fn listen<P: Provider>(
+    _ctx: *mut c_void,
     dev: c_int,
     handle: *mut c_void,
     listen_comm: *mut *mut c_void,
@@ -241,10 +278,11 @@ unsafe extern "C" fn listen<P: Provider>(
 }
 
 unsafe extern "C" fn connect<P: Provider>(
+    _ctx: *mut c_void,
     dev: c_int,
     handle: *mut c_void,
     send_comm: *mut *mut c_void,
-    _dev_comm: *mut *mut DeviceHandleV8,
+    _dev_comm: *mut *mut DeviceHandle,
 ) -> i32 {
     guard("connect", || {
         let (h, sc) = (
@@ -262,7 +300,7 @@ unsafe extern "C" fn connect<P: Provider>(
 unsafe extern "C" fn accept(
     listen_comm: *mut c_void,
     recv_comm: *mut *mut c_void,
-    _dev: *mut *mut DeviceHandleV8,
+    _dev: *mut *mut DeviceHandle,
 ) -> i32 {
     guard("accept", || {
         let rc = nonnull(recv_comm, "recvComm")?;
@@ -360,34 +398,9 @@ fn mr(p: *mut c_void) -> Option<MrHandle> {
     (!p.is_null()).then_some(MrHandle(p as usize))
 }
 
+/// `isend`; the profiler handle is ignored, since this glue emits no
+/// network profiler events.
 unsafe extern "C" fn isend(
-    c: *mut c_void,
-    data: *mut c_void,
-    size: c_int,
-    tag: c_int,
-    mh: *mut c_void,
-    request: *mut *mut c_void,
-) -> i32 {
-    // SAFETY: forwarded unchanged; `isend_any` states the contract.
-    unsafe { isend_any(c, data, size.max(0) as usize, tag, mh, request) }
-}
-
-/// `isend` of v9 (sizes became `size_t`).
-unsafe extern "C" fn isend_v9(
-    c: *mut c_void,
-    data: *mut c_void,
-    size: usize,
-    tag: c_int,
-    mh: *mut c_void,
-    request: *mut *mut c_void,
-) -> i32 {
-    // SAFETY: forwarded unchanged.
-    unsafe { isend_any(c, data, size, tag, mh, request) }
-}
-
-/// `isend` of v10 to v12: the profiler handle is ignored, since this glue
-/// emits no network profiler events.
-unsafe extern "C" fn isend_v10(
     c: *mut c_void,
     data: *mut c_void,
     size: usize,
@@ -427,53 +440,12 @@ unsafe fn isend_any(
     })
 }
 
-/// A receive size as each ABI version spells it (`int` in v8, `size_t` after).
-trait RecvSize: Copy {
-    fn bytes(self) -> usize;
-}
-impl RecvSize for c_int {
-    fn bytes(self) -> usize {
-        self.max(0) as usize
-    }
-}
-impl RecvSize for usize {
-    fn bytes(self) -> usize {
-        self
-    }
-}
-
-unsafe extern "C" fn irecv(
-    c: *mut c_void,
-    n: c_int,
-    data: *mut *mut c_void,
-    sizes: *mut c_int,
-    tags: *mut c_int,
-    mhs: *mut *mut c_void,
-    request: *mut *mut c_void,
-) -> i32 {
-    // SAFETY: forwarded unchanged.
-    unsafe { irecv_any(c, n, data, sizes, tags, mhs, request) }
-}
-
-unsafe extern "C" fn irecv_v9(
-    c: *mut c_void,
-    n: c_int,
-    data: *mut *mut c_void,
-    sizes: *mut usize,
-    tags: *mut c_int,
-    mhs: *mut *mut c_void,
-    request: *mut *mut c_void,
-) -> i32 {
-    // SAFETY: forwarded unchanged.
-    unsafe { irecv_any(c, n, data, sizes, tags, mhs, request) }
-}
-
-/// `irecv` of v10 to v12; the profiler handles are ignored (no network events).
+/// `irecv`; the profiler handles are ignored (no network events).
 #[allow(
     clippy::too_many_arguments,
-    reason = "the C signature of ncclNet_v10_t's irecv"
+    reason = "the C signature of ncclNet_v12_t's irecv"
 )]
-unsafe extern "C" fn irecv_v10(
+unsafe extern "C" fn irecv(
     c: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
@@ -490,11 +462,11 @@ unsafe extern "C" fn irecv_v10(
 /// # Safety
 /// The ABI's contract for `irecv`: `c` a receive comm we returned, arrays of
 /// `n` entries, buffers valid until the request completes.
-unsafe fn irecv_any<S: RecvSize>(
+unsafe fn irecv_any(
     c: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
-    sizes: *mut S,
+    sizes: *mut usize,
     tags: *mut c_int,
     mhs: *mut *mut c_void,
     request: *mut *mut c_void,
@@ -530,7 +502,7 @@ unsafe fn irecv_any<S: RecvSize>(
             ));
         };
         // SAFETY: NCCL keeps the buffer valid until the request completes.
-        let req = unsafe { r.irecv(buf as *mut u8, size.bytes(), tag, mr(m)) }?;
+        let req = unsafe { r.irecv(buf as *mut u8, size, tag, mr(m)) }?;
         // SAFETY: valid out-pointer from NCCL.
         unsafe { *out = out_request(req) };
         Ok(())
@@ -665,9 +637,22 @@ unsafe extern "C" fn close_comm(c: *mut c_void) -> i32 {
     guard("close", || unsafe { close(c) })
 }
 
-/// The `ncclNet_v8_t` of a provider.
-pub const fn vtable_v8<P: Provider>() -> NetV8 {
-    NetV8 {
+/// Nothing to release: see [`CONTEXT`]. The network outlives every context
+/// on purpose, since NCCL finalizes one communicator's while others run.
+unsafe extern "C" fn finalize(_ctx: *mut c_void) -> i32 {
+    NCCL_SUCCESS
+}
+
+/// Attributes are hints (NCCL: "the plugin may ignore them").
+unsafe extern "C" fn set_net_attr(_ctx: *mut c_void, _a: *mut v12::NetAttrV12) -> i32 {
+    NCCL_SUCCESS
+}
+
+/// The `ncclNet_v12_t` of a provider. `makeVDevice` is left NULL (NCCL
+/// checks it): the glue offers no NIC fusion. `getDeviceMr` and
+/// `irecvConsumed` reach the trait, whose defaults suit a host-only network.
+pub const fn vtable<P: Provider>() -> v12::NetV12 {
+    v12::NetV12 {
         name: P::NAME.as_ptr() as *const c_char,
         init: Some(init::<P>),
         devices: Some(devices::<P>),
@@ -691,287 +676,21 @@ pub const fn vtable_v8<P: Provider>() -> NetV8 {
         } else {
             None
         },
-    }
-}
-
-/// Fills one version's properties struct from the common fields; the
-/// version-specific tail is added by the caller.
-macro_rules! props_v9_plus {
-    ($ty:ident, $vp:ident, $p:expr, $name:expr, $pci:expr, $dev:expr, { $($extra:tt)* }) => {{
-        let p = $p;
-        let mut devs = [0; std::mem::size_of::<$vp>() / std::mem::size_of::<c_int>() - 1];
-        devs[0] = $dev;
-        $ty {
-            name: $name,
-            pci_path: $pci,
-            guid: p.guid,
-            ptr_support: p.ptr_support,
-            reg_is_global: p.reg_is_global as c_int,
-            force_flush: 0,
-            speed: p.speed_mbps,
-            port: p.port,
-            latency: p.latency_us,
-            max_comms: p.max_comms,
-            max_recvs: p.max_recvs,
-            net_device_type: 0,
-            net_device_version: 0,
-            // Not a virtual device: the one physical device it is.
-            vprops: $vp { ndevs: 1, devs },
-            max_p2p_bytes: p.max_p2p_bytes.clamp(1, super::net::NCCL_MAX_NET_SIZE_BYTES),
-            max_coll_bytes: MAX_COLLNET_SIZE,
-            $($extra)*
-        }
-    }};
-}
-
-macro_rules! get_properties_fn {
-    ($fn:ident, $ty:ident, $vp:ident, { $($extra:tt)* }) => {
-        unsafe extern "C" fn $fn<P: Provider>(dev: c_int, props: *mut $ty) -> i32 {
-            guard("getProperties", || {
-                let out = nonnull(props, "props")?;
-                let (p, name, pci) = properties::<P>(dev)?;
-                let v = props_v9_plus!($ty, $vp, p, name, pci, dev, { $($extra)* });
-                // SAFETY: checked non-null; NCCL passes its properties struct.
-                unsafe { out.write(v) };
-                Ok(())
-            })
-        }
-    };
-}
-
-use v10::{PropertiesV10, VDevicePropsV10};
-use v11::{PropertiesV11, VDevicePropsV11};
-use v12::{PropertiesV12, VDevicePropsV12};
-use v9::{PropertiesV9, VDevicePropsV9};
-
-get_properties_fn!(get_properties_v9, PropertiesV9, VDevicePropsV9, {});
-get_properties_fn!(get_properties_v10, PropertiesV10, VDevicePropsV10, {});
-get_properties_fn!(get_properties_v11, PropertiesV11, VDevicePropsV11, {
-    max_multi_request_size: 1,
-});
-get_properties_fn!(get_properties_v12, PropertiesV12, VDevicePropsV12, {
-    max_multi_request_size: 1,
-    rail_id: NCCL_NET_ID_UNDEF,
-    plane_id: NCCL_NET_ID_UNDEF,
-});
-
-unsafe extern "C" fn init_v9<P: Provider>(logger: Logger) -> i32 {
-    init_as::<P>(logger, "ncclNet_v9")
-}
-
-unsafe extern "C" fn init_v10<P: Provider>(logger: Logger, _prof: ProfilerCallback) -> i32 {
-    init_as::<P>(logger, "ncclNet_v10")
-}
-
-/// The per-communicator context of v11 and later. One network instance
-/// (the provider's cell, made on first use and kept for the process) serves
-/// every communicator, so the context only has to be non-NULL: every `init`
-/// returns this one and `finalize` releases nothing. Any number of
-/// contexts can therefore be alive at once, and finalizing one leaves the
-/// network usable through the others.
-static CONTEXT: u8 = 0;
-
-/// `init` of v11 and v12: called once per communicator, with a context out.
-unsafe extern "C" fn init_v11<P: Provider>(
-    ctx: *mut *mut c_void,
-    _comm_id: u64,
-    _config: *mut v11::CommConfigV11,
-    logger: Logger,
-    _prof: ProfilerCallback,
-) -> i32 {
-    if !ctx.is_null() {
-        // SAFETY: non-null out-pointer from NCCL.
-        unsafe { *ctx = &CONTEXT as *const u8 as *mut c_void };
-    }
-    init_as::<P>(logger, "ncclNet_v11")
-}
-
-unsafe extern "C" fn init_v12<P: Provider>(
-    ctx: *mut *mut c_void,
-    _comm_id: u64,
-    _config: *mut v12::CommConfigV12,
-    logger: Logger,
-    _prof: ProfilerCallback,
-) -> i32 {
-    if !ctx.is_null() {
-        // SAFETY: non-null out-pointer from NCCL.
-        unsafe { *ctx = &CONTEXT as *const u8 as *mut c_void };
-    }
-    init_as::<P>(logger, "ncclNet_v12")
-}
-
-/// Nothing to release: see [`CONTEXT`]. The network outlives every context
-/// on purpose, since NCCL finalizes one communicator's while others run.
-unsafe extern "C" fn finalize(_ctx: *mut c_void) -> i32 {
-    NCCL_SUCCESS
-}
-
-/// Attributes are hints (NCCL: "the plugin may ignore them").
-unsafe extern "C" fn set_net_attr_v11(_ctx: *mut c_void, _a: *mut v11::NetAttrV11) -> i32 {
-    NCCL_SUCCESS
-}
-
-unsafe extern "C" fn set_net_attr_v12(_ctx: *mut c_void, _a: *mut v12::NetAttrV12) -> i32 {
-    NCCL_SUCCESS
-}
-
-unsafe extern "C" fn listen_ctx<P: Provider>(
-    _ctx: *mut c_void,
-    dev: c_int,
-    handle: *mut c_void,
-    listen_comm: *mut *mut c_void,
-) -> i32 {
-    // SAFETY: forwarded unchanged.
-    unsafe { listen::<P>(dev, handle, listen_comm) }
-}
-
-/// `connect` of v10: the traffic class in `config` is a hint a socket
-/// network has no use for.
-unsafe extern "C" fn connect_v10<P: Provider>(
-    dev: c_int,
-    _config: *mut v10::CommConfigV10,
-    handle: *mut c_void,
-    send_comm: *mut *mut c_void,
-    dev_comm: *mut *mut DeviceHandleV8,
-) -> i32 {
-    // SAFETY: forwarded unchanged.
-    unsafe { connect::<P>(dev, handle, send_comm, dev_comm) }
-}
-
-unsafe extern "C" fn connect_ctx<P: Provider>(
-    _ctx: *mut c_void,
-    dev: c_int,
-    handle: *mut c_void,
-    send_comm: *mut *mut c_void,
-    dev_comm: *mut *mut DeviceHandleV8,
-) -> i32 {
-    // SAFETY: forwarded unchanged.
-    unsafe { connect::<P>(dev, handle, send_comm, dev_comm) }
-}
-
-/// The `ncclNet_v9_t` of a provider. `makeVDevice` is left NULL (NCCL
-/// checks it): the glue offers no NIC fusion. `getDeviceMr` and
-/// `irecvConsumed` reach the trait, whose defaults suit a host-only network.
-pub const fn vtable_v9<P: Provider>() -> v9::NetV9 {
-    v9::NetV9 {
-        name: P::NAME.as_ptr() as *const c_char,
-        init: Some(init_v9::<P>),
-        devices: Some(devices::<P>),
-        get_properties: Some(get_properties_v9::<P>),
-        listen: Some(listen::<P>),
-        connect: Some(connect::<P>),
-        accept: Some(accept),
-        reg_mr: Some(reg_mr),
-        reg_mr_dma_buf: Some(reg_mr_dma_buf),
-        dereg_mr: Some(dereg_mr),
-        isend: Some(isend_v9),
-        irecv: Some(irecv_v9),
-        iflush: Some(iflush),
-        test: Some(test),
-        close_send: Some(close_comm),
-        close_recv: Some(close_comm),
-        close_listen: Some(close_comm),
-        get_device_mr: Some(get_device_mr),
-        irecv_consumed: if P::IRECV_CONSUMED {
-            Some(irecv_consumed)
-        } else {
-            None
-        },
-        make_vdevice: None,
-    }
-}
-
-/// The `ncclNet_v10_t` of a provider.
-pub const fn vtable_v10<P: Provider>() -> v10::NetV10 {
-    v10::NetV10 {
-        name: P::NAME.as_ptr() as *const c_char,
-        init: Some(init_v10::<P>),
-        devices: Some(devices::<P>),
-        get_properties: Some(get_properties_v10::<P>),
-        listen: Some(listen::<P>),
-        connect: Some(connect_v10::<P>),
-        accept: Some(accept),
-        reg_mr: Some(reg_mr),
-        reg_mr_dma_buf: Some(reg_mr_dma_buf),
-        dereg_mr: Some(dereg_mr),
-        isend: Some(isend_v10),
-        irecv: Some(irecv_v10),
-        iflush: Some(iflush),
-        test: Some(test),
-        close_send: Some(close_comm),
-        close_recv: Some(close_comm),
-        close_listen: Some(close_comm),
-        get_device_mr: Some(get_device_mr),
-        irecv_consumed: if P::IRECV_CONSUMED {
-            Some(irecv_consumed)
-        } else {
-            None
-        },
-        make_vdevice: None,
-    }
-}
-
-/// The `ncclNet_v11_t` of a provider.
-pub const fn vtable_v11<P: Provider>() -> v11::NetV11 {
-    v11::NetV11 {
-        name: P::NAME.as_ptr() as *const c_char,
-        init: Some(init_v11::<P>),
-        devices: Some(devices::<P>),
-        get_properties: Some(get_properties_v11::<P>),
-        listen: Some(listen_ctx::<P>),
-        connect: Some(connect_ctx::<P>),
-        accept: Some(accept),
-        reg_mr: Some(reg_mr),
-        reg_mr_dma_buf: Some(reg_mr_dma_buf),
-        dereg_mr: Some(dereg_mr),
-        isend: Some(isend_v10),
-        irecv: Some(irecv_v10),
-        iflush: Some(iflush),
-        test: Some(test),
-        close_send: Some(close_comm),
-        close_recv: Some(close_comm),
-        close_listen: Some(close_comm),
-        get_device_mr: Some(get_device_mr),
-        irecv_consumed: if P::IRECV_CONSUMED {
-            Some(irecv_consumed)
-        } else {
-            None
-        },
         make_vdevice: None,
         finalize: Some(finalize),
-        set_net_attr: Some(set_net_attr_v11),
+        set_net_attr: Some(set_net_attr),
     }
 }
 
-/// The `ncclNet_v12_t` of a provider.
-pub const fn vtable_v12<P: Provider>() -> v12::NetV12 {
-    v12::NetV12 {
-        name: P::NAME.as_ptr() as *const c_char,
-        init: Some(init_v12::<P>),
-        devices: Some(devices::<P>),
-        get_properties: Some(get_properties_v12::<P>),
-        listen: Some(listen_ctx::<P>),
-        connect: Some(connect_ctx::<P>),
-        accept: Some(accept),
-        reg_mr: Some(reg_mr),
-        reg_mr_dma_buf: Some(reg_mr_dma_buf),
-        dereg_mr: Some(dereg_mr),
-        isend: Some(isend_v10),
-        irecv: Some(irecv_v10),
-        iflush: Some(iflush),
-        test: Some(test),
-        close_send: Some(close_comm),
-        close_recv: Some(close_comm),
-        close_listen: Some(close_comm),
-        get_device_mr: Some(get_device_mr),
-        irecv_consumed: if P::IRECV_CONSUMED {
-            Some(irecv_consumed)
-        } else {
-            None
-        },
-        make_vdevice: None,
-        finalize: Some(finalize),
-        set_net_attr: Some(set_net_attr_v12),
+/// Every provider's vtable is offered under the older versions too.
+impl<P: Provider> Newest for P {
+    const VT: v12::NetV12 = vtable::<P>();
+    /// One cell for every provider: they all keep the same context,
+    /// [`CONTEXT`], so sharing it changes nothing.
+    fn context() -> &'static std::sync::atomic::AtomicPtr<c_void> {
+        static CTX: std::sync::atomic::AtomicPtr<c_void> =
+            std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+        &CTX
     }
 }
 
@@ -1012,28 +731,28 @@ macro_rules! export_net_plugin {
         /// NCCL's net plugin symbol, version 8 (loaded by NCCL 2.19 to 2.30).
         #[no_mangle]
         #[allow(non_upper_case_globals)]
-        pub static ncclNetPlugin_v8: $crate::ffi::export::Exported<$crate::ffi::net_v8::NetV8> =
-            $crate::ffi::export::Exported($crate::ffi::export::vtable_v8::<__OxcclNetProvider>());
+        pub static ncclNetPlugin_v8: $crate::ffi::export::Exported<$crate::ffi::net::v8::NetV8> =
+            $crate::ffi::export::Exported($crate::ffi::net::v8::exported::<__OxcclNetProvider>());
         /// NCCL's net plugin symbol, version 9 (NCCL 2.24 onwards).
         #[no_mangle]
         #[allow(non_upper_case_globals)]
         pub static ncclNetPlugin_v9: $crate::ffi::export::Exported<$crate::ffi::net::v9::NetV9> =
-            $crate::ffi::export::Exported($crate::ffi::export::vtable_v9::<__OxcclNetProvider>());
+            $crate::ffi::export::Exported($crate::ffi::net::v9::exported::<__OxcclNetProvider>());
         /// NCCL's net plugin symbol, version 10 (loaded by NCCL 2.28 and 2.30).
         #[no_mangle]
         #[allow(non_upper_case_globals)]
         pub static ncclNetPlugin_v10: $crate::ffi::export::Exported<$crate::ffi::net::v10::NetV10> =
-            $crate::ffi::export::Exported($crate::ffi::export::vtable_v10::<__OxcclNetProvider>());
+            $crate::ffi::export::Exported($crate::ffi::net::v10::exported::<__OxcclNetProvider>());
         /// NCCL's net plugin symbol, version 11 (loaded by NCCL 2.28 and 2.30).
         #[no_mangle]
         #[allow(non_upper_case_globals)]
         pub static ncclNetPlugin_v11: $crate::ffi::export::Exported<$crate::ffi::net::v11::NetV11> =
-            $crate::ffi::export::Exported($crate::ffi::export::vtable_v11::<__OxcclNetProvider>());
+            $crate::ffi::export::Exported($crate::ffi::net::v11::exported::<__OxcclNetProvider>());
         /// NCCL's net plugin symbol, version 12 (NCCL 2.30).
         #[no_mangle]
         #[allow(non_upper_case_globals)]
         pub static ncclNetPlugin_v12: $crate::ffi::export::Exported<$crate::ffi::net::v12::NetV12> =
-            $crate::ffi::export::Exported($crate::ffi::export::vtable_v12::<__OxcclNetProvider>());
+            $crate::ffi::export::Exported($crate::ffi::export::vtable::<__OxcclNetProvider>());
         /// The exported vtables by symbol name, as `dlsym` would find them:
         /// lets a loader take a built-in network through the same C ABI as
         /// a library (see [`BuiltinNet::abi`]).

@@ -187,12 +187,12 @@ impl Provider for Plain {
 
 #[test]
 fn irecv_consumed_is_null_unless_the_network_asks() {
-    assert!(vtable_v8::<Plain>().irecv_consumed.is_none());
-    assert!(vtable_v9::<Plain>().irecv_consumed.is_none());
-    assert!(vtable_v10::<Plain>().irecv_consumed.is_none());
-    assert!(vtable_v11::<Plain>().irecv_consumed.is_none());
-    assert!(vtable_v12::<Plain>().irecv_consumed.is_none());
-    assert!(vtable_v12::<P>().irecv_consumed.is_some());
+    assert!(net::v8::exported::<Plain>().irecv_consumed.is_none());
+    assert!(net::v9::exported::<Plain>().irecv_consumed.is_none());
+    assert!(net::v10::exported::<Plain>().irecv_consumed.is_none());
+    assert!(net::v11::exported::<Plain>().irecv_consumed.is_none());
+    assert!(vtable::<Plain>().irecv_consumed.is_none());
+    assert!(vtable::<P>().irecv_consumed.is_some());
 }
 
 type RegDmaBuf = unsafe extern "C" fn(
@@ -247,11 +247,11 @@ macro_rules! entries {
 
 fn versions() -> [Entries; 5] {
     [
-        entries!("v8", vtable_v8::<P>()),
-        entries!("v9", vtable_v9::<P>()),
-        entries!("v10", vtable_v10::<P>()),
-        entries!("v11", vtable_v11::<P>()),
-        entries!("v12", vtable_v12::<P>()),
+        entries!("v8", net::v8::exported::<P>()),
+        entries!("v9", net::v9::exported::<P>()),
+        entries!("v10", net::v10::exported::<P>()),
+        entries!("v11", net::v11::exported::<P>()),
+        entries!("v12", vtable::<P>()),
     ]
 }
 

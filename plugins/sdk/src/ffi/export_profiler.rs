@@ -321,7 +321,23 @@ macro_rules! decode_v4_up {
         Event {
             kind,
             rank: d.rank,
-            parent: d.parent_obj as usize,
+            parent: decode_v4_up!(@parent $extra, d, ty),
+        }
+    }};
+    (@parent none, $d:expr, $ty:expr) => {
+        $d.parent_obj as usize
+    };
+    // v5+: a collective's or p2p's parent is its API event; where the
+    // plugin did not track that one (a NULL parent), the group it ran in
+    // (`parentGroup`, kept by NCCL for this) stands in.
+    (@parent api, $d:expr, $ty:expr) => {{
+        let d = $d;
+        match ($ty as c_int, d.parent_obj.is_null()) {
+            // SAFETY: the member read is the one the type selects.
+            (NCCL_PROFILE_COLL, true) => unsafe { d.detail.coll.parent_group as usize },
+            // SAFETY: as above.
+            (NCCL_PROFILE_P2P, true) => unsafe { d.detail.p2p.parent_group as usize },
+            _ => d.parent_obj as usize,
         }
     }};
     (@extra none, $d:expr, $ty:expr) => {

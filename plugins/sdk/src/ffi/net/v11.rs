@@ -1,625 +1,188 @@
-//! `ncclNet_v11_t` and `ncclCollNet_v11_t` (NCCL 2.28 onwards, the newest
-//! 2.28 loads; still loaded by 2.30). Frozen: a change makes a new version
-//! file.
+//! `ncclNet_v11_t` (NCCL 2.28 onwards; still loaded by 2.30). Frozen: a
+//! change makes a new version file. Entries and fields mean what v12's do
+//! ([`super::v12`]).
 //!
-//! Compared with v10: `init` is called once per communicator and returns a
-//! context that `listen`/`connect` receive and `finalize` releases; the
-//! communicator's configuration moves from `connect` to `init`; properties
-//! gain `maxMultiRequestSize`; `setNetAttr` passes per-operation hints.
+//! Compared with v10: `init` takes a context out-pointer, the communicator
+//! id and its config, once per communicator; `listen` and `connect` take
+//! that context (the config left `connect`); properties gain
+//! `maxMultiRequestSize`; `finalize` releases a context and `setNetAttr`
+//! passes hints. v12 fuses 8 devices per virtual NIC instead of 4 and adds
+//! the rail and plane to the properties.
 
 use std::os::raw::{c_char, c_int, c_void};
 
-use super::{DeviceHandle, NetDeviceType};
-use crate::ffi::types::{DataType, Logger, NcclResult, ProfilerCallback, RedOp};
+use super::v12::{self, CommConfigV12, NetAttrV12, PropertiesV12};
+use super::*;
+use crate::ffi::types::{Logger, NcclResult, ProfilerCallback};
 
 /// Symbol of the network vtable ([`NetV11`]).
 pub const SYMBOL: &[u8] = b"ncclNetPlugin_v11\0";
-/// Symbol of the collective-network vtable ([`CollNetV11`]).
-pub const COLLNET_SYMBOL: &[u8] = b"ncclCollNetPlugin_v11\0";
 
-/// `ncclNetDeviceHandle_v11_t`.
-pub type DeviceHandleV11 = DeviceHandle;
+/// `ncclNetVDeviceProps_v11_t`: up to 4 devices, as v9's.
+pub type VDevicePropsV11 = super::v9::VDevicePropsV9;
+/// `ncclNetCommConfig_v11_t`, the same as v12's.
+pub type CommConfigV11 = CommConfigV12;
+/// `ncclNetAttr_v11_t`, the same as v12's.
+pub type NetAttrV11 = NetAttrV12;
 
-/// `NCCL_NET_MAX_DEVS_PER_NIC` of this version: physical devices one
-/// virtual NIC may fuse.
-pub const MAX_DEVS_PER_NIC_V11: usize = 4;
-
-/// `ncclNetVDeviceProps_v11_t`: the physical devices fused into a virtual NIC.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct VDevicePropsV11 {
-    /// Entries of `devs` in use.
-    pub ndevs: c_int,
-    /// Indices of the fused devices, as numbered by `devices`.
-    pub devs: [c_int; MAX_DEVS_PER_NIC_V11],
-}
-
-/// `ncclNetCommConfig_v11_t`: per-communicator network settings.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct CommConfigV11 {
-    /// Plugin-defined QoS level; `NCCL_NET_TRAFFIC_CLASS_UNDEF` (-1) unless
-    /// the application set one in its communicator config.
-    pub traffic_class: c_int,
-}
-
-/// `ncclNetProperties_v11_t`, filled by `getProperties`.
+/// `ncclNetProperties_v11_t`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct PropertiesV11 {
-    /// Device name, for logs; owned by the plugin and valid while it is loaded.
     pub name: *mut c_char,
-    /// The PCI device's directory in sysfs (topology detection); NULL for a
-    /// virtual interface.
     pub pci_path: *mut c_char,
-    /// Identity of the NIC chip: devices with the same guid share one port
-    /// to the fabric and are not used as independent rails.
     pub guid: u64,
-    /// `NCCL_PTR_HOST`, `| NCCL_PTR_CUDA` with GPUDirect RDMA,
-    /// `| NCCL_PTR_DMABUF` with `regMrDmaBuf`.
     pub ptr_support: c_int,
-    /// Non-zero when a registration is valid on every comm of the device,
-    /// so that re-registering a sub-range of a known buffer is cheap.
     pub reg_is_global: c_int,
-    /// Non-zero to make NCCL flush after every receive into GPU memory, not
-    /// only where the PCI topology needs it (NICs whose data and completions
-    /// take different PCI paths).
     pub force_flush: c_int,
-    /// Port speed in Mbit/s.
     pub speed: c_int,
-    /// Port number (several ports behind one PCI function).
     pub port: c_int,
-    /// Latency in microseconds (tuning).
     pub latency: f32,
-    /// Most comms the device can open.
     pub max_comms: c_int,
-    /// Most buffers one `irecv` may group (1: no multi-receive).
     pub max_recvs: c_int,
-    /// Device offload offered; `NCCL_NET_DEVICE_HOST` for none.
     pub net_device_type: NetDeviceType,
-    /// Offload version; must match NCCL's for the offload to be used.
     pub net_device_version: c_int,
-    /// For a virtual NIC: the devices fused into it.
     pub vprops: VDevicePropsV11,
-    /// Largest single point-to-point transfer; NCCL splits larger ones.
     pub max_p2p_bytes: usize,
-    /// Largest single collective transfer (collnet).
     pub max_coll_bytes: usize,
-    /// Most requests one multi-request may carry (1: none).
     pub max_multi_request_size: c_int,
 }
 
-/// `ncclNetCommAttr_v11_t`: flow hints for one direction of a
-/// communicator's connections; `NCCL_NET_ATTR_UNDEF` (-1) where unknown.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct CommAttrV11 {
-    pub max_concurrent_peers: i32,
-    pub min_concurrent_peers: i32,
-    pub max_flows_per_peer: i32,
-    pub min_flows_per_peer: i32,
-}
-
-impl CommAttrV11 {
-    /// Every attribute `NCCL_NET_ATTR_UNDEF`.
-    pub const UNDEF: Self = Self {
-        max_concurrent_peers: -1,
-        min_concurrent_peers: -1,
-        max_flows_per_peer: -1,
-        min_flows_per_peer: -1,
-    };
-}
-
-/// `ncclNetAttr_v11_t`: what NCCL is about to run on a context, passed to
-/// `setNetAttr`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct NetAttrV11 {
-    pub send_comm_attr: CommAttrV11,
-    pub recv_comm_attr: CommAttrV11,
-    /// `ncclFunc_t` of the operation, or `u32::MAX` when unset.
-    pub op: u32,
-    /// `NCCL_ALGO_*`, or `u32::MAX` when unset.
-    pub algo: u32,
-    /// `NCCL_PROTO_*`, or `u32::MAX` when unset.
-    pub proto: u32,
-}
-
-impl NetAttrV11 {
-    /// `NCCL_NET_ATTR_INIT`: everything unset.
-    pub const UNDEF: Self = Self {
-        send_comm_attr: CommAttrV11::UNDEF,
-        recv_comm_attr: CommAttrV11::UNDEF,
-        op: u32::MAX,
-        algo: u32::MAX,
-        proto: u32::MAX,
-    };
-}
-
-/// `ncclNet_v11_t`: the point-to-point network.
+/// `ncclNet_v11_t`: v12's entries, with v11's properties and virtual NICs.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct NetV11 {
-    /// Network name, used in logs and matched against `NCCL_NET`.
     pub name: *const c_char,
-    /// Called for every communicator (`comm_id` names it) before it uses the
-    /// network; writes into `*ctx` a context that `listen`, `connect`,
-    /// `set_net_attr` and `finalize` receive. `config` holds the
-    /// communicator's settings (traffic class); the logger and the profiler
-    /// callback are as in v10. An error makes NCCL ignore the plugin.
-    pub init: Option<
-        unsafe extern "C" fn(
-            ctx: *mut *mut c_void,
-            comm_id: u64,
-            config: *mut CommConfigV11,
-            log_function: Logger,
-            prof_function: ProfilerCallback,
-        ) -> NcclResult,
-    >,
-    /// Writes the number of devices; zero fails NCCL's init, so a plugin
-    /// with no usable device should fail `init` instead.
-    pub devices: Option<unsafe extern "C" fn(ndev: *mut c_int) -> NcclResult>,
-    /// Fills the properties of device `dev`.
+    pub init: Option<InitFn>,
+    pub devices: Option<DevicesFn>,
     pub get_properties:
         Option<unsafe extern "C" fn(dev: c_int, props: *mut PropertiesV11) -> NcclResult>,
-    /// Receiver side: opens a listening comm on `dev` and writes into
-    /// `handle` (NCCL's buffer of `NCCL_NET_HANDLE_MAXSIZE` bytes) what the
-    /// sender needs to connect. Must not block; on success `*listen_comm` is
-    /// never NULL. `ctx` is the context from `init`.
-    pub listen: Option<
-        unsafe extern "C" fn(
-            ctx: *mut c_void,
-            dev: c_int,
-            handle: *mut c_void,
-            listen_comm: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// Sender side: connects to the peer's `handle`. Must not block: success
-    /// with `*send_comm == NULL` means "not yet", and NCCL calls again until
-    /// it is set. When `*send_dev_comm` points to a handle, NCCL asks for
-    /// device offload of this connection; a host-only plugin ignores it.
-    /// `ctx` is the context from `init`.
-    pub connect: Option<
-        unsafe extern "C" fn(
-            ctx: *mut c_void,
-            dev: c_int,
-            handle: *mut c_void,
-            send_comm: *mut *mut c_void,
-            send_dev_comm: *mut *mut DeviceHandleV11,
-        ) -> NcclResult,
-    >,
-    /// Receiver side: completes a connection on `listen_comm`. Must not
-    /// block: success with `*recv_comm == NULL` means "the sender has not
-    /// connected yet", and NCCL calls again. `recv_dev_comm` as in `connect`.
-    pub accept: Option<
-        unsafe extern "C" fn(
-            listen_comm: *mut c_void,
-            recv_comm: *mut *mut c_void,
-            recv_dev_comm: *mut *mut DeviceHandleV11,
-        ) -> NcclResult,
-    >,
-    /// Registers `size` bytes at `data` for use on `comm` (a send or a
-    /// receive comm); `ty` is `NCCL_PTR_HOST` or `NCCL_PTR_CUDA`. The handle
-    /// written to `*mhandle` comes back with every transfer on that buffer.
-    pub reg_mr: Option<
-        unsafe extern "C" fn(
-            comm: *mut c_void,
-            data: *mut c_void,
-            size: usize,
-            ty: c_int,
-            mhandle: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// As `reg_mr`, for GPU memory exported as the dma-buf `fd` at `offset`.
-    /// Used instead of `reg_mr` when `ptr_support` has `NCCL_PTR_DMABUF`;
-    /// may be NULL otherwise.
-    pub reg_mr_dma_buf: Option<
-        unsafe extern "C" fn(
-            comm: *mut c_void,
-            data: *mut c_void,
-            size: usize,
-            ty: c_int,
-            offset: u64,
-            fd: c_int,
-            mhandle: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// Releases a handle from `reg_mr` or `reg_mr_dma_buf`.
-    pub dereg_mr:
-        Option<unsafe extern "C" fn(comm: *mut c_void, mhandle: *mut c_void) -> NcclResult>,
-    /// Starts sending `size` bytes. Must not block: success with
-    /// `*request == NULL` means "cannot start now", and NCCL retries later.
-    /// `tag` picks the buffer of the peer's multi-receive. `phandle` is
-    /// NCCL's profiler handle for this transfer, to pass to the profiler
-    /// callback when reporting network-defined events.
-    pub isend: Option<
-        unsafe extern "C" fn(
-            send_comm: *mut c_void,
-            data: *mut c_void,
-            size: usize,
-            tag: c_int,
-            mhandle: *mut c_void,
-            phandle: *mut c_void,
-            request: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// Posts `n` receive buffers (at most `max_recvs`) under one request.
-    /// Must not block; `*request == NULL` means "retry later". A buffer may
-    /// be larger than what is sent into it, never smaller. `phandles`: one
-    /// profiler handle per buffer, as for `isend`.
-    pub irecv: Option<
-        unsafe extern "C" fn(
-            recv_comm: *mut c_void,
-            n: c_int,
-            data: *mut *mut c_void,
-            sizes: *mut usize,
-            tags: *mut c_int,
-            mhandles: *mut *mut c_void,
-            phandles: *mut *mut c_void,
-            request: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// After a receive into GPU memory completes, makes the data visible to
-    /// the GPU. `*request == NULL` on success: nothing to wait for.
-    pub iflush: Option<
-        unsafe extern "C" fn(
-            recv_comm: *mut c_void,
-            n: c_int,
-            data: *mut *mut c_void,
-            sizes: *mut c_int,
-            mhandles: *mut *mut c_void,
-            request: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// Polls a request: sets `*done`; when done, writes the bytes moved into
-    /// `sizes` (one per buffer of a multi-receive) unless it is NULL, and
-    /// the request is freed: NCCL never tests it again.
-    pub test: Option<
-        unsafe extern "C" fn(
-            request: *mut c_void,
-            done: *mut c_int,
-            sizes: *mut c_int,
-        ) -> NcclResult,
-    >,
-    /// Closes a comm returned by `connect`.
-    pub close_send: Option<unsafe extern "C" fn(send_comm: *mut c_void) -> NcclResult>,
-    /// Closes a comm returned by `accept`.
-    pub close_recv: Option<unsafe extern "C" fn(recv_comm: *mut c_void) -> NcclResult>,
-    /// Closes a comm returned by `listen`.
-    pub close_listen: Option<unsafe extern "C" fn(listen_comm: *mut c_void) -> NcclResult>,
-    /// Device offload only (NULL otherwise): writes into `*dptr_mhandle` a
-    /// form of `mhandle` the plugin's device code can use.
-    pub get_device_mr: Option<
-        unsafe extern "C" fn(
-            comm: *mut c_void,
-            mhandle: *mut c_void,
-            dptr_mhandle: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// Device offload only (NULL otherwise): the GPU has consumed the data
-    /// of a completed receive request.
-    pub irecv_consumed: Option<
-        unsafe extern "C" fn(recv_comm: *mut c_void, n: c_int, request: *mut c_void) -> NcclResult,
-    >,
-    /// Fuses the physical devices listed in `props` into a virtual NIC and
-    /// writes its index into `*d`. NULL when the plugin cannot fuse NICs.
-    pub make_vdevice:
-        Option<unsafe extern "C" fn(d: *mut c_int, props: *mut VDevicePropsV11) -> NcclResult>,
-    /// Releases a context from `init`, once its communicator is done with
-    /// the network.
-    pub finalize: Option<unsafe extern "C" fn(ctx: *mut c_void) -> NcclResult>,
-    /// Hints about the operations NCCL is about to run on `ctx` (flows,
-    /// peers, algorithm); the plugin may ignore them. May be NULL.
+    pub listen: Option<ListenFn>,
+    pub connect: Option<ConnectFn>,
+    pub accept: Option<AcceptFn>,
+    pub reg_mr: Option<RegMrFn>,
+    pub reg_mr_dma_buf: Option<RegMrDmaBufFn>,
+    pub dereg_mr: Option<DeregMrFn>,
+    pub isend: Option<IsendFn>,
+    pub irecv: Option<IrecvFn>,
+    pub iflush: Option<IflushFn>,
+    pub test: Option<TestFn>,
+    pub close_send: Option<CloseFn>,
+    pub close_recv: Option<CloseFn>,
+    pub close_listen: Option<CloseFn>,
+    pub get_device_mr: Option<GetDeviceMrFn>,
+    pub irecv_consumed: Option<IrecvConsumedFn>,
+    pub make_vdevice: Option<super::v9::MakeVDevice4Fn>,
+    pub finalize: Option<CloseFn>,
     pub set_net_attr:
         Option<unsafe extern "C" fn(ctx: *mut c_void, net_attr: *mut NetAttrV11) -> NcclResult>,
 }
 
-/// `ncclNetSGE_v11_t`: one piece of a scattered collnet buffer.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct SgeV11 {
-    pub mhandle: *mut c_void,
-    pub address: *mut c_void,
-    pub size: usize,
+/// v11's properties in the newest shape (NCCL's `net_v11.cc`: rail and
+/// plane unknown).
+pub fn up(p: &PropertiesV11) -> PropertiesV12 {
+    props!(p => PropertiesV12 {
+        reg_is_global: p.reg_is_global,
+        force_flush: p.force_flush,
+        net_device_type: p.net_device_type,
+        net_device_version: p.net_device_version,
+        vprops: p.vprops.up(),
+        max_p2p_bytes: p.max_p2p_bytes,
+        max_coll_bytes: p.max_coll_bytes,
+        max_multi_request_size: p.max_multi_request_size,
+        rail_id: NCCL_NET_ID_UNDEF,
+        plane_id: NCCL_NET_ID_UNDEF,
+    })
 }
 
-/// `ncclCollNet_v11_t`: a network that reduces in the fabric (SHARP-style).
-/// oxccl's loader only looks it up to refuse it by name.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct CollNetV11 {
-    /// Name, for logs.
-    pub name: *const c_char,
-    /// Called for every communicator (`comm_id`), writing a context into
-    /// `*ctx`; an error disables collnet.
-    pub init: Option<
-        unsafe extern "C" fn(
-            ctx: *mut *mut c_void,
-            comm_id: u64,
-            log_function: Logger,
-        ) -> NcclResult,
-    >,
-    /// Devices able to run collectives; with zero, every other field may be
-    /// NULL.
-    pub devices: Option<unsafe extern "C" fn(ndev: *mut c_int) -> NcclResult>,
-    /// Fills the properties of device `dev`.
-    pub get_properties:
-        Option<unsafe extern "C" fn(dev: c_int, props: *mut PropertiesV11) -> NcclResult>,
-    /// Opens a listening comm and writes this rank's handle (up to
-    /// `NCCL_NET_HANDLE_MAXSIZE` bytes), gathered by NCCL from all ranks.
-    pub listen: Option<
-        unsafe extern "C" fn(
-            ctx: *mut c_void,
-            dev: c_int,
-            handle: *mut c_void,
-            listen_comm: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// Builds the group of `nranks` from every rank's handle; `rank` is the
-    /// caller's place in it.
-    pub connect: Option<
-        unsafe extern "C" fn(
-            handles: *mut *mut c_void,
-            nranks: c_int,
-            rank: c_int,
-            listen_comm: *mut c_void,
-            coll_comm: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// Writes 1 into `*supported` when the network can reduce `data_type`
-    /// with `red_op`, else 0.
-    pub reduce_support: Option<
-        unsafe extern "C" fn(
-            data_type: DataType,
-            red_op: RedOp,
-            supported: *mut c_int,
-        ) -> NcclResult,
-    >,
-    /// Registers memory for the group (`ty`: `NCCL_PTR_HOST`/`NCCL_PTR_CUDA`).
-    pub reg_mr: Option<
-        unsafe extern "C" fn(
-            coll_comm: *mut c_void,
-            data: *mut c_void,
-            size: usize,
-            ty: c_int,
-            mhandle: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// Registers dma-buf memory; may be NULL without `NCCL_PTR_DMABUF`.
-    pub reg_mr_dma_buf: Option<
-        unsafe extern "C" fn(
-            coll_comm: *mut c_void,
-            data: *mut c_void,
-            size: usize,
-            ty: c_int,
-            offset: u64,
-            fd: c_int,
-            mhandle: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// Releases a registration.
-    pub dereg_mr:
-        Option<unsafe extern "C" fn(coll_comm: *mut c_void, mhandle: *mut c_void) -> NcclResult>,
-    /// Starts an all-reduce of `count` elements. Must not block;
-    /// `*request == NULL` means "retry later".
-    pub iallreduce: Option<
-        unsafe extern "C" fn(
-            coll_comm: *mut c_void,
-            send_data: *mut c_void,
-            recv_data: *mut c_void,
-            count: usize,
-            data_type: DataType,
-            red_op: RedOp,
-            send_mhandle: *mut c_void,
-            recv_mhandle: *mut c_void,
-            request: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// Starts an all-gather into scattered receive pieces; the window
-    /// (`window_offset`, `window_bytes`) selects the part of the
-    /// `bytes_per_rank`-strided result this call covers.
-    pub iallgather: Option<
-        unsafe extern "C" fn(
-            coll_comm: *mut c_void,
-            send_data: *mut c_void,
-            n_recv_parts: c_int,
-            recv_parts: *mut SgeV11,
-            bytes_per_rank: usize,
-            window_offset: usize,
-            window_bytes: usize,
-            send_mhandle: *mut c_void,
-            request: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// Starts a reduce-scatter from scattered send pieces; window as in
-    /// `iallgather`.
-    #[allow(
-        clippy::type_complexity,
-        reason = "the C signature, kept in place like every other slot"
-    )]
-    pub ireducescatter: Option<
-        unsafe extern "C" fn(
-            coll_comm: *mut c_void,
-            n_send_parts: c_int,
-            send_parts: *mut SgeV11,
-            recv_data: *mut c_void,
-            bytes_per_rank: usize,
-            window_offset: usize,
-            window_bytes: usize,
-            data_type: DataType,
-            red_op: RedOp,
-            recv_mhandle: *mut c_void,
-            request: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// Makes data received into GPU memory visible to the GPU.
-    pub iflush: Option<
-        unsafe extern "C" fn(
-            coll_comm: *mut c_void,
-            data: *mut c_void,
-            size: c_int,
-            mhandle: *mut c_void,
-            request: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
-    /// Polls a request; when done, `*size` (unless NULL) gets the bytes moved.
-    pub test: Option<
-        unsafe extern "C" fn(
-            request: *mut c_void,
-            done: *mut c_int,
-            size: *mut c_int,
-        ) -> NcclResult,
-    >,
-    /// Closes the group comm.
-    pub close_coll: Option<unsafe extern "C" fn(coll_comm: *mut c_void) -> NcclResult>,
-    /// Closes the listening comm.
-    pub close_listen: Option<unsafe extern "C" fn(listen_comm: *mut c_void) -> NcclResult>,
-    /// Fuses the physical devices listed in `props` into a virtual NIC and
-    /// writes its index into `*d`.
-    pub make_vdevice:
-        Option<unsafe extern "C" fn(d: *mut c_int, props: *mut VDevicePropsV11) -> NcclResult>,
-    /// Releases a context from `init`.
-    pub finalize: Option<unsafe extern "C" fn(ctx: *mut c_void) -> NcclResult>,
+/// The newest properties as v11's.
+pub fn down(p: &PropertiesV12) -> PropertiesV11 {
+    props!(p => PropertiesV11 {
+        reg_is_global: p.reg_is_global,
+        force_flush: p.force_flush,
+        net_device_type: p.net_device_type,
+        net_device_version: p.net_device_version,
+        vprops: VDevicePropsV11::down(&p.vprops),
+        max_p2p_bytes: p.max_p2p_bytes,
+        max_coll_bytes: p.max_coll_bytes,
+        max_multi_request_size: p.max_multi_request_size,
+    })
+}
+
+// SAFETY: every method calls the entry of the same name, converting the
+// properties; the other arguments are v12's unchanged.
+unsafe impl Abi for NetV11 {
+    abi_common!(11);
+    as_newest!(init, listen, connect, accept, reg_mr, isend, irecv, finalize);
+    unsafe fn get_properties(&self, dev: c_int, props: *mut PropertiesV12) -> NcclResult {
+        // SAFETY: forwarded.
+        unsafe { props_via(self.get_properties, dev, props, up) }
+    }
+}
+
+unsafe extern "C" fn init<N: Newest>(
+    ctx: *mut *mut c_void,
+    comm_id: u64,
+    config: *mut CommConfigV11,
+    log: Logger,
+    prof: ProfilerCallback,
+) -> NcclResult {
+    INIT_AS.store(11, std::sync::atomic::Ordering::Relaxed);
+    call!(N::VT.init, ctx, comm_id, config, log, prof)
+}
+
+unsafe extern "C" fn get_properties<N: Newest>(
+    dev: c_int,
+    props: *mut PropertiesV11,
+) -> NcclResult {
+    // SAFETY: forwarded.
+    unsafe { props_via(N::VT.get_properties, dev, props, down) }
+}
+
+/// `N`'s vtable as `ncclNet_v11_t`.
+pub const fn exported<N: Newest>() -> NetV11 {
+    let v: v12::NetV12 = N::VT;
+    NetV11 {
+        name: v.name,
+        init: Some(init::<N>),
+        devices: v.devices,
+        get_properties: Some(get_properties::<N>),
+        listen: v.listen,
+        connect: v.connect,
+        accept: v.accept,
+        reg_mr: v.reg_mr,
+        reg_mr_dma_buf: v.reg_mr_dma_buf,
+        dereg_mr: v.dereg_mr,
+        isend: v.isend,
+        irecv: v.irecv,
+        iflush: v.iflush,
+        test: v.test,
+        close_send: v.close_send,
+        close_recv: v.close_recv,
+        close_listen: v.close_listen,
+        get_device_mr: v.get_device_mr,
+        irecv_consumed: v.irecv_consumed,
+        make_vdevice: super::v9::make_vdevice_of::<N>(),
+        finalize: v.finalize,
+        set_net_attr: v.set_net_attr,
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::mem::{align_of, offset_of, size_of};
-
     use super::*;
 
-    // Every size, alignment and offset below was measured from NCCL's headers
-    // (2.30.7; 2.28.9 gives the same for the versions it has) by a C++
-    // program printing sizeof/alignof/offsetof, built with g++ 12 on x86_64
-    // Linux. A nested path (`detail.coll.func`) is the offset from the start
-    // of the outer struct, as offsetof gives it for an anonymous union.
-
-    /// `ncclNetVDeviceProps_v11_t`.
     #[test]
-    fn vdevice_props_v11_layout() {
-        assert_eq!(size_of::<VDevicePropsV11>(), 20);
-        assert_eq!(align_of::<VDevicePropsV11>(), 4);
-        assert_eq!(offset_of!(VDevicePropsV11, ndevs), 0);
-        assert_eq!(offset_of!(VDevicePropsV11, devs), 4);
-    }
-
-    /// `ncclNetCommConfig_v11_t`.
-    #[test]
-    fn comm_config_v11_layout() {
-        assert_eq!(size_of::<CommConfigV11>(), 4);
-        assert_eq!(align_of::<CommConfigV11>(), 4);
-        assert_eq!(offset_of!(CommConfigV11, traffic_class), 0);
-    }
-
-    /// `ncclNetProperties_v11_t`.
-    #[test]
-    fn properties_v11_layout() {
-        assert_eq!(size_of::<PropertiesV11>(), 112);
-        assert_eq!(align_of::<PropertiesV11>(), 8);
-        assert_eq!(offset_of!(PropertiesV11, name), 0);
-        assert_eq!(offset_of!(PropertiesV11, pci_path), 8);
-        assert_eq!(offset_of!(PropertiesV11, guid), 16);
-        assert_eq!(offset_of!(PropertiesV11, ptr_support), 24);
-        assert_eq!(offset_of!(PropertiesV11, reg_is_global), 28);
-        assert_eq!(offset_of!(PropertiesV11, force_flush), 32);
-        assert_eq!(offset_of!(PropertiesV11, speed), 36);
-        assert_eq!(offset_of!(PropertiesV11, port), 40);
-        assert_eq!(offset_of!(PropertiesV11, latency), 44);
-        assert_eq!(offset_of!(PropertiesV11, max_comms), 48);
-        assert_eq!(offset_of!(PropertiesV11, max_recvs), 52);
-        assert_eq!(offset_of!(PropertiesV11, net_device_type), 56);
-        assert_eq!(offset_of!(PropertiesV11, net_device_version), 60);
-        assert_eq!(offset_of!(PropertiesV11, vprops), 64);
-        assert_eq!(offset_of!(PropertiesV11, max_p2p_bytes), 88);
-        assert_eq!(offset_of!(PropertiesV11, max_coll_bytes), 96);
-        assert_eq!(offset_of!(PropertiesV11, max_multi_request_size), 104);
-    }
-
-    /// `ncclNetCommAttr_v11_t`.
-    #[test]
-    fn comm_attr_v11_layout() {
-        assert_eq!(size_of::<CommAttrV11>(), 16);
-        assert_eq!(align_of::<CommAttrV11>(), 4);
-        assert_eq!(offset_of!(CommAttrV11, max_concurrent_peers), 0);
-        assert_eq!(offset_of!(CommAttrV11, min_concurrent_peers), 4);
-        assert_eq!(offset_of!(CommAttrV11, max_flows_per_peer), 8);
-        assert_eq!(offset_of!(CommAttrV11, min_flows_per_peer), 12);
-    }
-
-    /// `ncclNetAttr_v11_t`.
-    #[test]
-    fn net_attr_v11_layout() {
-        assert_eq!(size_of::<NetAttrV11>(), 44);
-        assert_eq!(align_of::<NetAttrV11>(), 4);
-        assert_eq!(offset_of!(NetAttrV11, send_comm_attr), 0);
-        assert_eq!(offset_of!(NetAttrV11, recv_comm_attr), 16);
-        assert_eq!(offset_of!(NetAttrV11, op), 32);
-        assert_eq!(offset_of!(NetAttrV11, algo), 36);
-        assert_eq!(offset_of!(NetAttrV11, proto), 40);
-    }
-
-    /// `ncclNet_v11_t`.
-    #[test]
-    fn net_v11_layout() {
-        assert_eq!(size_of::<NetV11>(), 176);
-        assert_eq!(align_of::<NetV11>(), 8);
-        assert_eq!(offset_of!(NetV11, name), 0);
-        assert_eq!(offset_of!(NetV11, init), 8);
-        assert_eq!(offset_of!(NetV11, devices), 16);
-        assert_eq!(offset_of!(NetV11, get_properties), 24);
-        assert_eq!(offset_of!(NetV11, listen), 32);
-        assert_eq!(offset_of!(NetV11, connect), 40);
-        assert_eq!(offset_of!(NetV11, accept), 48);
-        assert_eq!(offset_of!(NetV11, reg_mr), 56);
-        assert_eq!(offset_of!(NetV11, reg_mr_dma_buf), 64);
-        assert_eq!(offset_of!(NetV11, dereg_mr), 72);
-        assert_eq!(offset_of!(NetV11, isend), 80);
-        assert_eq!(offset_of!(NetV11, irecv), 88);
-        assert_eq!(offset_of!(NetV11, iflush), 96);
-        assert_eq!(offset_of!(NetV11, test), 104);
-        assert_eq!(offset_of!(NetV11, close_send), 112);
-        assert_eq!(offset_of!(NetV11, close_recv), 120);
-        assert_eq!(offset_of!(NetV11, close_listen), 128);
-        assert_eq!(offset_of!(NetV11, get_device_mr), 136);
-        assert_eq!(offset_of!(NetV11, irecv_consumed), 144);
-        assert_eq!(offset_of!(NetV11, make_vdevice), 152);
-        assert_eq!(offset_of!(NetV11, finalize), 160);
-        assert_eq!(offset_of!(NetV11, set_net_attr), 168);
-    }
-
-    /// `ncclNetSGE_v11_t`.
-    #[test]
-    fn sge_v11_layout() {
-        assert_eq!(size_of::<SgeV11>(), 24);
-        assert_eq!(align_of::<SgeV11>(), 8);
-        assert_eq!(offset_of!(SgeV11, mhandle), 0);
-        assert_eq!(offset_of!(SgeV11, address), 8);
-        assert_eq!(offset_of!(SgeV11, size), 16);
-    }
-
-    /// `ncclCollNet_v11_t`.
-    #[test]
-    fn coll_net_v11_layout() {
-        assert_eq!(size_of::<CollNetV11>(), 152);
-        assert_eq!(align_of::<CollNetV11>(), 8);
-        assert_eq!(offset_of!(CollNetV11, name), 0);
-        assert_eq!(offset_of!(CollNetV11, init), 8);
-        assert_eq!(offset_of!(CollNetV11, devices), 16);
-        assert_eq!(offset_of!(CollNetV11, get_properties), 24);
-        assert_eq!(offset_of!(CollNetV11, listen), 32);
-        assert_eq!(offset_of!(CollNetV11, connect), 40);
-        assert_eq!(offset_of!(CollNetV11, reduce_support), 48);
-        assert_eq!(offset_of!(CollNetV11, reg_mr), 56);
-        assert_eq!(offset_of!(CollNetV11, reg_mr_dma_buf), 64);
-        assert_eq!(offset_of!(CollNetV11, dereg_mr), 72);
-        assert_eq!(offset_of!(CollNetV11, iallreduce), 80);
-        assert_eq!(offset_of!(CollNetV11, iallgather), 88);
-        assert_eq!(offset_of!(CollNetV11, ireducescatter), 96);
-        assert_eq!(offset_of!(CollNetV11, iflush), 104);
-        assert_eq!(offset_of!(CollNetV11, test), 112);
-        assert_eq!(offset_of!(CollNetV11, close_coll), 120);
-        assert_eq!(offset_of!(CollNetV11, close_listen), 128);
-        assert_eq!(offset_of!(CollNetV11, make_vdevice), 136);
-        assert_eq!(offset_of!(CollNetV11, finalize), 144);
+    fn layouts() {
+        assert_layout!(PropertiesV11, 112, 8, name @ 0, pci_path @ 8, guid @ 16,
+            ptr_support @ 24, reg_is_global @ 28, force_flush @ 32, speed @ 36, port @ 40,
+            latency @ 44, max_comms @ 48, max_recvs @ 52, net_device_type @ 56,
+            net_device_version @ 60, vprops @ 64, max_p2p_bytes @ 88, max_coll_bytes @ 96,
+            max_multi_request_size @ 104);
+        assert_layout!(NetV11, 176, 8, name @ 0, init @ 8, devices @ 16, get_properties @ 24,
+            listen @ 32, connect @ 40, accept @ 48, reg_mr @ 56, reg_mr_dma_buf @ 64,
+            dereg_mr @ 72, isend @ 80, irecv @ 88, iflush @ 96, test @ 104, close_send @ 112,
+            close_recv @ 120, close_listen @ 128, get_device_mr @ 136, irecv_consumed @ 144,
+            make_vdevice @ 152, finalize @ 160, set_net_attr @ 168);
     }
 }

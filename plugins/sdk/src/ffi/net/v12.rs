@@ -1,5 +1,7 @@
 //! `ncclNet_v12_t` and `ncclCollNet_v12_t` (NCCL 2.30 onwards; 2.28 does not
-//! know it). Frozen: a change makes a new version file.
+//! know it). Frozen: a change makes a new version file. The newest: the
+//! shape every older version converts to and from, and the one place each
+//! entry's contract is written down.
 //!
 //! Compared with v11: a virtual NIC may fuse 8 devices instead of 4, and
 //! properties gain the rail and plane of the device. The calls are those of
@@ -7,8 +9,11 @@
 
 use std::os::raw::{c_char, c_int, c_void};
 
-use super::{DeviceHandle, NetDeviceType};
-use crate::ffi::types::{DataType, Logger, NcclResult, ProfilerCallback, RedOp};
+use super::{
+    abi_common, as_newest, call, Abi, ConnectFn, DeviceHandle, InitFn, IrecvFn, IsendFn, ListenFn,
+    NetDeviceType,
+};
+use crate::ffi::types::{DataType, Logger, NcclResult, RedOp};
 
 /// Symbol of the network vtable ([`NetV12`]).
 pub const SYMBOL: &[u8] = b"ncclNetPlugin_v12\0";
@@ -149,15 +154,7 @@ pub struct NetV12 {
     /// `set_net_attr` and `finalize` receive. `config` holds the
     /// communicator's settings (traffic class); the logger and the profiler
     /// callback are as in v10. An error makes NCCL ignore the plugin.
-    pub init: Option<
-        unsafe extern "C" fn(
-            ctx: *mut *mut c_void,
-            comm_id: u64,
-            config: *mut CommConfigV12,
-            log_function: Logger,
-            prof_function: ProfilerCallback,
-        ) -> NcclResult,
-    >,
+    pub init: Option<InitFn>,
     /// Writes the number of devices; zero fails NCCL's init, so a plugin
     /// with no usable device should fail `init` instead.
     pub devices: Option<unsafe extern "C" fn(ndev: *mut c_int) -> NcclResult>,
@@ -168,28 +165,13 @@ pub struct NetV12 {
     /// `handle` (NCCL's buffer of `NCCL_NET_HANDLE_MAXSIZE` bytes) what the
     /// sender needs to connect. Must not block; on success `*listen_comm` is
     /// never NULL. `ctx` is the context from `init`.
-    pub listen: Option<
-        unsafe extern "C" fn(
-            ctx: *mut c_void,
-            dev: c_int,
-            handle: *mut c_void,
-            listen_comm: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
+    pub listen: Option<ListenFn>,
     /// Sender side: connects to the peer's `handle`. Must not block: success
     /// with `*send_comm == NULL` means "not yet", and NCCL calls again until
     /// it is set. When `*send_dev_comm` points to a handle, NCCL asks for
     /// device offload of this connection; a host-only plugin ignores it.
     /// `ctx` is the context from `init`.
-    pub connect: Option<
-        unsafe extern "C" fn(
-            ctx: *mut c_void,
-            dev: c_int,
-            handle: *mut c_void,
-            send_comm: *mut *mut c_void,
-            send_dev_comm: *mut *mut DeviceHandleV12,
-        ) -> NcclResult,
-    >,
+    pub connect: Option<ConnectFn>,
     /// Receiver side: completes a connection on `listen_comm`. Must not
     /// block: success with `*recv_comm == NULL` means "the sender has not
     /// connected yet", and NCCL calls again. `recv_dev_comm` as in `connect`.
@@ -234,33 +216,12 @@ pub struct NetV12 {
     /// `tag` picks the buffer of the peer's multi-receive. `phandle` is
     /// NCCL's profiler handle for this transfer, to pass to the profiler
     /// callback when reporting network-defined events.
-    pub isend: Option<
-        unsafe extern "C" fn(
-            send_comm: *mut c_void,
-            data: *mut c_void,
-            size: usize,
-            tag: c_int,
-            mhandle: *mut c_void,
-            phandle: *mut c_void,
-            request: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
+    pub isend: Option<IsendFn>,
     /// Posts `n` receive buffers (at most `max_recvs`) under one request.
     /// Must not block; `*request == NULL` means "retry later". A buffer may
     /// be larger than what is sent into it, never smaller. `phandles`: one
     /// profiler handle per buffer, as for `isend`.
-    pub irecv: Option<
-        unsafe extern "C" fn(
-            recv_comm: *mut c_void,
-            n: c_int,
-            data: *mut *mut c_void,
-            sizes: *mut usize,
-            tags: *mut c_int,
-            mhandles: *mut *mut c_void,
-            phandles: *mut *mut c_void,
-            request: *mut *mut c_void,
-        ) -> NcclResult,
-    >,
+    pub irecv: Option<IrecvFn>,
     /// After a receive into GPU memory completes, makes the data visible to
     /// the GPU. `*request == NULL` on success: nothing to wait for.
     pub iflush: Option<
@@ -484,146 +445,43 @@ pub struct CollNetV12 {
     pub finalize: Option<unsafe extern "C" fn(ctx: *mut c_void) -> NcclResult>,
 }
 
+// SAFETY: every method calls the entry of the same name with its arguments.
+unsafe impl Abi for NetV12 {
+    abi_common!(12);
+    as_newest!(init, listen, connect, accept, reg_mr, isend, irecv, finalize);
+    unsafe fn get_properties(&self, dev: c_int, props: *mut PropertiesV12) -> NcclResult {
+        call!(self.get_properties, dev, props)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::mem::{align_of, offset_of, size_of};
-
+    use super::super::assert_layout;
     use super::*;
 
-    // Every size, alignment and offset below was measured from NCCL's headers
-    // (2.30.7; 2.28.9 gives the same for the versions it has) by a C++
-    // program printing sizeof/alignof/offsetof, built with g++ 12 on x86_64
-    // Linux. A nested path (`detail.coll.func`) is the offset from the start
-    // of the outer struct, as offsetof gives it for an anonymous union.
-
-    /// `ncclNetVDeviceProps_v12_t`.
     #[test]
-    fn vdevice_props_v12_layout() {
-        assert_eq!(size_of::<VDevicePropsV12>(), 36);
-        assert_eq!(align_of::<VDevicePropsV12>(), 4);
-        assert_eq!(offset_of!(VDevicePropsV12, ndevs), 0);
-        assert_eq!(offset_of!(VDevicePropsV12, devs), 4);
-    }
-
-    /// `ncclNetCommConfig_v12_t`.
-    #[test]
-    fn comm_config_v12_layout() {
-        assert_eq!(size_of::<CommConfigV12>(), 4);
-        assert_eq!(align_of::<CommConfigV12>(), 4);
-        assert_eq!(offset_of!(CommConfigV12, traffic_class), 0);
-    }
-
-    /// `ncclNetProperties_v12_t`.
-    #[test]
-    fn properties_v12_layout() {
-        assert_eq!(size_of::<PropertiesV12>(), 128);
-        assert_eq!(align_of::<PropertiesV12>(), 8);
-        assert_eq!(offset_of!(PropertiesV12, name), 0);
-        assert_eq!(offset_of!(PropertiesV12, pci_path), 8);
-        assert_eq!(offset_of!(PropertiesV12, guid), 16);
-        assert_eq!(offset_of!(PropertiesV12, ptr_support), 24);
-        assert_eq!(offset_of!(PropertiesV12, reg_is_global), 28);
-        assert_eq!(offset_of!(PropertiesV12, force_flush), 32);
-        assert_eq!(offset_of!(PropertiesV12, speed), 36);
-        assert_eq!(offset_of!(PropertiesV12, port), 40);
-        assert_eq!(offset_of!(PropertiesV12, latency), 44);
-        assert_eq!(offset_of!(PropertiesV12, max_comms), 48);
-        assert_eq!(offset_of!(PropertiesV12, max_recvs), 52);
-        assert_eq!(offset_of!(PropertiesV12, net_device_type), 56);
-        assert_eq!(offset_of!(PropertiesV12, net_device_version), 60);
-        assert_eq!(offset_of!(PropertiesV12, vprops), 64);
-        assert_eq!(offset_of!(PropertiesV12, max_p2p_bytes), 104);
-        assert_eq!(offset_of!(PropertiesV12, max_coll_bytes), 112);
-        assert_eq!(offset_of!(PropertiesV12, max_multi_request_size), 120);
-        assert_eq!(offset_of!(PropertiesV12, rail_id), 124);
-        assert_eq!(offset_of!(PropertiesV12, plane_id), 126);
-    }
-
-    /// `ncclNetCommAttr_v12_t`.
-    #[test]
-    fn comm_attr_v12_layout() {
-        assert_eq!(size_of::<CommAttrV12>(), 16);
-        assert_eq!(align_of::<CommAttrV12>(), 4);
-        assert_eq!(offset_of!(CommAttrV12, max_concurrent_peers), 0);
-        assert_eq!(offset_of!(CommAttrV12, min_concurrent_peers), 4);
-        assert_eq!(offset_of!(CommAttrV12, max_flows_per_peer), 8);
-        assert_eq!(offset_of!(CommAttrV12, min_flows_per_peer), 12);
-    }
-
-    /// `ncclNetAttr_v12_t`.
-    #[test]
-    fn net_attr_v12_layout() {
-        assert_eq!(size_of::<NetAttrV12>(), 44);
-        assert_eq!(align_of::<NetAttrV12>(), 4);
-        assert_eq!(offset_of!(NetAttrV12, send_comm_attr), 0);
-        assert_eq!(offset_of!(NetAttrV12, recv_comm_attr), 16);
-        assert_eq!(offset_of!(NetAttrV12, op), 32);
-        assert_eq!(offset_of!(NetAttrV12, algo), 36);
-        assert_eq!(offset_of!(NetAttrV12, proto), 40);
-    }
-
-    /// `ncclNet_v12_t`.
-    #[test]
-    fn net_v12_layout() {
-        assert_eq!(size_of::<NetV12>(), 176);
-        assert_eq!(align_of::<NetV12>(), 8);
-        assert_eq!(offset_of!(NetV12, name), 0);
-        assert_eq!(offset_of!(NetV12, init), 8);
-        assert_eq!(offset_of!(NetV12, devices), 16);
-        assert_eq!(offset_of!(NetV12, get_properties), 24);
-        assert_eq!(offset_of!(NetV12, listen), 32);
-        assert_eq!(offset_of!(NetV12, connect), 40);
-        assert_eq!(offset_of!(NetV12, accept), 48);
-        assert_eq!(offset_of!(NetV12, reg_mr), 56);
-        assert_eq!(offset_of!(NetV12, reg_mr_dma_buf), 64);
-        assert_eq!(offset_of!(NetV12, dereg_mr), 72);
-        assert_eq!(offset_of!(NetV12, isend), 80);
-        assert_eq!(offset_of!(NetV12, irecv), 88);
-        assert_eq!(offset_of!(NetV12, iflush), 96);
-        assert_eq!(offset_of!(NetV12, test), 104);
-        assert_eq!(offset_of!(NetV12, close_send), 112);
-        assert_eq!(offset_of!(NetV12, close_recv), 120);
-        assert_eq!(offset_of!(NetV12, close_listen), 128);
-        assert_eq!(offset_of!(NetV12, get_device_mr), 136);
-        assert_eq!(offset_of!(NetV12, irecv_consumed), 144);
-        assert_eq!(offset_of!(NetV12, make_vdevice), 152);
-        assert_eq!(offset_of!(NetV12, finalize), 160);
-        assert_eq!(offset_of!(NetV12, set_net_attr), 168);
-    }
-
-    /// `ncclNetSGE_v12_t`.
-    #[test]
-    fn sge_v12_layout() {
-        assert_eq!(size_of::<SgeV12>(), 24);
-        assert_eq!(align_of::<SgeV12>(), 8);
-        assert_eq!(offset_of!(SgeV12, mhandle), 0);
-        assert_eq!(offset_of!(SgeV12, address), 8);
-        assert_eq!(offset_of!(SgeV12, size), 16);
-    }
-
-    /// `ncclCollNet_v12_t`.
-    #[test]
-    fn coll_net_v12_layout() {
-        assert_eq!(size_of::<CollNetV12>(), 152);
-        assert_eq!(align_of::<CollNetV12>(), 8);
-        assert_eq!(offset_of!(CollNetV12, name), 0);
-        assert_eq!(offset_of!(CollNetV12, init), 8);
-        assert_eq!(offset_of!(CollNetV12, devices), 16);
-        assert_eq!(offset_of!(CollNetV12, get_properties), 24);
-        assert_eq!(offset_of!(CollNetV12, listen), 32);
-        assert_eq!(offset_of!(CollNetV12, connect), 40);
-        assert_eq!(offset_of!(CollNetV12, reduce_support), 48);
-        assert_eq!(offset_of!(CollNetV12, reg_mr), 56);
-        assert_eq!(offset_of!(CollNetV12, reg_mr_dma_buf), 64);
-        assert_eq!(offset_of!(CollNetV12, dereg_mr), 72);
-        assert_eq!(offset_of!(CollNetV12, iallreduce), 80);
-        assert_eq!(offset_of!(CollNetV12, iallgather), 88);
-        assert_eq!(offset_of!(CollNetV12, ireducescatter), 96);
-        assert_eq!(offset_of!(CollNetV12, iflush), 104);
-        assert_eq!(offset_of!(CollNetV12, test), 112);
-        assert_eq!(offset_of!(CollNetV12, close_coll), 120);
-        assert_eq!(offset_of!(CollNetV12, close_listen), 128);
-        assert_eq!(offset_of!(CollNetV12, make_vdevice), 136);
-        assert_eq!(offset_of!(CollNetV12, finalize), 144);
+    fn layouts() {
+        assert_layout!(VDevicePropsV12, 36, 4, ndevs @ 0, devs @ 4);
+        assert_layout!(CommConfigV12, 4, 4, traffic_class @ 0);
+        assert_layout!(PropertiesV12, 128, 8, name @ 0, pci_path @ 8, guid @ 16,
+            ptr_support @ 24, reg_is_global @ 28, force_flush @ 32, speed @ 36, port @ 40,
+            latency @ 44, max_comms @ 48, max_recvs @ 52, net_device_type @ 56,
+            net_device_version @ 60, vprops @ 64, max_p2p_bytes @ 104, max_coll_bytes @ 112,
+            max_multi_request_size @ 120, rail_id @ 124, plane_id @ 126);
+        assert_layout!(CommAttrV12, 16, 4, max_concurrent_peers @ 0, min_concurrent_peers @ 4,
+            max_flows_per_peer @ 8, min_flows_per_peer @ 12);
+        assert_layout!(NetAttrV12, 44, 4, send_comm_attr @ 0, recv_comm_attr @ 16, op @ 32,
+            algo @ 36, proto @ 40);
+        assert_layout!(NetV12, 176, 8, name @ 0, init @ 8, devices @ 16, get_properties @ 24,
+            listen @ 32, connect @ 40, accept @ 48, reg_mr @ 56, reg_mr_dma_buf @ 64,
+            dereg_mr @ 72, isend @ 80, irecv @ 88, iflush @ 96, test @ 104, close_send @ 112,
+            close_recv @ 120, close_listen @ 128, get_device_mr @ 136, irecv_consumed @ 144,
+            make_vdevice @ 152, finalize @ 160, set_net_attr @ 168);
+        assert_layout!(SgeV12, 24, 8, mhandle @ 0, address @ 8, size @ 16);
+        assert_layout!(CollNetV12, 152, 8, name @ 0, init @ 8, devices @ 16,
+            get_properties @ 24, listen @ 32, connect @ 40, reduce_support @ 48, reg_mr @ 56,
+            reg_mr_dma_buf @ 64, dereg_mr @ 72, iallreduce @ 80, iallgather @ 88,
+            ireducescatter @ 96, iflush @ 104, test @ 112, close_coll @ 120,
+            close_listen @ 128, make_vdevice @ 136, finalize @ 144);
     }
 }

@@ -23,7 +23,9 @@
 //! - only `init` may fail (NCCL then disables the plugin); every other call
 //!   should return success.
 
-use std::os::raw::c_int;
+use std::os::raw::{c_char, c_int, c_void};
+
+use crate::ffi::types::{Logger, NcclResult};
 
 pub mod net_ib_v1;
 pub mod net_socket_v1;
@@ -127,6 +129,75 @@ pub const NCCL_PROFILER_NET_TYPE_MASK: u32 = !0u32 << NCCL_PROFILER_NET_VER_BITS
 pub const NCCL_PROFILER_NET_TYPE_IB: u32 = 1 << NCCL_PROFILER_NET_VER_BITS;
 /// Type part: NCCL's socket plugin ([`net_socket_v1`]).
 pub const NCCL_PROFILER_NET_TYPE_SOCK: u32 = 2 << NCCL_PROFILER_NET_VER_BITS;
+
+/// The vtable of every version: `name` (for logs), then these entries,
+/// `init` being the one that changes between versions ([`InitV1Fn`],
+/// [`InitV4Fn`], [`InitV5Fn`]); `D` and `A` are the version's descriptor
+/// and state-argument types.
+macro_rules! vtable {
+    ($(#[$m:meta])* $name:ident, $init:ty, $descr:ty, $args:ty) => {
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(Debug, Clone, Copy)]
+        pub struct $name {
+            pub name: *const std::os::raw::c_char,
+            pub init: Option<$init>,
+            pub start_event: Option<$crate::ffi::profiler::StartEventFn<$descr>>,
+            pub stop_event: Option<$crate::ffi::profiler::StopEventFn>,
+            pub record_event_state: Option<$crate::ffi::profiler::RecordEventStateFn<$args>>,
+            pub finalize: Option<$crate::ffi::profiler::FinalizeFn>,
+        }
+    };
+}
+pub(crate) use vtable;
+
+/// `init` of v1 to v3: writes the plugin's context into `*context` and the
+/// `NCCL_PROFILE_*` bits it wants into `*e_activation_mask`, for every
+/// communicator. An error disables the plugin.
+pub type InitV1Fn =
+    unsafe extern "C" fn(context: *mut *mut c_void, e_activation_mask: *mut c_int) -> NcclResult;
+/// `init` of v4: v1's, told the communicator (name, hash, node count, size,
+/// the caller's rank) and given NCCL's logger.
+pub type InitV4Fn = unsafe extern "C" fn(
+    context: *mut *mut c_void,
+    e_activation_mask: *mut c_int,
+    comm_name: *const c_char,
+    comm_hash: u64,
+    n_nodes: c_int,
+    nranks: c_int,
+    rank: c_int,
+    logfn: Logger,
+) -> NcclResult;
+/// `init` of v5 and v6: v4's with the communicator's id first and no hash.
+pub type InitV5Fn = unsafe extern "C" fn(
+    context: *mut *mut c_void,
+    comm_id: u64,
+    e_activation_mask: *mut c_int,
+    comm_name: *const c_char,
+    n_nodes: c_int,
+    nranks: c_int,
+    rank: c_int,
+    logfn: Logger,
+) -> NcclResult;
+/// `startEvent`: writes a handle into `*e_handle`, or NULL to leave the
+/// event untracked. `e_descr` is valid only during the call.
+pub type StartEventFn<D> = unsafe extern "C" fn(
+    context: *mut c_void,
+    e_handle: *mut *mut c_void,
+    e_descr: *mut D,
+) -> NcclResult;
+/// `stopEvent`: ends an event; its handle is not used again.
+pub type StopEventFn = unsafe extern "C" fn(e_handle: *mut c_void) -> NcclResult;
+/// `recordEventState`: a state change of an event, with the attributes it
+/// updates (`e_state_args` may be NULL).
+pub type RecordEventStateFn<A> = unsafe extern "C" fn(
+    e_handle: *mut c_void,
+    e_state: EventState,
+    e_state_args: *mut A,
+) -> NcclResult;
+/// `finalize`: frees the context made by `init`, when its communicator is
+/// destroyed.
+pub type FinalizeFn = unsafe extern "C" fn(context: *mut c_void) -> NcclResult;
 
 #[cfg(test)]
 mod symbol_tests {

@@ -45,7 +45,7 @@ pub struct NetIbQpDescrV1 {
 
 #[cfg(test)]
 mod tests {
-    use std::mem::{align_of, offset_of, size_of};
+    use crate::ffi::assert_layout;
 
     use super::*;
 
@@ -58,14 +58,8 @@ mod tests {
     /// `ncclProfilerNetIbDescr_v1_t`.
     #[test]
     fn net_ib_descr_v1_layout() {
-        assert_eq!(size_of::<NetIbDescrV1>(), 40);
-        assert_eq!(align_of::<NetIbDescrV1>(), 8);
-        assert_eq!(offset_of!(NetIbDescrV1, ty), 0);
-        assert_eq!(offset_of!(NetIbDescrV1, detail.qp), 8);
-        assert_eq!(offset_of!(NetIbDescrV1, detail.qp.device), 8);
-        assert_eq!(offset_of!(NetIbDescrV1, detail.qp.wr_id), 16);
-        assert_eq!(offset_of!(NetIbDescrV1, detail.qp.opcode), 24);
-        assert_eq!(offset_of!(NetIbDescrV1, detail.qp.qp_num), 28);
-        assert_eq!(offset_of!(NetIbDescrV1, detail.qp.length), 32);
+        assert_layout!(NetIbDescrV1, 40, 8, ty @ 0, detail.qp @ 8, detail.qp.device @ 8,
+            detail.qp.wr_id @ 16, detail.qp.opcode @ 24, detail.qp.qp_num @ 28,
+            detail.qp.length @ 32);
     }
 }

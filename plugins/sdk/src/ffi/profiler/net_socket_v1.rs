@@ -41,7 +41,7 @@ pub struct NetSockOpDescrV1 {
 
 #[cfg(test)]
 mod tests {
-    use std::mem::{align_of, offset_of, size_of};
+    use crate::ffi::assert_layout;
 
     use super::*;
 
@@ -54,12 +54,7 @@ mod tests {
     /// `ncclProfilerNetSockDescr_v1_t`.
     #[test]
     fn net_sock_descr_v1_layout() {
-        assert_eq!(size_of::<NetSockDescrV1>(), 24);
-        assert_eq!(align_of::<NetSockDescrV1>(), 8);
-        assert_eq!(offset_of!(NetSockDescrV1, ty), 0);
-        assert_eq!(offset_of!(NetSockDescrV1, detail.sock), 8);
-        assert_eq!(offset_of!(NetSockDescrV1, detail.sock.fd), 8);
-        assert_eq!(offset_of!(NetSockDescrV1, detail.sock.op), 12);
-        assert_eq!(offset_of!(NetSockDescrV1, detail.sock.length), 16);
+        assert_layout!(NetSockDescrV1, 24, 8, ty @ 0, detail.sock @ 8, detail.sock.fd @ 8,
+            detail.sock.op @ 12, detail.sock.length @ 16);
     }
 }

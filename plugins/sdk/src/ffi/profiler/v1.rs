@@ -6,8 +6,8 @@
 
 use std::os::raw::{c_char, c_int, c_void};
 
-use super::EventState;
-use crate::ffi::types::{NcclResult, Pid};
+use super::{vtable, InitV1Fn};
+use crate::ffi::types::Pid;
 
 /// Symbol of the vtable ([`ProfilerV1`]).
 pub const SYMBOL: &[u8] = b"ncclProfiler_v1\0";
@@ -137,48 +137,17 @@ pub struct ProxyCtrlStateV1 {
     pub appended_proxy_ops: c_int,
 }
 
-/// `ncclProfiler_v1_t`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct ProfilerV1 {
-    /// Profiler name, for logs.
-    pub name: *const c_char,
-    /// Called for every communicator: writes the plugin's context into
-    /// `*context` and the `NCCL_PROFILE_*` bits it wants into
-    /// `*e_activation_mask`. An error disables the plugin.
-    pub init: Option<
-        unsafe extern "C" fn(
-            context: *mut *mut c_void,
-            e_activation_mask: *mut c_int,
-        ) -> NcclResult,
-    >,
-    /// Starts an event: writes a handle into `*e_handle`, or NULL to leave
-    /// the event untracked. `e_descr` is valid only during the call.
-    pub start_event: Option<
-        unsafe extern "C" fn(
-            context: *mut c_void,
-            e_handle: *mut *mut c_void,
-            e_descr: *mut EventDescrV1,
-        ) -> NcclResult,
-    >,
-    /// Ends an event; its handle is not used again.
-    pub stop_event: Option<unsafe extern "C" fn(e_handle: *mut c_void) -> NcclResult>,
-    /// Records a state change of an event, with the attributes it updates
-    /// (`e_state_args` may be NULL).
-    pub record_event_state: Option<
-        unsafe extern "C" fn(
-            e_handle: *mut c_void,
-            e_state: EventState,
-            e_state_args: *mut EventStateArgsV1,
-        ) -> NcclResult,
-    >,
-    /// Frees the context made by `init`, when its communicator is destroyed.
-    pub finalize: Option<unsafe extern "C" fn(context: *mut c_void) -> NcclResult>,
-}
+vtable!(
+    /// `ncclProfiler_v1_t`.
+    ProfilerV1,
+    InitV1Fn,
+    EventDescrV1,
+    EventStateArgsV1
+);
 
 #[cfg(test)]
 mod tests {
-    use std::mem::{align_of, offset_of, size_of};
+    use crate::ffi::assert_layout;
 
     use super::*;
 
@@ -191,73 +160,32 @@ mod tests {
     /// `ncclProfilerEventDescr_v1_t`.
     #[test]
     fn event_descr_v1_layout() {
-        assert_eq!(size_of::<EventDescrV1>(), 120);
-        assert_eq!(align_of::<EventDescrV1>(), 8);
-        assert_eq!(offset_of!(EventDescrV1, ty), 0);
-        assert_eq!(offset_of!(EventDescrV1, parent_obj), 8);
-        assert_eq!(offset_of!(EventDescrV1, rank), 16);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll), 24);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.name), 24);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.comm_hash), 32);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.seq_number), 40);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.func), 48);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.send_buff), 56);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.recv_buff), 64);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.count), 72);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.root), 80);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.datatype), 84);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.op), 88);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.traffic_bytes), 96);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.n_max_channels), 104);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.n_warps), 105);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.algo), 106);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.proto), 107);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.is_collnet), 108);
-        assert_eq!(offset_of!(EventDescrV1, detail.coll.is_nvls), 112);
-        assert_eq!(offset_of!(EventDescrV1, detail.p2p), 24);
-        assert_eq!(offset_of!(EventDescrV1, detail.p2p.name), 24);
-        assert_eq!(offset_of!(EventDescrV1, detail.p2p.comm_hash), 32);
-        assert_eq!(offset_of!(EventDescrV1, detail.p2p.func), 40);
-        assert_eq!(offset_of!(EventDescrV1, detail.p2p.buff), 48);
-        assert_eq!(offset_of!(EventDescrV1, detail.p2p.datatype), 56);
-        assert_eq!(offset_of!(EventDescrV1, detail.p2p.count), 64);
-        assert_eq!(offset_of!(EventDescrV1, detail.p2p.peer), 72);
-        assert_eq!(offset_of!(EventDescrV1, detail.proxy_op), 24);
-        assert_eq!(offset_of!(EventDescrV1, detail.proxy_op.pid), 24);
-        assert_eq!(offset_of!(EventDescrV1, detail.proxy_op.channel_id), 28);
-        assert_eq!(offset_of!(EventDescrV1, detail.proxy_op.peer), 32);
-        assert_eq!(offset_of!(EventDescrV1, detail.proxy_op.n_steps), 36);
-        assert_eq!(offset_of!(EventDescrV1, detail.proxy_op.chunk_size), 40);
-        assert_eq!(offset_of!(EventDescrV1, detail.proxy_op.is_send), 44);
-        assert_eq!(offset_of!(EventDescrV1, detail.proxy_step), 24);
-        assert_eq!(offset_of!(EventDescrV1, detail.proxy_step.step), 24);
+        assert_layout!(EventDescrV1, 120, 8, ty @ 0, parent_obj @ 8, rank @ 16, detail.coll @ 24,
+            detail.coll.name @ 24, detail.coll.comm_hash @ 32, detail.coll.seq_number @ 40,
+            detail.coll.func @ 48, detail.coll.send_buff @ 56, detail.coll.recv_buff @ 64,
+            detail.coll.count @ 72, detail.coll.root @ 80, detail.coll.datatype @ 84,
+            detail.coll.op @ 88, detail.coll.traffic_bytes @ 96, detail.coll.n_max_channels @ 104,
+            detail.coll.n_warps @ 105, detail.coll.algo @ 106, detail.coll.proto @ 107,
+            detail.coll.is_collnet @ 108, detail.coll.is_nvls @ 112, detail.p2p @ 24,
+            detail.p2p.name @ 24, detail.p2p.comm_hash @ 32, detail.p2p.func @ 40,
+            detail.p2p.buff @ 48, detail.p2p.datatype @ 56, detail.p2p.count @ 64,
+            detail.p2p.peer @ 72, detail.proxy_op @ 24, detail.proxy_op.pid @ 24,
+            detail.proxy_op.channel_id @ 28, detail.proxy_op.peer @ 32,
+            detail.proxy_op.n_steps @ 36, detail.proxy_op.chunk_size @ 40,
+            detail.proxy_op.is_send @ 44, detail.proxy_step @ 24, detail.proxy_step.step @ 24);
     }
 
     /// `ncclProfilerEventStateArgs_v1_t`.
     #[test]
     fn event_state_args_v1_layout() {
-        assert_eq!(size_of::<EventStateArgsV1>(), 16);
-        assert_eq!(align_of::<EventStateArgsV1>(), 8);
-        assert_eq!(offset_of!(EventStateArgsV1, proxy_op), 0);
-        assert_eq!(offset_of!(EventStateArgsV1, proxy_op.trans_size), 0);
-        assert_eq!(offset_of!(EventStateArgsV1, proxy_op.steps), 8);
-        assert_eq!(offset_of!(EventStateArgsV1, proxy_ctrl), 0);
-        assert_eq!(
-            offset_of!(EventStateArgsV1, proxy_ctrl.appended_proxy_ops),
-            0
-        );
+        assert_layout!(EventStateArgsV1, 16, 8, proxy_op @ 0, proxy_op.trans_size @ 0,
+            proxy_op.steps @ 8, proxy_ctrl @ 0, proxy_ctrl.appended_proxy_ops @ 0);
     }
 
     /// `ncclProfiler_v1_t`.
     #[test]
     fn profiler_v1_layout() {
-        assert_eq!(size_of::<ProfilerV1>(), 48);
-        assert_eq!(align_of::<ProfilerV1>(), 8);
-        assert_eq!(offset_of!(ProfilerV1, name), 0);
-        assert_eq!(offset_of!(ProfilerV1, init), 8);
-        assert_eq!(offset_of!(ProfilerV1, start_event), 16);
-        assert_eq!(offset_of!(ProfilerV1, stop_event), 24);
-        assert_eq!(offset_of!(ProfilerV1, record_event_state), 32);
-        assert_eq!(offset_of!(ProfilerV1, finalize), 40);
+        assert_layout!(ProfilerV1, 48, 8, name @ 0, init @ 8, start_event @ 16, stop_event @ 24,
+            record_event_state @ 32, finalize @ 40);
     }
 }

@@ -6,8 +6,8 @@
 
 use std::os::raw::{c_char, c_int, c_void};
 
-use super::EventState;
-use crate::ffi::types::{NcclResult, Pid};
+use super::{vtable, InitV1Fn};
+use crate::ffi::types::Pid;
 
 /// Symbol of the vtable ([`ProfilerV3`]).
 pub const SYMBOL: &[u8] = b"ncclProfiler_v3\0";
@@ -152,48 +152,17 @@ pub struct ProxyCtrlStateV3 {
     pub appended_proxy_ops: c_int,
 }
 
-/// `ncclProfiler_v3_t`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct ProfilerV3 {
-    /// Profiler name, for logs.
-    pub name: *const c_char,
-    /// Called for every communicator: writes the plugin's context into
-    /// `*context` and the `NCCL_PROFILE_*` bits it wants into
-    /// `*e_activation_mask`. An error disables the plugin.
-    pub init: Option<
-        unsafe extern "C" fn(
-            context: *mut *mut c_void,
-            e_activation_mask: *mut c_int,
-        ) -> NcclResult,
-    >,
-    /// Starts an event: writes a handle into `*e_handle`, or NULL to leave
-    /// the event untracked. `e_descr` is valid only during the call.
-    pub start_event: Option<
-        unsafe extern "C" fn(
-            context: *mut c_void,
-            e_handle: *mut *mut c_void,
-            e_descr: *mut EventDescrV3,
-        ) -> NcclResult,
-    >,
-    /// Ends an event; its handle is not used again.
-    pub stop_event: Option<unsafe extern "C" fn(e_handle: *mut c_void) -> NcclResult>,
-    /// Records a state change of an event, with the attributes it updates
-    /// (`e_state_args` may be NULL).
-    pub record_event_state: Option<
-        unsafe extern "C" fn(
-            e_handle: *mut c_void,
-            e_state: EventState,
-            e_state_args: *mut EventStateArgsV3,
-        ) -> NcclResult,
-    >,
-    /// Frees the context made by `init`, when its communicator is destroyed.
-    pub finalize: Option<unsafe extern "C" fn(context: *mut c_void) -> NcclResult>,
-}
+vtable!(
+    /// `ncclProfiler_v3_t`.
+    ProfilerV3,
+    InitV1Fn,
+    EventDescrV3,
+    EventStateArgsV3
+);
 
 #[cfg(test)]
 mod tests {
-    use std::mem::{align_of, offset_of, size_of};
+    use crate::ffi::assert_layout;
 
     use super::*;
 
@@ -206,74 +175,32 @@ mod tests {
     /// `ncclProfilerEventDescr_v3_t`.
     #[test]
     fn event_descr_v3_layout() {
-        assert_eq!(size_of::<EventDescrV3>(), 120);
-        assert_eq!(align_of::<EventDescrV3>(), 8);
-        assert_eq!(offset_of!(EventDescrV3, ty), 0);
-        assert_eq!(offset_of!(EventDescrV3, parent_obj), 8);
-        assert_eq!(offset_of!(EventDescrV3, rank), 16);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll), 24);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll.name), 24);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll.comm_hash), 32);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll.seq_number), 40);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll.func), 48);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll.send_buff), 56);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll.recv_buff), 64);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll.count), 72);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll.root), 80);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll.datatype), 88);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll.n_max_channels), 96);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll.n_warps), 97);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll.algo), 104);
-        assert_eq!(offset_of!(EventDescrV3, detail.coll.proto), 112);
-        assert_eq!(offset_of!(EventDescrV3, detail.p2p), 24);
-        assert_eq!(offset_of!(EventDescrV3, detail.p2p.name), 24);
-        assert_eq!(offset_of!(EventDescrV3, detail.p2p.comm_hash), 32);
-        assert_eq!(offset_of!(EventDescrV3, detail.p2p.func), 40);
-        assert_eq!(offset_of!(EventDescrV3, detail.p2p.buff), 48);
-        assert_eq!(offset_of!(EventDescrV3, detail.p2p.datatype), 56);
-        assert_eq!(offset_of!(EventDescrV3, detail.p2p.count), 64);
-        assert_eq!(offset_of!(EventDescrV3, detail.p2p.peer), 72);
-        assert_eq!(offset_of!(EventDescrV3, detail.proxy_op), 24);
-        assert_eq!(offset_of!(EventDescrV3, detail.proxy_op.pid), 24);
-        assert_eq!(offset_of!(EventDescrV3, detail.proxy_op.channel_id), 28);
-        assert_eq!(offset_of!(EventDescrV3, detail.proxy_op.peer), 32);
-        assert_eq!(offset_of!(EventDescrV3, detail.proxy_op.n_steps), 36);
-        assert_eq!(offset_of!(EventDescrV3, detail.proxy_op.chunk_size), 40);
-        assert_eq!(offset_of!(EventDescrV3, detail.proxy_op.is_send), 44);
-        assert_eq!(offset_of!(EventDescrV3, detail.proxy_step), 24);
-        assert_eq!(offset_of!(EventDescrV3, detail.proxy_step.step), 24);
-        assert_eq!(offset_of!(EventDescrV3, detail.kernel_ch), 24);
-        assert_eq!(offset_of!(EventDescrV3, detail.kernel_ch.channel_id), 24);
-        assert_eq!(offset_of!(EventDescrV3, detail.net_plugin), 24);
-        assert_eq!(offset_of!(EventDescrV3, detail.net_plugin.id), 24);
-        assert_eq!(offset_of!(EventDescrV3, detail.net_plugin.data), 32);
+        assert_layout!(EventDescrV3, 120, 8, ty @ 0, parent_obj @ 8, rank @ 16, detail.coll @ 24,
+            detail.coll.name @ 24, detail.coll.comm_hash @ 32, detail.coll.seq_number @ 40,
+            detail.coll.func @ 48, detail.coll.send_buff @ 56, detail.coll.recv_buff @ 64,
+            detail.coll.count @ 72, detail.coll.root @ 80, detail.coll.datatype @ 88,
+            detail.coll.n_max_channels @ 96, detail.coll.n_warps @ 97, detail.coll.algo @ 104,
+            detail.coll.proto @ 112, detail.p2p @ 24, detail.p2p.name @ 24,
+            detail.p2p.comm_hash @ 32, detail.p2p.func @ 40, detail.p2p.buff @ 48,
+            detail.p2p.datatype @ 56, detail.p2p.count @ 64, detail.p2p.peer @ 72,
+            detail.proxy_op @ 24, detail.proxy_op.pid @ 24, detail.proxy_op.channel_id @ 28,
+            detail.proxy_op.peer @ 32, detail.proxy_op.n_steps @ 36,
+            detail.proxy_op.chunk_size @ 40, detail.proxy_op.is_send @ 44, detail.proxy_step @ 24,
+            detail.proxy_step.step @ 24, detail.kernel_ch @ 24, detail.kernel_ch.channel_id @ 24,
+            detail.net_plugin @ 24, detail.net_plugin.id @ 24, detail.net_plugin.data @ 32);
     }
 
     /// `ncclProfilerEventStateArgs_v3_t`.
     #[test]
     fn event_state_args_v3_layout() {
-        assert_eq!(size_of::<EventStateArgsV3>(), 16);
-        assert_eq!(align_of::<EventStateArgsV3>(), 8);
-        assert_eq!(offset_of!(EventStateArgsV3, proxy_op), 0);
-        assert_eq!(offset_of!(EventStateArgsV3, proxy_op.trans_size), 0);
-        assert_eq!(offset_of!(EventStateArgsV3, proxy_op.steps), 8);
-        assert_eq!(offset_of!(EventStateArgsV3, proxy_ctrl), 0);
-        assert_eq!(
-            offset_of!(EventStateArgsV3, proxy_ctrl.appended_proxy_ops),
-            0
-        );
+        assert_layout!(EventStateArgsV3, 16, 8, proxy_op @ 0, proxy_op.trans_size @ 0,
+            proxy_op.steps @ 8, proxy_ctrl @ 0, proxy_ctrl.appended_proxy_ops @ 0);
     }
 
     /// `ncclProfiler_v3_t`.
     #[test]
     fn profiler_v3_layout() {
-        assert_eq!(size_of::<ProfilerV3>(), 48);
-        assert_eq!(align_of::<ProfilerV3>(), 8);
-        assert_eq!(offset_of!(ProfilerV3, name), 0);
-        assert_eq!(offset_of!(ProfilerV3, init), 8);
-        assert_eq!(offset_of!(ProfilerV3, start_event), 16);
-        assert_eq!(offset_of!(ProfilerV3, stop_event), 24);
-        assert_eq!(offset_of!(ProfilerV3, record_event_state), 32);
-        assert_eq!(offset_of!(ProfilerV3, finalize), 40);
+        assert_layout!(ProfilerV3, 48, 8, name @ 0, init @ 8, start_event @ 16, stop_event @ 24,
+            record_event_state @ 32, finalize @ 40);
     }
 }

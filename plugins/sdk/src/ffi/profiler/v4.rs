@@ -8,8 +8,8 @@
 
 use std::os::raw::{c_char, c_int, c_void};
 
-use super::EventState;
-use crate::ffi::types::{Logger, NcclResult, Pid};
+use super::{vtable, InitV4Fn};
+use crate::ffi::types::Pid;
 
 /// Symbol of the vtable ([`ProfilerV4`]).
 pub const SYMBOL: &[u8] = b"ncclProfiler_v4\0";
@@ -168,55 +168,17 @@ pub struct KernelChStateV4 {
     pub p_timer: u64,
 }
 
-/// `ncclProfiler_v4_t`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct ProfilerV4 {
-    /// Profiler name, for logs.
-    pub name: *const c_char,
-    /// Called for every communicator (its name, hash, node count, size and
-    /// the caller's rank) with NCCL's logger: writes the plugin's context
-    /// into `*context` and the `NCCL_PROFILE_*` bits it wants into
-    /// `*e_activation_mask`. An error disables the plugin.
-    pub init: Option<
-        unsafe extern "C" fn(
-            context: *mut *mut c_void,
-            e_activation_mask: *mut c_int,
-            comm_name: *const c_char,
-            comm_hash: u64,
-            n_nodes: c_int,
-            nranks: c_int,
-            rank: c_int,
-            logfn: Logger,
-        ) -> NcclResult,
-    >,
-    /// Starts an event: writes a handle into `*e_handle`, or NULL to leave
-    /// the event untracked. `e_descr` is valid only during the call.
-    pub start_event: Option<
-        unsafe extern "C" fn(
-            context: *mut c_void,
-            e_handle: *mut *mut c_void,
-            e_descr: *mut EventDescrV4,
-        ) -> NcclResult,
-    >,
-    /// Ends an event; its handle is not used again.
-    pub stop_event: Option<unsafe extern "C" fn(e_handle: *mut c_void) -> NcclResult>,
-    /// Records a state change of an event, with the attributes it updates
-    /// (`e_state_args` may be NULL).
-    pub record_event_state: Option<
-        unsafe extern "C" fn(
-            e_handle: *mut c_void,
-            e_state: EventState,
-            e_state_args: *mut EventStateArgsV4,
-        ) -> NcclResult,
-    >,
-    /// Frees the context made by `init`, when its communicator is destroyed.
-    pub finalize: Option<unsafe extern "C" fn(context: *mut c_void) -> NcclResult>,
-}
+vtable!(
+    /// `ncclProfiler_v4_t`.
+    ProfilerV4,
+    InitV4Fn,
+    EventDescrV4,
+    EventStateArgsV4
+);
 
 #[cfg(test)]
 mod tests {
-    use std::mem::{align_of, offset_of, size_of};
+    use crate::ffi::assert_layout;
 
     use super::*;
 
@@ -229,75 +191,32 @@ mod tests {
     /// `ncclProfilerEventDescr_v4_t`.
     #[test]
     fn event_descr_v4_layout() {
-        assert_eq!(size_of::<EventDescrV4>(), 104);
-        assert_eq!(align_of::<EventDescrV4>(), 8);
-        assert_eq!(offset_of!(EventDescrV4, ty), 0);
-        assert_eq!(offset_of!(EventDescrV4, parent_obj), 8);
-        assert_eq!(offset_of!(EventDescrV4, rank), 16);
-        assert_eq!(offset_of!(EventDescrV4, detail.coll), 24);
-        assert_eq!(offset_of!(EventDescrV4, detail.coll.seq_number), 24);
-        assert_eq!(offset_of!(EventDescrV4, detail.coll.func), 32);
-        assert_eq!(offset_of!(EventDescrV4, detail.coll.send_buff), 40);
-        assert_eq!(offset_of!(EventDescrV4, detail.coll.recv_buff), 48);
-        assert_eq!(offset_of!(EventDescrV4, detail.coll.count), 56);
-        assert_eq!(offset_of!(EventDescrV4, detail.coll.root), 64);
-        assert_eq!(offset_of!(EventDescrV4, detail.coll.datatype), 72);
-        assert_eq!(offset_of!(EventDescrV4, detail.coll.n_channels), 80);
-        assert_eq!(offset_of!(EventDescrV4, detail.coll.n_warps), 81);
-        assert_eq!(offset_of!(EventDescrV4, detail.coll.algo), 88);
-        assert_eq!(offset_of!(EventDescrV4, detail.coll.proto), 96);
-        assert_eq!(offset_of!(EventDescrV4, detail.p2p), 24);
-        assert_eq!(offset_of!(EventDescrV4, detail.p2p.func), 24);
-        assert_eq!(offset_of!(EventDescrV4, detail.p2p.buff), 32);
-        assert_eq!(offset_of!(EventDescrV4, detail.p2p.datatype), 40);
-        assert_eq!(offset_of!(EventDescrV4, detail.p2p.count), 48);
-        assert_eq!(offset_of!(EventDescrV4, detail.p2p.peer), 56);
-        assert_eq!(offset_of!(EventDescrV4, detail.p2p.n_channels), 60);
-        assert_eq!(offset_of!(EventDescrV4, detail.proxy_op), 24);
-        assert_eq!(offset_of!(EventDescrV4, detail.proxy_op.pid), 24);
-        assert_eq!(offset_of!(EventDescrV4, detail.proxy_op.channel_id), 28);
-        assert_eq!(offset_of!(EventDescrV4, detail.proxy_op.peer), 32);
-        assert_eq!(offset_of!(EventDescrV4, detail.proxy_op.n_steps), 36);
-        assert_eq!(offset_of!(EventDescrV4, detail.proxy_op.chunk_size), 40);
-        assert_eq!(offset_of!(EventDescrV4, detail.proxy_op.is_send), 44);
-        assert_eq!(offset_of!(EventDescrV4, detail.proxy_step), 24);
-        assert_eq!(offset_of!(EventDescrV4, detail.proxy_step.step), 24);
-        assert_eq!(offset_of!(EventDescrV4, detail.kernel_ch), 24);
-        assert_eq!(offset_of!(EventDescrV4, detail.kernel_ch.channel_id), 24);
-        assert_eq!(offset_of!(EventDescrV4, detail.kernel_ch.p_timer), 32);
-        assert_eq!(offset_of!(EventDescrV4, detail.net_plugin), 24);
-        assert_eq!(offset_of!(EventDescrV4, detail.net_plugin.id), 24);
-        assert_eq!(offset_of!(EventDescrV4, detail.net_plugin.data), 32);
+        assert_layout!(EventDescrV4, 104, 8, ty @ 0, parent_obj @ 8, rank @ 16, detail.coll @ 24,
+            detail.coll.seq_number @ 24, detail.coll.func @ 32, detail.coll.send_buff @ 40,
+            detail.coll.recv_buff @ 48, detail.coll.count @ 56, detail.coll.root @ 64,
+            detail.coll.datatype @ 72, detail.coll.n_channels @ 80, detail.coll.n_warps @ 81,
+            detail.coll.algo @ 88, detail.coll.proto @ 96, detail.p2p @ 24, detail.p2p.func @ 24,
+            detail.p2p.buff @ 32, detail.p2p.datatype @ 40, detail.p2p.count @ 48,
+            detail.p2p.peer @ 56, detail.p2p.n_channels @ 60, detail.proxy_op @ 24,
+            detail.proxy_op.pid @ 24, detail.proxy_op.channel_id @ 28, detail.proxy_op.peer @ 32,
+            detail.proxy_op.n_steps @ 36, detail.proxy_op.chunk_size @ 40,
+            detail.proxy_op.is_send @ 44, detail.proxy_step @ 24, detail.proxy_step.step @ 24,
+            detail.kernel_ch @ 24, detail.kernel_ch.channel_id @ 24, detail.kernel_ch.p_timer @ 32,
+            detail.net_plugin @ 24, detail.net_plugin.id @ 24, detail.net_plugin.data @ 32);
     }
 
     /// `ncclProfilerEventStateArgs_v4_t`.
     #[test]
     fn event_state_args_v4_layout() {
-        assert_eq!(size_of::<EventStateArgsV4>(), 8);
-        assert_eq!(align_of::<EventStateArgsV4>(), 8);
-        assert_eq!(offset_of!(EventStateArgsV4, proxy_step), 0);
-        assert_eq!(offset_of!(EventStateArgsV4, proxy_step.trans_size), 0);
-        assert_eq!(offset_of!(EventStateArgsV4, proxy_ctrl), 0);
-        assert_eq!(
-            offset_of!(EventStateArgsV4, proxy_ctrl.appended_proxy_ops),
-            0
-        );
-        assert_eq!(offset_of!(EventStateArgsV4, net_plugin), 0);
-        assert_eq!(offset_of!(EventStateArgsV4, net_plugin.data), 0);
-        assert_eq!(offset_of!(EventStateArgsV4, kernel_ch), 0);
-        assert_eq!(offset_of!(EventStateArgsV4, kernel_ch.p_timer), 0);
+        assert_layout!(EventStateArgsV4, 8, 8, proxy_step @ 0, proxy_step.trans_size @ 0,
+            proxy_ctrl @ 0, proxy_ctrl.appended_proxy_ops @ 0, net_plugin @ 0, net_plugin.data @ 0,
+            kernel_ch @ 0, kernel_ch.p_timer @ 0);
     }
 
     /// `ncclProfiler_v4_t`.
     #[test]
     fn profiler_v4_layout() {
-        assert_eq!(size_of::<ProfilerV4>(), 48);
-        assert_eq!(align_of::<ProfilerV4>(), 8);
-        assert_eq!(offset_of!(ProfilerV4, name), 0);
-        assert_eq!(offset_of!(ProfilerV4, init), 8);
-        assert_eq!(offset_of!(ProfilerV4, start_event), 16);
-        assert_eq!(offset_of!(ProfilerV4, stop_event), 24);
-        assert_eq!(offset_of!(ProfilerV4, record_event_state), 32);
-        assert_eq!(offset_of!(ProfilerV4, finalize), 40);
+        assert_layout!(ProfilerV4, 48, 8, name @ 0, init @ 8, start_event @ 16, stop_event @ 24,
+            record_event_state @ 32, finalize @ 40);
     }
 }

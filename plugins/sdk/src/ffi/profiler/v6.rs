@@ -13,8 +13,7 @@ use super::v5::{
     KernelLaunchDescrV5, NetPluginDescrV5, P2pApiDescrV5, P2pDescrV5, ProxyOpDescrV5,
     ProxyStepDescrV5,
 };
-use super::EventState;
-use crate::ffi::types::{Logger, NcclResult};
+use super::{vtable, InitV5Fn};
 
 /// Symbol of the vtable ([`ProfilerV6`]).
 pub const SYMBOL: &[u8] = b"ncclProfiler_v6\0";
@@ -107,55 +106,17 @@ pub struct CeCollBatchDescrV6 {
     pub use_intra_sync: bool,
 }
 
-/// `ncclProfiler_v6_t`; the calls are those of v5.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct ProfilerV6 {
-    /// Profiler name, for logs.
-    pub name: *const c_char,
-    /// Called for every communicator (its id, name, node count, size and
-    /// the caller's rank) with NCCL's logger: writes the plugin's context
-    /// into `*context` and the `NCCL_PROFILE_*` bits it wants into
-    /// `*e_activation_mask`. An error disables the plugin.
-    pub init: Option<
-        unsafe extern "C" fn(
-            context: *mut *mut c_void,
-            comm_id: u64,
-            e_activation_mask: *mut c_int,
-            comm_name: *const c_char,
-            n_nodes: c_int,
-            nranks: c_int,
-            rank: c_int,
-            logfn: Logger,
-        ) -> NcclResult,
-    >,
-    /// Starts an event: writes a handle into `*e_handle`, or NULL to leave
-    /// the event untracked. `e_descr` is valid only during the call.
-    pub start_event: Option<
-        unsafe extern "C" fn(
-            context: *mut c_void,
-            e_handle: *mut *mut c_void,
-            e_descr: *mut EventDescrV6,
-        ) -> NcclResult,
-    >,
-    /// Ends an event; its handle is not used again.
-    pub stop_event: Option<unsafe extern "C" fn(e_handle: *mut c_void) -> NcclResult>,
-    /// Records a state change of an event, with the attributes it updates
-    /// (`e_state_args` may be NULL).
-    pub record_event_state: Option<
-        unsafe extern "C" fn(
-            e_handle: *mut c_void,
-            e_state: EventState,
-            e_state_args: *mut EventStateArgsV6,
-        ) -> NcclResult,
-    >,
-    /// Frees the context made by `init`, when its communicator is destroyed.
-    pub finalize: Option<unsafe extern "C" fn(context: *mut c_void) -> NcclResult>,
-}
+vtable!(
+    /// `ncclProfiler_v6_t`; the calls are those of v5.
+    ProfilerV6,
+    InitV5Fn,
+    EventDescrV6,
+    EventStateArgsV6
+);
 
 #[cfg(test)]
 mod tests {
-    use std::mem::{align_of, offset_of, size_of};
+    use crate::ffi::assert_layout;
 
     use super::*;
 
@@ -168,113 +129,41 @@ mod tests {
     /// `ncclProfilerEventDescr_v6_t`.
     #[test]
     fn event_descr_v6_layout() {
-        assert_eq!(size_of::<EventDescrV6>(), 112);
-        assert_eq!(align_of::<EventDescrV6>(), 8);
-        assert_eq!(offset_of!(EventDescrV6, ty), 0);
-        assert_eq!(offset_of!(EventDescrV6, parent_obj), 8);
-        assert_eq!(offset_of!(EventDescrV6, rank), 16);
-        assert_eq!(offset_of!(EventDescrV6, detail.group_api), 24);
-        assert_eq!(
-            offset_of!(EventDescrV6, detail.group_api.graph_captured),
-            24
-        );
-        assert_eq!(offset_of!(EventDescrV6, detail.group_api.group_depth), 28);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll_api), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll_api.func), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll_api.count), 32);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll_api.datatype), 40);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll_api.root), 48);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll_api.stream), 56);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll_api.graph_captured), 64);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p_api), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p_api.func), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p_api.count), 32);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p_api.datatype), 40);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p_api.stream), 48);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p_api.graph_captured), 56);
-        assert_eq!(offset_of!(EventDescrV6, detail.kernel_launch), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.kernel_launch.stream), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll.seq_number), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll.func), 32);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll.send_buff), 40);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll.recv_buff), 48);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll.count), 56);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll.root), 64);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll.datatype), 72);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll.n_channels), 80);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll.n_warps), 81);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll.algo), 88);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll.proto), 96);
-        assert_eq!(offset_of!(EventDescrV6, detail.coll.parent_group), 104);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p.func), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p.buff), 32);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p.datatype), 40);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p.count), 48);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p.peer), 56);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p.n_channels), 60);
-        assert_eq!(offset_of!(EventDescrV6, detail.p2p.parent_group), 64);
-        assert_eq!(offset_of!(EventDescrV6, detail.proxy_op), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.proxy_op.pid), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.proxy_op.channel_id), 28);
-        assert_eq!(offset_of!(EventDescrV6, detail.proxy_op.peer), 32);
-        assert_eq!(offset_of!(EventDescrV6, detail.proxy_op.n_steps), 36);
-        assert_eq!(offset_of!(EventDescrV6, detail.proxy_op.chunk_size), 40);
-        assert_eq!(offset_of!(EventDescrV6, detail.proxy_op.is_send), 44);
-        assert_eq!(offset_of!(EventDescrV6, detail.proxy_step), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.proxy_step.step), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.kernel_ch), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.kernel_ch.channel_id), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.kernel_ch.p_timer), 32);
-        assert_eq!(offset_of!(EventDescrV6, detail.net_plugin), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.net_plugin.id), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.net_plugin.data), 32);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll.seq_number), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll.func), 32);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll.send_buff), 40);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll.recv_buff), 48);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll.count), 56);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll.root), 64);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll.datatype), 72);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll.sync_strategy), 80);
-        assert_eq!(
-            offset_of!(EventDescrV6, detail.ce_coll.intra_batch_sync),
-            88
-        );
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll.batch_size), 92);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll.num_batches), 96);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll.ce_seq_num), 100);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll.stream), 104);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll_sync), 24);
-        assert_eq!(
-            offset_of!(EventDescrV6, detail.ce_coll_sync.is_complete),
-            24
-        );
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll_sync.n_ranks), 28);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll_batch), 24);
-        assert_eq!(offset_of!(EventDescrV6, detail.ce_coll_batch.num_ops), 24);
-        assert_eq!(
-            offset_of!(EventDescrV6, detail.ce_coll_batch.total_bytes),
-            32
-        );
-        assert_eq!(
-            offset_of!(EventDescrV6, detail.ce_coll_batch.use_intra_sync),
-            40
-        );
+        assert_layout!(EventDescrV6, 112, 8, ty @ 0, parent_obj @ 8, rank @ 16,
+            detail.group_api @ 24, detail.group_api.graph_captured @ 24,
+            detail.group_api.group_depth @ 28, detail.coll_api @ 24, detail.coll_api.func @ 24,
+            detail.coll_api.count @ 32, detail.coll_api.datatype @ 40, detail.coll_api.root @ 48,
+            detail.coll_api.stream @ 56, detail.coll_api.graph_captured @ 64, detail.p2p_api @ 24,
+            detail.p2p_api.func @ 24, detail.p2p_api.count @ 32, detail.p2p_api.datatype @ 40,
+            detail.p2p_api.stream @ 48, detail.p2p_api.graph_captured @ 56,
+            detail.kernel_launch @ 24, detail.kernel_launch.stream @ 24, detail.coll @ 24,
+            detail.coll.seq_number @ 24, detail.coll.func @ 32, detail.coll.send_buff @ 40,
+            detail.coll.recv_buff @ 48, detail.coll.count @ 56, detail.coll.root @ 64,
+            detail.coll.datatype @ 72, detail.coll.n_channels @ 80, detail.coll.n_warps @ 81,
+            detail.coll.algo @ 88, detail.coll.proto @ 96, detail.coll.parent_group @ 104,
+            detail.p2p @ 24, detail.p2p.func @ 24, detail.p2p.buff @ 32, detail.p2p.datatype @ 40,
+            detail.p2p.count @ 48, detail.p2p.peer @ 56, detail.p2p.n_channels @ 60,
+            detail.p2p.parent_group @ 64, detail.proxy_op @ 24, detail.proxy_op.pid @ 24,
+            detail.proxy_op.channel_id @ 28, detail.proxy_op.peer @ 32,
+            detail.proxy_op.n_steps @ 36, detail.proxy_op.chunk_size @ 40,
+            detail.proxy_op.is_send @ 44, detail.proxy_step @ 24, detail.proxy_step.step @ 24,
+            detail.kernel_ch @ 24, detail.kernel_ch.channel_id @ 24, detail.kernel_ch.p_timer @ 32,
+            detail.net_plugin @ 24, detail.net_plugin.id @ 24, detail.net_plugin.data @ 32,
+            detail.ce_coll @ 24, detail.ce_coll.seq_number @ 24, detail.ce_coll.func @ 32,
+            detail.ce_coll.send_buff @ 40, detail.ce_coll.recv_buff @ 48,
+            detail.ce_coll.count @ 56, detail.ce_coll.root @ 64, detail.ce_coll.datatype @ 72,
+            detail.ce_coll.sync_strategy @ 80, detail.ce_coll.intra_batch_sync @ 88,
+            detail.ce_coll.batch_size @ 92, detail.ce_coll.num_batches @ 96,
+            detail.ce_coll.ce_seq_num @ 100, detail.ce_coll.stream @ 104, detail.ce_coll_sync @ 24,
+            detail.ce_coll_sync.is_complete @ 24, detail.ce_coll_sync.n_ranks @ 28,
+            detail.ce_coll_batch @ 24, detail.ce_coll_batch.num_ops @ 24,
+            detail.ce_coll_batch.total_bytes @ 32, detail.ce_coll_batch.use_intra_sync @ 40);
     }
 
     /// `ncclProfiler_v6_t`.
     #[test]
     fn profiler_v6_layout() {
-        assert_eq!(size_of::<ProfilerV6>(), 48);
-        assert_eq!(align_of::<ProfilerV6>(), 8);
-        assert_eq!(offset_of!(ProfilerV6, name), 0);
-        assert_eq!(offset_of!(ProfilerV6, init), 8);
-        assert_eq!(offset_of!(ProfilerV6, start_event), 16);
-        assert_eq!(offset_of!(ProfilerV6, stop_event), 24);
-        assert_eq!(offset_of!(ProfilerV6, record_event_state), 32);
-        assert_eq!(offset_of!(ProfilerV6, finalize), 40);
+        assert_layout!(ProfilerV6, 48, 8, name @ 0, init @ 8, start_event @ 16, stop_event @ 24,
+            record_event_state @ 32, finalize @ 40);
     }
 }

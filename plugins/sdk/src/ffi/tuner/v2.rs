@@ -53,7 +53,7 @@ pub struct TunerV2 {
 
 #[cfg(test)]
 mod tests {
-    use std::mem::{align_of, offset_of, size_of};
+    use crate::ffi::assert_layout;
 
     use super::*;
 
@@ -66,11 +66,6 @@ mod tests {
     /// `ncclTuner_v2_t`.
     #[test]
     fn tuner_v2_layout() {
-        assert_eq!(size_of::<TunerV2>(), 32);
-        assert_eq!(align_of::<TunerV2>(), 8);
-        assert_eq!(offset_of!(TunerV2, name), 0);
-        assert_eq!(offset_of!(TunerV2, init), 8);
-        assert_eq!(offset_of!(TunerV2, get_coll_info), 16);
-        assert_eq!(offset_of!(TunerV2, destroy), 24);
+        assert_layout!(TunerV2, 32, 8, name @ 0, init @ 8, get_coll_info @ 16, destroy @ 24);
     }
 }

@@ -55,7 +55,7 @@ pub struct TunerV3 {
 
 #[cfg(test)]
 mod tests {
-    use std::mem::{align_of, offset_of, size_of};
+    use crate::ffi::assert_layout;
 
     use super::*;
 
@@ -68,11 +68,6 @@ mod tests {
     /// `ncclTuner_v3_t`.
     #[test]
     fn tuner_v3_layout() {
-        assert_eq!(size_of::<TunerV3>(), 32);
-        assert_eq!(align_of::<TunerV3>(), 8);
-        assert_eq!(offset_of!(TunerV3, name), 0);
-        assert_eq!(offset_of!(TunerV3, init), 8);
-        assert_eq!(offset_of!(TunerV3, get_coll_info), 16);
-        assert_eq!(offset_of!(TunerV3, destroy), 24);
+        assert_layout!(TunerV3, 32, 8, name @ 0, init @ 8, get_coll_info @ 16, destroy @ 24);
     }
 }

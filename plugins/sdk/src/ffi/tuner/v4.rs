@@ -57,7 +57,7 @@ pub struct TunerV4 {
 
 #[cfg(test)]
 mod tests {
-    use std::mem::{align_of, offset_of, size_of};
+    use crate::ffi::assert_layout;
 
     use super::*;
 
@@ -70,11 +70,6 @@ mod tests {
     /// `ncclTuner_v4_t`.
     #[test]
     fn tuner_v4_layout() {
-        assert_eq!(size_of::<TunerV4>(), 32);
-        assert_eq!(align_of::<TunerV4>(), 8);
-        assert_eq!(offset_of!(TunerV4, name), 0);
-        assert_eq!(offset_of!(TunerV4, init), 8);
-        assert_eq!(offset_of!(TunerV4, get_coll_info), 16);
-        assert_eq!(offset_of!(TunerV4, destroy), 24);
+        assert_layout!(TunerV4, 32, 8, name @ 0, init @ 8, get_coll_info @ 16, destroy @ 24);
     }
 }

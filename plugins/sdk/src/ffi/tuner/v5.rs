@@ -109,7 +109,7 @@ pub struct TunerV5 {
 
 #[cfg(test)]
 mod tests {
-    use std::mem::{align_of, offset_of, size_of};
+    use crate::ffi::assert_layout;
 
     use super::*;
 
@@ -122,35 +122,21 @@ mod tests {
     /// `ncclNvlDomainInfo_v5_t`.
     #[test]
     fn nvl_domain_info_v5_layout() {
-        assert_eq!(size_of::<NvlDomainInfoV5>(), 12);
-        assert_eq!(align_of::<NvlDomainInfoV5>(), 4);
-        assert_eq!(offset_of!(NvlDomainInfoV5, n_nvl_domains), 0);
-        assert_eq!(offset_of!(NvlDomainInfoV5, min_ranks_per_nvl_domain), 4);
-        assert_eq!(offset_of!(NvlDomainInfoV5, max_ranks_per_nvl_domain), 8);
+        assert_layout!(NvlDomainInfoV5, 12, 4, n_nvl_domains @ 0, min_ranks_per_nvl_domain @ 4,
+            max_ranks_per_nvl_domain @ 8);
     }
 
     /// `ncclTunerConstants_v5_t`.
     #[test]
     fn constants_v5_layout() {
-        assert_eq!(size_of::<ConstantsV5>(), 1152);
-        assert_eq!(align_of::<ConstantsV5>(), 8);
-        assert_eq!(offset_of!(ConstantsV5, base_latencies), 0);
-        assert_eq!(offset_of!(ConstantsV5, hw_latencies), 168);
-        assert_eq!(offset_of!(ConstantsV5, ll_max_bws), 672);
-        assert_eq!(offset_of!(ConstantsV5, per_ch_max_ring_ll128_bws), 768);
-        assert_eq!(offset_of!(ConstantsV5, per_ch_max_tree_ll128_bws), 864);
-        assert_eq!(offset_of!(ConstantsV5, per_ch_max_tree_bws), 960);
-        assert_eq!(offset_of!(ConstantsV5, per_ch_max_nvls_tree_bws), 1056);
+        assert_layout!(ConstantsV5, 1152, 8, base_latencies @ 0, hw_latencies @ 168,
+            ll_max_bws @ 672, per_ch_max_ring_ll128_bws @ 768, per_ch_max_tree_ll128_bws @ 864,
+            per_ch_max_tree_bws @ 960, per_ch_max_nvls_tree_bws @ 1056);
     }
 
     /// `ncclTuner_v5_t`.
     #[test]
     fn tuner_v5_layout() {
-        assert_eq!(size_of::<TunerV5>(), 32);
-        assert_eq!(align_of::<TunerV5>(), 8);
-        assert_eq!(offset_of!(TunerV5, name), 0);
-        assert_eq!(offset_of!(TunerV5, init), 8);
-        assert_eq!(offset_of!(TunerV5, get_coll_info), 16);
-        assert_eq!(offset_of!(TunerV5, finalize), 24);
+        assert_layout!(TunerV5, 32, 8, name @ 0, init @ 8, get_coll_info @ 16, finalize @ 24);
     }
 }

@@ -82,7 +82,7 @@ pub struct TunerV6 {
 
 #[cfg(test)]
 mod tests {
-    use std::mem::{align_of, offset_of, size_of};
+    use crate::ffi::assert_layout;
 
     use super::*;
 
@@ -95,12 +95,7 @@ mod tests {
     /// `ncclTuner_v6_t`.
     #[test]
     fn tuner_v6_layout() {
-        assert_eq!(size_of::<TunerV6>(), 40);
-        assert_eq!(align_of::<TunerV6>(), 8);
-        assert_eq!(offset_of!(TunerV6, name), 0);
-        assert_eq!(offset_of!(TunerV6, init), 8);
-        assert_eq!(offset_of!(TunerV6, get_coll_info), 16);
-        assert_eq!(offset_of!(TunerV6, finalize), 24);
-        assert_eq!(offset_of!(TunerV6, get_chunk_size), 32);
+        assert_layout!(TunerV6, 40, 8, name @ 0, init @ 8, get_coll_info @ 16, finalize @ 24,
+            get_chunk_size @ 32);
     }
 }
