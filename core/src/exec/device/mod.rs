@@ -391,6 +391,9 @@ impl DeviceComm {
     ) -> Result<()> {
         self.check_peer("send", "peer", peer, false)?;
         self.check("send", count, dtype, &[buf])?;
+        if self.window.shared.is_some() {
+            return self.p2p(&[(peer, buf)], &[], count, dtype, stream);
+        }
         let nch = self.channels_for(count * dtype.size());
         let t = Template::send(peer);
         self.launch(t, buf, 0, count, dtype, RedOp::Sum, stream, nch)
@@ -407,6 +410,9 @@ impl DeviceComm {
     ) -> Result<()> {
         self.check_peer("recv", "peer", peer, false)?;
         self.check("recv", count, dtype, &[buf])?;
+        if self.window.shared.is_some() {
+            return self.p2p(&[], &[(peer, buf)], count, dtype, stream);
+        }
         let nch = self.channels_for(count * dtype.size());
         let t = Template::recv(peer);
         self.launch(t, 0, buf, count, dtype, RedOp::Sum, stream, nch)
@@ -453,8 +459,11 @@ impl DeviceComm {
         for (s, r) in self_sends.iter().zip(&self_recvs) {
             self.kernels.copy(*r, *s, bytes, stream)?;
         }
-        let sends: Vec<(usize, u64)> = sends.iter().copied().filter(|s| s.0 != me).collect();
-        let recvs: Vec<(usize, u64)> = recvs.iter().copied().filter(|r| r.0 != me).collect();
+        let mut sends: Vec<(usize, u64)> = sends.iter().copied().filter(|s| s.0 != me).collect();
+        let mut recvs: Vec<(usize, u64)> = recvs.iter().copied().filter(|r| r.0 != me).collect();
+        if let Some(sh) = self.window.shared.as_mut() {
+            (sends, recvs) = sh.p2p(&self.kernels, &sends, &recvs, count, dtype, stream)?;
+        }
         if sends.is_empty() && recvs.is_empty() {
             return Ok(());
         }

@@ -11,12 +11,19 @@ use crate::cuda::IpcMemHandle;
 use crate::error::{Error, Result};
 use crate::transport::shm::area::Area;
 
-/// Bytes of one rank's slot.
+/// Bytes of one rank's slot for collectives.
 pub(crate) const SLOT: usize = 512;
 const POSTED: usize = 0;
 const ANSWER: usize = 8;
 const LEN: usize = 16;
 const BODY: usize = 24;
+
+/// Messages a sender may post ahead of its receiver before it waits.
+pub(crate) const DEPTH: u64 = 32;
+/// Per ordered pair of ranks: the receiver's count of messages taken, then
+/// DEPTH slots of (number, length, post).
+const PAIR_SLOT: usize = 256;
+const PAIR: usize = 64 + DEPTH as usize * PAIR_SLOT;
 
 /// One buffer of a posted call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +69,8 @@ impl Answer {
 }
 
 impl Post {
-    pub fn encode(&self) -> Vec<u8> {
+    /// At most `room` bytes: the description is cut to fit.
+    pub fn encode(&self, room: usize) -> Vec<u8> {
         let mut b = vec![u8::from(self.capturing)];
         for buf in [self.send, self.recv] {
             match buf {
@@ -76,7 +84,7 @@ impl Post {
             }
         }
         let what = self.what.as_bytes();
-        let what = &what[..what.len().min(SLOT - BODY - b.len() - 1)];
+        let what = &what[..what.len().min(room.saturating_sub(b.len() + 1)).min(255)];
         b.push(what.len() as u8);
         b.extend_from_slice(what);
         b
@@ -134,16 +142,66 @@ fn wait_until(deadline: Instant, mut ready: impl FnMut() -> bool) -> bool {
 pub(crate) struct Mailbox {
     area: Area,
     me: usize,
+    nranks: usize,
     timeout: Duration,
 }
 
 impl Mailbox {
-    pub fn new(area: Area, me: usize, timeout: Duration) -> Mailbox {
-        Mailbox { area, me, timeout }
+    pub fn new(area: Area, me: usize, nranks: usize, timeout: Duration) -> Mailbox {
+        Mailbox {
+            area,
+            me,
+            nranks,
+            timeout,
+        }
     }
 
     pub fn bytes(nranks: usize) -> usize {
-        nranks * SLOT
+        nranks * SLOT + nranks * nranks * PAIR
+    }
+
+    fn pair(&self, from: usize, to: usize) -> usize {
+        self.nranks * SLOT + (from * self.nranks + to) * PAIR
+    }
+
+    /// Posts this rank's `k`-th message (from 1) to rank `to`, once `to`
+    /// has taken all but DEPTH of the earlier ones.
+    pub fn post_send(&self, to: usize, k: u64, post: &Post) -> Result<()> {
+        let at = self.pair(self.me, to);
+        let deadline = Instant::now() + self.timeout;
+        if !wait_until(deadline, || self.area.load(at) + DEPTH >= k) {
+            return Err(Error::Remote(format!(
+                "rank {to} has not received this rank's messages {}..{k} within {:?} (NCCL_TIMEOUT): it died, hangs, or receives fewer than rank {} sends",
+                self.area.load(at) + 1,
+                self.timeout,
+                self.me
+            )));
+        }
+        let slot = at + 64 + ((k - 1) % DEPTH) as usize * PAIR_SLOT;
+        let body = post.encode(PAIR_SLOT - 16);
+        self.area.write_bytes(slot + 16, &body);
+        self.area.store(slot + 8, body.len() as u64);
+        self.area.store(slot, k);
+        Ok(())
+    }
+
+    /// Rank `from`'s `k`-th message to this rank.
+    pub fn wait_send(&self, from: usize, k: u64, mine: &str) -> Result<Post> {
+        let at = self.pair(from, self.me);
+        let slot = at + 64 + ((k - 1) % DEPTH) as usize * PAIR_SLOT;
+        let deadline = Instant::now() + self.timeout;
+        if !wait_until(deadline, || self.area.load(slot) == k) {
+            return Err(Error::Remote(format!(
+                "rank {from} did not send message {k} to rank {} ({mine}) within {:?} (NCCL_TIMEOUT): it died, hangs, or sends fewer than this rank receives",
+                self.me, self.timeout
+            )));
+        }
+        let len = (self.area.load(slot + 8) as usize).min(PAIR_SLOT - 16);
+        let mut body = vec![0; len];
+        self.area.read_bytes(slot + 16, &mut body);
+        self.area.store(at, k);
+        Post::decode(&body)
+            .ok_or_else(|| Error::Internal(format!("rank {from}'s message {k} is garbled")))
     }
 
     #[cfg(test)]
@@ -155,7 +213,7 @@ impl Mailbox {
     /// previous one, so it is done reading the slot.
     pub fn post(&self, seq: u64, post: &Post) {
         let at = self.me * SLOT;
-        let body = post.encode();
+        let body = post.encode(SLOT - BODY);
         self.area.write_bytes(at + BODY, &body);
         self.area.store(at + LEN, body.len() as u64);
         self.area.store(at + POSTED, seq);
@@ -227,7 +285,7 @@ mod tests {
             },
             post(&"x".repeat(1000)),
         ] {
-            let b = p.encode();
+            let b = p.encode(SLOT - BODY);
             assert!(b.len() <= SLOT - BODY);
             let back = Post::decode(&b).unwrap();
             assert_eq!(back.send, p.send);
@@ -244,12 +302,13 @@ mod tests {
         let leader = Mailbox::new(
             Area::create_shared(&name, Mailbox::bytes(2)).unwrap(),
             0,
+            2,
             Duration::from_secs(5),
         );
         let view = Area::open_shared(&name, Mailbox::bytes(2)).unwrap();
         leader.area().unlink();
         let other = std::thread::spawn(move || {
-            let mb = Mailbox::new(view, 1, Duration::from_secs(5));
+            let mb = Mailbox::new(view, 1, 2, Duration::from_secs(5));
             mb.post(1, &post("all_reduce"));
             let a = mb.wait_answer(1, 0, "all_reduce").unwrap();
             mb.post(2, &post("broadcast"));
@@ -266,16 +325,42 @@ mod tests {
 
     #[test]
     fn a_missing_rank_is_named_after_the_timeout() {
-        let mb = Mailbox::new(
-            Area::private(Mailbox::bytes(3)).unwrap(),
-            0,
-            Duration::from_millis(50),
-        );
+        let area = Area::private(Mailbox::bytes(3)).unwrap();
+        let mb = Mailbox::new(area, 0, 3, Duration::from_millis(50));
         let e = mb.wait_post(2, 1, "all_gather").unwrap_err();
+        let m = e.message();
         assert!(
-            e.message()
-                .contains("rank 2 did not call collective #1 (all_gather)"),
+            m.contains("rank 2 did not call collective #1 (all_gather)"),
             "{e}"
         );
+        let e = mb.wait_send(1, 1, "recv").unwrap_err();
+        assert!(
+            e.message()
+                .contains("rank 1 did not send message 1 to rank 0"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn messages_queue_up_to_the_depth_and_wait_beyond() {
+        // One area, seen in turn as the sender (rank 0) and the receiver.
+        let area = Area::private(Mailbox::bytes(2)).unwrap();
+        let send = Mailbox::new(area, 0, 2, Duration::from_millis(50));
+        for k in 1..=DEPTH {
+            send.post_send(1, k, &post(&format!("m{k}"))).unwrap();
+        }
+        let e = send.post_send(1, DEPTH + 1, &post("over")).unwrap_err();
+        assert!(e.message().contains("rank 1 has not received"), "{e}");
+        let recv = Mailbox { me: 1, ..send };
+        for k in 1..=3 {
+            assert_eq!(recv.wait_send(0, k, "recv").unwrap().what, format!("m{k}"));
+        }
+        let send = Mailbox { me: 0, ..recv };
+        send.post_send(1, DEPTH + 1, &post("after")).unwrap();
+        let recv = Mailbox { me: 1, ..send };
+        for k in 4..=DEPTH {
+            recv.wait_send(0, k, "recv").unwrap();
+        }
+        assert_eq!(recv.wait_send(0, DEPTH + 1, "recv").unwrap().what, "after");
     }
 }

@@ -34,10 +34,16 @@ use super::oob::Oob;
 use mailbox::{Answer, Buf, Mailbox, Post};
 use steps::Bufs;
 
-/// Offsets of each rank's words in its flag buffer.
+/// Offsets of each rank's words in its flag buffer: the collectives' READY
+/// and DONE, then per peer p the count of messages this rank has made
+/// ready for p (`P2P_READY + 8 p`) and taken from p (`P2P_DONE + 8 p`).
 const READY: u64 = 0;
 const DONE: u64 = 64;
-const FLAG_BYTES: usize = 256;
+const P2P_READY: u64 = 256;
+/// Ranks the send/recv path has words for.
+const MAX_P2P: usize = 224;
+const P2P_DONE: u64 = P2P_READY + 8 * MAX_P2P as u64;
+const FLAG_BYTES: usize = 4096;
 
 /// Mapped user allocations kept before the cache is emptied.
 const MAX_MAPPED: usize = 512;
@@ -66,8 +72,12 @@ pub(crate) struct SharedGpu {
     /// Each rank's flag buffer as this process addresses it.
     flags: Vec<u64>,
     mailbox: Mailbox,
-    /// The leader's mappings of other ranks' allocations, by handle.
+    /// Mappings of other ranks' allocations, by handle (the leader's for
+    /// collectives, a receiver's for sends).
     mapped: HashMap<[u8; 64], IpcMapping>,
+    /// Messages sent to and received from each rank so far.
+    sent: Vec<u64>,
+    received: Vec<u64>,
     _own: DeviceBuffer,
     _flag_maps: Vec<IpcMapping>,
 }
@@ -131,8 +141,10 @@ impl SharedGpu {
             nranks,
             seq: 0,
             flags,
-            mailbox: Mailbox::new(area, me, timeout),
+            mailbox: Mailbox::new(area, me, nranks, timeout),
             mapped: HashMap::new(),
+            sent: vec![0; nranks],
+            received: vec![0; nranks],
             _own: own,
             _flag_maps: flag_maps,
         })
@@ -298,6 +310,109 @@ impl SharedGpu {
             stream.write_u32(self.flags[self.me] + DONE, flag)?;
         }
         Ok(true)
+    }
+}
+
+impl SharedGpu {
+    /// A group's sends and receives of `count` elements each (none to this
+    /// rank): each receiver copies from its sender's buffer with its own
+    /// kernel while the sender only signals, so no kernel waits for another
+    /// process. On this rank's stream the sends' READY stores come first,
+    /// then the receives, then the waits for the receivers to be done with
+    /// this rank's buffers: two ranks sending to each other in one group
+    /// never wait on each other. (Sends to each other in separate,
+    /// ungrouped calls before the receives wait forever, where NCCL hangs
+    /// from a FIFO's worth: NCCL asks for a group there.) Returns the sends
+    /// and receives that run on every rank's kernels instead: those whose
+    /// sender is capturing a graph or has memory CUDA IPC cannot share, as
+    /// the sender's post tells the receiver.
+    #[allow(clippy::type_complexity)] // the two lists left over
+    pub fn p2p(
+        &mut self,
+        kernels: &KernelSet,
+        sends: &[(usize, u64)],
+        recvs: &[(usize, u64)],
+        count: usize,
+        dtype: DataType,
+        stream: RawStream,
+    ) -> Result<(Vec<(usize, u64)>, Vec<(usize, u64)>)> {
+        if self.nranks > MAX_P2P {
+            return Ok((sends.to_vec(), recvs.to_vec()));
+        }
+        let what = format!("send/recv of {count} x {dtype:?}");
+        let capturing = stream.is_capturing()?;
+        let (mut left_sends, mut left_recvs, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+        for &(p, buf) in sends {
+            self.sent[p] += 1;
+            let k = self.sent[p];
+            let send = if capturing {
+                Buf::Private
+            } else {
+                self.export(true, buf)?
+            };
+            let post = Post {
+                what: what.clone(),
+                capturing,
+                send,
+                recv: Buf::Unused,
+            };
+            self.mailbox.post_send(p, k, &post)?;
+            if matches!(send, Buf::Shared(..)) {
+                direct.push((p, k));
+            } else {
+                left_sends.push((p, buf));
+            }
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: the flag words are in flag buffers mapped in this context
+        // until the communicator goes, which synchronizes the context
+        // first; the receive buffers are the caller's, valid for `count`
+        // elements, the send buffers mappings held in `mapped` (emptied
+        // only after a synchronize), and each sender's stream waits for
+        // this rank's DONE before it touches its buffer again.
+        unsafe {
+            for &(p, k) in &direct {
+                stream.write_u32(self.flags[self.me] + P2P_READY + 8 * p as u64, k as u32)?;
+            }
+            for &(q, buf) in recvs {
+                self.received[q] += 1;
+                let k = self.received[q];
+                let post = self.mailbox.wait_send(q, k, &what)?;
+                if post.what != what {
+                    return Err(Error::InvalidUsage(format!(
+                        "rank {} receives {what} from rank {q}, whose message {k} is a {}: the counts and types of a send and its receive must agree",
+                        self.me, post.what
+                    )));
+                }
+                // The sender chose: its buffer to pull, or its kernels.
+                if post.capturing || !matches!(post.send, Buf::Shared(..)) {
+                    left_recvs.push((q, buf));
+                    continue;
+                }
+                let Some(src) = self.map(post.send)? else {
+                    return Err(Error::System(format!(
+                        "rank {} cannot map the send buffer of rank {q} (message {k}) on their shared GPU",
+                        self.me
+                    )));
+                };
+                stream.wait_u32(self.flags[q] + P2P_READY + 8 * self.me as u64, k as u32)?;
+                kernels.reduce(
+                    &[buf],
+                    &[src],
+                    count,
+                    dtype,
+                    RedOp::Sum,
+                    self.nranks,
+                    0,
+                    stream,
+                )?;
+                stream.write_u32(self.flags[self.me] + P2P_DONE + 8 * q as u64, k as u32)?;
+            }
+            for &(p, k) in &direct {
+                stream.wait_u32(self.flags[p] + P2P_DONE + 8 * self.me as u64, k as u32)?;
+            }
+        }
+        Ok((left_sends, left_recvs))
     }
 }
 
