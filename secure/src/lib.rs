@@ -1,7 +1,7 @@
 //! Authenticated, encrypted TCP for oxccl, turned on by one setting:
-//! `NCCL_SOCKET_KEY_FILE` names a file with a pre-shared 256-bit key. The
-//! TCP connections oxccl owns (the bootstrap's and the root's; the socket
-//! network's are to follow) then open with a Noise
+//! `NCCL_SOCKET_KEY_FILE` names a file with a pre-shared 256-bit key. Every
+//! TCP connection oxccl owns (the bootstrap's, the root's, and the socket
+//! network's control and data connections) then opens with a Noise
 //! `NNpsk0` handshake, which both sides pass only if they hold the key, and
 //! carries AES-256-GCM records from then on.
 //!

@@ -59,8 +59,15 @@ pub fn socket_key(cfg: &Config) -> Result<Option<Arc<Key>>> {
     };
     // The socket network reads the process environment only: a value
     // from elsewhere (a file, the API, an env plugin) would leave it in clear.
-    if std::env::var(oxccl_secure::KEY_ENV).ok().as_deref().map(str::trim) != Some(path) {
-        let src = cfg.source("SOCKET_KEY_FILE").map_or("?".into(), |s| s.to_string());
+    if std::env::var(oxccl_secure::KEY_ENV)
+        .ok()
+        .as_deref()
+        .map(str::trim)
+        != Some(path)
+    {
+        let src = cfg
+            .source("SOCKET_KEY_FILE")
+            .map_or("?".into(), |s| s.to_string());
         return Err(Error::InvalidArgument(format!(
             "NCCL_SOCKET_KEY_FILE is set from {src}: set it in the process environment instead (the socket network reads only the environment, and the bootstrap and the network must use one key)"
         )));
@@ -85,7 +92,7 @@ pub fn protection_lines(keyed: bool) -> Vec<String> {
     vec![
         format!("bootstrap root connections: {with}"),
         format!("bootstrap rank-to-rank connections: {with}"),
-        "socket network (NCCL_NET=Socket) control and data connections: NOT encrypted yet".into(),
+        format!("socket network (NCCL_NET=Socket, built in or as liboxccl_net_socket.so) control and data connections: {with}"),
         "outside the protection: P2P (NVLink, PCIe), SHM, IB/RoCE (verbs) and external net plugins"
             .into(),
     ]
