@@ -25,6 +25,15 @@ pub fn main() -> Result<i32, String> {
             e.def.doc
         );
     }
+    println!("\n## Security (NCCL_SOCKET_KEY_FILE)");
+    match oxccl::bootstrap::socket_key(&cfg) {
+        Ok(key) => {
+            for line in oxccl::bootstrap::protection_lines(key.is_some()) {
+                println!("  {line}");
+            }
+        }
+        Err(e) => println!("  error: {e} (a communicator would not start)"),
+    }
     use oxccl::plugin::{env, net, profiler, tuner};
     println!("\n## Env plugin (NCCL_ENV_PLUGIN, read with getenv as NCCL does)");
     let r = env::report();

@@ -14,6 +14,9 @@ enum Cmd {
     Perf(Box<oxccl_cli::perf::PerfArgs>),
     /// Resolved settings, networks and interfaces.
     Info,
+    /// Prints a fresh random key for NCCL_SOCKET_KEY_FILE (64 hex digits):
+    /// `oxccl keygen > key && chmod 600 key`, then give every rank the file.
+    Keygen,
 }
 
 fn main() {
@@ -22,6 +25,12 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Perf(a) => oxccl_cli::perf::main(*a),
         Cmd::Info => oxccl_cli::info::main(),
+        Cmd::Keygen => oxccl_secure::Key::generate()
+            .map(|k| {
+                println!("{}", k.to_hex());
+                0
+            })
+            .map_err(|e| format!("cannot read random bytes from /dev/urandom: {e}")),
     };
     match r {
         Ok(code) => std::process::exit(code),

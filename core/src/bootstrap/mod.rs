@@ -14,6 +14,11 @@
 //! its listen address, and gets every rank's address back. From then on
 //! ranks talk directly: messages are matched by (sender, tag) in FIFO order,
 //! over one lazily made connection per peer and direction.
+//!
+//! With NCCL_SOCKET_KEY_FILE set, every one of these connections (the
+//! root's included) starts with the handshake of `oxccl_secure` and carries
+//! encrypted records: a peer without the key is refused, with its address
+//! logged, before any byte of it reaches a frame reader.
 
 pub mod proto;
 mod root;
@@ -21,18 +26,77 @@ mod service;
 mod tcp;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use oxccl_netif::{Family, Iface};
-use tracing::{debug, info};
+use oxccl_secure::{Key, Role};
+use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
 use proto::{Frame, FrameReader, Hello, IdContents};
 use service::{Service, Shared};
-use tcp::Outgoing;
+use tcp::{Link, Outgoing};
+
+/// How long an accepted connection may take over its handshake.
+const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
+
+/// The pre-shared key NCCL_SOCKET_KEY_FILE names; `None` when unset (the
+/// bootstrap then talks in clear, as before). Only the environment may set
+/// it: the socket network, which never links the core, reads it there, and
+/// the two must agree.
+pub fn socket_key(cfg: &Config) -> Result<Option<Arc<Key>>> {
+    let Some(path) = cfg
+        .socket_key_file
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    else {
+        return Ok(None);
+    };
+    // The socket network reads the process environment only: a value
+    // from elsewhere (a file, the API, an env plugin) would leave it in clear.
+    if std::env::var(oxccl_secure::KEY_ENV)
+        .ok()
+        .as_deref()
+        .map(str::trim)
+        != Some(path)
+    {
+        let src = cfg
+            .source("SOCKET_KEY_FILE")
+            .map_or("?".into(), |s| s.to_string());
+        return Err(Error::InvalidArgument(format!(
+            "NCCL_SOCKET_KEY_FILE is set from {src}: set it in the process environment instead (the socket network reads only the environment, and the bootstrap and the network must use one key)"
+        )));
+    }
+    let key = Key::from_file(Path::new(path)).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    if Key::readable_by_others(Path::new(path)) {
+        warn!(target: "oxccl::init", "NCCL_SOCKET_KEY_FILE={path} can be read by other users: `chmod 600 {path}`");
+    }
+    Ok(Some(Arc::new(key)))
+}
+
+/// What the key protects, one line per kind of connection: for the INFO
+/// log at init and `oxccl info`. Transports that never touch a TCP socket
+/// are named as outside the protection, as NCCL does.
+pub fn protection_lines(keyed: bool) -> Vec<String> {
+    if !keyed {
+        return vec![
+            "traffic is NOT encrypted: NCCL_SOCKET_KEY_FILE is unset, so bootstrap and socket-network connections go in clear (set it to a file from `oxccl keygen` to authenticate and encrypt them)".into(),
+        ];
+    }
+    let with = oxccl_secure::describe();
+    vec![
+        format!("bootstrap root connections: {with}"),
+        format!("bootstrap rank-to-rank connections: {with}"),
+        format!("socket network (NCCL_NET=Socket, built in or as liboxccl_net_socket.so) control and data connections: {with}"),
+        "outside the protection: P2P (NVLink, PCIe), SHM, IB/RoCE (verbs) and external net plugins"
+            .into(),
+    ]
+}
 
 /// NCCL's `ncclUniqueId`: 128 opaque bytes holding the root's address and a
 /// magic (layout in [`proto::IdContents`]).
@@ -138,6 +202,11 @@ pub fn get_unique_id(cfg: &Config) -> Result<UniqueId> {
 /// `NCCL_COMM_ID` says: for communicators made from another one (splits),
 /// which must not all meet at the one NCCL_COMM_ID address.
 pub fn start_root(cfg: &Config) -> Result<UniqueId> {
+    start_root_keyed(cfg, socket_key(cfg)?)
+}
+
+/// [`start_root`] with the key given (tests give one without the environment).
+fn start_root_keyed(cfg: &Config, key: Option<Arc<Key>>) -> Result<UniqueId> {
     // Near the NCCL_COMM_ID address when there is one (the network the job uses).
     let near = cfg
         .comm_id
@@ -147,7 +216,7 @@ pub fn start_root(cfg: &Config) -> Result<UniqueId> {
     let iface = bootstrap_iface(cfg, near)?;
     let listener = listen_on(&iface, "bootstrap root")?;
     let magic: u64 = rand::random();
-    let root = root::spawn(listener, magic, cfg.timeout())?;
+    let root = root::spawn(listener, magic, cfg.timeout(), key)?;
     Ok(UniqueId(
         IdContents {
             from_env: false,
@@ -185,6 +254,17 @@ impl Bootstrap {
     /// starts serving peers, reaches the root (retrying until
     /// `NCCL_TIMEOUT` while it is not up), and learns every rank's address.
     pub fn init(id: &UniqueId, rank: usize, nranks: usize, cfg: &Config) -> Result<Bootstrap> {
+        Bootstrap::init_keyed(id, rank, nranks, cfg, socket_key(cfg)?)
+    }
+
+    /// [`Bootstrap::init`] with the key given.
+    fn init_keyed(
+        id: &UniqueId,
+        rank: usize,
+        nranks: usize,
+        cfg: &Config,
+        key: Option<Arc<Key>>,
+    ) -> Result<Bootstrap> {
         if rank >= nranks {
             return Err(Error::InvalidArgument(format!(
                 "rank {rank} is out of range: nranks is {nranks}, so rank must be below it"
@@ -210,13 +290,18 @@ impl Bootstrap {
                     e,
                 )
             })?;
-            root::spawn(l, c.magic, timeout)?;
+            root::spawn(l, c.magic, timeout, key.clone())?;
         }
         let iface = bootstrap_iface(cfg, Some(c.root.ip()))?;
         let listener = listen_on(&iface, "bootstrap")?;
         // NCCL's line (INIT), which users grep to see the interface taken.
         info!(target: "oxccl::init", "Bootstrap: Using {}:{}<0>", iface.name, iface.addr);
-        let shared = Arc::new(Shared::new(rank, nranks, c.magic));
+        if rank == 0 {
+            for line in protection_lines(key.is_some()) {
+                info!(target: "oxccl::init", "Security: {line}");
+            }
+        }
+        let shared = Arc::new(Shared::new(rank, nranks, c.magic, key.clone()));
         // Serving before the table exists: peers may write as soon as they have it.
         let service = Service::start(shared.clone(), listener)?;
         let hello = Hello {
@@ -225,10 +310,10 @@ impl Bootstrap {
             listen: service.listen,
         };
         // On failure, dropping `service` stops its thread.
-        let peers = join_root(&c, &hello, timeout)?;
+        let peers = join_root(&c, &hello, key.as_deref(), timeout)?;
         debug!(target: "oxccl::bootstrap", rank, nranks, "bootstrap ready on {} ({}), root {}", iface.name, service.listen, c.root);
         Ok(Bootstrap {
-            out: Outgoing::new(rank, c.magic, peers),
+            out: Outgoing::new(rank, c.magic, key, peers),
             shared,
             service,
             timeout,
@@ -388,8 +473,9 @@ impl Bootstrap {
         }
         let deadline = Instant::now() + self.timeout.min(QUERY_WAIT);
         let magic = self.shared.magic;
+        let key = self.shared.key.as_deref();
         for (p, a) in
-            self.for_each_peer(|p| tcp::query(self.out.addrs[p], magic, me as u32, deadline))
+            self.for_each_peer(|p| tcp::query(self.out.addrs[p], key, magic, me as u32, deadline))
         {
             if let Some(v) = a {
                 out[p] = PeerProgress::Started(v);
@@ -418,9 +504,9 @@ impl Bootstrap {
         let deadline = Instant::now() + ABORT_WAIT;
         let sent = self.for_each_peer(|p| {
             let d = deadline.min(Instant::now() + ABORT_PER_PEER);
-            match tcp::one_shot(self.out.addrs[p], &f, d) {
+            match tcp::one_shot(self.out.addrs[p], self.shared.key.as_deref(), &f, d) {
                 Ok(s) => {
-                    let _ = s.shutdown(std::net::Shutdown::Write);
+                    let _ = s.tcp().shutdown(std::net::Shutdown::Write);
                     true
                 }
                 Err(e) => {
@@ -459,6 +545,7 @@ impl Drop for Bootstrap {
 fn join_root(
     c: &IdContents,
     hello: &Hello,
+    key: Option<&Key>,
     timeout: Duration,
 ) -> Result<Vec<std::net::SocketAddr>> {
     let (rank, nranks) = (hello.rank, hello.nranks);
@@ -468,7 +555,7 @@ fn join_root(
         ""
     };
     let start = Instant::now();
-    let mut s = tcp::connect_retry(c.root, start + timeout).map_err(|e| {
+    let s = tcp::connect_retry(c.root, start + timeout).map_err(|e| {
         Error::Remote(format!(
             "bootstrap: rank {rank} could not reach the root at {} within {} (NCCL_TIMEOUT): {e}{hint}",
             c.root,
@@ -476,6 +563,12 @@ fn join_root(
         ))
     })?;
     let _ = s.set_nodelay(true);
+    let mut s = Link::open(s, key, Role::Initiator, c.magic, timeout).map_err(|e| {
+        Error::Remote(format!(
+            "bootstrap: rank {rank} was refused by the root at {} in the key exchange: {e}",
+            c.root
+        ))
+    })?;
     let hello_frame = Frame {
         magic: c.magic,
         kind: proto::HELLO,
@@ -483,7 +576,8 @@ fn join_root(
         tag: 0,
         payload: hello.encode(),
     };
-    s.set_write_timeout(Some(timeout))
+    s.tcp()
+        .set_write_timeout(Some(timeout))
         .and_then(|_| std::io::Write::write_all(&mut s, &hello_frame.encode()))
         .map_err(|e| {
             Error::Remote(format!(
@@ -493,21 +587,29 @@ fn join_root(
         })?;
     // The root answers when every rank is in, or at its deadline (at most
     // NCCL_TIMEOUT after the first hello): wait a little longer than that.
-    let _ = s.set_read_timeout(Some(timeout + Duration::from_secs(2)));
+    let _ = s
+        .tcp()
+        .set_read_timeout(Some(timeout + Duration::from_secs(2)));
     let max = (nranks * proto::ADDR_BYTES).max(64 << 10);
+    let why = if key.is_some() {
+        ", or it refused a message of ours as tampered"
+    } else {
+        ", or it expects encrypted traffic: NCCL_SOCKET_KEY_FILE set there and not here"
+    };
     let f = match tcp::read_frame(&mut s, &mut FrameReader::new(c.magic, max)) {
         Ok(Some(f)) => f,
         Ok(None) => {
             return Err(Error::Remote(format!(
-                "bootstrap: the root at {} closed the connection without answering rank {rank} (its process died, it serves another unique id, or the communicator formed without this rank)",
+                "bootstrap: the root at {} closed the connection without answering rank {rank} (its process died, it serves another unique id, the communicator formed without this rank{why}; its log says why)",
                 c.root
             )))
         }
         Err(e) => {
             return Err(Error::Remote(format!(
-                "bootstrap: rank {rank} got no answer from the root at {} after {}: {e}",
+                "bootstrap: rank {rank} got no answer from the root at {} after {}: {e}{}",
                 c.root,
-                proto::secs(start.elapsed())
+                proto::secs(start.elapsed()),
+                if e.kind() == std::io::ErrorKind::ConnectionReset { format!(" ({why})") } else { String::new() }
             )))
         }
     };

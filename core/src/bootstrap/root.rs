@@ -1,6 +1,8 @@
 //! The root's thread: drives [`proto::Root`] over a non-blocking listener.
 //! It serves one communicator init and always ends: when the table went
-//! out, or at the root's deadline.
+//! out, or at the root's deadline. With a key, each connection first runs
+//! the handshake (sans-IO, so a silent or slow client never stalls the
+//! others) and only what it decrypts reaches the frame reader.
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
@@ -9,11 +11,19 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
+use oxccl_secure::{Role, Session};
+
 use super::proto::{self, ConnId, Frame, FrameReader, Hello, Root, RootAction};
+use super::tcp::{self, SharedKey};
 use crate::error::{Error, Result};
 
 /// Starts the root on `listener`; returns its address.
-pub(super) fn spawn(listener: TcpListener, magic: u64, timeout: Duration) -> Result<SocketAddr> {
+pub(super) fn spawn(
+    listener: TcpListener,
+    magic: u64,
+    timeout: Duration,
+    key: SharedKey,
+) -> Result<SocketAddr> {
     let addr = listener
         .local_addr()
         .map_err(|e| Error::io("bootstrap root", e))?;
@@ -22,7 +32,7 @@ pub(super) fn spawn(listener: TcpListener, magic: u64, timeout: Duration) -> Res
         .map_err(|e| Error::io("bootstrap root", e))?;
     std::thread::Builder::new()
         .name("oxccl-bootstrap-root".into())
-        .spawn(move || run(listener, addr, magic, timeout))
+        .spawn(move || run(listener, addr, magic, timeout, key))
         .map_err(|e| Error::System(format!("cannot start the bootstrap root thread: {e}")))?;
     debug!(target: "oxccl::bootstrap", "root listening at {addr}");
     Ok(addr)
@@ -34,6 +44,10 @@ struct Conn {
     reader: FrameReader,
     /// Said a hello the root took.
     joined: bool,
+    /// With a key: the connection's session (handshake, then records).
+    secure: Option<Session>,
+    /// When it was accepted: the handshake must end within HANDSHAKE_WAIT.
+    since: Instant,
 }
 
 enum Event {
@@ -45,6 +59,9 @@ enum Event {
 
 /// Reads what `c` has sent without blocking.
 fn poll_conn(c: &mut Conn) -> Event {
+    if c.secure.is_some() {
+        return poll_secure(c);
+    }
     let mut buf = [0u8; 256];
     loop {
         match c.s.read(&mut buf) {
@@ -52,19 +69,8 @@ fn poll_conn(c: &mut Conn) -> Event {
             // A rank that said hello has nothing more to say; read on to see it close.
             Ok(_) if c.joined => {}
             Ok(n) => {
-                c.reader.push(&buf[..n]);
-                match c.reader.next_frame() {
-                    Err(e) => return Event::Bad(e.to_string()),
-                    Ok(None) => {}
-                    Ok(Some(f)) if f.kind != proto::HELLO => {
-                        return Event::Bad(format!("a frame of kind {} instead of a hello", f.kind))
-                    }
-                    Ok(Some(f)) => {
-                        return match Hello::decode(f.from, &f.payload) {
-                            Some(h) => Event::Hello(h),
-                            None => Event::Bad("a malformed hello".into()),
-                        }
-                    }
+                if let Some(ev) = take_hello(&mut c.reader, &buf[..n]) {
+                    return ev;
                 }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => return Event::Idle,
@@ -72,6 +78,83 @@ fn poll_conn(c: &mut Conn) -> Event {
             Err(_) => return Event::Closed,
         }
     }
+}
+
+/// Feeds `bytes` to the reader: the event once a frame is whole.
+fn take_hello(reader: &mut FrameReader, bytes: &[u8]) -> Option<Event> {
+    reader.push(bytes);
+    match reader.next_frame() {
+        Err(e) => Some(Event::Bad(e.to_string())),
+        Ok(None) => None,
+        Ok(Some(f)) if f.kind != proto::HELLO => Some(Event::Bad(format!(
+            "a frame of kind {} instead of a hello",
+            f.kind
+        ))),
+        Ok(Some(f)) => Some(match Hello::decode(f.from, &f.payload) {
+            Some(h) => Event::Hello(h),
+            None => Event::Bad("a malformed hello".into()),
+        }),
+    }
+}
+
+/// An encrypted connection: runs the handshake, then hands what it
+/// decrypts to the frame reader.
+fn poll_secure(c: &mut Conn) -> Event {
+    let Conn { s, secure, .. } = c;
+    let sess = secure.as_mut().expect("checked by the caller");
+    loop {
+        match sess.read_with(|b| s.read(b)) {
+            Ok(0) => return Event::Closed,
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return Event::Closed,
+        }
+        // Judged as it comes, so that a stranger cannot make us buffer much.
+        if let Err(e) = sess.advance() {
+            return Event::Bad(e.to_string());
+        }
+        if sess.pending_in() > 64 << 10 {
+            return Event::Bad("more bytes than a hello".into());
+        }
+    }
+    if sess.pending_out() > 0 {
+        // The handshake's answer: 50 bytes into a fresh socket's buffer.
+        if let Err(e) = flush_blocking(s, sess) {
+            return Event::Bad(format!("cannot answer its key exchange: {e}"));
+        }
+    }
+    if !sess.is_ready() {
+        if c.since.elapsed() > super::HANDSHAKE_WAIT {
+            return Event::Bad(format!(
+                "no key exchange within {}",
+                proto::secs(super::HANDSHAKE_WAIT)
+            ));
+        }
+        return Event::Idle;
+    }
+    let mut buf = [0u8; 256];
+    loop {
+        match sess.open(&mut buf) {
+            Ok(0) => return Event::Idle,
+            // A rank that said hello has nothing more to say.
+            Ok(_) if c.joined => {}
+            Ok(n) => {
+                if let Some(ev) = take_hello(&mut c.reader, &buf[..n]) {
+                    return ev;
+                }
+            }
+            Err(e) => return Event::Bad(e.to_string()),
+        }
+    }
+}
+
+fn flush_blocking(s: &mut TcpStream, sess: &mut Session) -> std::io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let r = sess.flush_with(|b| s.write(b));
+    s.set_nonblocking(true)?;
+    r
 }
 
 fn send(c: &mut Conn, magic: u64, kind: u8, payload: Vec<u8>) -> std::io::Result<()> {
@@ -84,10 +167,17 @@ fn send(c: &mut Conn, magic: u64, kind: u8, payload: Vec<u8>) -> std::io::Result
         tag: 0,
         payload,
     };
-    c.s.write_all(&f.encode())
+    match c.secure.as_mut() {
+        None => c.s.write_all(&f.encode()),
+        Some(sess) => {
+            sess.seal(&[&f.encode()], usize::MAX)?;
+            let s = &mut c.s;
+            sess.flush_with(|b| s.write(b))
+        }
+    }
 }
 
-fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration) {
+fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, key: SharedKey) {
     let mut root = Root::new(addr, timeout, Instant::now());
     let mut conns: BTreeMap<ConnId, Conn> = BTreeMap::new();
     let mut next_id: ConnId = 0;
@@ -98,6 +188,16 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration) {
             match listener.accept() {
                 Ok((s, peer)) => {
                     busy = true;
+                    let secure = match key.as_deref() {
+                        None => None,
+                        Some(k) => match Session::new(Role::Responder, k, &tcp::prologue(magic)) {
+                            Ok(sess) => Some(sess),
+                            Err(e) => {
+                                warn!(target: "oxccl::bootstrap", "root {addr}: dropped a connection from {peer}: {e}");
+                                continue;
+                            }
+                        },
+                    };
                     if s.set_nonblocking(true).is_ok() {
                         let _ = s.set_nodelay(true);
                         let reader = FrameReader::new(magic, proto::MAX_HELLO);
@@ -108,6 +208,8 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration) {
                                 peer,
                                 reader,
                                 joined: false,
+                                secure,
+                                since: Instant::now(),
                             },
                         );
                         next_id += 1;
@@ -144,6 +246,9 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration) {
                     busy = true;
                     warn!(target: "oxccl::bootstrap", "root {addr}: refused a connection from {}: {why}", c.peer);
                     gone.push(id);
+                    if c.joined {
+                        root.closed(id);
+                    }
                 }
             }
         }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use super::proto::{self, Frame, FrameReader, Reassembler};
-use super::tcp::{lock, read_frame};
+use super::tcp::{lock, read_frame, Link, SharedKey};
 use crate::error::{Error, Result};
 
 #[derive(Default)]
@@ -29,6 +29,9 @@ pub(super) struct Shared {
     pub rank: usize,
     pub nranks: usize,
     pub magic: u64,
+    /// The pre-shared key: every accepted connection must pass the
+    /// handshake with it before a byte of it is read as a frame.
+    pub key: SharedKey,
     /// Operations started, as the engine counts them; peers read it.
     pub progress: Arc<AtomicU64>,
     mail: Mutex<Mail>,
@@ -39,11 +42,12 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    pub fn new(rank: usize, nranks: usize, magic: u64) -> Shared {
+    pub fn new(rank: usize, nranks: usize, magic: u64, key: SharedKey) -> Shared {
         Shared {
             rank,
             nranks,
             magic,
+            key,
             progress: Arc::default(),
             mail: Mutex::default(),
             cv: Condvar::new(),
@@ -224,7 +228,7 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
             return;
         }
         match r {
-            Ok((mut s, peer)) => {
+            Ok((s, peer)) => {
                 shared.prune_readers();
                 let _ = s.set_nodelay(true);
                 let Ok(clone) = s.try_clone() else {
@@ -235,9 +239,12 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
                 match std::thread::Builder::new()
                     .name(format!("oxccl-bootstrap-rx-{}", shared.rank))
                     .spawn(move || {
-                        read_loop(&sh, &mut s, peer);
+                        let end = s.try_clone();
+                        accept_one(&sh, s, peer);
                         // Its clone in `readers` keeps the socket open: end it here.
-                        let _ = s.shutdown(Shutdown::Both);
+                        if let Ok(s) = end {
+                            let _ = s.shutdown(Shutdown::Both);
+                        }
                     }) {
                     Ok(h) => lock(&shared.readers).push((clone, h)),
                     Err(e) => {
@@ -255,7 +262,25 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     }
 }
 
-fn read_loop(shared: &Shared, s: &mut TcpStream, peer: SocketAddr) {
+/// The handshake (with a key), then the connection's frames.
+fn accept_one(shared: &Shared, s: TcpStream, peer: SocketAddr) {
+    let key = shared.key.as_deref();
+    match Link::open(
+        s,
+        key,
+        oxccl_secure::Role::Responder,
+        shared.magic,
+        super::HANDSHAKE_WAIT,
+    ) {
+        Ok(mut link) => read_loop(shared, &mut link, peer),
+        Err(_) if shared.is_closed() => {}
+        Err(e) => {
+            warn!(target: "oxccl::bootstrap", "rank {}: refused a connection from {peer}: {e}", shared.rank)
+        }
+    }
+}
+
+fn read_loop(shared: &Shared, s: &mut Link, peer: SocketAddr) {
     let me = shared.rank;
     let mut reader = FrameReader::new(shared.magic, proto::MAX_CHUNK);
     let mut pieces = Reassembler::default();
@@ -270,6 +295,14 @@ fn read_loop(shared: &Shared, s: &mut TcpStream, peer: SocketAddr) {
             }
             Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
                 warn!(target: "oxccl::bootstrap", "rank {me}: refused a connection from {peer}: {e}");
+                // A rank's authenticated stream broke: what it sent after
+                // is lost, so waiting for it would only end at the timeout.
+                if let (Some(from), Link::Secure(_)) = (sender, &*s) {
+                    shared.fail(
+                        from as usize,
+                        format!("a message from rank {from} ({peer}) was refused: {e}"),
+                    );
+                }
                 return;
             }
             Err(e) => {
@@ -308,7 +341,7 @@ fn read_loop(shared: &Shared, s: &mut TcpStream, peer: SocketAddr) {
                     tag: f.tag,
                     payload: n.to_le_bytes().to_vec(),
                 };
-                let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+                let _ = s.tcp().set_write_timeout(Some(Duration::from_secs(1)));
                 if let Err(e) = std::io::Write::write_all(s, &reply.encode()) {
                     debug!(target: "oxccl::bootstrap", "rank {me}: cannot answer rank {from}'s progress query: {e}");
                     return;

@@ -1,13 +1,15 @@
 //! Socket helpers of the bootstrap: writing and reading frames, connecting
-//! with retries, the cached connections to peers, and the one-shot
-//! connections of progress queries and failure notices.
+//! with retries, the cached connections to peers, the one-shot connections
+//! of progress queries and failure notices, and the encrypted link every
+//! connection becomes when NCCL_SOCKET_KEY_FILE is set.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use oxccl_secure::{Key, Role, SecureError, SecureStream};
 use tracing::debug;
 
 use super::proto::{self, Frame, FrameReader};
@@ -17,10 +19,81 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The bootstrap's key, shared by its threads.
+pub(super) type SharedKey = Option<Arc<Key>>;
+
+/// Binds a session to the bootstrap and to one communicator: a connection
+/// of the socket network or of another job cannot be passed off as ours.
+pub(super) fn prologue(magic: u64) -> Vec<u8> {
+    let mut p = b"oxccl bootstrap v1".to_vec();
+    p.extend_from_slice(&magic.to_le_bytes());
+    p
+}
+
+/// A bootstrap connection: in clear, or authenticated and encrypted.
+pub(super) enum Link {
+    Plain(TcpStream),
+    Secure(Box<SecureStream<TcpStream>>),
+}
+
+impl Link {
+    /// The socket, for timeouts and shutdown.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Link::Plain(s) => s,
+            Link::Secure(s) => s.get_ref(),
+        }
+    }
+
+    /// Runs the handshake on a fresh connection (when there is a key), as
+    /// the side that connected (`Role::Initiator`) or accepted, bounded by
+    /// `wait`; the socket's read timeout is cleared afterwards.
+    pub fn open(
+        s: TcpStream,
+        key: Option<&Key>,
+        role: Role,
+        magic: u64,
+        wait: Duration,
+    ) -> Result<Link, SecureError> {
+        let Some(key) = key else {
+            return Ok(Link::Plain(s));
+        };
+        s.set_read_timeout(Some(wait))?;
+        s.set_write_timeout(Some(wait))?;
+        let st = SecureStream::handshake(s, role, key, &prologue(magic))?;
+        st.get_ref().set_read_timeout(None)?;
+        Ok(Link::Secure(Box::new(st)))
+    }
+}
+
+impl Read for Link {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Link::Plain(s) => s.read(buf),
+            Link::Secure(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Link {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Link::Plain(s) => s.write(buf),
+            Link::Secure(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Link::Plain(s) => s.flush(),
+            Link::Secure(s) => s.flush(),
+        }
+    }
+}
+
 /// Writes one message as frames of at most [`proto::MAX_CHUNK`] bytes
 /// (`MORE` set on all but the last).
 pub(super) fn write_message(
-    s: &mut TcpStream,
+    s: &mut impl Write,
     magic: u64,
     kind: u8,
     from: u32,
@@ -38,7 +111,7 @@ pub(super) fn write_message(
 }
 
 /// Reads until `r` yields a frame; `None` at a clean end of stream.
-pub(super) fn read_frame(s: &mut TcpStream, r: &mut FrameReader) -> std::io::Result<Option<Frame>> {
+pub(super) fn read_frame(s: &mut impl Read, r: &mut FrameReader) -> std::io::Result<Option<Frame>> {
     let mut buf = [0u8; 16 << 10];
     loop {
         if let Some(f) = r
@@ -83,9 +156,10 @@ pub(super) fn connect_retry(addr: SocketAddr, deadline: Instant) -> std::io::Res
 /// returns the connection (to read an answer from, or to close).
 pub(super) fn one_shot(
     addr: SocketAddr,
+    key: Option<&Key>,
     frame: &Frame,
     deadline: Instant,
-) -> std::io::Result<TcpStream> {
+) -> std::io::Result<Link> {
     let left = || {
         let l = deadline.saturating_duration_since(Instant::now());
         if l.is_zero() {
@@ -94,16 +168,23 @@ pub(super) fn one_shot(
             Ok(l)
         }
     };
-    let mut s = TcpStream::connect_timeout(&addr, left()?)?;
+    let s = TcpStream::connect_timeout(&addr, left()?)?;
     let _ = s.set_nodelay(true);
-    s.set_write_timeout(Some(left()?))?;
+    let mut s = Link::open(s, key, Role::Initiator, frame.magic, left()?)?;
+    s.tcp().set_write_timeout(Some(left()?))?;
     s.write_all(&frame.encode())?;
     Ok(s)
 }
 
 /// Asks the rank at `addr` for its progress counter; `None` if it does not
 /// answer by `deadline`.
-pub(super) fn query(addr: SocketAddr, magic: u64, me: u32, deadline: Instant) -> Option<u64> {
+pub(super) fn query(
+    addr: SocketAddr,
+    key: Option<&Key>,
+    magic: u64,
+    me: u32,
+    deadline: Instant,
+) -> Option<u64> {
     let q = Frame {
         magic,
         kind: proto::QUERY,
@@ -111,12 +192,13 @@ pub(super) fn query(addr: SocketAddr, magic: u64, me: u32, deadline: Instant) ->
         tag: 0,
         payload: Vec::new(),
     };
-    let mut s = one_shot(addr, &q, deadline).ok()?;
+    let mut s = one_shot(addr, key, &q, deadline).ok()?;
     let left = deadline.saturating_duration_since(Instant::now());
-    s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+    s.tcp()
+        .set_read_timeout(Some(left.max(Duration::from_millis(1))))
         .ok()?;
     let f = read_frame(&mut s, &mut FrameReader::new(magic, 8)).ok()??;
-    let _ = s.shutdown(Shutdown::Both);
+    let _ = s.tcp().shutdown(Shutdown::Both);
     if f.kind != proto::PROGRESS {
         return None;
     }
@@ -128,8 +210,9 @@ pub(super) fn query(addr: SocketAddr, magic: u64, me: u32, deadline: Instant) ->
 pub(super) struct Outgoing {
     me: u32,
     magic: u64,
+    key: SharedKey,
     pub addrs: Vec<SocketAddr>,
-    slots: Vec<Mutex<Option<TcpStream>>>,
+    slots: Vec<Mutex<Option<Link>>>,
     /// Clones of the cached streams, so that `close` can shut them down
     /// while a sender holds the slot's lock.
     clones: Vec<Mutex<Option<TcpStream>>>,
@@ -137,10 +220,11 @@ pub(super) struct Outgoing {
 }
 
 impl Outgoing {
-    pub fn new(me: usize, magic: u64, addrs: Vec<SocketAddr>) -> Outgoing {
+    pub fn new(me: usize, magic: u64, key: SharedKey, addrs: Vec<SocketAddr>) -> Outgoing {
         Outgoing {
             me: me as u32,
             magic,
+            key,
             slots: addrs.iter().map(|_| Mutex::new(None)).collect(),
             clones: addrs.iter().map(|_| Mutex::new(None)).collect(),
             addrs,
@@ -171,10 +255,19 @@ impl Outgoing {
                 })?;
                 let _ = s.set_nodelay(true);
                 *lock(&self.clones[peer]) = s.try_clone().ok();
+                let s = Link::open(s, self.key.as_deref(), Role::Initiator, self.magic, timeout)
+                    .map_err(|e| {
+                        *lock(&self.clones[peer]) = None;
+                        Error::Remote(format!(
+                            "bootstrap: rank {} cannot open an encrypted connection to rank {peer} at {addr}: {e}",
+                            self.me
+                        ))
+                    })?;
                 *slot = Some(s);
             }
             let s = slot.as_mut().expect("connected above");
             let r = s
+                .tcp()
                 .set_write_timeout(Some(timeout))
                 .and_then(|_| write_message(s, self.magic, proto::DATA, self.me, tag, payload));
             let e = match r {

@@ -414,3 +414,142 @@ fn ipv6_loopback() {
         }
     });
 }
+
+// ---- With a pre-shared key (NCCL_SOCKET_KEY_FILE) -----------------------
+
+fn key(seed: u8) -> Option<Arc<Key>> {
+    let mut b = [0u8; 32];
+    rand::rngs::StdRng::seed_from_u64(seed.into()).fill(&mut b[..]);
+    Some(Arc::new(Key::from_bytes(b)))
+}
+
+/// Ranks of one communicator, each with its own key (or none), the root
+/// with `root_key`; each rank's init result.
+fn init_keyed(
+    c: &Config,
+    root_key: Option<Arc<Key>>,
+    keys: Vec<Option<Arc<Key>>>,
+) -> Vec<Result<Bootstrap>> {
+    let id = start_root_keyed(c, root_key).unwrap();
+    let n = keys.len();
+    let hs: Vec<_> = keys
+        .into_iter()
+        .enumerate()
+        .map(|(r, k)| {
+            let c = c.clone();
+            std::thread::spawn(move || Bootstrap::init_keyed(&id, r, n, &c, k))
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn encrypted_ranks_exchange_data_and_refuse_strangers_in_clear() {
+    let c = cfg("10");
+    let k = key(1);
+    let bs: Vec<Bootstrap> = init_keyed(&c, k.clone(), vec![k.clone(); 3])
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    std::thread::scope(|s| {
+        for b in &bs {
+            s.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(b.rank() as u64);
+                let mine: Vec<u8> = (0..1000 + 70_000 * b.rank())
+                    .map(|_| rng.random())
+                    .collect();
+                let all = b.allgather(&mine).unwrap();
+                for (r, got) in all.iter().enumerate() {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(r as u64);
+                    let want: Vec<u8> = (0..1000 + 70_000 * r).map(|_| rng.random()).collect();
+                    assert_eq!(got, &want, "rank {r}'s block");
+                }
+                b.barrier().unwrap();
+            });
+        }
+    });
+    // A frame in clear, with the right magic, is refused before it is read.
+    let mut plain = TcpStream::connect(bs[1].listen_addr()).unwrap();
+    let f = Frame {
+        magic: bs[1].shared.magic,
+        kind: proto::DATA,
+        from: 0,
+        tag: 5,
+        payload: vec![9],
+    };
+    plain.write_all(&f.encode()).unwrap();
+    expect_closed(&mut plain);
+    bs[0].send(1, 5, &[2]).unwrap();
+    assert_eq!(bs[1].recv(0, 5).unwrap(), [2]);
+    assert!(bs[1]
+        .shared
+        .wait(0, 5, Duration::from_millis(200), &String::new)
+        .is_err());
+}
+
+#[test]
+fn ranks_with_another_key_or_none_are_refused_and_named() {
+    let c = cfg("2");
+    let k = key(1);
+    let rs = init_keyed(&c, k.clone(), vec![k.clone(), k, key(2), None]);
+    let msgs: Vec<String> = rs
+        .into_iter()
+        .map(|r| r.err().expect("init must fail").to_string())
+        .collect();
+    for m in &msgs[..2] {
+        assert!(m.contains("ranks [2, 3] of 4 never connected"), "{m}");
+    }
+    assert!(
+        msgs[2].contains("refused by the root") && msgs[2].contains("another key"),
+        "{}",
+        msgs[2]
+    );
+    assert!(
+        msgs[3].contains("NCCL_SOCKET_KEY_FILE set there and not here"),
+        "{}",
+        msgs[3]
+    );
+    // A keyed rank at a root without a key.
+    let rs = init_keyed(&c, None, vec![None, key(1)]);
+    let m = rs[1].as_ref().err().expect("init must fail").to_string();
+    assert!(
+        m.contains("refused by the root") && m.contains("NCCL_SOCKET_KEY_FILE"),
+        "{m}"
+    );
+}
+
+#[test]
+fn a_replayed_message_is_refused_and_a_tampered_one_fails_the_receiver() {
+    let c = cfg("10");
+    let k = key(3);
+    let bs: Vec<Bootstrap> = init_keyed(&c, k.clone(), vec![k.clone(); 2])
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let magic = bs[1].shared.magic;
+    // Rank 0's messages to rank 1 through a proxy that records them.
+    let proxy = oxccl_secure::testing::TamperProxy::start(bs[1].listen_addr(), 40).unwrap();
+    let out = Outgoing::new(0, magic, k.clone(), vec![bs[0].listen_addr(), proxy.addr]);
+    let t = Duration::from_secs(5);
+    out.send(1, 7, b"pay rank 1 once", t).unwrap();
+    assert_eq!(bs[1].recv(0, 7).unwrap(), b"pay rank 1 once");
+    // The same bytes again, straight to rank 1: refused, nothing delivered.
+    let wire = proxy.sent().remove(0);
+    let mut replay = TcpStream::connect(bs[1].listen_addr()).unwrap();
+    replay.write_all(&wire).unwrap();
+    expect_closed(&mut replay);
+    let again = bs[1]
+        .shared
+        .wait(0, 7, Duration::from_millis(300), &String::new);
+    assert!(again.is_err(), "a replayed message was delivered");
+    // One byte of the next message altered on the way: rank 1 fails with
+    // a clear error rather than taking the message.
+    proxy.arm();
+    out.send(1, 8, &[5u8; 100], t).unwrap();
+    let e = bs[1].recv(0, 8).unwrap_err().to_string();
+    assert!(
+        e.contains("rank 0") && e.contains("failed authentication"),
+        "{e}"
+    );
+    assert!(bs[1].shared.failure().is_some());
+}

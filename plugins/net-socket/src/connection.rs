@@ -2,14 +2,19 @@
 //! the connecting side and gathered by the listening side, both as state
 //! machines that never block (the core drives many connections from one
 //! thread). Then the two ends a connection has once established.
+//!
+//! With a key (NCCL_SOCKET_KEY_FILE), every socket runs `oxccl_secure`'s
+//! handshake first and its introduction is the first encrypted record: a
+//! socket from a peer without the key is refused before it is placed.
 
-use std::io::{self, ErrorKind, Read};
+use std::io::{self, ErrorKind, Read, Write};
 use std::net::SocketAddr;
 use std::os::raw::c_int;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use oxccl_plugin::{MrHandle, NetError, NetResult, PtrType, RecvComm, Request, SendComm};
+use oxccl_secure::{Key, Role, SecureError, Session};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::handle::Handle;
@@ -39,8 +44,50 @@ const INTRO_MAGIC: u32 = 0x4f58_4931; // "OXI1"
 pub const CONNECT_RETRY_FOR: Duration = Duration::from_secs(10);
 const CONNECT_RETRY_EVERY: Duration = Duration::from_millis(10);
 
-/// A socket error as the core should see it: the peer going away is a
-/// remote error, anything else a system one.
+/// Binds every session to this network: a bootstrap connection cannot be
+/// passed off as one of ours.
+const PROLOGUE: &[u8] = b"oxccl net-socket v1";
+
+/// A socket and, with a key, its session.
+pub struct Stream {
+    pub sock: Socket,
+    pub sess: Option<Box<Session>>,
+}
+
+/// A socket as `Read + Write` for a session, sending with MSG_NOSIGNAL.
+pub struct Io<'a>(pub &'a Socket);
+
+impl Read for Io<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self.0).read(buf)
+    }
+}
+
+impl Write for Io<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.send_with_flags(buf, MSG_NOSIGNAL)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn session(role: Role, key: &Key) -> NetResult<Box<Session>> {
+    Session::new(role, key, PROLOGUE)
+        .map(Box::new)
+        .map_err(|e| NetError::Internal(format!("cannot start an encrypted session: {e}")))
+}
+
+/// A session's failure on an established connection.
+pub fn secure_error(peer: &str, e: SecureError) -> NetError {
+    match e {
+        SecureError::Io(e) => io_error(peer, e),
+        e => NetError::Remote(format!("connection to {peer}: {e}")),
+    }
+}
+
+/// A socket error as the core should see it: the peer going away, or bytes
+/// of it refused, is a remote error, anything else a system one.
 pub fn io_error(peer: &str, e: io::Error) -> NetError {
     match e.kind() {
         ErrorKind::UnexpectedEof
@@ -50,6 +97,8 @@ pub fn io_error(peer: &str, e: io::Error) -> NetError {
         | ErrorKind::NotConnected => {
             NetError::Remote(format!("connection to {peer} closed by peer ({e})"))
         }
+        // A session's refusal of what arrived (altered, replayed, cut).
+        ErrorKind::InvalidData => NetError::Remote(format!("connection to {peer}: {e}")),
         _ => NetError::System(format!("connection to {peer}: {e}")),
     }
 }
@@ -68,12 +117,14 @@ struct Opening {
     connected: bool,
     intro: [u8; INTRO],
     sent: usize,
+    sess: Option<Box<Session>>,
 }
 
 /// The connecting side's progress, kept between calls to `connect`.
 pub struct Connecting {
     handle: Handle,
-    open: Vec<Socket>,
+    key: Option<Arc<Key>>,
+    open: Vec<Stream>,
     current: Option<Opening>,
     started: Instant,
     retry_for: Duration,
@@ -81,9 +132,10 @@ pub struct Connecting {
 }
 
 impl Connecting {
-    pub fn new(handle: Handle, retry_for: Duration) -> Connecting {
+    pub fn new(handle: Handle, retry_for: Duration, key: Option<Arc<Key>>) -> Connecting {
         Connecting {
             handle,
+            key,
             open: Vec::new(),
             current: None,
             started: Instant::now(),
@@ -94,7 +146,7 @@ impl Connecting {
 
     /// Moves as far as it can without blocking; the sockets, control first,
     /// once all are open and introduced.
-    pub fn step(&mut self) -> NetResult<Option<Vec<Socket>>> {
+    pub fn step(&mut self) -> NetResult<Option<Vec<Stream>>> {
         let addr = self.handle.addr;
         let sys = |e: io::Error| NetError::System(format!("connect to {addr}: {e}"));
         loop {
@@ -122,11 +174,16 @@ impl Connecting {
                     }
                 };
                 let index = self.open.len() as u32;
+                let sess = match &self.key {
+                    Some(k) => Some(session(Role::Initiator, k)?),
+                    None => None,
+                };
                 self.current = Some(Opening {
                     sock,
                     connected,
                     intro: intro(self.handle.conn_id, index),
                     sent: 0,
+                    sess,
                 });
                 continue;
             };
@@ -141,15 +198,39 @@ impl Connecting {
                     Err(e) => return Err(sys(e)),
                 }
             }
-            match op.sock.send_with_flags(&op.intro[op.sent..], MSG_NOSIGNAL) {
-                Ok(n) => op.sent += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(io_error(&addr.to_string(), e)),
+            if let Some(sess) = op.sess.as_mut() {
+                // The handshake, then the introduction as its first record.
+                let refused = |e: SecureError| {
+                    NetError::Remote(format!(
+                        "connect to {addr}: refused in the key exchange: {e}"
+                    ))
+                };
+                if !sess.handshake_step(&mut Io(&op.sock)).map_err(refused)? {
+                    return Ok(None);
+                }
+                if op.sent < INTRO {
+                    sess.seal(&[&op.intro], INTRO).map_err(refused)?;
+                    op.sent = INTRO;
+                }
+                match sess.flush_with(|b| Io(&op.sock).write(b)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                    Err(e) => return Err(io_error(&addr.to_string(), e)),
+                }
+            } else {
+                match op.sock.send_with_flags(&op.intro[op.sent..], MSG_NOSIGNAL) {
+                    Ok(n) => op.sent += n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(io_error(&addr.to_string(), e)),
+                }
             }
             if op.sent == INTRO {
                 let op = self.current.take().expect("checked above");
-                self.open.push(op.sock);
+                self.open.push(Stream {
+                    sock: op.sock,
+                    sess: op.sess,
+                });
             }
         }
     }
@@ -186,20 +267,23 @@ struct Arriving {
     peer: Option<SocketAddr>,
     intro: [u8; INTRO],
     got: usize,
+    sess: Option<Box<Session>>,
 }
 
 /// The listening side's progress: sockets arrive in any order (the kernel
 /// queues them), each says which connection and which position it is.
 pub struct Accepting {
     conn_id: u64,
+    key: Option<Arc<Key>>,
     arriving: Vec<Arriving>,
-    slots: Vec<Option<Socket>>,
+    slots: Vec<Option<Stream>>,
 }
 
 impl Accepting {
-    pub fn new(conn_id: u64, nsocks: usize) -> Accepting {
+    pub fn new(conn_id: u64, nsocks: usize, key: Option<Arc<Key>>) -> Accepting {
         Accepting {
             conn_id,
+            key,
             arriving: Vec::new(),
             slots: (0..=nsocks).map(|_| None).collect(),
         }
@@ -209,22 +293,50 @@ impl Accepting {
         sock.set_nonblocking(true)
             .map_err(|e| NetError::System(format!("accept: {e}")))?;
         tune(&sock);
+        let sess = match &self.key {
+            Some(k) => Some(session(Role::Responder, k)?),
+            None => None,
+        };
         self.arriving.push(Arriving {
             sock,
             peer,
             intro: [0; INTRO],
             got: 0,
+            sess,
         });
         Ok(())
     }
 
     /// Reads what introductions have arrived; the sockets, control first,
     /// once every position is filled.
-    pub fn step(&mut self) -> Option<Vec<Socket>> {
+    pub fn step(&mut self) -> Option<Vec<Stream>> {
         let mut i = 0;
         while i < self.arriving.len() {
             let a = &mut self.arriving[i];
-            let r = (&a.sock).read(&mut a.intro[a.got..]);
+            let r = match a.sess.as_mut() {
+                None => (&a.sock).read(&mut a.intro[a.got..]),
+                Some(sess) => {
+                    let io = &mut Io(&a.sock);
+                    let r = sess.handshake_step(io).and_then(|ready| match ready {
+                        true => sess.read_from(io, &mut a.intro[a.got..]),
+                        false => Ok(None),
+                    });
+                    match r {
+                        Ok(Some(n)) => Ok(n),
+                        Ok(None) => Err(ErrorKind::WouldBlock.into()),
+                        // Gone before saying who it was: not ours to report.
+                        Err(SecureError::Io(e)) => Err(e),
+                        Err(e) => {
+                            let peer = a.peer.map_or_else(|| "?".to_string(), |p| p.to_string());
+                            eprintln!(
+                                "oxccl net-socket: WARN refused a connection from {peer}: {e}"
+                            );
+                            self.arriving.swap_remove(i);
+                            continue;
+                        }
+                    }
+                }
+            };
             match r {
                 Ok(0) => {
                     // Gone before saying who it was: not ours to report.
@@ -267,7 +379,12 @@ impl Accepting {
             return;
         }
         match self.slots.get_mut(index) {
-            Some(slot @ None) => *slot = Some(a.sock),
+            Some(slot @ None) => {
+                *slot = Some(Stream {
+                    sock: a.sock,
+                    sess: a.sess,
+                })
+            }
             _ => eprintln!(
                 "oxccl net-socket: WARN refused a connection from {peer}: socket position {index} is taken or out of range"
             ),
@@ -280,13 +397,13 @@ impl Accepting {
 pub fn assemble(
     sending: bool,
     peer: String,
-    mut socks: Vec<Socket>,
+    mut socks: Vec<Stream>,
     nthreads: usize,
 ) -> NetResult<Arc<Mutex<Queue>>> {
     let peer: Arc<str> = peer.into();
     let sys = |e: io::Error| NetError::System(format!("connection to {peer}: {e}"));
     let ctrl = socks.remove(0);
-    ctrl.set_nonblocking(true).map_err(sys)?;
+    ctrl.sock.set_nonblocking(true).map_err(sys)?;
     let nsocks = socks.len();
     let nthreads = if nsocks == 0 {
         0
@@ -294,9 +411,9 @@ pub fn assemble(
         nthreads.clamp(1, nsocks)
     };
     // Data socket j goes to thread j % nthreads (see `DataPath::dispatch`).
-    let mut owned: Vec<Vec<Socket>> = (0..nthreads).map(|_| Vec::new()).collect();
+    let mut owned: Vec<Vec<Stream>> = (0..nthreads).map(|_| Vec::new()).collect();
     for (j, s) in socks.into_iter().enumerate() {
-        s.set_nonblocking(false).map_err(sys)?;
+        s.sock.set_nonblocking(false).map_err(sys)?;
         owned[j % nthreads].push(s);
     }
     let workers = owned

@@ -21,13 +21,14 @@ mod request;
 mod threads;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oxccl_netif::{Family, Iface};
 use oxccl_plugin::{
     BuiltinNet, ListenComm, Net, NetError, NetHandle, NetProperties, NetResult, SendComm,
 };
+use oxccl_secure::Key;
 
 use crate::connection::Connecting;
 pub use crate::handle::Handle;
@@ -49,6 +50,9 @@ pub struct SocketNet {
     connecting: Mutex<HashMap<u64, Connecting>>,
     /// How long a refused connect is retried before it is an error.
     connect_retry: Duration,
+    /// With a key (NCCL_SOCKET_KEY_FILE) every socket is authenticated and
+    /// encrypted by `oxccl_secure`.
+    key: Option<Arc<Key>>,
 }
 
 fn env_num(name: &str, default: usize) -> Result<usize, NetError> {
@@ -67,8 +71,9 @@ impl SocketNet {
     /// NCCL_SOCKET_IFNAME, NCCL_SOCKET_FAMILY, NCCL_SOCKET_NTHREADS and
     /// NCCL_NSOCKS_PERTHREAD (default 2 x 2 on 8 or more cores; below that 0
     /// threads: the caller's thread moves the data, fastest on 2 cores per
-    /// docs/PERF.md).
+    /// docs/PERF.md), and NCCL_SOCKET_KEY_FILE (encryption).
     pub fn from_env() -> NetResult<SocketNet> {
+        let key = Key::from_env().map_err(|e| NetError::InvalidArgument(e.to_string()))?;
         let ifname = std::env::var("NCCL_SOCKET_IFNAME").ok();
         let fam = std::env::var("NCCL_SOCKET_FAMILY").ok();
         let family =
@@ -81,6 +86,14 @@ impl SocketNet {
             env_num("NCCL_SOCKET_NTHREADS", threads)?,
             env_num("NCCL_NSOCKS_PERTHREAD", socks)?,
         )
+        .map(|n| n.with_key(key.map(Arc::new)))
+    }
+
+    /// Authenticates and encrypts every connection with `key` (`None`: in
+    /// clear). Both ends must use the same.
+    pub fn with_key(mut self, key: Option<Arc<Key>>) -> SocketNet {
+        self.key = key;
+        self
     }
 
     /// A network on the interfaces `ifname` selects (NCCL_SOCKET_IFNAME
@@ -103,6 +116,7 @@ impl SocketNet {
             socks_per_thread,
             connecting: Mutex::new(HashMap::new()),
             connect_retry: connection::CONNECT_RETRY_FOR,
+            key: None,
         })
     }
 
@@ -133,11 +147,14 @@ impl Net for SocketNet {
         let iface = self.dev(dev)?;
         let conn_id = random_u64();
         let nsocks = self.nthreads * self.socks_per_thread;
-        let (l, addr) =
-            listen::SocketListen::bind(device::bind_addr(iface), self.nthreads, nsocks, conn_id)
-                .map_err(|e| {
-                    NetError::System(format!("listen on {} ({}): {e}", iface.name, iface.addr))
-                })?;
+        let (l, addr) = listen::SocketListen::bind(
+            device::bind_addr(iface),
+            self.nthreads,
+            nsocks,
+            conn_id,
+            self.key.clone(),
+        )
+        .map_err(|e| NetError::System(format!("listen on {} ({}): {e}", iface.name, iface.addr)))?;
         let handle = Handle {
             addr,
             nthreads: self.nthreads as u8,
@@ -159,7 +176,7 @@ impl Net for SocketNet {
             // A fresh handle, or one whose connect already ended: start over.
             _ => {
                 let k = random_u64();
-                map.insert(k, Connecting::new(h, self.connect_retry));
+                map.insert(k, Connecting::new(h, self.connect_retry, self.key.clone()));
                 handle::set_connect_key(handle, Some(k));
                 k
             }

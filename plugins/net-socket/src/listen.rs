@@ -4,6 +4,9 @@
 
 use std::io::ErrorKind;
 use std::net::SocketAddr;
+use std::sync::Arc;
+
+use oxccl_secure::Key;
 
 use oxccl_plugin::{ListenComm, NetError, NetResult, RecvComm};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -28,6 +31,7 @@ impl SocketListen {
         nthreads: usize,
         nsocks: usize,
         conn_id: u64,
+        key: Option<Arc<Key>>,
     ) -> std::io::Result<(SocketListen, SocketAddr)> {
         let listener = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
         listener.bind(&addr.into())?;
@@ -41,7 +45,7 @@ impl SocketListen {
             SocketListen {
                 listener,
                 nthreads,
-                accepting: Accepting::new(conn_id, nsocks),
+                accepting: Accepting::new(conn_id, nsocks, key),
             },
             local,
         ))
@@ -64,6 +68,7 @@ impl ListenComm for SocketListen {
             return Ok(None);
         };
         let peer = socks[0]
+            .sock
             .peer_addr()
             .ok()
             .and_then(|a| a.as_socket())

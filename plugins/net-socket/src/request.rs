@@ -7,15 +7,20 @@
 //! thread: lowest latency). Large ones are cut into stripes that the helper
 //! threads move over the data sockets; both ends cut by the size in the
 //! header and rotate over the sockets in step, so the stripes line up.
+//! With a key the control socket's bytes are sealed into records (in
+//! batches, so that memory stays bounded) and opened straight into the
+//! caller's buffer; a record that fails authentication fails the connection.
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, IoSlice, Read};
+use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::sync::{Arc, Mutex};
 
 use oxccl_plugin::{NetError, NetResult, Request};
+use oxccl_secure::session::SEAL_BATCH;
+use oxccl_secure::Session;
 use socket2::Socket;
 
-use crate::connection::{io_error, MSG_NOSIGNAL};
+use crate::connection::{io_error, secure_error, Io, Stream, MSG_NOSIGNAL};
 use crate::threads::{Job, Progress, Worker};
 
 /// Messages from this size on go to the helper threads; smaller ones ride
@@ -100,6 +105,8 @@ pub struct Queue {
     peer: Arc<str>,
     /// Non-blocking: only the helper threads ever block.
     ctrl: Socket,
+    /// The control socket's session, with a key.
+    sess: Option<Box<Session>>,
     data: DataPath,
     next_id: u64,
     /// Operations that still need the control socket, in posting order.
@@ -124,11 +131,12 @@ pub struct Queue {
 const CARRY: usize = 4096;
 
 impl Queue {
-    pub fn new(sending: bool, peer: Arc<str>, ctrl: Socket, data: DataPath) -> Queue {
+    pub fn new(sending: bool, peer: Arc<str>, ctrl: Stream, data: DataPath) -> Queue {
         Queue {
             sending,
             peer,
-            ctrl,
+            ctrl: ctrl.sock,
+            sess: ctrl.sess,
             data,
             next_id: 0,
             waiting: VecDeque::new(),
@@ -315,6 +323,27 @@ impl Queue {
         // SAFETY: isend's contract: `size` readable bytes at `addr`, unchanged
         // until the request completes; `len` is 0 or `size`.
         let payload = unsafe { std::slice::from_raw_parts(op.addr as *const u8, len) };
+        if let Some(sess) = self.sess.as_mut() {
+            // Seal a batch, send it, seal the next: the op waits while
+            // sealed bytes wait for the socket (no one else would send them).
+            loop {
+                match sess.flush_with(|b| Io(&self.ctrl).write(b)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(true),
+                    Err(e) => return Err(io_error(&self.peer, e)),
+                }
+                if op.header_done == HEADER && op.payload_done == len {
+                    break;
+                }
+                let parts = [&op.header[op.header_done..], &payload[op.payload_done..]];
+                let n = sess
+                    .seal(&parts, SEAL_BATCH)
+                    .map_err(|e| secure_error(&self.peer, e))?;
+                let h = n.min(HEADER - op.header_done);
+                op.header_done += h;
+                op.payload_done += n - h;
+            }
+        }
         // Header and inline payload leave in one system call (one segment for
         // a small message), which is most of the latency.
         while op.header_done < HEADER || op.payload_done < len {
@@ -368,6 +397,21 @@ impl Queue {
     /// long ones straight from the socket.
     fn read_some(&mut self, buf: &mut [u8], done: &mut usize) -> NetResult<bool> {
         let mut off = 0;
+        if let Some(sess) = self.sess.as_mut() {
+            // The session buffers what comes ahead, as the carry does.
+            while off < buf.len() {
+                match sess.read_from(&mut Io(&self.ctrl), &mut buf[off..]) {
+                    Ok(Some(0)) => return Err(self.closed_by_peer()),
+                    Ok(Some(n)) => {
+                        off += n;
+                        *done += n;
+                    }
+                    Ok(None) => return Ok(false),
+                    Err(e) => return Err(secure_error(&self.peer, e)),
+                }
+            }
+            return Ok(true);
+        }
         while off < buf.len() {
             if self.carry_lo < self.carry_hi {
                 let n = (buf.len() - off).min(self.carry_hi - self.carry_lo);

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use oxccl_plugin::{Net, NetResult, RecvComm, Request, SendComm};
+use oxccl_plugin::{ListenComm, Net, NetHandle, NetResult, RecvComm, Request, SendComm};
 
 use super::*;
 
@@ -16,7 +16,17 @@ fn lo(nthreads: usize, socks_per_thread: usize) -> SocketNet {
 /// Connects and accepts from one thread, polling both sides: neither call
 /// may block, or this would never finish.
 fn pair(net: &SocketNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
-    let (mut h, mut l) = net.listen(0).unwrap();
+    let (h, l) = net.listen(0).unwrap();
+    pair_via(net, h, l)
+}
+
+/// [`pair`] through a listener and handle given (another network's, or one
+/// pointing elsewhere).
+fn pair_via(
+    net: &SocketNet,
+    mut h: NetHandle,
+    mut l: Box<dyn ListenComm>,
+) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
     let original = h;
     let (mut s, mut r) = (None, None);
     let start = Instant::now();
@@ -199,6 +209,28 @@ fn tag_mismatch_is_an_error_naming_both_tags() {
     );
 }
 
+/// Sends 4 MiB messages until one fails (bounded by LIMIT): the error.
+fn send_until_error(s: &mut Box<dyn SendComm>) -> NetError {
+    let m = vec![1u8; 4 << 20];
+    let start = Instant::now();
+    loop {
+        // SAFETY: `m` outlives the requests, which are waited for at once.
+        match unsafe { s.isend(m.as_ptr(), m.len(), 0, None) } {
+            Err(e) => return e,
+            Ok(Some(mut q)) => {
+                if let Err(e) = wait(&mut q) {
+                    return e;
+                }
+            }
+            Ok(None) => {}
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "sends to a gone peer kept succeeding"
+        );
+    }
+}
+
 #[test]
 fn peer_loss_is_a_remote_error() {
     let net = lo(2, 2);
@@ -215,24 +247,7 @@ fn peer_loss_is_a_remote_error() {
     // The receiver goes away: the next send fails.
     let (mut s, r) = pair(&net);
     drop(r);
-    let m = vec![1u8; 4 << 20];
-    let start = Instant::now();
-    let e = loop {
-        // SAFETY: `m` outlives the requests, which are waited for at once.
-        match unsafe { s.isend(m.as_ptr(), m.len(), 0, None) } {
-            Err(e) => break e,
-            Ok(Some(mut q)) => {
-                if let Err(e) = wait(&mut q) {
-                    break e;
-                }
-            }
-            Ok(None) => {}
-        }
-        assert!(
-            start.elapsed() < LIMIT,
-            "sends to a closed peer kept succeeding"
-        );
-    };
+    let e = send_until_error(&mut s);
     assert!(matches!(e, NetError::Remote(_)), "{e}");
 }
 
@@ -390,5 +405,129 @@ fn c_abi_vtable_moves_data() {
         for c in [send, recv, listen] {
             assert_eq!((v.close_send.unwrap())(c), 0);
         }
+    }
+}
+
+// ---- With a key (NCCL_SOCKET_KEY_FILE) ------------------------------------
+
+fn keyed(nthreads: usize, socks_per_thread: usize, seed: u8) -> SocketNet {
+    let mut k = random_bytes(32, seed.into());
+    k[0] ^= 1;
+    let key = Key::from_bytes(k.try_into().unwrap());
+    lo(nthreads, socks_per_thread).with_key(Some(Arc::new(key)))
+}
+
+#[test]
+fn encrypted_messages_of_every_size_arrive_in_order() {
+    let sizes = [
+        0,
+        1,
+        1000,
+        (1 << 20) + 3,
+        16 << 20,
+        7,
+        64 << 10,
+        65519,
+        65520,
+    ];
+    exchange(&keyed(2, 2, 1), &sizes);
+    exchange(&keyed(0, 1, 1), &sizes);
+}
+
+/// Polls connect and accept for `secs`: the connect's outcome (if it
+/// ended) and whether anything was accepted.
+fn try_pair(
+    listener: &SocketNet,
+    connector: &SocketNet,
+    secs: f64,
+) -> (Option<NetResult<Box<dyn SendComm>>>, bool) {
+    let (mut h, mut l) = listener.listen(0).unwrap();
+    let start = Instant::now();
+    let mut sent = None;
+    while start.elapsed().as_secs_f64() < secs {
+        if sent.is_none() {
+            match connector.connect(0, &mut h) {
+                Ok(None) => {}
+                Ok(Some(s)) => sent = Some(Ok(s)),
+                Err(e) => sent = Some(Err(e)),
+            }
+        }
+        if l.accept().unwrap().is_some() {
+            return (sent, true);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    (sent, false)
+}
+
+#[test]
+fn connections_without_the_key_or_with_another_are_refused() {
+    for (listener, connector) in [(keyed(2, 2, 1), keyed(2, 2, 2)), (lo(2, 2), keyed(2, 2, 1))] {
+        let (sent, accepted) = try_pair(&listener, &connector, 3.0);
+        assert!(!accepted);
+        let e = sent.expect("the connect ended").err().expect("refused");
+        assert!(matches!(e, NetError::Remote(_)), "{e}");
+        assert!(e.to_string().contains("key exchange"), "{e}");
+    }
+    // A connector in clear believes it is connected; nothing is accepted,
+    // and its sends fail once the listener has dropped its sockets.
+    let (sent, accepted) = try_pair(&keyed(0, 1, 1), &lo(0, 1), 1.0);
+    assert!(!accepted);
+    let mut s = sent.expect("a plain connect ends").unwrap();
+    let e = send_until_error(&mut s);
+    assert!(matches!(e, NetError::Remote(_)), "{e}");
+}
+
+#[test]
+fn a_tampered_byte_fails_the_receive_and_a_replayed_socket_is_refused() {
+    for (threads, socks) in [(0, 1), (2, 2)] {
+        let net = keyed(threads, socks, 3);
+        let (h, l) = net.listen(0).unwrap();
+        let real = Handle::decode(&h).unwrap();
+        let proxy = oxccl_secure::testing::TamperProxy::start(real.addr, 1000).unwrap();
+        let via = Handle {
+            addr: proxy.addr,
+            ..real
+        };
+        let (mut s, mut r) = pair_via(&net, via.encode(), l);
+        let a = random_bytes(1 << 20, 5);
+        let mut out = vec![0u8; 4 << 20];
+        let mut rr = irecv(&mut r, &mut out, 1);
+        let mut sr = isend(&mut s, &a, 1);
+        assert_eq!(wait(&mut sr).unwrap(), a.len());
+        assert_eq!(wait(&mut rr).unwrap(), a.len());
+        assert!(out[..a.len()] == a[..]);
+        // One byte of the next message altered on the way.
+        proxy.arm();
+        let b = random_bytes(4 << 20, 6);
+        let mut rr = irecv(&mut r, &mut out, 1);
+        let _sr = isend(&mut s, &b, 1);
+        let e = wait(&mut rr).expect_err("a tampered message must not arrive");
+        assert!(matches!(e, NetError::Remote(_)), "{e}");
+        assert!(
+            e.to_string().contains("failed authentication"),
+            "{threads} threads: {e}"
+        );
+
+        // A recorded socket replayed to a listener is refused.
+        let (h2, mut l2) = net.listen(0).unwrap();
+        let addr = Handle::decode(&h2).unwrap().addr;
+        let mut replay = std::net::TcpStream::connect(addr).unwrap();
+        std::io::Write::write_all(&mut replay, &proxy.sent()[0]).unwrap();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(500) {
+            assert!(
+                l2.accept().unwrap().is_none(),
+                "a replayed socket was accepted"
+            );
+        }
+        replay.set_read_timeout(Some(LIMIT)).unwrap();
+        let mut buf = [0u8; 256];
+        let mut got = 0;
+        // The listener's answer to the handshake, then the close.
+        while let Ok(n @ 1..) = std::io::Read::read(&mut replay, &mut buf) {
+            got += n;
+        }
+        assert!(got <= 64, "{got} bytes came back to a replayed socket");
     }
 }

@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use oxccl_plugin::NetError;
 use socket2::Socket;
 
-use crate::connection::{io_error, MSG_NOSIGNAL};
+use crate::connection::{io_error, Io, Stream, MSG_NOSIGNAL};
 
 /// Completion state shared by the stripes of one message.
 #[derive(Debug)]
@@ -92,10 +92,10 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn spawn(socks: Vec<Socket>, sending: bool, peer: Arc<str>) -> io::Result<Worker> {
+    pub fn spawn(mut socks: Vec<Stream>, sending: bool, peer: Arc<str>) -> io::Result<Worker> {
         let dups = socks
             .iter()
-            .map(Socket::try_clone)
+            .map(|s| s.sock.try_clone())
             .collect::<io::Result<Vec<_>>>()?;
         let (tx, rx) = channel::<Job>();
         let handle = std::thread::Builder::new()
@@ -106,7 +106,9 @@ impl Worker {
                 let mut broken: Option<NetError> = None;
                 for job in rx {
                     if broken.is_none() {
-                        if let Err(e) = move_stripe(&socks[job.sock], job.addr, job.len, sending) {
+                        if let Err(e) =
+                            move_stripe(&mut socks[job.sock], job.addr, job.len, sending)
+                        {
                             broken = Some(io_error(&peer, e));
                         }
                     }
@@ -152,13 +154,17 @@ impl Drop for Worker {
 }
 
 #[allow(unsafe_code)]
-fn move_stripe(s: &Socket, addr: usize, len: usize, sending: bool) -> io::Result<()> {
+fn move_stripe(st: &mut Stream, addr: usize, len: usize, sending: bool) -> io::Result<()> {
     let mut off = 0;
+    let s = &st.sock;
     if sending {
         // SAFETY: the caller of isend guaranteed `len` readable bytes at
         // `addr`, unchanged until the request completes, which is after this
         // stripe is counted done.
         let buf = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+        if let Some(sess) = st.sess.as_mut() {
+            return Ok(sess.send_all(&mut Io(s), &[buf])?);
+        }
         while off < len {
             match s.send_with_flags(&buf[off..], MSG_NOSIGNAL) {
                 Ok(n) => off += n,
@@ -170,6 +176,17 @@ fn move_stripe(s: &Socket, addr: usize, len: usize, sending: bool) -> io::Result
         // SAFETY: the caller of irecv guaranteed `len` writable bytes at
         // `addr`, touched by no one else until the request completes.
         let buf = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+        if let Some(sess) = st.sess.as_mut() {
+            while off < len {
+                match sess.read_from(&mut Io(s), &mut buf[off..])? {
+                    Some(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    Some(n) => off += n,
+                    // A blocking socket without a timeout: only a signal.
+                    None => {}
+                }
+            }
+            return Ok(());
+        }
         let mut r: &Socket = s;
         while off < len {
             match r.read(&mut buf[off..]) {
