@@ -21,7 +21,23 @@ use crate::error::{Error, Result};
 struct Mail {
     msgs: HashMap<(usize, u64), VecDeque<Vec<u8>>>,
     failure: Option<(usize, String)>,
+    /// Failure notices no longer end waits: the communicator was revoked,
+    /// and what follows (split, shrink) is the recovery from them.
+    forgiven: bool,
+    /// While set, every wait ends at once with this reason (a revoke
+    /// ending the operations in flight); cleared once they have ended.
+    interrupted: Option<String>,
     closed: bool,
+}
+
+/// Which failure notices end a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Notices {
+    /// Any, unless the mailbox forgave them (after a revoke).
+    Heed,
+    /// None: a shrink's survivors talk on while the excluded ranks' notices
+    /// stand.
+    Ignore,
 }
 
 /// What the service and reader threads share with the rank's API.
@@ -74,6 +90,22 @@ impl Shared {
         lock(&self.mail).failure.clone()
     }
 
+    /// Ends every wait, now and until [`Shared::resume`], with `why`.
+    pub fn interrupt(&self, why: String) {
+        lock(&self.mail).interrupted = Some(why);
+        self.cv.notify_all();
+    }
+
+    pub fn resume(&self) {
+        lock(&self.mail).interrupted = None;
+    }
+
+    /// From now on, failure notices (those received and those to come) no
+    /// longer end waits; a wait still ends at the timeout.
+    pub fn forgive(&self) {
+        lock(&self.mail).forgiven = true;
+    }
+
     /// Marks the mailbox closed and wakes every waiter.
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
@@ -88,6 +120,7 @@ impl Shared {
         peer: usize,
         tag: u64,
         timeout: Duration,
+        notices: Notices,
         what: &dyn Fn() -> String,
     ) -> Result<Vec<u8>> {
         let start = Instant::now();
@@ -103,8 +136,18 @@ impl Shared {
                 }
                 return Ok(m);
             }
-            if let Some((who, msg)) = &mail.failure {
-                return Err(Error::Remote(format!("rank {who} failed: {msg}")));
+            if let Some(why) = &mail.interrupted {
+                return Err(Error::InvalidUsage(format!(
+                    "bootstrap: rank {} stopped waiting for {} from rank {peer}: {why}",
+                    self.rank,
+                    what()
+                )));
+            }
+            match &mail.failure {
+                Some((who, msg)) if notices == Notices::Heed && !mail.forgiven => {
+                    return Err(Error::Remote(format!("rank {who} failed: {msg}")));
+                }
+                _ => {}
             }
             if mail.closed {
                 return Err(Error::InvalidUsage(format!(

@@ -3,7 +3,7 @@
 //! at once.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use oxccl_plugin::Net;
@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::exec::device::DeviceComm;
 use crate::exec::header::OpHeader;
 use crate::exec::mem::OpBuffers;
-use crate::exec::{self, ExecCtx, Lane, ProxyProfiler};
+use crate::exec::{self, ExecCtx, Lane, ProxyProfiler, Stop, StopReason};
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{Event, Handle, ProfilerComm, PROXY_OP_BITS};
 use crate::reduce::Reducer;
@@ -68,7 +68,10 @@ pub(crate) struct Core {
     pub cfg: Config,
     pub bootstrap: Bootstrap,
     pub net: Arc<dyn Net>,
-    pub aborted: AtomicBool,
+    /// Set by abort, revoke and NCCL_SHRINK_ABORT: running operations end.
+    pub stop: Stop,
+    /// Calls inside [`Core::execute`] now, which a revoke waits out.
+    inflight: AtomicUsize,
     /// Collectives started, the number other ranks compare with on a timeout.
     seq: AtomicU64,
     splits: AtomicU64,
@@ -99,6 +102,9 @@ pub(crate) struct Core {
     /// NCCL's `shareResources`: this communicator's splits take its network
     /// context (`net`) instead of making their own.
     pub split_share: bool,
+    /// NCCL's `shrinkShare`: as `split_share`, for a shrink in its default
+    /// mode from a communicator that is not revoked.
+    pub shrink_share: bool,
 }
 
 fn redop_code(op: RedOp) -> u8 {
@@ -183,7 +189,8 @@ impl Core {
             cfg,
             bootstrap,
             net,
-            aborted: AtomicBool::new(false),
+            stop: Stop::default(),
+            inflight: AtomicUsize::new(0),
             seq: AtomicU64::new(0),
             splits: AtomicU64::new(0),
             p2p_seq: Mutex::default(),
@@ -201,12 +208,15 @@ impl Core {
             ident,
             locality,
             split_share: false,
+            shrink_share: false,
         })
     }
 
     /// Establishes the connections a set of lanes needs.
     fn connect(&self, conns: &mut Connections, sends: &[ConnKey], recvs: &[ConnKey]) -> Result<()> {
-        conns.ensure(&self.bootstrap, sends, recvs, self.cfg.timeout())
+        conns.ensure(&self.bootstrap, sends, recvs, self.cfg.timeout(), &|| {
+            self.stop.error("connecting to peers")
+        })
     }
 
     /// How this rank reaches `peer`.
@@ -246,7 +256,7 @@ impl Core {
             what,
             seq,
             timeout: self.cfg.timeout(),
-            aborted: &self.aborted,
+            stop: &self.stop,
             bootstrap: &self.bootstrap,
             prof: self
                 .profiler
@@ -263,8 +273,48 @@ impl Core {
         dc.failure()
     }
 
+    /// Ends the operations running on this communicator (and refuses new
+    /// ones) for `why`: the executor's loops see the flag, and waits on
+    /// the bootstrap (connection handles) end at once.
+    pub fn stop_operations(&self, why: StopReason) {
+        self.stop.set(why);
+        if let Some(e) = self.stop.error("waiting on a peer") {
+            self.bootstrap.interrupt(e.message());
+        }
+    }
+
+    /// Whether no call is inside [`Core::execute`].
+    pub fn quiescent(&self) -> bool {
+        self.inflight.load(Ordering::SeqCst) == 0
+    }
+
+    /// Waits up to `limit` for [`Core::quiescent`]; whether it came.
+    pub fn wait_quiescent(&self, limit: std::time::Duration) -> bool {
+        let start = std::time::Instant::now();
+        while !self.quiescent() {
+            if start.elapsed() >= limit {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
+    }
+
     /// Runs the operations of one group on this communicator.
     pub fn execute(&self, ops: &[(Op, OpBuffers)]) -> Result<()> {
+        // Counted before the flag is read: a revoke sets the flag and then
+        // waits for the count, so no call slips through unseen.
+        self.inflight.fetch_add(1, Ordering::SeqCst);
+        struct Leave<'a>(&'a AtomicUsize);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _leave = Leave(&self.inflight);
+        if let Some(e) = self.stop.error("operation") {
+            return Err(e);
+        }
         if let Some(GpuPath(dc)) = &self.device {
             let n = ops
                 .iter()
@@ -302,6 +352,10 @@ impl Core {
             .conns
             .lock()
             .map_err(|_| Error::Internal("connection table poisoned by an earlier panic".into()))?;
+        // Stopped while this call waited for the operation before it.
+        if let Some(e) = self.stop.error("operation") {
+            return Err(e);
+        }
         // NCCL's profiler points: one group event per executed group, its
         // operations' events as children (started in run_collective, here
         // for p2p), the proxy events below those (in the executor). The
@@ -650,7 +704,7 @@ impl Core {
     /// fail at once rather than at their timeout.
     fn failed(&self, e: Error) -> Error {
         let from_peer = self.bootstrap.remote_failure().is_some();
-        if !from_peer && !self.aborted.load(Ordering::Relaxed) {
+        if !from_peer && self.stop.reason().is_none() {
             warn!(target: "oxccl::coll", rank = self.rank, "{e}");
             self.bootstrap.broadcast_failure(&e.to_string());
         }

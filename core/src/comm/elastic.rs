@@ -1,0 +1,432 @@
+//! Communicators that survive failures (NCCL 2.27+): revoke ends the
+//! operations in flight and leaves a communicator that only destroy, split
+//! and shrink accept; shrink makes a communicator of the survivors alone.
+//!
+//! A shrink never waits on an excluded rank, which may be dead: the new
+//! root runs in the process of the first survivor (new rank 0), which
+//! sends its id to each other survivor over the parent's bootstrap, whose
+//! messages go straight from rank to rank (no root, no ring through the
+//! dead); the new communicator's own bootstrap then joins the survivors
+//! only. The failure notices the excluded ranks caused stand in the
+//! parent's bootstrap, and the id is received despite them.
+
+use std::sync::Arc;
+
+use tracing::info;
+
+use super::{Child, Comm, CommConfig, Core, InitState, Status};
+use crate::error::{Error, Result};
+use crate::exec::StopReason;
+
+/// NCCL's `shrinkFlags`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShrinkMode {
+    /// `NCCL_SHRINK_DEFAULT`: the parent's operations are left alone (none
+    /// should be running); with `shrink_share`, the new communicator takes
+    /// the parent's network context.
+    Default,
+    /// `NCCL_SHRINK_ABORT`: the parent's operations in flight (hung on a
+    /// dead rank, say) are ended first; nothing is shared.
+    Abort,
+}
+
+/// The color a shrink's hash is derived with: no split can have it.
+const SHRINK_COLOR: i32 = -2;
+
+/// A revoked communicator whose operations have ended: its bootstrap
+/// waits again (they were interrupted to end those operations), and the
+/// failure notices of other ranks no longer end them, so that a split or
+/// shrink among the living goes on. Idempotent.
+pub(super) fn settle(core: &Core) {
+    core.bootstrap.resume();
+    core.bootstrap.forgive_failures();
+}
+
+/// Waits (up to NCCL_TIMEOUT) for the operations a revoke ended, then
+/// settles the communicator.
+pub(super) fn wait_revoked(core: &Core) -> Result<()> {
+    if !core.wait_quiescent(core.cfg.timeout()) {
+        return Err(still_running(core));
+    }
+    settle(core);
+    Ok(())
+}
+
+fn still_running(core: &Core) -> Error {
+    Error::Internal(format!(
+        "rank {}: operations of the communicator were still running {:.1} s (NCCL_TIMEOUT) after they were told to end",
+        core.rank,
+        core.cfg.timeout().as_secs_f64()
+    ))
+}
+
+/// Why revoke and `NCCL_SHRINK_ABORT` refuse a GPU communicator.
+fn refuse_gpu(what: &str) -> Error {
+    Error::InvalidUsage(format!(
+        "{what} is not built for communicators on a GPU yet (their kernels cannot be ended before NCCL_TIMEOUT): abort it (ncclCommAbort), or shrink with NCCL_SHRINK_DEFAULT once no operation runs"
+    ))
+}
+
+impl Comm {
+    /// Ends this rank's operations in flight on the communicator (NCCL's
+    /// `ncclCommRevoke`): each returns an error saying it was revoked, and
+    /// later ones are refused. Blocking communicators wait here until none
+    /// runs (at most NCCL_TIMEOUT); non-blocking ones return
+    /// [`InitState::InProgress`] until then, as [`Comm::async_error`] does.
+    /// Then destroy, split and shrink work; finalize is refused. Only this
+    /// rank is affected: other ranks learn of it by their own timeouts or
+    /// revokes. Refused on a GPU communicator (not built yet).
+    pub fn revoke(&self) -> Result<InitState> {
+        let core = {
+            let mut st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
+            let core = match &*st {
+                Status::Ready(c) | Status::Failed(_, Some(c)) => c.clone(),
+                Status::Revoked(_) => {
+                    return Err(Error::InvalidUsage(
+                        "the communicator is already revoked".into(),
+                    ))
+                }
+                Status::Initializing => {
+                    return Err(Error::InvalidUsage(
+                        "the communicator is still initializing (non-blocking init): wait until async_error() reports it ready, or abort it".into(),
+                    ))
+                }
+                Status::Failed(e, None) => return Err(e.clone()),
+                Status::Destroyed(how) => {
+                    return Err(Error::InvalidUsage(format!(
+                        "the communicator was {how}"
+                    )))
+                }
+            };
+            if core.device.is_some() {
+                return Err(refuse_gpu("ncclCommRevoke"));
+            }
+            *st = Status::Revoked(core.clone());
+            core
+        };
+        info!(target: "oxccl::init", "comm {:#018x} rank {} nranks {} - Revoke START", core.ident.comm_hash, core.rank, core.nranks);
+        core.stop_operations(StopReason::Revoked);
+        if self.shared.blocking && !core.wait_quiescent(core.cfg.timeout()) {
+            return Err(still_running(&core));
+        }
+        let state = self.async_error()?;
+        if state == InitState::Ready {
+            info!(target: "oxccl::init", "comm {:#018x} rank {} - Revoke COMPLETE", core.ident.comm_hash, core.rank);
+        }
+        Ok(state)
+    }
+
+    /// Waits (up to NCCL_TIMEOUT) until the operations a revoke ended have
+    /// ended: what a blocking communicator's revoke does itself.
+    pub fn wait_revoked(&self) -> Result<InitState> {
+        let st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
+        let Status::Revoked(core) = &*st else {
+            return Err(Error::InvalidUsage(
+                "wait_revoked on a communicator that was not revoked".into(),
+            ));
+        };
+        let core = core.clone();
+        drop(st);
+        wait_revoked(&core)?;
+        Ok(InitState::Ready)
+    }
+
+    /// Makes a communicator of every rank but `exclude` (NCCL's
+    /// `ncclCommShrink`), numbered in the order of their ranks here. Every
+    /// rank outside `exclude` must call it with the same list; the excluded
+    /// ones take no part and may be dead. Works on a ready, failed or
+    /// revoked communicator; with [`ShrinkMode::Abort`] the operations
+    /// still running here are ended first (the parent is then marked failed
+    /// if any was). `config` as for [`Comm::split`].
+    pub fn shrink(&self, exclude: &[usize], config: &CommConfig, mode: ShrinkMode) -> Result<Comm> {
+        let (me, n) = (self.user_rank(), self.count());
+        if exclude.is_empty() {
+            return Err(Error::InvalidArgument(
+                "excludeRanksList is empty: a shrink excludes at least one rank".into(),
+            ));
+        }
+        if let Some(bad) = exclude.iter().find(|&&r| r >= n) {
+            return Err(Error::InvalidArgument(format!(
+                "excludeRanksList names rank {bad}, but the communicator has {n} ranks"
+            )));
+        }
+        if exclude.contains(&me) {
+            return Err(Error::InvalidArgument(format!(
+                "excludeRanksList names rank {me}, the caller: excluded ranks do not call shrink"
+            )));
+        }
+        let (core, revoked, failed) = {
+            let st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
+            match &*st {
+                Status::Ready(c) => (c.clone(), false, false),
+                Status::Failed(_, Some(c)) => (c.clone(), false, true),
+                Status::Revoked(c) => (c.clone(), true, false),
+                _ => {
+                    drop(st);
+                    return Err(self.core().err().unwrap_or_else(|| {
+                        Error::Internal("shrink: no communicator to shrink".into())
+                    }));
+                }
+            }
+        };
+        if revoked {
+            wait_revoked(&core)?;
+        } else if mode == ShrinkMode::Abort {
+            self.end_parent_operations(&core)?;
+        }
+        let members: Vec<usize> = (0..n).filter(|r| !exclude.contains(r)).collect();
+        let split_no = core.next_split();
+        info!(target: "oxccl::init",
+            "comm {:#018x} rank {me} nranks {n} - Shrink START ({mode:?}): excluding ranks {exclude:?}, {} remain",
+            core.ident.comm_hash, members.len());
+        let child = Child {
+            members: &members,
+            split_no,
+            hash: super::ident::split_hash(core.ident.comm_hash, split_no, SHRINK_COLOR),
+            share: core.shrink_share && mode == ShrinkMode::Default && !revoked && !failed,
+            despite_failures: true,
+        };
+        self.make_child(&core, child, config)
+    }
+
+    /// `NCCL_SHRINK_ABORT`'s first step: ends what runs on the parent,
+    /// then lets its bootstrap serve the shrink. A parent that had an
+    /// operation cut short is marked failed: its connections may hold the
+    /// rest of that operation's messages.
+    fn end_parent_operations(&self, core: &Arc<Core>) -> Result<()> {
+        if core.device.is_some() {
+            return Err(refuse_gpu("ncclCommShrink with NCCL_SHRINK_ABORT"));
+        }
+        core.stop_operations(StopReason::ShrinkAbort);
+        let cut = !core.quiescent();
+        let ended = core.wait_quiescent(core.cfg.timeout());
+        core.bootstrap.resume();
+        core.stop.clear();
+        if !ended {
+            return Err(still_running(core));
+        }
+        if cut {
+            let mut st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
+            if let Status::Ready(c) = &*st {
+                *st = Status::Failed(
+                    Error::InvalidUsage(
+                        "operations of this communicator were ended by a shrink with NCCL_SHRINK_ABORT: destroy it and use the shrunk one".into(),
+                    ),
+                    Some(c.clone()),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::dtype::{DataType, RedOp};
+
+    /// How long a test waits for something it expects soon.
+    const SOON: Duration = Duration::from_secs(10);
+
+    fn cfg() -> CommConfig {
+        CommConfig::default()
+            .with("SOCKET_IFNAME", "lo")
+            .with("TIMEOUT", "30")
+    }
+
+    fn floats(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn to_floats(b: &[u8]) -> Vec<f32> {
+        b.chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    /// An all-reduce that rank 1 never joins: rank 0's revoke ends it at
+    /// once with an error naming the revoke, the communicator reads ready
+    /// again, operations and finalize are refused, and once rank 1 revokes
+    /// too, a split of the two works and its all-reduce is right.
+    #[test]
+    fn revoke_ends_a_hung_operation_then_split_works() {
+        let comms = Comm::init_all(2, &cfg()).unwrap();
+        let c0 = comms[0].clone();
+        let hung = std::thread::spawn(move || {
+            let mut b = floats(&[1.0; 1024]);
+            c0.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let t = std::time::Instant::now();
+        assert_eq!(comms[0].revoke().unwrap(), InitState::Ready);
+        let e = hung.join().unwrap().unwrap_err().to_string();
+        assert!(t.elapsed() < SOON, "revoke took {:?}", t.elapsed());
+        assert!(e.contains("revoked"), "{e}");
+        assert_eq!(comms[0].async_error().unwrap(), InitState::Ready);
+        let mut b = floats(&[1.0; 4]);
+        let e = comms[0]
+            .all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("revoked"), "{e}");
+        let e = comms[0].finalize().unwrap_err().to_string();
+        assert!(e.contains("finalize after revoke"), "{e}");
+        assert!(comms[0]
+            .revoke()
+            .unwrap_err()
+            .to_string()
+            .contains("already revoked"));
+        assert_eq!(comms[1].revoke().unwrap(), InitState::Ready);
+        let kids: Vec<Comm> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .map(|c| s.spawn(move || c.split(0, 0, &cfg()).unwrap().unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = kids
+                .iter()
+                .map(|k| {
+                    s.spawn(move || {
+                        let mut b = floats(&[k.user_rank() as f32 + 1.0, 2.0]);
+                        k.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+                            .unwrap();
+                        to_floats(&b)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(sums.iter().all(|v| v == &[3.0, 4.0]), "{sums:?}");
+        for c in kids.iter().chain(&comms) {
+            c.destroy().unwrap();
+        }
+    }
+
+    /// A non-blocking communicator's revoke reports in-progress while an
+    /// operation it ended is still on its way out, then ready.
+    #[test]
+    fn non_blocking_revoke_polls_to_ready() {
+        let nb = CommConfig {
+            blocking: false,
+            ..cfg()
+        };
+        let id = crate::bootstrap::get_unique_id(&nb.resolve().unwrap()).unwrap();
+        let comms: Vec<Comm> = (0..2)
+            .map(|r| Comm::init_rank(2, id, r, &nb).unwrap())
+            .collect();
+        for c in &comms {
+            c.wait_ready(SOON).unwrap();
+        }
+        let state = comms[0].revoke().unwrap();
+        assert!(
+            matches!(state, InitState::Ready | InitState::InProgress),
+            "{state:?}"
+        );
+        let t = std::time::Instant::now();
+        while comms[0].async_error().unwrap() != InitState::Ready {
+            assert!(t.elapsed() < SOON);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for c in &comms {
+            c.destroy().unwrap();
+        }
+    }
+
+    /// Arguments are checked before anything is sent.
+    #[test]
+    fn shrink_refuses_bad_exclude_lists() {
+        let comms = Comm::init_all(1, &cfg()).unwrap();
+        let c = &comms[0];
+        let d = ShrinkMode::Default;
+        let e = |x: &[usize]| c.shrink(x, &cfg(), d).unwrap_err().to_string();
+        assert!(e(&[]).contains("empty"));
+        assert!(e(&[3]).contains("rank 3"));
+        assert!(e(&[0]).contains("the caller"));
+        c.destroy().unwrap();
+    }
+
+    /// Three ranks drop the middle one, which is alive but takes no part:
+    /// the survivors become ranks 0 and 1 in the order of their old ranks,
+    /// with a hash of their own, and all-reduce among themselves; both
+    /// modes, the second from a shrunk communicator.
+    #[test]
+    fn shrink_renumbers_the_survivors() {
+        let comms = Comm::init_all(3, &cfg()).unwrap();
+        let survivors = [&comms[0], &comms[2]];
+        for mode in [ShrinkMode::Default, ShrinkMode::Abort] {
+            let kids: Vec<Comm> = std::thread::scope(|s| {
+                let hs: Vec<_> = survivors
+                    .iter()
+                    .map(|c| s.spawn(move || c.shrink(&[1], &cfg(), mode).unwrap()))
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert_eq!(kids[0].user_rank(), 0);
+            assert_eq!(kids[1].user_rank(), 1);
+            assert!(kids.iter().all(|k| k.count() == 2));
+            let h = |c: &Comm| c.core().unwrap().ident.comm_hash;
+            assert_eq!(h(&kids[0]), h(&kids[1]));
+            assert_ne!(h(&kids[0]), h(&comms[0]));
+            let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
+                let hs: Vec<_> = kids
+                    .iter()
+                    .map(|k| {
+                        s.spawn(move || {
+                            let mut b = floats(&[k.user_rank() as f32 * 10.0 + 1.0]);
+                            k.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+                                .unwrap();
+                            to_floats(&b)
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert!(sums.iter().all(|v| v == &[12.0]), "{mode:?}: {sums:?}");
+            for k in kids {
+                k.destroy().unwrap();
+            }
+        }
+        for c in &comms {
+            c.destroy().unwrap();
+        }
+    }
+
+    /// NCCL_SHRINK_ABORT ends an all-reduce hung on the excluded rank, and
+    /// the parent is then failed, saying why.
+    #[test]
+    fn shrink_abort_ends_the_parents_hung_operation() {
+        let comms = Comm::init_all(3, &cfg()).unwrap();
+        let hung: Vec<_> = [0, 2]
+            .iter()
+            .map(|&r| {
+                let c = comms[r].clone();
+                std::thread::spawn(move || {
+                    let mut b = floats(&[1.0; 256]);
+                    c.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let survivors = [&comms[0], &comms[2]];
+        let kids: Vec<Comm> = std::thread::scope(|s| {
+            let hs: Vec<_> = survivors
+                .iter()
+                .map(|c| s.spawn(move || c.shrink(&[1], &cfg(), ShrinkMode::Abort).unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for h in hung {
+            let e = h.join().unwrap().unwrap_err().to_string();
+            assert!(e.contains("with NCCL_SHRINK_ABORT"), "{e}");
+        }
+        let e = comms[0].async_error().unwrap_err().to_string();
+        assert!(e.contains("with NCCL_SHRINK_ABORT"), "{e}");
+        for c in kids.iter().chain(&comms) {
+            c.destroy().unwrap();
+        }
+    }
+}
