@@ -440,6 +440,13 @@ enum ncclResult_t ncclCommSplit(ncclComm_t comm,
                                 ncclComm_t *newcomm,
                                 struct ncclConfig_t *config);
 
+/**
+ * The survivors' communicator: every rank outside `excludeRanksList`
+ * calls it with the same list (the excluded ones may be dead). With
+ * `NCCL_SHRINK_ABORT` the operations still running on `comm` are ended
+ * first. A NULL `config` inherits `comm`'s blocking, splitShare and
+ * shrinkShare, as NCCL copies the parent's config.
+ */
 enum ncclResult_t ncclCommShrink(ncclComm_t comm,
                                  int *excludeRanksList,
                                  int excludeRanksCount,
@@ -447,6 +454,14 @@ enum ncclResult_t ncclCommShrink(ncclComm_t comm,
                                  struct ncclConfig_t *config,
                                  int shrinkFlags);
 
+/**
+ * Ends this rank's operations in flight on `comm`; a blocking
+ * communicator returns once they have ended, a non-blocking one may
+ * return `ncclInProgress`, and `ncclCommGetAsyncError` then reports
+ * `ncclInProgress` until they have, then `ncclSuccess`. Afterwards only
+ * destroy, split and shrink are accepted. Host-memory communicators only
+ * (a GPU communicator's revoke is refused, saying so).
+ */
 enum ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
 
 enum ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, struct ncclUniqueId *uniqueId);

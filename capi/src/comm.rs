@@ -4,7 +4,7 @@ use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
 use std::sync::Once;
 
-use oxccl::{Comm, CommConfig, Error, InitState, UniqueId};
+use oxccl::{Comm, CommConfig, Error, InitState, ShrinkMode, UniqueId};
 
 use crate::guard::{entry, last_error, not_implemented, ok, Outcome};
 use crate::handle;
@@ -77,16 +77,18 @@ fn read_config(config: *const ncclConfig_t) -> Result<CommConfig, Error> {
             cc.settings.push(("NET".into(), n));
         }
     }
+    let flag = |v: c_int, name: &str| match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(Error::InvalidArgument(format!(
+            "config {name} is {v}: it must be 0 or 1 (or left at NCCL_CONFIG_UNDEF_INT)"
+        ))),
+    };
     if has(std::mem::offset_of!(ncclConfig_t, splitShare) + 4) && c.splitShare != undef {
-        cc.split_share = Some(match c.splitShare {
-            0 => false,
-            1 => true,
-            v => {
-                return Err(Error::InvalidArgument(format!(
-                    "config splitShare is {v}: it must be 0 or 1 (or left at NCCL_CONFIG_UNDEF_INT)"
-                )))
-            }
-        });
+        cc.split_share = Some(flag(c.splitShare, "splitShare")?);
+    }
+    if has(std::mem::offset_of!(ncclConfig_t, shrinkShare) + 4) && c.shrinkShare != undef {
+        cc.shrink_share = Some(flag(c.shrinkShare, "shrinkShare")?);
     }
     Ok(cc)
 }
@@ -145,7 +147,7 @@ fn init(
         DEFERRED.with(|d| d.borrow_mut().push(comm.clone()));
     }
     let pending = !user_blocking && matches!(comm.async_error(), Ok(InitState::InProgress));
-    out("newcomm", newcomm, handle::publish(comm))?;
+    out("newcomm", newcomm, handle::publish_as(comm, user_blocking))?;
     Ok(if pending {
         ncclResult_t::ncclInProgress
     } else {
@@ -328,6 +330,11 @@ pub extern "C" fn ncclCommSplit(
     })
 }
 
+/// The survivors' communicator: every rank outside `excludeRanksList`
+/// calls it with the same list (the excluded ones may be dead). With
+/// `NCCL_SHRINK_ABORT` the operations still running on `comm` are ended
+/// first. A NULL `config` inherits `comm`'s blocking, splitShare and
+/// shrinkShare, as NCCL copies the parent's config.
 #[no_mangle]
 pub extern "C" fn ncclCommShrink(
     comm: ncclComm_t,
@@ -337,24 +344,91 @@ pub extern "C" fn ncclCommShrink(
     config: *mut ncclConfig_t,
     shrinkFlags: c_int,
 ) -> ncclResult_t {
-    let _ = (
-        comm,
-        excludeRanksList,
-        excludeRanksCount,
-        newcomm,
-        config,
-        shrinkFlags,
-    );
-    not_implemented(
-        "ncclCommShrink",
-        "a split where excluded ranks take no part; use ncclCommSplit with NCCL_SPLIT_NOCOLOR on every rank",
-    )
+    entry("ncclCommShrink", || {
+        let h = handle::get(comm)?;
+        if newcomm.is_null() {
+            return Err(Error::InvalidArgument("newcomm is NULL".into()));
+        }
+        let mode = match shrinkFlags {
+            NCCL_SHRINK_DEFAULT => ShrinkMode::Default,
+            NCCL_SHRINK_ABORT => ShrinkMode::Abort,
+            f => {
+                return Err(Error::InvalidArgument(format!(
+                    "shrinkFlags is {f}: NCCL_SHRINK_DEFAULT (0) or NCCL_SHRINK_ABORT (1)"
+                )))
+            }
+        };
+        if excludeRanksList.is_null() {
+            return Err(Error::InvalidArgument("excludeRanksList is NULL".into()));
+        }
+        let n = usize::try_from(excludeRanksCount)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "excludeRanksCount is {excludeRanksCount}: at least one rank is excluded"
+                ))
+            })?;
+        // SAFETY: non-null and holding excludeRanksCount ints, by NCCL's
+        // contract; only read.
+        let list = unsafe { std::slice::from_raw_parts(excludeRanksList, n) };
+        let exclude = list
+            .iter()
+            .map(|&r| {
+                usize::try_from(r).map_err(|_| {
+                    Error::InvalidArgument(format!("excludeRanksList holds {r}: not a rank"))
+                })
+            })
+            .collect::<Result<Vec<usize>, Error>>()?;
+        let mut cc = read_config(config)?;
+        let mut blocking = cc.blocking;
+        if config.is_null() {
+            blocking = h.blocking;
+            cc.blocking = h.blocking;
+            cc.split_share = Some(h.comm.split_share()?);
+            cc.shrink_share = Some(h.comm.shrink_share()?);
+        }
+        let child = h.comm.shrink(&exclude, &cc, mode)?;
+        let pending = !blocking && matches!(child.async_error(), Ok(InitState::InProgress));
+        out("newcomm", newcomm, handle::publish_as(child, blocking))?;
+        Ok(if pending {
+            ncclResult_t::ncclInProgress
+        } else {
+            ncclResult_t::ncclSuccess
+        })
+    })
 }
 
+/// Ends this rank's operations in flight on `comm`; a blocking
+/// communicator returns once they have ended, a non-blocking one may
+/// return `ncclInProgress`, and `ncclCommGetAsyncError` then reports
+/// `ncclInProgress` until they have, then `ncclSuccess`. Afterwards only
+/// destroy, split and shrink are accepted. Host-memory communicators only
+/// (a GPU communicator's revoke is refused, saying so).
 #[no_mangle]
 pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t {
-    let _ = (comm, revokeFlags);
-    not_implemented("ncclCommRevoke", "use ncclCommAbort")
+    entry("ncclCommRevoke", || {
+        if comm.is_null() {
+            // NCCL accepts revoking the NULL communicator.
+            return ok();
+        }
+        if revokeFlags != NCCL_REVOKE_DEFAULT {
+            return Err(Error::InvalidArgument(format!(
+                "revokeFlags is {revokeFlags}: only NCCL_REVOKE_DEFAULT (0) is defined"
+            )));
+        }
+        let h = handle::get(comm)?;
+        let mut state = h.comm.revoke()?;
+        // Made inside a group, a blocking communicator is non-blocking
+        // underneath: wait here as the caller asked.
+        if h.blocking && state == InitState::InProgress {
+            state = h.comm.wait_revoked()?;
+        }
+        Ok(match state {
+            InitState::Ready => ncclResult_t::ncclSuccess,
+            InitState::InProgress => ncclResult_t::ncclInProgress,
+        })
+    })
 }
 
 /// Elastic communicators (ids of an existing communicator, growing it)
