@@ -464,8 +464,19 @@ enum ncclResult_t ncclCommShrink(ncclComm_t comm,
  */
 enum ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
 
+/**
+ * The id of a grow of `comm`, made here (its root runs in this process)
+ * and sent to `comm`'s other ranks; one at a time, each used by one grow.
+ */
 enum ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, struct ncclUniqueId *uniqueId);
 
+/**
+ * NCCL's three ways in: an existing rank that made the id (comm, &id,
+ * rank -1), the other existing ranks (comm, NULL, -1), and new ranks
+ * (NULL, &id, their rank), which join as ncclCommInitRankConfig does. A
+ * NULL config on an existing rank inherits its communicator's blocking,
+ * splitShare and shrinkShare.
+ */
 enum ncclResult_t ncclCommGrow(ncclComm_t comm,
                                int nRanks,
                                const struct ncclUniqueId *uniqueId,

@@ -129,10 +129,6 @@ fn init(
         .map_err(|_| Error::InvalidArgument(format!("rank {rank} is negative")))?;
     let mut cc = read_config(config)?;
     cc.device = device_for_new_comm();
-    let mut bytes = [0u8; NCCL_UNIQUE_ID_BYTES];
-    for (b, c) in bytes.iter_mut().zip(id.internal) {
-        *b = c as u8;
-    }
     // Inside a group NCCL creates communicators at ncclGroupEnd, so that
     // one thread can create several ranks of one communicator (nccl-tests
     // -g N). Here creation starts at once in the background, and
@@ -142,17 +138,11 @@ fn init(
     if in_group {
         cc.blocking = false;
     }
-    let comm = Comm::init_rank(n, UniqueId(bytes), r, &cc)?;
+    let comm = Comm::init_rank(n, id_from_c(id), r, &cc)?;
     if in_group && user_blocking {
         DEFERRED.with(|d| d.borrow_mut().push(comm.clone()));
     }
-    let pending = !user_blocking && matches!(comm.async_error(), Ok(InitState::InProgress));
-    out("newcomm", newcomm, handle::publish_as(comm, user_blocking))?;
-    Ok(if pending {
-        ncclResult_t::ncclInProgress
-    } else {
-        ncclResult_t::ncclSuccess
-    })
+    publish_child(newcomm, comm, user_blocking)
 }
 
 thread_local! {
@@ -174,6 +164,24 @@ pub(crate) fn finish_deferred() -> Result<(), Error> {
     first
 }
 
+fn id_from_c(id: &ncclUniqueId) -> UniqueId {
+    let mut bytes = [0u8; NCCL_UNIQUE_ID_BYTES];
+    for (b, c) in bytes.iter_mut().zip(id.internal) {
+        *b = c as u8;
+    }
+    UniqueId(bytes)
+}
+
+fn id_to_c(id: UniqueId) -> ncclUniqueId {
+    let mut u = ncclUniqueId {
+        internal: [0; NCCL_UNIQUE_ID_BYTES],
+    };
+    for (c, b) in u.internal.iter_mut().zip(id.0) {
+        *c = b as c_char;
+    }
+    u
+}
+
 /// Writes the version of NCCL's API this library implements
 /// (`NCCL_VERSION_CODE`, 23007 for 2.30.7).
 #[no_mangle]
@@ -190,13 +198,7 @@ pub extern "C" fn ncclGetUniqueId(uniqueId: *mut ncclUniqueId) -> ncclResult_t {
     entry("ncclGetUniqueId", || {
         start();
         let id = Comm::unique_id()?;
-        let mut u = ncclUniqueId {
-            internal: [0; NCCL_UNIQUE_ID_BYTES],
-        };
-        for (c, b) in u.internal.iter_mut().zip(id.0) {
-            *c = b as c_char;
-        }
-        out("uniqueId", uniqueId, u)?;
+        out("uniqueId", uniqueId, id_to_c(id))?;
         ok()
     })
 }
@@ -330,6 +332,31 @@ pub extern "C" fn ncclCommSplit(
     })
 }
 
+/// The config of a communicator made from `parent` (shrink, grow): the
+/// caller's, or for NULL the parent's blocking, splitShare and
+/// shrinkShare, as NCCL copies the parent's config.
+fn child_config(parent: &handle::Handle, config: *const ncclConfig_t) -> Result<CommConfig, Error> {
+    let mut cc = read_config(config)?;
+    if config.is_null() {
+        cc.blocking = parent.blocking;
+        cc.split_share = Some(parent.comm.split_share()?);
+        cc.shrink_share = Some(parent.comm.shrink_share()?);
+    }
+    Ok(cc)
+}
+
+/// Hands a new communicator to the caller: ncclInProgress while a
+/// non-blocking one is still being made.
+fn publish_child(newcomm: *mut ncclComm_t, child: Comm, blocking: bool) -> Outcome {
+    let pending = !blocking && matches!(child.async_error(), Ok(InitState::InProgress));
+    out("newcomm", newcomm, handle::publish_as(child, blocking))?;
+    Ok(if pending {
+        ncclResult_t::ncclInProgress
+    } else {
+        ncclResult_t::ncclSuccess
+    })
+}
+
 /// The survivors' communicator: every rank outside `excludeRanksList`
 /// calls it with the same list (the excluded ones may be dead). With
 /// `NCCL_SHRINK_ABORT` the operations still running on `comm` are ended
@@ -380,22 +407,9 @@ pub extern "C" fn ncclCommShrink(
                 })
             })
             .collect::<Result<Vec<usize>, Error>>()?;
-        let mut cc = read_config(config)?;
-        let mut blocking = cc.blocking;
-        if config.is_null() {
-            blocking = h.blocking;
-            cc.blocking = h.blocking;
-            cc.split_share = Some(h.comm.split_share()?);
-            cc.shrink_share = Some(h.comm.shrink_share()?);
-        }
+        let cc = child_config(&h, config)?;
         let child = h.comm.shrink(&exclude, &cc, mode)?;
-        let pending = !blocking && matches!(child.async_error(), Ok(InitState::InProgress));
-        out("newcomm", newcomm, handle::publish_as(child, blocking))?;
-        Ok(if pending {
-            ncclResult_t::ncclInProgress
-        } else {
-            ncclResult_t::ncclSuccess
-        })
+        publish_child(newcomm, child, cc.blocking)
     })
 }
 
@@ -431,19 +445,29 @@ pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclRe
     })
 }
 
-/// Elastic communicators (ids of an existing communicator, growing it)
-/// are a later piece of work: these say so rather than half-work.
-const ELASTIC: &str = "elastic communicators, which new ranks join; create a new communicator with ncclGetUniqueId and ncclCommInitRank instead";
-
+/// The id of a grow of `comm`, made here (its root runs in this process)
+/// and sent to `comm`'s other ranks; one at a time, each used by one grow.
 #[no_mangle]
 pub extern "C" fn ncclCommGetUniqueId(
     comm: ncclComm_t,
     uniqueId: *mut ncclUniqueId,
 ) -> ncclResult_t {
-    let _ = (comm, uniqueId);
-    not_implemented("ncclCommGetUniqueId", ELASTIC)
+    entry("ncclCommGetUniqueId", || {
+        let h = handle::get(comm)?;
+        if uniqueId.is_null() {
+            return Err(Error::InvalidArgument("uniqueId is NULL".into()));
+        }
+        let id = h.comm.grow_id()?;
+        out("uniqueId", uniqueId, id_to_c(id))?;
+        ok()
+    })
 }
 
+/// NCCL's three ways in: an existing rank that made the id (comm, &id,
+/// rank -1), the other existing ranks (comm, NULL, -1), and new ranks
+/// (NULL, &id, their rank), which join as ncclCommInitRankConfig does. A
+/// NULL config on an existing rank inherits its communicator's blocking,
+/// splitShare and shrinkShare.
 #[no_mangle]
 pub extern "C" fn ncclCommGrow(
     comm: ncclComm_t,
@@ -453,8 +477,42 @@ pub extern "C" fn ncclCommGrow(
     newcomm: *mut ncclComm_t,
     config: *mut ncclConfig_t,
 ) -> ncclResult_t {
-    let _ = (comm, nRanks, uniqueId, rank, newcomm, config);
-    not_implemented("ncclCommGrow", ELASTIC)
+    entry("ncclCommGrow", || {
+        if newcomm.is_null() {
+            return Err(Error::InvalidArgument("newcomm is NULL".into()));
+        }
+        out("newcomm", newcomm, std::ptr::null_mut())?;
+        let n = usize::try_from(nRanks)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("nRanks is {nRanks}: it must be positive"))
+            })?;
+        // SAFETY: NULL or pointing at an id, by NCCL's contract; copied.
+        let id = unsafe { uniqueId.as_ref() }.map(id_from_c);
+        if comm.is_null() {
+            let Some(id) = id else {
+                return Err(Error::InvalidArgument(
+                    "a new rank (comm NULL) passes the uniqueId its grow was given".into(),
+                ));
+            };
+            if !(0..nRanks).contains(&rank) {
+                return Err(Error::InvalidArgument(format!(
+                    "a new rank's rank is {rank}: it must be in 0..{nRanks}"
+                )));
+            }
+            return init(newcomm, nRanks, &id_to_c(id), rank, config);
+        }
+        let h = handle::get(comm)?;
+        if rank != -1 {
+            return Err(Error::InvalidArgument(format!(
+                "rank is {rank}: existing ranks pass -1 (they keep their rank)"
+            )));
+        }
+        let cc = child_config(&h, config)?;
+        let grown = h.comm.grow(n, id, &cc)?;
+        publish_child(newcomm, grown, cc.blocking)
+    })
 }
 
 /// Suspending would release the device window, which every peer has

@@ -210,8 +210,9 @@ fn device_choice_and_wrong_side_buffers() {
 
 /// NCCL 2.30's parameter API reads the settings `oxccl info` shows (here a
 /// value set through the environment), ncclCommMemStats reports a host
-/// communicator's 0 GPU bytes, and the calls oxccl does not offer return
-/// ncclInvalidUsage naming themselves (tests/c/params_stats.c).
+/// communicator's 0 GPU bytes, grow's argument rules hold, and the calls
+/// oxccl does not offer return ncclInvalidUsage naming themselves
+/// (tests/c/params_stats.c).
 #[test]
 fn params_mem_stats_and_refusals() {
     let (tmp, exe) = stage("params", "params_stats.c");
@@ -252,5 +253,16 @@ fn survivors_revoke_and_shrink_after_a_killed_rank() {
         eprintln!("{mode}: PASS in {:.1} s", t.elapsed().as_secs_f64());
         eprintln!("{}", results[0].1.trim_end());
     }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// ncclCommGetUniqueId and ncclCommGrow from C (tests/c/grow.c): one rank
+/// grows to two with a thread joining as the new rank, both check an
+/// all-reduce, the spent id is refused, and a shrink brings it back to one.
+#[test]
+fn grow_one_rank_to_two_and_back() {
+    let (tmp, exe) = stage("grow", "grow.c");
+    let out = run_one(&exe, "grow", &[("OXCCL_HOST_MEMORY", "1")]);
+    eprintln!("{}", out.trim_end());
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -4,12 +4,13 @@
 //! drop that rank with a shrink (revoke then NCCL_SHRINK_DEFAULT through
 //! shared memory, NCCL_SHRINK_ABORT alone through the socket network), and
 //! run 100 more all-reduces and every collective, each output checked
-//! against a reference.
+//! against a reference. And a job that grows from 2 processes to 4 and
+//! shrinks back, checked after each change.
 
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{raise, Signal};
-use oxccl::{Comm, CommConfig, DataType, InitState, RedOp, ShrinkMode};
+use oxccl::{Comm, CommConfig, DataType, InitState, RedOp, ShrinkMode, UniqueId, SPLIT_NOCOLOR};
 use oxccl_cli::perf::Case;
 use oxccl_tests::check::{self, Coll};
 use oxccl_tests::{as_child, spawn, Rank};
@@ -244,4 +245,67 @@ fn stopped_rank_is_shrunk_away_and_errs_when_woken() {
         return;
     }
     run_case(name, Fault::Stop, &[]);
+}
+
+/// 20 checked all-reduces and every collective on `comm`, which must have
+/// `n` ranks with this rank at `rank`.
+fn check_comm(comm: &Comm, n: usize, rank: usize, round: u64) {
+    assert_eq!((comm.count(), comm.user_rank()), (n, rank));
+    let mut buf = vec![0u8; ELEMS * 4];
+    for i in 0..20 {
+        let w = all_reduce_once(comm, round * 100 + i, &mut buf).unwrap();
+        assert_eq!(w, 0, "{n} ranks: all_reduce #{i}");
+    }
+    let bad = every_collective(comm);
+    assert!(bad.is_empty(), "{n} ranks, rank {rank}: {}", bad.join("\n"));
+}
+
+/// A job of ranks 0 and 1 grows to 4: rank 0 of the pair makes the id
+/// (its partner receives it inside grow), the application hands it to the
+/// two new processes (here over a launcher communicator), all four check
+/// every collective, then ranks 2 and 3 leave and 0 and 1 shrink back and
+/// check again.
+#[test]
+fn grow_from_two_processes_to_four_and_back() {
+    let name = "grow_from_two_processes_to_four_and_back";
+    if as_child(name, |r| {
+        let world = r.comm(&[]);
+        let cfg = CommConfig::default();
+        let color = if r.rank < 2 { 0 } else { SPLIT_NOCOLOR };
+        let pair = world.split(color, 0, &cfg).unwrap();
+        let mut id = [0u8; 128];
+        if let Some(p) = &pair {
+            check_comm(p, 2, r.rank, 1);
+            if p.user_rank() == 0 {
+                id = p.grow_id().unwrap().0;
+            }
+        }
+        world.broadcast(None, &mut id, DataType::Uint8, 0).unwrap();
+        let id = UniqueId(id);
+        let t = Instant::now();
+        let big = match &pair {
+            Some(p) => p.grow(4, (p.user_rank() == 0).then_some(id), &cfg),
+            None => Comm::init_rank(4, id, r.rank, &cfg),
+        }
+        .unwrap_or_else(|e| panic!("rank {}: grow: {e}", r.rank));
+        eprintln!("rank {}: grown to 4 in {:?}", r.rank, t.elapsed());
+        check_comm(&big, 4, r.rank, 2);
+        if let Some(p) = &pair {
+            let back = big.shrink(&[2, 3], &cfg, ShrinkMode::Default).unwrap();
+            check_comm(&back, 2, r.rank, 3);
+            back.destroy().unwrap();
+            p.destroy().unwrap();
+        }
+        big.destroy().unwrap();
+        world.destroy().unwrap();
+        println!("PASS rank {}", r.rank);
+    }) {
+        return;
+    }
+    let done = spawn(name, 4, &[], Duration::from_secs(90));
+    oxccl_tests::assert_all_ok(&done);
+    for f in &done {
+        assert!(f.stdout.contains("PASS"), "rank {}: {}", f.rank, f.stdout);
+        eprintln!("{}", f.stderr.trim_end());
+    }
 }

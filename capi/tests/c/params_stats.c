@@ -119,8 +119,16 @@ static void refusals(ncclComm_t comm) {
   int x = 0;
   void* p = NULL;
   ncclWaitSignalDesc_t desc = {1, 0, 0, 0};
-  refused(ncclCommGetUniqueId(comm, &id), ncclInvalidUsage, "ncclCommGetUniqueId", "ncclCommGetUniqueId", NULL);
-  refused(ncclCommGrow(comm, 2, NULL, -1, &grown, NULL), ncclInvalidUsage, "ncclCommGrow", "ncclCommGrow", NULL);
+  /* Grow's rules (tests/c/grow.c grows for real): one id at a time, each
+   * argument in its place. The id made here stays unused. */
+  CHECK(ncclCommGetUniqueId(comm, &id));
+  refused(ncclCommGetUniqueId(comm, &id), ncclInvalidUsage, "a second id", "ncclCommGetUniqueId", "not used yet");
+  refused(ncclCommGrow(comm, 1, &id, -1, &grown, NULL), ncclInvalidArgument, "nRanks 1", "ncclCommGrow",
+          "does not grow");
+  refused(ncclCommGrow(comm, 2, &id, 0, &grown, NULL), ncclInvalidArgument, "rank 0", "ncclCommGrow", "-1");
+  refused(ncclCommGrow(NULL, 2, NULL, 1, &grown, NULL), ncclInvalidArgument, "no id", "ncclCommGrow", "uniqueId");
+  refused(ncclCommGrow(NULL, 2, &id, 2, &grown, NULL), ncclInvalidArgument, "rank 2 of 2", "ncclCommGrow", "0..2");
+  EXPECT(grown == NULL, "a refused grow left %p", (void*)grown);
   refused(ncclCommSuspend(comm, NCCL_SUSPEND_MEM), ncclInvalidUsage, "ncclCommSuspend", "ncclCommSuspend", NULL);
   refused(ncclCommResume(comm), ncclInvalidUsage, "ncclCommResume", "ncclCommResume", NULL);
   refused(ncclPutSignal(&x, 1, ncclInt32, 0, NULL, 0, 0, 0, 0, comm, NULL), ncclInvalidUsage, "ncclPutSignal",

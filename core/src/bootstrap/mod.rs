@@ -316,6 +316,14 @@ impl Bootstrap {
             })
     }
 
+    /// Waits (up to `NCCL_TIMEOUT`) for the next message under `tag` from
+    /// whichever rank sends one; returns the sender and the message.
+    pub fn recv_any(&self, tag: u64) -> Result<(usize, Vec<u8>)> {
+        Self::check_tag(tag, "recv")?;
+        self.shared
+            .wait_any(tag, self.timeout, &|| format!("a message with tag {tag}"))
+    }
+
     /// Ends every wait of this bootstrap (those running and those to come)
     /// with an error naming `why`, until [`Bootstrap::resume`]: how a
     /// revoke stops the operations that wait on peers here.

@@ -62,6 +62,16 @@ pub(crate) struct Ident {
     pub nnodes: usize,
 }
 
+/// The ids this rank made for growing its communicator (NCCL's
+/// ncclCommGetUniqueId), each good for one grow.
+#[derive(Default)]
+pub(crate) struct GrowIds {
+    /// Made and not yet used: no other may be made meanwhile.
+    pub pending: Option<crate::bootstrap::UniqueId>,
+    /// Used by a grow: never again.
+    pub used: Vec<crate::bootstrap::UniqueId>,
+}
+
 pub(crate) struct Core {
     pub rank: usize,
     pub nranks: usize,
@@ -74,7 +84,10 @@ pub(crate) struct Core {
     inflight: AtomicUsize,
     /// Collectives started, the number other ranks compare with on a timeout.
     seq: AtomicU64,
+    /// Splits, shrinks and grows made from this communicator: every rank
+    /// counts alike, which keeps their bootstrap messages apart.
     splits: AtomicU64,
+    pub grow_ids: Mutex<GrowIds>,
     /// Point-to-point groups exchanged with each (peer, is_send).
     p2p_seq: Mutex<BTreeMap<(usize, bool), u64>>,
     conns: Mutex<Connections>,
@@ -193,6 +206,7 @@ impl Core {
             inflight: AtomicUsize::new(0),
             seq: AtomicU64::new(0),
             splits: AtomicU64::new(0),
+            grow_ids: Mutex::default(),
             p2p_seq: Mutex::default(),
             conns: Mutex::new(conns),
             staging: Mutex::default(),
@@ -243,6 +257,11 @@ impl Core {
     /// Numbers the splits of this communicator, to keep their messages apart.
     pub fn next_split(&self) -> u64 {
         self.splits.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// The number [`Core::next_split`] gives next.
+    pub fn peek_split(&self) -> u64 {
+        self.splits.load(Ordering::SeqCst)
     }
 
     fn ctx<'a>(
@@ -298,6 +317,33 @@ impl Core {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         true
+    }
+
+    /// A revoked communicator whose operations have ended: its bootstrap
+    /// waits again (they were interrupted to end those operations), and
+    /// the failure notices of other ranks no longer end them, so that a
+    /// split or shrink among the living goes on. Idempotent.
+    pub fn settle_revoke(&self) {
+        self.bootstrap.resume();
+        self.bootstrap.forgive_failures();
+    }
+
+    /// Waits (up to NCCL_TIMEOUT) for the operations a revoke ended, then
+    /// settles the communicator.
+    pub fn wait_revoked(&self) -> Result<()> {
+        if !self.wait_quiescent(self.cfg.timeout()) {
+            return Err(self.still_running());
+        }
+        self.settle_revoke();
+        Ok(())
+    }
+
+    pub fn still_running(&self) -> Error {
+        Error::Internal(format!(
+            "rank {}: operations of the communicator were still running {:.1} s (NCCL_TIMEOUT) after they were told to end",
+            self.rank,
+            self.cfg.timeout().as_secs_f64()
+        ))
     }
 
     /// Runs the operations of one group on this communicator.

@@ -1,6 +1,7 @@
-//! Communicators that survive failures (NCCL 2.27+): revoke ends the
-//! operations in flight and leaves a communicator that only destroy, split
-//! and shrink accept; shrink makes a communicator of the survivors alone.
+//! Communicators that survive failures and change size (NCCL 2.27+):
+//! revoke ends the operations in flight and leaves a communicator that only
+//! destroy, split and shrink accept; shrink makes a communicator of the
+//! survivors alone; grow makes a larger one that new ranks join.
 //!
 //! A shrink never waits on an excluded rank, which may be dead: the new
 //! root runs in the process of the first survivor (new rank 0), which
@@ -9,12 +10,18 @@
 //! dead); the new communicator's own bootstrap then joins the survivors
 //! only. The failure notices the excluded ranks caused stand in the
 //! parent's bootstrap, and the id is received despite them.
+//!
+//! A grow is an init: one existing rank makes an id (its own root, in its
+//! process) and sends it to the other existing ranks over the bootstrap;
+//! the application hands it to the new ranks, and all join with their
+//! ranks (the existing ones keep theirs).
 
 use std::sync::Arc;
 
 use tracing::info;
 
-use super::{Child, Comm, CommConfig, Core, InitState, Status};
+use super::{bytes_to_id, child_config, Child, Comm, CommConfig, Core, InitState, Status};
+use crate::bootstrap::UniqueId;
 use crate::error::{Error, Result};
 use crate::exec::StopReason;
 
@@ -33,32 +40,9 @@ pub enum ShrinkMode {
 /// The color a shrink's hash is derived with: no split can have it.
 const SHRINK_COLOR: i32 = -2;
 
-/// A revoked communicator whose operations have ended: its bootstrap
-/// waits again (they were interrupted to end those operations), and the
-/// failure notices of other ranks no longer end them, so that a split or
-/// shrink among the living goes on. Idempotent.
-pub(super) fn settle(core: &Core) {
-    core.bootstrap.resume();
-    core.bootstrap.forgive_failures();
-}
-
-/// Waits (up to NCCL_TIMEOUT) for the operations a revoke ended, then
-/// settles the communicator.
-pub(super) fn wait_revoked(core: &Core) -> Result<()> {
-    if !core.wait_quiescent(core.cfg.timeout()) {
-        return Err(still_running(core));
-    }
-    settle(core);
-    Ok(())
-}
-
-fn still_running(core: &Core) -> Error {
-    Error::Internal(format!(
-        "rank {}: operations of the communicator were still running {:.1} s (NCCL_TIMEOUT) after they were told to end",
-        core.rank,
-        core.cfg.timeout().as_secs_f64()
-    ))
-}
+/// Bootstrap tags of grow ids, by the parent's split count (split's ids
+/// travel under `TAG_CONN * 2 + n`).
+const TAG_GROW: u64 = crate::transport::TAG_CONN * 3;
 
 /// Why revoke and `NCCL_SHRINK_ABORT` refuse a GPU communicator.
 fn refuse_gpu(what: &str) -> Error {
@@ -107,7 +91,7 @@ impl Comm {
         info!(target: "oxccl::init", "comm {:#018x} rank {} nranks {} - Revoke START", core.ident.comm_hash, core.rank, core.nranks);
         core.stop_operations(StopReason::Revoked);
         if self.shared.blocking && !core.wait_quiescent(core.cfg.timeout()) {
-            return Err(still_running(&core));
+            return Err(core.still_running());
         }
         let state = self.async_error()?;
         if state == InitState::Ready {
@@ -127,7 +111,7 @@ impl Comm {
         };
         let core = core.clone();
         drop(st);
-        wait_revoked(&core)?;
+        core.wait_revoked()?;
         Ok(InitState::Ready)
     }
 
@@ -170,7 +154,7 @@ impl Comm {
             }
         };
         if revoked {
-            wait_revoked(&core)?;
+            core.wait_revoked()?;
         } else if mode == ShrinkMode::Abort {
             self.end_parent_operations(&core)?;
         }
@@ -189,6 +173,89 @@ impl Comm {
         self.make_child(&core, child, config)
     }
 
+    /// Makes the id of a grow of this communicator (NCCL's
+    /// `ncclCommGetUniqueId`): starts its root in this process and sends
+    /// it to every other rank of the communicator, whose [`Comm::grow`]
+    /// (given `None`) receives it; this rank passes it to its own grow,
+    /// and the application hands it to the new ranks, which join with
+    /// [`Comm::init_rank`]. As NCCL's: no other id may be made here before
+    /// a grow used this one, and a grow uses an id once.
+    pub fn grow_id(&self) -> Result<UniqueId> {
+        let core = self.core()?;
+        let mut ids = core
+            .grow_ids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if ids.pending.is_some() {
+            return Err(Error::InvalidUsage(
+                "the id this rank made for a grow is not used yet: grow with it first (each id serves one grow, and one is made at a time)".into(),
+            ));
+        }
+        let id = crate::bootstrap::start_root(&core.cfg)?;
+        // The number the grow itself takes from the count, on every rank.
+        let tag = TAG_GROW + core.peek_split();
+        for r in (0..self.count()).filter(|&r| r != self.user_rank()) {
+            core.bootstrap.send(r, tag, &id.0)?;
+        }
+        ids.pending = Some(id);
+        Ok(id)
+    }
+
+    /// This rank's place in a grown communicator of `nranks` ranks (NCCL's
+    /// `ncclCommGrow` on an existing rank): every rank of this
+    /// communicator calls it, keeping its rank; the one that called
+    /// [`Comm::grow_id`] passes that id, the others `None` (they receive
+    /// it). New ranks join with [`Comm::init_rank`]`(nranks, id, rank)`,
+    /// taking the ranks from `count()` up. `config` as for [`Comm::split`].
+    pub fn grow(&self, nranks: usize, id: Option<UniqueId>, config: &CommConfig) -> Result<Comm> {
+        if nranks <= self.count() {
+            return Err(Error::InvalidArgument(format!(
+                "nRanks {nranks} does not grow a communicator of {} ranks",
+                self.count()
+            )));
+        }
+        let core = self.core()?;
+        let mut ids = core
+            .grow_ids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let id = match id {
+            Some(id) if ids.pending == Some(id) => {
+                ids.pending = None;
+                ids.used.push(id);
+                id
+            }
+            Some(id) if ids.used.contains(&id) => {
+                return Err(Error::InvalidArgument(
+                    "this grow id was used by an earlier grow: each id serves one (make another with grow_id)".into(),
+                ))
+            }
+            Some(_) => {
+                return Err(Error::InvalidArgument(
+                    "this rank did not make this id with grow_id: the rank that did passes it, the other existing ranks pass none".into(),
+                ))
+            }
+            None if ids.pending.is_some() => {
+                return Err(Error::InvalidArgument(
+                    "this rank made the grow id (grow_id): pass it to grow".into(),
+                ))
+            }
+            None => {
+                drop(ids);
+                let (from, bytes) = core.bootstrap.recv_any(TAG_GROW + core.peek_split())?;
+                info!(target: "oxccl::init", "rank {}: grow id from rank {from}", self.user_rank());
+                bytes_to_id(&bytes)?
+            }
+        };
+        // Counted only by grows that go ahead, alike on every rank (a
+        // refused call above leaves the count as it was).
+        core.next_split();
+        info!(target: "oxccl::init",
+            "comm {:#018x} rank {} nranks {} - Grow START: to {nranks} ranks",
+            core.ident.comm_hash, self.user_rank(), self.count());
+        Comm::init_rank(nranks, id, self.user_rank(), &child_config(&core, config))
+    }
+
     /// `NCCL_SHRINK_ABORT`'s first step: ends what runs on the parent,
     /// then lets its bootstrap serve the shrink. A parent that had an
     /// operation cut short is marked failed: its connections may hold the
@@ -203,7 +270,7 @@ impl Comm {
         core.bootstrap.resume();
         core.stop.clear();
         if !ended {
-            return Err(still_running(core));
+            return Err(core.still_running());
         }
         if cut {
             let mut st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
@@ -246,6 +313,26 @@ mod tests {
             .collect()
     }
 
+    /// An in-place float sum over `comms` (one thread each), each rank's
+    /// input from `input`; every rank's result.
+    fn sum_each(comms: &[Comm], input: impl Fn(&Comm) -> Vec<f32> + Sync) -> Vec<Vec<f32>> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .map(|k| {
+                    let input = &input;
+                    s.spawn(move || {
+                        let mut b = floats(&input(k));
+                        k.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+                            .unwrap();
+                        to_floats(&b)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
     /// An all-reduce that rank 1 never joins: rank 0's revoke ends it at
     /// once with an error naming the revoke, the communicator reads ready
     /// again, operations and finalize are refused, and once rank 1 revokes
@@ -286,20 +373,7 @@ mod tests {
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
-            let hs: Vec<_> = kids
-                .iter()
-                .map(|k| {
-                    s.spawn(move || {
-                        let mut b = floats(&[k.user_rank() as f32 + 1.0, 2.0]);
-                        k.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
-                            .unwrap();
-                        to_floats(&b)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
+        let sums = sum_each(&kids, |k| vec![k.user_rank() as f32 + 1.0, 2.0]);
         assert!(sums.iter().all(|v| v == &[3.0, 4.0]), "{sums:?}");
         for c in kids.iter().chain(&comms) {
             c.destroy().unwrap();
@@ -371,26 +445,56 @@ mod tests {
             let h = |c: &Comm| c.core().unwrap().ident.comm_hash;
             assert_eq!(h(&kids[0]), h(&kids[1]));
             assert_ne!(h(&kids[0]), h(&comms[0]));
-            let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
-                let hs: Vec<_> = kids
-                    .iter()
-                    .map(|k| {
-                        s.spawn(move || {
-                            let mut b = floats(&[k.user_rank() as f32 * 10.0 + 1.0]);
-                            k.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
-                                .unwrap();
-                            to_floats(&b)
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().unwrap()).collect()
-            });
+            let sums = sum_each(&kids, |k| vec![k.user_rank() as f32 * 10.0 + 1.0]);
             assert!(sums.iter().all(|v| v == &[12.0]), "{mode:?}: {sums:?}");
             for k in kids {
                 k.destroy().unwrap();
             }
         }
         for c in &comms {
+            c.destroy().unwrap();
+        }
+    }
+
+    /// Two ranks grow to three: the id goes from the rank that made it to
+    /// the other existing rank by itself, the new rank joins with it as
+    /// rank 2, and an all-reduce over the three is right; the id is then
+    /// spent. The rules: one outstanding id at a time, the maker passes
+    /// it, nobody reuses it, a grow must grow.
+    #[test]
+    fn grow_two_ranks_to_three() {
+        let comms = Comm::init_all(2, &cfg()).unwrap();
+        let id = comms[1].grow_id().unwrap();
+        let e = comms[1].grow_id().unwrap_err().to_string();
+        assert!(e.contains("not used yet"), "{e}");
+        let e = comms[0].grow(3, Some(id), &cfg()).unwrap_err().to_string();
+        assert!(e.contains("did not make this id"), "{e}");
+        let e = comms[1].grow(2, Some(id), &cfg()).unwrap_err().to_string();
+        assert!(e.contains("does not grow"), "{e}");
+        let grown: Vec<Comm> = std::thread::scope(|s| {
+            let old: Vec<_> = comms
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let mine = (c.user_rank() == 1).then_some(id);
+                        c.grow(3, mine, &cfg()).unwrap()
+                    })
+                })
+                .collect();
+            let new = s.spawn(move || Comm::init_rank(3, id, 2, &cfg()).unwrap());
+            let mut v: Vec<Comm> = old.into_iter().map(|h| h.join().unwrap()).collect();
+            v.push(new.join().unwrap());
+            v
+        });
+        assert!(grown
+            .iter()
+            .enumerate()
+            .all(|(r, c)| c.user_rank() == r && c.count() == 3));
+        let sums = sum_each(&grown, |k| vec![k.user_rank() as f32 + 1.0, 1.0]);
+        assert!(sums.iter().all(|v| v == &[6.0, 3.0]), "{sums:?}");
+        let e = comms[1].grow(3, Some(id), &cfg()).unwrap_err().to_string();
+        assert!(e.contains("used by an earlier grow"), "{e}");
+        for c in grown.iter().chain(&comms) {
             c.destroy().unwrap();
         }
     }

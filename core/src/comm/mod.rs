@@ -136,6 +136,24 @@ struct Child<'a> {
     despite_failures: bool,
 }
 
+/// `config` for a communicator made from `core`'s (split, shrink, grow):
+/// on the same GPU unless it names one, and with the parent's resolved
+/// settings below its own.
+fn child_config(core: &Core, config: &CommConfig) -> CommConfig {
+    let mut cfg = config.clone();
+    if cfg.device.is_none() {
+        cfg.device = core.device.as_ref().and_then(|d| d.ordinal());
+    }
+    let parent: Vec<(String, String)> = core
+        .cfg
+        .entries()
+        .filter(|e| e.source != crate::config::Source::Default)
+        .map(|e| (e.def.key.to_string(), e.value.clone()))
+        .collect();
+    cfg.settings = parent.into_iter().chain(cfg.settings).collect();
+    cfg
+}
+
 fn bytes_to_id(bytes: &[u8]) -> Result<UniqueId> {
     let mut id = UniqueId([0; 128]);
     if bytes.len() != id.0.len() {
@@ -563,7 +581,7 @@ impl Comm {
             },
             Status::Failed(e, _) => Err(e.clone()),
             Status::Revoked(c) => Ok(if c.quiescent() {
-                elastic::settle(c);
+                c.settle_revoke();
                 InitState::Ready
             } else {
                 InitState::InProgress
@@ -695,7 +713,7 @@ impl Comm {
         if let Status::Revoked(c) = &*st {
             let c = c.clone();
             drop(st);
-            elastic::wait_revoked(&c)?;
+            c.wait_revoked()?;
             return Ok((c, true));
         }
         drop(st);
@@ -728,19 +746,7 @@ impl Comm {
         } else {
             bytes_to_id(&core.bootstrap.recv(members[0], tag)?)?
         };
-        let mut cfg = config.clone();
-        // A child of a GPU communicator runs on the same GPU.
-        if cfg.device.is_none() {
-            cfg.device = core.device.as_ref().and_then(|d| d.ordinal());
-        }
-        // The child inherits the parent's resolved settings below its own.
-        let parent: Vec<(String, String)> = core
-            .cfg
-            .entries()
-            .filter(|e| e.source != crate::config::Source::Default)
-            .map(|e| (e.def.key.to_string(), e.value.clone()))
-            .collect();
-        cfg.settings = parent.into_iter().chain(cfg.settings).collect();
+        let cfg = child_config(core, config);
         let parent = child.share.then(|| FromParent {
             net: core.net.clone(),
             net_setting: core.cfg.net.clone(),
