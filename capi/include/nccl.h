@@ -485,8 +485,11 @@ enum ncclResult_t ncclCommGrow(ncclComm_t comm,
                                struct ncclConfig_t *config);
 
 /**
- * Suspending would release the device window, which every peer has
- * mapped; resuming would have to rebuild it with all of them.
+ * With `NCCL_SUSPEND_MEM`, suspends `comm` (every rank calls it):
+ * operations are refused until ncclCommResume. Host-memory communicators
+ * hold no GPU memory, so nothing is released; on a GPU communicator it is
+ * refused, saying so (its window is kept until destroy). Without the flag
+ * it does nothing, as in NCCL.
  */
 enum ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);
 
@@ -494,10 +497,10 @@ enum ncclResult_t ncclCommResume(ncclComm_t comm);
 
 /**
  * NCCL's figures for the GPU memory a communicator holds. Nothing oxccl
- * allocates can be released by a suspend (there is none), so all of it is
- * persistent: Suspend 0, Persist = Total, Suspended 0. A communicator on
- * host memory, or one that stages device buffers through pinned host
- * memory, holds no GPU memory.
+ * allocates is released by a suspend, so all of it is persistent:
+ * Suspend 0, Persist = Total; Suspended is 1 while suspended. A
+ * communicator on host memory, or one that stages device buffers through
+ * pinned host memory, holds no GPU memory.
  */
 enum ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t *value);
 

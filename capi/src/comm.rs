@@ -6,7 +6,7 @@ use std::sync::Once;
 
 use oxccl::{Comm, CommConfig, Error, InitState, ShrinkMode, UniqueId};
 
-use crate::guard::{entry, last_error, not_implemented, ok, Outcome};
+use crate::guard::{entry, last_error, ok, Outcome};
 use crate::handle;
 use crate::types::*;
 
@@ -515,31 +515,35 @@ pub extern "C" fn ncclCommGrow(
     })
 }
 
-/// Suspending would release the device window, which every peer has
-/// mapped; resuming would have to rebuild it with all of them.
+/// With `NCCL_SUSPEND_MEM`, suspends `comm` (every rank calls it):
+/// operations are refused until ncclCommResume. Host-memory communicators
+/// hold no GPU memory, so nothing is released; on a GPU communicator it is
+/// refused, saying so (its window is kept until destroy). Without the flag
+/// it does nothing, as in NCCL.
 #[no_mangle]
 pub extern "C" fn ncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ncclResult_t {
-    let _ = (comm, flags);
-    not_implemented(
-        "ncclCommSuspend",
-        "a communicator keeps its GPU memory until it is destroyed; ncclCommMemStats reports how much",
-    )
+    entry("ncclCommSuspend", || {
+        let h = handle::get(comm)?;
+        if flags & NCCL_SUSPEND_MEM != 0 {
+            h.comm.suspend()?;
+        }
+        ok()
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn ncclCommResume(comm: ncclComm_t) -> ncclResult_t {
-    let _ = (comm,);
-    not_implemented(
-        "ncclCommResume",
-        "ncclCommSuspend is not offered, so no communicator is ever suspended",
-    )
+    entry("ncclCommResume", || {
+        handle::get(comm)?.comm.resume()?;
+        ok()
+    })
 }
 
 /// NCCL's figures for the GPU memory a communicator holds. Nothing oxccl
-/// allocates can be released by a suspend (there is none), so all of it is
-/// persistent: Suspend 0, Persist = Total, Suspended 0. A communicator on
-/// host memory, or one that stages device buffers through pinned host
-/// memory, holds no GPU memory.
+/// allocates is released by a suspend, so all of it is persistent:
+/// Suspend 0, Persist = Total; Suspended is 1 while suspended. A
+/// communicator on host memory, or one that stages device buffers through
+/// pinned host memory, holds no GPU memory.
 #[no_mangle]
 pub extern "C" fn ncclCommMemStats(
     comm: ncclComm_t,
@@ -551,10 +555,12 @@ pub extern "C" fn ncclCommMemStats(
         if value.is_null() {
             return Err(Error::InvalidArgument("value is NULL".into()));
         }
-        let total = h.comm.mem_stats()?.device_bytes;
+        let st = h.comm.mem_stats()?;
         let v = match stat {
-            ncclStatGpuMemSuspend | ncclStatGpuMemSuspended => 0,
-            ncclStatGpuMemPersist | ncclStatGpuMemTotal => total,
+            ncclStatGpuMemSuspend => st.suspendable_bytes,
+            ncclStatGpuMemSuspended => u64::from(st.suspended),
+            ncclStatGpuMemPersist => st.device_bytes - st.suspendable_bytes,
+            ncclStatGpuMemTotal => st.device_bytes,
             other => {
                 return Err(Error::InvalidArgument(format!(
                     "stat {other} is not an ncclCommMemStat_t (ncclStatGpuMemSuspend 0, ncclStatGpuMemSuspended 1, ncclStatGpuMemPersist 2, ncclStatGpuMemTotal 3)"

@@ -3,7 +3,7 @@
 //! at once.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use oxccl_plugin::Net;
@@ -82,6 +82,9 @@ pub(crate) struct Core {
     pub stop: Stop,
     /// Calls inside [`Core::execute`] now, which a revoke waits out.
     inflight: AtomicUsize,
+    /// Suspended (NCCL's `ncclCommSuspend`): operations are refused until
+    /// a resume.
+    pub suspended: AtomicBool,
     /// Collectives started, the number other ranks compare with on a timeout.
     seq: AtomicU64,
     /// Splits, shrinks and grows made from this communicator: every rank
@@ -204,6 +207,7 @@ impl Core {
             net,
             stop: Stop::default(),
             inflight: AtomicUsize::new(0),
+            suspended: AtomicBool::new(false),
             seq: AtomicU64::new(0),
             splits: AtomicU64::new(0),
             grow_ids: Mutex::default(),
@@ -360,6 +364,12 @@ impl Core {
         let _leave = Leave(&self.inflight);
         if let Some(e) = self.stop.error("operation") {
             return Err(e);
+        }
+        if self.suspended.load(Ordering::SeqCst) {
+            return Err(Error::InvalidUsage(
+                "the communicator is suspended (ncclCommSuspend): resume it (ncclCommResume) first"
+                    .into(),
+            ));
         }
         if let Some(GpuPath(dc)) = &self.device {
             let n = ops

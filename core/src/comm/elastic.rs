@@ -256,6 +256,52 @@ impl Comm {
         Comm::init_rank(nranks, id, self.user_rank(), &child_config(&core, config))
     }
 
+    /// Suspends the communicator (NCCL's `ncclCommSuspend` with
+    /// `NCCL_SUSPEND_MEM`): every rank calls it (a barrier, as in NCCL);
+    /// operations are then refused until [`Comm::resume`]. On host memory
+    /// there is no GPU memory to release ([`MemStats`](super::MemStats)
+    /// says 0 suspendable bytes). Refused on a GPU communicator: its window
+    /// is mapped by every peer, and releasing and rebuilding it with them
+    /// is not built yet.
+    pub fn suspend(&self) -> Result<()> {
+        if self.core()?.device.is_some() {
+            return Err(Error::InvalidUsage(
+                "ncclCommSuspend is not built for communicators on a GPU yet (their device window is mapped by every peer and is kept until destroy; ncclCommMemStats reports it as persistent)".into(),
+            ));
+        }
+        self.set_suspended(true)
+    }
+
+    /// Ends a suspend (NCCL's `ncclCommResume`); every rank calls it.
+    pub fn resume(&self) -> Result<()> {
+        self.set_suspended(false)
+    }
+
+    /// Suspends or resumes after a barrier, refusing a call that changes
+    /// nothing before the barrier (so that every rank's barriers match).
+    fn set_suspended(&self, on: bool) -> Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let core = self.core()?;
+        if core.suspended.load(SeqCst) == on {
+            return Err(Error::InvalidUsage(format!(
+                "the communicator is {} suspended",
+                if on { "already" } else { "not" }
+            )));
+        }
+        core.bootstrap.barrier()?;
+        core.suspended.store(on, SeqCst);
+        let (call, what) = if on {
+            (
+                "ncclCommSuspend",
+                "suspended (no GPU memory to release on host memory)",
+            )
+        } else {
+            ("ncclCommResume", "resumed")
+        };
+        info!(target: "oxccl::init", "{call}: rank {} {what}", core.rank);
+        Ok(())
+    }
+
     /// `NCCL_SHRINK_ABORT`'s first step: ends what runs on the parent,
     /// then lets its bootstrap serve the shrink. A parent that had an
     /// operation cut short is marked failed: its connections may hold the
@@ -495,6 +541,46 @@ mod tests {
         let e = comms[1].grow(3, Some(id), &cfg()).unwrap_err().to_string();
         assert!(e.contains("used by an earlier grow"), "{e}");
         for c in grown.iter().chain(&comms) {
+            c.destroy().unwrap();
+        }
+    }
+
+    /// Suspend and resume on two ranks: operations refused while
+    /// suspended, the state in mem_stats, double calls refused, and the
+    /// next all-reduce after resume right.
+    #[test]
+    fn suspend_refuses_operations_until_resume() {
+        let comms = Comm::init_all(2, &cfg()).unwrap();
+        let both = |f: &(dyn Fn(&Comm) -> Result<()> + Sync)| {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = comms.iter().map(|c| s.spawn(move || f(c))).collect();
+                hs.into_iter().for_each(|h| h.join().unwrap().unwrap());
+            })
+        };
+        both(&|c| c.suspend());
+        let st = comms[0].mem_stats().unwrap();
+        assert!(st.suspended && st.suspendable_bytes == 0 && st.device_bytes == 0);
+        let mut b = floats(&[1.0]);
+        let e = comms[0]
+            .all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("suspended"), "{e}");
+        assert!(comms[0]
+            .suspend()
+            .unwrap_err()
+            .to_string()
+            .contains("already suspended"));
+        both(&|c| c.resume());
+        assert!(!comms[1].mem_stats().unwrap().suspended);
+        assert!(comms[1]
+            .resume()
+            .unwrap_err()
+            .to_string()
+            .contains("not suspended"));
+        let sums = sum_each(&comms, |k| vec![k.user_rank() as f32 + 0.5]);
+        assert!(sums.iter().all(|v| v == &[2.0]), "{sums:?}");
+        for c in &comms {
             c.destroy().unwrap();
         }
     }

@@ -173,6 +173,12 @@ pub struct MemStats {
     /// window. 0 on host memory; the pinned host step slots of peers
     /// reached through shared memory or the network are not counted.
     pub device_bytes: u64,
+    /// The part of `device_bytes` a suspend releases (NCCL's
+    /// `ncclStatGpuMemSuspend`): none yet, everything oxccl allocates is
+    /// kept until destroy.
+    pub suspendable_bytes: u64,
+    /// Whether the communicator is suspended ([`Comm::suspend`]).
+    pub suspended: bool,
 }
 
 /// Where a communicator's asynchronous work stands.
@@ -627,7 +633,7 @@ impl Comm {
     }
 
     /// What the communicator allocated (see [`MemStats`]); it holds the
-    /// same until it is destroyed.
+    /// same until it is destroyed, suspended or not.
     pub fn mem_stats(&self) -> Result<MemStats> {
         let core = self.any_core()?;
         let device_bytes = match &core.device {
@@ -639,7 +645,11 @@ impl Comm {
                 .device_bytes() as u64,
             None => 0,
         };
-        Ok(MemStats { device_bytes })
+        Ok(MemStats {
+            device_bytes,
+            suspendable_bytes: 0,
+            suspended: core.suspended.load(std::sync::atomic::Ordering::SeqCst),
+        })
     }
 
     pub fn count(&self) -> usize {
