@@ -440,6 +440,13 @@ enum ncclResult_t ncclCommSplit(ncclComm_t comm,
                                 ncclComm_t *newcomm,
                                 struct ncclConfig_t *config);
 
+/**
+ * The survivors' communicator: every rank outside `excludeRanksList`
+ * calls it with the same list (the excluded ones may be dead). With
+ * `NCCL_SHRINK_ABORT` the operations still running on `comm` are ended
+ * first. A NULL `config` inherits `comm`'s blocking, splitShare and
+ * shrinkShare, as NCCL copies the parent's config.
+ */
 enum ncclResult_t ncclCommShrink(ncclComm_t comm,
                                  int *excludeRanksList,
                                  int excludeRanksCount,
@@ -447,10 +454,29 @@ enum ncclResult_t ncclCommShrink(ncclComm_t comm,
                                  struct ncclConfig_t *config,
                                  int shrinkFlags);
 
+/**
+ * Ends this rank's operations in flight on `comm`; a blocking
+ * communicator returns once they have ended, a non-blocking one may
+ * return `ncclInProgress`, and `ncclCommGetAsyncError` then reports
+ * `ncclInProgress` until they have, then `ncclSuccess`. Afterwards only
+ * destroy, split and shrink are accepted. Host-memory communicators only
+ * (a GPU communicator's revoke is refused, saying so).
+ */
 enum ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
 
+/**
+ * The id of a grow of `comm`, made here (its root runs in this process)
+ * and sent to `comm`'s other ranks; one at a time, each used by one grow.
+ */
 enum ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, struct ncclUniqueId *uniqueId);
 
+/**
+ * NCCL's three ways in: an existing rank that made the id (comm, &id,
+ * rank -1), the other existing ranks (comm, NULL, -1), and new ranks
+ * (NULL, &id, their rank), which join as ncclCommInitRankConfig does. A
+ * NULL config on an existing rank inherits its communicator's blocking,
+ * splitShare and shrinkShare.
+ */
 enum ncclResult_t ncclCommGrow(ncclComm_t comm,
                                int nRanks,
                                const struct ncclUniqueId *uniqueId,
@@ -459,8 +485,11 @@ enum ncclResult_t ncclCommGrow(ncclComm_t comm,
                                struct ncclConfig_t *config);
 
 /**
- * Suspending would release the device window, which every peer has
- * mapped; resuming would have to rebuild it with all of them.
+ * With `NCCL_SUSPEND_MEM`, suspends `comm` (every rank calls it):
+ * operations are refused until ncclCommResume. Host-memory communicators
+ * hold no GPU memory, so nothing is released; on a GPU communicator it is
+ * refused, saying so (its window is kept until destroy). Without the flag
+ * it does nothing, as in NCCL.
  */
 enum ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);
 
@@ -468,10 +497,10 @@ enum ncclResult_t ncclCommResume(ncclComm_t comm);
 
 /**
  * NCCL's figures for the GPU memory a communicator holds. Nothing oxccl
- * allocates can be released by a suspend (there is none), so all of it is
- * persistent: Suspend 0, Persist = Total, Suspended 0. A communicator on
- * host memory, or one that stages device buffers through pinned host
- * memory, holds no GPU memory.
+ * allocates is released by a suspend, so all of it is persistent:
+ * Suspend 0, Persist = Total; Suspended is 1 while suspended. A
+ * communicator on host memory, or one that stages device buffers through
+ * pinned host memory, holds no GPU memory.
  */
 enum ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t *value);
 

@@ -4,9 +4,9 @@ use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
 use std::sync::Once;
 
-use oxccl::{Comm, CommConfig, Error, InitState, UniqueId};
+use oxccl::{Comm, CommConfig, Error, InitState, ShrinkMode, UniqueId};
 
-use crate::guard::{entry, last_error, not_implemented, ok, Outcome};
+use crate::guard::{entry, last_error, ok, Outcome};
 use crate::handle;
 use crate::types::*;
 
@@ -77,16 +77,18 @@ fn read_config(config: *const ncclConfig_t) -> Result<CommConfig, Error> {
             cc.settings.push(("NET".into(), n));
         }
     }
+    let flag = |v: c_int, name: &str| match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(Error::InvalidArgument(format!(
+            "config {name} is {v}: it must be 0 or 1 (or left at NCCL_CONFIG_UNDEF_INT)"
+        ))),
+    };
     if has(std::mem::offset_of!(ncclConfig_t, splitShare) + 4) && c.splitShare != undef {
-        cc.split_share = Some(match c.splitShare {
-            0 => false,
-            1 => true,
-            v => {
-                return Err(Error::InvalidArgument(format!(
-                    "config splitShare is {v}: it must be 0 or 1 (or left at NCCL_CONFIG_UNDEF_INT)"
-                )))
-            }
-        });
+        cc.split_share = Some(flag(c.splitShare, "splitShare")?);
+    }
+    if has(std::mem::offset_of!(ncclConfig_t, shrinkShare) + 4) && c.shrinkShare != undef {
+        cc.shrink_share = Some(flag(c.shrinkShare, "shrinkShare")?);
     }
     Ok(cc)
 }
@@ -127,10 +129,6 @@ fn init(
         .map_err(|_| Error::InvalidArgument(format!("rank {rank} is negative")))?;
     let mut cc = read_config(config)?;
     cc.device = device_for_new_comm();
-    let mut bytes = [0u8; NCCL_UNIQUE_ID_BYTES];
-    for (b, c) in bytes.iter_mut().zip(id.internal) {
-        *b = c as u8;
-    }
     // Inside a group NCCL creates communicators at ncclGroupEnd, so that
     // one thread can create several ranks of one communicator (nccl-tests
     // -g N). Here creation starts at once in the background, and
@@ -140,17 +138,11 @@ fn init(
     if in_group {
         cc.blocking = false;
     }
-    let comm = Comm::init_rank(n, UniqueId(bytes), r, &cc)?;
+    let comm = Comm::init_rank(n, id_from_c(id), r, &cc)?;
     if in_group && user_blocking {
         DEFERRED.with(|d| d.borrow_mut().push(comm.clone()));
     }
-    let pending = !user_blocking && matches!(comm.async_error(), Ok(InitState::InProgress));
-    out("newcomm", newcomm, handle::publish(comm))?;
-    Ok(if pending {
-        ncclResult_t::ncclInProgress
-    } else {
-        ncclResult_t::ncclSuccess
-    })
+    publish_child(newcomm, comm, user_blocking)
 }
 
 thread_local! {
@@ -172,6 +164,24 @@ pub(crate) fn finish_deferred() -> Result<(), Error> {
     first
 }
 
+fn id_from_c(id: &ncclUniqueId) -> UniqueId {
+    let mut bytes = [0u8; NCCL_UNIQUE_ID_BYTES];
+    for (b, c) in bytes.iter_mut().zip(id.internal) {
+        *b = c as u8;
+    }
+    UniqueId(bytes)
+}
+
+fn id_to_c(id: UniqueId) -> ncclUniqueId {
+    let mut u = ncclUniqueId {
+        internal: [0; NCCL_UNIQUE_ID_BYTES],
+    };
+    for (c, b) in u.internal.iter_mut().zip(id.0) {
+        *c = b as c_char;
+    }
+    u
+}
+
 /// Writes the version of NCCL's API this library implements
 /// (`NCCL_VERSION_CODE`, 23007 for 2.30.7).
 #[no_mangle]
@@ -188,13 +198,7 @@ pub extern "C" fn ncclGetUniqueId(uniqueId: *mut ncclUniqueId) -> ncclResult_t {
     entry("ncclGetUniqueId", || {
         start();
         let id = Comm::unique_id()?;
-        let mut u = ncclUniqueId {
-            internal: [0; NCCL_UNIQUE_ID_BYTES],
-        };
-        for (c, b) in u.internal.iter_mut().zip(id.0) {
-            *c = b as c_char;
-        }
-        out("uniqueId", uniqueId, u)?;
+        out("uniqueId", uniqueId, id_to_c(id))?;
         ok()
     })
 }
@@ -328,6 +332,36 @@ pub extern "C" fn ncclCommSplit(
     })
 }
 
+/// The config of a communicator made from `parent` (shrink, grow): the
+/// caller's, or for NULL the parent's blocking, splitShare and
+/// shrinkShare, as NCCL copies the parent's config.
+fn child_config(parent: &handle::Handle, config: *const ncclConfig_t) -> Result<CommConfig, Error> {
+    let mut cc = read_config(config)?;
+    if config.is_null() {
+        cc.blocking = parent.blocking;
+        cc.split_share = Some(parent.comm.split_share()?);
+        cc.shrink_share = Some(parent.comm.shrink_share()?);
+    }
+    Ok(cc)
+}
+
+/// Hands a new communicator to the caller: ncclInProgress while a
+/// non-blocking one is still being made.
+fn publish_child(newcomm: *mut ncclComm_t, child: Comm, blocking: bool) -> Outcome {
+    let pending = !blocking && matches!(child.async_error(), Ok(InitState::InProgress));
+    out("newcomm", newcomm, handle::publish_as(child, blocking))?;
+    Ok(if pending {
+        ncclResult_t::ncclInProgress
+    } else {
+        ncclResult_t::ncclSuccess
+    })
+}
+
+/// The survivors' communicator: every rank outside `excludeRanksList`
+/// calls it with the same list (the excluded ones may be dead). With
+/// `NCCL_SHRINK_ABORT` the operations still running on `comm` are ended
+/// first. A NULL `config` inherits `comm`'s blocking, splitShare and
+/// shrinkShare, as NCCL copies the parent's config.
 #[no_mangle]
 pub extern "C" fn ncclCommShrink(
     comm: ncclComm_t,
@@ -337,39 +371,103 @@ pub extern "C" fn ncclCommShrink(
     config: *mut ncclConfig_t,
     shrinkFlags: c_int,
 ) -> ncclResult_t {
-    let _ = (
-        comm,
-        excludeRanksList,
-        excludeRanksCount,
-        newcomm,
-        config,
-        shrinkFlags,
-    );
-    not_implemented(
-        "ncclCommShrink",
-        "a split where excluded ranks take no part; use ncclCommSplit with NCCL_SPLIT_NOCOLOR on every rank",
-    )
+    entry("ncclCommShrink", || {
+        let h = handle::get(comm)?;
+        if newcomm.is_null() {
+            return Err(Error::InvalidArgument("newcomm is NULL".into()));
+        }
+        let mode = match shrinkFlags {
+            NCCL_SHRINK_DEFAULT => ShrinkMode::Default,
+            NCCL_SHRINK_ABORT => ShrinkMode::Abort,
+            f => {
+                return Err(Error::InvalidArgument(format!(
+                    "shrinkFlags is {f}: NCCL_SHRINK_DEFAULT (0) or NCCL_SHRINK_ABORT (1)"
+                )))
+            }
+        };
+        if excludeRanksList.is_null() {
+            return Err(Error::InvalidArgument("excludeRanksList is NULL".into()));
+        }
+        let n = usize::try_from(excludeRanksCount)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "excludeRanksCount is {excludeRanksCount}: at least one rank is excluded"
+                ))
+            })?;
+        // SAFETY: non-null and holding excludeRanksCount ints, by NCCL's
+        // contract; only read.
+        let list = unsafe { std::slice::from_raw_parts(excludeRanksList, n) };
+        let exclude = list
+            .iter()
+            .map(|&r| {
+                usize::try_from(r).map_err(|_| {
+                    Error::InvalidArgument(format!("excludeRanksList holds {r}: not a rank"))
+                })
+            })
+            .collect::<Result<Vec<usize>, Error>>()?;
+        let cc = child_config(&h, config)?;
+        let child = h.comm.shrink(&exclude, &cc, mode)?;
+        publish_child(newcomm, child, cc.blocking)
+    })
 }
 
+/// Ends this rank's operations in flight on `comm`; a blocking
+/// communicator returns once they have ended, a non-blocking one may
+/// return `ncclInProgress`, and `ncclCommGetAsyncError` then reports
+/// `ncclInProgress` until they have, then `ncclSuccess`. Afterwards only
+/// destroy, split and shrink are accepted. Host-memory communicators only
+/// (a GPU communicator's revoke is refused, saying so).
 #[no_mangle]
 pub extern "C" fn ncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t {
-    let _ = (comm, revokeFlags);
-    not_implemented("ncclCommRevoke", "use ncclCommAbort")
+    entry("ncclCommRevoke", || {
+        if comm.is_null() {
+            // NCCL accepts revoking the NULL communicator.
+            return ok();
+        }
+        if revokeFlags != NCCL_REVOKE_DEFAULT {
+            return Err(Error::InvalidArgument(format!(
+                "revokeFlags is {revokeFlags}: only NCCL_REVOKE_DEFAULT (0) is defined"
+            )));
+        }
+        let h = handle::get(comm)?;
+        let mut state = h.comm.revoke()?;
+        // Made inside a group, a blocking communicator is non-blocking
+        // underneath: wait here as the caller asked.
+        if h.blocking && state == InitState::InProgress {
+            state = h.comm.wait_revoked()?;
+        }
+        Ok(match state {
+            InitState::Ready => ncclResult_t::ncclSuccess,
+            InitState::InProgress => ncclResult_t::ncclInProgress,
+        })
+    })
 }
 
-/// Elastic communicators (ids of an existing communicator, growing it)
-/// are a later piece of work: these say so rather than half-work.
-const ELASTIC: &str = "elastic communicators, which new ranks join; create a new communicator with ncclGetUniqueId and ncclCommInitRank instead";
-
+/// The id of a grow of `comm`, made here (its root runs in this process)
+/// and sent to `comm`'s other ranks; one at a time, each used by one grow.
 #[no_mangle]
 pub extern "C" fn ncclCommGetUniqueId(
     comm: ncclComm_t,
     uniqueId: *mut ncclUniqueId,
 ) -> ncclResult_t {
-    let _ = (comm, uniqueId);
-    not_implemented("ncclCommGetUniqueId", ELASTIC)
+    entry("ncclCommGetUniqueId", || {
+        let h = handle::get(comm)?;
+        if uniqueId.is_null() {
+            return Err(Error::InvalidArgument("uniqueId is NULL".into()));
+        }
+        let id = h.comm.grow_id()?;
+        out("uniqueId", uniqueId, id_to_c(id))?;
+        ok()
+    })
 }
 
+/// NCCL's three ways in: an existing rank that made the id (comm, &id,
+/// rank -1), the other existing ranks (comm, NULL, -1), and new ranks
+/// (NULL, &id, their rank), which join as ncclCommInitRankConfig does. A
+/// NULL config on an existing rank inherits its communicator's blocking,
+/// splitShare and shrinkShare.
 #[no_mangle]
 pub extern "C" fn ncclCommGrow(
     comm: ncclComm_t,
@@ -379,35 +477,73 @@ pub extern "C" fn ncclCommGrow(
     newcomm: *mut ncclComm_t,
     config: *mut ncclConfig_t,
 ) -> ncclResult_t {
-    let _ = (comm, nRanks, uniqueId, rank, newcomm, config);
-    not_implemented("ncclCommGrow", ELASTIC)
+    entry("ncclCommGrow", || {
+        if newcomm.is_null() {
+            return Err(Error::InvalidArgument("newcomm is NULL".into()));
+        }
+        out("newcomm", newcomm, std::ptr::null_mut())?;
+        let n = usize::try_from(nRanks)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("nRanks is {nRanks}: it must be positive"))
+            })?;
+        // SAFETY: NULL or pointing at an id, by NCCL's contract; copied.
+        let id = unsafe { uniqueId.as_ref() }.map(id_from_c);
+        if comm.is_null() {
+            let Some(id) = id else {
+                return Err(Error::InvalidArgument(
+                    "a new rank (comm NULL) passes the uniqueId its grow was given".into(),
+                ));
+            };
+            if !(0..nRanks).contains(&rank) {
+                return Err(Error::InvalidArgument(format!(
+                    "a new rank's rank is {rank}: it must be in 0..{nRanks}"
+                )));
+            }
+            return init(newcomm, nRanks, &id_to_c(id), rank, config);
+        }
+        let h = handle::get(comm)?;
+        if rank != -1 {
+            return Err(Error::InvalidArgument(format!(
+                "rank is {rank}: existing ranks pass -1 (they keep their rank)"
+            )));
+        }
+        let cc = child_config(&h, config)?;
+        let grown = h.comm.grow(n, id, &cc)?;
+        publish_child(newcomm, grown, cc.blocking)
+    })
 }
 
-/// Suspending would release the device window, which every peer has
-/// mapped; resuming would have to rebuild it with all of them.
+/// With `NCCL_SUSPEND_MEM`, suspends `comm` (every rank calls it):
+/// operations are refused until ncclCommResume. Host-memory communicators
+/// hold no GPU memory, so nothing is released; on a GPU communicator it is
+/// refused, saying so (its window is kept until destroy). Without the flag
+/// it does nothing, as in NCCL.
 #[no_mangle]
 pub extern "C" fn ncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ncclResult_t {
-    let _ = (comm, flags);
-    not_implemented(
-        "ncclCommSuspend",
-        "a communicator keeps its GPU memory until it is destroyed; ncclCommMemStats reports how much",
-    )
+    entry("ncclCommSuspend", || {
+        let h = handle::get(comm)?;
+        if flags & NCCL_SUSPEND_MEM != 0 {
+            h.comm.suspend()?;
+        }
+        ok()
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn ncclCommResume(comm: ncclComm_t) -> ncclResult_t {
-    let _ = (comm,);
-    not_implemented(
-        "ncclCommResume",
-        "ncclCommSuspend is not offered, so no communicator is ever suspended",
-    )
+    entry("ncclCommResume", || {
+        handle::get(comm)?.comm.resume()?;
+        ok()
+    })
 }
 
 /// NCCL's figures for the GPU memory a communicator holds. Nothing oxccl
-/// allocates can be released by a suspend (there is none), so all of it is
-/// persistent: Suspend 0, Persist = Total, Suspended 0. A communicator on
-/// host memory, or one that stages device buffers through pinned host
-/// memory, holds no GPU memory.
+/// allocates is released by a suspend, so all of it is persistent:
+/// Suspend 0, Persist = Total; Suspended is 1 while suspended. A
+/// communicator on host memory, or one that stages device buffers through
+/// pinned host memory, holds no GPU memory.
 #[no_mangle]
 pub extern "C" fn ncclCommMemStats(
     comm: ncclComm_t,
@@ -419,10 +555,12 @@ pub extern "C" fn ncclCommMemStats(
         if value.is_null() {
             return Err(Error::InvalidArgument("value is NULL".into()));
         }
-        let total = h.comm.mem_stats()?.device_bytes;
+        let st = h.comm.mem_stats()?;
         let v = match stat {
-            ncclStatGpuMemSuspend | ncclStatGpuMemSuspended => 0,
-            ncclStatGpuMemPersist | ncclStatGpuMemTotal => total,
+            ncclStatGpuMemSuspend => st.suspendable_bytes,
+            ncclStatGpuMemSuspended => u64::from(st.suspended),
+            ncclStatGpuMemPersist => st.device_bytes - st.suspendable_bytes,
+            ncclStatGpuMemTotal => st.device_bytes,
             other => {
                 return Err(Error::InvalidArgument(format!(
                     "stat {other} is not an ncclCommMemStat_t (ncclStatGpuMemSuspend 0, ncclStatGpuMemSuspended 1, ncclStatGpuMemPersist 2, ncclStatGpuMemTotal 3)"

@@ -12,6 +12,10 @@ use crate::types::{ncclComm, ncclComm_t, ncclNumOps, ncclRedOp_t};
 
 pub(crate) struct Handle {
     pub comm: Comm,
+    /// The caller's `blocking`: a communicator created inside a group is
+    /// made non-blocking underneath (ncclGroupEnd waits for it), but its
+    /// revoke still waits, as the caller asked.
+    pub blocking: bool,
     /// Operators made by `ncclRedOpCreatePreMulSum`: value ncclNumOps + i.
     pub redops: Mutex<Vec<Option<RedOp>>>,
 }
@@ -20,8 +24,15 @@ static LIVE: Mutex<Option<HashMap<usize, Arc<Handle>>>> = Mutex::new(None);
 
 /// Registers a new communicator and returns its C handle.
 pub(crate) fn publish(comm: Comm) -> ncclComm_t {
+    let blocking = comm.blocking();
+    publish_as(comm, blocking)
+}
+
+/// As [`publish`], blocking as the caller asked.
+pub(crate) fn publish_as(comm: Comm, blocking: bool) -> ncclComm_t {
     let h = Arc::new(Handle {
         comm,
+        blocking,
         redops: Mutex::new(Vec::new()),
     });
     let key = Arc::as_ptr(&h) as usize;

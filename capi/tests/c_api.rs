@@ -79,10 +79,16 @@ fn free_port() -> u16 {
 
 /// Runs `n` ranks of `exe`; returns each one's (success, output).
 fn run_ranks(exe: &Path, n: usize, timeout: Duration) -> Vec<(bool, String)> {
+    run_ranks_with(exe, &[], n, timeout)
+}
+
+/// As [`run_ranks`], with arguments.
+fn run_ranks_with(exe: &Path, args: &[&str], n: usize, timeout: Duration) -> Vec<(bool, String)> {
     let port = free_port();
     let mut kids: Vec<Child> = (0..n)
         .map(|r| {
             Command::new(exe)
+                .args(args)
                 .env("OXCCL_TEST_RANK", r.to_string())
                 .env("OXCCL_TEST_NRANKS", n.to_string())
                 .env("OXCCL_TEST_SEED", "7")
@@ -204,8 +210,9 @@ fn device_choice_and_wrong_side_buffers() {
 
 /// NCCL 2.30's parameter API reads the settings `oxccl info` shows (here a
 /// value set through the environment), ncclCommMemStats reports a host
-/// communicator's 0 GPU bytes, and the calls oxccl does not offer return
-/// ncclInvalidUsage naming themselves (tests/c/params_stats.c).
+/// communicator's 0 GPU bytes, grow's argument rules hold, and the calls
+/// oxccl does not offer return ncclInvalidUsage naming themselves
+/// (tests/c/params_stats.c).
 #[test]
 fn params_mem_stats_and_refusals() {
     let (tmp, exe) = stage("params", "params_stats.c");
@@ -219,5 +226,43 @@ fn params_mem_stats_and_refusals() {
         out.contains("NCCL_CHUNK_SIZE = 123456 (from env"),
         "ncclParamDumpAll did not list NCCL_CHUNK_SIZE from the environment:\n{out}"
     );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// A dead rank through the C API (tests/c/shrink.c): rank 1 of 4 SIGKILLs
+/// itself in the middle of a stream of all-reduces; the survivors revoke,
+/// shrink it away (NCCL_SHRINK_DEFAULT on blocking communicators,
+/// NCCL_SHRINK_ABORT on non-blocking ones, polled through
+/// ncclCommGetAsyncError) and check every collective on the three left.
+#[test]
+fn survivors_revoke_and_shrink_after_a_killed_rank() {
+    let (tmp, exe) = stage("shrink", "shrink.c");
+    for mode in ["revoke", "nonblocking"] {
+        let t = Instant::now();
+        let results = run_ranks_with(&exe, &[mode], 4, Duration::from_secs(120));
+        for (r, (ok, out)) in results.iter().enumerate() {
+            if r == 1 {
+                assert!(!ok && !out.contains("PASS"), "{mode}: rank 1 lived:\n{out}");
+                continue;
+            }
+            assert!(
+                *ok && out.contains(&format!("PASS {mode}")),
+                "{mode}: rank {r} failed:\n{out}"
+            );
+        }
+        eprintln!("{mode}: PASS in {:.1} s", t.elapsed().as_secs_f64());
+        eprintln!("{}", results[0].1.trim_end());
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// ncclCommGetUniqueId and ncclCommGrow from C (tests/c/grow.c): one rank
+/// grows to two with a thread joining as the new rank, both check an
+/// all-reduce, the spent id is refused, and a shrink brings it back to one.
+#[test]
+fn grow_one_rank_to_two_and_back() {
+    let (tmp, exe) = stage("grow", "grow.c");
+    let out = run_one(&exe, "grow", &[("OXCCL_HOST_MEMORY", "1")]);
+    eprintln!("{}", out.trim_end());
     let _ = std::fs::remove_dir_all(&tmp);
 }

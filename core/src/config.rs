@@ -217,6 +217,8 @@ params! {
     hostid: Option<String> = "HOSTID", "";
     /// 1: a communicator's splits share its network context (NCCL's splitShare); 0: each split makes its own. Replaces the config's split_share where set, as in NCCL; unset: the config's, else 0.
     comm_split_share_resources: Option<bool> = "COMM_SPLIT_SHARE_RESOURCES", "";
+    /// 1: a communicator's shrinks (NCCL_SHRINK_DEFAULT, not revoked) share its network context (NCCL's shrinkShare); 0: each makes its own. Replaces the config's shrink_share where set; unset: the config's, else 0.
+    comm_shrink_share_resources: Option<bool> = "COMM_SHRINK_SHARE_RESOURCES", "";
 }
 
 impl Config {

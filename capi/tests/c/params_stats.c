@@ -113,16 +113,48 @@ static void mem_stats(ncclComm_t comm) {
           "value");
 }
 
+/* Suspend and resume on one rank: the state in ncclCommMemStats (no GPU
+ * memory on host memory), operations refused while suspended, double calls
+ * refused, an all-reduce right after resume. */
+static void suspend_resume(ncclComm_t comm) {
+  uint64_t v = 9;
+  CHECK(ncclCommSuspend(comm, 0)); /* no flag: nothing happens, as in NCCL */
+  CHECK(ncclCommMemStats(comm, ncclStatGpuMemSuspended, &v));
+  EXPECT(v == 0, "suspended by flags 0");
+  CHECK(ncclCommSuspend(comm, NCCL_SUSPEND_MEM));
+  CHECK(ncclCommMemStats(comm, ncclStatGpuMemSuspended, &v));
+  EXPECT(v == 1, "ncclStatGpuMemSuspended is %llu while suspended", (unsigned long long)v);
+  CHECK(ncclCommMemStats(comm, ncclStatGpuMemTotal, &v));
+  EXPECT(v == 0, "host communicator: %llu GPU bytes", (unsigned long long)v);
+  float x[4] = {1, 2, 3, 4};
+  refused(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, comm, NULL), ncclInvalidUsage, "all_reduce while suspended",
+          "suspended", "ncclCommResume");
+  refused(ncclCommSuspend(comm, NCCL_SUSPEND_MEM), ncclInvalidUsage, "a second suspend", "ncclCommSuspend",
+          "already suspended");
+  CHECK(ncclCommResume(comm));
+  CHECK(ncclCommMemStats(comm, ncclStatGpuMemSuspended, &v));
+  EXPECT(v == 0, "ncclStatGpuMemSuspended is %llu after resume", (unsigned long long)v);
+  refused(ncclCommResume(comm), ncclInvalidUsage, "a second resume", "ncclCommResume", "not suspended");
+  CHECK(ncclAllReduce(x, x, 4, ncclFloat32, ncclSum, comm, NULL));
+  EXPECT(x[0] == 1 && x[3] == 4, "one-rank all_reduce after resume: %f %f", x[0], x[3]);
+}
+
 static void refusals(ncclComm_t comm) {
   ncclUniqueId id;
   ncclComm_t grown = NULL;
   int x = 0;
   void* p = NULL;
   ncclWaitSignalDesc_t desc = {1, 0, 0, 0};
-  refused(ncclCommGetUniqueId(comm, &id), ncclInvalidUsage, "ncclCommGetUniqueId", "ncclCommGetUniqueId", NULL);
-  refused(ncclCommGrow(comm, 2, NULL, -1, &grown, NULL), ncclInvalidUsage, "ncclCommGrow", "ncclCommGrow", NULL);
-  refused(ncclCommSuspend(comm, NCCL_SUSPEND_MEM), ncclInvalidUsage, "ncclCommSuspend", "ncclCommSuspend", NULL);
-  refused(ncclCommResume(comm), ncclInvalidUsage, "ncclCommResume", "ncclCommResume", NULL);
+  /* Grow's rules (tests/c/grow.c grows for real): one id at a time, each
+   * argument in its place. The id made here stays unused. */
+  CHECK(ncclCommGetUniqueId(comm, &id));
+  refused(ncclCommGetUniqueId(comm, &id), ncclInvalidUsage, "a second id", "ncclCommGetUniqueId", "not used yet");
+  refused(ncclCommGrow(comm, 1, &id, -1, &grown, NULL), ncclInvalidArgument, "nRanks 1", "ncclCommGrow",
+          "does not grow");
+  refused(ncclCommGrow(comm, 2, &id, 0, &grown, NULL), ncclInvalidArgument, "rank 0", "ncclCommGrow", "-1");
+  refused(ncclCommGrow(NULL, 2, NULL, 1, &grown, NULL), ncclInvalidArgument, "no id", "ncclCommGrow", "uniqueId");
+  refused(ncclCommGrow(NULL, 2, &id, 2, &grown, NULL), ncclInvalidArgument, "rank 2 of 2", "ncclCommGrow", "0..2");
+  EXPECT(grown == NULL, "a refused grow left %p", (void*)grown);
   refused(ncclPutSignal(&x, 1, ncclInt32, 0, NULL, 0, 0, 0, 0, comm, NULL), ncclInvalidUsage, "ncclPutSignal",
           "ncclPutSignal", NULL);
   refused(ncclSignal(0, 0, 0, 0, comm, NULL), ncclInvalidUsage, "ncclSignal", "ncclSignal", NULL);
@@ -146,6 +178,7 @@ int main(void) {
   CHECK(ncclGetUniqueId(&id));
   CHECK(ncclCommInitRank(&comm, 1, id, 0));
   mem_stats(comm);
+  suspend_resume(comm);
   refusals(comm);
 
   /* A caller built against NCCL 2.28 passes its shorter config: 80 bytes. */

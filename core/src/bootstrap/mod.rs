@@ -38,7 +38,7 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use proto::{Frame, FrameReader, Hello, IdContents};
-use service::{Service, Shared};
+use service::{Notices, Service, Shared};
 use tcp::{Link, Outgoing};
 
 /// How long an accepted connection may take over its handshake.
@@ -382,9 +382,50 @@ impl Bootstrap {
     pub fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
         self.check_peer(peer, "recv")?;
         Self::check_tag(tag, "recv")?;
-        self.shared.wait(peer, tag, self.timeout, &|| {
-            format!("a message with tag {tag}")
-        })
+        self.shared
+            .wait(peer, tag, self.timeout, Notices::Heed, &|| {
+                format!("a message with tag {tag}")
+            })
+    }
+
+    /// As [`Bootstrap::recv`], but failure notices from other ranks do not
+    /// end the wait (only the timeout, an interrupt or a close do): for
+    /// survivors that shrink the communicator while the excluded ranks'
+    /// notices stand.
+    pub fn recv_despite_failures(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
+        self.check_peer(peer, "recv")?;
+        Self::check_tag(tag, "recv")?;
+        self.shared
+            .wait(peer, tag, self.timeout, Notices::Ignore, &|| {
+                format!("a message with tag {tag}")
+            })
+    }
+
+    /// Waits (up to `NCCL_TIMEOUT`) for the next message under `tag` from
+    /// whichever rank sends one; returns the sender and the message.
+    pub fn recv_any(&self, tag: u64) -> Result<(usize, Vec<u8>)> {
+        Self::check_tag(tag, "recv")?;
+        self.shared
+            .wait_any(tag, self.timeout, &|| format!("a message with tag {tag}"))
+    }
+
+    /// Ends every wait of this bootstrap (those running and those to come)
+    /// with an error naming `why`, until [`Bootstrap::resume`]: how a
+    /// revoke stops the operations that wait on peers here.
+    pub fn interrupt(&self, why: &str) {
+        self.shared.interrupt(why.to_string());
+    }
+
+    /// Undoes [`Bootstrap::interrupt`].
+    pub fn resume(&self) {
+        self.shared.resume();
+    }
+
+    /// Failure notices from other ranks no longer end waits: after a
+    /// revoke, a split or barrier among ranks that are alive goes on
+    /// (one waiting on a dead rank still ends at NCCL_TIMEOUT).
+    pub fn forgive_failures(&self) {
+        self.shared.forgive();
     }
 
     /// Every rank's `mine` (of any length, each its own), indexed by rank:
@@ -399,12 +440,14 @@ impl Bootstrap {
             let (out, inc) = proto::ring_step(me, n, s);
             let tag = proto::internal_tag(proto::TAG_ALLGATHER, epoch, s);
             self.send_raw(next, tag, &all[out])?;
-            all[inc] = self.shared.wait(prev, tag, self.timeout, &|| {
-                format!(
-                    "rank {inc}'s block of allgather #{epoch} (ring step {s} of {})",
-                    n - 1
-                )
-            })?;
+            all[inc] = self
+                .shared
+                .wait(prev, tag, self.timeout, Notices::Heed, &|| {
+                    format!(
+                        "rank {inc}'s block of allgather #{epoch} (ring step {s} of {})",
+                        n - 1
+                    )
+                })?;
         }
         Ok(all)
     }
@@ -417,9 +460,10 @@ impl Bootstrap {
         for (k, d) in proto::barrier_distances(n).enumerate() {
             let tag = proto::internal_tag(proto::TAG_BARRIER, epoch, k);
             self.send_raw((me + d) % n, tag, &[])?;
-            self.shared.wait((me + n - d) % n, tag, self.timeout, &|| {
-                format!("barrier #{epoch} (round {k})")
-            })?;
+            self.shared
+                .wait((me + n - d) % n, tag, self.timeout, Notices::Heed, &|| {
+                    format!("barrier #{epoch} (round {k})")
+                })?;
         }
         Ok(())
     }

@@ -21,7 +21,23 @@ use crate::error::{Error, Result};
 struct Mail {
     msgs: HashMap<(usize, u64), VecDeque<Vec<u8>>>,
     failure: Option<(usize, String)>,
+    /// Failure notices no longer end waits: the communicator was revoked,
+    /// and what follows (split, shrink) is the recovery from them.
+    forgiven: bool,
+    /// While set, every wait ends at once with this reason (a revoke
+    /// ending the operations in flight); cleared once they have ended.
+    interrupted: Option<String>,
     closed: bool,
+}
+
+/// Which failure notices end a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Notices {
+    /// Any, unless the mailbox forgave them (after a revoke).
+    Heed,
+    /// None: a shrink's survivors talk on while the excluded ranks' notices
+    /// stand.
+    Ignore,
 }
 
 /// What the service and reader threads share with the rank's API.
@@ -78,6 +94,22 @@ impl Shared {
         lock(&self.mail).failure.clone()
     }
 
+    /// Ends every wait, now and until [`Shared::resume`], with `why`.
+    pub fn interrupt(&self, why: String) {
+        lock(&self.mail).interrupted = Some(why);
+        self.cv.notify_all();
+    }
+
+    pub fn resume(&self) {
+        lock(&self.mail).interrupted = None;
+    }
+
+    /// From now on, failure notices (those received and those to come) no
+    /// longer end waits; a wait still ends at the timeout.
+    pub fn forgive(&self) {
+        lock(&self.mail).forgiven = true;
+    }
+
     /// Marks the mailbox closed and wakes every waiter.
     fn close(&self) {
         self.closed.store(true, Ordering::Release);
@@ -92,27 +124,79 @@ impl Shared {
         peer: usize,
         tag: u64,
         timeout: Duration,
+        notices: Notices,
         what: &dyn Fn() -> String,
     ) -> Result<Vec<u8>> {
+        let from = || format!("{} from rank {peer}", what());
+        let hint = format!(": rank {peer} is dead, hung, or not making the same calls");
+        self.wait_until(timeout, notices, &from, &hint, |mail| {
+            let q = mail.msgs.get_mut(&(peer, tag))?;
+            let m = q.pop_front();
+            if q.is_empty() {
+                mail.msgs.remove(&(peer, tag));
+            }
+            m
+        })
+    }
+
+    /// As [`Shared::wait`], for the next message under `tag` from any
+    /// rank (the lowest-numbered sender's first), with its sender.
+    pub fn wait_any(
+        &self,
+        tag: u64,
+        timeout: Duration,
+        what: &dyn Fn() -> String,
+    ) -> Result<(usize, Vec<u8>)> {
+        let from = || format!("{} from any rank", what());
+        self.wait_until(timeout, Notices::Heed, &from, "", |mail| {
+            let p = mail
+                .msgs
+                .iter()
+                .filter(|((_, t), q)| *t == tag && !q.is_empty())
+                .map(|((p, _), _)| *p)
+                .min()?;
+            let q = mail.msgs.get_mut(&(p, tag))?;
+            let m = q.pop_front()?;
+            if q.is_empty() {
+                mail.msgs.remove(&(p, tag));
+            }
+            Some((p, m))
+        })
+    }
+
+    /// Waits up to `timeout` until `take` finds what it wants in the
+    /// mailbox, failing at once on an interrupt, a close, or (as `notices`
+    /// says) a failure notice; `what` and `hint` make the errors.
+    fn wait_until<T>(
+        &self,
+        timeout: Duration,
+        notices: Notices,
+        what: &dyn Fn() -> String,
+        hint: &str,
+        mut take: impl FnMut(&mut Mail) -> Option<T>,
+    ) -> Result<T> {
         let start = Instant::now();
         let mut mail = lock(&self.mail);
         loop {
-            if let Some(m) = mail
-                .msgs
-                .get_mut(&(peer, tag))
-                .and_then(VecDeque::pop_front)
-            {
-                if mail.msgs.get(&(peer, tag)).is_some_and(VecDeque::is_empty) {
-                    mail.msgs.remove(&(peer, tag));
-                }
+            if let Some(m) = take(&mut mail) {
                 return Ok(m);
             }
-            if let Some((who, msg)) = &mail.failure {
-                return Err(Error::Remote(format!("rank {who} failed: {msg}")));
+            if let Some(why) = &mail.interrupted {
+                return Err(Error::InvalidUsage(format!(
+                    "bootstrap: rank {} stopped waiting for {}: {why}",
+                    self.rank,
+                    what()
+                )));
+            }
+            match &mail.failure {
+                Some((who, msg)) if notices == Notices::Heed && !mail.forgiven => {
+                    return Err(Error::Remote(format!("rank {who} failed: {msg}")));
+                }
+                _ => {}
             }
             if mail.closed {
                 return Err(Error::InvalidUsage(format!(
-                    "bootstrap: rank {} was closed while waiting for {} from rank {peer}",
+                    "bootstrap: rank {} was closed while waiting for {}",
                     self.rank,
                     what()
                 )));
@@ -120,7 +204,7 @@ impl Shared {
             let waited = start.elapsed();
             if waited >= timeout {
                 return Err(Error::Remote(format!(
-                    "bootstrap: rank {} waited {} (NCCL_TIMEOUT) for {} from rank {peer}: rank {peer} is dead, hung, or not making the same calls",
+                    "bootstrap: rank {} waited {} (NCCL_TIMEOUT) for {}{hint}",
                     self.rank,
                     proto::secs(waited),
                     what()

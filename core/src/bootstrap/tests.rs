@@ -483,7 +483,13 @@ fn encrypted_ranks_exchange_data_and_refuse_strangers_in_clear() {
     assert_eq!(bs[1].recv(0, 5).unwrap(), [2]);
     assert!(bs[1]
         .shared
-        .wait(0, 5, Duration::from_millis(200), &String::new)
+        .wait(
+            0,
+            5,
+            Duration::from_millis(200),
+            Notices::Heed,
+            &String::new
+        )
         .is_err());
 }
 
@@ -538,9 +544,13 @@ fn a_replayed_message_is_refused_and_a_tampered_one_fails_the_receiver() {
     let mut replay = TcpStream::connect(bs[1].listen_addr()).unwrap();
     replay.write_all(&wire).unwrap();
     expect_closed(&mut replay);
-    let again = bs[1]
-        .shared
-        .wait(0, 7, Duration::from_millis(300), &String::new);
+    let again = bs[1].shared.wait(
+        0,
+        7,
+        Duration::from_millis(300),
+        Notices::Heed,
+        &String::new,
+    );
     assert!(again.is_err(), "a replayed message was delivered");
     // One byte of the next message altered on the way: rank 1 fails with
     // a clear error rather than taking the message.

@@ -3,7 +3,7 @@
 //! at once.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use oxccl_plugin::Net;
@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::exec::device::DeviceComm;
 use crate::exec::header::OpHeader;
 use crate::exec::mem::OpBuffers;
-use crate::exec::{self, ExecCtx, Lane, ProxyProfiler};
+use crate::exec::{self, ExecCtx, Lane, ProxyProfiler, Stop, StopReason};
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{ApiEvents, Event, Handle, ProfilerComm, PROXY_OP_BITS};
 use crate::reduce::Reducer;
@@ -62,16 +62,35 @@ pub(crate) struct Ident {
     pub nnodes: usize,
 }
 
+/// The ids this rank made for growing its communicator (NCCL's
+/// ncclCommGetUniqueId), each good for one grow.
+#[derive(Default)]
+pub(crate) struct GrowIds {
+    /// Made and not yet used: no other may be made meanwhile.
+    pub pending: Option<crate::bootstrap::UniqueId>,
+    /// Used by a grow: never again.
+    pub used: Vec<crate::bootstrap::UniqueId>,
+}
+
 pub(crate) struct Core {
     pub rank: usize,
     pub nranks: usize,
     pub cfg: Config,
     pub bootstrap: Bootstrap,
     pub net: Arc<dyn Net>,
-    pub aborted: AtomicBool,
+    /// Set by abort, revoke and NCCL_SHRINK_ABORT: running operations end.
+    pub stop: Stop,
+    /// Calls inside [`Core::execute`] now, which a revoke waits out.
+    inflight: AtomicUsize,
+    /// Suspended (NCCL's `ncclCommSuspend`): operations are refused until
+    /// a resume.
+    pub suspended: AtomicBool,
     /// Collectives started, the number other ranks compare with on a timeout.
     seq: AtomicU64,
+    /// Splits, shrinks and grows made from this communicator: every rank
+    /// counts alike, which keeps their bootstrap messages apart.
     splits: AtomicU64,
+    pub grow_ids: Mutex<GrowIds>,
     /// Point-to-point groups exchanged with each (peer, is_send).
     p2p_seq: Mutex<BTreeMap<(usize, bool), u64>>,
     conns: Mutex<Connections>,
@@ -99,6 +118,9 @@ pub(crate) struct Core {
     /// NCCL's `shareResources`: this communicator's splits take its network
     /// context (`net`) instead of making their own.
     pub split_share: bool,
+    /// NCCL's `shrinkShare`: as `split_share`, for a shrink in its default
+    /// mode from a communicator that is not revoked.
+    pub shrink_share: bool,
 }
 
 fn redop_code(op: RedOp) -> u8 {
@@ -183,9 +205,12 @@ impl Core {
             cfg,
             bootstrap,
             net,
-            aborted: AtomicBool::new(false),
+            stop: Stop::default(),
+            inflight: AtomicUsize::new(0),
+            suspended: AtomicBool::new(false),
             seq: AtomicU64::new(0),
             splits: AtomicU64::new(0),
+            grow_ids: Mutex::default(),
             p2p_seq: Mutex::default(),
             conns: Mutex::new(conns),
             staging: Mutex::default(),
@@ -201,12 +226,15 @@ impl Core {
             ident,
             locality,
             split_share: false,
+            shrink_share: false,
         })
     }
 
     /// Establishes the connections a set of lanes needs.
     fn connect(&self, conns: &mut Connections, sends: &[ConnKey], recvs: &[ConnKey]) -> Result<()> {
-        conns.ensure(&self.bootstrap, sends, recvs, self.cfg.timeout())
+        conns.ensure(&self.bootstrap, sends, recvs, self.cfg.timeout(), &|| {
+            self.stop.error("connecting to peers")
+        })
     }
 
     /// How this rank reaches `peer`.
@@ -235,6 +263,11 @@ impl Core {
         self.splits.fetch_add(1, Ordering::SeqCst)
     }
 
+    /// The number [`Core::next_split`] gives next.
+    pub fn peek_split(&self) -> u64 {
+        self.splits.load(Ordering::SeqCst)
+    }
+
     fn ctx<'a>(
         &'a self,
         what: &'a (dyn Fn() -> String + Sync),
@@ -246,7 +279,7 @@ impl Core {
             what,
             seq,
             timeout: self.cfg.timeout(),
-            aborted: &self.aborted,
+            stop: &self.stop,
             bootstrap: &self.bootstrap,
             prof: self
                 .profiler
@@ -268,9 +301,82 @@ impl Core {
         self.profiler.as_ref()
     }
 
+    /// Ends the operations running on this communicator (and refuses new
+    /// ones) for `why`: the executor's loops see the flag, and waits on
+    /// the bootstrap (connection handles) end at once.
+    pub fn stop_operations(&self, why: StopReason) {
+        self.stop.set(why);
+        if let Some(e) = self.stop.error("waiting on a peer") {
+            self.bootstrap.interrupt(e.message());
+        }
+    }
+
+    /// Whether no call is inside [`Core::execute`].
+    pub fn quiescent(&self) -> bool {
+        self.inflight.load(Ordering::SeqCst) == 0
+    }
+
+    /// Waits up to `limit` for [`Core::quiescent`]; whether it came.
+    pub fn wait_quiescent(&self, limit: std::time::Duration) -> bool {
+        let start = std::time::Instant::now();
+        while !self.quiescent() {
+            if start.elapsed() >= limit {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
+    }
+
+    /// A revoked communicator whose operations have ended: its bootstrap
+    /// waits again (they were interrupted to end those operations), and
+    /// the failure notices of other ranks no longer end them, so that a
+    /// split or shrink among the living goes on. Idempotent.
+    pub fn settle_revoke(&self) {
+        self.bootstrap.resume();
+        self.bootstrap.forgive_failures();
+    }
+
+    /// Waits (up to NCCL_TIMEOUT) for the operations a revoke ended, then
+    /// settles the communicator.
+    pub fn wait_revoked(&self) -> Result<()> {
+        if !self.wait_quiescent(self.cfg.timeout()) {
+            return Err(self.still_running());
+        }
+        self.settle_revoke();
+        Ok(())
+    }
+
+    pub fn still_running(&self) -> Error {
+        Error::Internal(format!(
+            "rank {}: operations of the communicator were still running {:.1} s (NCCL_TIMEOUT) after they were told to end",
+            self.rank,
+            self.cfg.timeout().as_secs_f64()
+        ))
+    }
+
     /// Runs the operations of one group on this communicator; `api` holds
     /// the profiler's API events above them.
     pub fn execute(&self, ops: &[(Op, OpBuffers)], api: &ApiEvents) -> Result<()> {
+        // Counted before the flag is read: a revoke sets the flag and then
+        // waits for the count, so no call slips through unseen.
+        self.inflight.fetch_add(1, Ordering::SeqCst);
+        struct Leave<'a>(&'a AtomicUsize);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _leave = Leave(&self.inflight);
+        if let Some(e) = self.stop.error("operation") {
+            return Err(e);
+        }
+        if self.suspended.load(Ordering::SeqCst) {
+            return Err(Error::InvalidUsage(
+                "the communicator is suspended (ncclCommSuspend): resume it (ncclCommResume) first"
+                    .into(),
+            ));
+        }
         if let Some(GpuPath(dc)) = &self.device {
             let n = ops
                 .iter()
@@ -309,6 +415,10 @@ impl Core {
             .conns
             .lock()
             .map_err(|_| Error::Internal("connection table poisoned by an earlier panic".into()))?;
+        // Stopped while this call waited for the operation before it.
+        if let Some(e) = self.stop.error("operation") {
+            return Err(e);
+        }
         // NCCL's profiler points: one group event per executed group, its
         // operations' events as children (started in run_collective, here
         // for p2p), the proxy events below those (in the executor). The
@@ -661,7 +771,7 @@ impl Core {
     /// fail at once rather than at their timeout.
     fn failed(&self, e: Error) -> Error {
         let from_peer = self.bootstrap.remote_failure().is_some();
-        if !from_peer && !self.aborted.load(Ordering::Relaxed) {
+        if !from_peer && self.stop.reason().is_none() {
             warn!(target: "oxccl::coll", rank = self.rank, "{e}");
             self.bootstrap.broadcast_failure(&e.to_string());
         }

@@ -2,6 +2,7 @@
 //! operations of the Rust API.
 
 mod core;
+mod elastic;
 mod ident;
 mod kernel_events;
 mod on_device;
@@ -21,6 +22,7 @@ use crate::op::{Op, OpKind};
 use crate::plugin::net::Network;
 
 pub(crate) use self::core::Core;
+pub use elastic::ShrinkMode;
 
 /// NCCL_SPLIT_NOCOLOR: the rank joins no new communicator.
 pub const SPLIT_NOCOLOR: i32 = -1;
@@ -41,6 +43,11 @@ pub struct CommConfig {
     /// undefined value (no sharing); `NCCL_COMM_SPLIT_SHARE_RESOURCES`,
     /// where set, overrides either, as in NCCL.
     pub split_share: Option<bool>,
+    /// NCCL's `shrinkShare`: as `split_share`, for the communicators
+    /// [`Comm::shrink`] makes with [`ShrinkMode::Default`] from a
+    /// communicator that is not revoked; `NCCL_COMM_SHRINK_SHARE_RESOURCES`
+    /// overrides it.
+    pub shrink_share: Option<bool>,
 }
 
 impl Default for CommConfig {
@@ -50,6 +57,7 @@ impl Default for CommConfig {
             settings: Vec::new(),
             device: None,
             split_share: None,
+            shrink_share: None,
         }
     }
 }
@@ -74,14 +82,35 @@ impl CommConfig {
     /// share its network context. NCCL's `envConfigOverride` lets the
     /// variable replace the config's `splitShare`, and an unset one is 0.
     fn shares_with_splits(&self, cfg: &Config) -> bool {
-        match (cfg.comm_split_share_resources, self.split_share) {
-            (Some(var), Some(asked)) if var != asked => {
-                info!(target: "oxccl::env", "config split_share={asked} reset to NCCL_COMM_SPLIT_SHARE_RESOURCES={}", u8::from(var));
-                var
-            }
-            (Some(var), _) => var,
-            (None, asked) => asked.unwrap_or(false),
+        shares(
+            cfg.comm_split_share_resources,
+            self.split_share,
+            "split_share",
+            "NCCL_COMM_SPLIT_SHARE_RESOURCES",
+        )
+    }
+
+    /// As [`CommConfig::shares_with_splits`], for shrinks.
+    fn shares_with_shrinks(&self, cfg: &Config) -> bool {
+        shares(
+            cfg.comm_shrink_share_resources,
+            self.shrink_share,
+            "shrink_share",
+            "NCCL_COMM_SHRINK_SHARE_RESOURCES",
+        )
+    }
+}
+
+/// The variable where set (logged when it overrides the config), else the
+/// config's choice, else no sharing.
+fn shares(var: Option<bool>, asked: Option<bool>, field: &str, name: &str) -> bool {
+    match (var, asked) {
+        (Some(var), Some(asked)) if var != asked => {
+            info!(target: "oxccl::env", "config {field}={asked} reset to {name}={}", u8::from(var));
+            var
         }
+        (Some(var), _) => var,
+        (None, asked) => asked.unwrap_or(false),
     }
 }
 
@@ -94,6 +123,49 @@ struct FromParent {
     net_setting: Option<String>,
 }
 
+/// A communicator made from another one (split, shrink).
+struct Child<'a> {
+    /// Ranks of the parent, in their order in the child.
+    members: &'a [usize],
+    /// The parent's count of splits and shrinks before this one.
+    split_no: u64,
+    hash: u64,
+    /// The child takes the parent's network context.
+    share: bool,
+    /// The id travels while failure notices of other ranks stand (shrink).
+    despite_failures: bool,
+}
+
+/// `config` for a communicator made from `core`'s (split, shrink, grow):
+/// on the same GPU unless it names one, and with the parent's resolved
+/// settings below its own.
+fn child_config(core: &Core, config: &CommConfig) -> CommConfig {
+    let mut cfg = config.clone();
+    if cfg.device.is_none() {
+        cfg.device = core.device.as_ref().and_then(|d| d.ordinal());
+    }
+    let parent: Vec<(String, String)> = core
+        .cfg
+        .entries()
+        .filter(|e| e.source != crate::config::Source::Default)
+        .map(|e| (e.def.key.to_string(), e.value.clone()))
+        .collect();
+    cfg.settings = parent.into_iter().chain(cfg.settings).collect();
+    cfg
+}
+
+fn bytes_to_id(bytes: &[u8]) -> Result<UniqueId> {
+    let mut id = UniqueId([0; 128]);
+    if bytes.len() != id.0.len() {
+        return Err(Error::Internal(format!(
+            "received a {}-byte unique id for a new communicator",
+            bytes.len()
+        )));
+    }
+    id.0.copy_from_slice(bytes);
+    Ok(id)
+}
+
 /// Memory a communicator holds (NCCL's `ncclCommMemStats`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemStats {
@@ -101,6 +173,12 @@ pub struct MemStats {
     /// window. 0 on host memory; the pinned host step slots of peers
     /// reached through shared memory or the network are not counted.
     pub device_bytes: u64,
+    /// The part of `device_bytes` a suspend releases (NCCL's
+    /// `ncclStatGpuMemSuspend`): none yet, everything oxccl allocates is
+    /// kept until destroy.
+    pub suspendable_bytes: u64,
+    /// Whether the communicator is suspended ([`Comm::suspend`]).
+    pub suspended: bool,
 }
 
 /// Where a communicator's asynchronous work stands.
@@ -113,13 +191,22 @@ pub enum InitState {
 enum Status {
     Initializing,
     Ready(Arc<Core>),
-    Failed(Error),
+    /// Creation failed (no core), or an operation did: operations are
+    /// refused with the error, and the core stays for revoke, shrink and
+    /// destroy.
+    Failed(Error, Option<Arc<Core>>),
+    /// Revoked (NCCL's `ncclCommRevoke`): operations are refused; destroy,
+    /// split and shrink work.
+    Revoked(Arc<Core>),
     Destroyed(&'static str),
 }
 
 struct Shared {
     rank: usize,
     nranks: usize,
+    /// The config's `blocking`: whether revoke waits for the operations it
+    /// ends.
+    blocking: bool,
     status: Mutex<Status>,
     ready: Condvar,
 }
@@ -291,9 +378,11 @@ impl Comm {
         }
         let cfg = config.resolve()?;
         let split_share = config.shares_with_splits(&cfg);
+        let shrink_share = config.shares_with_shrinks(&cfg);
         let shared = Arc::new(Shared {
             rank,
             nranks,
+            blocking: config.blocking,
             status: Mutex::new(Status::Initializing),
             ready: Condvar::new(),
         });
@@ -305,13 +394,14 @@ impl Comm {
             let r =
                 Comm::build(nranks, &id, rank, cfg, device, comm_hash, parent).map(|mut core| {
                     core.split_share = split_share;
+                    core.shrink_share = shrink_share;
                     core
                 });
             let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
             if let Status::Initializing = *st {
                 *st = match r {
                     Ok(core) => Status::Ready(Arc::new(core)),
-                    Err(e) => Status::Failed(e),
+                    Err(e) => Status::Failed(e, None),
                 };
             }
             shared.ready.notify_all();
@@ -450,9 +540,28 @@ impl Comm {
             Status::Initializing => Err(Error::InvalidUsage(
                 "the communicator is still initializing (non-blocking init): poll async_error() until it is ready".into(),
             )),
-            Status::Failed(e) => Err(e.clone()),
+            Status::Failed(e, _) => Err(e.clone()),
+            Status::Revoked(_) => Err(Error::InvalidUsage(
+                "the communicator was revoked (ncclCommRevoke): only destroy, split and shrink are allowed on it".into(),
+            )),
             Status::Destroyed(how) => Err(Error::InvalidUsage(format!("the communicator was {how}: create a new one"))),
         }
+    }
+
+    /// The core of a communicator that has one: ready, failed after
+    /// creation, or revoked (for what asks about it rather than runs on it).
+    fn any_core(&self) -> Result<Arc<Core>> {
+        match &*self.shared.status.lock().unwrap_or_else(|p| p.into_inner()) {
+            Status::Failed(_, Some(c)) | Status::Revoked(c) => return Ok(c.clone()),
+            _ => {}
+        }
+        self.core()
+    }
+
+    /// Whether the communicator was created blocking (its config's
+    /// `blocking`): a revoke then waits for the operations it ends.
+    pub fn blocking(&self) -> bool {
+        self.shared.blocking
     }
 
     /// Waits until a non-blocking creation finishes.
@@ -476,7 +585,13 @@ impl Comm {
                 Some(e) => Err(e),
                 None => Ok(InitState::Ready),
             },
-            Status::Failed(e) => Err(e.clone()),
+            Status::Failed(e, _) => Err(e.clone()),
+            Status::Revoked(c) => Ok(if c.quiescent() {
+                c.settle_revoke();
+                InitState::Ready
+            } else {
+                InitState::InProgress
+            }),
             Status::Destroyed(how) => {
                 Err(Error::InvalidUsage(format!("the communicator was {how}")))
             }
@@ -485,7 +600,7 @@ impl Comm {
 
     /// The network this communicator's connections go through.
     pub fn net_name(&self) -> Result<String> {
-        Ok(self.core()?.net.name().to_string())
+        Ok(self.any_core()?.net.name().to_string())
     }
 
     /// How this rank reaches `peer`: shared memory for a peer on this host
@@ -497,24 +612,30 @@ impl Comm {
                 self.count()
             )));
         }
-        Ok(self.core()?.transport(peer))
+        Ok(self.any_core()?.transport(peer))
     }
 
     /// Whether this communicator's splits share its network context (its
     /// config's `split_share`, or `NCCL_COMM_SPLIT_SHARE_RESOURCES`).
     pub fn split_share(&self) -> Result<bool> {
-        Ok(self.core()?.split_share)
+        Ok(self.any_core()?.split_share)
+    }
+
+    /// Whether this communicator's shrinks share its network context (its
+    /// config's `shrink_share`, or `NCCL_COMM_SHRINK_SHARE_RESOURCES`).
+    pub fn shrink_share(&self) -> Result<bool> {
+        Ok(self.any_core()?.shrink_share)
     }
 
     /// The GPU this communicator runs on (`None`: host memory).
     pub fn device(&self) -> Result<Option<usize>> {
-        Ok(self.core()?.device.as_ref().and_then(|d| d.ordinal()))
+        Ok(self.any_core()?.device.as_ref().and_then(|d| d.ordinal()))
     }
 
     /// What the communicator allocated (see [`MemStats`]); it holds the
-    /// same until it is destroyed.
+    /// same until it is destroyed, suspended or not.
     pub fn mem_stats(&self) -> Result<MemStats> {
-        let core = self.core()?;
+        let core = self.any_core()?;
         let device_bytes = match &core.device {
             Some(self::core::GpuPath(dc)) => dc
                 .lock()
@@ -524,7 +645,11 @@ impl Comm {
                 .device_bytes() as u64,
             None => 0,
         };
-        Ok(MemStats { device_bytes })
+        Ok(MemStats {
+            device_bytes,
+            suspendable_bytes: 0,
+            suspended: core.suspended.load(std::sync::atomic::Ordering::SeqCst),
+        })
     }
 
     pub fn count(&self) -> usize {
@@ -540,8 +665,8 @@ impl Comm {
     pub(crate) fn record_failure(&self, e: &Error) {
         if matches!(e, Error::Remote(_) | Error::System(_)) {
             let mut st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
-            if let Status::Ready(_) = *st {
-                *st = Status::Failed(e.clone());
+            if let Status::Ready(c) = &*st {
+                *st = Status::Failed(e.clone(), Some(c.clone()));
             }
         }
     }
@@ -550,15 +675,16 @@ impl Comm {
     /// here (NCCL's `ncclCommSplit`). Every rank must call it;
     /// [`SPLIT_NOCOLOR`] gives `None`. When this communicator was made with
     /// `split_share` (see [`Comm::split_share`]), the new one uses its
-    /// network context; `config.split_share` is the new one's, for its own
-    /// splits.
+    /// network context (not after a revoke, as in NCCL); `config.split_share`
+    /// is the new one's, for its own splits. Works on a revoked
+    /// communicator (once its operations have ended).
     pub fn split(&self, color: i32, key: i32, config: &CommConfig) -> Result<Option<Comm>> {
         if color < SPLIT_NOCOLOR {
             return Err(Error::InvalidArgument(format!(
                 "color {color} is negative and not NCCL_SPLIT_NOCOLOR (-1)"
             )));
         }
-        let core = self.core()?;
+        let (core, revoked) = self.core_for_split()?;
         let mut mine = Vec::with_capacity(8);
         mine.extend_from_slice(&color.to_le_bytes());
         mine.extend_from_slice(&key.to_le_bytes());
@@ -577,56 +703,75 @@ impl Comm {
             })
             .collect();
         members.sort_unstable();
+        let members: Vec<usize> = members.into_iter().map(|(_, r)| r).collect();
+        // As NCCL's shareResources, the parent's setting decides.
+        let share = core.split_share && !revoked;
+        let child = Child {
+            members: &members,
+            split_no,
+            hash: ident::split_hash(core.ident.comm_hash, split_no, color),
+            share,
+            despite_failures: false,
+        };
+        self.make_child(&core, child, config).map(Some)
+    }
+
+    /// The core a split works on: a ready communicator's, or a revoked
+    /// one's once its operations have ended (with `true`).
+    fn core_for_split(&self) -> Result<(Arc<Core>, bool)> {
+        let st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
+        if let Status::Revoked(c) = &*st {
+            let c = c.clone();
+            drop(st);
+            c.wait_revoked()?;
+            return Ok((c, true));
+        }
+        drop(st);
+        Ok((self.core()?, false))
+    }
+
+    /// Creates this rank's communicator among `child.members` (ranks of
+    /// this one, in their new order): the first of them starts a root in
+    /// its process and sends its id to the others through this
+    /// communicator's bootstrap, so nothing goes through a rank outside
+    /// the members. The child inherits this communicator's resolved
+    /// settings below `config`'s, and its GPU.
+    fn make_child(&self, core: &Arc<Core>, child: Child<'_>, config: &CommConfig) -> Result<Comm> {
+        let members = child.members;
         let new_rank = members
             .iter()
-            .position(|&(_, r)| r == self.user_rank())
-            .expect("a rank is in its own color");
-        let tag = crate::transport::TAG_CONN * 2 + split_no;
+            .position(|&r| r == self.user_rank())
+            .ok_or_else(|| Error::Internal("a rank is not among its own child's members".into()))?;
+        let tag = crate::transport::TAG_CONN * 2 + child.split_no;
         let id = if new_rank == 0 {
             // A root of its own in this process: an id from NCCL_COMM_ID would
             // send every color to the same address.
             let id = crate::bootstrap::start_root(&core.cfg)?;
-            for &(_, r) in &members[1..] {
+            for &r in &members[1..] {
                 core.bootstrap.send(r, tag, &id.0)?;
             }
             id
+        } else if child.despite_failures {
+            bytes_to_id(&core.bootstrap.recv_despite_failures(members[0], tag)?)?
         } else {
-            let bytes = core.bootstrap.recv(members[0].1, tag)?;
-            let mut id = UniqueId([0; 128]);
-            if bytes.len() != id.0.len() {
-                return Err(Error::Internal(format!(
-                    "split: received a {}-byte unique id",
-                    bytes.len()
-                )));
-            }
-            id.0.copy_from_slice(&bytes);
-            id
+            bytes_to_id(&core.bootstrap.recv(members[0], tag)?)?
         };
-        let mut cfg = config.clone();
-        // A child of a GPU communicator runs on the same GPU.
-        if cfg.device.is_none() {
-            cfg.device = self.device()?;
-        }
-        // The child inherits the parent's resolved settings below its own.
-        let parent: Vec<(String, String)> = core
-            .cfg
-            .entries()
-            .filter(|e| e.source != crate::config::Source::Default)
-            .map(|e| (e.def.key.to_string(), e.value.clone()))
-            .collect();
-        cfg.settings = parent.into_iter().chain(cfg.settings).collect();
-        let hash = ident::split_hash(core.ident.comm_hash, split_no, color);
-        // As NCCL's shareResources, the parent's setting decides.
-        let parent = core.split_share.then(|| FromParent {
+        let cfg = child_config(core, config);
+        let parent = child.share.then(|| FromParent {
             net: core.net.clone(),
             net_setting: core.cfg.net.clone(),
         });
-        Comm::init_rank_hashed(members.len(), id, new_rank, &cfg, hash, parent).map(Some)
+        Comm::init_rank_hashed(members.len(), id, new_rank, &cfg, child.hash, parent)
     }
 
     /// Waits for this rank's outstanding work and synchronises with the
     /// other ranks (NCCL's `ncclCommFinalize`); then `destroy` frees.
     pub fn finalize(&self) -> Result<()> {
+        if let Status::Revoked(_) = &*self.shared.status.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Err(Error::InvalidUsage(
+                "finalize after revoke: NCCL defines no finalize for a revoked communicator (its operations were cut short); destroy it".into(),
+            ));
+        }
         let core = self.core()?;
         core.bootstrap.barrier()
     }
@@ -652,10 +797,11 @@ impl Comm {
             }
             std::mem::replace(&mut *st, Status::Destroyed(how))
         };
-        if let Status::Ready(core) = old {
+        if let Status::Ready(core) | Status::Failed(_, Some(core)) | Status::Revoked(core) = old {
             let aborted = how == "aborted";
-            core.aborted
-                .store(aborted, std::sync::atomic::Ordering::SeqCst);
+            if aborted {
+                core.stop.set(crate::exec::StopReason::Aborted);
+            }
             core.bootstrap.close();
             if aborted && core.device.is_some() {
                 // Abort must return even while a kernel of this

@@ -91,7 +91,7 @@ pub(crate) fn open(
             .iter()
             .flat_map(|&p| (0..channels).map(move |c| (c, p)))
             .collect();
-        conns.ensure(bootstrap, &keys, &keys, timeout)?;
+        conns.ensure(bootstrap, &keys, &keys, timeout, &|| None)?;
         conns.take_links(peers, channels)
     };
     let tr = Transports {

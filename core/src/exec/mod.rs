@@ -21,7 +21,7 @@ mod proxy_prof;
 pub mod reg;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use oxccl_plugin::Request;
@@ -143,6 +143,57 @@ pub struct Lane {
     pub parents: Vec<Handle>,
 }
 
+/// Why a communicator's running operations must end now: set by abort,
+/// revoke and `NCCL_SHRINK_ABORT`, read by every loop that waits on a peer.
+#[derive(Debug, Default)]
+pub struct Stop(AtomicU8);
+
+/// The reasons a [`Stop`] holds, as the errors of the ended operations
+/// name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    Aborted,
+    Revoked,
+    /// `NCCL_SHRINK_ABORT` ends the parent's operations, then clears this.
+    ShrinkAbort,
+}
+
+impl Stop {
+    pub fn set(&self, why: StopReason) {
+        let v = match why {
+            StopReason::Aborted => 1,
+            StopReason::Revoked => 2,
+            StopReason::ShrinkAbort => 3,
+        };
+        self.0.store(v, Ordering::SeqCst);
+    }
+
+    pub fn clear(&self) {
+        self.0.store(0, Ordering::SeqCst);
+    }
+
+    pub fn reason(&self) -> Option<StopReason> {
+        match self.0.load(Ordering::SeqCst) {
+            0 => None,
+            1 => Some(StopReason::Aborted),
+            2 => Some(StopReason::Revoked),
+            _ => Some(StopReason::ShrinkAbort),
+        }
+    }
+
+    /// The error an operation `what` ends with when stopped.
+    pub fn error(&self, what: &str) -> Option<Error> {
+        let why = match self.reason()? {
+            StopReason::Aborted => "the communicator was aborted",
+            StopReason::Revoked => "the communicator was revoked (ncclCommRevoke) while it ran",
+            StopReason::ShrinkAbort => {
+                "ended by ncclCommShrink with NCCL_SHRINK_ABORT while it ran"
+            }
+        };
+        Some(Error::InvalidUsage(format!("{what}: {why}")))
+    }
+}
+
 /// What the executor needs from the communicator to report failures.
 pub struct ExecCtx<'a> {
     pub rank: usize,
@@ -152,7 +203,8 @@ pub struct ExecCtx<'a> {
     /// Collective sequence number, compared with other ranks' progress on a timeout.
     pub seq: Option<u64>,
     pub timeout: Duration,
-    pub aborted: &'a AtomicBool,
+    /// Set when the communicator's operations must end now.
+    pub stop: &'a Stop,
     pub bootstrap: &'a Bootstrap,
     /// Present only when the group's activation mask asks for proxy events.
     pub prof: Option<ProxyProfiler<'a>>,
@@ -695,7 +747,15 @@ fn end_registrations(lane: &mut Lane, settled: bool) -> Result<()> {
 fn drive(lanes: &mut [Lane], states: &mut [LaneState<'_>], ctx: &ExecCtx<'_>) -> Result<()> {
     let mut last_move = Instant::now();
     let mut idle: u32 = 0;
+    let mut turns: u32 = 0;
     loop {
+        // A revoke or abort ends a busy operation too, not only a stuck one.
+        turns = turns.wrapping_add(1);
+        if turns.is_multiple_of(1024) {
+            if let Some(e) = ctx.stop.error(&(ctx.what)()) {
+                return Err(e);
+            }
+        }
         let mut moved = false;
         let mut all_done = true;
         for (lane, st) in lanes.iter_mut().zip(states.iter_mut()) {
@@ -728,11 +788,8 @@ fn drive(lanes: &mut [Lane], states: &mut [LaneState<'_>], ctx: &ExecCtx<'_>) ->
             std::thread::sleep(Duration::from_micros(200));
         }
         if idle.is_multiple_of(64) {
-            if ctx.aborted.load(Ordering::Relaxed) {
-                return Err(Error::InvalidUsage(format!(
-                    "{}: the communicator was aborted",
-                    (ctx.what)()
-                )));
+            if let Some(e) = ctx.stop.error(&(ctx.what)()) {
+                return Err(e);
             }
             if let Some((who, msg)) = ctx.bootstrap.remote_failure() {
                 return Err(Error::Remote(format!("rank {who} failed: {msg}")));

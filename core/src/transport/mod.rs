@@ -244,13 +244,16 @@ impl Connections {
         Ok(links)
     }
 
-    /// Establishes the missing connections among `sends` and `recvs`.
+    /// Establishes the missing connections among `sends` and `recvs`;
+    /// gives up at `timeout`, or as soon as `stopped` returns an error (a
+    /// revoke or an abort of the communicator).
     pub fn ensure(
         &mut self,
         bootstrap: &Bootstrap,
         sends: &[ConnKey],
         recvs: &[ConnKey],
         timeout: Duration,
+        stopped: &dyn Fn() -> Option<Error>,
     ) -> Result<()> {
         let mut ndev = None;
         let mut listens: Vec<(ConnKey, usize, Box<dyn ListenComm>)> = Vec::new();
@@ -317,6 +320,9 @@ impl Connections {
                     }
                     None => i += 1,
                 }
+            }
+            if let Some(e) = stopped() {
+                return Err(e);
             }
             if start.elapsed() > timeout {
                 let peers: Vec<usize> = listens
