@@ -279,25 +279,29 @@ fn tuner_changes_the_algorithm_used() {
     }
 }
 
+/// The profiler tests' workload on 2 ranks: `n` all-reduces, then one
+/// group of a send to and a receive from the other rank.
+fn all_reduces_then_a_send_recv_group(r: oxccl_tests::Rank, n: usize) {
+    let comm = r.comm(&[]);
+    let mut buf = vec![0u8; 4096];
+    for _ in 0..n {
+        comm.all_reduce(None, &mut buf, DataType::Float32, RedOp::Sum)
+            .unwrap();
+    }
+    let peer = 1 - r.rank;
+    let out = vec![1u8; 64];
+    let mut inp = vec![0u8; 64];
+    let mut g = oxccl::Group::new();
+    g.send(&comm, &out, DataType::Uint8, peer).unwrap();
+    g.recv(&comm, &mut inp, DataType::Uint8, peer).unwrap();
+    g.run().unwrap();
+    comm.destroy().unwrap();
+}
+
 #[test]
 fn profiler_sees_one_collective_event_per_collective() {
     let name = "profiler_sees_one_collective_event_per_collective";
-    if as_child(name, |r| {
-        let comm = r.comm(&[]);
-        let mut buf = vec![0u8; 4096];
-        for _ in 0..3 {
-            comm.all_reduce(None, &mut buf, DataType::Float32, RedOp::Sum)
-                .unwrap();
-        }
-        let peer = 1 - r.rank;
-        let out = vec![1u8; 64];
-        let mut inp = vec![0u8; 64];
-        let mut g = oxccl::Group::new();
-        g.send(&comm, &out, DataType::Uint8, peer).unwrap();
-        g.recv(&comm, &mut inp, DataType::Uint8, peer).unwrap();
-        g.run().unwrap();
-        comm.destroy().unwrap();
-    }) {
+    if as_child(name, |r| all_reduces_then_a_send_recv_group(r, 3)) {
         return;
     }
     let lib = fixture("profiler_count");
@@ -734,22 +738,7 @@ fn tree_of(stderr: &str) -> std::collections::BTreeMap<u64, TreeEvent> {
 #[test]
 fn profiler_v5_api_event_tree_follows_nccl() {
     let name = "profiler_v5_api_event_tree_follows_nccl";
-    if as_child(name, |r| {
-        let comm = r.comm(&[]);
-        let mut buf = vec![0u8; 4096];
-        for _ in 0..2 {
-            comm.all_reduce(None, &mut buf, DataType::Float32, RedOp::Sum)
-                .unwrap();
-        }
-        let peer = 1 - r.rank;
-        let out = vec![1u8; 64];
-        let mut inp = vec![0u8; 64];
-        let mut g = oxccl::Group::new();
-        g.send(&comm, &out, DataType::Uint8, peer).unwrap();
-        g.recv(&comm, &mut inp, DataType::Uint8, peer).unwrap();
-        g.run().unwrap();
-        comm.destroy().unwrap();
-    }) {
+    if as_child(name, |r| all_reduces_then_a_send_recv_group(r, 2)) {
         return;
     }
     let lib = fixture("profiler_tree");

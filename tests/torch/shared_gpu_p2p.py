@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 
-def data(rank, n, size, salt):
+def data(rank, size, salt):
     g = torch.Generator().manual_seed(salt * 1000 + rank)
     return torch.randn(size, generator=g).cuda()
 
@@ -29,20 +29,20 @@ def main():
         # Ungrouped, ordered so that no rank waits for itself.
         t = time.perf_counter()
         for it in range(5):
-            mine, got = data(rank, n, size, it), torch.empty(size, device="cuda")
+            mine, got = data(rank, size, it), torch.empty(size, device="cuda")
             if rank % 2 == 0:
                 dist.send(mine, nxt)
                 dist.recv(got, prv)
             else:
                 dist.recv(got, prv)
                 dist.send(mine, nxt)
-            wrong += int((got != data(prv, n, size, it)).sum())
+            wrong += int((got != data(prv, size, it)).sum())
         torch.cuda.synchronize()
         ping = (time.perf_counter() - t) / 5
         # Grouped, to both neighbours at once.
         t = time.perf_counter()
         for it in range(5):
-            mine = data(rank, n, size, 10 + it)
+            mine = data(rank, size, 10 + it)
             a, b = torch.empty(size, device="cuda"), torch.empty(size, device="cuda")
             ops = [
                 dist.P2POp(dist.isend, mine, nxt),
@@ -52,16 +52,16 @@ def main():
             ]
             for w in dist.batch_isend_irecv(ops):
                 w.wait()
-            wrong += int((a != data(prv, n, size, 10 + it)).sum())
-            wrong += int((b != data(nxt, n, size, 10 + it)).sum())
+            wrong += int((a != data(prv, size, 10 + it)).sum())
+            wrong += int((b != data(nxt, size, 10 + it)).sum())
         torch.cuda.synchronize()
         batch = (time.perf_counter() - t) / 5
         # All-to-all: block j of rank r's input goes to rank j.
         per = max(size // n, 1)
-        mine = data(rank, n, per * n, 20)
+        mine = data(rank, per * n, 20)
         got = torch.empty(per * n, device="cuda")
         dist.all_to_all_single(got, mine)
-        want = torch.cat([data(r, n, per * n, 20)[rank * per:(rank + 1) * per] for r in range(n)])
+        want = torch.cat([data(r, per * n, 20)[rank * per:(rank + 1) * per] for r in range(n)])
         wrong += int((got != want).sum())
         rows.append(f"{size * 4:>10} B: send/recv ring {ping * 1e6:9.1f} us, batch to both {batch * 1e6:9.1f} us")
     total = torch.tensor([wrong], device="cuda")

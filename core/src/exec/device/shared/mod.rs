@@ -264,11 +264,17 @@ impl SharedGpu {
         let capturing = stream.is_capturing()?;
         let (use_send, use_recv) = steps::used(coll, self.me);
         if self.me != self.leader {
+            let send_buf = self.export(use_send, send)?;
+            // In place: one lookup serves both (two driver calls each).
+            let recv_buf = match send_buf {
+                Buf::Shared(h, off) if use_recv && recv == send => Buf::Shared(h, off),
+                _ => self.export(use_recv, recv)?,
+            };
             let post = Post {
                 what: what.clone(),
                 capturing,
-                send: self.export(use_send, send)?,
-                recv: self.export(use_recv, recv)?,
+                send: send_buf,
+                recv: recv_buf,
             };
             self.mailbox.post(seq, &post);
             return match self.mailbox.wait_answer(seq, self.leader, &what)? {
@@ -311,9 +317,7 @@ impl SharedGpu {
         }
         Ok(true)
     }
-}
 
-impl SharedGpu {
     /// A group's sends and receives of `count` elements each (none to this
     /// rank): each receiver copies from its sender's buffer with its own
     /// kernel while the sender only signals, so no kernel waits for another

@@ -96,14 +96,16 @@ pub(crate) fn steps(
     if count == 0 {
         return out;
     }
-    // Rank `first`'s buffer, then everyone else's, `at` bytes in.
-    let order = |first: usize| std::iter::once(first).chain((0..n).filter(move |&r| r != first));
-    let inputs = |first: usize, at: usize| -> Vec<u64> {
-        order(first).map(|r| bufs[r].send + at as u64).collect()
+    // Rank `first`'s send (or receive) buffer, then everyone else's, `at`
+    // bytes in.
+    let order = |first: usize, at: usize, recv: bool| -> Vec<u64> {
+        std::iter::once(first)
+            .chain((0..n).filter(|&r| r != first))
+            .map(|r| if recv { bufs[r].recv } else { bufs[r].send } + at as u64)
+            .collect()
     };
-    let recvs = |first: usize, at: usize| -> Vec<u64> {
-        order(first).map(|r| bufs[r].recv + at as u64).collect()
-    };
+    let inputs = |first, at| order(first, at, false);
+    let recvs = |first, at| order(first, at, true);
     match coll {
         Coll::AllReduce => reduce_into(&mut out, &recvs(leader, 0), &inputs(leader, 0)),
         Coll::Broadcast { root } => copy(&mut out, bufs[root].send, &recvs(root, 0)),
