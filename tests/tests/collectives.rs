@@ -6,7 +6,7 @@
 use oxccl::{DataType, RedOp};
 use oxccl_cli::perf::Case;
 use oxccl_tests::check::Coll;
-use oxccl_tests::{run, Rank};
+use oxccl_tests::{as_child, assert_all_ok, run, spawn, Rank};
 
 const OPS: [RedOp; 6] = RedOp::ALL;
 const TYPES: [DataType; 12] = DataType::ALL;
@@ -145,4 +145,48 @@ fn collectives_8_ranks() {
     run("collectives_8_ranks", 8, |r| {
         exercise(r, &[("CHUNK_SIZE", "16K")], &[0, 1, 1009, 5003])
     });
+}
+
+/// The direct host path (each rank reads its peers' buffers in place) on
+/// every collective it takes, from the first byte, on several threads
+/// (counts of several 64 KiB reduction chunks included). Where the kernel
+/// refuses cross-process reads, the log says so and the rings ran instead.
+fn direct(name: &str, n: usize, threads: &str, counts: &'static [usize]) {
+    let child = |r| {
+        oxccl::log::init();
+        exercise(r, &[], counts)
+    };
+    if as_child(name, child) {
+        return;
+    }
+    let env = [
+        ("OXCCL_HOST_DIRECT_MIN", "1"),
+        ("OXCCL_HOST_DIRECT_THREADS", threads),
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_DEBUG_SUBSYS", "INIT"),
+    ];
+    let done = spawn(name, n, &env, std::time::Duration::from_secs(240));
+    assert_all_ok(&done);
+    for f in &done {
+        let log = format!("{}{}", f.stdout, f.stderr);
+        if log.contains("may not read rank") {
+            eprintln!("rank {}: the direct path was refused here: {log}", f.rank);
+            continue;
+        }
+        assert!(
+            log.contains("read peers' buffers directly"),
+            "rank {} did not take the direct path:\n{log}",
+            f.rank
+        );
+    }
+}
+
+#[test]
+fn collectives_3_ranks_direct() {
+    direct("collectives_3_ranks_direct", 3, "2", &[1, 1009, 70_001]);
+}
+
+#[test]
+fn collectives_5_ranks_direct() {
+    direct("collectives_5_ranks_direct", 5, "4", &[1, 5003]);
 }

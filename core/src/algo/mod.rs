@@ -16,6 +16,7 @@
 //! recvCopySend, recv) and the exchange of recursive doubling.
 
 pub mod cost;
+pub mod direct;
 pub mod rec_doubling;
 pub mod ring;
 pub mod tree;

@@ -21,8 +21,41 @@ use crate::exec::{self, ExecCtx, Lane, ProxyProfiler, Stop, StopReason};
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{ApiEvents, Event, Handle, ProfilerComm, PROXY_OP_BITS};
 use crate::reduce::Reducer;
+use crate::transport::cma::{PeerMem, Post};
 use crate::transport::shm::ShmNet;
 use crate::transport::{ConnKey, Connections, Locality, Transport, P2P_CHANNEL};
+
+/// The direct host path ([`crate::algo::direct`]), peers' buffers read in
+/// place. Every rank calls it at creation: a host-memory communicator whose
+/// ranks all share this host (and its /dev/shm) and none of which
+/// disabled shared memory gets the direct path if every rank may read
+/// every other's memory. The INFO log says which way it went.
+pub(crate) fn setup_direct(
+    bootstrap: &Bootstrap,
+    loc: &Locality,
+) -> Result<Option<exec::direct::Direct>> {
+    let n = loc.hosts.len();
+    let one_host = loc.hosts.iter().all(|h| *h == loc.hosts[0])
+        && loc.shm_devs.iter().all(|d| *d == loc.shm_devs[0]);
+    if n < 2 || !one_host || !loc.shm_disabled.is_empty() {
+        return Ok(None);
+    }
+    let mut why = String::new();
+    let pm = PeerMem::setup(loc.rank, n, &|b| bootstrap.allgather(b), &mut why)?;
+    match pm {
+        Some(pm) => {
+            let d = exec::direct::Direct::new(pm, n)?;
+            info!(target: "oxccl::init",
+                "Host collectives of {} bytes and more read peers' buffers directly (SHM/direct/CMA, up to {} threads per rank; OXCCL_HOST_DIRECT=0 turns it off)", d.min, d.threads.most());
+            Ok(Some(d))
+        }
+        None => {
+            info!(target: "oxccl::init",
+                "Host collectives go through shared-memory rings only: {why}");
+            Ok(None)
+        }
+    }
+}
 
 /// A lane's staging slots (receive, send).
 type Staging = Vec<(Vec<u8>, Vec<u8>)>;
@@ -121,6 +154,7 @@ pub(crate) struct Core {
     /// NCCL's `shrinkShare`: as `split_share`, for a shrink in its default
     /// mode from a communicator that is not revoked.
     pub shrink_share: bool,
+    direct: Option<exec::direct::Direct>,
 }
 
 fn redop_code(op: RedOp) -> u8 {
@@ -181,6 +215,7 @@ impl Core {
         device: Option<GpuPath>,
         ident: Ident,
         locality: Locality,
+        direct: Option<exec::direct::Direct>,
     ) -> Result<Core> {
         let (rank, nranks) = (locality.rank, locality.hosts.len());
         let forced_algo = match cfg.algo.as_deref() {
@@ -227,6 +262,7 @@ impl Core {
             locality,
             split_share: false,
             shrink_share: false,
+            direct,
         })
     }
 
@@ -481,6 +517,15 @@ impl Core {
         }
         let n = self.nranks;
         let bytes = op.count * op.dtype.size();
+        if let Some(d) = &self.direct {
+            let moved = algo::direct::bytes(coll, op.count, op.dtype.size(), n);
+            // A forced algorithm or a tuner plugin chooses among the ring
+            // and trees, which NCCL's tables know; the direct path is ours.
+            let free = self.forced_algo.is_none() && self.tuner.is_none();
+            if free && algo::direct::supports(coll) && moved >= d.min {
+                return self.run_direct(d, op, coll, bufs, seq, parents, mask);
+            }
+        }
         let nch = self.channels(bytes).min(op.count).max(1);
         let (algo, nch) = match &self.tuner {
             None => (
@@ -508,7 +553,9 @@ impl Core {
             nch
         };
         let event = match (self.profiler.as_deref(), parents) {
-            (Some(p), Some((g, api))) => Some(p.running(p.coll(mask, op, seq, algo, nch, g, api))),
+            (Some(p), Some((g, api))) => {
+                Some(p.running(p.coll(mask, op, seq, Some(algo), nch, g, api)))
+            }
             _ => None,
         };
         // The parent of the proxy ops, only when they are started.
@@ -581,6 +628,49 @@ impl Core {
                 e.context(what)
             })
         })
+    }
+
+    /// Runs a collective on the direct path: every rank reads what it
+    /// needs from its peers' buffers.
+    #[allow(clippy::too_many_arguments)]
+    fn run_direct(
+        &self,
+        d: &exec::direct::Direct,
+        op: &Op,
+        coll: algo::Coll,
+        bufs: OpBuffers,
+        seq: u64,
+        parents: Option<(Handle, Handle)>,
+        mask: i32,
+    ) -> Result<()> {
+        let (n, elem) = (self.nranks, op.dtype.size());
+        let moved = algo::direct::bytes(coll, op.count, elem, n);
+        let threads = d.threads.for_bytes(moved);
+        let plan = algo::direct::plan(coll, self.rank, n, op.count, elem, threads);
+        let event = match (self.profiler.as_deref(), parents) {
+            (Some(p), Some((g, api))) => {
+                Some(p.running(p.coll(mask, op, seq, None, threads, g, api)))
+            }
+            _ => None,
+        };
+        let what = || format!("{} #{seq}", op.describe());
+        debug!(target: "oxccl::coll", rank = self.rank, "{}: Direct on {threads} thread(s)", what());
+        let ctx = self.ctx(&what, Some(seq), mask);
+        let post = Post {
+            seq,
+            call: [
+                u64::from(op.kind.code()),
+                op.count as u64,
+                op.dtype as u64 | u64::from(redop_code(op.redop)) << 8,
+                op.kind.root() as u64,
+            ],
+            send: bufs.input as u64,
+            recv: bufs.output as u64,
+        };
+        let reducer = Reducer::new(op.dtype, op.redop, n);
+        let r = d.run(plan, threads, post, bufs, reducer, elem, &ctx);
+        drop(event);
+        r.map_err(|e| self.failed(e.context(what())))
     }
 
     /// Takes the connections a lane's steps use out of the table.

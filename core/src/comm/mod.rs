@@ -479,6 +479,10 @@ impl Comm {
         info!(target: "oxccl::init",
             "ncclCommInitRank comm {comm_hash:#018x} rank {rank} nranks {nranks} cudaDev {} nNodes {nnodes} - Init COMPLETE (on {on}, network {})",
             device.map_or(-1, |d| d as i64), net.name());
+        let direct = match device {
+            None => core::setup_direct(&bootstrap, &locality)?,
+            Some(_) => None,
+        };
         Core::new(
             cfg,
             bootstrap,
@@ -486,6 +490,7 @@ impl Comm {
             dc,
             core::Ident { comm_hash, nnodes },
             locality,
+            direct,
         )
     }
 

@@ -266,7 +266,7 @@ pub(crate) fn execute(
                 let api = p.api.op(at);
                 Some(
                     p.comm
-                        .running(p.comm.coll(mask, op, seq, algo, nch, g.handle(), api)),
+                        .running(p.comm.coll(mask, op, seq, Some(algo), nch, g.handle(), api)),
                 )
             }
             _ => None,

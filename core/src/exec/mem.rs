@@ -192,3 +192,58 @@ pub(crate) fn prefix_into(dst: Span, prefix: &[u8], src: Span) -> Result<Span> {
     }
     Ok(Span { ptr: dst.ptr, len })
 }
+
+/// `dst = inputs[0] (op) inputs[1] (op) ...`, every input a rank's own
+/// data (scaled on entry), the result final. `dst` must not be any input.
+pub(crate) fn reduce_all(r: &Reducer, dst: Span, inputs: &[Span]) {
+    let len = dst.len;
+    let at = |s: &Span| {
+        assert!(
+            s.len >= len && s.ptr != dst.ptr,
+            "an input aliases the output"
+        );
+        // SAFETY: every span was bounds-checked against a live buffer (user
+        // buffers by `OpBuffers::span`, scratch by `staging`), and none is
+        // `dst` (asserted): peers' data was copied into scratch first.
+        unsafe { std::slice::from_raw_parts(s.ptr, len) }
+    };
+    // SAFETY: as above; `dst` is this rank's own output range, which no
+    // other thread of the operation writes.
+    let d = unsafe { std::slice::from_raw_parts_mut(dst.ptr, len) };
+    match inputs {
+        [] => {}
+        [only] => r.copy(d, at(only), true, true),
+        [a, b, rest @ ..] => {
+            let st = |pre_a, last| Stage {
+                pre_a,
+                pre_b: true,
+                post: last,
+            };
+            r.combine(d, at(a), at(b), st(true, rest.is_empty()));
+            for (i, x) in rest.iter().enumerate() {
+                r.combine_into(d, at(x), st(false, i + 1 == rest.len()));
+            }
+        }
+    }
+}
+
+/// Copies `src` into `dst` (same length); nothing when they are the same memory.
+pub(crate) fn copy(dst: Span, src: Span) {
+    if std::ptr::eq(dst.ptr, src.ptr) || dst.len == 0 {
+        return;
+    }
+    assert_eq!(dst.len, src.len, "copy between spans of different lengths");
+    // SAFETY: both spans were bounds-checked against live buffers; the
+    // plans never copy between partly overlapping ranges.
+    unsafe { std::ptr::copy(src.ptr, dst.ptr, dst.len) }
+}
+
+/// Lets `fill` write the bytes of `dst` (a bounds-checked span of a live
+/// buffer that only this thread writes now).
+pub(crate) fn fill<T>(dst: Span, fill: impl FnOnce(&mut [u8]) -> T) -> T {
+    if dst.len == 0 {
+        return fill(&mut []);
+    }
+    // SAFETY: as the contract above says; the slice does not outlive the call.
+    fill(unsafe { std::slice::from_raw_parts_mut(dst.ptr, dst.len) })
+}

@@ -15,6 +15,7 @@
 //! operation.
 
 pub mod device;
+pub mod direct;
 pub mod header;
 pub mod mem;
 mod proxy_prof;

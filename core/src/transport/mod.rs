@@ -12,6 +12,7 @@
 //! the sender through the bootstrap; both then poll `connect`/`accept`
 //! together until done; the executor runs any of them alike.
 
+pub mod cma;
 pub mod gdr;
 pub mod layout;
 pub mod proxy;

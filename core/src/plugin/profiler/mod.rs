@@ -257,13 +257,15 @@ impl ProfilerComm {
 
     /// The collective event of `op` (child of the group event `parent`;
     /// from v5 on, of the API event `api`, with the group as `parentGroup`).
+    /// `algo` is `None` for oxccl's direct host path, which NCCL has no
+    /// name or code for: it is named "Direct", its v1 code is -1.
     #[allow(clippy::too_many_arguments, reason = "NCCL's descriptor fields")]
     pub fn coll(
         &self,
         mask: i32,
         op: &crate::op::Op,
         seq: u64,
-        algo: crate::algo::Algo,
+        algo: Option<crate::algo::Algo>,
         nch: usize,
         parent: Handle,
         api: Handle,
@@ -276,7 +278,7 @@ impl ProfilerComm {
                 count: op.count,
                 root: op.kind.root() as i32,
                 dtype: cname(dtype_name(op.dtype)),
-                algo: cname(algo.name()),
+                algo: cname(algo.map_or("Direct", |a| a.name())),
                 nchannels: nch.min(255) as u8,
                 parent,
                 api,
@@ -284,7 +286,7 @@ impl ProfilerComm {
                     func: func_code(&op.kind),
                     dtype: op.dtype as u8,
                     op: redop_code(op.redop),
-                    algo: crate::algo::cost::nccl_row(algo) as u8,
+                    algo: algo.map_or(u8::MAX, |a| crate::algo::cost::nccl_row(a) as u8),
                 },
             },
         )

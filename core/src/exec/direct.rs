@@ -1,0 +1,346 @@
+//! Runs a direct plan ([`crate::algo::direct`]) on this rank's host buffers,
+//! reading peers' buffers through [`PeerMem`]: the rank posts its call,
+//! meets the others, and runs each phase on its threads, meeting the
+//! others again after each.
+//!
+//! The threads are the caller's and a pool that lives as long as the
+//! communicator, each with its own scratch: starting threads and mapping
+//! fresh scratch at every call cost more than a megabyte's copy, and
+//! changing this process's mappings stalls the peers reading it.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Barrier, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use crate::algo::direct::{Plan, Src, Task};
+use crate::algo::{Buf, Region};
+use crate::error::{Error, Result};
+use crate::reduce::Reducer;
+use crate::transport::cma::{PeerMem, Post};
+
+use super::mem::{self, OpBuffers, Span};
+use super::{timeout_error, ExecCtx};
+
+/// Bytes of each input a reduction reads before combining: n of them per
+/// thread stay in its cache while they are combined.
+const CHUNK: usize = 64 << 10;
+
+/// What every thread of one call works from.
+struct Job {
+    pm: Arc<PeerMem>,
+    plan: Plan,
+    bufs: OpBuffers,
+    reducer: Reducer,
+    elem: usize,
+    /// The call's threads meet here after each phase's tasks, and again
+    /// once the caller's thread has met the other ranks.
+    local: Barrier,
+    failed: AtomicBool,
+    first: Mutex<Option<Error>>,
+}
+
+impl Job {
+    fn fail(&self, e: Error) {
+        self.failed.store(true, Ordering::SeqCst);
+        let mut f = self.first.lock().unwrap_or_else(PoisonError::into_inner);
+        f.get_or_insert(e);
+    }
+
+    fn failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    /// Thread `t`'s part of phase `k`; a panic is an error like another.
+    fn phase(&self, k: usize, t: usize, scratch: &mut Vec<u8>) {
+        if self.failed() {
+            return;
+        }
+        let tasks = self.plan[k].get(t).map_or(&[][..], Vec::as_slice);
+        let run = catch_unwind(AssertUnwindSafe(|| {
+            tasks.iter().try_for_each(|task| self.task(task, scratch))
+        }));
+        match run {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.fail(e),
+            Err(_) => self.fail(Error::Internal("a direct-path thread panicked".into())),
+        }
+    }
+
+    /// A pool thread's whole share of the call.
+    fn work(&self, t: usize, scratch: &mut Vec<u8>) {
+        for k in 0..self.plan.len() {
+            self.phase(k, t, scratch);
+            self.local.wait();
+            self.local.wait();
+            if self.failed() {
+                return;
+            }
+        }
+    }
+
+    fn task(&self, task: &Task, scratch: &mut Vec<u8>) -> Result<()> {
+        let b = &self.bufs;
+        match *task {
+            Task::Copy { src, dst, len } => {
+                mem::copy(
+                    span(b, Buf::Output, dst, len)?,
+                    span(b, Buf::Input, src, len)?,
+                );
+                Ok(())
+            }
+            Task::Read {
+                peer,
+                from,
+                src,
+                dst,
+                len,
+            } => {
+                let p = self.pm.posted(peer);
+                let base = match from {
+                    Src::Send => p.send,
+                    Src::Recv => p.recv,
+                };
+                let out = span(b, Buf::Output, dst, len)?;
+                mem::fill(out, |d| self.pm.read(peer, base + src as u64, d))
+            }
+            Task::Reduce { src, dst, len } => self.reduce(src, dst, len, scratch),
+        }
+    }
+
+    /// Own output `[dst, dst+len)` = every rank's input `[src, src+len)`,
+    /// a chunk at a time: peers' chunks (and this rank's own, where it is
+    /// the output's memory) are read into scratch, then combined.
+    fn reduce(&self, src: usize, dst: usize, len: usize, scratch: &mut Vec<u8>) -> Result<()> {
+        let (n, me) = (self.pm.nranks(), self.pm.rank());
+        let chunk = CHUNK - CHUNK % self.elem.max(1);
+        if scratch.len() < n * chunk {
+            scratch.resize(n * chunk, 0);
+        }
+        let mut off = 0;
+        while off < len {
+            let l = chunk.min(len - off);
+            let out = span(&self.bufs, Buf::Output, dst + off, l)?;
+            let own = span(&self.bufs, Buf::Input, src + off, l)?;
+            let mut inputs = Vec::with_capacity(n);
+            for (p, slot) in scratch.chunks_mut(chunk).enumerate().take(n) {
+                let slot = &mut slot[..l];
+                if p == me {
+                    if own.ptr != out.ptr {
+                        inputs.push(own);
+                        continue;
+                    }
+                    mem::copy(mem::staging(slot), own);
+                } else {
+                    let at = self.pm.posted(p).send + (src + off) as u64;
+                    self.pm.read(p, at, slot)?;
+                }
+                inputs.push(mem::staging(slot));
+            }
+            mem::reduce_all(&self.reducer, out, &inputs);
+            off += l;
+        }
+        Ok(())
+    }
+}
+
+fn span(bufs: &OpBuffers, buf: Buf, off: usize, len: usize) -> Result<Span> {
+    bufs.span(Region { buf, offset: 0 }, off, len, 1)
+}
+
+/// The direct path of one communicator: its peer memory and its threads.
+pub struct Direct {
+    pm: Arc<PeerMem>,
+    pub min: usize,
+    pub threads: Threads,
+    /// One per pool thread; a call hands its job to the first few.
+    workers: Vec<Sender<Arc<Job>>>,
+    handles: Vec<JoinHandle<()>>,
+    /// The caller's thread's scratch (calls of a communicator run one at a time).
+    scratch: Mutex<Vec<u8>>,
+}
+
+impl Direct {
+    pub fn new(pm: PeerMem, n: usize) -> Result<Direct> {
+        let (min, threads) = settings(n);
+        let (mut workers, mut handles) = (Vec::new(), Vec::new());
+        for t in 1..threads.most() {
+            let (tx, rx) = channel::<Arc<Job>>();
+            let h = std::thread::Builder::new()
+                .name(format!("oxccl-direct-{t}"))
+                .spawn(move || {
+                    let mut scratch = Vec::new();
+                    while let Ok(job) = rx.recv() {
+                        job.work(t, &mut scratch);
+                    }
+                })
+                .map_err(|e| Error::System(format!("cannot start a direct-path thread: {e}")))?;
+            workers.push(tx);
+            handles.push(h);
+        }
+        Ok(Direct {
+            pm: Arc::new(pm),
+            min,
+            threads,
+            workers,
+            handles,
+            scratch: Mutex::default(),
+        })
+    }
+
+    /// Meets the other ranks; ends early, with the error the ring path
+    /// would give, when the communicator is stopped, another rank reported
+    /// a failure, a peer's process is gone, or NCCL_TIMEOUT passes.
+    fn barrier(&self, ctx: &ExecCtx<'_>) -> Result<()> {
+        let pm = &self.pm;
+        pm.barrier(&mut |missing, waited| {
+            if let Some(e) = ctx.stop.error(&(ctx.what)()) {
+                return Some(e);
+            }
+            if let Some((who, msg)) = ctx.bootstrap.remote_failure() {
+                return Some(Error::Remote(format!("rank {who} failed: {msg}")));
+            }
+            if let Some(&p) = missing.iter().find(|&&p| !pm.alive(p)) {
+                return Some(Error::Remote(format!(
+                    "{} on rank {}: rank {p} (pid {}) exited before reaching the operation's peer-memory barrier; ranks missing there: {missing:?}",
+                    (ctx.what)(),
+                    ctx.rank,
+                    pm.pid(p)
+                )));
+            }
+            (waited > ctx.timeout).then(|| {
+                timeout_error(
+                    ctx,
+                    &[format!("for ranks {missing:?} at a peer-memory barrier")],
+                )
+            })
+        })
+    }
+
+    /// Runs one call of `plan` on `threads` threads; every rank of the
+    /// communicator must run the same call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        plan: Plan,
+        threads: usize,
+        post: Post,
+        bufs: OpBuffers,
+        reducer: Reducer,
+        elem: usize,
+        ctx: &ExecCtx<'_>,
+    ) -> Result<()> {
+        let pm = &self.pm;
+        pm.post(&post);
+        self.barrier(ctx)?;
+        let odd: Vec<usize> = (0..pm.nranks())
+            .filter(|&p| {
+                let q = pm.posted(p);
+                q.seq != post.seq || q.call != post.call
+            })
+            .collect();
+        if !odd.is_empty() {
+            return Err(Error::InvalidUsage(format!(
+                "ranks {odd:?} were called for another collective (kind, count, type, operation or root differ), or out of order"
+            )));
+        }
+        let threads = threads.clamp(1, self.workers.len() + 1);
+        let job = Arc::new(Job {
+            pm: pm.clone(),
+            plan,
+            bufs,
+            reducer,
+            elem,
+            local: Barrier::new(threads),
+            failed: AtomicBool::new(false),
+            first: Mutex::new(None),
+        });
+        for w in &self.workers[..threads - 1] {
+            w.send(job.clone())
+                .map_err(|_| Error::Internal("a direct-path thread is gone".into()))?;
+        }
+        let mut scratch = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        for k in 0..job.plan.len() {
+            job.phase(k, 0, &mut scratch);
+            job.local.wait();
+            if !job.failed() {
+                if let Err(e) = self.barrier(ctx) {
+                    job.fail(e);
+                }
+            }
+            job.local.wait();
+            if job.failed() {
+                break;
+            }
+        }
+        // Every pool thread has passed the last wait: none touches the
+        // caller's buffers after this returns.
+        let first = job
+            .first
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Direct {
+    fn drop(&mut self) {
+        self.workers.clear();
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Bytes a thread is worth: below this, starting it costs more than it saves.
+const PER_THREAD: usize = 512 << 10;
+
+/// How many threads a rank runs a call on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    /// `OXCCL_HOST_DIRECT_THREADS`: always this many.
+    Fixed(usize),
+    /// At most this many (this host's cores shared among its ranks, at
+    /// most 8), fewer for small calls.
+    Auto(usize),
+}
+
+/// The direct path's settings for `n` ranks on this host: the smallest
+/// collective it takes (`OXCCL_HOST_DIRECT_MIN` bytes, default 256 KiB:
+/// below it the rings' single hand-off beats three barriers) and its
+/// threads per rank.
+pub fn settings(n: usize) -> (usize, Threads) {
+    let var = |k: &str| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| crate::config::parse_size(&v))
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let min = var("OXCCL_HOST_DIRECT_MIN").unwrap_or(256 << 10) as usize;
+    let threads = var("OXCCL_HOST_DIRECT_THREADS")
+        .map_or(Threads::Auto((cores / n.max(1)).clamp(1, 8)), |t| {
+            Threads::Fixed((t as usize).max(1))
+        });
+    (min, threads)
+}
+
+impl Threads {
+    /// Threads for a call moving `bytes`.
+    pub fn for_bytes(self, bytes: usize) -> usize {
+        match self {
+            Threads::Fixed(t) => t,
+            Threads::Auto(most) => most.min(bytes.div_ceil(PER_THREAD)).max(1),
+        }
+    }
+
+    pub fn most(self) -> usize {
+        match self {
+            Threads::Fixed(t) | Threads::Auto(t) => t,
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! Peer memory between processes of one host: a rank reads another rank's
+//! host buffers straight from that process (Linux cross-memory attach,
+//! `process_vm_readv`), one kernel copy, no staging slot in between; the
+//! ranks meet at barriers in a small shared-memory segment, where each
+//! also posts the call it was given and its buffers' addresses.
+//!
+//! Reading another process needs the kernel's ptrace permission: same
+//! user, and under Yama's `ptrace_scope` 1 (Ubuntu's default) the target's
+//! consent, which each rank gives with `PR_SET_PTRACER_ANY` (as OpenMPI's
+//! vader does). Every rank probes every peer when the communicator is
+//! made, and the ranks use this path only if all probes pass; otherwise
+//! the shared-memory rings carry everything, and the INFO log says why.
+#![allow(unsafe_code)]
+
+use std::io::IoSliceMut;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::uio::{process_vm_readv, RemoteIoVec};
+use nix::unistd::Pid;
+
+use crate::error::{Error, Result};
+use crate::transport::shm::area::Area;
+
+/// Bytes of a rank's slot: its barrier word, then its posted call.
+const SLOT: usize = 128;
+const ARRIVED: usize = 0;
+const POST: usize = 64;
+/// Words of a posted call.
+pub const POST_WORDS: usize = 8;
+
+/// What a rank posts for one call: the call's description (kind, count,
+/// type, operation, root: every rank's must match) and its buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Post {
+    pub seq: u64,
+    /// The call's fields that every rank must agree on, packed.
+    pub call: [u64; 4],
+    pub send: u64,
+    pub recv: u64,
+}
+
+impl Post {
+    fn words(&self) -> [u64; POST_WORDS] {
+        let c = self.call;
+        [self.seq, c[0], c[1], c[2], c[3], self.send, self.recv, 0]
+    }
+
+    fn from_words(w: [u64; POST_WORDS]) -> Post {
+        Post {
+            seq: w[0],
+            call: [w[1], w[2], w[3], w[4]],
+            send: w[5],
+            recv: w[6],
+        }
+    }
+}
+
+/// A word with a known value that peers read at setup to prove they may.
+static PROBE: AtomicU64 = AtomicU64::new(0x6f78_6363_6c5f_636d);
+
+/// Whether to try this path at all: `OXCCL_HOST_DIRECT=0` turns it off.
+pub fn wanted() -> bool {
+    !matches!(
+        std::env::var("OXCCL_HOST_DIRECT").as_deref(),
+        Ok("0") | Ok("off") | Ok("no")
+    )
+}
+
+/// Lets peers of this user read this process (Yama `ptrace_scope` 1).
+fn allow_peers() {
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope");
+    if scope.is_ok_and(|s| s.trim() == "1") {
+        // SAFETY: PR_SET_PTRACER takes two integer arguments and changes
+        // only this process's Yama exception; no memory is passed.
+        unsafe {
+            libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0);
+        }
+    }
+}
+
+/// Reads `dst.len()` bytes at `addr` in process `pid`.
+fn read_from(pid: i32, addr: u64, dst: &mut [u8]) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < dst.len() {
+        let remote = [RemoteIoVec {
+            base: addr as usize + done,
+            len: dst.len() - done,
+        }];
+        let mut local = [IoSliceMut::new(&mut dst[done..])];
+        match process_vm_readv(Pid::from_raw(pid), &mut local, &remote) {
+            Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)),
+            Ok(n) => done += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// The bootstrap's allgather: every rank's bytes, by rank.
+pub type AllGather<'a> = dyn Fn(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
+
+/// The ranks' meeting place and the way to their memory.
+pub struct PeerMem {
+    area: Area,
+    me: usize,
+    pids: Vec<i32>,
+    /// Barriers this rank has entered.
+    epoch: AtomicU64,
+}
+
+/// How one rank's setup went, sent to every other.
+fn encode(pid: i32, probe: u64, name: &str) -> Vec<u8> {
+    let mut b = Vec::with_capacity(12 + name.len());
+    b.extend_from_slice(&pid.to_le_bytes());
+    b.extend_from_slice(&probe.to_le_bytes());
+    b.extend_from_slice(name.as_bytes());
+    b
+}
+
+fn decode(p: usize, b: &[u8]) -> Result<(i32, u64, String)> {
+    let bad = || Error::Remote(format!("rank {p} sent a malformed peer-memory setup"));
+    let pid = i32::from_le_bytes(b.get(..4).ok_or_else(bad)?.try_into().map_err(|_| bad())?);
+    let probe = u64::from_le_bytes(
+        b.get(4..12)
+            .ok_or_else(bad)?
+            .try_into()
+            .map_err(|_| bad())?,
+    );
+    let name = std::str::from_utf8(&b[12..]).map_err(|_| bad())?;
+    Ok((pid, probe, name.to_string()))
+}
+
+impl PeerMem {
+    /// Every rank of a communicator whose ranks all share this host calls
+    /// it, in the same order as its other exchanges (`allgather` is the
+    /// bootstrap's). `Ok(None)`: some rank cannot read some peer (or did
+    /// not want to), said in `why`.
+    pub fn setup(
+        me: usize,
+        n: usize,
+        allgather: &AllGather<'_>,
+        why: &mut String,
+    ) -> Result<Option<PeerMem>> {
+        let want = wanted();
+        let mut verdict = String::new();
+        if want {
+            allow_peers();
+        } else {
+            verdict = format!("rank {me} set OXCCL_HOST_DIRECT=0");
+        }
+        let name = format!(
+            "/oxccl-cma-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        );
+        let area = if me == 0 {
+            Some(Area::create_shared(&name, n * SLOT)?)
+        } else {
+            None
+        };
+        let pid = std::process::id() as i32;
+        let probe = if want { PROBE.as_ptr() as u64 } else { 0 };
+        let first = allgather(&encode(pid, probe, if me == 0 { &name } else { "" }))?;
+        let peers = first
+            .iter()
+            .enumerate()
+            .map(|(p, b)| decode(p, b))
+            .collect::<Result<Vec<_>>>()?;
+        let area = match area {
+            Some(a) => a,
+            None => Area::open_shared(&peers[0].2, n * SLOT)?,
+        };
+        // Every rank reads one word of every other: the kernel's verdict,
+        // given before any collective relies on it.
+        for (p, (pid, addr, _)) in peers.iter().enumerate() {
+            if p == me || !verdict.is_empty() {
+                continue;
+            }
+            if *addr == 0 {
+                verdict = format!("rank {p} set OXCCL_HOST_DIRECT=0");
+                continue;
+            }
+            let mut word = [0u8; 8];
+            match read_from(*pid, *addr, &mut word) {
+                Ok(()) if u64::from_ne_bytes(word) == PROBE.load(Ordering::Relaxed) => {}
+                Ok(()) => verdict = format!("rank {me} read a wrong probe from rank {p}"),
+                Err(e) => {
+                    verdict = format!(
+                        "rank {me} may not read rank {p} (pid {pid}): {e} (another PID namespace, or ptrace restricted: /proc/sys/kernel/yama/ptrace_scope)"
+                    )
+                }
+            }
+        }
+        let verdicts = allgather(verdict.as_bytes())?;
+        // Every rank has mapped the segment: the name can go.
+        area.unlink();
+        if let Some(v) = verdicts.iter().find(|v| !v.is_empty()) {
+            *why = String::from_utf8_lossy(v).into_owned();
+            return Ok(None);
+        }
+        Ok(Some(PeerMem {
+            area,
+            me,
+            pids: peers.iter().map(|p| p.0).collect(),
+            epoch: AtomicU64::new(0),
+        }))
+    }
+
+    pub fn nranks(&self) -> usize {
+        self.pids.len()
+    }
+
+    /// Posts this rank's call; peers see it once it enters the next barrier.
+    pub fn post(&self, post: &Post) {
+        for (i, w) in post.words().into_iter().enumerate() {
+            self.area.store(self.me * SLOT + POST + 8 * i, w);
+        }
+    }
+
+    /// What `peer` posted, valid after a barrier that followed its post.
+    pub fn posted(&self, peer: usize) -> Post {
+        let mut w = [0u64; POST_WORDS];
+        for (i, v) in w.iter_mut().enumerate() {
+            *v = self.area.load(peer * SLOT + POST + 8 * i);
+        }
+        Post::from_words(w)
+    }
+
+    /// Waits until every rank has entered as many barriers as this one.
+    /// Every few milliseconds of waiting, `poll` gets the ranks still
+    /// missing and the time waited so far; an error it returns ends the
+    /// wait.
+    pub fn barrier(&self, poll: &mut dyn FnMut(&[usize], Duration) -> Option<Error>) -> Result<()> {
+        let e = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        self.area.store(self.me * SLOT + ARRIVED, e);
+        let n = self.nranks();
+        let start = Instant::now();
+        let mut spins = 0u32;
+        let mut next = 0;
+        loop {
+            while next < n && self.area.load(next * SLOT + ARRIVED) >= e {
+                next += 1;
+            }
+            if next == n {
+                return Ok(());
+            }
+            spins = spins.wrapping_add(1);
+            if spins < 2000 {
+                std::hint::spin_loop();
+                continue;
+            }
+            std::thread::yield_now();
+            if !spins.is_multiple_of(1024) {
+                continue;
+            }
+            let missing: Vec<usize> = (0..n)
+                .filter(|&p| self.area.load(p * SLOT + ARRIVED) < e)
+                .collect();
+            if let Some(err) = poll(&missing, start.elapsed()) {
+                return Err(err);
+            }
+        }
+    }
+
+    /// Whether `peer`'s process still exists (it may be stopped).
+    pub fn alive(&self, peer: usize) -> bool {
+        // Signal 0 checks that the process exists without touching it.
+        !matches!(
+            nix::sys::signal::kill(Pid::from_raw(self.pids[peer]), None),
+            Err(nix::errno::Errno::ESRCH)
+        )
+    }
+
+    pub fn pid(&self, peer: usize) -> i32 {
+        self.pids[peer]
+    }
+
+    pub fn rank(&self) -> usize {
+        self.me
+    }
+
+    /// Copies `dst.len()` bytes at `addr` of `peer`'s memory into `dst`.
+    pub fn read(&self, peer: usize, addr: u64, dst: &mut [u8]) -> Result<()> {
+        read_from(self.pids[peer], addr, dst).map_err(|e| {
+            Error::Remote(format!(
+                "reading {} bytes of rank {peer}'s buffer at {addr:#x} (pid {}): {e}",
+                dst.len(),
+                self.pids[peer]
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_post_survives_its_words() {
+        let p = Post {
+            seq: 9,
+            call: [1, 2, 3, 4],
+            send: 0xdead_beef,
+            recv: 77,
+        };
+        assert_eq!(Post::from_words(p.words()), p);
+    }
+
+    #[test]
+    fn a_process_reads_its_own_memory_and_refuses_a_bad_address() {
+        let src: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let mut dst = vec![0u8; src.len()];
+        read_from(std::process::id() as i32, src.as_ptr() as u64, &mut dst).unwrap();
+        assert_eq!(src, dst);
+        assert!(read_from(std::process::id() as i32, 8, &mut dst[..8]).is_err());
+    }
+
+    #[test]
+    fn ranks_of_one_process_meet_at_barriers() {
+        use std::sync::{Arc, Barrier, Mutex};
+        let n = 3;
+        let board: Arc<Mutex<Vec<Option<Vec<u8>>>>> = Arc::new(Mutex::new(vec![None; n]));
+        let meet = Arc::new(Barrier::new(n));
+        let hs: Vec<_> = (0..n)
+            .map(|me| {
+                let (board, meet) = (board.clone(), meet.clone());
+                std::thread::spawn(move || {
+                    let ag = |mine: &[u8]| -> Result<Vec<Vec<u8>>> {
+                        board.lock().unwrap()[me] = Some(mine.to_vec());
+                        meet.wait();
+                        let all = board
+                            .lock()
+                            .unwrap()
+                            .iter()
+                            .map(|b| b.clone().unwrap())
+                            .collect();
+                        meet.wait();
+                        Ok(all)
+                    };
+                    let mut why = String::new();
+                    let pm = PeerMem::setup(me, n, &ag, &mut why).unwrap().expect(&why);
+                    let data = vec![me as u8 + 1; 4096];
+                    pm.post(&Post {
+                        seq: 5,
+                        call: [1, 0, 0, 0],
+                        send: data.as_ptr() as u64,
+                        recv: 0,
+                    });
+                    pm.barrier(&mut |_, _| None).unwrap();
+                    let next = (me + 1) % n;
+                    let got = pm.posted(next);
+                    assert_eq!(got.seq, 5);
+                    let mut buf = vec![0u8; 4096];
+                    pm.read(next, got.send, &mut buf).unwrap();
+                    assert!(buf.iter().all(|&b| b == next as u8 + 1));
+                    // Nobody's data goes before everyone has read it.
+                    pm.barrier(&mut |_, _| None).unwrap();
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_barrier_names_the_rank_that_never_comes() {
+        let area = Area::private(2 * SLOT).unwrap();
+        let pm = PeerMem {
+            area,
+            me: 0,
+            pids: vec![std::process::id() as i32; 2],
+            epoch: AtomicU64::new(0),
+        };
+        let mut seen = Vec::new();
+        let e = pm.barrier(&mut |missing, waited| {
+            seen = missing.to_vec();
+            (waited > Duration::from_millis(50)).then(|| Error::Remote("late".into()))
+        });
+        assert!(e.is_err());
+        assert_eq!(seen, vec![1]);
+        assert!(pm.alive(1));
+    }
+}
