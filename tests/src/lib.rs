@@ -48,6 +48,38 @@ pub fn check_every_collective(comm: &oxccl::Comm, root: usize, sizes: &[usize]) 
     }
 }
 
+/// One checked all-reduce (float32 sum, in place) of iteration `it`'s
+/// random data (each rank's from its own seed); the number of wrong
+/// elements, or the call's error.
+pub fn checked_all_reduce(comm: &oxccl::Comm, it: u64, buf: &mut [u8]) -> oxccl::Result<u64> {
+    let (dtype, op) = (oxccl::DataType::Float32, oxccl::RedOp::Sum);
+    let seed = 0x5eed ^ (it << 20);
+    check::fill(buf, seed, comm.user_rank(), 0, dtype, op);
+    comm.all_reduce(None, buf, dtype, op)?;
+    Ok(check::count_wrong(buf, dtype, 0, |i| {
+        check::reduced(seed, comm.count(), i, dtype, op)
+    }))
+}
+
+/// Every survivor's output (rank, stdout) has a line `EXCLUDE <failure
+/// record>` naming the ranks `want`, and every record is the same (ranks,
+/// collective number and operation); prints each.
+pub fn assert_same_exclude_list(outputs: &[(usize, &str)], want: &[usize]) {
+    let mut first: Option<oxccl::Failure> = None;
+    for (rank, out) in outputs {
+        let line = out
+            .lines()
+            .find_map(|l| l.split_once("EXCLUDE ").map(|(_, r)| r))
+            .unwrap_or_else(|| panic!("rank {rank} printed no exclude list:\n{out}"));
+        let f = oxccl::Failure::parse(line)
+            .unwrap_or_else(|| panic!("rank {rank} printed no failure record: {line}"));
+        assert_eq!(f.ranks, want, "rank {rank}'s exclude list: {line}");
+        eprintln!("rank {rank}: {line}");
+        let first = first.get_or_insert_with(|| f.clone());
+        assert_eq!(*first, f, "survivors' failure records differ");
+    }
+}
+
 /// In a child: runs `body` as this rank and returns true. In the parent:
 /// returns false (the parent then calls [`spawn`]).
 pub fn as_child(name: &str, body: impl FnOnce(Rank)) -> bool {
