@@ -7,6 +7,7 @@ use std::time::Duration;
 pub mod gpu;
 
 pub use oxccl_cli::check;
+pub use oxccl_cli::check::checked_all_reduce;
 use oxccl_cli::launch::{self, Finished, Output};
 
 const CHILD: &str = "OXCCL_TEST_CHILD";
@@ -46,19 +47,6 @@ pub fn check_every_collective(comm: &oxccl::Comm, root: usize, sizes: &[usize]) 
             assert_eq!(case.check_once(comm).unwrap(), 0, "{case:?}");
         }
     }
-}
-
-/// One checked all-reduce (float32 sum, in place) of iteration `it`'s
-/// random data (each rank's from its own seed); the number of wrong
-/// elements, or the call's error.
-pub fn checked_all_reduce(comm: &oxccl::Comm, it: u64, buf: &mut [u8]) -> oxccl::Result<u64> {
-    let (dtype, op) = (oxccl::DataType::Float32, oxccl::RedOp::Sum);
-    let seed = 0x5eed ^ (it << 20);
-    check::fill(buf, seed, comm.user_rank(), 0, dtype, op);
-    comm.all_reduce(None, buf, dtype, op)?;
-    Ok(check::count_wrong(buf, dtype, 0, |i| {
-        check::reduced(seed, comm.count(), i, dtype, op)
-    }))
 }
 
 /// Every survivor's output (rank, stdout) has a line `EXCLUDE <failure
