@@ -325,6 +325,19 @@ pub fn check(
     }
 }
 
+/// One checked all-reduce (float32 sum, in place) of iteration `it`'s
+/// random data (each rank's from its own seed): the number of wrong
+/// elements, or the call's error.
+pub fn checked_all_reduce(comm: &oxccl::Comm, it: u64, buf: &mut [u8]) -> oxccl::Result<u64> {
+    let (dtype, op) = (DataType::Float32, RedOp::Sum);
+    let seed = 0x5eed ^ (it << 20);
+    fill(buf, seed, comm.user_rank(), 0, dtype, op);
+    comm.all_reduce(None, buf, dtype, op)?;
+    Ok(count_wrong(buf, dtype, 0, |i| {
+        reduced(seed, comm.count(), i, dtype, op)
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,3 +6,4 @@ pub mod info;
 pub mod launch;
 pub mod perf;
 mod perf_device;
+pub mod recover;

@@ -12,6 +12,8 @@ struct Cli {
 enum Cmd {
     /// Benchmark and check collectives (nccl-tests' columns).
     Perf(Box<oxccl_cli::perf::PerfArgs>),
+    /// Time to recover from a lost rank (detect + shrink), on host memory.
+    Recover(oxccl_cli::recover::RecoverArgs),
     /// Resolved settings, networks and interfaces.
     Info,
     /// Prints a fresh random key for NCCL_SOCKET_KEY_FILE (64 hex digits):
@@ -24,6 +26,7 @@ fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Perf(a) => oxccl_cli::perf::main(*a),
+        Cmd::Recover(a) => oxccl_cli::recover::main(a),
         Cmd::Info => oxccl_cli::info::main(),
         Cmd::Keygen => oxccl_secure::Key::generate()
             .map(|k| {

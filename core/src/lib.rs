@@ -6,7 +6,7 @@ pub mod config;
 pub mod cuda;
 pub mod error;
 
-pub use error::{Error, Result};
+pub use error::{Error, Failure, Result};
 pub mod dtype;
 pub mod reduce;
 

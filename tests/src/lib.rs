@@ -7,6 +7,7 @@ use std::time::Duration;
 pub mod gpu;
 
 pub use oxccl_cli::check;
+pub use oxccl_cli::check::checked_all_reduce;
 use oxccl_cli::launch::{self, Finished, Output};
 
 const CHILD: &str = "OXCCL_TEST_CHILD";
@@ -45,6 +46,25 @@ pub fn check_every_collective(comm: &oxccl::Comm, root: usize, sizes: &[usize]) 
             };
             assert_eq!(case.check_once(comm).unwrap(), 0, "{case:?}");
         }
+    }
+}
+
+/// Every survivor's output (rank, stdout) has a line `EXCLUDE <failure
+/// record>` naming the ranks `want`, and every record is the same (ranks,
+/// collective number and operation); prints each.
+pub fn assert_same_exclude_list(outputs: &[(usize, &str)], want: &[usize]) {
+    let mut first: Option<oxccl::Failure> = None;
+    for (rank, out) in outputs {
+        let line = out
+            .lines()
+            .find_map(|l| l.split_once("EXCLUDE ").map(|(_, r)| r))
+            .unwrap_or_else(|| panic!("rank {rank} printed no exclude list:\n{out}"));
+        let f = oxccl::Failure::parse(line)
+            .unwrap_or_else(|| panic!("rank {rank} printed no failure record: {line}"));
+        assert_eq!(f.ranks, want, "rank {rank}'s exclude list: {line}");
+        eprintln!("rank {rank}: {line}");
+        let first = first.get_or_insert_with(|| f.clone());
+        assert_eq!(*first, f, "survivors' failure records differ");
     }
 }
 

@@ -12,26 +12,14 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{raise, Signal};
 use oxccl::{Comm, CommConfig, DataType, InitState, RedOp, ShrinkMode, UniqueId, SPLIT_NOCOLOR};
 use oxccl_cli::perf::Case;
-use oxccl_tests::check::{self, Coll};
-use oxccl_tests::{as_child, spawn, Rank};
+use oxccl_tests::check::Coll;
+use oxccl_tests::{as_child, checked_all_reduce, spawn, Rank};
 
 /// The rank that dies: not the last, so that the survivors are renumbered.
 const VICTIM: usize = 1;
 /// Seconds a survivor may wait on the dead rank before failing.
 const TIMEOUT_S: u64 = 4;
 const ELEMS: usize = 16 << 10;
-
-/// One checked all-reduce of iteration `it`'s random floats (each rank's
-/// from its own seed); the number of wrong elements, or the call's error.
-fn all_reduce_once(comm: &Comm, it: u64, buf: &mut [u8]) -> oxccl::Result<u64> {
-    let (dtype, op) = (DataType::Float32, RedOp::Sum);
-    let seed = 0x5eed ^ (it << 20);
-    check::fill(buf, seed, comm.user_rank(), 0, dtype, op);
-    comm.all_reduce(None, buf, dtype, op)?;
-    Ok(check::count_wrong(buf, dtype, 0, |i| {
-        check::reduced(seed, comm.count(), i, dtype, op)
-    }))
-}
 
 /// Every collective once, in and out of place, on two datatypes.
 fn every_collective(comm: &Comm) -> Vec<String> {
@@ -103,7 +91,7 @@ fn survive(r: Rank, mode: ShrinkMode, revoke_first: bool, fault: Fault) {
     let mut it = 0u64;
     let mut last_ok = Instant::now();
     let err = loop {
-        match all_reduce_once(&comm, it, &mut buf) {
+        match checked_all_reduce(&comm, it, &mut buf) {
             Ok(0) => {}
             Ok(w) => panic!("rank {}: all_reduce #{it}: {w} wrong elements", r.rank),
             Err(e) => break e,
@@ -137,16 +125,26 @@ fn survive(r: Rank, mode: ShrinkMode, revoke_first: bool, fault: Fault) {
         let e = err.to_string();
         assert!(e.contains("not answering (dead or hung): 1"), "{e}");
     }
-    // The failure stays, for the application to see.
+    // The failure stays, for the application to see, with the ranks to
+    // exclude: the same on every survivor (the parent compares them).
     assert!(comm.async_error().is_err());
+    let failure = err
+        .failure()
+        .unwrap_or_else(|| panic!("rank {}: no failure record in: {err}", r.rank));
+    assert_eq!(comm.failure().as_ref(), Some(&failure));
+    assert_eq!(failure.ranks, [VICTIM], "rank {}: {err}", r.rank);
+    assert_eq!(failure.op, "all_reduce");
+    println!("EXCLUDE {}", failure.tag());
     let t = Instant::now();
     if revoke_first {
         assert_eq!(comm.revoke().unwrap(), InitState::Ready);
         assert_eq!(comm.async_error().unwrap(), InitState::Ready);
         assert!(comm.finalize().is_err());
     }
+    // Kept through the revoke.
+    assert_eq!(comm.failure(), Some(failure.clone()));
     let kid = comm
-        .shrink(&[VICTIM], &CommConfig::default(), mode)
+        .shrink(&failure.ranks, &CommConfig::default(), mode)
         .unwrap_or_else(|e| panic!("rank {}: shrink: {e}", r.rank));
     eprintln!(
         "rank {}: {mode:?} shrink (revoke first: {revoke_first}) in {:?}",
@@ -161,7 +159,7 @@ fn survive(r: Rank, mode: ShrinkMode, revoke_first: bool, fault: Fault) {
         nix::sys::signal::kill(pid, Signal::SIGCONT).expect("SIGCONT the victim");
     }
     for i in 0..100 {
-        let w = all_reduce_once(&kid, 1000 + i, &mut buf)
+        let w = checked_all_reduce(&kid, 1000 + i, &mut buf)
             .unwrap_or_else(|e| panic!("rank {}: all_reduce #{i} after shrink: {e}", r.rank));
         assert_eq!(w, 0, "rank {}: all_reduce #{i} after shrink", r.rank);
     }
@@ -179,6 +177,13 @@ fn run_case(name: &str, fault: Fault, env: &[(&str, &str)]) {
     let t = Instant::now();
     let done = spawn(name, 4, &vars, Duration::from_secs(90));
     eprintln!("{name}: {:?}", t.elapsed());
+    let outs: Vec<(usize, &str)> = done
+        .iter()
+        .filter(|f| f.rank != VICTIM)
+        .map(|f| (f.rank, f.stdout.as_str()))
+        .collect();
+    assert_eq!(outs.len(), 3);
+    oxccl_tests::assert_same_exclude_list(&outs, &[VICTIM]);
     for f in &done {
         if f.rank == VICTIM && fault == Fault::Kill {
             use std::os::unix::process::ExitStatusExt;
@@ -253,7 +258,7 @@ fn check_comm(comm: &Comm, n: usize, rank: usize, round: u64) {
     assert_eq!((comm.count(), comm.user_rank()), (n, rank));
     let mut buf = vec![0u8; ELEMS * 4];
     for i in 0..20 {
-        let w = all_reduce_once(comm, round * 100 + i, &mut buf).unwrap();
+        let w = checked_all_reduce(comm, round * 100 + i, &mut buf).unwrap();
         assert_eq!(w, 0, "{n} ranks: all_reduce #{i}");
     }
     let bad = every_collective(comm);

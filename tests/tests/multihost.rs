@@ -1,13 +1,15 @@
 //! Two hosts as network namespaces joined by a veth pair, each with its
 //! own address: ranks find each other through NCCL_COMM_ID, run
-//! collectives, and fail within NCCL_TIMEOUT when the link is cut.
+//! collectives, and fail within NCCL_TIMEOUT when the link is cut; with
+//! four ranks, the three on the near side shrink the far one away and go on.
 //! Skips, saying so, where namespaces cannot be made (not root, no `ip`).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use oxccl::{DataType, RedOp};
+use oxccl::{DataType, RedOp, ShrinkMode};
 use oxccl_cli::launch::{id_to_hex, ENV_ID, ENV_NRANKS, ENV_RANK};
+use oxccl_tests::checked_all_reduce;
 
 const CHILD: &str = "OXCCL_NETNS_CHILD";
 
@@ -66,14 +68,15 @@ impl Hosts {
     fn new(tag: &str) -> Result<Hosts, String> {
         let id = std::process::id() % 10000;
         let ns = [format!("ox{tag}{id}a"), format!("ox{tag}{id}b")];
-        let net = 1
-            + (id % 80)
-            + match tag {
-                "k" => 80,
-                "l" => 160,
-                _ => 0,
-            };
-        let addr = [format!("10.233.{net}.1"), format!("10.233.{net}.2")];
+        // A subnet per test, so that tests running at once do not meet.
+        let (octet, net) = match tag {
+            "k" => (233, 81 + id % 80),
+            "l" => (233, 161 + id % 80),
+            "d" => (235, 1 + id % 120),
+            "a" => (235, 121 + id % 120),
+            _ => (233, 1 + id % 80),
+        };
+        let addr = [format!("10.{octet}.{net}.1"), format!("10.{octet}.{net}.2")];
         let veth = [format!("oxv{tag}{id}a"), format!("oxv{tag}{id}b")];
         let h = Hosts { ns, addr, veth };
         for n in &h.ns {
@@ -153,25 +156,27 @@ impl Hosts {
     }
 
     fn start(&self, test: &str, env: &[(String, String)]) -> Vec<Child> {
+        self.start_on(test, env, &[0, 1])
+    }
+
+    /// Starts rank r of `host.len()` in namespace `host[r]`.
+    fn start_on(&self, test: &str, env: &[(String, String)], host: &[usize]) -> Vec<Child> {
         let exe = std::env::current_exe().unwrap();
-        (0..2)
+        (0..host.len())
             .map(|r| {
                 let mut c = Command::new("ip");
-                c.args(["netns", "exec", &self.ns[r]]).arg(&exe).args([
-                    test,
-                    "--exact",
-                    "--nocapture",
-                    "--test-threads=1",
-                ]);
+                c.args(["netns", "exec", &self.ns[host[r]]])
+                    .arg(&exe)
+                    .args([test, "--exact", "--nocapture", "--test-threads=1"]);
                 c.env(CHILD, test)
                     .env(ENV_RANK, r.to_string())
-                    .env(ENV_NRANKS, "2");
+                    .env(ENV_NRANKS, host.len().to_string());
                 c.env("NCCL_SOCKET_IFNAME", "oxv");
                 // Namespaces share the kernel, host name, boot id and
-                // /dev/shm: each stands for a node only with its own
-                // NCCL_HOSTID (else the ranks would talk through shared
+                // /dev/shm: a rank stands for a node only with its own
+                // NCCL_HOSTID (else ranks would talk through shared
                 // memory, past the link).
-                c.env("NCCL_HOSTID", &self.ns[r]);
+                c.env("NCCL_HOSTID", format!("{}-{r}", self.ns[host[r]]));
                 for (k, v) in env {
                     c.env(k, v);
                 }
@@ -231,6 +236,8 @@ fn setup(tag: &str, test: &str) -> Option<(Hosts, Vec<(String, String)>)> {
             + match tag {
                 "k" => 1000,
                 "l" => 2000,
+                "d" => 3000,
+                "a" => 4000,
                 _ => 0,
             }
     );
@@ -250,7 +257,8 @@ fn child_comm() -> Option<oxccl::Comm> {
         return None;
     }
     let env = oxccl_cli::launch::from_env().unwrap().unwrap();
-    Some(oxccl::Comm::init_rank(2, env.id, env.rank, &oxccl::CommConfig::default()).unwrap())
+    let cfg = oxccl::CommConfig::default();
+    Some(oxccl::Comm::init_rank(env.nranks, env.id, env.rank, &cfg).unwrap())
 }
 
 /// Every collective at each of `sizes` on random data, checked against
@@ -287,8 +295,7 @@ fn cut_link_fails_both_hosts_in_bounded_time() {
         let mut b = vec![0u8; 16 << 20];
         comm.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
             .unwrap();
-        let mark = std::env::var("OXCCL_TEST_MARK").unwrap();
-        std::fs::write(format!("{mark}.{}", comm.user_rank()), b"ready").unwrap();
+        mark_ready(comm.user_rank());
         // The parent cuts the link during one of these.
         let deadline = Instant::now() + Duration::from_secs(40);
         let (e, last) = loop {
@@ -312,20 +319,9 @@ fn cut_link_fails_both_hosts_in_bounded_time() {
     let Some((hosts, mut env)) = setup("k", name) else {
         return;
     };
-    let mark = std::env::temp_dir().join(format!("oxccl-cut-{}", std::process::id()));
-    env.push(("OXCCL_TEST_MARK".into(), mark.display().to_string()));
+    let mark = mark_path("cut", &mut env);
     let children = hosts.start(name, &env);
-    let ready = |r: usize| mark.with_extension(r.to_string()).exists();
-    let start = Instant::now();
-    while !(ready(0) && ready(1)) && start.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // Inside the stream of all-reduces, not between two.
-    std::thread::sleep(Duration::from_millis(300));
-    hosts.cut().unwrap();
-    for r in 0..2 {
-        let _ = std::fs::remove_file(mark.with_extension(r.to_string()));
-    }
+    cut_when_ready(&hosts, &mark, 2);
     let res = wait(children, Duration::from_secs(60));
     for (r, (ok, out)) in res.iter().enumerate() {
         assert!(*ok && out.contains("failed after"), "rank {r}:\n{out}");
@@ -334,6 +330,143 @@ fn cut_link_fails_both_hosts_in_bounded_time() {
             out.lines()
                 .find(|l| l.contains("failed after"))
                 .unwrap_or("")
+        );
+    }
+}
+
+/// Where ranks say they are inside their stream of operations (a file
+/// `<path>.<rank>` each), handed to them in `env`.
+fn mark_path(what: &str, env: &mut Vec<(String, String)>) -> std::path::PathBuf {
+    let mark = std::env::temp_dir().join(format!("oxccl-{what}-{}", std::process::id()));
+    env.push(("OXCCL_TEST_MARK".into(), mark.display().to_string()));
+    mark
+}
+
+/// Writes this rank's mark (see [`mark_path`]).
+fn mark_ready(rank: usize) {
+    let mark = std::env::var("OXCCL_TEST_MARK").unwrap();
+    std::fs::write(format!("{mark}.{rank}"), b"ready").unwrap();
+}
+
+/// Waits (30 s at most) for the marks of `n` ranks, then cuts the link
+/// 300 ms later (inside the stream of operations, not between two) and
+/// removes the marks.
+fn cut_when_ready(hosts: &Hosts, mark: &std::path::Path, n: usize) {
+    let ready = |r: usize| mark.with_extension(r.to_string()).exists();
+    let start = Instant::now();
+    while !(0..n).all(ready) && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    hosts.cut().unwrap();
+    for r in 0..n {
+        let _ = std::fs::remove_file(mark.with_extension(r.to_string()));
+    }
+}
+
+/// The rank alone on the far host, whose link is cut.
+const FAR: usize = 1;
+
+/// A rank's part in [`cut_link_survivors_shrink_and_go_on`]: checked
+/// all-reduces until the link to rank FAR's host goes down; then the
+/// survivors take the exclude list from the error, shrink in `mode`
+/// (revoking first in the default mode) and run 100 checked all-reduces.
+fn cut_then_shrink(comm: &oxccl::Comm, mode: ShrinkMode) {
+    let r = comm.user_rank();
+    let mut buf = vec![0u8; 64 << 10];
+    assert_eq!(checked_all_reduce(comm, 0, &mut buf).unwrap(), 0);
+    mark_ready(r);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut last_ok = Instant::now();
+    let err = (1..)
+        .find_map(|it| match checked_all_reduce(comm, it, &mut buf) {
+            Ok(0) if Instant::now() < deadline => {
+                last_ok = Instant::now();
+                None
+            }
+            Ok(0) => panic!("rank {r}: the link was never cut"),
+            Ok(w) => panic!("rank {r}: all_reduce #{it}: {w} wrong"),
+            Err(e) => Some(e),
+        })
+        .unwrap();
+    let detect = last_ok.elapsed();
+    if r == FAR {
+        println!("FAR RANK ERROR after {detect:?}: {err}");
+        // Cut off: it leaves, as a lost node would.
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        std::process::exit(0);
+    }
+    println!("rank {r}: failed after {detect:?}: {err}");
+    assert!(detect < Duration::from_secs(4 + 5), "rank {r}: {detect:?}");
+    let failure = comm.failure().expect("a failure record");
+    println!("EXCLUDE {}", failure.tag());
+    let t = Instant::now();
+    if mode == ShrinkMode::Default {
+        comm.revoke().unwrap();
+    }
+    let kid = comm
+        .shrink(&failure.ranks, &oxccl::CommConfig::default(), mode)
+        .unwrap_or_else(|e| panic!("rank {r}: shrink: {e}"));
+    let shrink = t.elapsed();
+    assert_eq!(
+        (kid.count(), kid.user_rank()),
+        (3, r - usize::from(r > FAR))
+    );
+    for i in 0..100 {
+        let w = checked_all_reduce(&kid, 1000 + i, &mut buf)
+            .unwrap_or_else(|e| panic!("rank {r}: all_reduce #{i} after shrink: {e}"));
+        assert_eq!(w, 0, "rank {r}: all_reduce #{i} after shrink");
+    }
+    kid.destroy().unwrap();
+    comm.destroy().unwrap();
+    println!("PASS rank {r}: detected in {detect:?}, {mode:?} shrink in {shrink:?}");
+}
+
+/// Four ranks, each its own "host" (NCCL_HOSTID), ranks 0, 2 and 3 in one
+/// namespace and rank 1 alone in the other: the link between the two goes
+/// down inside a stream of all-reduces. The three survivors fail within
+/// NCCL_TIMEOUT (4 s) plus a progress query, all with the same failure
+/// record naming rank 1, shrink it away (revoke + NCCL_SHRINK_DEFAULT,
+/// then NCCL_SHRINK_ABORT alone, each on fresh namespaces) and run 100
+/// more all-reduces, checked.
+#[test]
+fn cut_link_survivors_shrink_and_go_on() {
+    let name = "cut_link_survivors_shrink_and_go_on";
+    if let Some(comm) = child_comm() {
+        let mode = match std::env::var("OXCCL_TEST_SHRINK").as_deref() {
+            Ok("abort") => ShrinkMode::Abort,
+            _ => ShrinkMode::Default,
+        };
+        cut_then_shrink(&comm, mode);
+        return;
+    }
+    for (tag, mode) in [("d", "default"), ("a", "abort")] {
+        let Some((hosts, mut env)) = setup(tag, name) else {
+            return;
+        };
+        env.push(("OXCCL_TEST_SHRINK".into(), mode.into()));
+        let mark = mark_path(&format!("shrink-{mode}"), &mut env);
+        let t = Instant::now();
+        let children = hosts.start_on(name, &env, &[0, 1, 0, 0]);
+        cut_when_ready(&hosts, &mark, 4);
+        let res = wait(children, Duration::from_secs(60));
+        println!("{mode} shrink: all ranks done in {:?}", t.elapsed());
+        let survivors: Vec<(usize, &str)> = res
+            .iter()
+            .enumerate()
+            .filter(|(r, _)| *r != FAR)
+            .map(|(r, (ok, out))| {
+                assert!(*ok && out.contains("PASS"), "rank {r}:\n{out}");
+                println!("{}", out.lines().find(|l| l.contains("PASS")).unwrap());
+                (r, out.as_str())
+            })
+            .collect();
+        oxccl_tests::assert_same_exclude_list(&survivors, &[FAR]);
+        let far = &res[FAR].1;
+        println!(
+            "{}",
+            far.lines().find(|l| l.contains("FAR RANK")).unwrap_or(far)
         );
     }
 }

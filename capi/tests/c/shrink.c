@@ -121,6 +121,15 @@ int main(int argc, char** argv) {
   ncclResult_t st;
   CHECK(ncclCommGetAsyncError(comm, &st));
   EXPECT(st == r, "ncclCommGetAsyncError reports %d after the failure, the operation %d", st, r);
+  /* The exclude list, from the error text alone: oxccl ends it with
+   * "[oxccl failure: ranks=1 seq=N op=all_reduce]". */
+  const char* rec = strstr(ncclGetLastError(NULL), "[oxccl failure: ranks=");
+  int failed = -1;
+  unsigned long long seq = 0;
+  char op[32] = "";
+  EXPECT(rec && sscanf(rec, "[oxccl failure: ranks=%d seq=%llu op=%31[^]]]", &failed, &seq, op) == 3,
+         "no failure record in: %s", ncclGetLastError(NULL));
+  EXPECT(failed == VICTIM && strcmp(op, "all_reduce") == 0, "the record names rank %d, op %s", failed, op);
 
   EXPECT(ncclCommRevoke(comm, 1) == ncclInvalidArgument, "revokeFlags 1 accepted");
   r = ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT);
@@ -131,7 +140,7 @@ int main(int argc, char** argv) {
          "an operation on a revoked communicator accepted");
   EXPECT(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT) == ncclInvalidUsage, "a second revoke accepted");
 
-  int exclude[1] = {VICTIM};
+  int exclude[1] = {failed};
   ncclComm_t kid = NULL;
   EXPECT(ncclCommShrink(comm, exclude, 0, &kid, NULL, NCCL_SHRINK_DEFAULT) == ncclInvalidArgument,
          "an empty exclude list accepted");

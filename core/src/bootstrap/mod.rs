@@ -247,6 +247,10 @@ pub struct Bootstrap {
     timeout: Duration,
     allgathers: AtomicU64,
     barriers: AtomicU64,
+    /// The last [`Bootstrap::query_progress`] answers and when they came,
+    /// which a failure report reuses rather than asking again (a hung rank
+    /// costs the whole wait each time).
+    last_probe: std::sync::Mutex<Option<(Instant, Vec<PeerProgress>)>>,
 }
 
 impl Bootstrap {
@@ -318,6 +322,7 @@ impl Bootstrap {
             service,
             timeout,
             allgathers: AtomicU64::new(0),
+            last_probe: std::sync::Mutex::new(None),
             barriers: AtomicU64::new(0),
         })
     }
@@ -525,7 +530,25 @@ impl Bootstrap {
                 out[p] = PeerProgress::Started(v);
             }
         }
+        *self
+            .last_probe
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((Instant::now(), out.clone()));
         out
+    }
+
+    /// [`Bootstrap::query_progress`]'s answers, taken at most `fresh` ago,
+    /// else asked now.
+    pub fn recent_progress(&self, fresh: Duration) -> Vec<PeerProgress> {
+        let cached = self
+            .last_probe
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() <= fresh)
+            .map(|(_, p)| p.clone());
+        cached.unwrap_or_else(|| self.query_progress())
     }
 
     /// Tells every other rank that this one failed, with `message`; their

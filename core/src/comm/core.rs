@@ -10,10 +10,10 @@ use oxccl_plugin::Net;
 use tracing::{debug, info, warn};
 
 use crate::algo::{self, cost, Algo, Region, Step};
-use crate::bootstrap::Bootstrap;
+use crate::bootstrap::{Bootstrap, PeerProgress};
 use crate::config::Config;
 use crate::dtype::{DataType, RedOp};
-use crate::error::{Error, Result};
+use crate::error::{Error, Failure, Result};
 use crate::exec::device::DeviceComm;
 use crate::exec::header::OpHeader;
 use crate::exec::mem::OpBuffers;
@@ -56,6 +56,11 @@ pub(crate) fn setup_direct(
         }
     }
 }
+/// How a failure record names a group of sends and receives.
+const P2P_OP: &str = "send/recv";
+
+/// How old a progress query's answers a failure record may reuse.
+const PROBE_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A lane's staging slots (receive, send).
 type Staging = Vec<(Vec<u8>, Vec<u8>)>;
@@ -155,6 +160,8 @@ pub(crate) struct Core {
     /// mode from a communicator that is not revoked.
     pub shrink_share: bool,
     direct: Option<exec::direct::Direct>,
+    /// The first failure record of an operation here, kept through a revoke.
+    failure: Mutex<Option<Failure>>,
 }
 
 fn redop_code(op: RedOp) -> u8 {
@@ -263,6 +270,7 @@ impl Core {
             split_share: false,
             shrink_share: false,
             direct,
+            failure: Mutex::new(None),
         })
     }
 
@@ -582,7 +590,7 @@ impl Core {
             .collect();
         let (sends, recvs) = peers_of(&plans, 0);
         self.connect(conns, &sends, &recvs)
-            .map_err(|e| self.failed(e.context(what())))?;
+            .map_err(|e| self.failed(e.context(what()), Some(seq), coll.name()))?;
         let mut lanes: Vec<Lane> = plans
             .into_iter()
             .enumerate()
@@ -622,11 +630,12 @@ impl Core {
         self.put_back(conns, lanes);
         result.map_err(|e| {
             let what = what();
-            self.failed(if e.message().contains(&what) {
+            let e = if e.message().contains(&what) {
                 e
             } else {
                 e.context(what)
-            })
+            };
+            self.failed(e, Some(seq), coll.name())
         })
     }
 
@@ -670,7 +679,15 @@ impl Core {
         let reducer = Reducer::new(op.dtype, op.redop, n);
         let r = d.run(plan, threads, post, bufs, reducer, elem, &ctx);
         drop(event);
-        r.map_err(|e| self.failed(e.context(what())))
+        r.map_err(|e| {
+            let what = what();
+            let e = if e.message().contains(&what) {
+                e
+            } else {
+                e.context(what)
+            };
+            self.failed(e, Some(seq), coll.name())
+        })
     }
 
     /// Takes the connections a lane's steps use out of the table.
@@ -815,7 +832,7 @@ impl Core {
             .map(|k| (P2P_CHANNEL, k.0))
             .collect();
         self.connect(conns, &sends, &recvs)
-            .map_err(|e| self.failed(e))?;
+            .map_err(|e| self.failed(e, None, P2P_OP))?;
         let mut seqs = self
             .p2p_seq
             .lock()
@@ -854,18 +871,75 @@ impl Core {
         let ctx = self.ctx(&what, None, mask);
         let result = exec::run(&mut lanes, &ctx);
         self.put_back(conns, lanes);
-        result.map_err(|e| self.failed(e))
+        result.map_err(|e| self.failed(e, None, P2P_OP))
     }
 
-    /// Tells the other ranks about a failure that started here, so that they
-    /// fail at once rather than at their timeout.
-    fn failed(&self, e: Error) -> Error {
-        let from_peer = self.bootstrap.remote_failure().is_some();
-        if !from_peer && self.stop.reason().is_none() {
+    /// Ends the error of operation `op` (collective number `seq`) with its
+    /// failure record ([`Failure`]): the one a peer's failure notice
+    /// carries, else this rank's own, naming the ranks that do not answer
+    /// a progress query. And tells the other ranks about a failure that
+    /// started here, so that they fail at once rather than at their
+    /// timeout, and take its record.
+    fn failed(&self, e: Error, seq: Option<u64>, op: &str) -> Error {
+        if self.stop.reason().is_some() {
+            return e;
+        }
+        let from_peer = self.bootstrap.remote_failure();
+        let e = match e {
+            Error::Remote(_) | Error::System(_) if e.failure().is_none() => {
+                let theirs = from_peer.as_ref().and_then(|(_, m)| Failure::parse(m));
+                let record = theirs.unwrap_or_else(|| self.failure_record(seq, op));
+                e.append(&record.tag())
+            }
+            e => e,
+        };
+        if let Some(f) = e.failure() {
+            self.failure
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_or_insert(f);
+        }
+        if from_peer.is_none() {
             warn!(target: "oxccl::coll", rank = self.rank, "{e}");
             self.bootstrap.broadcast_failure(&e.to_string());
         }
         e
+    }
+
+    /// This rank's failure record of operation `op` (collective `seq`):
+    /// the ranks that do not answer a progress query, and the lowest
+    /// collective one of those that answer is in (a rank between two
+    /// counts as in the last it started): a rank that finished `seq`
+    /// before the failure reached it has the same record as one that did
+    /// not.
+    fn failure_record(&self, seq: Option<u64>, op: &str) -> Failure {
+        // The timeout path has just asked: no second wait on a hung rank.
+        let progress = self.bootstrap.recent_progress(PROBE_FRESH);
+        let ranks = (0..progress.len())
+            .filter(|&r| progress[r] == PeerProgress::Unreachable)
+            .collect();
+        let seq = seq.map(|mine| {
+            progress
+                .iter()
+                .filter_map(|p| match p {
+                    PeerProgress::Started(n) => n.checked_sub(1),
+                    PeerProgress::Unreachable => None,
+                })
+                .fold(mine, u64::min)
+        });
+        Failure {
+            ranks,
+            seq,
+            op: op.to_string(),
+        }
+    }
+
+    /// The first failure record of an operation here (see [`Failure`]).
+    pub fn failure(&self) -> Option<Failure> {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 

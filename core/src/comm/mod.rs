@@ -665,6 +665,14 @@ impl Comm {
         self.shared.rank
     }
 
+    /// Which ranks took down an operation here, and at which operation
+    /// (see [`crate::Failure`]): the exclude list for [`Comm::shrink`],
+    /// the same on every survivor. `None` while no operation has failed
+    /// because of a peer (or once destroyed); kept through a revoke.
+    pub fn failure(&self) -> Option<crate::Failure> {
+        self.any_core().ok()?.failure()
+    }
+
     /// Marks the communicator failed after an operation error, so that
     /// `async_error` reports it.
     pub(crate) fn record_failure(&self, e: &Error) {
