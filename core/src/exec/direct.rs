@@ -105,14 +105,28 @@ impl Job {
                 let out = span(b, Buf::Output, dst, len)?;
                 mem::fill(out, |d| self.pm.read(peer, base + src as u64, d))
             }
-            Task::Reduce { src, dst, len } => self.reduce(src, dst, len, scratch),
+            Task::Reduce {
+                src,
+                dst,
+                len,
+                everywhere,
+            } => self.reduce(src, dst, len, everywhere, scratch),
         }
     }
 
     /// Own output `[dst, dst+len)` = every rank's input `[src, src+len)`,
     /// a chunk at a time: peers' chunks (and this rank's own, where it is
-    /// the output's memory) are read into scratch, then combined.
-    fn reduce(&self, src: usize, dst: usize, len: usize, scratch: &mut Vec<u8>) -> Result<()> {
+    /// the output's memory) are read into scratch, then combined; with
+    /// `everywhere` each combined chunk, still in cache, is written into
+    /// the same range of every peer's output.
+    fn reduce(
+        &self,
+        src: usize,
+        dst: usize,
+        len: usize,
+        everywhere: bool,
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
         let (n, me) = (self.pm.nranks(), self.pm.rank());
         let chunk = CHUNK - CHUNK % self.elem.max(1);
         if scratch.len() < n * chunk {
@@ -139,6 +153,12 @@ impl Job {
                 inputs.push(mem::staging(slot));
             }
             mem::reduce_all(&self.reducer, out, &inputs);
+            if everywhere {
+                for p in (1..n).map(|k| (me + k) % n) {
+                    let at = self.pm.posted(p).recv + (dst + off) as u64;
+                    mem::view(out, |data| self.pm.write(p, at, data))?;
+                }
+            }
             off += l;
         }
         Ok(())
@@ -311,9 +331,10 @@ pub enum Threads {
 }
 
 /// The direct path's settings for `n` ranks on this host: the smallest
-/// collective it takes (`OXCCL_HOST_DIRECT_MIN` bytes, default 256 KiB:
-/// below it the rings' single hand-off beats three barriers) and its
-/// threads per rank.
+/// collective it takes (`OXCCL_HOST_DIRECT_MIN` bytes, default 512 KiB:
+/// below it the rings' pipelined hand-offs beat two barriers and a
+/// system call per chunk and peer; on 16 cores the two cross between 128
+/// KiB and 1 MiB for 4 to 8 ranks) and its threads per rank.
 pub fn settings(n: usize) -> (usize, Threads) {
     let var = |k: &str| {
         std::env::var(k)
@@ -321,7 +342,7 @@ pub fn settings(n: usize) -> (usize, Threads) {
             .and_then(|v| crate::config::parse_size(&v))
     };
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let min = var("OXCCL_HOST_DIRECT_MIN").unwrap_or(256 << 10) as usize;
+    let min = var("OXCCL_HOST_DIRECT_MIN").unwrap_or(512 << 10) as usize;
     let threads = var("OXCCL_HOST_DIRECT_THREADS")
         .map_or(Threads::Auto((cores / n.max(1)).clamp(1, 8)), |t| {
             Threads::Fixed((t as usize).max(1))

@@ -247,3 +247,13 @@ pub(crate) fn fill<T>(dst: Span, fill: impl FnOnce(&mut [u8]) -> T) -> T {
     // SAFETY: as the contract above says; the slice does not outlive the call.
     fill(unsafe { std::slice::from_raw_parts_mut(dst.ptr, dst.len) })
 }
+
+/// Lets `see` read the bytes of `src` (a bounds-checked span of a live
+/// buffer that no thread writes now).
+pub(crate) fn view<T>(src: Span, see: impl FnOnce(&[u8]) -> T) -> T {
+    if src.len == 0 {
+        return see(&[]);
+    }
+    // SAFETY: as the contract above says; the slice does not outlive the call.
+    see(unsafe { std::slice::from_raw_parts(src.ptr, src.len) })
+}

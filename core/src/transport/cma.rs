@@ -12,11 +12,11 @@
 //! the shared-memory rings carry everything, and the INFO log says why.
 #![allow(unsafe_code)]
 
-use std::io::IoSliceMut;
+use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use nix::sys::uio::{process_vm_readv, RemoteIoVec};
+use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
 
 use crate::error::{Error, Result};
@@ -100,6 +100,25 @@ fn read_from(pid: i32, addr: u64, dst: &mut [u8]) -> std::io::Result<()> {
 
 /// The bootstrap's allgather: every rank's bytes, by rank.
 pub type AllGather<'a> = dyn Fn(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
+
+/// Writes `src` at `addr` in process `pid`.
+fn write_to(pid: i32, addr: u64, src: &[u8]) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < src.len() {
+        let remote = [RemoteIoVec {
+            base: addr as usize + done,
+            len: src.len() - done,
+        }];
+        let local = [IoSlice::new(&src[done..])];
+        match process_vm_writev(Pid::from_raw(pid), &local, &remote) {
+            Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero)),
+            Ok(n) => done += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
 
 /// The ranks' meeting place and the way to their memory.
 pub struct PeerMem {
@@ -251,8 +270,15 @@ impl PeerMem {
                 std::hint::spin_loop();
                 continue;
             }
-            std::thread::yield_now();
-            if !spins.is_multiple_of(1024) {
+            // A rank that is early gives its core to the others' copies
+            // (all its host's cores are in use when every rank runs its
+            // threads): it yields at first, then sleeps a little.
+            if start.elapsed() < Duration::from_micros(50) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            if !spins.is_multiple_of(64) {
                 continue;
             }
             let missing: Vec<usize> = (0..n)
@@ -279,6 +305,17 @@ impl PeerMem {
 
     pub fn rank(&self) -> usize {
         self.me
+    }
+
+    /// Copies `src` to `addr` of `peer`'s memory.
+    pub fn write(&self, peer: usize, addr: u64, src: &[u8]) -> Result<()> {
+        write_to(self.pids[peer], addr, src).map_err(|e| {
+            Error::Remote(format!(
+                "writing {} bytes into rank {peer}'s buffer at {addr:#x} (pid {}): {e}",
+                src.len(),
+                self.pids[peer]
+            ))
+        })
     }
 
     /// Copies `dst.len()` bytes at `addr` of `peer`'s memory into `dst`.
@@ -314,6 +351,9 @@ mod tests {
         let mut dst = vec![0u8; src.len()];
         read_from(std::process::id() as i32, src.as_ptr() as u64, &mut dst).unwrap();
         assert_eq!(src, dst);
+        let mut back = vec![0u8; src.len()];
+        write_to(std::process::id() as i32, back.as_mut_ptr() as u64, &src).unwrap();
+        assert_eq!(src, back);
         assert!(read_from(std::process::id() as i32, 8, &mut dst[..8]).is_err());
     }
 
