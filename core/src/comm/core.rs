@@ -444,10 +444,17 @@ impl Core {
                 forced: self.forced_algo,
             };
             return super::on_device::execute(dc, ops, tuning, prof).map_err(|e| {
-                e.context(format!(
+                let e = e.context(format!(
                     "rank {} (device operations from #{seq})",
                     self.rank
-                ))
+                ));
+                // A peer's failure gets its record and tells the other
+                // ranks at once; a mistake of this caller's stays its own.
+                if !matches!(e, Error::Remote(_) | Error::System(_)) {
+                    return e;
+                }
+                let op = ops.first().map_or("?", |(op, _)| op.kind.name());
+                self.failed(e, Some(seq), op)
             });
         }
         self.execute_host(ops, api)

@@ -132,6 +132,13 @@ impl DeviceConfig {
     /// stays as it is.
     pub fn with_nccl_bounds(mut self, cfg: &crate::config::Config) -> DeviceConfig {
         use crate::config::Source;
+        // A user who set NCCL_TIMEOUT expects every wait on a peer to end
+        // then, the kernels' and the shared-GPU path's included.
+        if cfg.source("TIMEOUT") != Some(&Source::Default)
+            && std::env::var_os("OXCCL_DEV_TIMEOUT_S").is_none()
+        {
+            self.timeout = cfg.timeout();
+        }
         if let ChannelChoice::Topology { min, max } = &mut self.choice {
             if cfg.source("MIN_NCHANNELS") != Some(&Source::Default) {
                 *min = (cfg.min_nchannels as usize).clamp(1, MAX_CHANNELS);
