@@ -336,13 +336,16 @@ impl Queue {
                     break;
                 }
                 // A large payload's records start with it, so that the
-                // receiver can open them straight in its buffer; a small
-                // one shares its header's record (one record, one read).
-                let parts = if op.header_done < HEADER && len >= DIRECT_FROM {
-                    [&op.header[op.header_done..], &[][..]]
-                } else {
-                    [&op.header[op.header_done..], &payload[op.payload_done..]]
-                };
+                // receiver can open them straight in its buffer: its header
+                // is a record of its own (sent with the first batch, in one
+                // system call). A small one shares its header's record (one
+                // record, one read).
+                if op.header_done < HEADER && len >= DIRECT_FROM {
+                    op.header_done += sess
+                        .seal(&[&op.header[op.header_done..]], HEADER)
+                        .map_err(|e| secure_error(&self.peer, e))?;
+                }
+                let parts = [&op.header[op.header_done..], &payload[op.payload_done..]];
                 let n = sess
                     .seal(&parts, SEAL_BATCH)
                     .map_err(|e| secure_error(&self.peer, e))?;
