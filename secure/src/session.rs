@@ -548,7 +548,8 @@ impl Session {
             (_, Some(len)) => LEN + len.min(MAX_PLAIN) + TAG,
             (_, None) => LEN,
         };
-        let want = need.saturating_sub(self.inb.len()).max(most);
+        // At least a byte: a read of nothing would look like the end.
+        let want = need.saturating_sub(self.inb.len()).max(most).max(1);
         let room = self.inb.room(want);
         let n = recv(&mut room[..want])?;
         self.inb.commit(n);
