@@ -32,10 +32,11 @@ if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
   echo "secure_perf: needs root and iproute2 (ip) for the network namespaces" >&2
   exit 1
 fi
-key=$(mktemp)
-trap 'rm -f "$key"' EXIT
-chmod 600 "$key"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+key=$tmp/key
 "$oxccl" keygen >"$key"
+chmod 600 "$key"
 
 echo "# $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(uname -r)"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -54,10 +55,16 @@ for i in 1 2; do
 done
 echo
 
-# busbw out-of-place / in-place of one run; "-" if it failed.
+# busbw out-of-place / in-place and #wrong of one run; "-" (and both
+# ranks' last lines on stderr) if it failed.
 perf_run() {
-  env "$@" LOG1=/dev/null "$here/netns_perf.sh" "$oxccl" --op all_reduce -b "$size" -e "$size" -n 20 -w 5 2>&1 |
-    awk '/^ *[0-9]+ +[0-9]+ +float/ {printf "%s %s %s %s", $8, $12, $9, $13; found=1} END {if (!found) printf "- - - -"}'
+  env "$@" LOG1="$tmp/rank1.log" "$here/netns_perf.sh" "$oxccl" --op all_reduce -b "$size" -e "$size" \
+    -n 20 -w 5 >"$tmp/rank0.log" 2>&1 || true
+  if ! awk '/^ *[0-9]+ +[0-9]+ +float/ {printf "%s %s %s %s", $8, $12, $9, $13; found=1}
+            END {exit !found}' "$tmp/rank0.log"; then
+    printf -- "- - - -"
+    { echo "secure_perf: a run failed ($*):"; tail -n 5 "$tmp/rank0.log" "$tmp/rank1.log"; } >&2
+  fi
 }
 
 settings=("${THREADS:-default}")

@@ -119,9 +119,8 @@ fn main() {
         open += t1.elapsed().as_secs_f64();
     }
     println!(
-        "{} records of {} KiB, {mib} MiB: seal {:.2} GB/s (copy into the send buffer included), open {:.2} GB/s (one copy from the wire, as a socket read)",
+        "session ({}), {mib} MiB: seal {:.2} GB/s (copy into the send buffer included), open {:.2} GB/s (one copy from the wire, as a socket read)",
         oxccl_secure::describe(),
-        MAX_PLAIN >> 10,
         gb / seal,
         gb / open
     );
