@@ -3,7 +3,8 @@
 //! TCP connection oxccl owns (the bootstrap's, the root's, and the socket
 //! network's control and data connections) then opens with a Noise
 //! `NNpsk0` handshake, which both sides pass only if they hold the key, and
-//! carries AES-256-GCM records from then on.
+//! carries AES-256-GCM records (ring's, under the keys the handshake ends
+//! with) from then on.
 //!
 //! - [`key`]: the setting and the key file;
 //! - [`session`]: the handshake and record layer without sockets;
@@ -24,7 +25,10 @@ pub use stream::SecureStream;
 
 /// What the logs and `oxccl info` say the connections run.
 pub fn describe() -> String {
-    format!("{NOISE_PARAMS} (pre-shared key, {CIPHER} records)")
+    format!(
+        "{NOISE_PARAMS} handshake (pre-shared key), {CIPHER} records of up to {} KiB",
+        session::MAX_PLAIN >> 10
+    )
 }
 
 #[cfg(test)]

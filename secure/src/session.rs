@@ -3,25 +3,34 @@
 //! (or the buffer it fills), plaintext comes out of [`Session::open`];
 //! plaintext goes in through [`Session::seal`], bytes for the wire come out
 //! through [`Session::flush_with`]. Blocking and non-blocking callers drive
-//! it alike.
+//! it alike; [`Session::read_from`] reads large records from a socket
+//! straight into the caller's buffer and decrypts them there.
 //!
-//! On the wire every message is a record: a 2-byte big-endian length, then
-//! that many bytes (Noise's framing). The exchange:
+//! The exchange, each handshake message framed by a 2-byte big-endian
+//! length:
 //!
 //! 1. initiator -> responder: Noise `NNpsk0` message 1 (`psk, e`: 48 bytes,
 //!    an AEAD tag keyed by the pre-shared key, so a wrong key fails here);
 //! 2. responder -> initiator: message 2 (`e, ee`: 48 bytes);
-//! 3. initiator -> responder: an empty transport record, the key
-//!    confirmation. A replayed message 1 gets past step 1 but cannot make
-//!    this record (it needs the initiator's ephemeral secret), so the
-//!    responder lets nothing through before it.
+//! 3. initiator -> responder: an empty record, the key confirmation. A
+//!    replayed message 1 gets past step 1 but cannot make this record (it
+//!    needs the initiator's ephemeral secret), so the responder lets
+//!    nothing through before it.
 //!
-//! Then records of at most 65519 plaintext bytes (Noise's 65535 less the
-//! tag), each with its own nonce: a record altered, dropped, reordered or
-//! replayed fails authentication and ends the connection.
+//! Then records, with the two keys Noise's handshake ends with (one per
+//! direction) used by ring's AES-256-GCM directly: a 4-byte big-endian
+//! plaintext length (at most [`MAX_PLAIN`], authenticated as the record's
+//! associated data), the ciphertext, the 16-byte tag; the nonce is the
+//! record's number in its direction. Noise's own transport messages stop at
+//! 64 KiB and copy every byte in and out of its buffers; these records are
+//! four times larger and are opened where they land. A record altered,
+//! dropped, reordered or replayed fails authentication and ends the
+//! connection.
 
-use std::io::{self, ErrorKind, Read, Write};
+use std::io::{self, ErrorKind, IoSliceMut, Read, Write};
+use std::time::{Duration, Instant};
 
+use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM};
 use snow::resolvers::{DefaultResolver, FallbackResolver, RingResolver};
 
 use crate::key::Key;
@@ -31,19 +40,34 @@ use crate::key::Key;
 pub const NOISE_PARAMS: &str = "Noise_NNpsk0_25519_AESGCM_SHA256";
 /// The cipher of the records, as logs name it.
 pub const CIPHER: &str = "AES-256-GCM";
-/// Largest record body (Noise's limit).
-pub const MAX_RECORD: usize = 65535;
 const TAG: usize = 16;
-/// Largest plaintext of one record.
-pub const MAX_PLAIN: usize = MAX_RECORD - TAG;
-const LEN: usize = 2;
+/// Largest plaintext of one record: large enough that the per-record costs
+/// (a header, a tag, a call into the cipher) vanish, small enough to stay
+/// in a core's L2 cache between the copy and the cipher.
+pub const MAX_PLAIN: usize = 256 << 10;
+/// Length prefix of a handshake message.
+const HS_LEN: usize = 2;
+/// Length prefix of a record.
+const LEN: usize = 4;
 /// Both handshake messages: an ephemeral key and the tag of an empty payload.
 pub const HANDSHAKE_MESSAGE: usize = 32 + TAG;
-/// Plaintext sealed per [`Session::seal`] call at most, so that a large
-/// write interleaves encryption and sending.
-pub const SEAL_BATCH: usize = 1 << 20;
-/// Most ciphertext read from the socket in one call.
-const READ_CHUNK: usize = 1 << 20;
+/// Plaintext sealed per [`Session::seal`] call in [`Session::send_all`] and
+/// by the socket network: a large write interleaves encryption and sending,
+/// and one system call sends four records (batches of one record measured
+/// no faster on the 2-core VM, docs/PERF.md).
+pub const SEAL_BATCH: usize = 4 * MAX_PLAIN;
+/// Records from this size on are read by [`Session::read_from`] straight
+/// into the caller's buffer (when they fit there); smaller ones go through
+/// the session's buffer, where one read brings in many.
+pub const DIRECT_FROM: usize = 16 << 10;
+/// Most bytes [`Session::read_from`] reads ahead into the session's buffer
+/// while it does not know what comes: little, so that the start of a large
+/// record is seldom caught there (and copied out later).
+const READ_AHEAD: usize = 16 << 10;
+/// Bytes read past a record being received straight into the caller's
+/// buffer: the next record's length (and a small record after it), so that
+/// the next large one can start there too without a read of its own.
+const LOOKAHEAD: usize = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -91,9 +115,45 @@ impl From<SecureError> for io::Error {
 enum State {
     Handshake(Box<snow::HandshakeState>),
     /// Responder: message 2 sent, waiting for the confirmation record.
-    Confirm(Box<snow::TransportState>),
-    Ready(Box<snow::TransportState>),
+    Confirm(Box<Keys>),
+    Ready(Box<Keys>),
     Broken,
+}
+
+/// The record keys, one per direction, and each direction's next nonce.
+struct Keys {
+    tx: LessSafeKey,
+    rx: LessSafeKey,
+    sent: u64,
+    received: u64,
+}
+
+impl Keys {
+    /// Noise's split: the first key protects what the initiator sends.
+    fn from_split(role: Role, (k1, k2): ([u8; 32], [u8; 32])) -> Result<Keys, SecureError> {
+        let key = |k: &[u8; 32]| {
+            UnboundKey::new(&AES_256_GCM, k)
+                .map(LessSafeKey::new)
+                .map_err(|_| SecureError::Protocol("cannot make a record key".into()))
+        };
+        let (tx, rx) = match role {
+            Role::Initiator => (key(&k1)?, key(&k2)?),
+            Role::Responder => (key(&k2)?, key(&k1)?),
+        };
+        Ok(Keys {
+            tx,
+            rx,
+            sent: 0,
+            received: 0,
+        })
+    }
+}
+
+/// The nonce of record `n` of a direction: never reused under its key.
+fn nonce(n: u64) -> Nonce {
+    let mut b = [0u8; 12];
+    b[4..].copy_from_slice(&n.to_be_bytes());
+    Nonce::assume_unique_for_key(b)
 }
 
 /// A growable byte queue: `data[lo..hi]` is pending.
@@ -134,24 +194,42 @@ impl Buf {
     }
 }
 
-/// The next whole record in `inb`: where its body starts, and its length.
-fn next_record(inb: &Buf) -> Option<(usize, usize)> {
+/// The next whole handshake message in `inb`: where its body starts, and
+/// its length.
+fn next_message(inb: &Buf) -> Option<(usize, usize)> {
     let p = inb.pending();
     let len = u16::from_be_bytes([*p.first()?, *p.get(1)?]) as usize;
-    (p.len() >= LEN + len).then_some((inb.lo + LEN, len))
+    (p.len() >= HS_LEN + len).then_some((inb.lo + HS_LEN, len))
+}
+
+/// The plaintext length a record's header announces, once it is in.
+fn record_len(p: &[u8]) -> Option<usize> {
+    let h: [u8; LEN] = p.get(..LEN)?.try_into().ok()?;
+    Some(u32::from_be_bytes(h) as usize)
+}
+
+/// A record being read straight into the caller's buffer: its ciphertext
+/// fills `buf[..len]` of the buffer that starts at `at`, its tag `tag`.
+struct Direct {
+    at: usize,
+    header: [u8; LEN],
+    len: usize,
+    got: usize,
+    tag: [u8; TAG],
+    tag_got: usize,
 }
 
 /// One side of one encrypted connection.
 pub struct Session {
     role: Role,
     state: State,
-    /// Ciphertext received, not yet opened.
+    /// Bytes received, not yet opened.
     inb: Buf,
-    /// Ciphertext to send.
+    /// Bytes to send.
     out: Buf,
     /// Opened plaintext not yet taken.
     plain: Buf,
-    records_in: u64,
+    direct: Option<Direct>,
 }
 
 fn internal(e: snow::Error) -> SecureError {
@@ -183,7 +261,7 @@ impl Session {
             inb: Buf::default(),
             out: Buf::default(),
             plain: Buf::default(),
-            records_in: 0,
+            direct: None,
         };
         if role == Role::Initiator {
             s.write_handshake()?;
@@ -201,10 +279,11 @@ impl Session {
         self.out.len()
     }
 
-    /// Ciphertext received and not yet opened (a partial record at the end
-    /// of a stream means it was cut).
+    /// Bytes received and not yet taken as plaintext (a partial record at
+    /// the end of a stream means it was cut).
     pub fn pending_in(&self) -> usize {
-        self.inb.len() + self.plain.len()
+        let d = self.direct.as_ref().map_or(0, |d| LEN + d.got + d.tag_got);
+        self.inb.len() + self.plain.len() + d
     }
 
     fn write_handshake(&mut self) -> Result<(), SecureError> {
@@ -215,11 +294,16 @@ impl Session {
         };
         let mut m = [0u8; 2 * HANDSHAKE_MESSAGE];
         let n = hs.write_message(&[], &mut m).map_err(internal)?;
-        let room = self.out.room(LEN + n);
-        room[..LEN].copy_from_slice(&(n as u16).to_be_bytes());
-        room[LEN..LEN + n].copy_from_slice(&m[..n]);
-        self.out.commit(LEN + n);
+        let room = self.out.room(HS_LEN + n);
+        room[..HS_LEN].copy_from_slice(&(n as u16).to_be_bytes());
+        room[HS_LEN..HS_LEN + n].copy_from_slice(&m[..n]);
+        self.out.commit(HS_LEN + n);
         Ok(())
+    }
+
+    fn broken(&mut self, e: SecureError) -> SecureError {
+        self.state = State::Broken;
+        e
     }
 
     /// Runs the handshake over the records that have come in; queues the
@@ -237,64 +321,89 @@ impl Session {
                     // Judge the length as soon as it is in: a peer speaking
                     // in clear is refused without waiting for more bytes.
                     let p = self.inb.pending();
-                    if p.len() >= LEN {
+                    if p.len() >= HS_LEN {
                         let len = u16::from_be_bytes([p[0], p[1]]) as usize;
                         if len != HANDSHAKE_MESSAGE {
-                            self.state = State::Broken;
-                            return Err(if self.role == Role::Responder {
+                            let e = if self.role == Role::Responder {
                                 SecureError::NotEncrypted { len }
                             } else {
                                 SecureError::Protocol(format!(
                                     "a key-exchange answer of {len} bytes (expected {HANDSHAKE_MESSAGE})"
                                 ))
-                            });
+                            };
+                            return Err(self.broken(e));
                         }
                     }
-                    let Some((at, len)) = next_record(&self.inb) else {
+                    let Some((at, len)) = next_message(&self.inb) else {
                         return Ok(());
                     };
                     let mut scratch = [0u8; HANDSHAKE_MESSAGE];
                     let r = hs.read_message(&self.inb.data[at..at + len], &mut scratch);
-                    self.inb.consume(LEN + len);
+                    self.inb.consume(HS_LEN + len);
                     if r.is_err() {
-                        self.state = State::Broken;
-                        return Err(SecureError::WrongKey);
+                        return Err(self.broken(SecureError::WrongKey));
                     }
                     if self.role == Role::Responder {
                         self.write_handshake()?;
                     }
-                    let State::Handshake(hs) = std::mem::replace(&mut self.state, State::Broken)
-                    else {
+                    let State::Handshake(hs) = &mut self.state else {
                         unreachable!("matched above")
                     };
-                    let t = Box::new(hs.into_transport_mode().map_err(internal)?);
+                    if !hs.is_handshake_finished() {
+                        return Err(self.broken(SecureError::Protocol(
+                            "the key exchange did not finish after two messages".into(),
+                        )));
+                    }
+                    let mut split = hs.dangerously_get_raw_split();
+                    let keys = Keys::from_split(self.role, split);
+                    // The raw keys live on in ring's key schedule only.
+                    split.0.fill(0);
+                    split.1.fill(0);
+                    let keys = Box::new(keys.map_err(|e| self.broken(e))?);
                     match self.role {
-                        Role::Responder => self.state = State::Confirm(t),
+                        Role::Responder => self.state = State::Confirm(keys),
                         Role::Initiator => {
-                            self.state = State::Ready(t);
+                            self.state = State::Ready(keys);
                             // The confirmation: an empty record.
                             self.seal(&[], 0)?;
                         }
                     }
                 }
-                State::Confirm(t) => {
-                    let Some((at, len)) = next_record(&self.inb) else {
+                State::Confirm(keys) => {
+                    // The confirmation is an empty record: anything else is
+                    // refused as soon as its length is in.
+                    let Some(len) = record_len(self.inb.pending()) else {
                         return Ok(());
                     };
-                    let mut scratch = [0u8; TAG];
-                    let ok = len == TAG
-                        && t.read_message(&self.inb.data[at..at + len], &mut scratch)
-                            .is_ok();
-                    self.inb.consume(LEN + len);
-                    if !ok {
-                        self.state = State::Broken;
-                        return Err(SecureError::NotConfirmed);
+                    if len != 0 {
+                        return Err(self.broken(SecureError::NotConfirmed));
                     }
-                    let State::Confirm(t) = std::mem::replace(&mut self.state, State::Broken)
+                    if self.inb.len() < LEN + TAG {
+                        return Ok(());
+                    }
+                    let p = self.inb.pending();
+                    let header: [u8; LEN] = p[..LEN].try_into().expect("length checked");
+                    let tag: [u8; TAG] = p[LEN..LEN + TAG].try_into().expect("length checked");
+                    let ok = keys
+                        .rx
+                        .open_in_place_separate_tag(
+                            nonce(keys.received),
+                            Aad::from(header),
+                            Tag::from(tag),
+                            &mut [],
+                            0..,
+                        )
+                        .is_ok();
+                    self.inb.consume(LEN + TAG);
+                    if !ok {
+                        return Err(self.broken(SecureError::NotConfirmed));
+                    }
+                    keys.received += 1;
+                    let State::Confirm(keys) = std::mem::replace(&mut self.state, State::Broken)
                     else {
                         unreachable!("matched above")
                     };
-                    self.state = State::Ready(t);
+                    self.state = State::Ready(keys);
                 }
             }
         }
@@ -304,45 +413,40 @@ impl Session {
     /// with nothing to seal, one empty record) into records queued for
     /// sending; returns how many plaintext bytes it took.
     pub fn seal(&mut self, parts: &[&[u8]], limit: usize) -> Result<usize, SecureError> {
-        let State::Ready(t) = &mut self.state else {
+        let State::Ready(keys) = &mut self.state else {
             return Err(SecureError::Protocol(
                 "data sealed before the key exchange finished".into(),
             ));
         };
         let total: usize = parts.iter().map(|p| p.len()).sum::<usize>().min(limit);
-        let mut gather = Vec::new();
         let (mut part, mut off, mut taken) = (0, 0, 0);
         loop {
             let n = (total - taken).min(MAX_PLAIN);
-            // The record's plaintext: a slice of one part when it lies in
-            // one (no copy), else gathered.
-            while part < parts.len() && off == parts[part].len() {
-                (part, off) = (part + 1, 0);
-            }
-            let plain: &[u8] = if n == 0 {
-                &[]
-            } else if parts[part].len() - off >= n {
-                let s = &parts[part][off..off + n];
-                off += n;
-                s
-            } else {
-                gather.clear();
-                while gather.len() < n {
-                    while off == parts[part].len() {
-                        (part, off) = (part + 1, 0);
-                    }
-                    let k = (n - gather.len()).min(parts[part].len() - off);
-                    gather.extend_from_slice(&parts[part][off..off + k]);
-                    off += k;
-                }
-                &gather
-            };
             let room = self.out.room(LEN + n + TAG);
-            let m = t
-                .write_message(plain, &mut room[LEN..LEN + n + TAG])
-                .map_err(internal)?;
-            room[..LEN].copy_from_slice(&(m as u16).to_be_bytes());
-            self.out.commit(LEN + m);
+            let header = (n as u32).to_be_bytes();
+            room[..LEN].copy_from_slice(&header);
+            // ring seals in place: the plaintext is gathered into the
+            // output first (a copy the cipher then finds in cache).
+            let mut at = LEN;
+            while at < LEN + n {
+                while off == parts[part].len() {
+                    (part, off) = (part + 1, 0);
+                }
+                let k = (LEN + n - at).min(parts[part].len() - off);
+                room[at..at + k].copy_from_slice(&parts[part][off..off + k]);
+                (at, off) = (at + k, off + k);
+            }
+            let tag = keys
+                .tx
+                .seal_in_place_separate_tag(
+                    nonce(keys.sent),
+                    Aad::from(header),
+                    &mut room[LEN..LEN + n],
+                )
+                .map_err(|_| SecureError::Protocol("the cipher refused to seal".into()))?;
+            keys.sent += 1;
+            room[LEN + n..LEN + n + TAG].copy_from_slice(tag.as_ref());
+            self.out.commit(LEN + n + TAG);
             taken += n;
             if taken == total {
                 return Ok(taken);
@@ -350,9 +454,20 @@ impl Session {
         }
     }
 
-    /// Plaintext into `buf`: what was opened before, else the records that
-    /// are in (straight into `buf` where a whole one fits). 0 when nothing
-    /// is in (or `buf` is empty).
+    /// The length of the record at the head of `inb`, refused at once if it
+    /// exceeds the limit (a stranger's garbage, or a lost framing).
+    fn head_len(&mut self) -> Result<Option<usize>, SecureError> {
+        match record_len(self.inb.pending()) {
+            Some(len) if len > MAX_PLAIN => Err(self.broken(SecureError::Protocol(format!(
+                "a record of {len} bytes (at most {MAX_PLAIN})"
+            )))),
+            r => Ok(r),
+        }
+    }
+
+    /// Plaintext into `buf`: what was opened before, else the whole records
+    /// that are in (decrypted in `buf` where one fits). 0 when nothing is in
+    /// (or `buf` is empty).
     pub fn open(&mut self, buf: &mut [u8]) -> Result<usize, SecureError> {
         if self.plain.len() > 0 {
             let n = buf.len().min(self.plain.len());
@@ -361,39 +476,40 @@ impl Session {
             return Ok(n);
         }
         self.advance()?;
+        if !self.is_ready() || self.direct.is_some() {
+            return Ok(0);
+        }
         let mut got = 0;
         while got < buf.len() {
-            let Some((at, len)) = next_record(&self.inb) else {
+            let Some(len) = self.head_len()? else {
                 break;
             };
-            let State::Ready(t) = &mut self.state else {
-                return Ok(got);
-            };
-            if len < TAG {
-                self.state = State::Broken;
-                return Err(SecureError::Protocol(format!("a record of {len} bytes")));
+            if self.inb.len() < LEN + len + TAG {
+                break;
             }
-            let plen = len - TAG;
-            let ct = &self.inb.data[at..at + len];
-            // ring decrypts in place when the output has room for the tag.
-            let r = if buf.len() - got >= len {
-                t.read_message(ct, &mut buf[got..got + len])
+            let p = self.inb.pending();
+            let header: [u8; LEN] = p[..LEN].try_into().expect("length checked");
+            let tag: [u8; TAG] = p[LEN + len..LEN + len + TAG]
+                .try_into()
+                .expect("length checked");
+            let at = self.inb.lo + LEN;
+            let fits = buf.len() - got >= len;
+            let body = if fits {
+                &mut buf[got..got + len]
             } else {
-                let room = self.plain.room(len);
-                t.read_message(ct, &mut room[..len])
+                // Opened aside, then handed out in pieces.
+                &mut self.plain.room(len)[..len]
             };
-            self.inb.consume(LEN + len);
-            let index = self.records_in;
-            self.records_in += 1;
-            if r.is_err() {
-                self.state = State::Broken;
-                return Err(SecureError::Tampered { index });
+            body.copy_from_slice(&self.inb.data[at..at + len]);
+            self.inb.consume(LEN + len + TAG);
+            if let Err(e) = open_with(&mut self.state, header, tag, body) {
+                return Err(self.broken(e));
             }
-            if buf.len() - got >= len {
-                got += plen;
+            if fits {
+                got += len;
             } else {
-                self.plain.commit(plen);
-                let n = (buf.len() - got).min(plen);
+                self.plain.commit(len);
+                let n = (buf.len() - got).min(len);
                 buf[got..got + n].copy_from_slice(&self.plain.pending()[..n]);
                 self.plain.consume(n);
                 got += n;
@@ -407,18 +523,35 @@ impl Session {
     /// returned (0: end of stream).
     pub fn read_with(
         &mut self,
-        mut recv: impl FnMut(&mut [u8]) -> io::Result<usize>,
+        recv: impl FnMut(&mut [u8]) -> io::Result<usize>,
     ) -> io::Result<usize> {
-        // Enough for the record being received, up to READ_CHUNK ahead.
-        let need = self
-            .inb
-            .pending()
-            .get(..LEN)
-            .map_or(LEN, |l| LEN + u16::from_be_bytes([l[0], l[1]]) as usize);
-        let want = need.saturating_sub(self.inb.len()).max(64 << 10);
+        self.fill(recv, READ_CHUNK)
+    }
+
+    /// Reads at most about `most` bytes into `inb`, more where the record
+    /// being received needs them.
+    fn fill(
+        &mut self,
+        mut recv: impl FnMut(&mut [u8]) -> io::Result<usize>,
+        most: usize,
+    ) -> io::Result<usize> {
+        if self.direct.is_some() {
+            return Err(io::Error::other(
+                "encrypted stream: read_with in the middle of a record read by read_from",
+            ));
+        }
+        let p = self.inb.pending();
+        let need = match (&self.state, record_len(p)) {
+            (State::Handshake(_), _) => p.get(..HS_LEN).map_or(HS_LEN, |l| {
+                HS_LEN + u16::from_be_bytes([l[0], l[1]]) as usize
+            }),
+            (_, Some(len)) => LEN + len.min(MAX_PLAIN) + TAG,
+            (_, None) => LEN,
+        };
+        // At least a byte: a read of nothing would look like the end.
+        let want = need.saturating_sub(self.inb.len()).max(most).max(1);
         let room = self.inb.room(want);
-        let cap = room.len().min(READ_CHUNK.max(want));
-        let n = recv(&mut room[..cap])?;
+        let n = recv(&mut room[..want])?;
         self.inb.commit(n);
         Ok(n)
     }
@@ -452,7 +585,9 @@ impl Session {
             if self.is_ready() {
                 return Ok(true);
             }
-            match self.read_with(|b| s.read(b)) {
+            // Only the handshake's bytes: what follows it is read by
+            // `read_from`, straight into a caller's buffer where it can.
+            match self.fill(|b| s.read(b), 0) {
                 Ok(0) => return Err(SecureError::ClosedInHandshake),
                 Ok(_) => self.advance()?,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
@@ -463,46 +598,162 @@ impl Session {
     }
 
     /// Drives the handshake to its end over a blocking stream (its
-    /// timeouts bound it).
+    /// timeouts bound each wait; see [`Session::handshake_until`] for a
+    /// bound on the whole).
     pub fn handshake<S: Read + Write>(&mut self, s: &mut S) -> Result<(), SecureError> {
         if self.handshake_step(s)? {
             Ok(())
         } else {
-            Err(SecureError::Io(io::Error::new(
-                ErrorKind::TimedOut,
-                "the peer did not finish the key exchange in time",
-            )))
+            Err(timed_out(None))
         }
     }
 
-    /// Plaintext into `buf`: what is buffered, else what one read of `s`
-    /// brings. `None` when `s` has nothing now (a non-blocking socket, or a
+    /// Drives the handshake over a blocking stream until `deadline` at the
+    /// latest: before every read and write, `limit` sets the stream's
+    /// timeouts to the time left, so a peer that trickles its bytes cannot
+    /// stretch the exchange past the deadline.
+    pub fn handshake_until<S: Read + Write>(
+        &mut self,
+        s: &mut S,
+        deadline: Instant,
+        mut limit: impl FnMut(&mut S, Duration) -> io::Result<()>,
+    ) -> Result<(), SecureError> {
+        let started = Instant::now();
+        let waiting =
+            |e: &io::Error| matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(timed_out(Some(deadline.saturating_duration_since(started))));
+            }
+            limit(s, left)?;
+            match self.flush_with(|b| s.write(b)) {
+                Err(e) if waiting(&e) => continue,
+                r => r?,
+            }
+            if self.is_ready() {
+                return Ok(());
+            }
+            match self.fill(|b| s.read(b), 0) {
+                Ok(0) => return Err(SecureError::ClosedInHandshake),
+                Ok(_) => self.advance()?,
+                Err(e) if waiting(&e) || e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Plaintext into `buf`: what is buffered, else what reads of `s`
+    /// bring. `None` when `s` has nothing now (a non-blocking socket, or a
     /// blocking one's timeout); `Some(0)` at the end of the stream (an
     /// error if it cuts a record).
+    ///
+    /// A record of [`DIRECT_FROM`] bytes or more that fits in `buf` is read
+    /// into `buf` and decrypted there, with no copy. If `s` runs dry in the
+    /// middle of one (`None`), its ciphertext stays in `buf` beyond what was
+    /// returned: the next call must pass the same memory from the same
+    /// start (the rest of the buffer, as a caller filling a buffer does),
+    /// else it fails. Bytes changed there in between fail authentication.
     pub fn read_from<S: Read>(
         &mut self,
         s: &mut S,
         buf: &mut [u8],
     ) -> Result<Option<usize>, SecureError> {
         loop {
+            if self.direct.is_some() {
+                match self.read_direct(s, buf)? {
+                    Some(0) => continue,
+                    r => return Ok(r),
+                }
+            }
             let n = self.open(buf)?;
             if n > 0 || buf.is_empty() {
                 return Ok(Some(n));
             }
-            match self.read_with(|b| s.read(b)) {
-                Ok(0) if self.pending_in() == 0 => return Ok(Some(0)),
-                Ok(0) => {
-                    return Err(SecureError::Io(io::Error::new(
-                        ErrorKind::UnexpectedEof,
-                        "the connection ended inside an encrypted record",
-                    )))
+            if self.is_ready() {
+                if let Some(len) = self.head_len()? {
+                    if len >= DIRECT_FROM && len <= buf.len() {
+                        self.start_direct(len, buf);
+                        continue;
+                    }
                 }
+            }
+            match self.fill(|b| s.read(b), READ_AHEAD) {
+                Ok(0) if self.pending_in() == 0 => return Ok(Some(0)),
+                Ok(0) => return Err(cut()),
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    /// Starts reading the record at the head of `inb` (of `len` bytes) into
+    /// `buf`: what of it is in moves there now.
+    fn start_direct(&mut self, len: usize, buf: &mut [u8]) {
+        let p = self.inb.pending();
+        let header: [u8; LEN] = p[..LEN].try_into().expect("length checked");
+        let body = (p.len() - LEN).min(len);
+        buf[..body].copy_from_slice(&p[LEN..LEN + body]);
+        let mut tag = [0u8; TAG];
+        let tag_got = (p.len() - LEN - body).min(TAG);
+        tag[..tag_got].copy_from_slice(&p[LEN + body..LEN + body + tag_got]);
+        self.inb.consume(LEN + body + tag_got);
+        self.direct = Some(Direct {
+            at: buf.as_ptr() as usize,
+            header,
+            len,
+            got: body,
+            tag,
+            tag_got,
+        });
+    }
+
+    /// Reads more of the record being received into `buf`: its plaintext
+    /// length once it is whole and opened, `Some(0)` for an empty one,
+    /// `None` when `s` has nothing now.
+    fn read_direct<S: Read>(
+        &mut self,
+        s: &mut S,
+        buf: &mut [u8],
+    ) -> Result<Option<usize>, SecureError> {
+        let d = self
+            .direct
+            .as_mut()
+            .expect("called with a record in progress");
+        if buf.as_ptr() as usize != d.at || buf.len() < d.len {
+            let e = SecureError::Protocol(
+                "the receive buffer changed in the middle of a record (read_from's contract)"
+                    .into(),
+            );
+            return Err(self.broken(e));
+        }
+        while d.got < d.len || d.tag_got < TAG {
+            let look = self.inb.room(LOOKAHEAD);
+            let mut bufs = [
+                IoSliceMut::new(&mut buf[d.got..d.len]),
+                IoSliceMut::new(&mut d.tag[d.tag_got..]),
+                IoSliceMut::new(&mut look[..LOOKAHEAD]),
+            ];
+            let n = match s.read_vectored(&mut bufs) {
+                Ok(0) => return Err(cut()),
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let body = n.min(d.len - d.got);
+            d.got += body;
+            let tag = (n - body).min(TAG - d.tag_got);
+            d.tag_got += tag;
+            self.inb.commit(n - body - tag);
+        }
+        let d = self.direct.take().expect("checked above");
+        if let Err(e) = open_with(&mut self.state, d.header, d.tag, &mut buf[..d.len]) {
+            return Err(self.broken(e));
+        }
+        Ok(Some(d.len))
     }
 
     /// Seals all of `parts` and sends it over a blocking `s`, in batches of
@@ -528,4 +779,42 @@ impl Session {
             });
         }
     }
+}
+
+/// Most ciphertext [`Session::read_with`] reads in one call.
+const READ_CHUNK: usize = 1 << 20;
+
+fn timed_out(within: Option<Duration>) -> SecureError {
+    let within = within.map_or_else(String::new, |d| format!(" within {:.1} s", d.as_secs_f64()));
+    SecureError::Io(io::Error::new(
+        ErrorKind::TimedOut,
+        format!("the peer did not finish the key exchange{within}"),
+    ))
+}
+
+fn cut() -> SecureError {
+    SecureError::Io(io::Error::new(
+        ErrorKind::UnexpectedEof,
+        "the connection ended inside an encrypted record",
+    ))
+}
+
+/// Opens one record's `body` in place with the receiving key of `state`.
+fn open_with(
+    state: &mut State,
+    header: [u8; LEN],
+    tag: [u8; TAG],
+    body: &mut [u8],
+) -> Result<(), SecureError> {
+    let State::Ready(keys) = state else {
+        return Err(SecureError::Protocol(
+            "a record before the key exchange finished".into(),
+        ));
+    };
+    let index = keys.received;
+    keys.received += 1;
+    keys.rx
+        .open_in_place_separate_tag(nonce(index), Aad::from(header), Tag::from(tag), body, 0..)
+        .map(|_| ())
+        .map_err(|_| SecureError::Tampered { index })
 }

@@ -233,3 +233,134 @@ proptest! {
         prop_assert_eq!(got, msgs.concat());
     }
 }
+
+/// A socket that hands out the wire in pieces of the given sizes, saying
+/// "would block" between them, as a non-blocking socket does.
+struct Chunky {
+    wire: Vec<u8>,
+    at: usize,
+    sizes: Vec<usize>,
+    turn: usize,
+    dry: bool,
+}
+
+impl Chunky {
+    fn new(wire: Vec<u8>, sizes: Vec<usize>) -> Chunky {
+        Chunky {
+            wire,
+            at: 0,
+            sizes,
+            turn: 0,
+            dry: false,
+        }
+    }
+}
+
+impl std::io::Read for Chunky {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.read_vectored(&mut [std::io::IoSliceMut::new(buf)])
+    }
+    fn read_vectored(&mut self, bufs: &mut [std::io::IoSliceMut<'_>]) -> std::io::Result<usize> {
+        self.dry = !self.dry;
+        if self.dry && self.at < self.wire.len() {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        let mut left = self.sizes[self.turn % self.sizes.len()].min(self.wire.len() - self.at);
+        self.turn += 1;
+        let mut n = 0;
+        for b in bufs.iter_mut() {
+            let k = left.min(b.len());
+            b[..k].copy_from_slice(&self.wire[self.at..self.at + k]);
+            (self.at, left, n) = (self.at + k, left - k, n + k);
+        }
+        Ok(n)
+    }
+}
+
+/// Receives `len` bytes into `dst` with `read_from`, as the socket network
+/// does: again and again on the rest of the buffer while the socket is dry.
+fn receive(r: &mut Session, s: &mut Chunky, dst: &mut [u8]) -> Result<(), SecureError> {
+    let mut off = 0;
+    while off < dst.len() {
+        match r.read_from(s, &mut dst[off..])? {
+            Some(0) => panic!("end of stream at {off} of {}", dst.len()),
+            Some(n) => off += n,
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn large_records_open_in_the_callers_buffer_and_it_must_stay() {
+    let (mut i, mut r, _) = connected(&key(3), &key(3)).unwrap();
+    let big: Vec<u8> = (0..2 * MAX_PLAIN + 77)
+        .map(|x| (x * 13 + 5) as u8)
+        .collect();
+    i.seal(&[&big], usize::MAX).unwrap();
+    let mut wire = Vec::new();
+    i.flush_with(|b| {
+        wire.extend_from_slice(b);
+        Ok(b.len())
+    })
+    .unwrap();
+    // The first record arrives in part, then the caller moves its buffer.
+    let mut s = Chunky::new(wire, vec![70_000]);
+    let mut a = vec![0u8; big.len()];
+    let mut got = None;
+    while got.is_none() {
+        got = r.read_from(&mut s, &mut a).unwrap();
+        if s.at > 40_000 {
+            break;
+        }
+    }
+    assert!(got.is_none(), "a record of {MAX_PLAIN} bytes came whole");
+    let mut b = vec![0u8; big.len()];
+    let e = r.read_from(&mut s, &mut b).unwrap_err();
+    assert!(e.to_string().contains("receive buffer changed"), "{e}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Messages of every size, sealed as the socket network seals them and
+    /// received through a socket that runs dry at random points, arrive
+    /// whole, whether their records open in the caller's buffer or aside.
+    #[test]
+    fn read_from_delivers_every_byte_whatever_the_pieces(
+        sizes in proptest::collection::vec(
+            prop_oneof![0usize..100, 15_000usize..20_000, 200_000usize..700_000], 1..5),
+        pieces in proptest::collection::vec(1usize..300_000, 1..8),
+        seed in any::<u8>(),
+    ) {
+        let (mut i, mut r, _) = connected(&key(5), &key(5)).unwrap();
+        let msgs: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| (0..n).map(|x| (x * 31 + k * 7 + seed as usize) as u8).collect())
+            .collect();
+        let mut wire = Vec::new();
+        for m in &msgs {
+            // A small header record, then the payload in batches.
+            i.seal(&[&(m.len() as u32).to_le_bytes()], usize::MAX).unwrap();
+            let mut at = 0;
+            loop {
+                i.flush_with(|b| { wire.extend_from_slice(b); Ok(b.len()) }).unwrap();
+                if at == m.len() {
+                    break;
+                }
+                at += i.seal(&[&m[at..]], crate::session::SEAL_BATCH).unwrap();
+            }
+        }
+        let mut s = Chunky::new(wire, pieces);
+        for m in &msgs {
+            let mut h = [0u8; 4];
+            receive(&mut r, &mut s, &mut h).unwrap();
+            prop_assert_eq!(u32::from_le_bytes(h) as usize, m.len());
+            let mut dst = vec![0xeeu8; m.len()];
+            receive(&mut r, &mut s, &mut dst).unwrap();
+            prop_assert!(dst == *m);
+        }
+        prop_assert_eq!(r.pending_in(), 0);
+    }
+}

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use oxccl_secure::{Key, Role, SecureError, SecureStream};
+use oxccl_secure::{Key, Role, SecureError, SecureStream, Session};
 use tracing::debug;
 
 use super::proto::{self, Frame, FrameReader};
@@ -58,11 +58,17 @@ impl Link {
         let Some(key) = key else {
             return Ok(Link::Plain(s));
         };
-        s.set_read_timeout(Some(wait))?;
+        let mut s = s;
+        let mut sess = Session::new(role, key, &prologue(magic))?;
+        // One deadline for the whole exchange: a peer that trickles its
+        // bytes cannot hold this thread past it.
+        sess.handshake_until(&mut s, Instant::now() + wait, |s, left| {
+            s.set_read_timeout(Some(left))?;
+            s.set_write_timeout(Some(left))
+        })?;
+        s.set_read_timeout(None)?;
         s.set_write_timeout(Some(wait))?;
-        let st = SecureStream::handshake(s, role, key, &prologue(magic))?;
-        st.get_ref().set_read_timeout(None)?;
-        Ok(Link::Secure(Box::new(st)))
+        Ok(Link::Secure(Box::new(SecureStream::from_parts(s, sess))))
     }
 }
 

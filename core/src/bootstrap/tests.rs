@@ -563,3 +563,39 @@ fn a_replayed_message_is_refused_and_a_tampered_one_fails_the_receiver() {
     );
     assert!(bs[1].shared.failure().is_some());
 }
+
+#[test]
+fn a_trickled_key_exchange_ends_at_its_deadline() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    // A stranger that sends a plausible first message one byte every 100 ms
+    // (5 s in all): each read returns before the socket's timeout.
+    let trickle = std::thread::spawn(move || {
+        let mut c = TcpStream::connect(addr).unwrap();
+        for i in 0..50u8 {
+            if c.write_all(&[if i == 1 { 48 } else { 0 }]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let (s, peer) = l.accept().unwrap();
+    let start = Instant::now();
+    let e = tcp::Link::open(
+        s,
+        key(1).as_deref(),
+        oxccl_secure::Role::Responder,
+        7,
+        Duration::from_millis(300),
+    )
+    .err()
+    .expect("a trickled key exchange must not pass");
+    let took = start.elapsed();
+    assert!(
+        e.to_string()
+            .contains("did not finish the key exchange within"),
+        "{peer}: {e}"
+    );
+    assert!(took < Duration::from_secs(3), "held for {took:?}");
+    trickle.join().unwrap();
+}

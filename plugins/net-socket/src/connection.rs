@@ -44,6 +44,13 @@ const INTRO_MAGIC: u32 = 0x4f58_4931; // "OXI1"
 pub const CONNECT_RETRY_FOR: Duration = Duration::from_secs(10);
 const CONNECT_RETRY_EVERY: Duration = Duration::from_millis(10);
 
+/// How long one socket may take from its connect to its introduction (the
+/// key exchange included) on either side: a peer that connects and then
+/// stalls, by fault or on purpose, is dropped after it (with a warning that
+/// names it) instead of being kept, and a listener that never answers fails
+/// the connect. Generous: on a working network both take milliseconds.
+pub const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
+
 /// Binds every session to this network: a bootstrap connection cannot be
 /// passed off as one of ours.
 const PROLOGUE: &[u8] = b"oxccl net-socket v1";
@@ -60,6 +67,9 @@ pub struct Io<'a>(pub &'a Socket);
 impl Read for Io<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         (&*self.0).read(buf)
+    }
+    fn read_vectored(&mut self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        (&*self.0).read_vectored(bufs)
     }
 }
 
@@ -114,6 +124,7 @@ fn intro(conn_id: u64, index: u32) -> [u8; INTRO] {
 /// A socket being opened by the connecting side.
 struct Opening {
     sock: Socket,
+    since: Instant,
     connected: bool,
     intro: [u8; INTRO],
     sent: usize,
@@ -129,10 +140,16 @@ pub struct Connecting {
     started: Instant,
     retry_for: Duration,
     retry_at: Option<Instant>,
+    handshake_wait: Duration,
 }
 
 impl Connecting {
-    pub fn new(handle: Handle, retry_for: Duration, key: Option<Arc<Key>>) -> Connecting {
+    pub fn new(
+        handle: Handle,
+        retry_for: Duration,
+        handshake_wait: Duration,
+        key: Option<Arc<Key>>,
+    ) -> Connecting {
         Connecting {
             handle,
             key,
@@ -141,6 +158,7 @@ impl Connecting {
             started: Instant::now(),
             retry_for,
             retry_at: None,
+            handshake_wait,
         }
     }
 
@@ -180,6 +198,7 @@ impl Connecting {
                 };
                 self.current = Some(Opening {
                     sock,
+                    since: Instant::now(),
                     connected,
                     intro: intro(self.handle.conn_id, index),
                     sent: 0,
@@ -187,6 +206,17 @@ impl Connecting {
                 });
                 continue;
             };
+            if op.since.elapsed() > self.handshake_wait {
+                let what = if op.connected {
+                    "did not answer the key exchange and introduction"
+                } else {
+                    "did not accept the connection"
+                };
+                return Err(NetError::Remote(format!(
+                    "connect to {addr}: the listener {what} within {:?} (a stalled peer, or not an oxccl listener)",
+                    self.handshake_wait
+                )));
+            }
             if !op.connected {
                 if let Some(e) = op.sock.take_error().map_err(sys)? {
                     self.retry_or_fail(e)?;
@@ -264,6 +294,7 @@ fn tune(s: &Socket) {
 /// An accepted socket whose introduction has not fully arrived.
 struct Arriving {
     sock: Socket,
+    since: Instant,
     peer: Option<SocketAddr>,
     intro: [u8; INTRO],
     got: usize,
@@ -275,15 +306,22 @@ struct Arriving {
 pub struct Accepting {
     conn_id: u64,
     key: Option<Arc<Key>>,
+    handshake_wait: Duration,
     arriving: Vec<Arriving>,
     slots: Vec<Option<Stream>>,
 }
 
 impl Accepting {
-    pub fn new(conn_id: u64, nsocks: usize, key: Option<Arc<Key>>) -> Accepting {
+    pub fn new(
+        conn_id: u64,
+        nsocks: usize,
+        handshake_wait: Duration,
+        key: Option<Arc<Key>>,
+    ) -> Accepting {
         Accepting {
             conn_id,
             key,
+            handshake_wait,
             arriving: Vec::new(),
             slots: (0..=nsocks).map(|_| None).collect(),
         }
@@ -299,6 +337,7 @@ impl Accepting {
         };
         self.arriving.push(Arriving {
             sock,
+            since: Instant::now(),
             peer,
             intro: [0; INTRO],
             got: 0,
@@ -313,6 +352,20 @@ impl Accepting {
         let mut i = 0;
         while i < self.arriving.len() {
             let a = &mut self.arriving[i];
+            if a.since.elapsed() > self.handshake_wait {
+                let peer = a.peer.map_or_else(|| "?".to_string(), |p| p.to_string());
+                let what = if a.sess.is_some() {
+                    "finish the key exchange and send its introduction"
+                } else {
+                    "send its introduction"
+                };
+                eprintln!(
+                    "oxccl net-socket: WARN dropped a connection from {peer}: it did not {what} within {:?}",
+                    self.handshake_wait
+                );
+                self.arriving.swap_remove(i);
+                continue;
+            }
             let r = match a.sess.as_mut() {
                 None => (&a.sock).read(&mut a.intro[a.got..]),
                 Some(sess) => {

@@ -50,6 +50,9 @@ pub struct SocketNet {
     connecting: Mutex<HashMap<u64, Connecting>>,
     /// How long a refused connect is retried before it is an error.
     connect_retry: Duration,
+    /// How long one socket may take over its handshake and introduction
+    /// ([`connection::HANDSHAKE_WAIT`]; shorter in tests).
+    handshake_wait: Duration,
     /// With a key (NCCL_SOCKET_KEY_FILE) every socket is authenticated and
     /// encrypted by `oxccl_secure`.
     key: Option<Arc<Key>>,
@@ -116,6 +119,7 @@ impl SocketNet {
             socks_per_thread,
             connecting: Mutex::new(HashMap::new()),
             connect_retry: connection::CONNECT_RETRY_FOR,
+            handshake_wait: connection::HANDSHAKE_WAIT,
             key: None,
         })
     }
@@ -152,6 +156,7 @@ impl Net for SocketNet {
             self.nthreads,
             nsocks,
             conn_id,
+            self.handshake_wait,
             self.key.clone(),
         )
         .map_err(|e| NetError::System(format!("listen on {} ({}): {e}", iface.name, iface.addr)))?;
@@ -176,7 +181,10 @@ impl Net for SocketNet {
             // A fresh handle, or one whose connect already ended: start over.
             _ => {
                 let k = random_u64();
-                map.insert(k, Connecting::new(h, self.connect_retry, self.key.clone()));
+                map.insert(
+                    k,
+                    Connecting::new(h, self.connect_retry, self.handshake_wait, self.key.clone()),
+                );
                 handle::set_connect_key(handle, Some(k));
                 k
             }

@@ -5,6 +5,7 @@
 use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use oxccl_secure::Key;
 
@@ -31,6 +32,7 @@ impl SocketListen {
         nthreads: usize,
         nsocks: usize,
         conn_id: u64,
+        handshake_wait: Duration,
         key: Option<Arc<Key>>,
     ) -> std::io::Result<(SocketListen, SocketAddr)> {
         let listener = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -45,7 +47,7 @@ impl SocketListen {
             SocketListen {
                 listener,
                 nthreads,
-                accepting: Accepting::new(conn_id, nsocks, key),
+                accepting: Accepting::new(conn_id, nsocks, handshake_wait, key),
             },
             local,
         ))

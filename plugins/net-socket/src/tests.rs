@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use oxccl_plugin::{ListenComm, Net, NetHandle, NetResult, RecvComm, Request, SendComm};
+use oxccl_secure::session::{DIRECT_FROM, MAX_PLAIN};
 
 use super::*;
 
@@ -427,8 +428,15 @@ fn encrypted_messages_of_every_size_arrive_in_order() {
         16 << 20,
         7,
         64 << 10,
-        65519,
-        65520,
+        // Around the size from which records open in the receive buffer,
+        // and one record, one byte less and one more.
+        DIRECT_FROM - 17,
+        DIRECT_FROM - 16,
+        DIRECT_FROM,
+        MAX_PLAIN - 1,
+        MAX_PLAIN,
+        MAX_PLAIN + 1,
+        3 * MAX_PLAIN + 5,
     ];
     exchange(&keyed(2, 2, 1), &sizes);
     exchange(&keyed(0, 1, 1), &sizes);
@@ -513,7 +521,12 @@ fn a_tampered_byte_fails_the_receive_and_a_replayed_socket_is_refused() {
         let (h2, mut l2) = net.listen(0).unwrap();
         let addr = Handle::decode(&h2).unwrap().addr;
         let mut replay = std::net::TcpStream::connect(addr).unwrap();
-        std::io::Write::write_all(&mut replay, &proxy.sent()[0]).unwrap();
+        // Its start (the handshake, the confirmation, the first records):
+        // all of it could outgrow the socket buffers of a connection the
+        // listener never reads past the handshake, and block this write.
+        let recorded = &proxy.sent()[0];
+        replay.set_write_timeout(Some(LIMIT)).unwrap();
+        std::io::Write::write_all(&mut replay, &recorded[..recorded.len().min(64 << 10)]).unwrap();
         let start = Instant::now();
         while start.elapsed() < Duration::from_millis(500) {
             assert!(
@@ -530,4 +543,80 @@ fn a_tampered_byte_fails_the_receive_and_a_replayed_socket_is_refused() {
         }
         assert!(got <= 64, "{got} bytes came back to a replayed socket");
     }
+}
+
+#[test]
+fn a_peer_that_stalls_before_its_introduction_is_dropped_and_blocks_no_one() {
+    use std::io::{Read, Write};
+    for net in [keyed(1, 1, 4), lo(1, 1)] {
+        let mut net = net;
+        net.handshake_wait = Duration::from_secs(2);
+        let (mut h, mut l) = net.listen(0).unwrap();
+        let addr = Handle::decode(&h).unwrap().addr;
+        // One stranger says nothing; another sends a byte and stops.
+        let mut silent = std::net::TcpStream::connect(addr).unwrap();
+        let mut slow = std::net::TcpStream::connect(addr).unwrap();
+        slow.write_all(&[0]).unwrap();
+        let start = Instant::now();
+        let (mut s, mut r) = (None, None);
+        while s.is_none() || r.is_none() {
+            if s.is_none() {
+                s = net.connect(0, &mut h).unwrap();
+            }
+            if r.is_none() {
+                r = l.accept().unwrap();
+            }
+            assert!(start.elapsed() < LIMIT, "connect/accept never completed");
+        }
+        // The true peer got through while the strangers were still held.
+        let open = |t: &mut std::net::TcpStream| {
+            t.set_nonblocking(true).unwrap();
+            matches!(t.read(&mut [0u8; 64]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        };
+        assert!(open(&mut silent) && open(&mut slow));
+        let (mut s, mut r) = (s.unwrap(), r.unwrap());
+        let a = random_bytes(100_000, 8);
+        let mut out = vec![0u8; a.len()];
+        let mut rr = irecv(&mut r, &mut out, 2);
+        let mut sr = isend(&mut s, &a, 2);
+        assert_eq!(wait(&mut sr).unwrap(), a.len());
+        assert_eq!(wait(&mut rr).unwrap(), a.len());
+        assert!(out == a);
+        // Then the listener drops them, as its accept is polled.
+        while open(&mut silent) || open(&mut slow) {
+            assert!(l.accept().unwrap().is_none());
+            assert!(start.elapsed() < LIMIT, "a stalled peer was kept");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(start.elapsed() >= net.handshake_wait);
+    }
+}
+
+#[test]
+fn a_listener_that_never_answers_the_key_exchange_fails_the_connect() {
+    // A socket the kernel accepts (backlog) but nobody reads.
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut net = keyed(0, 1, 4);
+    net.handshake_wait = Duration::from_millis(300);
+    let mut h = Handle {
+        addr: mute.local_addr().unwrap(),
+        nthreads: 0,
+        socks_per_thread: 1,
+        conn_id: 7,
+    }
+    .encode();
+    let start = Instant::now();
+    let e = loop {
+        match net.connect(0, &mut h) {
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Ok(Some(_)) => panic!("connected without a key exchange"),
+            Err(e) => break e,
+        }
+        assert!(start.elapsed() < LIMIT, "the connect never ended");
+    };
+    assert!(matches!(e, NetError::Remote(_)), "{e}");
+    assert!(
+        e.to_string().contains("did not answer the key exchange"),
+        "{e}"
+    );
 }
