@@ -635,15 +635,18 @@ impl Core {
             })
         };
         self.put_back(conns, lanes);
-        result.map_err(|e| {
-            let what = what();
-            let e = if e.message().contains(&what) {
-                e
-            } else {
-                e.context(what)
-            };
-            self.failed(e, Some(seq), coll.name())
-        })
+        result.map_err(|e| self.coll_failed(e, what(), seq, coll))
+    }
+
+    /// A collective's error, named once (the executors' own errors may
+    /// already name it), with its failure record.
+    fn coll_failed(&self, e: Error, what: String, seq: u64, coll: algo::Coll) -> Error {
+        let e = if e.message().contains(&what) {
+            e
+        } else {
+            e.context(what)
+        };
+        self.failed(e, Some(seq), coll.name())
     }
 
     /// Runs a collective on the direct path: every rank reads what it
@@ -686,15 +689,7 @@ impl Core {
         let reducer = Reducer::new(op.dtype, op.redop, n);
         let r = d.run(plan, threads, post, bufs, reducer, elem, &ctx);
         drop(event);
-        r.map_err(|e| {
-            let what = what();
-            let e = if e.message().contains(&what) {
-                e
-            } else {
-                e.context(what)
-            };
-            self.failed(e, Some(seq), coll.name())
-        })
+        r.map_err(|e| self.coll_failed(e, what(), seq, coll))
     }
 
     /// Takes the connections a lane's steps use out of the table.
