@@ -202,7 +202,11 @@ impl PeerMem {
                 continue;
             }
             let mut word = [0u8; 8];
-            match read_from(*pid, *addr, &mut word) {
+            // Read the word, then write it back unchanged: an all-reduce
+            // writes into its peers' outputs.
+            let probe =
+                read_from(*pid, *addr, &mut word).and_then(|()| write_to(*pid, *addr, &word));
+            match probe {
                 Ok(()) if u64::from_ne_bytes(word) == PROBE.load(Ordering::Relaxed) => {}
                 Ok(()) => verdict = format!("rank {me} read a wrong probe from rank {p}"),
                 Err(e) => {
