@@ -41,24 +41,32 @@ pub enum Task {
         dst: usize,
         len: usize,
     },
-    /// Own receive buffer `[dst, dst+len)` = every rank's send buffer
-    /// `[src, src+len)` combined in rank order; with `everywhere`, the
-    /// result goes to the same range of every rank's receive buffer.
+    /// Every rank's send buffer `[src, src+len)` combined in rank order,
+    /// into `[dst, dst+len)` of the receive buffers `to` names.
     Reduce {
         src: usize,
         dst: usize,
         len: usize,
-        everywhere: bool,
+        to: Dest,
     },
+}
+
+/// Whose receive buffers a reduction's result goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dest {
+    Mine,
+    /// Every rank's (an all-reduce's part).
+    All,
+    /// One other rank's (a reduce's root).
+    Rank(usize),
 }
 
 /// Phases, each a list of tasks per thread.
 pub type Plan = Vec<Vec<Vec<Task>>>;
 
-/// Whether the direct path has a plan for `coll` (reduce keeps the ring:
-/// only the root has an output to gather into).
-pub fn supports(coll: Coll) -> bool {
-    !matches!(coll, Coll::Reduce { .. })
+/// Whether the direct path has a plan for `coll`.
+pub fn supports(_coll: Coll) -> bool {
+    true
 }
 
 /// The bytes one call moves per rank, which decides whether the direct
@@ -96,7 +104,7 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
                     src: off,
                     dst: off,
                     len,
-                    everywhere: true,
+                    to: Dest::All,
                 });
             }
             phases.push(ar);
@@ -108,7 +116,7 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
                     src: rank * count * elem + off,
                     dst: off,
                     len,
-                    everywhere: false,
+                    to: Dest::Mine,
                 });
             }
             phases.push(rs);
@@ -154,7 +162,25 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
             }
             phases.push(bc);
         }
-        Coll::Reduce { .. } => {}
+        Coll::Reduce { root } => {
+            // Rank r reduces part r and writes it into the root's output.
+            let mut rd = phase();
+            let (lo, hi) = split(0, count, n, rank);
+            let to = if rank == root {
+                Dest::Mine
+            } else {
+                Dest::Rank(root)
+            };
+            for (t, (off, len)) in pieces(lo, hi, threads, elem).into_iter().enumerate() {
+                rd[t].push(Task::Reduce {
+                    src: off,
+                    dst: off,
+                    len,
+                    to,
+                });
+            }
+            phases.push(rd);
+        }
     }
     for ph in &mut phases {
         for tasks in ph.iter_mut() {
@@ -213,16 +239,16 @@ mod tests {
                                 };
                             }
                         }
-                        Task::Reduce {
-                            src,
-                            dst,
-                            len,
-                            everywhere,
-                        } => {
+                        Task::Reduce { src, dst, len, to } => {
                             for i in 0..len / 8 {
                                 let v = (0..n).map(|q| send[q][src / 8 + i]).sum();
                                 for (q, out) in recv.iter_mut().enumerate() {
-                                    if q == r || everywhere {
+                                    let hit = match to {
+                                        Dest::Mine => q == r,
+                                        Dest::All => true,
+                                        Dest::Rank(d) => q == d,
+                                    };
+                                    if hit {
                                         out[dst / 8 + i] = v;
                                     }
                                 }
@@ -243,7 +269,11 @@ mod tests {
                     .collect(),
                 Coll::AllGather => (0..n * count).map(|j| send[j / count][j % count]).collect(),
                 Coll::Broadcast { root } => send[root].clone(),
-                Coll::Reduce { .. } => unreachable!(),
+                // Only the root's output is written.
+                Coll::Reduce { root } if r == root => (0..count)
+                    .map(|i| (0..n).map(|q| send[q][i]).sum())
+                    .collect(),
+                Coll::Reduce { .. } => vec![0; count],
             })
             .collect();
         assert_eq!(recv, want, "{coll:?} n={n} count={count} threads={threads}");
@@ -261,6 +291,8 @@ mod tests {
                         Coll::AllGather,
                         Coll::Broadcast { root: 0 },
                         Coll::Broadcast { root: n - 1 },
+                        Coll::Reduce { root: 0 },
+                        Coll::Reduce { root: n - 1 },
                     ] {
                         simulate(coll, n, count, threads);
                     }
@@ -279,9 +311,7 @@ mod tests {
             .flatten()
             .map(|t| match *t {
                 Task::Reduce {
-                    len,
-                    everywhere: true,
-                    ..
+                    len, to: Dest::All, ..
                 } => len,
                 _ => 0,
             })

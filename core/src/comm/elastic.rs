@@ -310,8 +310,10 @@ impl Comm {
         if core.device.is_some() {
             return Err(refuse_gpu("ncclCommShrink with NCCL_SHRINK_ABORT"));
         }
-        core.stop_operations(StopReason::ShrinkAbort);
+        // Counted before the stop: an operation it ends may be gone by the
+        // time a later look would see it (this raced and lost on CI).
         let cut = !core.quiescent();
+        core.stop_operations(StopReason::ShrinkAbort);
         let ended = core.wait_quiescent(core.cfg.timeout());
         core.bootstrap.resume();
         core.stop.clear();

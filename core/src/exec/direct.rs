@@ -14,7 +14,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Barrier, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use crate::algo::direct::{Plan, Src, Task};
+use crate::algo::direct::{Dest, Plan, Src, Task};
 use crate::algo::{Buf, Region};
 use crate::error::{Error, Result};
 use crate::reduce::Reducer;
@@ -105,40 +105,40 @@ impl Job {
                 let out = span(b, Buf::Output, dst, len)?;
                 mem::fill(out, |d| self.pm.read(peer, base + src as u64, d))
             }
-            Task::Reduce {
-                src,
-                dst,
-                len,
-                everywhere,
-            } => self.reduce(src, dst, len, everywhere, scratch),
+            Task::Reduce { src, dst, len, to } => self.reduce(src, dst, len, to, scratch),
         }
     }
 
-    /// Own output `[dst, dst+len)` = every rank's input `[src, src+len)`,
-    /// a chunk at a time: peers' chunks (and this rank's own, where it is
-    /// the output's memory) are read into scratch, then combined; with
-    /// `everywhere` each combined chunk, still in cache, is written into
-    /// the same range of every peer's output.
+    /// Every rank's input `[src, src+len)` combined into `[dst, dst+len)`
+    /// of the outputs `to` names, a chunk at a time: peers' chunks (and
+    /// this rank's own, where it is the output's memory) are read into
+    /// scratch, then combined into this rank's output (or a scratch slot
+    /// when only another rank's output takes it); peers' outputs get each
+    /// combined chunk while it is still in cache.
     fn reduce(
         &self,
         src: usize,
         dst: usize,
         len: usize,
-        everywhere: bool,
+        to: Dest,
         scratch: &mut Vec<u8>,
     ) -> Result<()> {
         let (n, me) = (self.pm.nranks(), self.pm.rank());
         let chunk = CHUNK - CHUNK % self.elem.max(1);
-        if scratch.len() < n * chunk {
-            scratch.resize(n * chunk, 0);
+        if scratch.len() < (n + 1) * chunk {
+            scratch.resize((n + 1) * chunk, 0);
         }
+        let (inputs_room, result_room) = scratch.split_at_mut(n * chunk);
         let mut off = 0;
         while off < len {
             let l = chunk.min(len - off);
-            let out = span(&self.bufs, Buf::Output, dst + off, l)?;
+            let out = match to {
+                Dest::Rank(_) => mem::staging(&mut result_room[..l]),
+                Dest::Mine | Dest::All => span(&self.bufs, Buf::Output, dst + off, l)?,
+            };
             let own = span(&self.bufs, Buf::Input, src + off, l)?;
             let mut inputs = Vec::with_capacity(n);
-            for (p, slot) in scratch.chunks_mut(chunk).enumerate().take(n) {
+            for (p, slot) in inputs_room.chunks_mut(chunk).enumerate() {
                 let slot = &mut slot[..l];
                 if p == me {
                     if own.ptr != out.ptr {
@@ -153,11 +153,14 @@ impl Job {
                 inputs.push(mem::staging(slot));
             }
             mem::reduce_all(&self.reducer, out, &inputs);
-            if everywhere {
-                for p in (1..n).map(|k| (me + k) % n) {
-                    let at = self.pm.posted(p).recv + (dst + off) as u64;
-                    mem::view(out, |data| self.pm.write(p, at, data))?;
-                }
+            let peers: Vec<usize> = match to {
+                Dest::Mine => Vec::new(),
+                Dest::All => (1..n).map(|k| (me + k) % n).collect(),
+                Dest::Rank(r) => vec![r],
+            };
+            for p in peers {
+                let at = self.pm.posted(p).recv + (dst + off) as u64;
+                mem::view(out, |data| self.pm.write(p, at, data))?;
             }
             off += l;
         }
