@@ -480,6 +480,9 @@ fn profiler_v1_gets_enum_codes() {
             ("NCCL_DEBUG", "INFO"),
             ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
             ("NCCL_DEBUG_SUBSYS", "PROFILER"),
+            // The ranks share a host: without this the direct path, which
+            // NCCL's enums have no code for (-1), would take the calls.
+            ("OXCCL_HOST_DIRECT", "0"),
         ],
     );
     for f in &done {

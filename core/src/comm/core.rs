@@ -537,7 +537,10 @@ impl Core {
             // A forced algorithm or a tuner plugin chooses among the ring
             // and trees, which NCCL's tables know; the direct path is ours.
             let free = self.forced_algo.is_none() && self.tuner.is_none();
-            if free && algo::direct::supports(coll) && moved >= d.min {
+            // Decided from the call alone, as every rank sees it alike (a
+            // broadcast's non-roots pass no input).
+            let inline = exec::direct::Direct::inline_fits(moved);
+            if free && algo::direct::supports(coll) && (moved >= d.min || inline) {
                 return self.run_direct(d, op, coll, bufs, seq, parents, mask);
             }
         }
@@ -664,8 +667,13 @@ impl Core {
     ) -> Result<()> {
         let (n, elem) = (self.nranks, op.dtype.size());
         let moved = algo::direct::bytes(coll, op.count, elem, n);
-        let threads = d.threads.for_bytes(moved);
-        let plan = algo::direct::plan(coll, self.rank, n, op.count, elem, threads);
+        // Below the threshold the call came here to go inline.
+        let inline = moved < d.min;
+        let threads = if inline {
+            1
+        } else {
+            d.threads.for_bytes(moved)
+        };
         let event = match (self.profiler.as_deref(), parents) {
             (Some(p), Some((g, api))) => {
                 Some(p.running(p.coll(mask, op, seq, None, threads, g, api)))
@@ -673,21 +681,29 @@ impl Core {
             _ => None,
         };
         let what = || format!("{} #{seq}", op.describe());
-        debug!(target: "oxccl::coll", rank = self.rank, "{}: Direct on {threads} thread(s)", what());
+        debug!(target: "oxccl::coll", rank = self.rank, "{}: Direct{} on {threads} thread(s)", what(), if inline { " (inline)" } else { "" });
         let ctx = self.ctx(&what, Some(seq), mask);
         let post = Post {
             seq,
-            call: [
-                u64::from(op.kind.code()),
-                op.count as u64,
-                op.dtype as u64 | u64::from(redop_code(op.redop)) << 8,
-                op.kind.root() as u64,
-            ],
+            // The ring's operation header, so that a mismatch reads alike.
+            call: exec::direct::call_words(&OpHeader {
+                seq,
+                kind: op.kind.code(),
+                dtype: op.dtype as u8,
+                redop: redop_code(op.redop),
+                root: op.kind.root() as u32,
+                count: op.count as u64,
+            }),
             send: bufs.input as u64,
             recv: bufs.output as u64,
         };
         let reducer = Reducer::new(op.dtype, op.redop, n);
-        let r = d.run(plan, threads, post, bufs, reducer, elem, &ctx);
+        let r = if inline {
+            d.run_inline(coll, op.count, elem, post, bufs, reducer, &ctx)
+        } else {
+            let plan = algo::direct::plan(coll, self.rank, n, op.count, elem, threads);
+            d.run(plan, threads, post, bufs, reducer, elem, &ctx)
+        };
         drop(event);
         r.map_err(|e| self.coll_failed(e, what(), seq, coll))
     }

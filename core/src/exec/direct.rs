@@ -13,13 +13,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Barrier, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crate::algo::direct::{Dest, Plan, Src, Task};
-use crate::algo::{Buf, Region};
+use crate::algo::{Buf, Coll, Region};
 use crate::error::{Error, Result};
 use crate::reduce::Reducer;
-use crate::transport::cma::{PeerMem, Post};
+use crate::transport::cma::{PeerMem, Post, INLINE};
 
+use super::header::{OpHeader, HEADER_BYTES};
 use super::mem::{self, OpBuffers, Span};
 use super::{timeout_error, ExecCtx};
 
@@ -168,6 +170,33 @@ impl Job {
     }
 }
 
+/// An operation header as the words a [`Post`] carries.
+pub fn call_words(h: &OpHeader) -> [u64; 4] {
+    let b = h.encode();
+    std::array::from_fn(|i| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or_default()))
+}
+
+/// The error for ranks whose posted call differs from this rank's: the
+/// ring's words, naming the first such rank's call and this one's.
+fn mismatch(mine: &[u64; 4], theirs: &[(usize, [u64; 4])], rank: usize) -> Result<()> {
+    let bytes = |w: &[u64; 4]| -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        for (i, x) in w.iter().enumerate() {
+            b[8 * i..8 * i + 8].copy_from_slice(&x.to_le_bytes());
+        }
+        b
+    };
+    let Some(me) = OpHeader::decode(&bytes(mine)) else {
+        return Err(Error::Internal(
+            "an undecodable own operation header".into(),
+        ));
+    };
+    for (peer, w) in theirs {
+        me.check(&bytes(w), *peer, rank)?;
+    }
+    Ok(())
+}
+
 fn span(bufs: &OpBuffers, buf: Buf, off: usize, len: usize) -> Result<Span> {
     bufs.span(Region { buf, offset: 0 }, off, len, 1)
 }
@@ -216,29 +245,114 @@ impl Direct {
     /// would give, when the communicator is stopped, another rank reported
     /// a failure, a peer's process is gone, or NCCL_TIMEOUT passes.
     fn barrier(&self, ctx: &ExecCtx<'_>) -> Result<()> {
+        self.pm
+            .barrier(&mut |missing, waited| self.stalled(ctx, missing, waited))
+    }
+
+    /// What a wait for `missing` ranks ends with, if it must end now.
+    fn stalled(&self, ctx: &ExecCtx<'_>, missing: &[usize], waited: Duration) -> Option<Error> {
         let pm = &self.pm;
-        pm.barrier(&mut |missing, waited| {
-            if let Some(e) = ctx.stop.error(&(ctx.what)()) {
-                return Some(e);
-            }
-            if let Some((who, msg)) = ctx.bootstrap.remote_failure() {
-                return Some(Error::Remote(format!("rank {who} failed: {msg}")));
-            }
-            if let Some(&p) = missing.iter().find(|&&p| !pm.alive(p)) {
-                return Some(Error::Remote(format!(
-                    "{} on rank {}: rank {p} (pid {}) exited before reaching the operation's peer-memory barrier; ranks missing there: {missing:?}",
-                    (ctx.what)(),
-                    ctx.rank,
-                    pm.pid(p)
-                )));
-            }
-            (waited > ctx.timeout).then(|| {
-                timeout_error(
-                    ctx,
-                    &[format!("for ranks {missing:?} at a peer-memory barrier")],
-                )
-            })
+        if let Some(e) = ctx.stop.error(&(ctx.what)()) {
+            return Some(e);
+        }
+        if let Some((who, msg)) = ctx.bootstrap.remote_failure() {
+            return Some(Error::Remote(format!("rank {who} failed: {msg}")));
+        }
+        if let Some(&p) = missing.iter().find(|&&p| !pm.alive(p)) {
+            return Some(Error::Remote(format!(
+                "{} on rank {}: rank {p} (pid {}) exited before reaching the operation's peer-memory barrier; ranks missing there: {missing:?}",
+                (ctx.what)(),
+                ctx.rank,
+                pm.pid(p)
+            )));
+        }
+        (waited > ctx.timeout).then(|| {
+            timeout_error(
+                ctx,
+                &[format!("for ranks {missing:?} at a peer-memory barrier")],
+            )
         })
+    }
+
+    /// Whether a call moving `bytes` per rank ([`crate::algo::direct::bytes`])
+    /// goes inline: its largest input fits a slot.
+    pub fn inline_fits(bytes: usize) -> bool {
+        bytes <= INLINE
+    }
+
+    /// Runs a small call inline: each rank copies its input into the
+    /// segment, all meet once, and each computes its own output from the
+    /// segment alone (LL's idea: the data travels with the flag).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_inline(
+        &self,
+        coll: Coll,
+        count: usize,
+        elem: usize,
+        post: Post,
+        bufs: OpBuffers,
+        reducer: Reducer,
+        ctx: &ExecCtx<'_>,
+    ) -> Result<()> {
+        let pm = &self.pm;
+        let (n, me) = (pm.nranks(), pm.rank());
+        let bytes = count * elem;
+        // The part of its input a rank contributes.
+        let sent = match coll {
+            Coll::Broadcast { root } if root != me => 0,
+            Coll::ReduceScatter => n * bytes,
+            _ => bytes,
+        };
+        let len = match coll {
+            Coll::ReduceScatter => n * bytes,
+            _ => bytes,
+        };
+        let input = span(&bufs, Buf::Input, 0, sent)?;
+        let got = mem::view(input, |d| {
+            pm.meet_inline(&post.call, d, &mut |missing, waited| {
+                self.stalled(ctx, missing, waited)
+            })
+        })?;
+        let odd: Vec<(usize, [u64; 4])> = got
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.0 != post.call)
+            .map(|(p, g)| (p, g.0))
+            .collect();
+        mismatch(&post.call, &odd, me)?;
+        let slots: Vec<Span> = got
+            .iter()
+            .map(|&(_, at)| Span {
+                ptr: at as *mut u8,
+                len,
+            })
+            .collect();
+        // Peers write these slots again only after this rank's next
+        // meeting, which it enters after it has read them.
+        let part = |s: &Span, off: usize| Span {
+            ptr: s.ptr.wrapping_add(off),
+            len: bytes,
+        };
+        match coll {
+            Coll::AllReduce => {
+                mem::reduce_all(&reducer, span(&bufs, Buf::Output, 0, bytes)?, &slots)
+            }
+            Coll::Reduce { root } if root == me => {
+                mem::reduce_all(&reducer, span(&bufs, Buf::Output, 0, bytes)?, &slots)
+            }
+            Coll::Reduce { .. } => {}
+            Coll::Broadcast { root } => mem::copy(span(&bufs, Buf::Output, 0, bytes)?, slots[root]),
+            Coll::AllGather => {
+                for (p, s) in slots.iter().enumerate() {
+                    mem::copy(span(&bufs, Buf::Output, p * bytes, bytes)?, part(s, 0));
+                }
+            }
+            Coll::ReduceScatter => {
+                let mine: Vec<Span> = slots.iter().map(|s| part(s, me * bytes)).collect();
+                mem::reduce_all(&reducer, span(&bufs, Buf::Output, 0, bytes)?, &mine);
+            }
+        }
+        Ok(())
     }
 
     /// Runs one call of `plan` on `threads` threads; every rank of the
@@ -257,17 +371,11 @@ impl Direct {
         let pm = &self.pm;
         pm.post(&post);
         self.barrier(ctx)?;
-        let odd: Vec<usize> = (0..pm.nranks())
-            .filter(|&p| {
-                let q = pm.posted(p);
-                q.seq != post.seq || q.call != post.call
-            })
+        let odd: Vec<(usize, [u64; 4])> = (0..pm.nranks())
+            .map(|p| (p, pm.posted(p).call))
+            .filter(|(_, c)| *c != post.call)
             .collect();
-        if !odd.is_empty() {
-            return Err(Error::InvalidUsage(format!(
-                "ranks {odd:?} were called for another collective (kind, count, type, operation or root differ), or out of order"
-            )));
-        }
+        mismatch(&post.call, &odd, pm.rank())?;
         let threads = threads.clamp(1, self.workers.len() + 1);
         let job = Arc::new(Job {
             pm: pm.clone(),

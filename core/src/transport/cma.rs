@@ -28,6 +28,21 @@ const ARRIVED: usize = 0;
 const POST: usize = 64;
 /// Words of a posted call.
 pub const POST_WORDS: usize = 8;
+/// Bytes of input a rank may pass inline, through the segment itself: a
+/// small collective then costs one barrier and no system call.
+pub const INLINE: usize = 4096;
+/// One inline slot: the meeting's number, the call's four words, then its
+/// data. Two per rank, used by turns (the parity of the
+/// meeting): a rank writes a slot again only two meetings later, when
+/// every peer has passed the one in between and so has read it. Slots
+/// start on cache lines.
+const INLINE_HEAD: usize = 40;
+const INLINE_SLOT: usize = (INLINE_HEAD + INLINE).next_multiple_of(64);
+
+/// Bytes of the segment for `n` ranks.
+fn segment_bytes(n: usize) -> usize {
+    n * SLOT + 2 * n * INLINE_SLOT
+}
 
 /// What a rank posts for one call: the call's description (kind, count,
 /// type, operation, root: every rank's must match) and its buffers.
@@ -98,6 +113,10 @@ fn read_from(pid: i32, addr: u64, dst: &mut [u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Called now and then while a rank waits, with the ranks still missing
+/// and the time waited; an error it returns ends the wait.
+pub type Poll<'a> = dyn FnMut(&[usize], Duration) -> Option<Error> + 'a;
+
 /// The bootstrap's allgather: every rank's bytes, by rank.
 pub type AllGather<'a> = dyn Fn(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
 
@@ -127,6 +146,19 @@ pub struct PeerMem {
     pids: Vec<i32>,
     /// Barriers this rank has entered.
     epoch: AtomicU64,
+    /// Polls of a wait before it yields: many where every rank has a core
+    /// (the hand-off is a cache line's trip), few where the host has more
+    /// ranks than cores (the peer needs this core to arrive at all).
+    spins: u32,
+}
+
+fn spins_for(n: usize) -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if n <= cores {
+        2000
+    } else {
+        16
+    }
 }
 
 /// How one rank's setup went, sent to every other.
@@ -175,7 +207,7 @@ impl PeerMem {
             rand::random::<u64>()
         );
         let area = if me == 0 {
-            Some(Area::create_shared(&name, n * SLOT)?)
+            Some(Area::create_shared(&name, segment_bytes(n))?)
         } else {
             None
         };
@@ -189,7 +221,7 @@ impl PeerMem {
             .collect::<Result<Vec<_>>>()?;
         let area = match area {
             Some(a) => a,
-            None => Area::open_shared(&peers[0].2, n * SLOT)?,
+            None => Area::open_shared(&peers[0].2, segment_bytes(n))?,
         };
         // Every rank reads one word of every other: the kernel's verdict,
         // given before any collective relies on it.
@@ -228,6 +260,7 @@ impl PeerMem {
             me,
             pids: peers.iter().map(|p| p.0).collect(),
             epoch: AtomicU64::new(0),
+            spins: spins_for(n),
         }))
     }
 
@@ -240,6 +273,49 @@ impl PeerMem {
         for (i, w) in post.words().into_iter().enumerate() {
             self.area.store(self.me * SLOT + POST + 8 * i, w);
         }
+    }
+
+    fn inline_slot(&self, rank: usize, turn: u64) -> usize {
+        self.nranks() * SLOT + (2 * rank + turn as usize) * INLINE_SLOT
+    }
+
+    /// A small call inline, in one meeting: this rank writes its input (at
+    /// most [`INLINE`] bytes) into its slot after the call's words, and the
+    /// meeting's number last, in the same cache line as the call and the
+    /// first bytes (LL's idea: the data travels with its flag, so an
+    /// 8-byte call costs one line's trip per peer). Then it waits for
+    /// every peer's slot. Returns each rank's call words and data, valid
+    /// until this rank's next meeting.
+    pub fn meet_inline(
+        &self,
+        call: &[u64; 4],
+        data: &[u8],
+        poll: &mut Poll<'_>,
+    ) -> Result<Vec<([u64; 4], *const u8)>> {
+        assert!(
+            data.len() <= INLINE,
+            "{} bytes do not go inline",
+            data.len()
+        );
+        let e = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        let turn = e % 2;
+        let at = self.inline_slot(self.me, turn);
+        self.area.write_bytes(at + INLINE_HEAD, data);
+        for (i, w) in call.iter().enumerate() {
+            self.area.store(at + 8 + 8 * i, *w);
+        }
+        self.area.store(at, e);
+        // Later barriers count this meeting too.
+        self.area.store(self.me * SLOT + ARRIVED, e);
+        self.wait_all(e, &|p| self.inline_slot(p, turn), poll)?;
+        Ok((0..self.nranks())
+            .map(|p| {
+                let at = self.inline_slot(p, turn);
+                let call = std::array::from_fn(|i| self.area.load(at + 8 + 8 * i));
+                let data = self.area.at(at + INLINE_HEAD, INLINE) as *const u8;
+                (call, data)
+            })
+            .collect())
     }
 
     /// What `peer` posted, valid after a barrier that followed its post.
@@ -255,25 +331,33 @@ impl PeerMem {
     /// Every few milliseconds of waiting, `poll` gets the ranks still
     /// missing and the time waited so far; an error it returns ends the
     /// wait.
-    pub fn barrier(&self, poll: &mut dyn FnMut(&[usize], Duration) -> Option<Error>) -> Result<()> {
+    pub fn barrier(&self, poll: &mut Poll<'_>) -> Result<()> {
         let e = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
         self.area.store(self.me * SLOT + ARRIVED, e);
+        self.wait_all(e, &|p| p * SLOT + ARRIVED, poll)
+    }
+
+    /// Waits until the word at `word(p)` of every rank p reads `e` or more.
+    fn wait_all(&self, e: u64, word: &dyn Fn(usize) -> usize, poll: &mut Poll<'_>) -> Result<()> {
         let n = self.nranks();
-        let start = Instant::now();
+        // Read only once a wait is long: a clock read costs more than a
+        // small collective's hand-off.
+        let mut start = None;
         let mut spins = 0u32;
         let mut next = 0;
         loop {
-            while next < n && self.area.load(next * SLOT + ARRIVED) >= e {
+            while next < n && self.area.load(word(next)) >= e {
                 next += 1;
             }
             if next == n {
                 return Ok(());
             }
             spins = spins.wrapping_add(1);
-            if spins < 2000 {
+            if spins < self.spins {
                 std::hint::spin_loop();
                 continue;
             }
+            let start = *start.get_or_insert_with(Instant::now);
             // A rank that is early gives its core to the others' copies
             // (all its host's cores are in use when every rank runs its
             // threads): it yields at first, then sleeps a little.
@@ -285,9 +369,7 @@ impl PeerMem {
             if !spins.is_multiple_of(64) {
                 continue;
             }
-            let missing: Vec<usize> = (0..n)
-                .filter(|&p| self.area.load(p * SLOT + ARRIVED) < e)
-                .collect();
+            let missing: Vec<usize> = (0..n).filter(|&p| self.area.load(word(p)) < e).collect();
             if let Some(err) = poll(&missing, start.elapsed()) {
                 return Err(err);
             }
@@ -411,12 +493,13 @@ mod tests {
 
     #[test]
     fn a_barrier_names_the_rank_that_never_comes() {
-        let area = Area::private(2 * SLOT).unwrap();
+        let area = Area::private(segment_bytes(2)).unwrap();
         let pm = PeerMem {
             area,
             me: 0,
             pids: vec![std::process::id() as i32; 2],
             epoch: AtomicU64::new(0),
+            spins: spins_for(2),
         };
         let mut seen = Vec::new();
         let e = pm.barrier(&mut |missing, waited| {
