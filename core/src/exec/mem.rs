@@ -203,8 +203,10 @@ pub(crate) fn reduce_all(r: &Reducer, dst: Span, inputs: &[Span]) {
             "an input aliases the output"
         );
         // SAFETY: every span was bounds-checked against a live buffer (user
-        // buffers by `OpBuffers::span`, scratch by `staging`), and none is
-        // `dst` (asserted): peers' data was copied into scratch first.
+        // buffers by `OpBuffers::span`, scratch by `staging`, slots of the
+        // direct path's segment by `Area::at`, which their writers leave
+        // alone until this rank's next meeting), and none is `dst`
+        // (asserted): peers' data was copied into scratch first.
         unsafe { std::slice::from_raw_parts(s.ptr, len) }
     };
     // SAFETY: as above; `dst` is this rank's own output range, which no
@@ -233,8 +235,8 @@ pub(crate) fn copy(dst: Span, src: Span) {
         return;
     }
     assert_eq!(dst.len, src.len, "copy between spans of different lengths");
-    // SAFETY: both spans were bounds-checked against live buffers; the
-    // plans never copy between partly overlapping ranges.
+    // SAFETY: both spans were bounds-checked against live buffers (as in
+    // `reduce_all`); the plans never copy between partly overlapping ranges.
     unsafe { std::ptr::copy(src.ptr, dst.ptr, dst.len) }
 }
 
