@@ -6,33 +6,20 @@
 //! kernels through host step slots: shared memory, then the net plugin). Skips, saying why, where fewer than two GPUs are
 //! found.
 
-use std::process::Command;
+mod common;
 
 fn gpus() -> usize {
     oxccl::cuda::device_count().unwrap_or(0)
 }
 
 fn perf(mode: &[&str], sizes: &[&str], env: &[(&str, &str)]) {
-    // OXCCL_BIN: the binary where this test runs on another machine than it was built.
-    let bin = std::env::var("OXCCL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_oxccl").into());
-    let mut cmd = Command::new(bin);
-    cmd.arg("perf")
-        .args(mode)
+    let mut cmd = common::perf_command();
+    cmd.args(mode)
         .args(["--op", "all", "-d", "float,half,bfloat16,int32,f8e4m3"])
         .args(["-o", "sum,max,avg,premulsum", "-n", "2", "-w", "1"])
         .args(sizes)
-        .env("NCCL_SOCKET_IFNAME", "lo")
         .envs(env.iter().copied());
-    let out = cmd.output().expect("run oxccl perf");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("Out of bounds values : 0 OK"),
-        "oxccl perf {mode:?} {sizes:?} {env:?} failed:\n{text}"
-    );
+    let text = common::checked(&mut cmd, &format!("{mode:?} {sizes:?} {env:?}"));
     let rows = text.lines().filter(|l| !l.starts_with('#')).count();
     eprintln!("oxccl perf {mode:?} {sizes:?} {env:?}: {rows} rows, #wrong 0");
 }

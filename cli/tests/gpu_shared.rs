@@ -7,32 +7,20 @@
 //! cross the channel cap, results checked against a host reference.
 //! Skips, saying why, without a GPU.
 
-use std::process::Command;
 use std::time::Instant;
 
+mod common;
+
 fn perf(args: &[&str], env: &[(&str, &str)]) {
-    let bin = std::env::var("OXCCL_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_oxccl").into());
     let t = Instant::now();
-    let out = Command::new(bin)
-        .arg("perf")
-        .args(args)
+    let mut cmd = common::perf_command();
+    cmd.args(args)
         .args(["--device", "cuda", "--op", "all", "-n", "2", "-w", "1"])
-        .env("NCCL_SOCKET_IFNAME", "lo")
         // GPU 0 only, however many the machine has.
         .env("CUDA_VISIBLE_DEVICES", "0")
         .env("NCCL_DEBUG", "INFO")
-        .envs(env.iter().copied())
-        .output()
-        .expect("run oxccl perf");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("Out of bounds values : 0 OK"),
-        "oxccl perf {args:?} {env:?} failed:\n{text}"
-    );
+        .envs(env.iter().copied());
+    let text = common::checked(&mut cmd, &format!("{args:?} {env:?}"));
     assert!(
         text.contains("shares its GPU with ranks"),
         "no INFO line about the shared GPU:\n{text}"

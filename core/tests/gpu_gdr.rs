@@ -94,6 +94,15 @@ fn register(p: *mut u8, n: usize, ty: PtrType) -> Option<MrHandle> {
     })
 }
 
+/// Our own registrations need no undoing; the inner network's do.
+fn deregister(mr: MrHandle, inner: impl FnOnce(MrHandle) -> NetResult<()>) -> NetResult<()> {
+    if mr.0 == FAKE_MR {
+        Ok(())
+    } else {
+        inner(mr)
+    }
+}
+
 impl Net for Bounce {
     fn name(&self) -> &str {
         "CudaBounce"
@@ -169,17 +178,10 @@ fn net_err(e: oxccl::Error) -> oxccl_plugin::NetError {
 
 impl SendComm for Send {
     fn reg_mr(&mut self, p: *mut u8, n: usize, ty: PtrType) -> NetResult<MrHandle> {
-        match register(p, n, ty) {
-            Some(mr) => Ok(mr),
-            None => self.0.reg_mr(p, n, ty),
-        }
+        register(p, n, ty).map_or_else(|| self.0.reg_mr(p, n, ty), Ok)
     }
     fn dereg_mr(&mut self, mr: MrHandle) -> NetResult<()> {
-        if mr.0 == FAKE_MR {
-            Ok(())
-        } else {
-            self.0.dereg_mr(mr)
-        }
+        deregister(mr, |mr| self.0.dereg_mr(mr))
     }
     unsafe fn isend(
         &mut self,
@@ -219,17 +221,10 @@ impl SendComm for Send {
 
 impl RecvComm for Recv {
     fn reg_mr(&mut self, p: *mut u8, n: usize, ty: PtrType) -> NetResult<MrHandle> {
-        match register(p, n, ty) {
-            Some(mr) => Ok(mr),
-            None => self.0.reg_mr(p, n, ty),
-        }
+        register(p, n, ty).map_or_else(|| self.0.reg_mr(p, n, ty), Ok)
     }
     fn dereg_mr(&mut self, mr: MrHandle) -> NetResult<()> {
-        if mr.0 == FAKE_MR {
-            Ok(())
-        } else {
-            self.0.dereg_mr(mr)
-        }
+        deregister(mr, |mr| self.0.dereg_mr(mr))
     }
     unsafe fn irecv(
         &mut self,

@@ -64,11 +64,6 @@ pub enum Dest {
 /// Phases, each a list of tasks per thread.
 pub type Plan = Vec<Vec<Vec<Task>>>;
 
-/// Whether the direct path has a plan for `coll`.
-pub fn supports(_coll: Coll) -> bool {
-    true
-}
-
 /// The bytes one call moves per rank, which decides whether the direct
 /// path is worth its barriers.
 pub fn bytes(coll: Coll, count: usize, elem: usize, n: usize) -> usize {

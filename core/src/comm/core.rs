@@ -44,7 +44,7 @@ pub(crate) fn setup_direct(
     let pm = PeerMem::setup(loc.rank, n, &|b| bootstrap.allgather(b), &mut why)?;
     match pm {
         Some(pm) => {
-            let d = exec::direct::Direct::new(pm, n)?;
+            let d = exec::direct::Direct::new(pm, n);
             info!(target: "oxccl::init",
                 "Host collectives of {} bytes and more read peers' buffers directly (SHM/direct/CMA, up to {} threads per rank; OXCCL_HOST_DIRECT=0 turns it off)", d.min, d.threads.most());
             Ok(Some(d))
@@ -162,6 +162,18 @@ pub(crate) struct Core {
     direct: Option<exec::direct::Direct>,
     /// The first failure record of an operation here, kept through a revoke.
     failure: Mutex<Option<Failure>>,
+}
+
+/// What the ranks must agree on about collective `seq`, `op`.
+fn header_of(op: &Op, seq: u64) -> OpHeader {
+    OpHeader {
+        seq,
+        kind: op.kind.code(),
+        dtype: op.dtype as u8,
+        redop: redop_code(op.redop),
+        root: op.kind.root() as u32,
+        count: op.count as u64,
+    }
 }
 
 fn redop_code(op: RedOp) -> u8 {
@@ -532,16 +544,16 @@ impl Core {
         }
         let n = self.nranks;
         let bytes = op.count * op.dtype.size();
-        if let Some(d) = &self.direct {
-            let moved = algo::direct::bytes(coll, op.count, op.dtype.size(), n);
-            // A forced algorithm or a tuner plugin chooses among the ring
-            // and trees, which NCCL's tables know; the direct path is ours.
-            let free = self.forced_algo.is_none() && self.tuner.is_none();
-            // Decided from the call alone, as every rank sees it alike (a
-            // broadcast's non-roots pass no input).
-            let inline = exec::direct::Direct::inline_fits(moved);
-            if free && algo::direct::supports(coll) && (moved >= d.min || inline) {
-                return self.run_direct(d, op, coll, bufs, seq, parents, mask);
+        // A forced algorithm or a tuner plugin chooses among the ring and
+        // trees, which NCCL's tables know; the direct path is ours.
+        if self.forced_algo.is_none() && self.tuner.is_none() {
+            if let Some(d) = &self.direct {
+                // Decided from the call alone, as every rank sees it alike
+                // (a broadcast's non-roots pass no input).
+                let moved = algo::direct::bytes(coll, op.count, op.dtype.size(), n);
+                if let Some(route) = d.route(moved) {
+                    return self.run_direct(d, route, op, coll, bufs, seq, parents, mask);
+                }
             }
         }
         let nch = self.channels(bytes).min(op.count).max(1);
@@ -583,14 +595,7 @@ impl Core {
         };
         let what = || format!("{} #{seq}", op.describe());
         debug!(target: "oxccl::coll", rank = self.rank, "{}: {} on {nch} channel(s)", what(), algo.name());
-        let header = OpHeader {
-            seq,
-            kind: op.kind.code(),
-            dtype: op.dtype as u8,
-            redop: redop_code(op.redop),
-            root: op.kind.root() as u32,
-            count: op.count as u64,
-        };
+        let header = header_of(op, seq);
         let reducer = Reducer::new(op.dtype, op.redop, n);
         let plans: Vec<Vec<Step>> = (0..nch)
             .map(|c| {
@@ -658,6 +663,7 @@ impl Core {
     fn run_direct(
         &self,
         d: &exec::direct::Direct,
+        route: exec::direct::Route,
         op: &Op,
         coll: algo::Coll,
         bufs: OpBuffers,
@@ -665,14 +671,11 @@ impl Core {
         parents: Option<(Handle, Handle)>,
         mask: i32,
     ) -> Result<()> {
+        use exec::direct::Route;
         let (n, elem) = (self.nranks, op.dtype.size());
-        let moved = algo::direct::bytes(coll, op.count, elem, n);
-        // Below the threshold the call came here to go inline.
-        let inline = moved < d.min;
-        let threads = if inline {
-            1
-        } else {
-            d.threads.for_bytes(moved)
+        let threads = match route {
+            Route::Inline => 1,
+            Route::Threads(t) => t,
         };
         let event = match (self.profiler.as_deref(), parents) {
             (Some(p), Some((g, api))) => {
@@ -681,28 +684,21 @@ impl Core {
             _ => None,
         };
         let what = || format!("{} #{seq}", op.describe());
-        debug!(target: "oxccl::coll", rank = self.rank, "{}: Direct{} on {threads} thread(s)", what(), if inline { " (inline)" } else { "" });
+        debug!(target: "oxccl::coll", rank = self.rank, "{}: Direct ({route:?})", what());
         let ctx = self.ctx(&what, Some(seq), mask);
         let post = Post {
-            seq,
             // The ring's operation header, so that a mismatch reads alike.
-            call: exec::direct::call_words(&OpHeader {
-                seq,
-                kind: op.kind.code(),
-                dtype: op.dtype as u8,
-                redop: redop_code(op.redop),
-                root: op.kind.root() as u32,
-                count: op.count as u64,
-            }),
+            call: exec::direct::call_words(&header_of(op, seq)),
             send: bufs.input as u64,
             recv: bufs.output as u64,
         };
         let reducer = Reducer::new(op.dtype, op.redop, n);
-        let r = if inline {
-            d.run_inline(coll, op.count, elem, post, bufs, reducer, &ctx)
-        } else {
-            let plan = algo::direct::plan(coll, self.rank, n, op.count, elem, threads);
-            d.run(plan, threads, post, bufs, reducer, elem, &ctx)
+        let r = match route {
+            Route::Inline => d.run_inline(coll, op.count, elem, post, bufs, reducer, &ctx),
+            Route::Threads(_) => {
+                let plan = algo::direct::plan(coll, self.rank, n, op.count, elem, threads);
+                d.run(plan, threads, post, bufs, reducer, elem, &ctx)
+            }
         };
         drop(event);
         r.map_err(|e| self.coll_failed(e, what(), seq, coll))

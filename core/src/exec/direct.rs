@@ -11,7 +11,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Barrier, Mutex, PoisonError};
+use std::sync::{Arc, Barrier, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -176,9 +176,13 @@ pub fn call_words(h: &OpHeader) -> [u64; 4] {
     std::array::from_fn(|i| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or_default()))
 }
 
-/// The error for ranks whose posted call differs from this rank's: the
-/// ring's words, naming the first such rank's call and this one's.
-fn mismatch(mine: &[u64; 4], theirs: &[(usize, [u64; 4])], rank: usize) -> Result<()> {
+/// The error for the first rank whose posted call differs from this
+/// rank's, in the ring's words (naming both calls).
+fn mismatch(
+    mine: &[u64; 4],
+    theirs: impl Iterator<Item = (usize, [u64; 4])>,
+    rank: usize,
+) -> Result<()> {
     let bytes = |w: &[u64; 4]| -> [u8; HEADER_BYTES] {
         let mut b = [0u8; HEADER_BYTES];
         for (i, x) in w.iter().enumerate() {
@@ -191,8 +195,8 @@ fn mismatch(mine: &[u64; 4], theirs: &[(usize, [u64; 4])], rank: usize) -> Resul
             "an undecodable own operation header".into(),
         ));
     };
-    for (peer, w) in theirs {
-        me.check(&bytes(w), *peer, rank)?;
+    for (peer, w) in theirs.filter(|(_, w)| w != mine) {
+        me.check(&bytes(&w), peer, rank)?;
     }
     Ok(())
 }
@@ -201,23 +205,42 @@ fn span(bufs: &OpBuffers, buf: Buf, off: usize, len: usize) -> Result<Span> {
     bufs.span(Region { buf, offset: 0 }, off, len, 1)
 }
 
+/// How the direct path runs one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Through the segment, in one meeting.
+    Inline,
+    /// Reading and writing peers' buffers, on this many threads.
+    Threads(usize),
+}
+
 /// The direct path of one communicator: its peer memory and its threads.
 pub struct Direct {
     pm: Arc<PeerMem>,
     pub min: usize,
     pub threads: Threads,
-    /// One per pool thread; a call hands its job to the first few.
-    workers: Vec<Sender<Arc<Job>>>,
-    handles: Vec<JoinHandle<()>>,
+    /// Started by the first call that runs on threads: a communicator
+    /// that never moves a large buffer (most of a job's splits) starts none.
+    pool: OnceLock<Pool>,
     /// The caller's thread's scratch (calls of a communicator run one at a time).
     scratch: Mutex<Vec<u8>>,
 }
 
-impl Direct {
-    pub fn new(pm: PeerMem, n: usize) -> Result<Direct> {
-        let (min, threads) = settings(n);
-        let (mut workers, mut handles) = (Vec::new(), Vec::new());
-        for t in 1..threads.most() {
+/// Threads that each run their share of a call's phases, with their own
+/// scratch kept from call to call.
+struct Pool {
+    /// One per thread; a call hands its job to the first few.
+    workers: Vec<Sender<Arc<Job>>>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    fn start(threads: usize) -> Result<Pool> {
+        let mut pool = Pool {
+            workers: Vec::new(),
+            handles: Vec::new(),
+        };
+        for t in 1..threads {
             let (tx, rx) = channel::<Arc<Job>>();
             let h = std::thread::Builder::new()
                 .name(format!("oxccl-direct-{t}"))
@@ -228,17 +251,41 @@ impl Direct {
                     }
                 })
                 .map_err(|e| Error::System(format!("cannot start a direct-path thread: {e}")))?;
-            workers.push(tx);
-            handles.push(h);
+            pool.workers.push(tx);
+            pool.handles.push(h);
         }
-        Ok(Direct {
+        Ok(pool)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // Closing the channels ends the threads' loops.
+        self.workers.clear();
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Direct {
+    pub fn new(pm: PeerMem, n: usize) -> Direct {
+        let (min, threads) = settings(n);
+        Direct {
             pm: Arc::new(pm),
             min,
             threads,
-            workers,
-            handles,
+            pool: OnceLock::new(),
             scratch: Mutex::default(),
-        })
+        }
+    }
+
+    fn pool(&self) -> Result<&Pool> {
+        if let Some(p) = self.pool.get() {
+            return Ok(p);
+        }
+        let p = Pool::start(self.threads.most())?;
+        Ok(self.pool.get_or_init(|| p))
     }
 
     /// Meets the other ranks; ends early, with the error the ring path
@@ -274,10 +321,17 @@ impl Direct {
         })
     }
 
-    /// Whether a call moving `bytes` per rank ([`crate::algo::direct::bytes`])
-    /// goes inline: its largest input fits a slot.
-    pub fn inline_fits(bytes: usize) -> bool {
-        bytes <= INLINE
+    /// How a call moving `bytes` per rank ([`crate::algo::direct::bytes`])
+    /// runs here: on threads from the threshold on, else inline when its
+    /// largest input fits a slot, else (between the two) on the rings.
+    pub fn route(&self, bytes: usize) -> Option<Route> {
+        if bytes >= self.min {
+            Some(Route::Threads(self.threads.for_bytes(bytes)))
+        } else if bytes <= INLINE {
+            Some(Route::Inline)
+        } else {
+            None
+        }
     }
 
     /// Runs a small call inline: each rank copies its input into the
@@ -313,13 +367,7 @@ impl Direct {
                 self.stalled(ctx, missing, waited)
             })
         })?;
-        let odd: Vec<(usize, [u64; 4])> = got
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| g.0 != post.call)
-            .map(|(p, g)| (p, g.0))
-            .collect();
-        mismatch(&post.call, &odd, me)?;
+        mismatch(&post.call, got.iter().map(|g| g.0).enumerate(), me)?;
         let slots: Vec<Span> = got
             .iter()
             .map(|&(_, at)| Span {
@@ -334,13 +382,11 @@ impl Direct {
             len: bytes,
         };
         match coll {
-            Coll::AllReduce => {
+            // Only a reduce's root has an output.
+            Coll::Reduce { root } if root != me => {}
+            Coll::AllReduce | Coll::Reduce { .. } => {
                 mem::reduce_all(&reducer, span(&bufs, Buf::Output, 0, bytes)?, &slots)
             }
-            Coll::Reduce { root } if root == me => {
-                mem::reduce_all(&reducer, span(&bufs, Buf::Output, 0, bytes)?, &slots)
-            }
-            Coll::Reduce { .. } => {}
             Coll::Broadcast { root } => mem::copy(span(&bufs, Buf::Output, 0, bytes)?, slots[root]),
             Coll::AllGather => {
                 for (p, s) in slots.iter().enumerate() {
@@ -371,12 +417,10 @@ impl Direct {
         let pm = &self.pm;
         pm.post(&post);
         self.barrier(ctx)?;
-        let odd: Vec<(usize, [u64; 4])> = (0..pm.nranks())
-            .map(|p| (p, pm.posted(p).call))
-            .filter(|(_, c)| *c != post.call)
-            .collect();
-        mismatch(&post.call, &odd, pm.rank())?;
-        let threads = threads.clamp(1, self.workers.len() + 1);
+        let posted = (0..pm.nranks()).map(|p| (p, pm.posted(p).call));
+        mismatch(&post.call, posted, pm.rank())?;
+        let workers = &self.pool()?.workers;
+        let threads = threads.clamp(1, workers.len() + 1);
         let job = Arc::new(Job {
             pm: pm.clone(),
             plan,
@@ -387,7 +431,7 @@ impl Direct {
             failed: AtomicBool::new(false),
             first: Mutex::new(None),
         });
-        for w in &self.workers[..threads - 1] {
+        for w in &workers[..threads - 1] {
             w.send(job.clone())
                 .map_err(|_| Error::Internal("a direct-path thread is gone".into()))?;
         }
@@ -415,15 +459,6 @@ impl Direct {
         match first {
             Some(e) => Err(e),
             None => Ok(()),
-        }
-    }
-}
-
-impl Drop for Direct {
-    fn drop(&mut self) {
-        self.workers.clear();
-        for h in self.handles.drain(..) {
-            let _ = h.join();
         }
     }
 }

@@ -27,7 +27,7 @@ const SLOT: usize = 128;
 const ARRIVED: usize = 0;
 const POST: usize = 64;
 /// Words of a posted call.
-pub const POST_WORDS: usize = 8;
+const POST_WORDS: usize = 6;
 /// Bytes of input a rank may pass inline, through the segment itself: a
 /// small collective then costs one barrier and no system call.
 pub const INLINE: usize = 4096;
@@ -44,12 +44,11 @@ fn segment_bytes(n: usize) -> usize {
     n * SLOT + 2 * n * INLINE_SLOT
 }
 
-/// What a rank posts for one call: the call's description (kind, count,
-/// type, operation, root: every rank's must match) and its buffers.
+/// What a rank posts for one call: the call's description (sequence
+/// number, kind, count, type, operation, root, packed by the caller: every
+/// rank's must match) and its buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Post {
-    pub seq: u64,
-    /// The call's fields that every rank must agree on, packed.
     pub call: [u64; 4],
     pub send: u64,
     pub recv: u64,
@@ -58,15 +57,14 @@ pub struct Post {
 impl Post {
     fn words(&self) -> [u64; POST_WORDS] {
         let c = self.call;
-        [self.seq, c[0], c[1], c[2], c[3], self.send, self.recv, 0]
+        [c[0], c[1], c[2], c[3], self.send, self.recv]
     }
 
     fn from_words(w: [u64; POST_WORDS]) -> Post {
         Post {
-            seq: w[0],
-            call: [w[1], w[2], w[3], w[4]],
-            send: w[5],
-            recv: w[6],
+            call: [w[0], w[1], w[2], w[3]],
+            send: w[4],
+            recv: w[5],
         }
     }
 }
@@ -423,8 +421,7 @@ mod tests {
     #[test]
     fn a_post_survives_its_words() {
         let p = Post {
-            seq: 9,
-            call: [1, 2, 3, 4],
+            call: [9, 2, 3, 4],
             send: 0xdead_beef,
             recv: 77,
         };
@@ -469,15 +466,14 @@ mod tests {
                     let pm = PeerMem::setup(me, n, &ag, &mut why).unwrap().expect(&why);
                     let data = vec![me as u8 + 1; 4096];
                     pm.post(&Post {
-                        seq: 5,
-                        call: [1, 0, 0, 0],
+                        call: [5, 0, 0, 0],
                         send: data.as_ptr() as u64,
                         recv: 0,
                     });
                     pm.barrier(&mut |_, _| None).unwrap();
                     let next = (me + 1) % n;
                     let got = pm.posted(next);
-                    assert_eq!(got.seq, 5);
+                    assert_eq!(got.call[0], 5);
                     let mut buf = vec![0u8; 4096];
                     pm.read(next, got.send, &mut buf).unwrap();
                     assert!(buf.iter().all(|&b| b == next as u8 + 1));
