@@ -151,7 +151,7 @@ fn collectives_8_ranks() {
 /// every collective it takes, from the first byte, on several threads
 /// (counts of several 64 KiB reduction chunks included). Where the kernel
 /// refuses cross-process reads, the log says so and the rings ran instead.
-fn direct(name: &str, n: usize, threads: &str, counts: &'static [usize]) {
+fn direct(name: &str, n: usize, threads: &str, p2p_max: &str, counts: &'static [usize]) {
     let child = |r| {
         oxccl::log::init();
         exercise(r, &[], counts)
@@ -162,6 +162,7 @@ fn direct(name: &str, n: usize, threads: &str, counts: &'static [usize]) {
     let env = [
         ("OXCCL_HOST_DIRECT_MIN", "1"),
         ("OXCCL_HOST_DIRECT_THREADS", threads),
+        ("OXCCL_HOST_DIRECT_P2P_MAX", p2p_max),
         ("NCCL_DEBUG", "INFO"),
         ("NCCL_DEBUG_SUBSYS", "INIT"),
     ];
@@ -183,10 +184,18 @@ fn direct(name: &str, n: usize, threads: &str, counts: &'static [usize]) {
 
 #[test]
 fn collectives_3_ranks_direct() {
-    direct("collectives_3_ranks_direct", 3, "2", &[1, 1009, 70_001]);
+    direct(
+        "collectives_3_ranks_direct",
+        3,
+        "2",
+        "1M",
+        &[1, 1009, 70_001],
+    );
 }
 
+/// Point-to-point messages above 4 KiB on the rings, numbered through the
+/// mailboxes with the small ones (all_to_all's 5003 floats to each peer).
 #[test]
 fn collectives_5_ranks_direct() {
-    direct("collectives_5_ranks_direct", 5, "4", &[1, 5003]);
+    direct("collectives_5_ranks_direct", 5, "4", "4K", &[1, 5003]);
 }

@@ -251,3 +251,49 @@ fn different_collectives_fail_on_every_rank() {
     let done = fault_run(name, 3);
     survivors_ok(&done, usize::MAX);
 }
+
+/// Point-to-point messages between processes of one host go through the
+/// peer-memory mailboxes: a receiver that dies before taking its message
+/// is named by the sender at once (its process is gone), and the
+/// sender's failure reaches a third rank waiting on a message from it.
+#[test]
+fn a_dead_or_silent_peer_of_a_send_is_named() {
+    let name = "a_dead_or_silent_peer_of_a_send_is_named";
+    if as_child(name, |r| {
+        let comm = r.comm(&[]);
+        // One exchange first: every process is up and connected.
+        let mut b = vec![0u8; 4096];
+        comm.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+            .unwrap();
+        let start = Instant::now();
+        let out = vec![1u8; 1000];
+        let mut inp = vec![0u8; 1000];
+        let e = match r.rank {
+            // Dies instead of receiving from rank 0.
+            1 => std::process::exit(3),
+            0 => {
+                let mut g = oxccl::Group::new();
+                g.send(&comm, &out, DataType::Uint8, 1).unwrap();
+                g.run().unwrap_err().to_string()
+            }
+            // Rank 0 fails before sending to rank 2.
+            _ => {
+                let mut g = oxccl::Group::new();
+                g.recv(&comm, &mut inp, DataType::Uint8, 0).unwrap();
+                g.run().unwrap_err().to_string()
+            }
+        };
+        eprintln!("error after {:?}: {e}", start.elapsed());
+        assert!(start.elapsed() < Duration::from_secs(15), "{e}");
+        let who = if r.rank == 0 { "rank 1" } else { "rank 0" };
+        assert!(e.contains(who) || e.contains("rank 1"), "{e}");
+        assert!(inp.iter().all(|&x| x == 0));
+    }) {
+        return;
+    }
+    let done = fault_run(name, 3);
+    survivors_ok(&done, 1);
+    for f in done.iter().filter(|f| f.rank != 1) {
+        eprintln!("rank {}: {}", f.rank, f.stderr.trim());
+    }
+}

@@ -807,11 +807,18 @@ impl Core {
             let dst = rb.span(Region::output(0), 0, rb.out_bytes, 1)?;
             crate::exec::mem::produce(&bytes, dst, Some((src, false)), None, false);
         }
+        // The direct path numbers every message and carries the small ones;
+        // the rest go on the rings.
+        let on_rings: Vec<usize> = match self.direct.as_ref().filter(|d| d.has_p2p()) {
+            Some(d) => self.run_p2p_direct(d, ops, mask)?,
+            None => (0..ops.len()).collect(),
+        };
         // One lane per (peer, direction): messages to one peer keep their order.
         type PeerLane = (Vec<Step>, Vec<OpBuffers>, Vec<Handle>);
         let mut by_peer: BTreeMap<(usize, bool), PeerLane> = BTreeMap::new();
         let proxy_events = mask & PROXY_OP_BITS != 0 && !evs.is_empty();
-        for (i, (op, bufs)) in ops.iter().enumerate() {
+        for i in on_rings {
+            let (op, bufs) = ops[i];
             let (peer, send, bytes) = match op.kind {
                 OpKind::Send { peer } if peer != me => (peer, true, bufs.in_bytes),
                 OpKind::Recv { peer } if peer != me => (peer, false, bufs.out_bytes),
@@ -886,6 +893,65 @@ impl Core {
         let result = exec::run(&mut lanes, &ctx);
         self.put_back(conns, lanes);
         result.map_err(|e| self.failed(e, None, P2P_OP))
+    }
+
+    /// A group's sends and receives to other ranks on the direct path:
+    /// receivers copy each message straight from its sender's buffer, but
+    /// for the large ones, whose places in `ops` it returns for the rings.
+    fn run_p2p_direct(
+        &self,
+        d: &exec::direct::Direct,
+        ops: &[&(Op, OpBuffers)],
+        mask: i32,
+    ) -> Result<Vec<usize>> {
+        let me = self.rank;
+        let mut msgs = Vec::with_capacity(ops.len());
+        let mut places = Vec::with_capacity(ops.len());
+        for (i, (op, bufs)) in ops.iter().enumerate() {
+            let (peer, send, span) = match op.kind {
+                OpKind::Send { peer } if peer != me => (
+                    peer,
+                    true,
+                    bufs.span(Region::input(0), 0, bufs.in_bytes, 1)?,
+                ),
+                OpKind::Recv { peer } if peer != me => (
+                    peer,
+                    false,
+                    bufs.span(Region::output(0), 0, bufs.out_bytes, 1)?,
+                ),
+                _ => continue,
+            };
+            // As on the rings: an empty message is not sent at all.
+            if span.len > 0 {
+                let ring = send && span.len > d.p2p_max;
+                msgs.push(exec::direct_p2p::Msg {
+                    peer,
+                    send,
+                    span,
+                    ring,
+                });
+                places.push(i);
+            }
+        }
+        if msgs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ends: Vec<(bool, usize)> = msgs.iter().map(|m| (m.send, m.peer)).collect();
+        let what = || {
+            let each: Vec<String> = ends
+                .iter()
+                .map(|&(send, peer)| {
+                    let dir = if send { "send to" } else { "recv from" };
+                    format!("{dir} rank {peer}")
+                })
+                .collect();
+            format!("group of send/recv ({})", each.join(", "))
+        };
+        let ctx = self.ctx(&what, None, mask);
+        let ring = d
+            .run_p2p(&msgs, &ctx)
+            .map_err(|e| self.failed(e, None, P2P_OP))?;
+        Ok(ring.into_iter().map(|m| places[m]).collect())
     }
 
     /// Ends the error of operation `op` (collective number `seq`) with its

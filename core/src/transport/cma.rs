@@ -39,9 +39,53 @@ pub const INLINE: usize = 4096;
 const INLINE_HEAD: usize = 40;
 const INLINE_SLOT: usize = (INLINE_HEAD + INLINE).next_multiple_of(64);
 
+/// Bytes of the mailbox of one ordered pair of ranks, for point-to-point
+/// messages: the sender's line (the count of messages offered, then the
+/// last one's address and length) and the receiver's (the count taken,
+/// then how the last one went), apart so that neither writer's stores
+/// evict the other's line.
+const PAIR: usize = 128;
+const OFFER: usize = 0;
+const TAKEN: usize = 64;
+/// Ranks up to which the segment has a mailbox per ordered pair (n^2 of
+/// them: 2 MiB at this many); larger communicators send on the rings.
+pub const MAILBOX_RANKS: usize = 128;
+
 /// Bytes of the segment for `n` ranks.
 fn segment_bytes(n: usize) -> usize {
+    let pairs = if n <= MAILBOX_RANKS { n * n * PAIR } else { 0 };
+    mailboxes_at(n) + pairs
+}
+
+fn mailboxes_at(n: usize) -> usize {
     n * SLOT + 2 * n * INLINE_SLOT
+}
+
+/// How a receiver ended a message, in its mailbox: taken whole, or
+/// refused because the receive was posted for fewer bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    Whole,
+    /// The receive's size, too small for the message.
+    Refused {
+        room: u64,
+    },
+}
+
+impl Taken {
+    fn word(self) -> u64 {
+        match self {
+            Taken::Whole => 0,
+            Taken::Refused { room } => room + 1,
+        }
+    }
+
+    fn from_word(w: u64) -> Taken {
+        match w {
+            0 => Taken::Whole,
+            w => Taken::Refused { room: w - 1 },
+        }
+    }
 }
 
 /// What a rank posts for one call: the call's description (sequence
@@ -148,6 +192,38 @@ pub struct PeerMem {
     /// (the hand-off is a cache line's trip), few where the host has more
     /// ranks than cores (the peer needs this core to arrive at all).
     spins: u32,
+}
+
+/// A waiter's pauses between looks at shared words: spins first, then
+/// yields, then short sleeps.
+pub struct Backoff {
+    spins: u32,
+    rounds: u32,
+    /// Read only once a wait is long: a clock read costs more than a
+    /// small collective's hand-off.
+    start: Option<Instant>,
+}
+
+impl Backoff {
+    /// Pauses once; every so often returns the time waited so far, for
+    /// the caller to check on its peers.
+    pub fn pause(&mut self) -> Option<Duration> {
+        self.rounds = self.rounds.wrapping_add(1);
+        if self.rounds < self.spins {
+            std::hint::spin_loop();
+            return None;
+        }
+        let start = *self.start.get_or_insert_with(Instant::now);
+        // A rank that is early gives its core to the others' copies
+        // (all its host's cores are in use when every rank runs its
+        // threads): it yields at first, then sleeps a little.
+        if start.elapsed() < Duration::from_micros(50) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        self.rounds.is_multiple_of(64).then(|| start.elapsed())
+    }
 }
 
 fn spins_for(n: usize) -> u32 {
@@ -316,6 +392,51 @@ impl PeerMem {
             .collect())
     }
 
+    /// Whether this communicator's segment has the pairs' mailboxes.
+    pub fn has_mailboxes(&self) -> bool {
+        self.nranks() <= MAILBOX_RANKS
+    }
+
+    fn mailbox(&self, from: usize, to: usize) -> usize {
+        let n = self.nranks();
+        debug_assert!(n <= MAILBOX_RANKS && from < n && to < n);
+        mailboxes_at(n) + (from * n + to) * PAIR
+    }
+
+    /// Offers message number `k` (counted from 1 per ordered pair) to
+    /// `to`: `len` bytes at `addr` of this process, which must stay
+    /// unchanged until `to` has taken it. Its address and length are
+    /// written before its number, which the receiver reads first.
+    pub fn offer(&self, to: usize, k: u64, addr: u64, len: u64) {
+        let at = self.mailbox(self.me, to) + OFFER;
+        self.area.store(at + 8, addr);
+        self.area.store(at + 16, len);
+        self.area.store(at, k);
+    }
+
+    /// How many messages `from` has offered this rank, and the last one's
+    /// address and length.
+    pub fn offered(&self, from: usize) -> (u64, u64, u64) {
+        let at = self.mailbox(from, self.me) + OFFER;
+        let k = self.area.load(at);
+        (k, self.area.load(at + 8), self.area.load(at + 16))
+    }
+
+    /// Ends message number `k` from `from`: after this the sender may
+    /// reuse its buffer and offer the next.
+    pub fn take(&self, from: usize, k: u64, how: Taken) {
+        let at = self.mailbox(from, self.me) + TAKEN;
+        self.area.store(at + 8, how.word());
+        self.area.store(at, k);
+    }
+
+    /// How many of this rank's messages `to` has taken, and how the last went.
+    pub fn taken(&self, to: usize) -> (u64, Taken) {
+        let at = self.mailbox(self.me, to) + TAKEN;
+        let k = self.area.load(at);
+        (k, Taken::from_word(self.area.load(at + 8)))
+    }
+
     /// What `peer` posted, valid after a barrier that followed its post.
     pub fn posted(&self, peer: usize) -> Post {
         let mut w = [0u64; POST_WORDS];
@@ -338,10 +459,7 @@ impl PeerMem {
     /// Waits until the word at `word(p)` of every rank p reads `e` or more.
     fn wait_all(&self, e: u64, word: &dyn Fn(usize) -> usize, poll: &mut Poll<'_>) -> Result<()> {
         let n = self.nranks();
-        // Read only once a wait is long: a clock read costs more than a
-        // small collective's hand-off.
-        let mut start = None;
-        let mut spins = 0u32;
+        let mut wait = self.backoff();
         let mut next = 0;
         loop {
             while next < n && self.area.load(word(next)) >= e {
@@ -350,27 +468,21 @@ impl PeerMem {
             if next == n {
                 return Ok(());
             }
-            spins = spins.wrapping_add(1);
-            if spins < self.spins {
-                std::hint::spin_loop();
-                continue;
+            if let Some(waited) = wait.pause() {
+                let missing: Vec<usize> = (0..n).filter(|&p| self.area.load(word(p)) < e).collect();
+                if let Some(err) = poll(&missing, waited) {
+                    return Err(err);
+                }
             }
-            let start = *start.get_or_insert_with(Instant::now);
-            // A rank that is early gives its core to the others' copies
-            // (all its host's cores are in use when every rank runs its
-            // threads): it yields at first, then sleeps a little.
-            if start.elapsed() < Duration::from_micros(50) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
-            if !spins.is_multiple_of(64) {
-                continue;
-            }
-            let missing: Vec<usize> = (0..n).filter(|&p| self.area.load(word(p)) < e).collect();
-            if let Some(err) = poll(&missing, start.elapsed()) {
-                return Err(err);
-            }
+        }
+    }
+
+    /// How a wait on this segment's words spends its time.
+    pub fn backoff(&self) -> Backoff {
+        Backoff {
+            spins: self.spins,
+            rounds: 0,
+            start: None,
         }
     }
 
@@ -415,7 +527,7 @@ impl PeerMem {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -440,15 +552,16 @@ mod tests {
         assert!(read_from(std::process::id() as i32, 8, &mut dst[..8]).is_err());
     }
 
-    #[test]
-    fn ranks_of_one_process_meet_at_barriers() {
+    /// Runs `f` on `n` threads of this process, each a rank with its own
+    /// peer memory (the process reads itself, which the kernel allows).
+    pub(crate) fn in_process(n: usize, f: impl Fn(PeerMem) + Send + Sync + 'static) {
         use std::sync::{Arc, Barrier, Mutex};
-        let n = 3;
         let board: Arc<Mutex<Vec<Option<Vec<u8>>>>> = Arc::new(Mutex::new(vec![None; n]));
         let meet = Arc::new(Barrier::new(n));
+        let f = Arc::new(f);
         let hs: Vec<_> = (0..n)
             .map(|me| {
-                let (board, meet) = (board.clone(), meet.clone());
+                let (board, meet, f) = (board.clone(), meet.clone(), f.clone());
                 std::thread::spawn(move || {
                     let ag = |mine: &[u8]| -> Result<Vec<Vec<u8>>> {
                         board.lock().unwrap()[me] = Some(mine.to_vec());
@@ -464,27 +577,36 @@ mod tests {
                     };
                     let mut why = String::new();
                     let pm = PeerMem::setup(me, n, &ag, &mut why).unwrap().expect(&why);
-                    let data = vec![me as u8 + 1; 4096];
-                    pm.post(&Post {
-                        call: [5, 0, 0, 0],
-                        send: data.as_ptr() as u64,
-                        recv: 0,
-                    });
-                    pm.barrier(&mut |_, _| None).unwrap();
-                    let next = (me + 1) % n;
-                    let got = pm.posted(next);
-                    assert_eq!(got.call[0], 5);
-                    let mut buf = vec![0u8; 4096];
-                    pm.read(next, got.send, &mut buf).unwrap();
-                    assert!(buf.iter().all(|&b| b == next as u8 + 1));
-                    // Nobody's data goes before everyone has read it.
-                    pm.barrier(&mut |_, _| None).unwrap();
+                    f(pm);
                 })
             })
             .collect();
         for h in hs {
             h.join().unwrap();
         }
+    }
+
+    #[test]
+    fn ranks_of_one_process_meet_at_barriers() {
+        let n = 3;
+        in_process(n, move |pm| {
+            let me = pm.rank();
+            let data = vec![me as u8 + 1; 4096];
+            pm.post(&Post {
+                call: [5, 0, 0, 0],
+                send: data.as_ptr() as u64,
+                recv: 0,
+            });
+            pm.barrier(&mut |_, _| None).unwrap();
+            let next = (me + 1) % n;
+            let got = pm.posted(next);
+            assert_eq!(got.call[0], 5);
+            let mut buf = vec![0u8; 4096];
+            pm.read(next, got.send, &mut buf).unwrap();
+            assert!(buf.iter().all(|&b| b == next as u8 + 1));
+            // Nobody's data goes before everyone has read it.
+            pm.barrier(&mut |_, _| None).unwrap();
+        });
     }
 
     #[test]
