@@ -152,6 +152,19 @@ fn survive(r: Rank, mode: ShrinkMode, revoke_first: bool, fault: Fault) {
         t.elapsed()
     );
     assert_eq!(kid.count(), 3);
+    // Shrunk, the failed parent counts as revoked: its error is handled
+    // (PyTorch's shrink_group checks it reads success, as NCCL's does), its
+    // record stays, and it runs nothing more.
+    assert_eq!(comm.async_error().unwrap(), InitState::Ready);
+    assert_eq!(comm.failure(), Some(failure.clone()));
+    let mut one = vec![0u8; 64];
+    let refused = comm
+        .all_reduce(None, &mut one, DataType::Float32, RedOp::Sum)
+        .unwrap_err();
+    assert!(refused.to_string().contains("revoked"), "{refused}");
+    // Finalize: refused after the application's own revoke (NCCL's rule);
+    // after a shrink alone there is nothing to wait for.
+    assert_eq!(comm.finalize().is_ok(), !revoke_first);
     let want = if r.rank < VICTIM { r.rank } else { r.rank - 1 };
     assert_eq!(kid.user_rank(), want, "renumbering");
     if fault == Fault::Stop && kid.user_rank() == 0 {

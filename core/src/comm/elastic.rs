@@ -170,7 +170,30 @@ impl Comm {
             share: core.shrink_share && mode == ShrinkMode::Default && !revoked && !failed,
             despite_failures: true,
         };
-        self.make_child(&core, child, config)
+        let made = self.make_child(&core, child, config)?;
+        if failed {
+            self.settle_failed_parent(core);
+        }
+        Ok(made)
+    }
+
+    /// After a shrink has left a failed communicator behind, it counts as
+    /// revoked: its failure is handled (the survivors agreed on the ranks
+    /// to drop), its operations stay refused, and its asynchronous error
+    /// reads success again, which is what NCCL's parent reads after losing
+    /// a peer that only hung its kernels (NCCL does not mark it) and what
+    /// PyTorch's shrink_group checks on the parent after the shrink.
+    fn settle_failed_parent(&self, core: Arc<Core>) {
+        let mut st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(&*st, Status::Failed(_, Some(_))) {
+            info!(target: "oxccl::init",
+                "comm {:#018x} rank {} - the failed communicator is shrunk: it now counts as revoked (operations refused, async error ncclSuccess, finalize a no-op); destroy it",
+                core.ident.comm_hash, core.rank);
+            *st = Status::Revoked(core);
+            self.shared
+                .shrunk_after_failure
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     /// Makes the id of a grow of this communicator (NCCL's

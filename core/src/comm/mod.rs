@@ -7,6 +7,7 @@ mod ident;
 mod kernel_events;
 mod on_device;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -209,6 +210,9 @@ struct Shared {
     blocking: bool,
     status: Mutex<Status>,
     ready: Condvar,
+    /// Revoked by a shrink that left it failed, not by the application:
+    /// its finalize has nothing to wait for (see `Comm::finalize`).
+    shrunk_after_failure: AtomicBool,
 }
 
 /// A communicator: one rank's membership in a group of ranks. Cloning
@@ -385,6 +389,7 @@ impl Comm {
             blocking: config.blocking,
             status: Mutex::new(Status::Initializing),
             ready: Condvar::new(),
+            shrunk_after_failure: AtomicBool::new(false),
         });
         let comm = Comm {
             shared: shared.clone(),
@@ -780,6 +785,14 @@ impl Comm {
     /// Waits for this rank's outstanding work and synchronises with the
     /// other ranks (NCCL's `ncclCommFinalize`); then `destroy` frees.
     pub fn finalize(&self) -> Result<()> {
+        // A failed communicator a shrink replaced: its operations all ended
+        // (in errors) and its lost ranks cannot meet, so there is nothing
+        // to flush and no one to synchronise with. PyTorch finalizes it
+        // when shrink_group drops the old group.
+        if self.shared.shrunk_after_failure.load(Ordering::SeqCst) {
+            info!(target: "oxccl::init", "rank {}: finalize of a failed communicator that a shrink replaced: nothing outstanding", self.user_rank());
+            return Ok(());
+        }
         if let Status::Revoked(_) = &*self.shared.status.lock().unwrap_or_else(|p| p.into_inner()) {
             return Err(Error::InvalidUsage(
                 "finalize after revoke: NCCL defines no finalize for a revoked communicator (its operations were cut short); destroy it".into(),

@@ -300,9 +300,14 @@ impl Direct {
     /// for those on the rings, whose places in `msgs` it returns.
     pub fn run_p2p(&self, msgs: &[Msg], ctx: &ExecCtx<'_>) -> Result<Vec<usize>> {
         let mut counts = self.p2p.lock().unwrap_or_else(PoisonError::into_inner);
-        exchange(&self.pm, &mut counts, msgs, &mut |owing, waited| {
-            self.stalled(ctx, owing, waited, MAILBOX)
-        })
+        let threads = |len| self.threads.for_bytes(len);
+        exchange(
+            &self.pm,
+            &mut counts,
+            msgs,
+            &threads,
+            &mut |owing, waited| self.stalled(ctx, owing, waited, MAILBOX),
+        )
     }
 
     fn pool(&self) -> Result<&Pool> {
