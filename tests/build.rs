@@ -16,6 +16,7 @@ fn main() {
         "profiler_keep_name",
         "tuner_keep",
         "profiler_tree",
+        "profiler_null_ctx",
         "net_v7_shim",
         "net_v6_shim",
         "env_fixture",

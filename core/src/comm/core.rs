@@ -445,7 +445,6 @@ impl Core {
                 .map(|comm| super::on_device::Profiling {
                     comm,
                     mask: comm.mask(),
-                    seq,
                     kernel_events: &self.kernel_events,
                     limit: self.cfg.timeout(),
                     rank: self.rank,
@@ -583,9 +582,7 @@ impl Core {
             nch
         };
         let event = match (self.profiler.as_deref(), parents) {
-            (Some(p), Some((g, api))) => {
-                Some(p.running(p.coll(mask, op, seq, Some(algo), nch, g, api)))
-            }
+            (Some(p), Some((g, api))) => Some(p.running(p.coll(mask, op, Some(algo), nch, g, api))),
             _ => None,
         };
         // The parent of the proxy ops, only when they are started.
@@ -678,9 +675,7 @@ impl Core {
             Route::Threads(t) => t,
         };
         let event = match (self.profiler.as_deref(), parents) {
-            (Some(p), Some((g, api))) => {
-                Some(p.running(p.coll(mask, op, seq, None, threads, g, api)))
-            }
+            (Some(p), Some((g, api))) => Some(p.running(p.coll(mask, op, None, threads, g, api))),
             _ => None,
         };
         let what = || format!("{} #{seq}", op.describe());

@@ -161,8 +161,6 @@ fn log_routes(local: &Locality, routes: &[Transport], channels: usize) {
 pub(crate) struct Profiling<'a> {
     pub comm: &'a Arc<ProfilerComm>,
     pub mask: i32,
-    /// The number of the group's first collective.
-    pub seq: u64,
     pub kernel_events: &'a OnceLock<KernelEvents>,
     /// How long a launch may run before its channel events are given up.
     pub limit: Duration,
@@ -257,16 +255,16 @@ pub(crate) fn execute(
         .iter()
         .enumerate()
         .filter(|(_, (op, _))| op.kind.coll().is_some());
-    for (i, (at, (op, _))) in colls.enumerate() {
+    for (at, (op, _)) in colls {
         let coll = op.kind.coll().expect("a collective");
         let choice = choose(&dc, &tuning, coll, op.count, op.dtype);
         let event = match (p, &group) {
             (Some(p), Some(g)) => {
-                let (seq, algo, nch) = (p.seq + i as u64, choice.algo, choice.channels);
+                let (algo, nch) = (choice.algo, choice.channels);
                 let api = p.api.op(at);
                 Some(
                     p.comm
-                        .running(p.comm.coll(mask, op, seq, Some(algo), nch, g.handle(), api)),
+                        .running(p.comm.coll(mask, op, Some(algo), nch, g.handle(), api)),
                 )
             }
             _ => None,

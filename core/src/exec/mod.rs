@@ -553,6 +553,9 @@ impl<'a> LaneState<'a> {
             let mr = c
                 .mr(out, whole, scope)
                 .map_err(|e| reg_err(e, "send to", peer, whole, &lane.label))?;
+            if let Some(p) = &self.prof {
+                p.send_ready(t.send_op, t.send_ev, out.len);
+            }
             // SAFETY: the span stays valid and unchanged until the send
             // completes: the task holds its slots (first messages are built
             // in its send slot) and user regions being sent are not written

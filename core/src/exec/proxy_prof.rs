@@ -1,12 +1,17 @@
 //! The profiler's proxy events on the host path, at the points where NCCL's
 //! proxy thread reports them (src/transport/net.cc, src/plugin/profiler.cc):
 //! a proxy op per (operation, peer, direction) of a lane, started when the
-//! lane starts and stopped when its last step completes; a proxy step per
-//! slice sent or received, started when the send's slice is opened (its
-//! data not yet produced: NCCL's "GPU wait") or when the receive is posted,
-//! moved to "on the network" when the send is posted or to "waiting for
-//! the consumer" when the receive completes, and stopped when the send
-//! completes or the received slice has been used.
+//! lane starts, "in progress" (v4's state) before its first step, stopped
+//! when its last step completes; a proxy step per slice sent or received,
+//! with NCCL's state sequence (net.cc's sendProxyProgress and
+//! recvProxyProgress): a send step starts when its slice is opened and is
+//! at once "GPU wait" (its data not yet produced), "peer wait" when the
+//! data is ready and the send is tried, "send wait" once the network took
+//! it, stopped when the send completes; a receive step starts when the
+//! receive is posted and is at once "recv wait", "flush wait" (with the
+//! bytes received) and then "GPU wait" when the network completed it (host
+//! memory needs no flush, so the two follow each other as in NCCL without
+//! one), stopped when the received slice has been used.
 //!
 //! Only built when the group's activation mask asks for proxy events, so
 //! that the executor otherwise pays a `None` check per slice.
@@ -17,8 +22,9 @@ use oxccl_plugin::ffi::profiler::{
     EventState, NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4, NCCL_PROFILER_PROXY_OP_RECV_DONE,
     NCCL_PROFILER_PROXY_OP_RECV_POSTED, NCCL_PROFILER_PROXY_OP_RECV_RECEIVED,
     NCCL_PROFILER_PROXY_OP_SEND_DONE, NCCL_PROFILER_PROXY_OP_SEND_POSTED,
-    NCCL_PROFILER_PROXY_OP_SEND_TRANSMITTED, NCCL_PROFILER_PROXY_STEP_RECV_GPU_WAIT,
-    NCCL_PROFILER_PROXY_STEP_RECV_WAIT, NCCL_PROFILER_PROXY_STEP_SEND_GPU_WAIT,
+    NCCL_PROFILER_PROXY_OP_SEND_TRANSMITTED, NCCL_PROFILER_PROXY_STEP_RECV_FLUSH_WAIT,
+    NCCL_PROFILER_PROXY_STEP_RECV_GPU_WAIT, NCCL_PROFILER_PROXY_STEP_RECV_WAIT,
+    NCCL_PROFILER_PROXY_STEP_SEND_GPU_WAIT, NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4,
     NCCL_PROFILER_PROXY_STEP_SEND_WAIT,
 };
 
@@ -45,7 +51,7 @@ struct Op {
     posted: c_int,
     transmitted: c_int,
     done: c_int,
-    on_net: bool,
+    in_progress: bool,
 }
 
 /// The proxy ops of one lane.
@@ -83,7 +89,7 @@ impl<'a> Proxies<'a> {
                         posted: 0,
                         transmitted: 0,
                         done: 0,
-                        on_net: false,
+                        in_progress: false,
                     }),
                 }
             }
@@ -138,8 +144,13 @@ impl<'a> Proxies<'a> {
             .record(ev, state, StateArgs::Step { trans_size: bytes });
     }
 
-    /// Starts the next step of proxy op `op`.
+    /// Starts the next step of proxy op `op` (the op is in progress from
+    /// its first step on, as NCCL marks it before posting any).
     fn begin_step(&mut self, op: usize, state: EventState, bytes: usize) -> Handle {
+        if !self.ops[op].in_progress {
+            self.ops[op].in_progress = true;
+            self.op_state(op, NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4, 0, 0);
+        }
         let o = &mut self.ops[op];
         let step = o.posted;
         o.posted += 1;
@@ -154,14 +165,6 @@ impl<'a> Proxies<'a> {
         ev
     }
 
-    /// The first network call of a proxy op (NCCL v4's "in progress").
-    fn on_net(&mut self, op: usize) {
-        if !self.ops[op].on_net {
-            self.ops[op].on_net = true;
-            self.op_state(op, NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4, 0, 0);
-        }
-    }
-
     /// A slice to send was opened; its data is not produced yet.
     pub fn send_created(&mut self, step: usize, peer: usize, bytes: usize) -> (usize, Handle) {
         let op = self.index(step, peer, true);
@@ -174,12 +177,19 @@ impl<'a> Proxies<'a> {
         (op, ev)
     }
 
+    /// The slice's data is ready and its send is being tried (again, if
+    /// the network refused the last try, as NCCL records it per try).
+    pub fn send_ready(&self, op: usize, ev: Handle, bytes: usize) {
+        if op != NO_OP {
+            self.step_state(ev, NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4, bytes);
+        }
+    }
+
     /// The slice's send was handed to the network.
     pub fn sent(&mut self, op: usize, ev: Handle, bytes: usize) {
         if op == NO_OP {
             return;
         }
-        self.on_net(op);
         self.step_state(ev, NCCL_PROFILER_PROXY_STEP_SEND_WAIT, bytes);
         self.ops[op].transmitted += 1;
         let t = self.ops[op].transmitted;
@@ -204,7 +214,6 @@ impl<'a> Proxies<'a> {
         if op == NO_OP {
             return (NO_OP, Handle::NONE);
         }
-        self.on_net(op);
         let ev = self.begin_step(op, NCCL_PROFILER_PROXY_STEP_RECV_WAIT, bytes);
         let posted = self.ops[op].posted;
         self.op_state(op, NCCL_PROFILER_PROXY_OP_RECV_POSTED, posted, bytes);
@@ -216,6 +225,7 @@ impl<'a> Proxies<'a> {
         if op == NO_OP {
             return;
         }
+        self.step_state(ev, NCCL_PROFILER_PROXY_STEP_RECV_FLUSH_WAIT, bytes);
         self.step_state(ev, NCCL_PROFILER_PROXY_STEP_RECV_GPU_WAIT, bytes);
         self.ops[op].transmitted += 1;
         let t = self.ops[op].transmitted;

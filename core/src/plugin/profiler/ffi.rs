@@ -1060,7 +1060,14 @@ impl CProfiler {
         }
     }
 
+    /// `finalize`, only for a context `init` set: NCCL skips it for a NULL
+    /// one (profiler.cc), and plugins rely on that (the Inspector returns
+    /// success with no context when it disables itself, and its finalize
+    /// reads the context).
     pub fn finalize(&self, ctx: &Ctx) {
+        if ctx.ptr.is_null() {
+            return;
+        }
         let f = match self.vt {
             Vt::V1(v) => v.finalize,
             Vt::V2(v) => v.finalize,

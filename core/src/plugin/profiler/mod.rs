@@ -12,7 +12,7 @@
 
 mod ffi;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tracing::{info, warn};
@@ -107,6 +107,9 @@ pub struct ProfilerComm {
     rank: i32,
     /// The communicator's hash, which descriptors before v4 carry.
     comm_hash: u64,
+    /// The next sequence number of each collective function: NCCL numbers
+    /// each function's collectives on its own (`comm->seqNumber[func]`).
+    seqs: [AtomicU64; 5],
 }
 
 impl ProfilerComm {
@@ -124,6 +127,7 @@ impl ProfilerComm {
                 ctx,
                 rank: rank as i32,
                 comm_hash: comm_id,
+                seqs: Default::default(),
             }),
             Err(e) => {
                 warn!(target: "oxccl::profiler", "profiler plugin {}: {e}; no profiler for this communicator", p.name);
@@ -256,7 +260,9 @@ impl ProfilerComm {
     }
 
     /// The collective event of `op` (child of the group event `parent`;
-    /// from v5 on, of the API event `api`, with the group as `parentGroup`).
+    /// from v5 on, of the API event `api`, with the group as `parentGroup`),
+    /// numbered among its function's collectives whether or not the mask
+    /// starts it, as NCCL counts them.
     /// `algo` is `None` for oxccl's direct host path, which NCCL has no
     /// name or code for: it is named "Direct", its v1 code is -1.
     #[allow(clippy::too_many_arguments, reason = "NCCL's descriptor fields")]
@@ -264,12 +270,20 @@ impl ProfilerComm {
         &self,
         mask: i32,
         op: &crate::op::Op,
-        seq: u64,
         algo: Option<crate::algo::Algo>,
         nch: usize,
         parent: Handle,
         api: Handle,
     ) -> Handle {
+        use crate::op::OpKind;
+        let f = match op.kind {
+            OpKind::AllReduce => 0,
+            OpKind::Broadcast { .. } => 1,
+            OpKind::Reduce { .. } => 2,
+            OpKind::AllGather => 3,
+            _ => 4,
+        };
+        let seq = self.seqs[f].fetch_add(1, Ordering::Relaxed);
         self.start(
             mask,
             Event::Coll {
