@@ -283,7 +283,7 @@ impl Direct {
         Direct {
             pm: Arc::new(pm),
             min,
-            p2p_max: p2p_max(),
+            p2p_max: p2p_max(threads),
             threads,
             pool: OnceLock::new(),
             scratch: Mutex::default(),
@@ -496,15 +496,20 @@ impl Direct {
 }
 
 /// The largest point-to-point message the direct path carries
-/// (`OXCCL_HOST_DIRECT_P2P_MAX`, default 1 MiB): below it one kernel copy
-/// beats the rings' hand-offs; above it the rings' two user-space copies,
-/// pipelined on two cores, are faster (on a 2-core VM, 2 ranks: 12.9
-/// against 4.1 GB/s at 256 KiB, 9.5 against 13.7 at 8 MiB).
-fn p2p_max() -> usize {
+/// (`OXCCL_HOST_DIRECT_P2P_MAX`). By default every message where a rank
+/// has two threads or more to copy with: split over them, the kernel's
+/// copy beats the rings at every size (16-core H100 host, 256 MiB
+/// sendrecv: 11.9 / 6.4 / 3.9 GB/s against the rings' 3.3 / 2.6 / 2.4 on
+/// 2 / 4 / 8 ranks). With one thread, up to 1 MiB: beyond it the rings'
+/// two user-space copies, pipelined on two cores, are as fast or faster
+/// (2-core VM, 2 ranks: 15.3 against 3.9 GB/s at 256 KiB, 9.5 against
+/// 13.7 at 8 MiB).
+fn p2p_max(threads: Threads) -> usize {
+    let default = if threads.most() >= 2 { usize::MAX } else { 1 << 20 };
     std::env::var("OXCCL_HOST_DIRECT_P2P_MAX")
         .ok()
         .and_then(|v| crate::config::parse_size(&v))
-        .map_or(1 << 20, |v| v as usize)
+        .map_or(default, |v| v as usize)
 }
 
 /// Bytes a thread is worth: below this, starting it costs more than it saves.
