@@ -289,22 +289,12 @@ impl Connections {
         }
         let start = Instant::now();
         while !(listens.is_empty() && connects.is_empty()) {
-            let mut i = 0;
-            while i < listens.len() {
-                let (key, dev, l) = &mut listens[i];
-                match l
-                    .accept()
-                    .map_err(|e| Error::from(e).context(format!("accepting rank {}", key.1)))?
-                {
-                    Some(c) => {
-                        let (key, dev) = (*key, *dev);
-                        self.recv.insert(key, RecvConn::new(c));
-                        listens.swap_remove(i);
-                        self.log(key, false, dev);
-                    }
-                    None => i += 1,
-                }
-            }
+            // Connects before accepts, in the order NCCL's transport setup
+            // takes (every send's connect, then every receive's): plugins
+            // written for NCCL may rely on it. Google's Fast Socket blocks in
+            // accept until the peer's connect has started its connections,
+            // while its connect only starts a thread; accepting first left
+            // both ranks of a pair blocked in accept.
             let mut i = 0;
             while i < connects.len() {
                 let (key, dev, h) = &mut connects[i];
@@ -318,6 +308,22 @@ impl Connections {
                         self.send.insert(key, SendConn::new(c));
                         connects.swap_remove(i);
                         self.log(key, true, dev);
+                    }
+                    None => i += 1,
+                }
+            }
+            let mut i = 0;
+            while i < listens.len() {
+                let (key, dev, l) = &mut listens[i];
+                match l
+                    .accept()
+                    .map_err(|e| Error::from(e).context(format!("accepting rank {}", key.1)))?
+                {
+                    Some(c) => {
+                        let (key, dev) = (*key, *dev);
+                        self.recv.insert(key, RecvConn::new(c));
+                        listens.swap_remove(i);
+                        self.log(key, false, dev);
                     }
                     None => i += 1,
                 }

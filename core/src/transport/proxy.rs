@@ -19,7 +19,10 @@
 //! side ever sends to a closed one, and only a launch that would need the
 //! departed rank fails (`Proxy::gone`); nothing is reported
 //! asynchronously, since ranks of a finished job destroy their
-//! communicators at different times.
+//! communicators at different times. A plugin that leaves a receive's size
+//! unreported (as NCCL allows in practice: Google's Fast Socket) cannot
+//! carry goodbyes; once one of its receives completes that way, the proxy
+//! closes without them, as NCCL does.
 //!
 //! [`SendSteps`] and [`RecvSteps`] are the per-connection state machines,
 //! without sockets or GPUs; [`Proxy`] is the thread that feeds them the
@@ -214,6 +217,9 @@ struct Driven {
     /// once it went.
     bye: Option<Box<dyn Request>>,
     said_bye: bool,
+    /// A receive completed without its size (`Request::test`): the plugin
+    /// cannot tell a goodbye from a slice.
+    sizeless: bool,
 }
 
 impl Driven {
@@ -251,6 +257,7 @@ impl Driven {
             heard_bye: false,
             bye: None,
             said_bye: false,
+            sizeless: false,
         })
     }
 
@@ -325,6 +332,7 @@ impl Driven {
             };
             self.recv_q.pop_front();
             moved = true;
+            self.sizeless |= sizes.is_empty();
             if sizes.first() == Some(&0) {
                 // The receives posted behind it will never complete; they
                 // are dropped with the connection. The peer waits for our
@@ -488,6 +496,12 @@ fn run(
         } else {
             std::hint::spin_loop();
         }
+    }
+    if driven.iter().any(|d| d.sizeless) {
+        // The plugin reports no receive sizes, so a peer would take our
+        // goodbye for a slice: close without one, as NCCL does.
+        tracing::debug!(target: "oxccl::net", "proxy of rank {}: the net plugin reports no receive sizes; closing without goodbyes", areas.rank);
+        return;
     }
     let until = Instant::now() + BYE_WAIT;
     let mut done = vec![false; driven.len()];

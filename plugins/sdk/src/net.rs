@@ -114,7 +114,10 @@ fn no_device_offload() -> NetError {
 /// An outstanding `isend` or `irecv`.
 pub trait Request: Send {
     /// `Ok(None)` while in flight; `Ok(Some(sizes))` once done, one size per
-    /// buffer of the operation (the received size for a receive).
+    /// buffer of the operation (the received size for a receive). Empty
+    /// `sizes`: done, size not reported. A C plugin may leave `test`'s size
+    /// unwritten (Google's Fast Socket does): NCCL never relies on it, since
+    /// its kernels know every slice's size, so callers must not either.
     fn test(&mut self) -> NetResult<Option<Vec<usize>>>;
 }
 

@@ -544,7 +544,9 @@ impl Request for CRequest {
         if self.done {
             return Err(NetError::Internal("request tested after completion".into()));
         }
-        let (mut done, mut size): (c_int, c_int) = (0, 0);
+        // -1 stays where the plugin does not write the size (see
+        // `Request::test`): reported as "done, size unknown".
+        let (mut done, mut size): (c_int, c_int) = (0, -1);
         let f = self.vt.same.test.ok_or_else(|| missing("test"))?;
         // SAFETY: a request the plugin returned, not yet completed.
         let r = unsafe { f(self.r, &mut done, &mut size) };
@@ -554,7 +556,11 @@ impl Request for CRequest {
         check("test", r)?;
         if done != 0 {
             self.done = true;
-            return Ok(Some(vec![size.max(0) as usize]));
+            return Ok(Some(if size < 0 {
+                Vec::new()
+            } else {
+                vec![size as usize]
+            }));
         }
         Ok(None)
     }
