@@ -17,9 +17,11 @@
 # `build` needs g++ and only the plugins' own headers: CUDA headers are
 # used where CUDA_HOME has them, else the few CUDA declarations the two
 # plugins use are written here (cuda_stub/), with a stand-in
-# libcudart.so.12 that reports no device. On a GPU machine the real
-# runtime is put first on LD_LIBRARY_PATH (CUDART_DIR, or PyTorch's) and
-# replaces the stand-in (same SONAME, same C types). The Inspector also
+# libcudart.so.12 that forwards them to the CUDA driver (libcuda.so.1)
+# where one is installed and reports no device otherwise. On a GPU machine
+# a real libcudart.so.12 is put first on LD_LIBRARY_PATH (CUDART_DIR, or
+# PyTorch's) where there is one; CUDA 13 machines have none, and the
+# stand-in's forwarding serves. The Inspector also
 # dlopens libcuda (the driver) and asks cudaGetDevice for each
 # communicator; without a GPU it disables itself, which `run` reports.
 # Nothing of NCCL is copied into oxccl: the sources stay in OUTDIR/src.
@@ -85,20 +87,37 @@ typedef int CUdevice;
 typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 H
     cat >"$out/cuda_stub/cudart.c" <<'C'
-/* Stand-in CUDA runtime for a machine without one: no device. */
+/* Stand-in CUDA runtime: forwards the few calls the plugins make to the
+ * CUDA driver (libcuda.so.1) where one is installed, so that on a GPU
+ * machine whose runtime is another major version the plugins still see
+ * the device; without a driver it reports no device. */
+#include <dlfcn.h>
 #include "cuda_runtime.h"
-cudaError_t cudaGetDevice(int* d) { (void)d; return cudaErrorNoDevice; }
-const char* cudaGetErrorString(cudaError_t e) {
-  return e ? "no CUDA device (oxccl's stand-in CUDA runtime)" : "no error";
+static void* drv(const char* f) {
+  static void* h;
+  if (!h) h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  return h ? dlsym(h, f) : 0;
 }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int f) { (void)f; *e = 0; return cudaErrorNoDevice; }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)e; (void)s; return cudaErrorNoDevice; }
-cudaError_t cudaEventQuery(cudaEvent_t e) { (void)e; return cudaErrorNoDevice; }
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { (void)a; (void)b; *ms = 0; return cudaErrorNoDevice; }
-cudaError_t cudaEventDestroy(cudaEvent_t e) { (void)e; return cudaSuccess; }
+/* Driver and runtime share these codes (0 success, 600 not ready). */
+typedef int (*dev_fn)(int*);
+typedef int (*evc_fn)(cudaEvent_t*, unsigned int);
+typedef int (*evr_fn)(cudaEvent_t, cudaStream_t);
+typedef int (*ev_fn)(cudaEvent_t);
+typedef int (*evt_fn)(float*, cudaEvent_t, cudaEvent_t);
+#define CALL(type, name, ...) do { type f = (type)drv(name); \
+  return f ? f(__VA_ARGS__) : cudaErrorNoDevice; } while (0)
+cudaError_t cudaGetDevice(int* d) { CALL(dev_fn, "cuCtxGetDevice", d); }
+const char* cudaGetErrorString(cudaError_t e) {
+  return e == cudaErrorNoDevice ? "no CUDA device (oxccl's stand-in CUDA runtime)" : e ? "CUDA driver error" : "no error";
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) { CALL(evc_fn, "cuEventCreate", e, flags); }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { CALL(evr_fn, "cuEventRecord", e, s); }
+cudaError_t cudaEventQuery(cudaEvent_t e) { CALL(ev_fn, "cuEventQuery", e); }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { CALL(evt_fn, "cuEventElapsedTime", ms, a, b); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { CALL(ev_fn, "cuEventDestroy_v2", e); }
 C
     gcc -shared -fPIC -O1 -I"$inc" -Wl,-soname,libcudart.so.12 \
-      -o "$out/cuda_stub/lib/libcudart.so.12" "$out/cuda_stub/cudart.c"
+      -o "$out/cuda_stub/lib/libcudart.so.12" "$out/cuda_stub/cudart.c" -ldl
     ln -sf libcudart.so.12 "$out/cuda_stub/lib/libcudart.so"
     cp "$out/cuda_stub/lib/libcudart.so.12" "$lib/"
   fi

@@ -365,6 +365,9 @@ fn our_profiler_nests_proxy_ops_and_steps_under_operations() {
                 ("NCCL_PROFILE_EVENT_MASK", mask),
                 ("OXCCL_PROFILER_DIR", &d),
                 ("NCCL_CHUNK_SIZE", "16K"),
+                // The network path, where NCCL records proxy events (the direct
+                // path's mailbox copies have none, as NCCL's shared memory has none).
+                ("NCCL_SHM_DISABLE", "1"),
             ],
             Duration::from_secs(60),
         );
@@ -992,6 +995,9 @@ fn profiler_v5_proxy_events_follow_nccl() {
             ("NCCL_PROFILER_PLUGIN", &fixture("profiler_tree")),
             ("FIXTURE_PROFILER_MASK", "16"),
             ("NCCL_CHUNK_SIZE", "16K"),
+            // The network path, where NCCL records proxy events (the direct
+            // path's mailbox copies have none, as NCCL's shared memory has none).
+            ("NCCL_SHM_DISABLE", "1"),
         ],
     );
     for f in &done {
