@@ -106,7 +106,15 @@ typedef int (*ev_fn)(cudaEvent_t);
 typedef int (*evt_fn)(float*, cudaEvent_t, cudaEvent_t);
 #define CALL(type, name, ...) do { type f = (type)drv(name); \
   return f ? f(__VA_ARGS__) : cudaErrorNoDevice; } while (0)
-cudaError_t cudaGetDevice(int* d) { CALL(dev_fn, "cuCtxGetDevice", d); }
+/* The runtime's answer where no context is current on the thread is its
+ * default device, 0; the driver's is an error (201). */
+cudaError_t cudaGetDevice(int* d) {
+  dev_fn f = (dev_fn)drv("cuCtxGetDevice");
+  if (!f) return cudaErrorNoDevice;
+  int r = f(d);
+  if (r == 201) { *d = 0; return cudaSuccess; }
+  return r;
+}
 const char* cudaGetErrorString(cudaError_t e) {
   return e == cudaErrorNoDevice ? "no CUDA device (oxccl's stand-in CUDA runtime)" : e ? "CUDA driver error" : "no error";
 }
