@@ -14,7 +14,7 @@ use crate::bootstrap::{Bootstrap, PeerProgress};
 use crate::config::Config;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Failure, Result};
-use crate::exec::device::DeviceComm;
+use crate::exec::device::{DeviceComm, DeviceStop};
 use crate::exec::header::OpHeader;
 use crate::exec::mem::OpBuffers;
 use crate::exec::{self, ExecCtx, Lane, ProxyProfiler, Stop, StopReason};
@@ -81,8 +81,9 @@ fn staging_key(chan: usize, steps: &[Step]) -> StagingKey {
 }
 
 /// How a GPU rank's operations move: kernels storing into the areas of
-/// its peers, whichever transport reaches each.
-pub(crate) struct GpuPath(pub Mutex<DeviceComm>);
+/// its peers, whichever transport reaches each; and what ends them now,
+/// outside the lock (which an enqueue may hold while it waits on a peer).
+pub(crate) struct GpuPath(pub Mutex<DeviceComm>, pub Arc<DeviceStop>);
 
 impl GpuPath {
     pub fn ordinal(&self) -> Option<usize> {
@@ -361,15 +362,53 @@ impl Core {
     /// ones) for `why`: the executor's loops see the flag, and waits on
     /// the bootstrap (connection handles) end at once.
     pub fn stop_operations(&self, why: StopReason) {
+        self.stop_host(why);
+        self.stop_device();
+    }
+
+    /// [`Core::stop_operations`] on the host alone: calls end, the device's
+    /// work is left to run.
+    pub fn stop_host(&self, why: StopReason) {
         self.stop.set(why);
         if let Some(e) = self.stop.error("waiting on a peer") {
             self.bootstrap.interrupt(e.message());
         }
     }
 
-    /// Whether no call is inside [`Core::execute`].
+    /// Ends this GPU communicator's device work for good (nothing on host
+    /// memory): its kernels return at their next poll and its host waits
+    /// at once; [`Core::quiescent`] releases the rest and says when all
+    /// ended.
+    pub fn stop_device(&self) {
+        if let Some(GpuPath(_, stop)) = &self.device {
+            stop.raise();
+        }
+    }
+
+    /// Whether no call is inside [`Core::execute`] and, on a GPU whose
+    /// device work was stopped, none of it runs any more (the first look
+    /// releases what waits on the streams).
     pub fn quiescent(&self) -> bool {
-        self.inflight.load(Ordering::SeqCst) == 0
+        if self.inflight.load(Ordering::SeqCst) != 0 {
+            return false;
+        }
+        match &self.device {
+            // A CUDA error here means the context runs nothing any more.
+            Some(GpuPath(dc, stop)) if stop.is_raised() => dc
+                .try_lock()
+                .is_ok_and(|mut dc| dc.settle().unwrap_or(true)),
+            _ => true,
+        }
+    }
+
+    /// Whether this GPU communicator's device work has all finished (the
+    /// work its caller put after it on the last stream too): true on host
+    /// memory, false while another thread enqueues.
+    pub fn device_idle(&self) -> bool {
+        match &self.device {
+            Some(GpuPath(dc, _)) => dc.try_lock().is_ok_and(|dc| dc.idle().unwrap_or(true)),
+            None => true,
+        }
     }
 
     /// Waits up to `limit` for [`Core::quiescent`]; whether it came.
@@ -433,7 +472,7 @@ impl Core {
                     .into(),
             ));
         }
-        if let Some(GpuPath(dc)) = &self.device {
+        if let Some(GpuPath(dc, _)) = &self.device {
             let n = ops
                 .iter()
                 .filter(|(op, _)| op.kind.coll().is_some())
@@ -455,6 +494,10 @@ impl Core {
                 forced: self.forced_algo,
             };
             return super::on_device::execute(dc, ops, tuning, prof).map_err(|e| {
+                // Ended by a revoke or abort: no peer failed.
+                if let Some(stopped) = self.stop.error("operation") {
+                    return stopped;
+                }
                 let e = e.context(format!(
                     "rank {} (device operations from #{seq})",
                     self.rank
