@@ -62,6 +62,11 @@ const P2P_OP: &str = "send/recv";
 /// How old a progress query's answers a failure record may reuse.
 const PROBE_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// A failure record found without a timeout asks the ranks again, this
+/// long apart, until no answer moves, for at most [`SETTLE_MOST`].
+const SETTLE_STEP: std::time::Duration = std::time::Duration::from_millis(5);
+const SETTLE_MOST: std::time::Duration = std::time::Duration::from_millis(300);
+
 /// A lane's staging slots (receive, send).
 type Staging = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -1031,8 +1036,13 @@ impl Core {
     /// before the failure reached it has the same record as one that did
     /// not.
     fn failure_record(&self, seq: Option<u64>, op: &str) -> Failure {
-        // The timeout path has just asked: no second wait on a hung rank.
-        let progress = self.bootstrap.recent_progress(PROBE_FRESH);
+        // The timeout path has just asked, after NCCL_TIMEOUT without
+        // progress: every rank has long stopped where it stops, and a
+        // second ask would wait on a hung rank again.
+        let progress = match self.bootstrap.cached_progress(PROBE_FRESH) {
+            Some(p) => p,
+            None => self.settled_progress(),
+        };
         let ranks = (0..progress.len())
             .filter(|&r| progress[r] == PeerProgress::Unreachable)
             .collect();
@@ -1050,6 +1060,27 @@ impl Core {
             seq,
             op: op.to_string(),
         }
+    }
+
+    /// The ranks' progress once it stops moving. A rank that sees a peer
+    /// leave (a closed connection, a dead process) sees it at once, while
+    /// other survivors may still be finishing the operation before the
+    /// one they stop in: a record from that moment would name an earlier
+    /// collective than a survivor that looks later, and every survivor's
+    /// record must be the same (it is the shrink's exclude list and what
+    /// the application compares).
+    fn settled_progress(&self) -> Vec<PeerProgress> {
+        let start = std::time::Instant::now();
+        let mut progress = self.bootstrap.query_progress();
+        while start.elapsed() < SETTLE_MOST {
+            std::thread::sleep(SETTLE_STEP);
+            let again = self.bootstrap.query_progress();
+            if again == progress {
+                break;
+            }
+            progress = again;
+        }
+        progress
     }
 
     /// The first failure record of an operation here (see [`Failure`]).
