@@ -209,6 +209,9 @@ fn one_run(
     let done = launch::spawn(n, &argv, &env, launch::Output::Capture, limit, limit);
     let _ = std::fs::remove_file(&mark);
     let mut rows = Vec::new();
+    // Every survivor's failure record must be the same (the exclude list
+    // the shrink takes, the collective, the operation).
+    let mut records: Vec<(usize, String)> = Vec::new();
     for f in done? {
         if f.rank == args.victim {
             continue;
@@ -229,6 +232,12 @@ fn one_run(
             (Some(d), Some(s), Some(w)) => rows.push((d, s, w as u64)),
             _ => return Err(format!("rank {}: malformed result {line:?}", f.rank)),
         }
+        records.push((f.rank, v.get(3..).unwrap_or_default().join(" ")));
+    }
+    if records.iter().any(|(_, r)| *r != records[0].1) {
+        return Err(format!(
+            "the survivors' failure records differ: {records:?}"
+        ));
     }
     Ok(rows)
 }

@@ -85,6 +85,11 @@ struct CollArgs {
   // channel, in mapped host memory), for the profiler's KernelCh events; 0:
   // not timed.
   u64 stamps;
+  // A word in mapped host memory that the host sets to end the launch now
+  // (a revoke, an abort, NCCL_SHRINK_ABORT): a wait that sees it non-zero
+  // gives up and the blocks return without trapping, so the context stays
+  // usable. 0: none.
+  u64 abort;
   DevStep steps[OXCCL_MAX_STEPS];
 };
 
@@ -104,19 +109,29 @@ __device__ __forceinline__ u64 oxccl_globaltimer() {
   return t;
 }
 
-// Spins until *p >= v. A peer that never comes would hang the GPU for
-// good; past the timeout the kernel traps, which the host sees as an error.
-__device__ __forceinline__ void oxccl_wait_geq(const volatile u64* p, u64 v, u64 timeout_ns) {
+// Whether the host asked the launch to end (see CollArgs::abort).
+__device__ __forceinline__ bool oxccl_aborted(u64 abort) {
+  return abort != 0 && oxccl_ld_acquire_sys((const volatile u64*)abort) != 0;
+}
+
+// Spins until *p >= v (true), or until the host sets the abort word
+// (false). A peer that never comes would hang the GPU for good; past the
+// timeout the kernel traps, which the host sees as an error. The abort word
+// is read with the clock, every 1024 spins: a host read costs about a
+// microsecond, and a revoke waits at most that much longer.
+__device__ __forceinline__ bool oxccl_wait_geq(const volatile u64* p, u64 v, u64 timeout_ns, u64 abort) {
   u32 spins = 0;
   u64 t0 = 0;
   while (oxccl_ld_acquire_sys(p) < v) {
     if (++spins == 1024) {
       spins = 0;
+      if (oxccl_aborted(abort)) return false;
       const u64 now = oxccl_globaltimer();
       if (t0 == 0) t0 = now;
       else if (now - t0 > timeout_ns) __trap();
     }
   }
+  return true;
 }
 
 // Index of peer p among rank r's n-1 peers.
@@ -126,7 +141,7 @@ struct OxChan {
   char* win;
   const WinHeader* h;
   u32 me, n, maxch, nslots, ch;
-  u64 slot_bytes, timeout_ns;
+  u64 slot_bytes, timeout_ns, abort;
 
   __device__ __forceinline__ u64 cell(u32 q) const { return (u64)q * maxch + ch; }
   // In my area for p: data from p, p's posts, p's acks; my counters
@@ -175,6 +190,12 @@ struct OxShared {
   // Exchange: slices whose source the sending warps have read, so that the
   // receiving warps never overwrite (in place) a slice not yet sent.
   volatile u64 local_done;
+  // Set by the thread that waits, before the barrier after which every
+  // thread of its group reads it, so that the group leaves together: the
+  // block's (and the exchange's sending group's), and the exchange's
+  // receiving group's.
+  volatile u32 aborted;
+  volatile u32 aborted_recv;
 };
 
 // A barrier among `n` threads of the block (named barrier `id`; 0 is
@@ -183,22 +204,26 @@ __device__ __forceinline__ void oxccl_bar(u32 id, u32 n) { asm volatile("bar.syn
 
 // Thread 0 waits until the slices are there / the slots are free; then the
 // block moves the data; then thread 0 publishes. The fence after the
-// barrier orders every thread's stores to the peer before the flag.
+// barrier orders every thread's stores to the peer before the flag. False
+// (on every thread alike) when the launch was aborted: nothing was moved.
 template <typename T, typename Op>
-__device__ __forceinline__ void oxccl_slice(const OxChan& c, OxShared& sh, int recv, int send, const T* src, T* dst,
+__device__ __forceinline__ bool oxccl_slice(const OxChan& c, OxShared& sh, int recv, int send, const T* src, T* dst,
                                             u64 n, u32 flags, const Scalars& sc) {
   if (threadIdx.x == 0) {
+    bool ok = true;
     if (recv >= 0) {
-      oxccl_wait_geq(c.tail_from(recv), sh.recvd[recv] + 1, c.timeout_ns);
+      ok = oxccl_wait_geq(c.tail_from(recv), sh.recvd[recv] + 1, c.timeout_ns, c.abort);
       sh.rbuf = c.fifo_from(recv, sh.recvd[recv]);
     }
-    if (send >= 0) {
+    if (ok && send >= 0) {
       const u64 s = sh.sent[send];
-      if (s + 1 > c.nslots) oxccl_wait_geq(c.head_from(send), s + 1 - c.nslots, c.timeout_ns);
+      if (s + 1 > c.nslots) ok = oxccl_wait_geq(c.head_from(send), s + 1 - c.nslots, c.timeout_ns, c.abort);
       sh.sbuf = c.fifo_at(send, s);
     }
+    if (!ok) sh.aborted = 1;
   }
   __syncthreads();
+  if (sh.aborted) return false;
   oxccl_reduce_copy<T, Op>(src, recv >= 0 ? (const T*)sh.rbuf : 0, dst, send >= 0 ? (T*)sh.sbuf : 0, n, flags, sc,
                            threadIdx.x, blockDim.x);
   __syncthreads();
@@ -209,6 +234,7 @@ __device__ __forceinline__ void oxccl_slice(const OxChan& c, OxShared& sh, int r
     }
     if (recv >= 0) oxccl_st_relaxed_sys(c.head_at(recv), ++sh.recvd[recv]);
   }
+  return true;
 }
 
 __device__ __forceinline__ void oxccl_chunk(u64 lo, u64 hi, u32 nchunks, u32 chunk, u64 align, u64* clo, u64* chi) {
@@ -235,6 +261,8 @@ template <typename T> __device__ __forceinline__ T* oxccl_buf(const CollArgs& a,
 // as they arrive. Neither waits for the other's work (only, in place, for
 // the source to have been sent before it is overwritten), so the link is
 // fed while reductions run, and a group's flag fence stalls only itself.
+// An abort ends each group at its next wait (the receivers' also once the
+// senders left).
 template <typename T, typename Op>
 __device__ __forceinline__ void oxccl_exchange(const CollArgs& a, const OxChan& c, OxShared& sh, u64 lo, u64 hi) {
   const DevStep& d = a.steps[0];
@@ -253,10 +281,12 @@ __device__ __forceinline__ void oxccl_exchange(const CollArgs& a, const OxChan& 
       const u64 ne = min(S, hi - e0);
       if (tid == 0) {
         const u64 s = sh.sent[peer];
-        if (s + 1 > c.nslots) oxccl_wait_geq(c.head_from(peer), s + 1 - c.nslots, c.timeout_ns);
+        if (s + 1 > c.nslots && !oxccl_wait_geq(c.head_from(peer), s + 1 - c.nslots, c.timeout_ns, c.abort))
+          sh.aborted = 1;
         sh.sbuf = c.fifo_at(peer, s);
       }
       oxccl_bar(1, nthr);
+      if (sh.aborted) break;
       oxccl_reduce_copy<T, Op>(oxccl_buf<T>(a, d.src_buf, d.src_block, e0), 0, 0, (T*)sh.sbuf, ne, pre, a.sc, tid,
                                nthr);
       oxccl_bar(1, nthr);
@@ -272,12 +302,16 @@ __device__ __forceinline__ void oxccl_exchange(const CollArgs& a, const OxChan& 
       const u64 e0 = lo + j * S;
       const u64 ne = min(S, hi - e0);
       if (tid == 0) {
-        oxccl_wait_geq(c.tail_from(peer), sh.recvd[peer] + 1, c.timeout_ns);
+        bool ok = oxccl_wait_geq(c.tail_from(peer), sh.recvd[peer] + 1, c.timeout_ns, c.abort);
         sh.rbuf = c.fifo_from(peer, sh.recvd[peer]);
-        while (sh.local_done <= j) {
+        // Senders that left never get further.
+        while (ok && sh.local_done <= j) {
+          if (sh.aborted) ok = false;
         }
+        if (!ok) sh.aborted_recv = 1;
       }
       oxccl_bar(2, nthr);
+      if (sh.aborted_recv) break;
       oxccl_reduce_copy<T, Op>(oxccl_buf<T>(a, d.src_buf, d.src_block, e0), (const T*)sh.rbuf,
                                oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0), 0, ne, pre | fin | OXCCL_F_ROUND, a.sc,
                                tid, nthr);
@@ -298,6 +332,7 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
   c.nslots = c.h->nslots;
   c.slot_bytes = c.h->slot_bytes;
   c.timeout_ns = a.timeout_ns;
+  c.abort = a.abort;
   c.ch = blockIdx.x;
 
   // The channel's range: an equal share, a multiple of 16 bytes, so that
@@ -315,7 +350,11 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
     sh.sent[p] = st[0];
     sh.recvd[p] = st[1];
   }
-  if (threadIdx.x == 0) sh.local_done = 0;
+  if (threadIdx.x == 0) {
+    sh.local_done = 0;
+    sh.aborted = 0;
+    sh.aborted_recv = 0;
+  }
   __syncthreads();
 
   const u64 S = a.slice_elems;
@@ -343,16 +382,19 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
         const u32 fin = (d.flags & OXCCL_STEP_FINALIZE) ? OXCCL_F_POST : 0;
         if (d.flags & OXCCL_STEP_SEND_LOCAL) {
           for (u64 e0 = g0; e0 < g1; e0 += S)
-            oxccl_slice<T, Op>(c, sh, -1, d.send, oxccl_buf<T>(a, d.src_buf, d.src_block, e0), 0, min(S, g1 - e0), pre,
-                               a.sc);
+            if (!oxccl_slice<T, Op>(c, sh, -1, d.send, oxccl_buf<T>(a, d.src_buf, d.src_block, e0), 0, min(S, g1 - e0),
+                                    pre, a.sc))
+              return;
           for (u64 e0 = g0; e0 < g1; e0 += S)
-            oxccl_slice<T, Op>(c, sh, d.recv, -1, oxccl_buf<T>(a, d.src_buf, d.src_block, e0),
-                               oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0), min(S, g1 - e0),
-                               pre | fin | OXCCL_F_ROUND, a.sc);
+            if (!oxccl_slice<T, Op>(c, sh, d.recv, -1, oxccl_buf<T>(a, d.src_buf, d.src_block, e0),
+                                    oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0), min(S, g1 - e0),
+                                    pre | fin | OXCCL_F_ROUND, a.sc))
+              return;
         } else {
           for (u64 e0 = g0; e0 < g1; e0 += S)
-            oxccl_slice<T, Op>(c, sh, d.recv, d.send, oxccl_buf<T>(a, d.src_buf, d.src_block, e0),
-                               oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0), min(S, g1 - e0), pre | fin, a.sc);
+            if (!oxccl_slice<T, Op>(c, sh, d.recv, d.send, oxccl_buf<T>(a, d.src_buf, d.src_block, e0),
+                                    oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0), min(S, g1 - e0), pre | fin, a.sc))
+              return;
         }
       }
       if (!any) break;
@@ -360,6 +402,9 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
   }
 
   __syncthreads();
+  // An aborted launch leaves its counters where they were: the
+  // communicator is revoked, and no launch of it runs again.
+  if (sh.aborted || sh.aborted_recv) return;
   for (u32 p = threadIdx.x; p < c.n; p += blockDim.x) {
     if (p == c.me) continue;
     u64* st = c.state(p);

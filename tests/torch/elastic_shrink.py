@@ -17,7 +17,9 @@ ends every worker as soon as one dies. Each rank's output goes to
 $OUT/elastic_rank<r>.log (OUT defaults to /tmp/oxccl-elastic); the summary
 and the exit status (0: every survivor recovered with 0 wrong) come here.
 The whole run is bounded (LIMIT, 240 s). --mode abort asks for
-NCCL_SHRINK_ABORT, which oxccl refuses on GPU communicators for now.
+NCCL_SHRINK_ABORT: oxccl first ends the parent's operations still on the
+GPU (kernels return at their next poll of the communicator's stop word;
+the shared-GPU path's stream waits are released), then shrinks.
 """
 
 import argparse

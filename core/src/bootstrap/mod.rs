@@ -128,6 +128,10 @@ const QUERY_WAIT: Duration = Duration::from_secs(2);
 /// How long `broadcast_failure` may take in all, and per peer.
 const ABORT_WAIT: Duration = Duration::from_secs(2);
 const ABORT_PER_PEER: Duration = Duration::from_millis(500);
+/// How long a failure notice waits for a peer to take it (its reader
+/// closes the connection once it has recorded the notice): a live peer's
+/// reader answers in well under a millisecond; a stopped one never does.
+const ABORT_TAKEN: Duration = Duration::from_millis(100);
 /// Threads that talk to peers at once in queries and failure notices.
 const FANOUT: usize = 16;
 
@@ -541,19 +545,28 @@ impl Bootstrap {
     /// [`Bootstrap::query_progress`]'s answers, taken at most `fresh` ago,
     /// else asked now.
     pub fn recent_progress(&self, fresh: Duration) -> Vec<PeerProgress> {
-        let cached = self
-            .last_probe
+        self.cached_progress(fresh)
+            .unwrap_or_else(|| self.query_progress())
+    }
+
+    /// [`Bootstrap::query_progress`]'s answers if taken at most `fresh` ago.
+    pub fn cached_progress(&self, fresh: Duration) -> Option<Vec<PeerProgress>> {
+        self.last_probe
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             .filter(|(at, _)| at.elapsed() <= fresh)
-            .map(|(_, p)| p.clone());
-        cached.unwrap_or_else(|| self.query_progress())
+            .map(|(_, p)| p.clone())
     }
 
     /// Tells every other rank that this one failed, with `message`; their
     /// waiting `recv`s fail with it. Best effort, on fresh connections (a
     /// stuck cached one cannot delay it), bounded to about two seconds.
+    /// Each notice is waited for until the peer's reader has recorded it
+    /// (it closes the connection after; at most [`ABORT_TAKEN`]), so that
+    /// a peer that sees this rank leave afterwards (a closed connection,
+    /// a dead process) knows its notice is already there and need not
+    /// wait for one.
     pub fn broadcast_failure(&self, message: &str) {
         if self.shared.is_closed() {
             return;
@@ -574,6 +587,8 @@ impl Bootstrap {
             match tcp::one_shot(self.out.addrs[p], self.shared.key.as_deref(), &f, d) {
                 Ok(s) => {
                     let _ = s.tcp().shutdown(std::net::Shutdown::Write);
+                    let taken = d.min(Instant::now() + ABORT_TAKEN);
+                    tcp::wait_closed(s.tcp(), taken);
                     true
                 }
                 Err(e) => {

@@ -182,6 +182,22 @@ pub(super) fn one_shot(
     Ok(s)
 }
 
+/// Waits until the other end closes `s` (it read all it wanted), an error,
+/// or `deadline`; anything it sends meanwhile is dropped.
+pub(super) fn wait_closed(s: &TcpStream, deadline: Instant) {
+    let mut sink = [0u8; 64];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || s.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match (&mut &*s).read(&mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
 /// Asks the rank at `addr` for its progress counter; `None` if it does not
 /// answer by `deadline`.
 pub(super) fn query(

@@ -14,7 +14,7 @@ use crate::bootstrap::{Bootstrap, PeerProgress};
 use crate::config::Config;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Failure, Result};
-use crate::exec::device::DeviceComm;
+use crate::exec::device::{DeviceComm, DeviceStop};
 use crate::exec::header::OpHeader;
 use crate::exec::mem::OpBuffers;
 use crate::exec::{self, ExecCtx, Lane, ProxyProfiler, Stop, StopReason};
@@ -62,6 +62,11 @@ const P2P_OP: &str = "send/recv";
 /// How old a progress query's answers a failure record may reuse.
 const PROBE_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// A failure record found without a timeout asks the ranks again, this
+/// long apart, until no answer moves, for at most [`SETTLE_MOST`].
+const SETTLE_STEP: std::time::Duration = std::time::Duration::from_millis(5);
+const SETTLE_MOST: std::time::Duration = std::time::Duration::from_millis(300);
+
 /// A lane's staging slots (receive, send).
 type Staging = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -81,8 +86,9 @@ fn staging_key(chan: usize, steps: &[Step]) -> StagingKey {
 }
 
 /// How a GPU rank's operations move: kernels storing into the areas of
-/// its peers, whichever transport reaches each.
-pub(crate) struct GpuPath(pub Mutex<DeviceComm>);
+/// its peers, whichever transport reaches each; and what ends them now,
+/// outside the lock (which an enqueue may hold while it waits on a peer).
+pub(crate) struct GpuPath(pub Mutex<DeviceComm>, pub Arc<DeviceStop>);
 
 impl GpuPath {
     pub fn ordinal(&self) -> Option<usize> {
@@ -361,15 +367,53 @@ impl Core {
     /// ones) for `why`: the executor's loops see the flag, and waits on
     /// the bootstrap (connection handles) end at once.
     pub fn stop_operations(&self, why: StopReason) {
+        self.stop_host(why);
+        self.stop_device();
+    }
+
+    /// [`Core::stop_operations`] on the host alone: calls end, the device's
+    /// work is left to run.
+    pub fn stop_host(&self, why: StopReason) {
         self.stop.set(why);
         if let Some(e) = self.stop.error("waiting on a peer") {
             self.bootstrap.interrupt(e.message());
         }
     }
 
-    /// Whether no call is inside [`Core::execute`].
+    /// Ends this GPU communicator's device work for good (nothing on host
+    /// memory): its kernels return at their next poll and its host waits
+    /// at once; [`Core::quiescent`] releases the rest and says when all
+    /// ended.
+    pub fn stop_device(&self) {
+        if let Some(GpuPath(_, stop)) = &self.device {
+            stop.raise();
+        }
+    }
+
+    /// Whether no call is inside [`Core::execute`] and, on a GPU whose
+    /// device work was stopped, none of it runs any more (the first look
+    /// releases what waits on the streams).
     pub fn quiescent(&self) -> bool {
-        self.inflight.load(Ordering::SeqCst) == 0
+        if self.inflight.load(Ordering::SeqCst) != 0 {
+            return false;
+        }
+        match &self.device {
+            // A CUDA error here means the context runs nothing any more.
+            Some(GpuPath(dc, stop)) if stop.is_raised() => dc
+                .try_lock()
+                .is_ok_and(|mut dc| dc.settle().unwrap_or(true)),
+            _ => true,
+        }
+    }
+
+    /// Whether this GPU communicator's device work has all finished (the
+    /// work its caller put after it on the last stream too): true on host
+    /// memory, false while another thread enqueues.
+    pub fn device_idle(&self) -> bool {
+        match &self.device {
+            Some(GpuPath(dc, _)) => dc.try_lock().is_ok_and(|dc| dc.idle().unwrap_or(true)),
+            None => true,
+        }
     }
 
     /// Waits up to `limit` for [`Core::quiescent`]; whether it came.
@@ -433,7 +477,7 @@ impl Core {
                     .into(),
             ));
         }
-        if let Some(GpuPath(dc)) = &self.device {
+        if let Some(GpuPath(dc, _)) = &self.device {
             let n = ops
                 .iter()
                 .filter(|(op, _)| op.kind.coll().is_some())
@@ -455,6 +499,10 @@ impl Core {
                 forced: self.forced_algo,
             };
             return super::on_device::execute(dc, ops, tuning, prof).map_err(|e| {
+                // Ended by a revoke or abort: no peer failed.
+                if let Some(stopped) = self.stop.error("operation") {
+                    return stopped;
+                }
                 let e = e.context(format!(
                     "rank {} (device operations from #{seq})",
                     self.rank
@@ -988,8 +1036,13 @@ impl Core {
     /// before the failure reached it has the same record as one that did
     /// not.
     fn failure_record(&self, seq: Option<u64>, op: &str) -> Failure {
-        // The timeout path has just asked: no second wait on a hung rank.
-        let progress = self.bootstrap.recent_progress(PROBE_FRESH);
+        // The timeout path has just asked, after NCCL_TIMEOUT without
+        // progress: every rank has long stopped where it stops, and a
+        // second ask would wait on a hung rank again.
+        let progress = match self.bootstrap.cached_progress(PROBE_FRESH) {
+            Some(p) => p,
+            None => self.settled_progress(),
+        };
         let ranks = (0..progress.len())
             .filter(|&r| progress[r] == PeerProgress::Unreachable)
             .collect();
@@ -1007,6 +1060,27 @@ impl Core {
             seq,
             op: op.to_string(),
         }
+    }
+
+    /// The ranks' progress once it stops moving. A rank that sees a peer
+    /// leave (a closed connection, a dead process) sees it at once, while
+    /// other survivors may still be finishing the operation before the
+    /// one they stop in: a record from that moment would name an earlier
+    /// collective than a survivor that looks later, and every survivor's
+    /// record must be the same (it is the shrink's exclude list and what
+    /// the application compares).
+    fn settled_progress(&self) -> Vec<PeerProgress> {
+        let start = std::time::Instant::now();
+        let mut progress = self.bootstrap.query_progress();
+        while start.elapsed() < SETTLE_MOST {
+            std::thread::sleep(SETTLE_STEP);
+            let again = self.bootstrap.query_progress();
+            if again == progress {
+                break;
+            }
+            progress = again;
+        }
+        progress
     }
 
     /// The first failure record of an operation here (see [`Failure`]).

@@ -44,13 +44,6 @@ const SHRINK_COLOR: i32 = -2;
 /// travel under `TAG_CONN * 2 + n`).
 const TAG_GROW: u64 = crate::transport::TAG_CONN * 3;
 
-/// Why revoke and `NCCL_SHRINK_ABORT` refuse a GPU communicator.
-fn refuse_gpu(what: &str) -> Error {
-    Error::InvalidUsage(format!(
-        "{what} is not built for communicators on a GPU yet (their kernels cannot be ended before NCCL_TIMEOUT): abort it (ncclCommAbort), or shrink with NCCL_SHRINK_DEFAULT once no operation runs"
-    ))
-}
-
 impl Comm {
     /// Ends this rank's operations in flight on the communicator (NCCL's
     /// `ncclCommRevoke`): each returns an error saying it was revoked, and
@@ -59,7 +52,11 @@ impl Comm {
     /// [`InitState::InProgress`] until then, as [`Comm::async_error`] does.
     /// Then destroy, split and shrink work; finalize is refused. Only this
     /// rank is affected: other ranks learn of it by their own timeouts or
-    /// revokes. Refused on a GPU communicator (not built yet).
+    /// revokes. On a GPU, "running" covers the work enqueued on streams:
+    /// its kernels return at their next poll of the stop word (without
+    /// trapping: the context stays usable), the net proxy stops, and the
+    /// shared-GPU path's stream waits are released (see
+    /// [`crate::exec::device::stop`]); the streams then run on.
     pub fn revoke(&self) -> Result<InitState> {
         let core = {
             let mut st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
@@ -82,9 +79,6 @@ impl Comm {
                     )))
                 }
             };
-            if core.device.is_some() {
-                return Err(refuse_gpu("ncclCommRevoke"));
-            }
             *st = Status::Revoked(core.clone());
             core
         };
@@ -329,14 +323,19 @@ impl Comm {
     /// then lets its bootstrap serve the shrink. A parent that had an
     /// operation cut short is marked failed: its connections may hold the
     /// rest of that operation's messages.
+    /// On a GPU the device's work is ended only where some runs: a parent
+    /// whose streams are idle keeps its kernels' state (and stays usable).
     fn end_parent_operations(&self, core: &Arc<Core>) -> Result<()> {
-        if core.device.is_some() {
-            return Err(refuse_gpu("ncclCommShrink with NCCL_SHRINK_ABORT"));
-        }
         // Counted before the stop: an operation it ends may be gone by the
         // time a later look would see it (this raced and lost on CI).
-        let cut = !core.quiescent();
-        core.stop_operations(StopReason::ShrinkAbort);
+        let mut cut = !core.quiescent();
+        core.stop_host(StopReason::ShrinkAbort);
+        // And after it, for a call that began before the stop and is still
+        // enqueueing, or enqueued work that has not run yet.
+        cut |= !core.quiescent() || !core.device_idle();
+        if cut {
+            core.stop_device();
+        }
         let ended = core.wait_quiescent(core.cfg.timeout());
         core.bootstrap.resume();
         core.stop.clear();

@@ -647,7 +647,7 @@ impl Comm {
     pub fn mem_stats(&self) -> Result<MemStats> {
         let core = self.any_core()?;
         let device_bytes = match &core.device {
-            Some(self::core::GpuPath(dc)) => dc
+            Some(self::core::GpuPath(dc, _)) => dc
                 .lock()
                 .map_err(|_| {
                     Error::Internal("device executor poisoned by an earlier panic".into())
@@ -827,6 +827,10 @@ impl Comm {
             let aborted = how == "aborted";
             if aborted {
                 core.stop.set(crate::exec::StopReason::Aborted);
+                core.stop_device();
+                // Releases the stream waits too where no call holds the
+                // device executor now (best effort: abort never waits).
+                let _ = core.quiescent();
             }
             core.bootstrap.close();
             if aborted && core.device.is_some() {

@@ -105,7 +105,8 @@ pub(crate) fn open(
         info!(target: "oxccl::init", "rank {rank} on GPU {device}: {} MiB of host memory registered for peers reached through it{}", dc.host_bytes() >> 20,
             if gdr { "; net peers' step slots in GPU memory (GPUDirect)" } else { "" });
     }
-    Ok(GpuPath(Mutex::new(dc)))
+    let stop = dc.stopper();
+    Ok(GpuPath(Mutex::new(dc), stop))
 }
 
 /// Whether the network reads and writes this GPU's memory itself (see

@@ -63,6 +63,9 @@ pub struct CollArgs {
     /// Mapped host address of the launch's (start, end) globaltimer pairs,
     /// one per channel; 0 when the launch is not timed.
     pub stamps: u64,
+    /// Mapped host address of the word that ends the launch when set (a
+    /// revoke; see [`crate::exec::device::DeviceStop`]); 0: none.
+    pub abort: u64,
     pub steps: [DevStep; MAX_STEPS],
 }
 
@@ -185,8 +188,9 @@ mod tests {
         assert_eq!(offset_of!(CollArgs, nchannels), 84);
         assert_eq!(offset_of!(CollArgs, group), 88);
         assert_eq!(offset_of!(CollArgs, stamps), 96);
-        assert_eq!(offset_of!(CollArgs, steps), 104);
-        assert_eq!(size_of::<CollArgs>(), 104 + 16 * MAX_STEPS);
+        assert_eq!(offset_of!(CollArgs, abort), 104);
+        assert_eq!(offset_of!(CollArgs, steps), 112);
+        assert_eq!(size_of::<CollArgs>(), 112 + 16 * MAX_STEPS);
         assert_eq!(offset_of!(ReduceArgs, count), 128);
         assert_eq!(offset_of!(ReduceArgs, flags), 168);
         assert_eq!(size_of::<ReduceArgs>(), 184);

@@ -70,6 +70,17 @@ impl Event {
         )
     }
 
+    /// Whether the recorded work is done, without waiting for it.
+    pub fn query(&self) -> Result<bool> {
+        self.ctx.bind()?;
+        // SAFETY: the event is live.
+        let r = unsafe { sys::cuEventQuery(self.raw) };
+        if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check(r, "cuEventQuery").map(|_| true)
+    }
+
     /// Milliseconds from `start` to `self`, both recorded and complete.
     pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
         self.ctx.bind()?;

@@ -223,6 +223,11 @@ impl HostFlag {
         self.mem.load_u64(0)
     }
 
+    /// The flag as the GPU addresses it (kernels poll it).
+    pub fn device_ptr(&self) -> u64 {
+        self.mem.device
+    }
+
     /// Makes later work on `stream` wait (on the GPU) until the flag is at
     /// least `v`.
     pub fn wait_on(&self, stream: RawStream, v: u64) -> Result<()> {

@@ -825,21 +825,37 @@ fn drive(lanes: &mut [Lane], states: &mut [LaneState<'_>], ctx: &ExecCtx<'_>) ->
     }
 }
 
-/// A broken connection is usually the echo of a failure another rank has
-/// already reported (and then exited): its report says more, so wait a
-/// moment for it and prefer it.
+/// How long a broken connection waits for a report that may explain it,
+/// where nothing says that none is coming.
+const REPORT_GRACE: Duration = Duration::from_millis(300);
+
+/// A broken connection is often the echo of a failure another rank has
+/// already reported (and then left): its report says more, so prefer it.
+/// Where the connection says its peer left (a remote error: its process
+/// exited or was killed, or it closed the connection), any report that
+/// peer made has already been recorded here, since a rank's failure
+/// notice waits for each peer to take it before the rank goes on (see
+/// `Bootstrap::broadcast_failure`): one look, no wait. A killed rank
+/// sends none, and survivors used to wait the whole grace for it. Other
+/// errors wait up to [`REPORT_GRACE`].
 fn prefer_peer_report(ctx: &ExecCtx<'_>, e: Error) -> Error {
     if !matches!(e, Error::Remote(_) | Error::System(_)) {
         return e;
     }
+    let grace = match e {
+        Error::Remote(_) => Duration::ZERO,
+        _ => REPORT_GRACE,
+    };
     let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(300) {
+    loop {
         if let Some((who, msg)) = ctx.bootstrap.remote_failure() {
             return Error::Remote(format!("rank {who} failed: {msg} (seen here as: {e})"));
         }
+        if start.elapsed() >= grace {
+            return e;
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
-    e
 }
 
 /// Names what this rank waited for and, by asking every rank how far it

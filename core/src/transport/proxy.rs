@@ -437,6 +437,16 @@ impl Proxy {
         }
     }
 
+    /// Ends the thread's transfers now (a revoke): it says goodbye to its
+    /// peers and returns. Launches after it would wait on nothing: the
+    /// communicator refuses them.
+    pub fn halt(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
+    }
+
     /// What ended the proxy, if something did (a peer gone, a plugin error).
     pub fn failure(&self) -> Option<Error> {
         self.failed.lock().ok()?.clone()

@@ -22,6 +22,7 @@ pub mod oob;
 mod plan;
 mod shared;
 pub mod stamps;
+pub mod stop;
 mod window;
 
 use std::collections::HashMap;
@@ -31,6 +32,7 @@ use std::sync::Arc;
 pub use config::{ChannelChoice, DeviceConfig};
 pub use oob::{LocalOob, Oob};
 pub use stamps::Stamps;
+pub use stop::DeviceStop;
 
 use crate::algo::{cost, Algo, Coll};
 use crate::cuda::abi::CollArgs;
@@ -105,6 +107,10 @@ pub struct DeviceComm {
     stamps: Option<Arc<Stamps>>,
     timed: bool,
     launched: Vec<TimedLaunch>,
+    /// Ends this rank's operations now (see [`DeviceStop`]).
+    stop: Arc<DeviceStop>,
+    /// [`DeviceComm::settle`] released the stream waits.
+    released: bool,
 }
 
 /// How one collective runs: the algorithm and the channels (thread
@@ -146,7 +152,8 @@ impl DeviceComm {
         }
         let ctx = Context::primary(dev)?;
         let kernels = KernelSet::shared(&ctx)?;
-        let window = Window::setup(&ctx, oob, &cfg, tr)?;
+        let stop = Arc::new(DeviceStop::new(&ctx)?);
+        let window = Window::setup(&ctx, oob, &cfg, tr, &stop)?;
         cfg.channels = window.launch_channels;
         let order = Event::new(&ctx, false)?;
         tracing::info!(target: "oxccl::init", "rank {}/{} on GPU {device}: device window of {} MiB ({} channels x {} slots x {} KiB per peer)",
@@ -164,7 +171,42 @@ impl DeviceComm {
             stamps: None,
             timed: false,
             launched: Vec::new(),
+            stop,
+            released: false,
         })
+    }
+
+    /// What ends this rank's operations now, usable while another thread
+    /// holds the communicator: [`DeviceStop::raise`] ends the kernels' and
+    /// the host's waits at once; [`DeviceComm::drain`] then ends the rest.
+    pub fn stopper(&self) -> Arc<DeviceStop> {
+        self.stop.clone()
+    }
+
+    /// Whether the work this communicator enqueued has finished (with the
+    /// work the caller put after it on the last stream: more than needed,
+    /// never less). Graph captures enqueue nothing that runs now.
+    pub fn idle(&self) -> Result<bool> {
+        match self.last_stream {
+            Some(s) if !s.is_capturing()? => {
+                self.order.record(s)?;
+                self.order.query()
+            }
+            _ => Ok(true),
+        }
+    }
+
+    /// After [`DeviceStop::raise`]: the first call ends the proxy's
+    /// transfers and releases this rank's stream waits; each says whether
+    /// the streams have passed this communicator's work (each operation
+    /// is ordered after the one before, so the last stream's tail covers
+    /// them all; the kernels return at their next poll of the stop word).
+    pub fn settle(&mut self) -> Result<bool> {
+        if !self.released {
+            self.released = true;
+            self.window.stop()?;
+        }
+        self.idle()
     }
 
     pub fn rank(&self) -> usize {
@@ -577,6 +619,7 @@ impl DeviceComm {
                 (Some(st), Some(slot)) => st.device_addr(slot),
                 _ => 0,
             },
+            abort: self.stop.device_word(),
             steps: t.steps,
         };
         if let Some(e) = self.window.failure() {
@@ -584,6 +627,11 @@ impl DeviceComm {
         }
         if let Some(e) = self.window.gone() {
             return Err(e.context("a peer of this communicator left"));
+        }
+        if self.stop.is_raised() {
+            return Err(Error::InvalidUsage(
+                "the communicator was told to end its operations (revoke, abort or NCCL_SHRINK_ABORT): no launch runs on it".into(),
+            ));
         }
         let r = kernel.launch(shape.channels, self.cfg.threads, stream, &args);
         self.window.kick();

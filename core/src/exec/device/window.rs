@@ -262,6 +262,7 @@ impl Window {
         oob: &dyn Oob,
         cfg: &DeviceConfig,
         tr: Transports<'_>,
+        stop: &super::DeviceStop,
     ) -> Result<Window> {
         let (rank, n) = (oob.rank(), oob.nranks());
         if n > MAX_RANKS {
@@ -437,7 +438,7 @@ impl Window {
             // Every rank must take the same path: all want it or none.
             let votes = oob.allgather(&[u8::from(shared::wanted())])?;
             if votes.iter().all(|v| v.first() == Some(&1)) {
-                shared = Some(SharedGpu::setup(ctx, oob, cfg.timeout)?);
+                shared = Some(SharedGpu::setup(ctx, oob, cfg.timeout, stop.host_flag())?);
                 if rank == 0 {
                     tracing::info!(target: "oxccl::init", "all {n} ranks share one GPU from {n} processes, without MPS: rank 0 runs each collective on every rank's buffers (CUDA IPC), the others only signal with stream memory operations (OXCCL_SHARED_GPU=kernels: every rank's kernels)");
                 }
@@ -521,6 +522,19 @@ impl Window {
     pub fn kick(&self) {
         if let Some(p) = &self.proxy {
             p.kick();
+        }
+    }
+
+    /// Ends what a stop can end here: the proxy's net transfers (it says
+    /// goodbye to its peers and returns; its thread is joined at drop)
+    /// and, on the shared-GPU path, this rank's stream waits.
+    pub fn stop(&self) -> Result<()> {
+        if let Some(p) = &self.proxy {
+            p.halt();
+        }
+        match &self.shared {
+            Some(sh) => sh.release(),
+            None => Ok(()),
         }
     }
 

@@ -5,6 +5,8 @@
 //! call runs. A slot is read as soon as it is posted: no socket round trip
 //! on the way of an 8-byte collective.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cuda::IpcMemHandle;
@@ -119,23 +121,48 @@ impl Post {
     }
 }
 
-/// Spins briefly, then yields, until `ready` or `deadline`.
-fn wait_until(deadline: Instant, mut ready: impl FnMut() -> bool) -> bool {
+/// How a wait of the mailbox ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waited {
+    Ready,
+    TimedOut,
+    /// The communicator was told to end its operations (a revoke).
+    Stopped,
+}
+
+/// Spins briefly, then yields, until `ready`, `deadline`, or `stop`.
+fn wait_until(deadline: Instant, stop: &AtomicBool, mut ready: impl FnMut() -> bool) -> Waited {
     let mut spins = 0u32;
     loop {
         if ready() {
-            return true;
+            return Waited::Ready;
         }
         spins = spins.wrapping_add(1);
         if spins < 4096 {
             std::hint::spin_loop();
         } else {
-            if spins.is_multiple_of(64) && Instant::now() >= deadline {
-                return ready();
+            if spins.is_multiple_of(64) {
+                if stop.load(Ordering::Acquire) {
+                    return Waited::Stopped;
+                }
+                if Instant::now() >= deadline {
+                    return if ready() {
+                        Waited::Ready
+                    } else {
+                        Waited::TimedOut
+                    };
+                }
             }
             std::thread::yield_now();
         }
     }
+}
+
+/// The error of a wait a stop ended.
+fn stopped(what: &str) -> Error {
+    Error::InvalidUsage(format!(
+        "{what}: the communicator was told to end its operations (revoke, abort or NCCL_SHRINK_ABORT) while this rank waited for another"
+    ))
 }
 
 /// The segment, as one rank sees it.
@@ -144,6 +171,8 @@ pub(crate) struct Mailbox {
     me: usize,
     nranks: usize,
     timeout: Duration,
+    /// Raised to end every wait at once (see `DeviceStop`).
+    stop: Arc<AtomicBool>,
 }
 
 impl Mailbox {
@@ -153,7 +182,14 @@ impl Mailbox {
             me,
             nranks,
             timeout,
+            stop: Arc::default(),
         }
+    }
+
+    /// Waits end (with an error) once `stop` is raised.
+    pub fn with_stop(mut self, stop: Arc<AtomicBool>) -> Mailbox {
+        self.stop = stop;
+        self
     }
 
     pub fn bytes(nranks: usize) -> usize {
@@ -169,7 +205,11 @@ impl Mailbox {
     pub fn post_send(&self, to: usize, k: u64, post: &Post) -> Result<()> {
         let at = self.pair(self.me, to);
         let deadline = Instant::now() + self.timeout;
-        if !wait_until(deadline, || self.area.load(at) + DEPTH >= k) {
+        let w = wait_until(deadline, &self.stop, || self.area.load(at) + DEPTH >= k);
+        if w == Waited::Stopped {
+            return Err(stopped(&format!("send {k} to rank {to}")));
+        }
+        if w == Waited::TimedOut {
             return Err(Error::Remote(format!(
                 "rank {to} has not received this rank's messages {}..{k} within {:?} (NCCL_TIMEOUT): it died, hangs, or receives fewer than rank {} sends",
                 self.area.load(at) + 1,
@@ -190,7 +230,11 @@ impl Mailbox {
         let at = self.pair(from, self.me);
         let slot = at + 64 + ((k - 1) % DEPTH) as usize * PAIR_SLOT;
         let deadline = Instant::now() + self.timeout;
-        if !wait_until(deadline, || self.area.load(slot) == k) {
+        let w = wait_until(deadline, &self.stop, || self.area.load(slot) == k);
+        if w == Waited::Stopped {
+            return Err(stopped(&format!("receive {k} from rank {from}")));
+        }
+        if w == Waited::TimedOut {
             return Err(Error::Remote(format!(
                 "rank {from} did not send message {k} to rank {} ({mine}) within {:?} (NCCL_TIMEOUT): it died, hangs, or sends fewer than this rank receives",
                 self.me, self.timeout
@@ -223,7 +267,11 @@ impl Mailbox {
     pub fn wait_post(&self, r: usize, seq: u64, mine: &str) -> Result<Post> {
         let at = r * SLOT;
         let deadline = Instant::now() + self.timeout;
-        if !wait_until(deadline, || self.area.load(at + POSTED) == seq) {
+        let w = wait_until(deadline, &self.stop, || self.area.load(at + POSTED) == seq);
+        if w == Waited::Stopped {
+            return Err(stopped(&format!("collective #{seq}")));
+        }
+        if w == Waited::TimedOut {
             return Err(Error::Remote(format!(
                 "rank {r} did not call collective #{seq} ({mine}) within {:?} (NCCL_TIMEOUT): it died, hangs, or called fewer collectives than rank {}",
                 self.timeout, self.me
@@ -246,7 +294,11 @@ impl Mailbox {
     pub fn wait_answer(&self, seq: u64, leader: usize, mine: &str) -> Result<Answer> {
         let at = self.me * SLOT + ANSWER;
         let deadline = Instant::now() + self.timeout;
-        if !wait_until(deadline, || self.area.load(at) >> 2 == seq) {
+        let w = wait_until(deadline, &self.stop, || self.area.load(at) >> 2 == seq);
+        if w == Waited::Stopped {
+            return Err(stopped(&format!("collective #{seq}")));
+        }
+        if w == Waited::TimedOut {
             return Err(Error::Remote(format!(
                 "rank {leader}, which runs this GPU's collectives, did not answer collective #{seq} ({mine}) within {:?} (NCCL_TIMEOUT)",
                 self.timeout
@@ -339,6 +391,34 @@ mod tests {
                 .contains("rank 1 did not send message 1 to rank 0"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_stop_ends_every_wait_long_before_the_timeout() {
+        let area = Area::private(Mailbox::bytes(3)).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mb = Mailbox::new(area, 0, 3, Duration::from_secs(600)).with_stop(stop.clone());
+        let raise = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                stop.store(true, Ordering::Release);
+            })
+        };
+        let start = Instant::now();
+        let e = mb.wait_post(2, 1, "all_gather").unwrap_err();
+        raise.join().unwrap();
+        assert!(matches!(e, Error::InvalidUsage(_)), "{e:?}");
+        assert!(e.message().contains("told to end its operations"), "{e}");
+        // Every kind of wait sees it (it stays raised).
+        assert!(mb.wait_answer(1, 0, "x").is_err());
+        assert!(mb.wait_send(1, 1, "recv").is_err());
+        for k in 1..=DEPTH {
+            mb.post_send(1, k, &post("m")).unwrap();
+        }
+        let e = mb.post_send(1, DEPTH + 1, &post("m")).unwrap_err();
+        assert!(e.message().contains("told to end"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(60));
     }
 
     #[test]

@@ -11,8 +11,11 @@
 //! buffers (CUDA IPC, handles posted through a host mailbox) and moves and
 //! reduces the data with its own kernels (one launch per output block,
 //! each reading up to 8 inputs and writing up to 8 outputs); every other
-//! rank only
-//! stores "ready" on its stream and waits for the leader's "done". Calls
+//! rank only stores "ready" on its stream and waits for the leader's
+//! "done". Each signal is stored into the flag words of the rank that
+//! waits for it, so every stream waits on its own memory only: a revoke
+//! releases its own stream's waits by storing what they wait for, which no
+//! other rank reads (see `super::stop`). Calls
 //! the leader cannot run this way (graph capture, memory CUDA IPC cannot
 //! share) go to every rank's kernels, which all ranks learn from the
 //! leader's answer.
@@ -31,19 +34,23 @@ use crate::error::{Error, Result};
 use crate::transport::shm::area::Area;
 
 use super::oob::Oob;
+use super::stop::Awaited;
 use mailbox::{Answer, Buf, Mailbox, Post};
 use steps::Bufs;
 
-/// Offsets of each rank's words in its flag buffer: the collectives' READY
-/// and DONE, then per peer p the count of messages this rank has made
-/// ready for p (`P2P_READY + 8 p`) and taken from p (`P2P_DONE + 8 p`).
-const READY: u64 = 0;
+/// Offsets of the words in each rank's flag buffer, each written by the
+/// peer that signals and waited on by the buffer's rank: DONE, the
+/// leader's end of the collective; per peer p, the messages p has made
+/// ready for this rank (`P2P_READY + 8 p`), the messages p has taken from
+/// this rank (`P2P_DONE + 8 p`), and in the leader's buffer p's READY for
+/// the collective (`READY + 8 p`).
 const DONE: u64 = 64;
 const P2P_READY: u64 = 256;
-/// Ranks the send/recv path has words for.
+/// Ranks the shared-GPU path has words for.
 const MAX_P2P: usize = 224;
 const P2P_DONE: u64 = P2P_READY + 8 * MAX_P2P as u64;
-const FLAG_BYTES: usize = 4096;
+const READY: u64 = P2P_DONE + 8 * MAX_P2P as u64;
+const FLAG_BYTES: usize = READY as usize + 8 * MAX_P2P;
 
 /// Mapped user allocations kept before the cache is emptied.
 const MAX_MAPPED: usize = 512;
@@ -78,14 +85,21 @@ pub(crate) struct SharedGpu {
     /// Messages sent to and received from each rank so far.
     sent: Vec<u64>,
     received: Vec<u64>,
+    /// What this rank's streams wait for in its own flag words.
+    awaited: Awaited,
     _own: DeviceBuffer,
     _flag_maps: Vec<IpcMapping>,
 }
 
 impl SharedGpu {
     /// Every rank calls it; rank 0 leads. `timeout` bounds each wait for
-    /// another rank on the host.
-    pub fn setup(ctx: &Arc<Context>, oob: &dyn Oob, timeout: Duration) -> Result<SharedGpu> {
+    /// another rank on the host, and raising `stop` ends it at once.
+    pub fn setup(
+        ctx: &Arc<Context>,
+        oob: &dyn Oob,
+        timeout: Duration,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Result<SharedGpu> {
         let (me, nranks, leader) = (oob.rank(), oob.nranks(), 0);
         let own = DeviceBuffer::alloc(ctx, FLAG_BYTES)?;
         own.fill_bytes(0)?;
@@ -141,10 +155,11 @@ impl SharedGpu {
             nranks,
             seq: 0,
             flags,
-            mailbox: Mailbox::new(area, me, nranks, timeout),
+            mailbox: Mailbox::new(area, me, nranks, timeout).with_stop(stop),
             mapped: HashMap::new(),
             sent: vec![0; nranks],
             received: vec![0; nranks],
+            awaited: Awaited::default(),
             _own: own,
             _flag_maps: flag_maps,
         })
@@ -152,6 +167,27 @@ impl SharedGpu {
 
     pub fn device_bytes(&self) -> usize {
         FLAG_BYTES
+    }
+
+    /// Releases every stream wait this rank enqueued (a stop: the peers
+    /// that would have signalled may be dead) by storing, on a stream of
+    /// its own, the values they wait for into its own flag words. The
+    /// collectives and messages they guarded did not complete: the
+    /// communicator is stopped, and its callers are told so.
+    pub fn release(&self) -> Result<()> {
+        let stream = crate::cuda::Stream::new(&self.ctx)?;
+        for (off, v) in self.awaited.releases() {
+            #[allow(unsafe_code)]
+            // SAFETY: the word is in this rank's own flag buffer, which
+            // lives until the communicator goes (that synchronizes the
+            // context first).
+            unsafe {
+                stream.handle().write_u32(self.flags[self.me] + off, v)?;
+            }
+        }
+        tracing::debug!(target: "oxccl::coll", "rank {}: released {} stream wait word(s) of the shared-GPU path", self.me, self.awaited.releases().len());
+        // The stream goes at once; the driver runs its stores first.
+        Ok(())
     }
 
     fn export(&self, used: bool, ptr: u64) -> Result<Buf> {
@@ -256,6 +292,9 @@ impl SharedGpu {
         op: RedOp,
         stream: RawStream,
     ) -> Result<bool> {
+        if self.nranks > MAX_P2P {
+            return Ok(false);
+        }
         self.seq += 1;
         let seq = self.seq;
         // Flags compare as wrapping 32-bit words.
@@ -289,9 +328,11 @@ impl SharedGpu {
                     // context until the communicator goes, which
                     // synchronizes the context first.
                     unsafe {
-                        stream.write_u32(self.flags[self.me] + READY, flag)?;
-                        stream.wait_u32(self.flags[self.leader] + DONE, flag)?;
+                        let me = self.me as u64;
+                        stream.write_u32(self.flags[self.leader] + READY + 8 * me, flag)?;
+                        stream.wait_u32(self.flags[self.me] + DONE, flag)?;
                     }
+                    self.awaited.wait(DONE, flag);
                     Ok(true)
                 }
             };
@@ -307,13 +348,16 @@ impl SharedGpu {
         // DONE before it touches its buffers again.
         unsafe {
             for r in (0..self.nranks).filter(|&r| r != self.me) {
-                stream.wait_u32(self.flags[r] + READY, flag)?;
+                stream.wait_u32(self.flags[self.me] + READY + 8 * r as u64, flag)?;
+                self.awaited.wait(READY + 8 * r as u64, flag);
             }
             for s in steps::steps(coll, &bufs, count, dtype.size(), self.leader) {
                 let (o, i) = (&s.outputs, &s.inputs);
                 kernels.reduce(o, i, count, dtype, op, self.nranks, s.flags, stream)?;
             }
-            stream.write_u32(self.flags[self.me] + DONE, flag)?;
+            for r in (0..self.nranks).filter(|&r| r != self.me) {
+                stream.write_u32(self.flags[r] + DONE, flag)?;
+            }
         }
         Ok(true)
     }
@@ -376,7 +420,7 @@ impl SharedGpu {
         // this rank's DONE before it touches its buffer again.
         unsafe {
             for &(p, k) in &direct {
-                stream.write_u32(self.flags[self.me] + P2P_READY + 8 * p as u64, k as u32)?;
+                stream.write_u32(self.flags[p] + P2P_READY + 8 * self.me as u64, k as u32)?;
             }
             for &(q, buf) in recvs {
                 self.received[q] += 1;
@@ -399,7 +443,8 @@ impl SharedGpu {
                         self.me
                     )));
                 };
-                stream.wait_u32(self.flags[q] + P2P_READY + 8 * self.me as u64, k as u32)?;
+                stream.wait_u32(self.flags[self.me] + P2P_READY + 8 * q as u64, k as u32)?;
+                self.awaited.wait(P2P_READY + 8 * q as u64, k as u32);
                 kernels.reduce(
                     &[buf],
                     &[src],
@@ -410,10 +455,11 @@ impl SharedGpu {
                     0,
                     stream,
                 )?;
-                stream.write_u32(self.flags[self.me] + P2P_DONE + 8 * q as u64, k as u32)?;
+                stream.write_u32(self.flags[q] + P2P_DONE + 8 * self.me as u64, k as u32)?;
             }
             for &(p, k) in &direct {
-                stream.wait_u32(self.flags[p] + P2P_DONE + 8 * self.me as u64, k as u32)?;
+                stream.wait_u32(self.flags[self.me] + P2P_DONE + 8 * p as u64, k as u32)?;
+                self.awaited.wait(P2P_DONE + 8 * p as u64, k as u32);
             }
         }
         Ok((left_sends, left_recvs))
