@@ -124,13 +124,18 @@ fn check_rank(rank: usize, nranks: usize, xs: &[Value], kernel: bool) {
         .filter(|e| e["cat"] == "coll" || e["cat"] == "p2p")
         .collect();
     // Since the v5 API events an operation's parent is its CollApi or
-    // P2pApi event, absent where the mask leaves those out (as in NCCL).
+    // P2pApi event; where the plugin does not track those (this mask),
+    // the SDK gives the group it ran in (`parentGroup`), as the host-path
+    // test in plugins.rs asserts.
     for e in &ops {
         if let Some(p) = e["args"]["parent"].as_u64() {
             let g = by_id
                 .get(&p)
                 .unwrap_or_else(|| panic!("rank {rank}: {e}'s parent"));
-            assert_eq!(g["cat"], "api", "rank {rank}: {e}");
+            assert!(
+                g["cat"] == "api" || g["cat"] == "group",
+                "rank {rank}: {e} under {g}"
+            );
         }
     }
     let kernels: Vec<&Value> = xs.iter().filter(|e| e["cat"] == "kernel").collect();
