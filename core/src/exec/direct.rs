@@ -505,7 +505,11 @@ impl Direct {
 /// (2-core VM, 2 ranks: 15.3 against 3.9 GB/s at 256 KiB, 9.5 against
 /// 13.7 at 8 MiB).
 fn p2p_max(threads: Threads) -> usize {
-    let default = if threads.most() >= 2 { usize::MAX } else { 1 << 20 };
+    let default = if threads.most() >= 2 {
+        usize::MAX
+    } else {
+        1 << 20
+    };
     std::env::var("OXCCL_HOST_DIRECT_P2P_MAX")
         .ok()
         .and_then(|v| crate::config::parse_size(&v))
