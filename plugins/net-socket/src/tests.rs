@@ -619,3 +619,11 @@ fn a_listener_that_never_answers_the_key_exchange_fails_the_connect() {
         "{e}"
     );
 }
+
+#[test]
+fn a_key_doubles_the_default_helper_threads_from_8_cores() {
+    assert_eq!(crate::default_threads(2, false), (0, 1));
+    assert_eq!(crate::default_threads(2, true), (0, 1));
+    assert_eq!(crate::default_threads(16, false), (2, 2));
+    assert_eq!(crate::default_threads(16, true), (4, 2));
+}
