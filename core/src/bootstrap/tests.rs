@@ -600,13 +600,18 @@ fn a_trickled_key_exchange_ends_at_its_deadline() {
     trickle.join().unwrap();
 }
 
-/// Waits (up to 5 s) until `b` runs `n` reader threads or fewer.
-fn readers_down_to(b: &Bootstrap, n: usize) {
+/// Waits (up to 5 s) until `b` runs `n` reader threads, or fewer
+/// (`fewer`) or more (not).
+fn readers(b: &Bootstrap, n: usize, fewer: bool) {
     let start = Instant::now();
-    while b.shared.live_readers() > n {
+    while if fewer {
+        b.shared.live_readers() > n
+    } else {
+        b.shared.live_readers() < n
+    } {
         assert!(
             start.elapsed() < Duration::from_secs(5),
-            "{} reader threads still run, {n} expected",
+            "{} reader threads run, {n} expected",
             b.shared.live_readers()
         );
         std::thread::sleep(Duration::from_millis(20));
@@ -622,18 +627,17 @@ fn silent_connections_are_dropped(bs: &[Bootstrap], half: &[u8]) {
     // rank's connection must survive the deadline.
     a.send(1, 1, b"before").unwrap();
     assert_eq!(b.recv(0, 1).unwrap(), b"before");
-    readers_down_to(b, 1);
+    readers(b, 1, true);
     let start = Instant::now();
     let mut silent = TcpStream::connect(b.listen_addr()).unwrap();
     let mut stalled = TcpStream::connect(b.listen_addr()).unwrap();
     stalled.write_all(half).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(b.shared.live_readers(), 3);
+    readers(b, 3, false);
     expect_closed(&mut silent);
     expect_closed(&mut stalled);
     let took = start.elapsed();
     assert!(took >= Duration::from_millis(900), "closed after {took:?}");
-    readers_down_to(b, 1);
+    readers(b, 1, true);
     std::thread::sleep(Duration::from_millis(1200));
     a.send(1, 2, b"after").unwrap();
     assert_eq!(b.recv(0, 2).unwrap(), b"after");
