@@ -447,6 +447,8 @@ fn encrypted_messages_of_every_size_arrive_in_order() {
         MAX_PLAIN + 1,
         3 * MAX_PLAIN + 5,
     ];
+    // The defaults: from 8 cores with a key, and below 8 cores.
+    exchange(&keyed(4, 2, 1), &sizes);
     exchange(&keyed(2, 2, 1), &sizes);
     exchange(&keyed(0, 1, 1), &sizes);
 }
