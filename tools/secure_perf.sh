@@ -14,7 +14,13 @@
 # binary and STREAM and SEAL_SPEED the examples. Settings in the
 # environment (NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD, ...) reach
 # both runs; THREADS="0x1 2x2 4x2" also runs each NTHREADSxNSOCKS setting
-# in turn. Prints a Markdown table for docs/PERF.md.
+# in turn ("default" is the socket network's own choice, which differs:
+# from 8 cores 2x2 in clear and 4x2 with a key). Prints a Markdown table
+# for docs/PERF.md.
+#
+# Without cargo (the GPU machine), carry release builds and name them:
+#   OXCCL=.dev/bin/oxccl STREAM=.dev/bin/stream SEAL_SPEED=.dev/bin/seal_speed \
+#     THREADS="default 2x2 4x2 8x1" tools/secure_perf.sh 3 64M
 set -euo pipefail
 rounds=${1:-3}
 size=${2:-64M}
@@ -67,6 +73,11 @@ perf_run() {
   fi
 }
 
+if [ "$(nproc)" -ge 8 ]; then
+  echo "# default helper threads x sockets: clear 2x2, encrypted 4x2 (8 cores or more)"
+else
+  echo "# default helper threads x sockets: 0 (the caller's thread moves the data; under 8 cores)"
+fi
 settings=("${THREADS:-default}")
 [ -n "${THREADS:-}" ] && read -r -a settings <<<"$THREADS"
 echo "all_reduce $size, two ranks, busbw GB/s out-of-place / in-place (#wrong), rounds alternated:"

@@ -41,7 +41,8 @@ use proto::{Frame, FrameReader, Hello, IdContents};
 use service::{Notices, Service, Shared};
 use tcp::{Link, Outgoing};
 
-/// How long an accepted connection may take over its handshake.
+/// How long an accepted connection may take over its handshake, and a
+/// rank's connection then over its first frame (the root's over its hello).
 const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
 
 /// The pre-shared key NCCL_SOCKET_KEY_FILE names; `None` when unset (the
@@ -309,7 +310,10 @@ impl Bootstrap {
                 info!(target: "oxccl::init", "Security: {line}");
             }
         }
-        let shared = Arc::new(Shared::new(rank, nranks, c.magic, key.clone()));
+        // Bounded by NCCL_TIMEOUT too, so that a short one (tests, quick
+        // failure detection) frees silent connections' threads as soon.
+        let first_wait = HANDSHAKE_WAIT.min(timeout.max(Duration::from_secs(1)));
+        let shared = Arc::new(Shared::new(rank, nranks, c.magic, key.clone(), first_wait));
         // Serving before the table exists: peers may write as soon as they have it.
         let service = Service::start(shared.clone(), listener)?;
         let hello = Hello {
@@ -376,6 +380,14 @@ impl Bootstrap {
             return Err(Error::InvalidUsage(format!(
                 "bootstrap: rank {} sending to rank {peer} after its communicator was closed",
                 self.rank()
+            )));
+        }
+        if data.len() > proto::MAX_MESSAGE {
+            return Err(Error::InvalidArgument(format!(
+                "bootstrap: rank {} cannot send a message of {} bytes to rank {peer}: the bootstrap carries at most {} bytes a message",
+                self.rank(),
+                data.len(),
+                proto::MAX_MESSAGE
             )));
         }
         if peer == self.rank() {

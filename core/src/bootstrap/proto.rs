@@ -37,6 +37,15 @@ pub const FRAME_HEADER: usize = 8 + 1 + 4 + 8 + 4;
 /// several frames, and a header announcing more is refused as garbage
 /// (so that a stranger cannot make us allocate gigabytes).
 pub const MAX_CHUNK: usize = 16 << 20;
+/// Largest message between ranks, reassembled from its frames; a sender
+/// is refused above it, and a receiver drops the connection that goes past
+/// it (so that a peer, a bug or a stranger cannot make a rank allocate
+/// without bound). The bootstrap's own messages are far smaller: a block
+/// of an allgather is one rank's record (its identity, device window,
+/// shared-memory name: under 4 KiB), a connection handle 128 bytes, a
+/// failure notice a line of text; what is left is room for users of
+/// [`crate::bootstrap::Bootstrap::send`] (NCCL's bootstrap carries no more).
+pub const MAX_MESSAGE: usize = 64 << 20;
 /// Largest communicator: ranks travel as u32 and tag steps get 20 bits.
 pub const MAX_RANKS: usize = 1 << 20;
 /// Largest hello payload the root reads.
@@ -130,6 +139,29 @@ impl FrameReader {
         self.buf.is_empty()
     }
 
+    /// A whole frame is buffered (its header judged as
+    /// [`FrameReader::next_frame`] judges it); nothing is taken.
+    pub fn has_frame(&self) -> Result<bool, FrameError> {
+        if self.buf.len() < 8 {
+            return Ok(false);
+        }
+        let magic = u64::from_le_bytes(self.buf[0..8].try_into().expect("8 bytes"));
+        if magic != self.magic {
+            return Err(FrameError::BadMagic(magic));
+        }
+        if self.buf.len() < FRAME_HEADER {
+            return Ok(false);
+        }
+        let len = u32::from_le_bytes(self.buf[21..25].try_into().expect("4 bytes")) as usize;
+        if len > self.max_payload {
+            return Err(FrameError::TooLong {
+                len,
+                max: self.max_payload,
+            });
+        }
+        Ok(self.buf.len() >= FRAME_HEADER + len)
+    }
+
     /// The next whole frame, `None` while more bytes are needed.
     pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
         if self.buf.len() < 8 {
@@ -150,7 +182,8 @@ impl FrameReader {
             });
         }
         if self.buf.len() < FRAME_HEADER + len {
-            self.buf.reserve(FRAME_HEADER + len - self.buf.len());
+            // Nothing reserved for what the header announces (announcing
+            // costs a stranger nothing): the buffer grows as bytes come.
             return Ok(None);
         }
         let rest = self.buf.split_off(FRAME_HEADER + len);
@@ -177,27 +210,71 @@ pub fn chunks(payload: &[u8], max: usize) -> impl Iterator<Item = (bool, &[u8])>
     })
 }
 
-/// Joins the pieces of the messages arriving on one connection.
-#[derive(Debug, Default)]
+/// Why a connection's DATA frames do not make messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PieceError {
+    /// A piece of another message arrived before the last piece of the
+    /// one in progress (a sender writes a message's frames together).
+    Interleaved { tag: u64, inside: u64 },
+    /// The message grew past the reassembler's limit.
+    TooLong { len: usize, max: usize },
+}
+
+impl fmt::Display for PieceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PieceError::Interleaved { tag, inside } => write!(
+                f,
+                "a piece of a message with tag {tag:#x} inside one with tag {inside:#x}"
+            ),
+            PieceError::TooLong { len, max } => write!(
+                f,
+                "a message of {len} bytes or more (the bootstrap carries at most {max}): a bug or not an oxccl peer"
+            ),
+        }
+    }
+}
+
+/// Joins the pieces of the messages arriving on one connection, up to a
+/// limit on a message's size.
+#[derive(Debug)]
 pub struct Reassembler {
+    max: usize,
     partial: Option<(u64, Vec<u8>)>,
 }
 
+impl Default for Reassembler {
+    fn default() -> Reassembler {
+        Reassembler::new(MAX_MESSAGE)
+    }
+}
+
 impl Reassembler {
+    pub fn new(max: usize) -> Reassembler {
+        Reassembler { max, partial: None }
+    }
+
     /// A DATA frame's piece; the whole message once its last piece is in.
     pub fn push(
         &mut self,
         tag: u64,
         more: bool,
         payload: Vec<u8>,
-    ) -> Result<Option<Vec<u8>>, String> {
+    ) -> Result<Option<Vec<u8>>, PieceError> {
+        let have = match &self.partial {
+            None => 0,
+            Some((t, _)) if *t != tag => {
+                return Err(PieceError::Interleaved { tag, inside: *t });
+            }
+            Some((_, acc)) => acc.len(),
+        };
+        let len = have.saturating_add(payload.len());
+        if len > self.max {
+            self.partial = None;
+            return Err(PieceError::TooLong { len, max: self.max });
+        }
         let whole = match self.partial.take() {
             None => payload,
-            Some((t, _)) if t != tag => {
-                return Err(format!(
-                    "a piece of a message with tag {tag:#x} inside one with tag {t:#x}"
-                ))
-            }
             Some((_, mut acc)) => {
                 acc.extend_from_slice(&payload);
                 acc
@@ -209,6 +286,11 @@ impl Reassembler {
         } else {
             Ok(Some(whole))
         }
+    }
+
+    /// Bytes of the message in progress.
+    pub fn pending(&self) -> usize {
+        self.partial.as_ref().map_or(0, |(_, b)| b.len())
     }
 }
 
@@ -575,6 +657,9 @@ pub struct Digest {
     pub messages: Vec<(u64, Vec<u8>)>,
     /// Why the stream was refused (the reader drops the connection there).
     pub refused: Option<String>,
+    /// Most bytes the reader and the reassembler held at once (capacity
+    /// reserved included): what the stream cost in memory.
+    pub peak_held: usize,
 }
 
 /// What the bootstrap's readers make of `bytes` arriving on one connection
@@ -589,6 +674,17 @@ pub struct Digest {
 /// whatever the bytes, this returns, never panics, and never yields a
 /// message that the bytes did not hold.
 pub fn digest(magic: u64, bytes: &[u8], read: usize) -> Digest {
+    digest_limited(magic, bytes, read, MAX_CHUNK, MAX_MESSAGE)
+}
+
+/// [`digest`] with other limits on a frame's and a message's size.
+pub fn digest_limited(
+    magic: u64,
+    bytes: &[u8],
+    read: usize,
+    max_frame: usize,
+    max_message: usize,
+) -> Digest {
     let mut d = Digest::default();
     if let Some(id) = bytes.get(..128) {
         let id: &[u8; 128] = id.try_into().expect("128 bytes");
@@ -600,10 +696,11 @@ pub fn digest(magic: u64, bytes: &[u8], read: usize) -> Digest {
         Duration::from_secs(1),
         t0,
     );
-    let mut reader = FrameReader::new(magic, MAX_CHUNK);
-    let mut pieces = Reassembler::default();
+    let mut reader = FrameReader::new(magic, max_frame);
+    let mut pieces = Reassembler::new(max_message);
     for piece in bytes.chunks(read.max(1)) {
         reader.push(piece);
+        d.peak_held = d.peak_held.max(reader.buf.capacity() + pieces.pending());
         loop {
             let f = match reader.next_frame() {
                 Ok(Some(f)) => f,
@@ -619,7 +716,7 @@ pub fn digest(magic: u64, bytes: &[u8], read: usize) -> Digest {
                     match pieces.push(f.tag, k & MORE != 0, f.payload) {
                         Ok(Some(m)) => d.messages.push((f.tag, m)),
                         Ok(None) => {}
-                        Err(e) => d.refused = Some(e),
+                        Err(e) => d.refused = Some(e.to_string()),
                     }
                     false
                 }
@@ -739,6 +836,42 @@ mod tests {
         let mut asm = Reassembler::default();
         assert_eq!(asm.push(1, true, vec![1]), Ok(None));
         assert!(asm.push(2, false, vec![2]).is_err());
+    }
+
+    #[test]
+    fn messages_past_the_limit_are_refused() {
+        let mut asm = Reassembler::new(10);
+        assert_eq!(asm.push(1, true, vec![0; 6]), Ok(None));
+        assert_eq!(
+            asm.push(1, true, vec![0; 5]),
+            Err(PieceError::TooLong { len: 11, max: 10 })
+        );
+        assert_eq!(asm.pending(), 0, "the partial message is dropped");
+        // Exactly the limit passes; one frame above it does not.
+        let mut asm = Reassembler::new(10);
+        assert_eq!(asm.push(1, true, vec![1; 4]), Ok(None));
+        assert_eq!(asm.push(1, false, vec![2; 6]).unwrap().unwrap().len(), 10);
+        assert!(asm.push(2, false, vec![0; 11]).is_err());
+        let e = Reassembler::default()
+            .push(3, false, vec![0; MAX_MESSAGE + 1])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at most 67108864"), "{e}");
+    }
+
+    #[test]
+    fn an_announced_length_costs_memory_only_as_its_bytes_arrive() {
+        let mut r = FrameReader::new(9, MAX_CHUNK);
+        r.push(&encode_header(9, DATA, 0, 0, MAX_CHUNK));
+        assert_eq!(r.next_frame(), Ok(None));
+        assert!(r.buf.capacity() <= 64, "{}", r.buf.capacity());
+        let mut fed = FRAME_HEADER;
+        for _ in 0..100 {
+            r.push(&[7u8; 10_000]);
+            fed += 10_000;
+            assert_eq!(r.next_frame(), Ok(None));
+            assert!(r.buf.capacity() <= 2 * fed, "{fed}");
+        }
     }
 
     #[test]
@@ -1002,6 +1135,30 @@ mod tests {
                 }
             }
             let _ = digest(M, &b, read);
+        }
+
+        #[test]
+        fn no_stream_holds_more_than_it_sent_or_a_message_past_the_limit(
+            pieces in proptest::collection::vec((0u64..2, 0usize..400, proptest::prelude::any::<bool>()), 0..40),
+            max_message in 0usize..1500,
+            read in 1usize..300,
+        ) {
+            // DATA frames of random sizes and tags, MORE set at random: a
+            // peer (or a bug) that never ends its message, or interleaves.
+            let mut b = Vec::new();
+            for (tag, len, more) in &pieces {
+                let kind = DATA | if *more { MORE } else { 0 };
+                b.extend(Frame { magic: M, kind, from: 0, tag: *tag, payload: vec![1; *len] }.encode());
+            }
+            let d = digest_limited(M, &b, read, 512, max_message);
+            for (_, m) in &d.messages {
+                proptest::prop_assert!(m.len() <= max_message);
+            }
+            if let Some(why) = &d.refused {
+                proptest::prop_assert!(why.contains("at most") || why.contains("inside one with tag"), "{}", why);
+            }
+            proptest::prop_assert!(d.peak_held <= 3 * b.len() + 64,
+                "held {} for {} bytes", d.peak_held, b.len());
         }
     }
 }

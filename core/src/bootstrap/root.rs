@@ -73,11 +73,24 @@ fn poll_conn(c: &mut Conn) -> Event {
                     return ev;
                 }
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return Event::Idle,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return silent(c),
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(_) => return Event::Closed,
         }
     }
+}
+
+/// Idle, unless a connection that has not said hello has been silent past
+/// HANDSHAKE_WAIT (a rank says it at once): dropped then, so that strays
+/// do not pile up while the root waits for the ranks.
+fn silent(c: &Conn) -> Event {
+    if !c.joined && c.since.elapsed() > super::HANDSHAKE_WAIT {
+        return Event::Bad(format!(
+            "no hello within {} of connecting",
+            proto::secs(super::HANDSHAKE_WAIT)
+        ));
+    }
+    Event::Idle
 }
 
 /// Feeds `bytes` to the reader: the event once a frame is whole.
@@ -136,7 +149,7 @@ fn poll_secure(c: &mut Conn) -> Event {
     let mut buf = [0u8; 256];
     loop {
         match sess.open(&mut buf) {
-            Ok(0) => return Event::Idle,
+            Ok(0) => return silent(c),
             // A rank that said hello has nothing more to say.
             Ok(_) if c.joined => {}
             Ok(n) => {

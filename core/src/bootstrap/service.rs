@@ -5,6 +5,7 @@
 //! came on.
 
 use std::collections::{HashMap, VecDeque};
+use std::io::{ErrorKind, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -48,6 +49,12 @@ pub(super) struct Shared {
     /// The pre-shared key: every accepted connection must pass the
     /// handshake with it before a byte of it is read as a frame.
     pub key: SharedKey,
+    /// How long an accepted connection may take over its handshake (with
+    /// a key) and then over its first whole frame: a rank writes at once
+    /// on a connection it opens, so a silent one is a stranger, a stalled
+    /// process or a port scanner, and its reader thread is freed at this
+    /// deadline.
+    pub first_wait: Duration,
     /// Operations started, as the engine counts them; peers read it.
     pub progress: Arc<AtomicU64>,
     mail: Mutex<Mail>,
@@ -58,12 +65,19 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    pub fn new(rank: usize, nranks: usize, magic: u64, key: SharedKey) -> Shared {
+    pub fn new(
+        rank: usize,
+        nranks: usize,
+        magic: u64,
+        key: SharedKey,
+        first_wait: Duration,
+    ) -> Shared {
         Shared {
             rank,
             nranks,
             magic,
             key,
+            first_wait,
             progress: Arc::default(),
             mail: Mutex::default(),
             cv: Condvar::new(),
@@ -218,6 +232,15 @@ impl Shared {
         }
     }
 
+    /// Reader threads still running.
+    #[cfg(test)]
+    pub fn live_readers(&self) -> usize {
+        lock(&self.readers)
+            .iter()
+            .filter(|(_, h)| !h.is_finished())
+            .count()
+    }
+
     /// Joins the readers that ended on their own.
     fn prune_readers(&self) {
         let mut rs = lock(&self.readers);
@@ -346,17 +369,32 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     }
 }
 
-/// The handshake (with a key), then the connection's frames.
+/// The handshake (with a key), then the connection's frames, the first of
+/// them by the same deadline.
 fn accept_one(shared: &Shared, s: TcpStream, peer: SocketAddr) {
     let key = shared.key.as_deref();
+    let deadline = Instant::now() + shared.first_wait;
     match Link::open(
         s,
         key,
         oxccl_secure::Role::Responder,
         shared.magic,
-        super::HANDSHAKE_WAIT,
+        shared.first_wait,
     ) {
-        Ok(mut link) => read_loop(shared, &mut link, peer),
+        Ok(mut link) => match first_frame(shared, &mut link, deadline) {
+            Ok(Some(reader)) => read_loop(shared, &mut link, peer, reader),
+            Ok(None) => {}
+            Err(_) if shared.is_closed() => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                warn!(target: "oxccl::bootstrap", "rank {}: dropped a connection from {peer}: it sent no whole frame within {} of connecting (a stalled process, or not an oxccl rank)", shared.rank, proto::secs(shared.first_wait));
+            }
+            Err(e) if e.kind() == ErrorKind::InvalidData => {
+                warn!(target: "oxccl::bootstrap", "rank {}: refused a connection from {peer}: {e}", shared.rank);
+            }
+            Err(e) => {
+                debug!(target: "oxccl::bootstrap", "rank {}: connection from {peer} broke before its first frame: {e}", shared.rank);
+            }
+        },
         Err(_) if shared.is_closed() => {}
         Err(e) => {
             warn!(target: "oxccl::bootstrap", "rank {}: refused a connection from {peer}: {e}", shared.rank)
@@ -364,10 +402,44 @@ fn accept_one(shared: &Shared, s: TcpStream, peer: SocketAddr) {
     }
 }
 
-fn read_loop(shared: &Shared, s: &mut Link, peer: SocketAddr) {
-    let me = shared.rank;
+/// Reads until `s` has delivered its first whole frame, or `deadline`
+/// passes (a `TimedOut` error); the reader with that frame in it, `None`
+/// if the connection ended cleanly first. The socket waits without a
+/// limit afterwards: a rank's cached connection is idle between messages.
+fn first_frame(
+    shared: &Shared,
+    s: &mut Link,
+    deadline: Instant,
+) -> std::io::Result<Option<FrameReader>> {
     let mut reader = FrameReader::new(shared.magic, proto::MAX_CHUNK);
-    let mut pieces = Reassembler::default();
+    let mut buf = [0u8; 16 << 10];
+    loop {
+        if reader
+            .has_frame()
+            .map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e.to_string()))?
+        {
+            s.tcp().set_read_timeout(None)?;
+            return Ok(Some(reader));
+        }
+        // Before every read: a peer that trickles bytes cannot stretch it.
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ErrorKind::TimedOut.into());
+        }
+        s.tcp().set_read_timeout(Some(left))?;
+        match s.read(&mut buf) {
+            Ok(0) if reader.is_empty() => return Ok(None),
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => reader.push(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn read_loop(shared: &Shared, s: &mut Link, peer: SocketAddr, mut reader: FrameReader) {
+    let me = shared.rank;
+    let mut pieces = Reassembler::new(proto::MAX_MESSAGE);
     let mut sender: Option<u32> = None;
     loop {
         let f = match read_frame(s, &mut reader) {
@@ -407,6 +479,14 @@ fn read_loop(shared: &Shared, s: &mut Link, peer: SocketAddr) {
                     Ok(None) => {}
                     Err(e) => {
                         warn!(target: "oxccl::bootstrap", "rank {me}: refused a connection from rank {from} ({peer}): {e}");
+                        // As for a broken record: the message is lost, and
+                        // an authenticated sender is a rank that failed.
+                        if let Link::Secure(_) = &*s {
+                            shared.fail(
+                                from,
+                                format!("a message from rank {from} ({peer}) was refused: {e}"),
+                            );
+                        }
                         return;
                     }
                 }

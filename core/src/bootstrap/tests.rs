@@ -599,3 +599,109 @@ fn a_trickled_key_exchange_ends_at_its_deadline() {
     assert!(took < Duration::from_secs(3), "held for {took:?}");
     trickle.join().unwrap();
 }
+
+/// Waits (up to 5 s) until `b` runs `n` reader threads, or fewer
+/// (`fewer`) or more (not).
+fn readers(b: &Bootstrap, n: usize, fewer: bool) {
+    let start = Instant::now();
+    while if fewer {
+        b.shared.live_readers() > n
+    } else {
+        b.shared.live_readers() < n
+    } {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{} reader threads run, {n} expected",
+            b.shared.live_readers()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Connections that say nothing, or stop inside their first frame or
+/// handshake, are closed at the deadline (NCCL_TIMEOUT here: 1 s) and their
+/// reader threads end; the ranks talk on.
+fn silent_connections_are_dropped(bs: &[Bootstrap], half: &[u8]) {
+    let (a, b) = (&bs[0], &bs[1]);
+    // Rank 0's connection to rank 1 is made and left open first: an idle
+    // rank's connection must survive the deadline.
+    a.send(1, 1, b"before").unwrap();
+    assert_eq!(b.recv(0, 1).unwrap(), b"before");
+    readers(b, 1, true);
+    let start = Instant::now();
+    let mut silent = TcpStream::connect(b.listen_addr()).unwrap();
+    let mut stalled = TcpStream::connect(b.listen_addr()).unwrap();
+    stalled.write_all(half).unwrap();
+    readers(b, 3, false);
+    expect_closed(&mut silent);
+    expect_closed(&mut stalled);
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}");
+    readers(b, 1, true);
+    std::thread::sleep(Duration::from_millis(1200));
+    a.send(1, 2, b"after").unwrap();
+    assert_eq!(b.recv(0, 2).unwrap(), b"after");
+    assert_eq!(
+        b.shared.live_readers(),
+        1,
+        "rank 0's connection was dropped"
+    );
+}
+
+#[test]
+fn silent_or_stalled_plain_connections_free_their_threads() {
+    let bs = ranks(2, "1");
+    // The first 15 bytes of a frame with the right magic.
+    let f = Frame {
+        magic: bs[1].shared.magic,
+        kind: proto::DATA,
+        from: 0,
+        tag: 5,
+        payload: vec![9; 100],
+    };
+    silent_connections_are_dropped(&bs, &f.encode()[..15]);
+}
+
+#[test]
+fn silent_or_stalled_key_exchanges_free_their_threads() {
+    let c = cfg("1");
+    let k = key(4);
+    let bs: Vec<Bootstrap> = init_keyed(&c, k.clone(), vec![k.clone(); 2])
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    // Half of a key-exchange message: its length, then 10 of its 48 bytes.
+    let mut half = 48u16.to_be_bytes().to_vec();
+    half.extend_from_slice(&[3; 10]);
+    silent_connections_are_dropped(&bs, &half);
+}
+
+#[test]
+fn messages_past_the_limit_are_refused_at_both_ends() {
+    let c = cfg("10");
+    let k = key(5);
+    let bs: Vec<Bootstrap> = init_keyed(&c, k.clone(), vec![k.clone(); 2])
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let big = vec![1u8; proto::MAX_MESSAGE + 1];
+    let e = bs[0].send(1, 3, &big).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidArgument(_)) && e.message().contains("at most 67108864"),
+        "{e}"
+    );
+    // A sender that does not check (another build, a bug): rank 1 drops
+    // the connection at the limit and fails the wait with a reason.
+    let out = Outgoing::new(
+        0,
+        bs[1].shared.magic,
+        k,
+        vec![bs[0].listen_addr(), bs[1].listen_addr()],
+    );
+    let _ = out.send(1, 3, &big, Duration::from_secs(5));
+    let e = bs[1].recv(0, 3).unwrap_err().to_string();
+    assert!(
+        e.contains("rank 0") && e.contains("at most 67108864"),
+        "{e}"
+    );
+}

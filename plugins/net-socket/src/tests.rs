@@ -447,6 +447,8 @@ fn encrypted_messages_of_every_size_arrive_in_order() {
         MAX_PLAIN + 1,
         3 * MAX_PLAIN + 5,
     ];
+    // The defaults: from 8 cores with a key, and below 8 cores.
+    exchange(&keyed(4, 2, 1), &sizes);
     exchange(&keyed(2, 2, 1), &sizes);
     exchange(&keyed(0, 1, 1), &sizes);
 }
@@ -618,4 +620,12 @@ fn a_listener_that_never_answers_the_key_exchange_fails_the_connect() {
         e.to_string().contains("did not answer the key exchange"),
         "{e}"
     );
+}
+
+#[test]
+fn a_key_doubles_the_default_helper_threads_from_8_cores() {
+    assert_eq!(crate::default_threads(2, false), (0, 1));
+    assert_eq!(crate::default_threads(2, true), (0, 1));
+    assert_eq!(crate::default_threads(16, false), (2, 2));
+    assert_eq!(crate::default_threads(16, true), (4, 2));
 }
