@@ -35,6 +35,7 @@
 #   run), LIMIT (seconds per run, 300).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tools/plugin_bench.sh
 mode=${1:-build}
 out=$(mkdir -p "${2:-${OUT:-/tmp}/fastsocket}" && cd "${2:-${OUT:-/tmp}/fastsocket}" && pwd)
 fs_src=${FASTSOCKET_SRC:-/work/.mirror/google+nccl-fastsocket/repo}
@@ -90,27 +91,6 @@ build() {
   echo "built $out/libnccl-net-fastsocket.so exports $syms"
   echo "  needs: $(objdump -T "$out/libnccl-net-fastsocket.so" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1), $(objdump -p "$out/libnccl-net-fastsocket.so" | awk '/NEEDED/ {print $2}' | tr '\n' ' ')"
   echo "  from: fastsocket $(git -C "$fs_src" rev-parse --short "${FASTSOCKET_REF:-HEAD}" 2>/dev/null || echo "$fs_src"), NCCL headers $major.$minor.$patch"
-}
-
-# One run's table rows, its #wrong total and the INFO lines that show the path.
-perf_run() {
-  local label=$1 log=$2
-  shift 2
-  local rc=0
-  timeout "${LIMIT:-300}" "$@" >"$log" 2>&1 || rc=$?
-  echo "## $label (rc $rc)"
-  grep -E '^ +[0-9]+ ' "$log" || true
-  local wrong
-  wrong=$(awk '/^ +[0-9]+ / && NF >= 12 {w += $9 + $13} END {print w + 0}' "$log")
-  echo "## $label: #wrong total $wrong"
-  [ "$rc" = 0 ] && [ "$wrong" = 0 ] || status=1
-}
-
-want() {
-  if grep -qE "$2" "$1"; then echo "ok:   $(basename "$1") has /$2/"; else
-    echo "FAIL: $(basename "$1") lacks /$2/"
-    status=1
-  fi
 }
 
 perf() {

@@ -16,6 +16,7 @@
 # PERF_SIZES for oxccl perf ("-b 8 -e 128M -f 16"), OPS (all 7), ITERS (10).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. tools/plugin_bench.sh
 out=${OUT:-/tmp}/fastsocket-gpu
 mkdir -p "$out"
 export PATH=$PWD/.dev/bin:$PATH NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -30,23 +31,6 @@ status=0
 for f in "$bin" "$lib" "$so"; do
   [ -f "$f" ] || { echo "missing $f (see the header of this script)"; exit 2; }
 done
-step() {
-  local t
-  t=$(date +%s%N)
-  echo "=== $*"
-  "$@"
-  local rc=$?
-  echo "=== rc $rc in $((($(date +%s%N) - t) / 1000000)) ms"
-  [ $rc = 0 ] || status=1
-}
-want() {
-  if grep -qE "$2" "$1"; then echo "ok:   $(basename "$1") has /$2/"; else
-    echo "FAIL: $(basename "$1") lacks /$2/"
-    status=1
-  fi
-}
-# Rows whose last column (#wrong) is not 0 (torch_bench prints one per size).
-wrong_rows() { awk '/^ +[0-9]+ / && $NF != 0 && $NF != "N/A" {n++} END {print n + 0}' "$1"; }
 net=(NCCL_NET_PLUGIN="$so" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET)
 {
   echo "## plugin $so ($(nm -D --defined-only "$so" | grep -o 'ncclNetPlugin_v[0-9]*' | tr '\n' ' '))"
@@ -57,24 +41,7 @@ net=(NCCL_NET_PLUGIN="$so" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET)
   want "$out/perf.log" 'loaded net plugin FastSocket from .*ncclNetPlugin_v6'
   want "$out/perf.log" 'via NET/FastSocket'
   want "$out/perf.log" 'Out of bounds values : 0 OK'
-  for op in $ops; do
-    for who in nccl oxccl; do
-      pre=()
-      [ $who = oxccl ] && pre=(LD_PRELOAD="$lib" BENCH_LABEL=oxccl)
-      log=$out/torch_${who}_$op.log
-      echo "## $op, $who"
-      step env "${net[@]}" "${pre[@]}" LIMIT=200 LOG1="$out/torch_${who}_${op}_r1.log" \
-        tools/netns_run.sh "$py" tools/torch_bench.py "$op" "$lo" "$hi" >"$log" 2>&1
-      grep -E '^#|^ +[0-9]+ ' "$log"
-      w=$(wrong_rows "$log")
-      echo "## $op, $who: rows with #wrong > 0: $w"
-      [ "$w" = 0 ] || status=1
-    done
-    want "$out/torch_nccl_$op.log" 'NET/Plugin: Loaded net plugin FastSocket \(v6\)'
-    want "$out/torch_nccl_$op.log" 'via NET/FastSocket'
-    want "$out/torch_oxccl_$op.log" 'loaded net plugin FastSocket from .*ncclNetPlugin_v6'
-    want "$out/torch_oxccl_$op.log" 'via NET/FastSocket'
-  done
+  torch_ops FastSocket
   echo "## WARN lines per log (Fast Socket's own 'Maximum retry reached' included):"
   grep -c WARN "$out"/*.log
   echo "## /dev/shm oxccl entries left: $(ls /dev/shm | grep -c oxccl)"

@@ -301,6 +301,10 @@ impl<'a> LaneState<'a> {
         let mut moved = false;
         moved |= self.create_tasks(lane)?;
         moved |= self.compute(lane, rank)?;
+        // A send the plugin declined (isend answered no request: "not now",
+        // as aws-ofi-nccl does until the peer's receive is known) is offered
+        // again on every turn, not only when another slice is computed.
+        moved |= self.post_sends(lane)?;
         moved |= self.test_sends(lane)?;
         while self
             .tasks
