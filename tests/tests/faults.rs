@@ -297,3 +297,34 @@ fn a_dead_or_silent_peer_of_a_send_is_named() {
         eprintln!("rank {}: {}", f.rank, f.stderr.trim());
     }
 }
+
+/// A receiver that is alive but never posts its receive holds the send
+/// until NCCL_TIMEOUT, which then names it: the mailbox wait is bounded.
+#[test]
+fn a_silent_receiver_of_a_send_is_named_at_the_timeout() {
+    let name = "a_silent_receiver_of_a_send_is_named_at_the_timeout";
+    if as_child(name, |r| {
+        let comm = r.comm(&[]);
+        let mut b = vec![0u8; 4096];
+        comm.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+            .unwrap();
+        if r.rank == 1 {
+            // Alive, but never receives.
+            std::thread::sleep(Duration::from_secs(8));
+            return;
+        }
+        let start = Instant::now();
+        let out = vec![1u8; 1000];
+        let mut g = oxccl::Group::new();
+        g.send(&comm, &out, DataType::Uint8, 1).unwrap();
+        let e = g.run().unwrap_err().to_string();
+        eprintln!("error after {:?}: {e}", start.elapsed());
+        assert!(start.elapsed() < Duration::from_secs(15), "{e}");
+        assert!(e.contains("[1]") && e.contains("mailbox"), "{e}");
+    }) {
+        return;
+    }
+    let done = fault_run(name, 2);
+    survivors_ok(&done, 1);
+    eprintln!("rank 0: {}", done[0].stderr.trim());
+}
