@@ -530,17 +530,10 @@ pub enum Threads {
 }
 
 /// The direct path's settings for `n` ranks on this host: the smallest
-/// collective it takes (`OXCCL_HOST_DIRECT_MIN` bytes) and its threads per
-/// rank. The default minimum is 512 KiB where every rank has a core: below
-/// it the rings' pipelined hand-offs beat two barriers and a system call
-/// per chunk and peer (on 16 cores the two cross between 128 KiB and 1 MiB
-/// for 4 to 8 ranks; on 2 cores with 2 ranks, 32 KiB all_reduce 3.1-5.1 us
-/// on the rings against 6.7-8.0 direct). Where the host has fewer cores
-/// than ranks, every ring hand-off waits for a context switch, so the
-/// direct path takes everything above the inline size (4 ranks on 2
-/// cores, 32 KiB: all_reduce 30.6 against 65.2 us, all_gather 18.8 against
-/// 86.2, reduce_scatter 20.1 against 88.2; 128 KiB all_reduce 52.4 against
-/// 175.7-269.8).
+/// collective it takes (`OXCCL_HOST_DIRECT_MIN` bytes, default 512 KiB:
+/// below it the rings' pipelined hand-offs beat two barriers and a
+/// system call per chunk and peer; on 16 cores the two cross between 128
+/// KiB and 1 MiB for 4 to 8 ranks) and its threads per rank.
 pub fn settings(n: usize) -> (usize, Threads) {
     let var = |k: &str| {
         std::env::var(k)
@@ -548,8 +541,7 @@ pub fn settings(n: usize) -> (usize, Threads) {
             .and_then(|v| crate::config::parse_size(&v))
     };
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let least = if n > cores { INLINE + 1 } else { 512 << 10 };
-    let min = var("OXCCL_HOST_DIRECT_MIN").map_or(least, |v| v as usize);
+    let min = var("OXCCL_HOST_DIRECT_MIN").unwrap_or(512 << 10) as usize;
     let threads = var("OXCCL_HOST_DIRECT_THREADS")
         .map_or(Threads::Auto((cores / n.max(1)).clamp(1, 8)), |t| {
             Threads::Fixed((t as usize).max(1))
