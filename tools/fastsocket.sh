@@ -102,38 +102,13 @@ perf() {
   fi
   status=0
   local sizes=${SIZES:--b 8 -e 16M -f 8}
-  local plugin=$out/libnccl-net-fastsocket.so
   echo "## oxccl: $bin; host: $(uname -n), $(nproc) cores; sizes $sizes"
-  local n p
+  local plugin=(NCCL_NET_PLUGIN="$out/libnccl-net-fastsocket.so") on_lo=()
+  against_socket fastsocket FastSocket "${RANKS:-2 3 4}"
+  local n
   for n in ${RANKS:-2 3 4}; do
-    for p in fastsocket socket; do
-      local log=$out/perf_${p}_$n.log
-      local net=(NCCL_NET_PLUGIN="$plugin")
-      [ $p = socket ] && net=(NCCL_NET_PLUGIN=none)
-      perf_run "$p, $n ranks" "$log" env "${net[@]}" OXCCL_HOST_DIRECT=0 NCCL_SHM_DISABLE=1 \
-        NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$bin" perf --ranks "$n" --op all $sizes
-    done
     want "$out/perf_fastsocket_$n.log" 'loaded net plugin FastSocket from .*ncclNetPlugin_v6'
-    want "$out/perf_fastsocket_$n.log" 'Using network FastSocket'
-    want "$out/perf_fastsocket_$n.log" 'via NET/FastSocket'
-    want "$out/perf_socket_$n.log" 'via NET/Socket'
   done
-  if [ "${NETNS:-1}" = 1 ]; then
-    if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
-      echo "## network namespaces skipped: need root and iproute2"
-    else
-      for p in fastsocket socket; do
-        local net=(NCCL_NET_PLUGIN="$plugin")
-        [ $p = socket ] && net=(NCCL_NET_PLUGIN=none)
-        perf_run "$p, 2 ranks in two network namespaces" "$out/netns_$p.log" \
-          env "${net[@]}" LOG1="$out/netns_${p}_rank1.log" OXCCL_HOST_DIRECT=0 NCCL_DEBUG=INFO \
-          NCCL_DEBUG_SUBSYS=INIT,NET tools/netns_perf.sh "$bin" --op all $sizes
-      done
-      want "$out/netns_fastsocket.log" 'via NET/FastSocket'
-      want "$out/netns_fastsocket.log" 'nNodes 2|nnodes 2|2 nodes'
-      want "$out/netns_socket.log" 'via NET/Socket'
-    fi
-  fi
   echo "## logs in $out; $([ $status = 0 ] && echo 'all passed' || echo 'FAILED')"
   return $status
 }

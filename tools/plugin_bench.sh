@@ -64,3 +64,42 @@ torch_ops() {
     want "$out/torch_oxccl_$op.log" "via NET/$name"
   done
 }
+
+# against_socket TAG NAME RANKS: `oxccl perf --op all` on host memory
+# through the plugin and through oxccl's own socket net, alike otherwise:
+# on loopback for each of RANKS ranks, then 2 ranks in two network
+# namespaces (where root and iproute2 allow, NETNS=0 skips); logs
+# $out/perf_{TAG,socket}_N.log and $out/netns_{TAG,socket}.log. Uses $bin,
+# $sizes and the arrays `plugin` (the plugin's environment) and `on_lo`
+# (what it needs on loopback besides); checks every run names NET/NAME or
+# NET/Socket. Callers add their own checks of the logs.
+against_socket() {
+  local tag=$1 name=$2 n p
+  local info=(OXCCL_HOST_DIRECT=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET)
+  for n in $3; do
+    for p in "$tag" socket; do
+      local net=("${plugin[@]}" "${on_lo[@]}")
+      [ "$p" = socket ] && net=(NCCL_NET_PLUGIN=none)
+      perf_run "$p, $n ranks" "$out/perf_${p}_$n.log" env "${net[@]}" "${info[@]}" \
+        NCCL_SHM_DISABLE=1 "$bin" perf --ranks "$n" --op all $sizes
+    done
+    want "$out/perf_${tag}_$n.log" "Using network $name"
+    want "$out/perf_${tag}_$n.log" "via NET/$name"
+    want "$out/perf_socket_$n.log" 'via NET/Socket'
+  done
+  [ "${NETNS:-1}" = 1 ] || return 0
+  if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then
+    echo "## network namespaces skipped: need root and iproute2"
+    return 0
+  fi
+  for p in "$tag" socket; do
+    local net=("${plugin[@]}")
+    [ "$p" = socket ] && net=(NCCL_NET_PLUGIN=none)
+    perf_run "$p, 2 ranks in two network namespaces" "$out/netns_$p.log" \
+      env "${net[@]}" "${info[@]}" LOG1="$out/netns_${p}_rank1.log" \
+      tools/netns_perf.sh "$bin" --op all $sizes
+  done
+  want "$out/netns_$tag.log" "via NET/$name"
+  want "$out/netns_$tag.log" 'nNodes 2|nnodes 2|2 nodes'
+  want "$out/netns_socket.log" 'via NET/Socket'
+}

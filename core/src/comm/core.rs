@@ -862,14 +862,9 @@ impl Core {
         let proxy_events = mask & PROXY_OP_BITS != 0 && !evs.is_empty();
         for i in on_rings {
             let (op, bufs) = ops[i];
-            let (peer, send, bytes) = match op.kind {
-                OpKind::Send { peer } if peer != me => (peer, true, bufs.in_bytes),
-                OpKind::Recv { peer } if peer != me => (peer, false, bufs.out_bytes),
-                _ => continue,
-            };
-            if bytes == 0 {
+            let Some((peer, send, bytes)) = p2p_end(me, op, bufs) else {
                 continue;
-            }
+            };
             let step = if send {
                 Step::new(bytes).src(Region::input(0)).send(peer)
             } else {
@@ -951,30 +946,21 @@ impl Core {
         let mut msgs = Vec::with_capacity(ops.len());
         let mut places = Vec::with_capacity(ops.len());
         for (i, (op, bufs)) in ops.iter().enumerate() {
-            let (peer, send, span) = match op.kind {
-                OpKind::Send { peer } if peer != me => (
-                    peer,
-                    true,
-                    bufs.span(Region::input(0), 0, bufs.in_bytes, 1)?,
-                ),
-                OpKind::Recv { peer } if peer != me => (
-                    peer,
-                    false,
-                    bufs.span(Region::output(0), 0, bufs.out_bytes, 1)?,
-                ),
-                _ => continue,
+            let Some((peer, send, bytes)) = p2p_end(me, op, bufs) else {
+                continue;
             };
-            // As on the rings: an empty message is not sent at all.
-            if span.len > 0 {
-                let ring = send && span.len > d.p2p_max;
-                msgs.push(exec::direct_p2p::Msg {
-                    peer,
-                    send,
-                    span,
-                    ring,
-                });
-                places.push(i);
-            }
+            let region = if send {
+                Region::input(0)
+            } else {
+                Region::output(0)
+            };
+            msgs.push(exec::direct_p2p::Msg {
+                peer,
+                send,
+                span: bufs.span(region, 0, bytes, 1)?,
+                ring: send && bytes > d.p2p_max,
+            });
+            places.push(i);
         }
         if msgs.is_empty() {
             return Ok(Vec::new());
@@ -1125,4 +1111,16 @@ fn peers_of(plans: &[Vec<Step>], first_chan: usize) -> (Vec<ConnKey>, Vec<ConnKe
     r.sort_unstable();
     r.dedup();
     (s, r)
+}
+
+/// The peer, direction and bytes of a send or receive to another rank,
+/// or `None` for a message to this rank or an empty one (never sent, on
+/// any path).
+fn p2p_end(me: usize, op: &Op, bufs: &OpBuffers) -> Option<(usize, bool, usize)> {
+    let (peer, send, bytes) = match op.kind {
+        OpKind::Send { peer } => (peer, true, bufs.in_bytes),
+        OpKind::Recv { peer } => (peer, false, bufs.out_bytes),
+        _ => return None,
+    };
+    (peer != me && bytes > 0).then_some((peer, send, bytes))
 }

@@ -20,7 +20,9 @@ use std::sync::Arc;
 
 use tracing::info;
 
-use super::{bytes_to_id, child_config, Child, Comm, CommConfig, Core, InitState, Status};
+use super::{
+    bytes_to_id, child_config, Child, Comm, CommConfig, Core, InitState, RevokedBy, Status,
+};
 use crate::bootstrap::UniqueId;
 use crate::error::{Error, Result};
 use crate::exec::StopReason;
@@ -62,7 +64,7 @@ impl Comm {
             let mut st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
             let core = match &*st {
                 Status::Ready(c) | Status::Failed(_, Some(c)) => c.clone(),
-                Status::Revoked(_) => {
+                Status::Revoked(..) => {
                     return Err(Error::InvalidUsage(
                         "the communicator is already revoked".into(),
                     ))
@@ -79,7 +81,7 @@ impl Comm {
                     )))
                 }
             };
-            *st = Status::Revoked(core.clone());
+            *st = Status::Revoked(core.clone(), RevokedBy::Call);
             core
         };
         info!(target: "oxccl::init", "comm {:#018x} rank {} nranks {} - Revoke START", core.ident.comm_hash, core.rank, core.nranks);
@@ -98,7 +100,7 @@ impl Comm {
     /// ended: what a blocking communicator's revoke does itself.
     pub fn wait_revoked(&self) -> Result<InitState> {
         let st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
-        let Status::Revoked(core) = &*st else {
+        let Status::Revoked(core, _) = &*st else {
             return Err(Error::InvalidUsage(
                 "wait_revoked on a communicator that was not revoked".into(),
             ));
@@ -138,7 +140,7 @@ impl Comm {
             match &*st {
                 Status::Ready(c) => (c.clone(), false, false),
                 Status::Failed(_, Some(c)) => (c.clone(), false, true),
-                Status::Revoked(c) => (c.clone(), true, false),
+                Status::Revoked(c, _) => (c.clone(), true, false),
                 _ => {
                     drop(st);
                     return Err(self.core().err().unwrap_or_else(|| {
@@ -183,10 +185,7 @@ impl Comm {
             info!(target: "oxccl::init",
                 "comm {:#018x} rank {} - the failed communicator is shrunk: it now counts as revoked (operations refused, async error ncclSuccess, finalize a no-op); destroy it",
                 core.ident.comm_hash, core.rank);
-            *st = Status::Revoked(core);
-            self.shared
-                .shrunk_after_failure
-                .store(true, std::sync::atomic::Ordering::SeqCst);
+            *st = Status::Revoked(core, RevokedBy::Shrink);
         }
     }
 

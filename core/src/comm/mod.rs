@@ -7,7 +7,6 @@ mod ident;
 mod kernel_events;
 mod on_device;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -189,6 +188,18 @@ pub enum InitState {
     InProgress,
 }
 
+/// What revoked a communicator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RevokedBy {
+    /// The application (`ncclCommRevoke`): finalize is refused, as NCCL says.
+    Call,
+    /// A shrink that left it failed: its operations all ended (in errors)
+    /// and its lost ranks cannot meet, so a finalize has nothing to flush
+    /// and no one to synchronise with (PyTorch finalizes it when
+    /// shrink_group drops the old group).
+    Shrink,
+}
+
 enum Status {
     Initializing,
     Ready(Arc<Core>),
@@ -198,7 +209,7 @@ enum Status {
     Failed(Error, Option<Arc<Core>>),
     /// Revoked (NCCL's `ncclCommRevoke`): operations are refused; destroy,
     /// split and shrink work.
-    Revoked(Arc<Core>),
+    Revoked(Arc<Core>, RevokedBy),
     Destroyed(&'static str),
 }
 
@@ -210,9 +221,6 @@ struct Shared {
     blocking: bool,
     status: Mutex<Status>,
     ready: Condvar,
-    /// Revoked by a shrink that left it failed, not by the application:
-    /// its finalize has nothing to wait for (see `Comm::finalize`).
-    shrunk_after_failure: AtomicBool,
 }
 
 /// A communicator: one rank's membership in a group of ranks. Cloning
@@ -389,7 +397,6 @@ impl Comm {
             blocking: config.blocking,
             status: Mutex::new(Status::Initializing),
             ready: Condvar::new(),
-            shrunk_after_failure: AtomicBool::new(false),
         });
         let comm = Comm {
             shared: shared.clone(),
@@ -551,7 +558,7 @@ impl Comm {
                 "the communicator is still initializing (non-blocking init): poll async_error() until it is ready".into(),
             )),
             Status::Failed(e, _) => Err(e.clone()),
-            Status::Revoked(_) => Err(Error::InvalidUsage(
+            Status::Revoked(..) => Err(Error::InvalidUsage(
                 "the communicator was revoked (ncclCommRevoke): only destroy, split and shrink are allowed on it".into(),
             )),
             Status::Destroyed(how) => Err(Error::InvalidUsage(format!("the communicator was {how}: create a new one"))),
@@ -562,7 +569,7 @@ impl Comm {
     /// creation, or revoked (for what asks about it rather than runs on it).
     fn any_core(&self) -> Result<Arc<Core>> {
         match &*self.shared.status.lock().unwrap_or_else(|p| p.into_inner()) {
-            Status::Failed(_, Some(c)) | Status::Revoked(c) => return Ok(c.clone()),
+            Status::Failed(_, Some(c)) | Status::Revoked(c, _) => return Ok(c.clone()),
             _ => {}
         }
         self.core()
@@ -596,7 +603,7 @@ impl Comm {
                 None => Ok(InitState::Ready),
             },
             Status::Failed(e, _) => Err(e.clone()),
-            Status::Revoked(c) => Ok(if c.quiescent() {
+            Status::Revoked(c, _) => Ok(if c.quiescent() {
                 c.settle_revoke();
                 InitState::Ready
             } else {
@@ -738,7 +745,7 @@ impl Comm {
     /// one's once its operations have ended (with `true`).
     fn core_for_split(&self) -> Result<(Arc<Core>, bool)> {
         let st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
-        if let Status::Revoked(c) = &*st {
+        if let Status::Revoked(c, _) = &*st {
             let c = c.clone();
             drop(st);
             c.wait_revoked()?;
@@ -785,18 +792,17 @@ impl Comm {
     /// Waits for this rank's outstanding work and synchronises with the
     /// other ranks (NCCL's `ncclCommFinalize`); then `destroy` frees.
     pub fn finalize(&self) -> Result<()> {
-        // A failed communicator a shrink replaced: its operations all ended
-        // (in errors) and its lost ranks cannot meet, so there is nothing
-        // to flush and no one to synchronise with. PyTorch finalizes it
-        // when shrink_group drops the old group.
-        if self.shared.shrunk_after_failure.load(Ordering::SeqCst) {
-            info!(target: "oxccl::init", "rank {}: finalize of a failed communicator that a shrink replaced: nothing outstanding", self.user_rank());
-            return Ok(());
-        }
-        if let Status::Revoked(_) = &*self.shared.status.lock().unwrap_or_else(|p| p.into_inner()) {
-            return Err(Error::InvalidUsage(
-                "finalize after revoke: NCCL defines no finalize for a revoked communicator (its operations were cut short); destroy it".into(),
-            ));
+        match &*self.shared.status.lock().unwrap_or_else(|p| p.into_inner()) {
+            Status::Revoked(_, RevokedBy::Shrink) => {
+                info!(target: "oxccl::init", "rank {}: finalize of a failed communicator that a shrink replaced: nothing outstanding", self.user_rank());
+                return Ok(());
+            }
+            Status::Revoked(_, RevokedBy::Call) => {
+                return Err(Error::InvalidUsage(
+                    "finalize after revoke: NCCL defines no finalize for a revoked communicator (its operations were cut short); destroy it".into(),
+                ))
+            }
+            _ => {}
         }
         let core = self.core()?;
         core.bootstrap.barrier()
@@ -823,7 +829,8 @@ impl Comm {
             }
             std::mem::replace(&mut *st, Status::Destroyed(how))
         };
-        if let Status::Ready(core) | Status::Failed(_, Some(core)) | Status::Revoked(core) = old {
+        if let Status::Ready(core) | Status::Failed(_, Some(core)) | Status::Revoked(core, _) = old
+        {
             let aborted = how == "aborted";
             if aborted {
                 core.stop.set(crate::exec::StopReason::Aborted);

@@ -102,6 +102,7 @@ pub fn exchange(
                 .filter(|(_, s)| **s != State::Done)
                 .map(|(m, _)| m.peer)
                 .collect();
+            owing.sort_unstable();
             owing.dedup();
             if let Some(e) = poll(&owing, waited) {
                 return Err(e);
