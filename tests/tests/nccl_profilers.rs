@@ -187,6 +187,11 @@ fn check_example(lib: &Path, dir: &Path) {
         ("NCCL_PROFILE_EVENT_MASK".into(), "4095".into()),
         ("NCCL_PROFILE_DUMP_FILE".into(), dump.display().to_string()),
         ("NCCL_CHUNK_SIZE".into(), "16K".into()),
+        // The network path, where NCCL records proxy events (the direct
+        // path between processes of one host has none).
+        ("NCCL_SHM_DISABLE".into(), "1".into()),
+        // Every proxy-control event, not the last 16.
+        ("NCCL_PROFILE_PROXY_CTRL_POOL_SIZE".into(), "100000".into()),
     ];
     for p in [
         "GROUP_API",
@@ -230,6 +235,7 @@ fn check_example(lib: &Path, dir: &Path) {
         assert_eq!(got, [5, 4, 2, 4, 2, 0, 0, 0], "rank {rank}: {kinds:?}");
         let depths: Vec<u64> = roots
             .iter()
+            .filter(|g| g.cat == "GROUP_API")
             .map(|g| g.args["groupDepth"].as_u64().unwrap())
             .collect();
         assert_eq!(depths, [1, 1, 1, 1, 2], "rank {rank}");
@@ -275,7 +281,34 @@ fn check_example(lib: &Path, dir: &Path) {
         .map(|(f, s)| (f.to_string(), *s))
         .collect();
         assert_eq!(seqs, want, "rank {rank}");
-        eprintln!("rank {rank}: {} events, {proxy} proxy ops", all.len());
+        // Proxy-control events (proxy.cc): each is its own root, "Append"
+        // (with the proxy ops taken on) once per network call, "Idle" for
+        // a pass that moved nothing or one that moved again, "Sleep" for a
+        // nap. The host path's calls run on the caller's thread, which is
+        // the proxy there.
+        let names = ["Append", "Idle", "Sleep"];
+        let ctrl: Vec<&Node> = roots.iter().filter(|n| n.cat == "PROXY").collect();
+        assert!(
+            ctrl.iter().all(|n| names.contains(&n.name.as_str())),
+            "rank {rank}: {ctrl:?}"
+        );
+        assert!(
+            all.iter()
+                .all(|(n, p)| p.is_none() || !names.contains(&n.name.as_str())),
+            "rank {rank}: a proxy-control event has a parent"
+        );
+        let appends: Vec<u64> = ctrl
+            .iter()
+            .filter(|n| n.name == "Append")
+            .map(|n| n.args["appended"].as_u64().unwrap())
+            .collect();
+        assert_eq!(appends.len(), 5, "rank {rank}: one per call: {appends:?}");
+        assert!(appends.iter().all(|&a| a >= 1), "rank {rank}: {appends:?}");
+        eprintln!(
+            "rank {rank}: {} events, {proxy} proxy ops, {} proxy-control events (appended {appends:?})",
+            all.len(),
+            ctrl.len()
+        );
     }
 }
 

@@ -960,6 +960,66 @@ fn profiler_with_no_context_is_not_finalized() {
     }
 }
 
+/// NCCL's proxy-control events (proxy.cc, profiler.cc), asked for alone
+/// (mask 32): each a root event of type ProxyCtrl with rank 0 and no
+/// parent, holding one of NCCL's state sequences: idle (13) or active
+/// (14), sleep then wakeup (15, 16), append then append-end (17, 18) with
+/// the proxy ops taken on; one append per network call (each lane's peers
+/// in each direction, 2 for 2 ranks), and nothing else started. With the
+/// proxy-step bit alone (mask 16) there are none.
+#[test]
+fn profiler_proxy_control_events_follow_nccl() {
+    let name = "profiler_proxy_control_events_follow_nccl";
+    if as_child(name, |r| {
+        let comm = r.comm(&[]);
+        let mut buf = vec![0u8; 64 << 10];
+        for _ in 0..3 {
+            comm.all_reduce(None, &mut buf, DataType::Float32, RedOp::Sum)
+                .unwrap();
+        }
+        comm.destroy().unwrap();
+    }) {
+        return;
+    }
+    for mask in ["32", "16"] {
+        let done = spawn_with(
+            name,
+            &[
+                ("NCCL_PROFILER_PLUGIN", &fixture("profiler_tree")),
+                ("FIXTURE_PROFILER_MASK", mask),
+                ("NCCL_SHM_DISABLE", "1"),
+            ],
+        );
+        for f in &done {
+            let evs = tree_of(&f.stderr);
+            let ctrl: Vec<&TreeEvent> = evs.values().filter(|e| e.kind == "ProxyCtrl").collect();
+            if mask == "16" {
+                assert!(ctrl.is_empty(), "rank {}: {ctrl:?}", f.rank);
+                continue;
+            }
+            assert_eq!(ctrl.len(), evs.len(), "rank {}: only ProxyCtrl", f.rank);
+            for e in &ctrl {
+                assert_eq!((e.parent, e.fields["rank"].as_str()), (0, "0"), "{e:?}");
+                assert!(e.stopped_at.is_some(), "{e:?}");
+                let ok: [&[i32]; 4] = [&[13], &[14], &[15, 16], &[17, 18]];
+                assert!(ok.contains(&e.states.as_slice()), "rank {}: {e:?}", f.rank);
+            }
+            let appended: Vec<i32> = f
+                .stderr
+                .lines()
+                .filter_map(|l| l.strip_prefix("tree appended "))
+                .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
+                .collect();
+            assert_eq!(appended, [2, 2, 2], "rank {}", f.rank);
+            assert!(
+                ctrl.iter().any(|e| e.states == [13]),
+                "rank {}: no idle",
+                f.rank
+            );
+        }
+    }
+}
+
 /// NCCL's proxy events under its v5 model (profiler_v5.h, src/transport/
 /// net.cc, src/plugin/profiler.cc), asked for with the ProxyStep bit alone
 /// (which starts every event above it): a proxy op per (operation, peer,

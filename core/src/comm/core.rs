@@ -255,6 +255,11 @@ impl Core {
         let profiler = crate::plugin::profiler::shared(cfg.profiler_plugin.as_deref())?
             .and_then(|p| ProfilerComm::new(p, ident.comm_hash, nranks, rank, ident.nnodes))
             .map(Arc::new);
+        if let (Some(GpuPath(dc, _)), Some(p)) = (&device, &profiler) {
+            if let Ok(dc) = dc.lock() {
+                dc.set_profiler(p);
+            }
+        }
         let ring = algo::ring_order(&locality.hosts);
         let fabric = fabric_of(&locality, net.as_ref(), ident.nnodes);
         log_rings(&ring, cfg.max_nchannels.max(1) as usize);
@@ -348,6 +353,7 @@ impl Core {
                 .as_deref()
                 .filter(|_| mask & PROXY_OP_BITS != 0)
                 .map(|comm| ProxyProfiler { comm, mask }),
+            ctrl: self.profiler.as_deref(),
         }
     }
 

@@ -31,7 +31,7 @@ use oxccl_plugin::Request;
 use crate::algo::{Buf, Step};
 use crate::bootstrap::{Bootstrap, PeerProgress};
 use crate::error::{Error, Result};
-use crate::plugin::profiler::Handle;
+use crate::plugin::profiler::{Handle, ProfilerComm, ProxyCtrl};
 use crate::reduce::Reducer;
 use header::{OpHeader, HEADER_BYTES};
 use mem::{OpBuffers, Span};
@@ -210,6 +210,10 @@ pub struct ExecCtx<'a> {
     pub bootstrap: &'a Bootstrap,
     /// Present only when the group's activation mask asks for proxy events.
     pub prof: Option<ProxyProfiler<'a>>,
+    /// The communicator's profiler, for the proxy-control events of the
+    /// thread running the call (this one: on the host path the caller's
+    /// thread is the proxy), which follow the plugin's live mask.
+    pub ctrl: Option<&'a ProfilerComm>,
 }
 
 impl Lane {
@@ -720,11 +724,15 @@ fn buffer_of(slots: &[(Vec<u8>, Vec<u8>)], bufs: &OpBuffers, span: Span) -> Opti
 
 /// Runs lanes to completion on this thread.
 pub fn run(lanes: &mut [Lane], ctx: &ExecCtx<'_>) -> Result<()> {
+    let mut ctrl = ProxyCtrl::new(ctx.ctrl);
+    // A lane is a channel: each peer it sends to or receives from is one
+    // of NCCL's proxy ops.
+    ctrl.append(lanes.iter().map(|l| l.send.len() + l.recv.len()).sum());
     let mut states: Vec<LaneState> = lanes
         .iter_mut()
         .map(|l| LaneState::new(l, ctx.prof))
         .collect();
-    let mut result = drive(lanes, &mut states, ctx);
+    let mut result = drive(lanes, &mut states, ctx, &mut ctrl);
     for (lane, st) in lanes.iter_mut().zip(states) {
         let settled = st.settled();
         let ended = end_registrations(lane, settled);
@@ -766,7 +774,12 @@ fn end_registrations(lane: &mut Lane, settled: bool) -> Result<()> {
     first
 }
 
-fn drive(lanes: &mut [Lane], states: &mut [LaneState<'_>], ctx: &ExecCtx<'_>) -> Result<()> {
+fn drive(
+    lanes: &mut [Lane],
+    states: &mut [LaneState<'_>],
+    ctx: &ExecCtx<'_>,
+    ctrl: &mut ProxyCtrl<'_>,
+) -> Result<()> {
     let mut last_move = Instant::now();
     let mut idle: u32 = 0;
     let mut turns: u32 = 0;
@@ -792,6 +805,7 @@ fn drive(lanes: &mut [Lane], states: &mut [LaneState<'_>], ctx: &ExecCtx<'_>) ->
         if all_done {
             return Ok(());
         }
+        ctrl.pass(moved);
         if moved {
             last_move = Instant::now();
             idle = 0;
@@ -807,7 +821,7 @@ fn drive(lanes: &mut [Lane], states: &mut [LaneState<'_>], ctx: &ExecCtx<'_>) ->
         } else if waited < Duration::from_millis(5) {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(Duration::from_micros(200));
+            ctrl.sleep(|| std::thread::sleep(Duration::from_micros(200)));
         }
         if idle.is_multiple_of(64) {
             if let Some(e) = ctx.stop.error(&(ctx.what)()) {

@@ -30,7 +30,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,7 @@ use crate::cuda::{Context, Registered};
 use crate::error::{Error, Result};
 use crate::exec::mem::Span;
 use crate::exec::reg::{RecvConn, Scope, SendConn};
+use crate::plugin::profiler::{ProfilerComm, ProxyCtrl};
 
 /// The sending half of one connection: which steps the kernel posted have
 /// gone to the plugin, and which the plugin finished.
@@ -406,6 +407,9 @@ pub struct Proxy {
     thread: Option<JoinHandle<()>>,
     failed: Arc<Mutex<Option<Error>>>,
     gone: Arc<Mutex<Option<Error>>>,
+    /// The communicator's profiler, given once it exists (after the
+    /// window, and so this thread, is set up).
+    prof: Arc<OnceLock<Arc<ProfilerComm>>>,
 }
 
 impl Proxy {
@@ -417,17 +421,24 @@ impl Proxy {
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
         let gone = Arc::new(Mutex::new(None));
-        let (s, f, g) = (stop.clone(), failed.clone(), gone.clone());
+        let prof = Arc::new(OnceLock::new());
+        let (s, f, g, p) = (stop.clone(), failed.clone(), gone.clone(), prof.clone());
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-proxy-{}", areas.rank))
-            .spawn(move || run(driven, areas, &s, &f, &g))
+            .spawn(move || run(driven, areas, &s, &f, &g, &p))
             .map_err(|e| Error::System(format!("cannot start the proxy thread: {e}")))?;
         Ok(Proxy {
             stop,
             thread: Some(thread),
             failed,
             gone,
+            prof,
         })
+    }
+
+    /// Reports this thread's proxy-control events to `p` from now on.
+    pub fn set_profiler(&self, p: Arc<ProfilerComm>) {
+        let _ = self.prof.set(p);
     }
 
     /// A kernel was launched: poll without napping.
@@ -464,7 +475,12 @@ fn run(
     stop: &AtomicBool,
     failed: &Mutex<Option<Error>>,
     gone: &Mutex<Option<Error>>,
+    prof: &OnceLock<Arc<ProfilerComm>>,
 ) {
+    // No queue of operations is appended here (the thread follows the
+    // kernels' slot counters), so of NCCL's proxy-control states this
+    // thread reports idle/active and sleep/wakeup.
+    let mut ctrl = ProxyCtrl::new(None);
     if let Some(ctx) = &areas.ctx {
         if let Err(e) = ctx.bind() {
             tracing::warn!(target: "oxccl::net", "proxy of rank {}: {e}", areas.rank);
@@ -497,10 +513,16 @@ fn run(
                 }
             }
         }
+        if !ctrl.has_profiler() {
+            if let Some(p) = prof.get() {
+                ctrl = ProxyCtrl::new(Some(p));
+            }
+        }
+        ctrl.pass(moved);
         if moved {
             last = Instant::now();
         } else if last.elapsed() > SPIN {
-            std::thread::park_timeout(NAP);
+            ctrl.sleep(|| std::thread::park_timeout(NAP));
             // A launch unparks: spin again from here.
             last = Instant::now() - SPIN + NAP;
         } else {

@@ -176,6 +176,11 @@ impl DeviceComm {
         })
     }
 
+    /// The network proxy reports its proxy-control events to `p`.
+    pub fn set_profiler(&self, p: &Arc<crate::plugin::profiler::ProfilerComm>) {
+        self.window.set_profiler(p);
+    }
+
     /// What ends this rank's operations now, usable while another thread
     /// holds the communicator: [`DeviceStop::raise`] ends the kernels' and
     /// the host's waits at once; [`DeviceComm::drain`] then ends the rest.

@@ -518,6 +518,13 @@ impl Window {
         })
     }
 
+    /// The proxy thread reports its proxy-control events to `p`.
+    pub fn set_profiler(&self, p: &Arc<crate::plugin::profiler::ProfilerComm>) {
+        if let Some(proxy) = &self.proxy {
+            proxy.set_profiler(p.clone());
+        }
+    }
+
     /// A kernel was launched: the proxy polls without napping.
     pub fn kick(&self) {
         if let Some(p) = &self.proxy {

@@ -13,13 +13,14 @@ use std::sync::atomic::AtomicI32;
 use oxccl_plugin::ffi::profiler::{
     v1, v2, v3, v4, v5, v6, EventState, NCCL_PROFILER_GROUP_END_API_START,
     NCCL_PROFILER_GROUP_START_API_STOP, NCCL_PROFILER_KERNEL_CH_STOP,
+    NCCL_PROFILER_PROXY_CTRL_APPEND_END, NCCL_PROFILER_PROXY_CTRL_IDLE,
     NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4, NCCL_PROFILER_PROXY_OP_RECV_DONE,
     NCCL_PROFILER_PROXY_STEP_RECV_GPU_WAIT, NCCL_PROFILER_PROXY_STEP_SEND_GPU_WAIT,
     NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4, NCCL_PROFILE_CE_BATCH, NCCL_PROFILE_CE_COLL,
     NCCL_PROFILE_CE_SYNC, NCCL_PROFILE_COLL, NCCL_PROFILE_COLL_API, NCCL_PROFILE_GROUP,
     NCCL_PROFILE_GROUP_API, NCCL_PROFILE_KERNEL_CH, NCCL_PROFILE_KERNEL_LAUNCH,
-    NCCL_PROFILE_NET_PLUGIN, NCCL_PROFILE_P2P, NCCL_PROFILE_P2P_API, NCCL_PROFILE_PROXY_OP,
-    NCCL_PROFILE_PROXY_STEP,
+    NCCL_PROFILE_NET_PLUGIN, NCCL_PROFILE_P2P, NCCL_PROFILE_P2P_API, NCCL_PROFILE_PROXY_CTRL,
+    NCCL_PROFILE_PROXY_OP, NCCL_PROFILE_PROXY_STEP,
 };
 use oxccl_plugin::ffi::NCCL_SUCCESS;
 
@@ -173,6 +174,9 @@ pub enum Event<'a> {
         channel: u8,
         p_timer: u64,
     },
+    /// A state of the thread that progresses network transfers (NCCL's
+    /// `ncclProfileProxyCtrl`): no parent, one state, stopped at once.
+    ProxyCtrl,
 }
 
 /// The attributes a state change carries (`ncclProfilerEventStateArgs`).
@@ -186,6 +190,8 @@ pub enum StateArgs {
     Op { steps: c_int, trans_size: usize },
     /// `ncclProfilerKernelChStop` (v4+): the GPU's globaltimer at the end.
     KernelCh { p_timer: u64 },
+    /// Proxy-control states: the proxy ops appended (`AppendEnd` only).
+    ProxyCtrl { appended: c_int },
 }
 
 /// The enum codes v1 carries where later versions carry names:
@@ -243,6 +249,7 @@ impl Event<'_> {
             }
             Event::P2pApi { .. } => NCCL_PROFILE_P2P_API | NCCL_PROFILE_P2P | BELOW_TASK,
             Event::KernelLaunch { .. } => NCCL_PROFILE_KERNEL_LAUNCH,
+            Event::ProxyCtrl => NCCL_PROFILE_PROXY_CTRL,
         }
     }
 }
@@ -299,7 +306,7 @@ impl Fields {
             | Event::CollApi { .. }
             | Event::P2pApi { .. }
             | Event::KernelLaunch { .. } => {}
-            Event::Group => {}
+            Event::Group | Event::ProxyCtrl => {}
             Event::Coll {
                 seq,
                 func,
@@ -592,6 +599,12 @@ impl CProfiler {
                             d.ty = NCCL_PROFILE_KERNEL_CH as $ty;
                             d.detail = $kch;
                         )?
+                    }
+                    Event::ProxyCtrl => {
+                        // NCCL's descriptor carries the type alone: rank 0
+                        // and no detail (profiler.cc zeroes the rest).
+                        d.ty = NCCL_PROFILE_PROXY_CTRL as $ty;
+                        d.rank = 0;
                     }
                     _ => {}
                 }
@@ -959,11 +972,14 @@ impl CProfiler {
             .contains(&state);
         let v4_only = state == NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4
             || state == NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4;
-        let (trans_size, steps, p_timer) = match args {
-            StateArgs::Step { trans_size } => (trans_size, 0, 0),
-            StateArgs::Op { steps, trans_size } => (trans_size, steps, 0),
-            StateArgs::KernelCh { p_timer } => (0, 0, p_timer),
-            StateArgs::None => (0, 0, 0),
+        let ctrl =
+            (NCCL_PROFILER_PROXY_CTRL_IDLE..=NCCL_PROFILER_PROXY_CTRL_APPEND_END).contains(&state);
+        let (trans_size, steps, p_timer, appended) = match args {
+            StateArgs::Step { trans_size } => (trans_size, 0, 0, 0),
+            StateArgs::Op { steps, trans_size } => (trans_size, steps, 0, 0),
+            StateArgs::KernelCh { p_timer } => (0, 0, p_timer, 0),
+            StateArgs::ProxyCtrl { appended } => (0, 0, 0, appended),
+            StateArgs::None => (0, 0, 0, 0),
         };
         // v3's kernel-channel events end with stopEvent alone.
         let kernel_stop = state == NCCL_PROFILER_KERNEL_CH_STOP;
@@ -984,14 +1000,18 @@ impl CProfiler {
             return;
         }
         macro_rules! old {
-            ($v:expr, $args:ty, $sm:ident :: $st:ident) => {{
-                if !(old_op || step) {
+            ($v:expr, $args:ty, $sm:ident :: $st:ident, $cm:ident :: $ct:ident) => {{
+                if !(old_op || step || ctrl) {
                     return;
                 }
                 // SAFETY: all-zero is a valid argument union.
                 let mut a: $args = unsafe { std::mem::zeroed() };
                 if old_op {
                     a.proxy_op = $sm::$st { trans_size, steps };
+                } else if ctrl {
+                    a.proxy_ctrl = $cm::$ct {
+                        appended_proxy_ops: appended,
+                    };
                 }
                 if let Some(f) = $v.record_event_state {
                     // SAFETY: a live handle startEvent returned; `a` lives for the call.
@@ -1000,14 +1020,18 @@ impl CProfiler {
             }};
         }
         macro_rules! new {
-            ($v:expr, $args:ty, $sm:ident :: $st:ident, $km:ident :: $kt:ident) => {{
-                if !(step || v4_only || kernel_stop) {
+            ($v:expr, $args:ty, $sm:ident :: $st:ident, $km:ident :: $kt:ident, $cm:ident :: $ct:ident) => {{
+                if !(step || v4_only || kernel_stop || ctrl) {
                     return;
                 }
                 // SAFETY: all-zero is a valid argument union.
                 let mut a: $args = unsafe { std::mem::zeroed() };
                 if kernel_stop {
                     a.kernel_ch = $km::$kt { p_timer };
+                } else if ctrl {
+                    a.proxy_ctrl = $cm::$ct {
+                        appended_proxy_ops: appended,
+                    };
                 } else {
                     a.proxy_step = $sm::$st { trans_size };
                 }
@@ -1018,26 +1042,44 @@ impl CProfiler {
             }};
         }
         match self.vt {
-            Vt::V1(v) => old!(v, v1::EventStateArgsV1, v1::ProxyOpStateV1),
-            Vt::V2(v) => old!(v, v2::EventStateArgsV2, v2::ProxyOpStateV2),
-            Vt::V3(v) => old!(v, v3::EventStateArgsV3, v3::ProxyOpStateV3),
+            Vt::V1(v) => old!(
+                v,
+                v1::EventStateArgsV1,
+                v1::ProxyOpStateV1,
+                v1::ProxyCtrlStateV1
+            ),
+            Vt::V2(v) => old!(
+                v,
+                v2::EventStateArgsV2,
+                v2::ProxyOpStateV2,
+                v2::ProxyCtrlStateV2
+            ),
+            Vt::V3(v) => old!(
+                v,
+                v3::EventStateArgsV3,
+                v3::ProxyOpStateV3,
+                v3::ProxyCtrlStateV3
+            ),
             Vt::V4(v) => new!(
                 v,
                 v4::EventStateArgsV4,
                 v4::ProxyStepStateV4,
-                v4::KernelChStateV4
+                v4::KernelChStateV4,
+                v4::ProxyCtrlStateV4
             ),
             Vt::V5(v) => new!(
                 v,
                 v5::EventStateArgsV5,
                 v5::ProxyStepStateV5,
-                v5::KernelChStateV5
+                v5::KernelChStateV5,
+                v5::ProxyCtrlStateV5
             ),
             Vt::V6(v) => new!(
                 v,
                 v6::EventStateArgsV6,
                 v5::ProxyStepStateV5,
-                v5::KernelChStateV5
+                v5::KernelChStateV5,
+                v5::ProxyCtrlStateV5
             ),
         }
     }

@@ -5,15 +5,24 @@
 //! one collective or p2p event per operation, children of the group; on the
 //! host path one proxy-op event per (operation, peer, direction, channel),
 //! child of the operation's event, and one proxy-step event per network
-//! send or receive, child of its proxy op. An event is started only when
+//! send or receive, child of its proxy op; proxy-control events from the
+//! threads that progress network transfers ([`ProxyCtrl`]). An event is
+//! started only when
 //! the activation mask the plugin set has its bit or the bit of an event
 //! below it (NCCL's rule, so that a wanted event has its parents). With no
 //! profiler the core pays one branch; with one, one atomic load per group.
 
 mod ffi;
 
+use std::os::raw::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+
+use oxccl_plugin::ffi::profiler::{
+    NCCL_PROFILER_PROXY_CTRL_ACTIVE, NCCL_PROFILER_PROXY_CTRL_APPEND,
+    NCCL_PROFILER_PROXY_CTRL_APPEND_END, NCCL_PROFILER_PROXY_CTRL_IDLE,
+    NCCL_PROFILER_PROXY_CTRL_SLEEP, NCCL_PROFILER_PROXY_CTRL_WAKEUP,
+};
 
 use tracing::{info, warn};
 
@@ -159,6 +168,83 @@ impl ProfilerComm {
     /// one).
     pub fn record(&self, h: Handle, state: i32, args: StateArgs) {
         self.p.record(h, state, args)
+    }
+}
+
+/// The proxy-control events of a thread that progresses network
+/// transfers (NCCL's `ncclProfileProxyCtrl`, which its proxy thread reports
+/// in proxy.cc): "append" with the proxy ops taken on, "idle" / "active"
+/// when a pass over its transfers stops or starts moving data, and
+/// "sleep" / "wakeup" around a nap. Each is an event of its own, with no
+/// parent, started and stopped around its states. Whether to report is
+/// decided per event from the plugin's mask as it is then (NCCL does not
+/// read these from a group's copy of the mask), so a profiler that never
+/// asks costs one atomic load per state change.
+pub struct ProxyCtrl<'a> {
+    comm: Option<&'a ProfilerComm>,
+    /// NCCL's proxy starts "not idle", so its first idle pass is reported.
+    idle: bool,
+}
+
+impl<'a> ProxyCtrl<'a> {
+    pub fn new(comm: Option<&'a ProfilerComm>) -> ProxyCtrl<'a> {
+        ProxyCtrl { comm, idle: false }
+    }
+
+    pub fn has_profiler(&self) -> bool {
+        self.comm.is_some()
+    }
+
+    fn start(&self) -> Option<(&'a ProfilerComm, Handle)> {
+        let c = self.comm?;
+        let h = c.start(c.mask(), Event::ProxyCtrl);
+        (!h.0.is_null()).then_some((c, h))
+    }
+
+    fn record(c: &ProfilerComm, h: Handle, state: i32, appended: c_int) {
+        c.record(h, state, StateArgs::ProxyCtrl { appended });
+    }
+
+    /// The thread took on `appended` proxy ops.
+    pub fn append(&self, appended: usize) {
+        if let Some((c, h)) = self.start() {
+            Self::record(c, h, NCCL_PROFILER_PROXY_CTRL_APPEND, 0);
+            let n = c_int::try_from(appended).unwrap_or(c_int::MAX);
+            Self::record(c, h, NCCL_PROFILER_PROXY_CTRL_APPEND_END, n);
+            c.stop(h);
+        }
+    }
+
+    /// A pass over the transfers moved data (`moved`) or found nothing to
+    /// do: reported when that changes.
+    pub fn pass(&mut self, moved: bool) {
+        if self.idle != moved {
+            return;
+        }
+        self.idle = !moved;
+        if let Some((c, h)) = self.start() {
+            let state = if moved {
+                NCCL_PROFILER_PROXY_CTRL_ACTIVE
+            } else {
+                NCCL_PROFILER_PROXY_CTRL_IDLE
+            };
+            Self::record(c, h, state, 0);
+            c.stop(h);
+        }
+    }
+
+    /// Runs `nap` between a "sleep" and a "wakeup".
+    pub fn sleep<T>(&self, nap: impl FnOnce() -> T) -> T {
+        let ev = self.start();
+        if let Some((c, h)) = ev {
+            Self::record(c, h, NCCL_PROFILER_PROXY_CTRL_SLEEP, 0);
+        }
+        let r = nap();
+        if let Some((c, h)) = ev {
+            Self::record(c, h, NCCL_PROFILER_PROXY_CTRL_WAKEUP, 0);
+            c.stop(h);
+        }
+        r
     }
 }
 
