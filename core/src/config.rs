@@ -177,7 +177,7 @@ params! {
     nsocks_perthread: Option<String> = "NSOCKS_PERTHREAD", "";
     /// Helper threads per connection of the socket network (unset: 2 on 8+ cores, else 0: the caller's thread moves the data).
     socket_nthreads: Option<String> = "SOCKET_NTHREADS", "";
-    /// File holding a 256-bit key as 64 hex digits (`oxccl keygen`): every bootstrap and socket-network connection is then authenticated with it and encrypted (Noise NNpsk0, AES-256-GCM); peers without it are refused. Environment only. Unset: traffic in clear.
+    /// File holding a 256-bit key as 64 hex digits (`oxccl keygen`): every bootstrap and socket-network connection is then authenticated with it and encrypted (Noise NNpsk0, AES-128-GCM records); peers without it are refused. Environment only. Unset: traffic in clear.
     socket_key_file: Option<String> = "SOCKET_KEY_FILE", "";
     /// Seconds an operation or the bootstrap may wait on a peer before failing with the ranks it waited for.
     timeout_s: f64 = "TIMEOUT", "300";

@@ -4,7 +4,7 @@
 //!
 //! `RANK=0 MASTER_ADDR=A MASTER_PORT=P stream [MiB] [--key FILE]` receives,
 //! `RANK=1 ...` connects and sends; rank 0 prints the rate. With `--key`
-//! both sides run the handshake and move AES-256-GCM records, read
+//! both sides run the handshake and move AES-128-GCM records, read
 //! straight into the receive buffer, as the socket network does.
 
 use std::io::{Read, Write};
@@ -56,7 +56,7 @@ fn main() {
         println!(
             "one TCP stream, {mib} MiB in 1 MiB reads, {}: {:.2} GB/s",
             if key.is_some() {
-                "encrypted (AES-256-GCM records, oxccl-secure)"
+                "encrypted (AES-128-GCM records, oxccl-secure)"
             } else {
                 "clear"
             },

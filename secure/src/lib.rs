@@ -3,7 +3,7 @@
 //! TCP connection oxccl owns (the bootstrap's, the root's, and the socket
 //! network's control and data connections) then opens with a Noise
 //! `NNpsk0` handshake, which both sides pass only if they hold the key, and
-//! carries AES-256-GCM records (ring's, under the keys the handshake ends
+//! carries AES-128-GCM records (ring's, under the keys the handshake ends
 //! with) from then on.
 //!
 //! - [`key`]: the setting and the key file;
