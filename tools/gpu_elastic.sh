@@ -3,7 +3,10 @@
 # rank 1 SIGKILLed mid-stream; revoke + NCCL_SHRINK_DEFAULT and
 # NCCL_SHRINK_ABORT, on the shared-GPU leader path and on every rank's
 # kernels; 100 checked all_reduces after), then PyTorch's shrink_group in
-# both modes (tests/torch/elastic_shrink.py).
+# both modes (tests/torch/elastic_shrink.py). The same binary holds the
+# suspend/resume tests (gpu_suspend_resume_*: 3 cycles, memory figures and
+# checked all-reduces); FILTER=gpu_suspend_resume runs only those (and
+# TORCH=0 skips PyTorch).
 #
 # Built beforehand where cargo runs:
 #   cargo test --no-run --release -p oxccl-tests --test gpu_elastic
@@ -16,9 +19,10 @@ LIB=${LIB:-.dev/lib/libnccl.so.2}
 OUT=${OUT:-/tmp/oxccl-gpu-elastic}
 mkdir -p "$OUT"
 s=$(date +%s)
-timeout 420 "$GT/gpu_elastic" --test-threads=1 --nocapture >"$OUT/gpu_elastic.txt" 2>&1
+timeout 420 "$GT/gpu_elastic" ${FILTER:-} --test-threads=1 --nocapture >"$OUT/gpu_elastic.txt" 2>&1
 echo "gpu_elastic rc $? in $(($(date +%s) - s)) s"
-grep -E "^test |test result|PASS rank|shrink \(|all_reduce #[0-9]+ (hung|failed)|panicked" "$OUT/gpu_elastic.txt" | tail -48
+grep -E "^test |test result|PASS rank|shrink \(|cycle [0-9]:|all_reduce #[0-9]+ (hung|failed)|panicked" "$OUT/gpu_elastic.txt" | tail -80
+[ "${TORCH:-1}" = 0 ] && exit 0
 for mode in abort default; do
     s=$(date +%s)
     LD_PRELOAD="$PWD/$LIB" NCCL_TIMEOUT=10 OUT="$OUT/torch-$mode" timeout 260 \

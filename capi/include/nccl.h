@@ -485,22 +485,22 @@ enum ncclResult_t ncclCommGrow(ncclComm_t comm,
                                struct ncclConfig_t *config);
 
 /**
- * With `NCCL_SUSPEND_MEM`, suspends `comm` (every rank calls it):
- * operations are refused until ncclCommResume. Host-memory communicators
- * hold no GPU memory, so nothing is released; on a GPU communicator it is
- * refused, saying so (its window is kept until destroy). Without the flag
- * it does nothing, as in NCCL.
+ * With `NCCL_SUSPEND_MEM`, suspends `comm` (every rank calls it, with
+ * none of its operations outstanding): operations are refused until
+ * ncclCommResume. On a GPU the device memory a resume rebuilds is
+ * released (ncclStatGpuMemSuspend bytes); host-memory communicators hold
+ * none. Without the flag it does nothing, as in NCCL.
  */
 enum ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);
 
 enum ncclResult_t ncclCommResume(ncclComm_t comm);
 
 /**
- * NCCL's figures for the GPU memory a communicator holds. Nothing oxccl
- * allocates is released by a suspend, so all of it is persistent:
- * Suspend 0, Persist = Total; Suspended is 1 while suspended. A
- * communicator on host memory, or one that stages device buffers through
- * pinned host memory, holds no GPU memory.
+ * NCCL's figures for the GPU memory a communicator allocated: Suspend
+ * (what a suspend releases), Persist (what it keeps), Total (both; as in
+ * NCCL, Suspend and Total count released memory too), Suspended (1 while
+ * suspended). Memory held now is Persist while suspended, else Total. A
+ * communicator on host memory holds no GPU memory.
  */
 enum ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t *value);
 

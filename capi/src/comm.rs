@@ -515,11 +515,11 @@ pub extern "C" fn ncclCommGrow(
     })
 }
 
-/// With `NCCL_SUSPEND_MEM`, suspends `comm` (every rank calls it):
-/// operations are refused until ncclCommResume. Host-memory communicators
-/// hold no GPU memory, so nothing is released; on a GPU communicator it is
-/// refused, saying so (its window is kept until destroy). Without the flag
-/// it does nothing, as in NCCL.
+/// With `NCCL_SUSPEND_MEM`, suspends `comm` (every rank calls it, with
+/// none of its operations outstanding): operations are refused until
+/// ncclCommResume. On a GPU the device memory a resume rebuilds is
+/// released (ncclStatGpuMemSuspend bytes); host-memory communicators hold
+/// none. Without the flag it does nothing, as in NCCL.
 #[no_mangle]
 pub extern "C" fn ncclCommSuspend(comm: ncclComm_t, flags: c_int) -> ncclResult_t {
     entry("ncclCommSuspend", || {
@@ -539,11 +539,11 @@ pub extern "C" fn ncclCommResume(comm: ncclComm_t) -> ncclResult_t {
     })
 }
 
-/// NCCL's figures for the GPU memory a communicator holds. Nothing oxccl
-/// allocates is released by a suspend, so all of it is persistent:
-/// Suspend 0, Persist = Total; Suspended is 1 while suspended. A
-/// communicator on host memory, or one that stages device buffers through
-/// pinned host memory, holds no GPU memory.
+/// NCCL's figures for the GPU memory a communicator allocated: Suspend
+/// (what a suspend releases), Persist (what it keeps), Total (both; as in
+/// NCCL, Suspend and Total count released memory too), Suspended (1 while
+/// suspended). Memory held now is Persist while suspended, else Total. A
+/// communicator on host memory holds no GPU memory.
 #[no_mangle]
 pub extern "C" fn ncclCommMemStats(
     comm: ncclComm_t,

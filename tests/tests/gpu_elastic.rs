@@ -11,12 +11,20 @@
 //! shrunk communicator, #wrong 0. Each mode runs on the shared-GPU path
 //! (the leader's kernels, stream memory waits) and on every rank's
 //! kernels (OXCCL_SHARED_GPU=kernels). Skips, saying so, without a GPU.
+//!
+//! Suspend and resume (NCCL_SUSPEND_MEM) on the same GPU, 3 cycles: the
+//! memory the communicator reports as suspendable is released (its own
+//! count, and cuMemGetInfo's free memory rises), operations are refused
+//! while suspended, and checked all-reduces are right before and after
+//! each resume; 4 processes on the shared-GPU path and on every rank's
+//! kernels, and 2 ranks as threads of one process.
 
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{raise, Signal};
 use oxccl::cuda::{Context, Device, DeviceBuffer, Event, FillPattern, KernelSet, Stream};
 use oxccl::{Comm, CommConfig, InitState, OpKind, ShrinkMode};
+use oxccl_cli::launch::Finished;
 use oxccl_tests::{as_child, spawn, Rank};
 
 const VICTIM: usize = 1;
@@ -116,21 +124,192 @@ impl Dev {
     }
 }
 
-fn survive(r: Rank, mode: ShrinkMode, revoke_first: bool) {
+/// A child rank's communicator on GPU 0 (logging set up) and its device side.
+fn join_on_gpu0(r: &Rank) -> (Comm, Dev) {
     oxccl::log::init();
     let cfg = CommConfig {
         device: Some(0),
         ..CommConfig::default()
     };
     let comm = Comm::init_rank(r.nranks, r.id, r.rank, &cfg).expect("init_rank on GPU 0");
+    (comm, dev_on_gpu0())
+}
+
+/// A rank's device side on GPU 0.
+fn dev_on_gpu0() -> Dev {
     let ctx = Context::primary(Device::get(0).unwrap()).unwrap();
-    let dev = Dev {
+    Dev {
         kernels: KernelSet::new(&ctx).unwrap(),
         stream: Stream::new(&ctx).unwrap(),
         input: DeviceBuffer::alloc(&ctx, COUNT * 4).unwrap(),
         output: DeviceBuffer::alloc(&ctx, COUNT * 4).unwrap(),
         ctx,
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Three suspend/resume cycles of `comm` (every rank runs them at once):
+/// checked all-reduces before each suspend and after each resume, the
+/// memory figures, operations refused while suspended. One line of
+/// figures per cycle; "PASS" at the end.
+fn suspend_cycles(comm: &Comm, dev: &Dev, me: usize) -> String {
+    let all: Vec<usize> = (0..comm.count()).collect();
+    let check = |seed: u64, when: &str| match dev.all_reduce(comm, &all, me, seed) {
+        Outcome::Done(0) => {}
+        Outcome::Done(w) => panic!("rank {me}: all_reduce {when}: {w} wrong"),
+        Outcome::Failed(e) => panic!("rank {me}: all_reduce {when}: {e}"),
+        Outcome::Hung => panic!("rank {me}: all_reduce {when} hung"),
     };
+    let mut lines = Vec::new();
+    for cycle in 0..3u64 {
+        for i in 0..3 {
+            check(cycle * 100 + i, &format!("#{i} of cycle {cycle}"));
+        }
+        let before = comm.mem_stats().unwrap();
+        assert!(!before.suspended, "rank {me}: {before:?}");
+        assert_eq!(before.held_bytes, before.device_bytes, "rank {me}");
+        assert!(
+            before.suspendable_bytes > 0 && before.suspendable_bytes <= before.device_bytes,
+            "rank {me}: nothing to release: {before:?}"
+        );
+        let (free0, _) = dev.ctx.mem_info().unwrap();
+        let t = Instant::now();
+        comm.suspend()
+            .unwrap_or_else(|e| panic!("rank {me}: suspend of cycle {cycle}: {e}"));
+        let suspend = t.elapsed();
+        let (free1, _) = dev.ctx.mem_info().unwrap();
+        let during = comm.mem_stats().unwrap();
+        assert!(during.suspended, "rank {me}: {during:?}");
+        assert_eq!(
+            during.device_bytes, before.device_bytes,
+            "rank {me}: NCCL's Total"
+        );
+        assert_eq!(
+            during.suspendable_bytes, before.suspendable_bytes,
+            "rank {me}"
+        );
+        assert_eq!(
+            during.held_bytes,
+            before.device_bytes - before.suspendable_bytes,
+            "rank {me}: the communicator's own count after the suspend"
+        );
+        // Other ranks only free (their suspend) or take back the same
+        // (their resume) meanwhile: the GPU's free memory rose by at
+        // least most of what this rank released.
+        let rose = free1 as i64 - free0 as i64;
+        assert!(
+            rose >= (before.suspendable_bytes / 2) as i64,
+            "rank {me}: cuMemGetInfo free memory rose by {rose} bytes across the suspend; the communicator released {} bytes",
+            before.suspendable_bytes
+        );
+        match dev.all_reduce(comm, &all, me, 7) {
+            Outcome::Failed(e) => {
+                assert!(e.to_string().contains("suspended"), "rank {me}: {e}")
+            }
+            _ => panic!("rank {me}: an all_reduce ran while suspended"),
+        }
+        let e = comm.suspend().unwrap_err().to_string();
+        assert!(e.contains("already suspended"), "rank {me}: {e}");
+        let t = Instant::now();
+        comm.resume()
+            .unwrap_or_else(|e| panic!("rank {me}: resume of cycle {cycle}: {e}"));
+        let resume = t.elapsed();
+        let after = comm.mem_stats().unwrap();
+        assert_eq!(after, before, "rank {me}: the figures after the resume");
+        for i in 0..3 {
+            check(cycle * 100 + 50 + i, &format!("#{i} after resume {cycle}"));
+        }
+        lines.push(format!(
+            "rank {me} cycle {cycle}: total {} MiB, suspendable {} MiB, held while suspended {} MiB; cuMemGetInfo free +{} MiB; suspend {:.1} ms, resume {:.1} ms",
+            before.device_bytes / MIB,
+            before.suspendable_bytes / MIB,
+            during.held_bytes / MIB,
+            rose / MIB as i64,
+            suspend.as_secs_f64() * 1e3,
+            resume.as_secs_f64() * 1e3,
+        ));
+    }
+    lines.push(format!(
+        "PASS rank {me}: 3 suspend/resume cycles, 18 checked all_reduces, 0 wrong"
+    ));
+    lines.join("\n")
+}
+
+fn suspend_child(r: Rank) {
+    let (comm, dev) = join_on_gpu0(&r);
+    println!("{}", suspend_cycles(&comm, &dev, r.rank));
+    comm.destroy().unwrap();
+}
+
+/// NRANKS children running the test `name` with `env` and NCCL_TIMEOUT,
+/// how each ended; `None` (the test is skipped) without a GPU.
+fn spawn_on_gpu(name: &str, env: &[(&str, &str)], limit: Duration) -> Option<Vec<Finished>> {
+    oxccl_tests::gpu::ranks()?;
+    let mut vars = vec![("NCCL_TIMEOUT", TIMEOUT_S)];
+    vars.extend_from_slice(env);
+    let t = Instant::now();
+    let done = spawn(name, NRANKS, &vars, limit);
+    eprintln!("{name}: {:?}", t.elapsed());
+    Some(done)
+}
+
+/// Four ranks on GPU 0 run `suspend_cycles`; every one must pass.
+fn run_suspend_case(name: &str, env: &[(&str, &str)]) {
+    let Some(done) = spawn_on_gpu(name, env, Duration::from_secs(240)) else {
+        return;
+    };
+    oxccl_tests::assert_all_ok(&done);
+    for f in &done {
+        assert!(f.stdout.contains("PASS"), "rank {}:\n{}", f.rank, f.stdout);
+        eprintln!("{}", f.stdout.trim_end());
+    }
+}
+
+#[test]
+fn gpu_suspend_resume_shared_gpu() {
+    let name = "gpu_suspend_resume_shared_gpu";
+    if as_child(name, suspend_child) {
+        return;
+    }
+    run_suspend_case(name, &[]);
+}
+
+#[test]
+fn gpu_suspend_resume_on_kernels() {
+    let name = "gpu_suspend_resume_on_kernels";
+    if as_child(name, suspend_child) {
+        return;
+    }
+    run_suspend_case(name, &[("OXCCL_SHARED_GPU", "kernels")]);
+}
+
+/// Two ranks as threads of this process on GPU 0 (each maps the other's
+/// memory by address, no IPC).
+#[test]
+fn gpu_suspend_resume_one_process() {
+    if oxccl_tests::gpu::ranks().is_none() {
+        return;
+    }
+    oxccl::log::init();
+    let cfg = CommConfig::default().with("TIMEOUT", TIMEOUT_S);
+    let comms = Comm::init_all_devices(&[0, 0], &cfg).expect("two ranks on GPU 0");
+    let out: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| s.spawn(move || suspend_cycles(c, &dev_on_gpu0(), r)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (c, o) in comms.iter().zip(&out) {
+        eprintln!("{o}");
+        c.destroy().unwrap();
+    }
+}
+
+fn survive(r: Rank, mode: ShrinkMode, revoke_first: bool) {
+    let (comm, dev) = join_on_gpu0(&r);
     let all: Vec<usize> = (0..NRANKS).collect();
     for it in 0..5 {
         match dev.all_reduce(&comm, &all, r.rank, it) {
@@ -201,14 +380,9 @@ fn survive(r: Rank, mode: ShrinkMode, revoke_first: bool) {
 }
 
 fn run_case(name: &str, env: &[(&str, &str)]) {
-    if oxccl_tests::gpu::ranks().is_none() {
+    let Some(done) = spawn_on_gpu(name, env, Duration::from_secs(180)) else {
         return;
-    }
-    let mut vars = vec![("NCCL_TIMEOUT", TIMEOUT_S)];
-    vars.extend_from_slice(env);
-    let t = Instant::now();
-    let done = spawn(name, NRANKS, &vars, Duration::from_secs(180));
-    eprintln!("{name}: {:?}", t.elapsed());
+    };
     for f in &done {
         if f.rank == VICTIM {
             use std::os::unix::process::ExitStatusExt;

@@ -274,27 +274,29 @@ impl Comm {
 
     /// Suspends the communicator (NCCL's `ncclCommSuspend` with
     /// `NCCL_SUSPEND_MEM`): every rank calls it (a barrier, as in NCCL);
-    /// operations are then refused until [`Comm::resume`]. On host memory
-    /// there is no GPU memory to release ([`MemStats`](super::MemStats)
-    /// says 0 suspendable bytes). Refused on a GPU communicator: its window
-    /// is mapped by every peer, and releasing and rebuilding it with them
-    /// is not built yet.
+    /// operations are then refused until [`Comm::resume`]. On a GPU, once
+    /// this rank's streams have passed its work (within NCCL_TIMEOUT), the
+    /// device memory a resume can rebuild is released: the P2P peers' FIFO
+    /// slots (the bulk of the device window), the shared-GPU path's flag
+    /// words, and the mappings of peers' memory (see
+    /// [`MemStats`](super::MemStats); what is kept, as NCCL keeps its
+    /// persistent memory, is said at `Window::suspend`). On host memory
+    /// there is none. A suspend or resume that fails half way leaves the
+    /// communicator failed: destroy it (or shrink it).
     pub fn suspend(&self) -> Result<()> {
-        if self.core()?.device.is_some() {
-            return Err(Error::InvalidUsage(
-                "ncclCommSuspend is not built for communicators on a GPU yet (their device window is mapped by every peer and is kept until destroy; ncclCommMemStats reports it as persistent)".into(),
-            ));
-        }
         self.set_suspended(true)
     }
 
-    /// Ends a suspend (NCCL's `ncclCommResume`); every rank calls it.
+    /// Ends a suspend (NCCL's `ncclCommResume`); every rank calls it. On a
+    /// GPU the released memory is allocated and exchanged again as at
+    /// creation, and the next operation runs as if there had been no
+    /// suspend.
     pub fn resume(&self) -> Result<()> {
         self.set_suspended(false)
     }
 
-    /// Suspends or resumes after a barrier, refusing a call that changes
-    /// nothing before the barrier (so that every rank's barriers match).
+    /// Suspends or resumes, refusing a call that changes nothing before
+    /// any barrier (so that every rank's barriers match).
     fn set_suspended(&self, on: bool) -> Result<()> {
         use std::sync::atomic::Ordering::SeqCst;
         let core = self.core()?;
@@ -304,18 +306,56 @@ impl Comm {
                 if on { "already" } else { "not" }
             )));
         }
-        core.bootstrap.barrier()?;
-        core.suspended.store(on, SeqCst);
-        let (call, what) = if on {
-            (
-                "ncclCommSuspend",
-                "suspended (no GPU memory to release on host memory)",
-            )
+        let call = if on {
+            "ncclCommSuspend"
         } else {
-            ("ncclCommResume", "resumed")
+            "ncclCommResume"
+        };
+        let what = match &core.device {
+            None => {
+                core.bootstrap.barrier()?;
+                core.suspended.store(on, SeqCst);
+                if on {
+                    "suspended (no GPU memory to release on host memory)".to_string()
+                } else {
+                    "resumed".to_string()
+                }
+            }
+            Some(gpu) if on => {
+                // Refused from here: no operation may start while the
+                // window goes.
+                core.suspended.store(true, SeqCst);
+                let bytes = super::on_device::suspend(gpu, &core.bootstrap, core.cfg.timeout())
+                    .map_err(|e| self.failed_midway(call, e))?;
+                format!(
+                    "suspended: {bytes} bytes ({} MiB) of GPU memory released",
+                    bytes >> 20
+                )
+            }
+            Some(gpu) => {
+                super::on_device::resume(gpu, &core.bootstrap)
+                    .map_err(|e| self.failed_midway(call, e))?;
+                core.suspended.store(false, SeqCst);
+                "resumed: device window allocated and exchanged again".to_string()
+            }
         };
         info!(target: "oxccl::init", "{call}: rank {} {what}", core.rank);
         Ok(())
+    }
+
+    /// A GPU suspend or resume that failed: its peers' barriers fail too
+    /// (within NCCL_TIMEOUT), and the window may be half released, so the
+    /// communicator is failed, saying so; destroy and shrink still work.
+    fn failed_midway(&self, call: &str, e: Error) -> Error {
+        let e = e.context(format!(
+            "{call} did not complete on rank {}: the communicator is failed (its device memory may be half released or rebuilt); destroy it",
+            self.user_rank()
+        ));
+        let mut st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
+        if let Status::Ready(c) = &*st {
+            *st = Status::Failed(e.clone(), Some(c.clone()));
+        }
+        e
     }
 
     /// `NCCL_SHRINK_ABORT`'s first step: ends what runs on the parent,
@@ -583,6 +623,7 @@ mod tests {
         both(&|c| c.suspend());
         let st = comms[0].mem_stats().unwrap();
         assert!(st.suspended && st.suspendable_bytes == 0 && st.device_bytes == 0);
+        assert_eq!(st.held_bytes, 0);
         let mut b = floats(&[1.0]);
         let e = comms[0]
             .all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)

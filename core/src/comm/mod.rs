@@ -170,13 +170,20 @@ fn bytes_to_id(bytes: &[u8]) -> Result<UniqueId> {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemStats {
     /// GPU memory allocated for this communicator: the device path's
-    /// window. 0 on host memory; the pinned host step slots of peers
-    /// reached through shared memory or the network are not counted.
+    /// window, the shared-GPU path's flag words, and with GPUDirect the
+    /// net peers' step slots. Counts what a suspend released, as NCCL's
+    /// `ncclStatGpuMemTotal` does. 0 on host memory; the pinned host
+    /// areas of peers reached through shared memory or the network are
+    /// not counted.
     pub device_bytes: u64,
     /// The part of `device_bytes` a suspend releases (NCCL's
-    /// `ncclStatGpuMemSuspend`): none yet, everything oxccl allocates is
-    /// kept until destroy.
+    /// `ncclStatGpuMemSuspend`, the same before and after the suspend):
+    /// the window and the flag words. The rest (GPUDirect slots, as
+    /// NCCL's net transport buffers) is kept.
     pub suspendable_bytes: u64,
+    /// GPU memory held now: `device_bytes`, less `suspendable_bytes`
+    /// while suspended (oxccl's own figure; NCCL has no stat for it).
+    pub held_bytes: u64,
     /// Whether the communicator is suspended ([`Comm::suspend`]).
     pub suspended: bool,
 }
@@ -649,22 +656,23 @@ impl Comm {
         Ok(self.any_core()?.device.as_ref().and_then(|d| d.ordinal()))
     }
 
-    /// What the communicator allocated (see [`MemStats`]); it holds the
-    /// same until it is destroyed, suspended or not.
+    /// What the communicator allocated and holds (see [`MemStats`]).
     pub fn mem_stats(&self) -> Result<MemStats> {
         let core = self.any_core()?;
-        let device_bytes = match &core.device {
-            Some(self::core::GpuPath(dc, _)) => dc
-                .lock()
-                .map_err(|_| {
+        let (device_bytes, suspendable_bytes, released) = match &core.device {
+            Some(self::core::GpuPath(dc, _)) => {
+                let dc = dc.lock().map_err(|_| {
                     Error::Internal("device executor poisoned by an earlier panic".into())
-                })?
-                .device_bytes() as u64,
-            None => 0,
+                })?;
+                let (all, part) = (dc.device_bytes() as u64, dc.suspendable_bytes() as u64);
+                (all, part, if dc.suspended() { part } else { 0 })
+            }
+            None => (0, 0, 0),
         };
         Ok(MemStats {
             device_bytes,
-            suspendable_bytes: 0,
+            suspendable_bytes,
+            held_bytes: device_bytes - released,
             suspended: core.suspended.load(std::sync::atomic::Ordering::SeqCst),
         })
     }

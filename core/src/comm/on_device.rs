@@ -109,6 +109,37 @@ pub(crate) fn open(
     Ok(GpuPath(Mutex::new(dc), stop))
 }
 
+/// Releases this rank's device memory that a resume rebuilds (NCCL's
+/// `ncclCommSuspend` with `NCCL_SUSPEND_MEM`; see
+/// [`DeviceComm::suspend`]): every rank calls it. The bytes released.
+pub(crate) fn suspend(gpu: &GpuPath, bootstrap: &Bootstrap, limit: Duration) -> Result<usize> {
+    let mut dc = lock(gpu)?;
+    let oob = BootstrapOob {
+        bootstrap,
+        rank: dc.rank(),
+        nranks: dc.nranks(),
+    };
+    dc.suspend(&oob, limit)
+}
+
+/// Rebuilds what [`suspend`] released, as at creation (NCCL's
+/// `ncclCommResume`); every rank calls it.
+pub(crate) fn resume(gpu: &GpuPath, bootstrap: &Bootstrap) -> Result<()> {
+    let mut dc = lock(gpu)?;
+    let oob = BootstrapOob {
+        bootstrap,
+        rank: dc.rank(),
+        nranks: dc.nranks(),
+    };
+    dc.resume(&oob)
+}
+
+fn lock(gpu: &GpuPath) -> Result<std::sync::MutexGuard<'_, DeviceComm>> {
+    gpu.0
+        .lock()
+        .map_err(|_| Error::Internal("device communicator poisoned by an earlier panic".into()))
+}
+
 /// Whether the network reads and writes this GPU's memory itself (see
 /// [`gdr::decide`]), said once per communicator in NCCL's words.
 fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<bool> {

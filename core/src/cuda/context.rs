@@ -60,6 +60,19 @@ impl Context {
         check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
     }
 
+    /// Free and total memory of this GPU, in bytes (`cuMemGetInfo`): every
+    /// process's allocations count.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        check(
+            // SAFETY: both are valid out-pointers; the context is current.
+            unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) },
+            "cuMemGetInfo",
+        )?;
+        Ok((free, total))
+    }
+
     /// Lets kernels of this context address memory of `peer`'s context.
     /// Enabling twice is fine.
     pub fn enable_peer_access(&self, peer: &Context) -> Result<()> {

@@ -156,8 +156,8 @@ impl DeviceComm {
         let window = Window::setup(&ctx, oob, &cfg, tr, &stop)?;
         cfg.channels = window.launch_channels;
         let order = Event::new(&ctx, false)?;
-        tracing::info!(target: "oxccl::init", "rank {}/{} on GPU {device}: device window of {} MiB ({} channels x {} slots x {} KiB per peer)",
-            oob.rank(), oob.nranks(), window.layout.bytes >> 20, cfg.channels, cfg.slots, cfg.slot_bytes >> 10);
+        tracing::info!(target: "oxccl::init", "rank {}/{} on GPU {device}: device window of {} MiB ({} channels x {} slots x {} KiB per P2P peer)",
+            oob.rank(), oob.nranks(), window.device_bytes() >> 20, cfg.channels, cfg.slots, cfg.slot_bytes >> 10);
         Ok(DeviceComm {
             rank: oob.rank(),
             nranks: oob.nranks(),
@@ -285,6 +285,57 @@ impl DeviceComm {
         self.window.device_bytes()
     }
 
+    /// The part of [`DeviceComm::device_bytes`] that [`DeviceComm::suspend`]
+    /// releases.
+    pub fn suspendable_bytes(&self) -> usize {
+        self.window.suspendable_bytes()
+    }
+
+    /// Whether [`DeviceComm::suspend`] released the window.
+    pub fn suspended(&self) -> bool {
+        self.window.suspended()
+    }
+
+    /// Releases the device memory that [`DeviceComm::resume`] can rebuild
+    /// (see `Window::suspend` for what goes and what stays). Every rank
+    /// calls it; the operations this rank enqueued must end within
+    /// `limit` (NCCL asks for none outstanding: it synchronizes the
+    /// device). Returns the bytes released.
+    pub fn suspend(&mut self, oob: &dyn Oob, limit: std::time::Duration) -> Result<usize> {
+        let start = std::time::Instant::now();
+        loop {
+            match self.idle() {
+                Ok(true) => break,
+                Ok(false) => {}
+                // The last stream is gone (its owner destroyed it): wait
+                // for the device, as NCCL's suspend always does.
+                Err(_) => {
+                    self.ctx.synchronize()?;
+                    break;
+                }
+            }
+            if start.elapsed() >= limit {
+                return Err(Error::InvalidUsage(format!(
+                    "rank {}: operations of this communicator still ran {:.1} s (NCCL_TIMEOUT) after ncclCommSuspend was called: suspend needs none outstanding (synchronize the streams first)",
+                    self.rank,
+                    limit.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let _restore = crate::cuda::SavedCurrent::save()?;
+        self.window.suspend(oob)?;
+        Ok(self.window.suspendable_bytes())
+    }
+
+    /// Allocates and exchanges again what [`DeviceComm::suspend`]
+    /// released; every rank calls it. The next operation runs as if there
+    /// had been no suspend.
+    pub fn resume(&mut self, oob: &dyn Oob) -> Result<()> {
+        let _restore = crate::cuda::SavedCurrent::save()?;
+        self.window.resume(oob)
+    }
+
     /// What stopped this rank's network proxy, if anything did: its
     /// kernels would wait for the peer until their timeout.
     pub fn failure(&self) -> Option<Error> {
@@ -391,6 +442,7 @@ impl DeviceComm {
         stream: RawStream,
     ) -> Result<()> {
         let what = coll.name();
+        self.window.check_active()?;
         let bufs = match coll {
             Coll::Broadcast { root } | Coll::Reduce { root } => {
                 self.check_peer(what, "root", root, true)?;
@@ -482,6 +534,7 @@ impl DeviceComm {
         dtype: DataType,
         stream: RawStream,
     ) -> Result<()> {
+        self.window.check_active()?;
         for &(p, _) in sends.iter().chain(recvs) {
             self.check_peer("send/recv", "peer", p, true)?;
         }
@@ -598,6 +651,7 @@ impl DeviceComm {
         if count == 0 {
             return Ok(());
         }
+        self.window.check_active()?;
         let (kop, sc) = kernel_op(dtype, op, self.nranks);
         let kernel = self.kernels.coll(dtype, kop)?;
         let shape = plan::shape(&self.cfg, count, dtype.size(), t.nchunks as usize, channels);

@@ -70,11 +70,15 @@ struct PeerInfo {
     gpu: u64,
     /// Blocks of the kernel that are resident on this GPU at once.
     resident: u32,
+    /// The FIFO slots of the P2P peers (0 without any), apart from the
+    /// window so that a suspend can release them and keep the window.
+    fifo: u64,
+    fifo_ipc: Option<IpcMemHandle>,
 }
 
 const MAGIC: u64 = 0x6f78_6363_6c57_6e33; // "oxcclWn3"
 const NAME_BYTES: usize = 64;
-const INFO_BYTES: usize = 8 + 4 + 8 + 4 + 4 + 4 + 8 + 8 + 1 + 64 + NAME_BYTES + 8 + 4;
+const INFO_BYTES: usize = 8 + 4 + 8 + 4 + 4 + 4 + 8 + 8 + 1 + 64 + NAME_BYTES + 8 + 4 + 8 + 1 + 64;
 
 impl PeerInfo {
     fn encode(&self) -> Vec<u8> {
@@ -94,6 +98,9 @@ impl PeerInfo {
         b.extend_from_slice(&name);
         b.extend_from_slice(&self.gpu.to_le_bytes());
         b.extend_from_slice(&self.resident.to_le_bytes());
+        b.extend_from_slice(&self.fifo.to_le_bytes());
+        b.push(self.fifo_ipc.is_some() as u8);
+        b.extend_from_slice(&self.fifo_ipc.map_or([0; 64], |h| h.0));
         b
     }
 
@@ -122,6 +129,9 @@ impl PeerInfo {
             },
             gpu: u64_at(113 + NAME_BYTES),
             resident: u32_at(121 + NAME_BYTES),
+            fifo: u64_at(125 + NAME_BYTES),
+            fifo_ipc: (b[133 + NAME_BYTES] != 0)
+                .then(|| IpcMemHandle(b[134 + NAME_BYTES..198 + NAME_BYTES].try_into().unwrap())),
         })
     }
 }
@@ -183,8 +193,12 @@ fn node_id() -> u64 {
 enum PeerMap {
     /// Same process: the address works once peer access to its context is on.
     Direct { _peer_ctx: Option<Arc<Context>> },
-    /// Another process: an IPC mapping.
-    Ipc { _map: IpcMapping },
+    /// Another process: IPC mappings of its window and of its FIFO slots
+    /// (none while suspended).
+    Ipc {
+        _window: IpcMapping,
+        fifo: Option<IpcMapping>,
+    },
     /// A peer's host area, mapped here and into this GPU.
     Shm { _area: Registered<Area> },
 }
@@ -193,13 +207,28 @@ enum PeerMap {
 pub(crate) struct Window {
     /// First, so that it stops before the memory it works in goes.
     proxy: Option<Proxy>,
+    ctx: Arc<Context>,
+    rank: usize,
+    /// The header and the counters (the layout's bytes before the slots):
+    /// kept for the communicator's life, so that the address the kernels
+    /// are given (CUDA graphs hold it) and the counters stay.
     pub buf: DeviceBuffer,
+    /// The P2P peers' FIFO slots (the layout's slots), the bulk of the
+    /// memory; `None` without P2P peers and while suspended.
+    fifo: Option<DeviceBuffer>,
+    /// Whether this rank has P2P peers (and so `fifo` outside a suspend).
+    p2p: bool,
+    suspended: bool,
     pub layout: Layout,
     /// Where this rank stores for each rank, as this process addresses it.
     pub peers: Vec<u64>,
     /// Where this rank receives from each rank.
     pub mine: Vec<u64>,
-    _maps: Vec<PeerMap>,
+    /// Slot 0 of those areas' slots (the kernels' `fifo_peer`, `fifo_mine`).
+    fifo_peer: Vec<u64>,
+    fifo_mine: Vec<u64>,
+    /// By peer.
+    maps: Vec<(usize, PeerMap)>,
     /// This rank's host area (SHM and net peers) and send mirror (net peers).
     area: Option<Arc<Registered<Area>>>,
     mirror: Option<Arc<Registered<Area>>>,
@@ -211,6 +240,9 @@ pub(crate) struct Window {
     /// Every rank on this one GPU, each in its own process, without MPS:
     /// the all-reduce that runs no kernel on the other ranks.
     pub shared: Option<SharedGpu>,
+    /// How the shared-GPU path was set up (its wait bound and stop flag),
+    /// to set it up again at a resume; `None` where it is not used.
+    shared_setup: Option<(std::time::Duration, Arc<std::sync::atomic::AtomicBool>)>,
 }
 
 impl std::fmt::Debug for Window {
@@ -222,6 +254,13 @@ impl std::fmt::Debug for Window {
             .field("proxy", &self.proxy.is_some())
             .finish()
     }
+}
+
+/// `bytes` of device memory, zeroed.
+fn zeroed(ctx: &Arc<Context>, bytes: usize) -> Result<DeviceBuffer> {
+    let b = DeviceBuffer::alloc(ctx, bytes)?;
+    b.fill_bytes(0)?;
+    Ok(b)
 }
 
 fn area_name(rank: usize) -> String {
@@ -284,9 +323,15 @@ impl Window {
             }
         };
         let has = |t: Transport| (0..n).any(|p| route(p) == t);
+        let p2p = (0..n).any(|p| p != rank && route(p) == Transport::P2p);
         let layout = Layout::new(n, cfg.channels, cfg.slots, cfg.slot_bytes);
-        let buf = DeviceBuffer::alloc(ctx, layout.bytes)?;
+        let buf = DeviceBuffer::alloc(ctx, layout.off_fifo)?;
         buf.fill_bytes(0)?;
+        let fifo = if p2p {
+            Some(zeroed(ctx, layout.bytes - layout.off_fifo)?)
+        } else {
+            None
+        };
         let name = area_name(rank);
         let area = if has(Transport::Shm) {
             Some(Area::create_shared(&name, layout.bytes)?)
@@ -325,11 +370,7 @@ impl Window {
             window: buf.ptr(),
             // Only P2P peers of other processes need it; where IPC is
             // unavailable those fail below.
-            ipc: if has(Transport::P2p) && n > 1 {
-                buf.ipc_handle().ok()
-            } else {
-                None
-            },
+            ipc: if p2p { buf.ipc_handle().ok() } else { None },
             area: if has(Transport::Shm) {
                 name
             } else {
@@ -340,6 +381,8 @@ impl Window {
                 .device()
                 .resident_blocks(cfg.threads)?
                 .min(u32::MAX as usize) as u32,
+            fifo: fifo.as_ref().map_or(0, DeviceBuffer::ptr),
+            fifo_ipc: fifo.as_ref().and_then(|f| f.ipc_handle().ok()),
         };
         let all = oob.allgather(&me.encode())?;
         if all.len() != n {
@@ -368,8 +411,12 @@ impl Window {
             p.dedup();
             p.len() == n
         };
+        let off = layout.off_fifo as u64;
+        let my_fifo = me.fifo;
         let mut peers = vec![0u64; n];
         let mut mine = vec![0u64; n];
+        let mut fifo_peer = vec![0u64; n];
+        let mut fifo_mine = vec![0u64; n];
         let mut maps = Vec::with_capacity(n);
         let mut net_peers = Vec::new();
         for (p, info) in infos.into_iter().enumerate() {
@@ -388,6 +435,7 @@ impl Window {
                 Transport::P2p => {
                     let dev = check_p2p(ctx, p, &info, &me)?;
                     mine[p] = buf.ptr();
+                    fifo_mine[p] = my_fifo;
                     if info.pid == me.pid {
                         let peer_ctx = if dev == ctx.device() {
                             None
@@ -397,18 +445,30 @@ impl Window {
                             Some(pc)
                         };
                         peers[p] = info.window;
-                        maps.push(PeerMap::Direct {
-                            _peer_ctx: peer_ctx,
-                        });
+                        fifo_peer[p] = info.fifo;
+                        maps.push((
+                            p,
+                            PeerMap::Direct {
+                                _peer_ctx: peer_ctx,
+                            },
+                        ));
                     } else {
-                        let h = info.ipc.ok_or_else(|| {
-                            Error::System(format!(
+                        let (Some(h), Some(fh)) = (info.ipc, info.fifo_ipc) else {
+                            return Err(Error::System(format!(
                                 "rank {p} could not export its window (CUDA IPC)"
-                            ))
-                        })?;
-                        let m = IpcMapping::open(ctx, &h)?;
-                        peers[p] = m.ptr();
-                        maps.push(PeerMap::Ipc { _map: m });
+                            )));
+                        };
+                        let window = IpcMapping::open(ctx, &h)?;
+                        let f = IpcMapping::open(ctx, &fh)?;
+                        peers[p] = window.ptr();
+                        fifo_peer[p] = f.ptr();
+                        maps.push((
+                            p,
+                            PeerMap::Ipc {
+                                _window: window,
+                                fifo: Some(f),
+                            },
+                        ));
                     }
                 }
                 Transport::Shm => {
@@ -422,11 +482,17 @@ impl Window {
                     let a = Registered::new(ctx, a)?;
                     peers[p] = a.device_ptr();
                     mine[p] = host_area();
-                    maps.push(PeerMap::Shm { _area: a });
+                    fifo_peer[p] = peers[p] + off;
+                    fifo_mine[p] = mine[p] + off;
+                    maps.push((p, PeerMap::Shm { _area: a }));
                 }
                 Transport::Net => {
                     peers[p] = mirror.as_ref().map_or(0, |m| m.device_ptr());
                     mine[p] = host_area();
+                    (fifo_peer[p], fifo_mine[p]) = match &gdr_slots {
+                        Some([m, r]) => (r.ptr(), m.ptr()),
+                        None => (peers[p] + off, mine[p] + off),
+                    };
                     net_peers.push(p);
                 }
             }
@@ -434,11 +500,13 @@ impl Window {
         // Every peer has mapped this rank's area: its name can go.
         oob.allgather(&[])?;
         let mut shared = None;
+        let mut shared_setup = None;
         if n > 1 && one_gpu && own_processes && (0..n).all(|p| route(p) == Transport::P2p) {
             // Every rank must take the same path: all want it or none.
             let votes = oob.allgather(&[u8::from(shared::wanted())])?;
             if votes.iter().all(|v| v.first() == Some(&1)) {
                 shared = Some(SharedGpu::setup(ctx, oob, cfg.timeout, stop.host_flag())?);
+                shared_setup = Some((cfg.timeout, stop.host_flag()));
                 if rank == 0 {
                     tracing::info!(target: "oxccl::init", "all {n} ranks share one GPU from {n} processes, without MPS: rank 0 runs each collective on every rank's buffers (CUDA IPC), the others only signal with stream memory operations (OXCCL_SHARED_GPU=kernels: every rank's kernels)");
                 }
@@ -448,15 +516,6 @@ impl Window {
             a.mem().unlink();
         }
         let links = (tr.connect)(&net_peers, layout.maxch)?;
-        let off = layout.off_fifo as u64;
-        let mut fifo_peer: Vec<u64> = peers.iter().map(|&a| a + off).collect();
-        let mut fifo_mine: Vec<u64> = mine.iter().map(|&a| a + off).collect();
-        if let Some([m, r]) = &gdr_slots {
-            for &p in &net_peers {
-                fifo_mine[p] = m.ptr();
-                fifo_peer[p] = r.ptr();
-            }
-        }
         let proxy = match (&area, &mirror) {
             (Some(a), Some(m)) if !links.is_empty() => Some(Proxy::start(
                 links,
@@ -477,15 +536,41 @@ impl Window {
             )?),
             _ => None,
         };
-        ctx.bind()?;
-        let mut hp = [0u64; MAX_RANKS];
-        hp[..n].copy_from_slice(&peers);
-        let mut hm = [0u64; MAX_RANKS];
-        hm[..n].copy_from_slice(&mine);
-        let mut fp = [0u64; MAX_RANKS];
-        fp[..n].copy_from_slice(&fifo_peer);
-        let mut fm = [0u64; MAX_RANKS];
-        fm[..n].copy_from_slice(&fifo_mine);
+        let w = Window {
+            proxy,
+            ctx: ctx.clone(),
+            rank,
+            buf,
+            fifo,
+            p2p,
+            suspended: false,
+            layout,
+            peers,
+            mine,
+            fifo_peer,
+            fifo_mine,
+            maps,
+            area,
+            mirror,
+            gdr_slots,
+            launch_channels,
+            shared,
+            shared_setup,
+        };
+        w.write_header()?;
+        Ok(w)
+    }
+
+    /// Writes the kernels' header at the start of the window: where this
+    /// rank stores for and receives from each rank.
+    fn write_header(&self) -> Result<()> {
+        let (n, layout) = (self.layout.nranks, &self.layout);
+        self.ctx.bind()?;
+        let table = |v: &[u64]| {
+            let mut t = [0u64; MAX_RANKS];
+            t[..n].copy_from_slice(v);
+            t
+        };
         let header = WinHeader {
             off_tail: layout.off_tail as u64,
             off_head: layout.off_head as u64,
@@ -495,27 +580,130 @@ impl Window {
             slot_bytes: layout.slot_bytes as u64,
             nslots: layout.nslots as u32,
             maxch: layout.maxch as u32,
-            rank: rank as u32,
+            rank: self.rank as u32,
             nranks: n as u32,
-            peer: hp,
-            mine: hm,
-            fifo_peer: fp,
-            fifo_mine: fm,
+            peer: table(&self.peers),
+            mine: table(&self.mine),
+            fifo_peer: table(&self.fifo_peer),
+            fifo_mine: table(&self.fifo_mine),
         };
-        buf.write(0, &header.to_bytes())?;
-        Ok(Window {
-            proxy,
-            buf,
-            layout,
-            peers,
-            mine,
-            _maps: maps,
-            area,
-            mirror,
-            gdr_slots,
-            launch_channels,
-            shared,
-        })
+        self.buf.write(0, &header.to_bytes())
+    }
+
+    /// Refuses a launch while suspended.
+    pub fn check_active(&self) -> Result<()> {
+        if self.suspended {
+            return Err(Error::InvalidUsage(
+                "the communicator is suspended (ncclCommSuspend): its device memory is released until ncclCommResume".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn suspended(&self) -> bool {
+        self.suspended
+    }
+
+    /// Releases what a suspend releases (every rank calls it, once its
+    /// streams have passed all of this communicator's work): the P2P
+    /// peers' FIFO slots (the bulk: channels x slots x slot bytes per
+    /// peer), the mappings of peers' slots, and the shared-GPU path's flag
+    /// words, mailbox and mappings of other ranks' buffers. Every rank
+    /// closes its mappings of the others' memory before any frees its own,
+    /// as NCCL's suspend unmaps peers' buffers before it releases its own.
+    ///
+    /// Kept: the window's header and counters (pages; the counters go on
+    /// from where they were, and the window's address, which CUDA graphs
+    /// captured before the suspend hold, stays valid, as NCCL remaps its
+    /// buffers at their old addresses), and what NCCL keeps of its network
+    /// transport (its buffers are ncclMemPersist in its net.cc, and its
+    /// connections stay): the net proxy, its connections and GPUDirect
+    /// slots, the host areas of SHM and net peers and their mappings. The
+    /// slots hold nothing then: every slice stored was consumed before
+    /// the streams came free.
+    pub fn suspend(&mut self, oob: &dyn Oob) -> Result<()> {
+        self.check_active()?;
+        // Every rank's streams are past its work: no peer's kernel still
+        // stores into this rank's slots.
+        oob.allgather(&[])?;
+        for (_, m) in &mut self.maps {
+            if let PeerMap::Ipc { fifo, .. } = m {
+                *fifo = None;
+            }
+        }
+        if let Some(sh) = &mut self.shared {
+            sh.unmap_peers();
+        }
+        // No rank maps another's slots any more: each may free its own.
+        oob.allgather(&[])?;
+        self.shared = None;
+        self.fifo = None;
+        self.suspended = true;
+        Ok(())
+    }
+
+    /// Allocates the slots again, exchanges their address (and IPC
+    /// handle) with the P2P peers, maps theirs and rewrites the header;
+    /// sets the shared-GPU path up again. Every rank calls it; each has
+    /// allocated and zeroed its slots before any returns from the
+    /// exchange, so no peer's kernel can store into memory that is not
+    /// ready.
+    pub fn resume(&mut self, oob: &dyn Oob) -> Result<()> {
+        if !self.suspended {
+            return Err(Error::InvalidUsage(
+                "the device window is not suspended".into(),
+            ));
+        }
+        let fifo = if self.p2p {
+            Some(zeroed(&self.ctx, self.layout.bytes - self.layout.off_fifo)?)
+        } else {
+            None
+        };
+        let ipc = self
+            .maps
+            .iter()
+            .any(|(_, m)| matches!(m, PeerMap::Ipc { .. }));
+        let mut me = fifo
+            .as_ref()
+            .map_or(0, DeviceBuffer::ptr)
+            .to_le_bytes()
+            .to_vec();
+        if let (true, Some(f)) = (ipc, &fifo) {
+            me.extend_from_slice(&f.ipc_handle()?.0);
+        }
+        let all = oob.allgather(&me)?;
+        let sent = |p: usize, at: std::ops::Range<usize>| {
+            all.get(p)
+                .and_then(|b| b.get(at))
+                .ok_or_else(|| Error::Remote(format!("rank {p} sent no FIFO slots at the resume")))
+        };
+        let mine = fifo.as_ref().map_or(0, DeviceBuffer::ptr);
+        for (p, m) in &mut self.maps {
+            let p = *p;
+            match m {
+                PeerMap::Direct { .. } => {
+                    let b = sent(p, 0..8)?;
+                    self.fifo_peer[p] = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+                    self.fifo_mine[p] = mine;
+                }
+                PeerMap::Ipc { fifo: map, .. } => {
+                    let h = IpcMemHandle(sent(p, 8..72)?.try_into().expect("64 bytes"));
+                    let mapped = IpcMapping::open(&self.ctx, &h)
+                        .map_err(|e| e.context(format!("mapping rank {p}'s FIFO slots again")))?;
+                    self.fifo_peer[p] = mapped.ptr();
+                    self.fifo_mine[p] = mine;
+                    *map = Some(mapped);
+                }
+                PeerMap::Shm { .. } => {}
+            }
+        }
+        self.fifo = fifo;
+        self.write_header()?;
+        if let Some((timeout, stop)) = &self.shared_setup {
+            self.shared = Some(SharedGpu::setup(&self.ctx, oob, *timeout, stop.clone())?);
+        }
+        self.suspended = false;
+        Ok(())
     }
 
     /// The proxy thread reports its proxy-control events to `p`.
@@ -555,14 +743,28 @@ impl Window {
         self.proxy.as_ref().and_then(Proxy::gone)
     }
 
-    /// Device memory this rank allocated: the window and GPUDirect slots.
+    /// Device memory this rank allocated: the window, the P2P slots, the
+    /// shared-GPU flags and the GPUDirect slots, counting what a suspend
+    /// released (as NCCL's ncclStatGpuMemTotal).
     pub fn device_bytes(&self) -> usize {
         self.buf.len()
-            + self.shared.as_ref().map_or(0, SharedGpu::device_bytes)
+            + self.suspendable_bytes()
             + self
                 .gdr_slots
                 .as_ref()
                 .map_or(0, |s| s.iter().map(DeviceBuffer::len).sum())
+    }
+
+    /// The part of [`Window::device_bytes`] a suspend releases: the P2P
+    /// slots and the shared-GPU path's flag words (NCCL's
+    /// ncclStatGpuMemSuspend).
+    pub fn suspendable_bytes(&self) -> usize {
+        let slots = if self.p2p {
+            self.layout.bytes - self.layout.off_fifo
+        } else {
+            0
+        };
+        slots + self.shared_setup.as_ref().map_or(0, |_| shared::FLAG_BYTES)
     }
 
     /// Host memory this rank registered for its peers (area and mirror).
@@ -604,11 +806,15 @@ mod tests {
             area: "/oxccl-dev-1-2-ab".into(),
             gpu: 0x1b00_feed,
             resident: 264,
+            fifo: 0x7f01_0000_0000,
+            fifo_ipc: Some(IpcMemHandle([5; 64])),
         };
         assert_eq!(PeerInfo::decode(&i.encode()), Some(i.clone()));
         let none = PeerInfo {
             ipc: None,
             area: String::new(),
+            fifo: 0,
+            fifo_ipc: None,
             ..i
         };
         assert_eq!(PeerInfo::decode(&none.encode()), Some(none));
@@ -629,6 +835,8 @@ mod tests {
             area: String::new(),
             gpu,
             resident: 264,
+            fifo: 0,
+            fifo_ipc: None,
         };
         // Four ranks on one GPU: 264 resident blocks, 66 each.
         let one: Vec<_> = (0..4).map(|p| info(p, 7)).collect();

@@ -50,7 +50,7 @@ const P2P_READY: u64 = 256;
 const MAX_P2P: usize = 224;
 const P2P_DONE: u64 = P2P_READY + 8 * MAX_P2P as u64;
 const READY: u64 = P2P_DONE + 8 * MAX_P2P as u64;
-const FLAG_BYTES: usize = READY as usize + 8 * MAX_P2P;
+pub(super) const FLAG_BYTES: usize = READY as usize + 8 * MAX_P2P;
 
 /// Mapped user allocations kept before the cache is emptied.
 const MAX_MAPPED: usize = 512;
@@ -88,7 +88,7 @@ pub(crate) struct SharedGpu {
     /// What this rank's streams wait for in its own flag words.
     awaited: Awaited,
     _own: DeviceBuffer,
-    _flag_maps: Vec<IpcMapping>,
+    flag_maps: Vec<IpcMapping>,
 }
 
 impl SharedGpu {
@@ -161,12 +161,16 @@ impl SharedGpu {
             received: vec![0; nranks],
             awaited: Awaited::default(),
             _own: own,
-            _flag_maps: flag_maps,
+            flag_maps,
         })
     }
 
-    pub fn device_bytes(&self) -> usize {
-        FLAG_BYTES
+    /// Closes this rank's mappings of other ranks' memory (their flag
+    /// words and the buffers they posted), before a suspend frees what
+    /// each rank owns; nothing may be queued that uses them.
+    pub fn unmap_peers(&mut self) {
+        self.mapped.clear();
+        self.flag_maps.clear();
     }
 
     /// Releases every stream wait this rank enqueued (a stop: the peers
