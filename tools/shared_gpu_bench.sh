@@ -56,8 +56,8 @@ step() { # name seconds command...
   [ "$rc" = 0 ] || status=1
 }
 
-step test_local 60 "$dev/gpu_shared_local" --test-threads 1 --nocapture
-step test_stream_order 40 "$dev/gpu_stream_order" --test-threads 1 --nocapture
+step test_local 90 "$dev/gpu_shared_local" --test-threads 1 --nocapture
+step test_stream_order 30 "$dev/gpu_stream_order" --test-threads 1 --nocapture
 step test_cli_shared 80 env OXCCL_BIN="$oxccl" "$dev/gpu_shared" --nocapture
 
 ar=(--op all_reduce -b 8 -e 256M -f 4 -n 10 -w 3 --time-limit 30)
