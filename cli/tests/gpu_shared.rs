@@ -1,6 +1,7 @@
 //! Ranks sharing one GPU, which NCCL refuses: 2 and 4 ranks on GPU 0 in
-//! one process (`-g N`, kernels run together, launches capped so that
-//! every rank's blocks are resident at once) and 2 ranks in two processes
+//! one process (`-g N`: the last rank to call a collective runs it for
+//! all; sends and receives on every rank's ring kernels, launches capped so
+//! that every rank's blocks are resident at once) and 2 ranks in two processes
 //! and 3 processes (without MPS rank 0 runs each collective on every
 //! rank's buffers; `OXCCL_SHARED_GPU=kernels` makes every rank run its
 //! kernels, time-sliced), every collective at sizes that
@@ -25,6 +26,15 @@ fn perf(args: &[&str], env: &[(&str, &str)]) {
         text.contains("shares its GPU with ranks"),
         "no INFO line about the shared GPU:\n{text}"
     );
+    // One process, one-launch path (unless turned off): the line says so.
+    let one_process = args.first() == Some(&"-g");
+    let off = env.contains(&("OXCCL_SHARED_GPU", "kernels"));
+    if one_process && !off {
+        assert!(
+            text.contains("in one process: collectives: the last of the"),
+            "the INFO line does not name the in-process path:\n{text}"
+        );
+    }
     eprintln!("oxccl perf {args:?} {env:?}: #wrong 0 in {:?}", t.elapsed());
 }
 

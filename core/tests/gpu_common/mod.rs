@@ -21,13 +21,18 @@ static GPUS: Mutex<()> = Mutex::new(());
 /// otherwise `None`, having printed why the test is skipped (and it passes:
 /// CI has no GPU).
 pub fn two_gpus() -> Option<MutexGuard<'static, ()>> {
+    gpus(NRANKS)
+}
+
+/// As [`two_gpus`], for tests that need `needed` GPUs.
+pub fn gpus(needed: usize) -> Option<MutexGuard<'static, ()>> {
     match cuda::device_count() {
         Err(e) => {
             println!("skipped: {e}");
             return None;
         }
-        Ok(n) if n < NRANKS => {
-            println!("skipped: {n} GPU(s) found, {NRANKS} needed");
+        Ok(n) if n < needed => {
+            println!("skipped: {n} GPU(s) found, {needed} needed");
             return None;
         }
         Ok(_) => {}

@@ -466,7 +466,18 @@ impl DeviceComm {
         if self.window.shared.is_some() && count > 0 {
             self.order_after_last(stream)?;
             if let Some(sh) = self.window.shared.as_mut() {
-                if sh.run(&self.kernels, coll, send, recv, count, dtype, op, stream)? {
+                let timed = self.timed && self.stamps.is_some();
+                if sh.run(
+                    timed,
+                    &self.kernels,
+                    coll,
+                    send,
+                    recv,
+                    count,
+                    dtype,
+                    op,
+                    stream,
+                )? {
                     return Ok(());
                 }
             }

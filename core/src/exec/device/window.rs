@@ -146,8 +146,8 @@ fn fnv1a(b: &[u8]) -> u64 {
 /// GPU run kernels whose blocks wait for each other's, so all of them must
 /// be resident at once (in one process, or several under MPS; without MPS
 /// the GPU runs one process at a time and each kernel waits for its turn).
-/// Says so once, on each rank that shares its GPU.
-fn shared_gpus(infos: &[PeerInfo], rank: usize, channels: usize) -> usize {
+/// Also the ranks on this rank's GPU, and in how many processes.
+fn shared_gpus(infos: &[PeerInfo], rank: usize, channels: usize) -> (usize, Vec<usize>, usize) {
     let on = |i: &PeerInfo| {
         infos
             .iter()
@@ -163,21 +163,37 @@ fn shared_gpus(infos: &[PeerInfo], rank: usize, channels: usize) -> usize {
         .unwrap_or(channels)
         .clamp(1, channels);
     let mine = on(&infos[rank]);
-    if mine.len() > 1 {
-        let procs = {
-            let mut p: Vec<u32> = mine.iter().map(|&r| infos[r].pid).collect();
-            p.sort_unstable();
-            p.dedup();
-            p.len()
-        };
-        let how = if procs == 1 {
-            "in one process: their kernels run together".to_string()
-        } else {
-            format!("in {procs} processes: their kernels run together under MPS (nvidia-cuda-mps-control -d); without it the GPU switches between the processes, so where every rank of the communicator is on this GPU one rank runs each collective for all (below), and otherwise each operation waits for its turn (milliseconds)")
-        };
-        tracing::info!(target: "oxccl::init", "rank {rank} shares its GPU with ranks {mine:?} {how}; up to {cap} channels per launch so that every rank's blocks fit on the GPU at once");
+    let mut p: Vec<u32> = mine.iter().map(|&r| infos[r].pid).collect();
+    p.sort_unstable();
+    p.dedup();
+    (cap, mine, p.len())
+}
+
+/// Says once, on each rank that shares its GPU, with whom and which path
+/// its collectives take.
+fn say_shared(
+    rank: usize,
+    n: usize,
+    mine: &[usize],
+    procs: usize,
+    cap: usize,
+    shared: Option<&SharedGpu>,
+) {
+    if mine.len() < 2 {
+        return;
     }
-    cap
+    let path = match shared {
+        Some(SharedGpu::Local(_)) => format!("collectives: the last of the {n} ranks to call one runs it over every rank's buffers (one fused reduce/copy launch per output block, no ring), the others record an event and wait for its DONE word (OXCCL_SHARED_GPU=kernels: every rank's ring kernels); send/recv: every rank's kernels"),
+        Some(SharedGpu::Processes(_)) => "collectives: rank 0 runs each over every rank's buffers (CUDA IPC; one fused reduce/copy launch per output block), the others only signal with stream memory operations (OXCCL_SHARED_GPU=kernels: every rank's kernels, time-sliced); send/recv: the receiver pulls from the sender's buffer".to_string(),
+        None if procs == 1 => "every rank's ring kernels, run together".to_string(),
+        None => "every rank's ring kernels: they run together under MPS (nvidia-cuda-mps-control -d); without it the GPU switches between the processes and each operation waits for its turn (milliseconds); the one-launch path needs every rank of the communicator on this GPU, each in its own process or all in one".to_string(),
+    };
+    let how = if procs == 1 {
+        "in one process".to_string()
+    } else {
+        format!("in {procs} processes")
+    };
+    tracing::info!(target: "oxccl::init", "rank {rank} shares its GPU with ranks {mine:?} {how}: {path}; up to {cap} channels per ring launch so that every rank's blocks fit on the GPU at once");
 }
 
 /// This boot of this machine: ranks with the same id share a node.
@@ -242,7 +258,12 @@ pub(crate) struct Window {
     pub shared: Option<SharedGpu>,
     /// How the shared-GPU path was set up (its wait bound and stop flag),
     /// to set it up again at a resume; `None` where it is not used.
-    shared_setup: Option<(std::time::Duration, Arc<std::sync::atomic::AtomicBool>)>,
+    /// (all ranks in this process, wait bound, stop flag)
+    shared_setup: Option<(
+        bool,
+        std::time::Duration,
+        Arc<std::sync::atomic::AtomicBool>,
+    )>,
 }
 
 impl std::fmt::Debug for Window {
@@ -400,16 +421,16 @@ impl Window {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let launch_channels = shared_gpus(&infos, rank, cfg.channels);
+        let (launch_channels, on_my_gpu, my_gpu_procs) = shared_gpus(&infos, rank, cfg.channels);
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let one_gpu = infos
             .iter()
             .all(|i| (i.node, i.gpu) == (infos[0].node, infos[0].gpu));
-        let own_processes = {
+        let procs = {
             let mut p = pids.clone();
             p.sort_unstable();
             p.dedup();
-            p.len() == n
+            p.len()
         };
         let off = layout.off_fifo as u64;
         let my_fifo = me.fifo;
@@ -501,17 +522,34 @@ impl Window {
         oob.allgather(&[])?;
         let mut shared = None;
         let mut shared_setup = None;
-        if n > 1 && one_gpu && own_processes && (0..n).all(|p| route(p) == Transport::P2p) {
+        // Every rank of the communicator on this one GPU, either all in
+        // this process or each in its own (ranks of one process among
+        // others would wait on the host for a rank their own thread has
+        // yet to call: those keep the ring).
+        let local = procs == 1;
+        if n > 1 && one_gpu && (local || procs == n) && (0..n).all(|p| route(p) == Transport::P2p) {
             // Every rank must take the same path: all want it or none.
-            let votes = oob.allgather(&[u8::from(shared::wanted())])?;
+            let votes = oob.allgather(&[u8::from(shared::wanted(local))])?;
             if votes.iter().all(|v| v.first() == Some(&1)) {
-                shared = Some(SharedGpu::setup(ctx, oob, cfg.timeout, stop.host_flag())?);
-                shared_setup = Some((cfg.timeout, stop.host_flag()));
-                if rank == 0 {
-                    tracing::info!(target: "oxccl::init", "all {n} ranks share one GPU from {n} processes, without MPS: rank 0 runs each collective on every rank's buffers (CUDA IPC), the others only signal with stream memory operations (OXCCL_SHARED_GPU=kernels: every rank's kernels)");
-                }
+                let stop = stop.host_flag();
+                shared = Some(SharedGpu::setup(
+                    ctx,
+                    oob,
+                    local,
+                    cfg.timeout,
+                    stop.clone(),
+                )?);
+                shared_setup = Some((local, cfg.timeout, stop));
             }
         }
+        say_shared(
+            rank,
+            n,
+            &on_my_gpu,
+            my_gpu_procs,
+            launch_channels,
+            shared.as_ref(),
+        );
         if let Some(a) = &area {
             a.mem().unlink();
         }
@@ -699,8 +737,14 @@ impl Window {
         }
         self.fifo = fifo;
         self.write_header()?;
-        if let Some((timeout, stop)) = &self.shared_setup {
-            self.shared = Some(SharedGpu::setup(&self.ctx, oob, *timeout, stop.clone())?);
+        if let Some((local, timeout, stop)) = &self.shared_setup {
+            self.shared = Some(SharedGpu::setup(
+                &self.ctx,
+                oob,
+                *local,
+                *timeout,
+                stop.clone(),
+            )?);
         }
         self.suspended = false;
         Ok(())
@@ -764,7 +808,11 @@ impl Window {
         } else {
             0
         };
-        slots + self.shared_setup.as_ref().map_or(0, |_| shared::FLAG_BYTES)
+        slots
+            + self
+                .shared_setup
+                .as_ref()
+                .map_or(0, |(local, ..)| SharedGpu::flag_bytes(*local))
     }
 
     /// Host memory this rank registered for its peers (area and mirror).
@@ -840,15 +888,17 @@ mod tests {
         };
         // Four ranks on one GPU: 264 resident blocks, 66 each.
         let one: Vec<_> = (0..4).map(|p| info(p, 7)).collect();
-        assert!((0..4).all(|r| shared_gpus(&one, r, 128) == 66));
+        assert!((0..4).all(|r| shared_gpus(&one, r, 128) == (66, vec![0, 1, 2, 3], 4)));
         // Two share GPU 7, one is alone: all launch 128 (132 would fit).
         let mixed = [info(1, 7), info(2, 7), info(3, 8)];
-        assert!((0..3).all(|r| shared_gpus(&mixed, r, 128) == 128));
+        assert!((0..3).all(|r| shared_gpus(&mixed, r, 128).0 == 128));
+        assert_eq!(shared_gpus(&mixed, 1, 128), (128, vec![0, 1], 2));
+        assert_eq!(shared_gpus(&mixed, 2, 128), (128, vec![2], 1));
         // The same GPU id on another node is another GPU.
         let mut apart = one.clone();
         for (k, i) in apart.iter_mut().enumerate() {
             i.node = k as u64;
         }
-        assert_eq!(shared_gpus(&apart, 0, 128), 128);
+        assert_eq!(shared_gpus(&apart, 0, 128), (128, vec![0], 1));
     }
 }

@@ -19,7 +19,12 @@
 //! the leader cannot run this way (graph capture, memory CUDA IPC cannot
 //! share) go to every rank's kernels, which all ranks learn from the
 //! leader's answer.
+//!
+//! Ranks that are all threads of one process take the same fused launches
+//! without IPC and without any host wait (see `local`): the last rank to
+//! call a collective runs it.
 
+mod local;
 mod mailbox;
 mod steps;
 
@@ -58,10 +63,14 @@ const MAX_MAPPED: usize = 512;
 /// Whether this path should run for ranks that all share one GPU from
 /// several processes: not under MPS (where the kernels run together),
 /// unless `OXCCL_SHARED_GPU` says `leader` (this path) or `kernels`.
-pub(crate) fn wanted() -> bool {
+/// For ranks of one process (`local`) MPS changes nothing: their kernels
+/// run together anyway, and one launch over every rank's buffers moves
+/// each byte once where the ring moves it through FIFO slots.
+pub(crate) fn wanted(local: bool) -> bool {
     match std::env::var("OXCCL_SHARED_GPU").as_deref().map(str::trim) {
         Ok("leader") => true,
         Ok("kernels") => false,
+        _ if local => true,
         _ => {
             std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").is_none()
                 && !std::path::Path::new("/tmp/nvidia-mps").exists()
@@ -69,7 +78,105 @@ pub(crate) fn wanted() -> bool {
     }
 }
 
-pub(crate) struct SharedGpu {
+/// The path of ranks that all share one GPU: in one process, or each in a
+/// process of its own.
+pub(crate) enum SharedGpu {
+    Local(local::LocalGpu),
+    Processes(Box<Processes>),
+}
+
+impl SharedGpu {
+    /// Every rank calls it; all of them in this process (`local`) or each
+    /// in its own.
+    pub fn setup(
+        ctx: &Arc<Context>,
+        oob: &dyn Oob,
+        local: bool,
+        timeout: Duration,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Result<SharedGpu> {
+        Ok(if local {
+            SharedGpu::Local(local::LocalGpu::setup(ctx, oob)?)
+        } else {
+            SharedGpu::Processes(Box::new(Processes::setup(ctx, oob, timeout, stop)?))
+        })
+    }
+
+    /// Device memory the path allocates on each rank (its flag words),
+    /// all ranks in this process (`local`) or each in its own.
+    pub fn flag_bytes(local: bool) -> usize {
+        if local {
+            local::FLAG_BYTES
+        } else {
+            FLAG_BYTES
+        }
+    }
+
+    /// Closes this rank's mappings of other ranks' memory before a
+    /// suspend (see [`Processes::unmap_peers`]); ranks of one process map
+    /// nothing of each other.
+    pub fn unmap_peers(&mut self) {
+        if let SharedGpu::Processes(p) = self {
+            p.unmap_peers();
+        }
+    }
+
+    /// Releases every stream wait this rank enqueued (see
+    /// [`Processes::release`]).
+    pub fn release(&self) -> Result<()> {
+        match self {
+            SharedGpu::Local(l) => l.release(),
+            SharedGpu::Processes(p) => p.release(),
+        }
+    }
+
+    /// Runs `coll` the shared-GPU way, or returns `false` when every rank
+    /// runs it on its own kernels instead (all ranks return the same).
+    /// `timed`: the profiler wants this rank's kernel-channel times.
+    #[allow(clippy::too_many_arguments)] // one collective's whole description
+    pub fn run(
+        &mut self,
+        timed: bool,
+        kernels: &KernelSet,
+        coll: Coll,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: RedOp,
+        stream: RawStream,
+    ) -> Result<bool> {
+        match self {
+            SharedGpu::Local(l) => {
+                l.run(timed, kernels, coll, send, recv, count, dtype, op, stream)
+            }
+            SharedGpu::Processes(p) => p.run(kernels, coll, send, recv, count, dtype, op, stream),
+        }
+    }
+
+    /// A group's sends and receives; returns those left to every rank's
+    /// kernels. Ranks of one process leave them all there: their kernels
+    /// run together, and the pairwise path below waits on the host for the
+    /// sender, which one thread driving both ranks would never reach.
+    #[allow(clippy::type_complexity)] // the two lists left over
+    pub fn p2p(
+        &mut self,
+        kernels: &KernelSet,
+        sends: &[(usize, u64)],
+        recvs: &[(usize, u64)],
+        count: usize,
+        dtype: DataType,
+        stream: RawStream,
+    ) -> Result<(Vec<(usize, u64)>, Vec<(usize, u64)>)> {
+        match self {
+            SharedGpu::Local(_) => Ok((sends.to_vec(), recvs.to_vec())),
+            SharedGpu::Processes(p) => p.p2p(kernels, sends, recvs, count, dtype, stream),
+        }
+    }
+}
+
+/// Every rank in a process of its own.
+pub(crate) struct Processes {
     ctx: Arc<Context>,
     me: usize,
     leader: usize,
@@ -91,7 +198,7 @@ pub(crate) struct SharedGpu {
     flag_maps: Vec<IpcMapping>,
 }
 
-impl SharedGpu {
+impl Processes {
     /// Every rank calls it; rank 0 leads. `timeout` bounds each wait for
     /// another rank on the host, and raising `stop` ends it at once.
     pub fn setup(
@@ -99,7 +206,7 @@ impl SharedGpu {
         oob: &dyn Oob,
         timeout: Duration,
         stop: Arc<std::sync::atomic::AtomicBool>,
-    ) -> Result<SharedGpu> {
+    ) -> Result<Processes> {
         let (me, nranks, leader) = (oob.rank(), oob.nranks(), 0);
         let own = DeviceBuffer::alloc(ctx, FLAG_BYTES)?;
         own.fill_bytes(0)?;
@@ -148,7 +255,7 @@ impl SharedGpu {
         // Everyone has mapped everything: the segment's name can go.
         oob.allgather(&[])?;
         area.unlink();
-        Ok(SharedGpu {
+        Ok(Processes {
             ctx: ctx.clone(),
             me,
             leader,

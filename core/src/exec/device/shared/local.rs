@@ -1,0 +1,504 @@
+//! Ranks of one GPU that are all threads of this process (`-g N` on one
+//! GPU, or several communicators made by threads, nccl-tests' `-t 4 -g 1`).
+//! Their kernels run together, but a ring between them still moves every
+//! byte through FIFO slots; one launch over every rank's buffers moves it
+//! once. CUDA IPC cannot open a handle in the process that made it, and
+//! needs none here: the ranks share the context, so their buffers' addresses
+//! are valid as they are.
+//!
+//! No rank waits on the host for another: one thread may drive every rank
+//! in turn inside one group (nccl-tests' `-g N`), so a rank that waited for
+//! a rank called after it would wait forever. Instead the last rank to call
+//! a collective runs it: each earlier rank records an event on its stream
+//! (its buffers are ready once the event's work is done) and makes its
+//! stream wait for its DONE word; the last makes its own stream wait for
+//! every event, launches the reduce and copy kernels over every rank's
+//! buffers, and stores each earlier rank's DONE. The order is stream order
+//! on every rank, whoever comes last.
+//!
+//! Which rank comes last, and whether the call runs this way at all, is
+//! [`Calls`]'s business, kept apart from the GPU so that it is tested on the
+//! host.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::algo::Coll;
+use crate::cuda::{Context, DeviceBuffer, Event, KernelSet, RawStream, Stream};
+use crate::dtype::{DataType, RedOp};
+use crate::error::{Error, Result};
+
+use super::super::oob::Oob;
+use super::super::stop::Awaited;
+use super::steps::{self, Bufs};
+
+/// The word of each rank's flag buffer that the last rank stores when it is
+/// done with the rank's buffers.
+const DONE: u64 = 0;
+pub(super) const FLAG_BYTES: usize = 64;
+
+/// One rank's arrival at a call that the last rank runs: its buffers, and
+/// `token` (the event recorded on its stream) to wait for.
+#[derive(Debug)]
+pub(crate) struct Arrival<E> {
+    pub rank: usize,
+    pub bufs: Bufs,
+    pub token: E,
+}
+
+/// What coming to a call means for one rank.
+#[derive(Debug)]
+pub(crate) enum Turn<E> {
+    /// Others have yet to come: this rank's token is taken, and its stream
+    /// waits for the last rank's DONE.
+    Early,
+    /// Every other rank has come (the list): this rank runs the call.
+    Last(Vec<Arrival<E>>),
+    /// Every rank runs its own kernels (the first to come was capturing a
+    /// CUDA graph).
+    Kernels,
+    /// The call cannot run (the ranks were called differently); the ranks
+    /// in `release` came earlier and their streams wait for a DONE that
+    /// must now be stored without the work.
+    Failed { msg: String, release: Vec<usize> },
+}
+
+struct Open<E> {
+    /// Decided by the first rank to come: not capturing.
+    direct: bool,
+    what: String,
+    came: usize,
+    waiting: Vec<Arrival<E>>,
+    failed: Option<String>,
+}
+
+/// The calls of one communicator's ranks in this process, by number.
+pub(crate) struct Calls<E> {
+    nranks: usize,
+    open: BTreeMap<u64, Open<E>>,
+    /// Errors for ranks whose call failed after they had come (they were
+    /// told it ran): each rank's next call reports its own.
+    owed: Vec<Option<String>>,
+}
+
+impl<E> Calls<E> {
+    pub fn new(nranks: usize) -> Calls<E> {
+        Calls {
+            nranks,
+            open: BTreeMap::new(),
+            owed: (0..nranks).map(|_| None).collect(),
+        }
+    }
+
+    /// An error owed to `rank` from an earlier call, once.
+    pub fn take_owed(&mut self, rank: usize) -> Option<String> {
+        self.owed.get_mut(rank).and_then(Option::take)
+    }
+
+    /// `rank` comes to call `seq`, described as `what`. `token` is made
+    /// (under the caller's lock, before any other rank can take it) only
+    /// when this rank comes early to a call that runs this way. Where the
+    /// first rank to come is capturing a graph, or `timed` (the profiler
+    /// wants its kernels' channel times, which only the ring kernels
+    /// write), every rank runs its kernels.
+    #[allow(clippy::too_many_arguments)] // one arrival's whole description
+    pub fn arrive(
+        &mut self,
+        rank: usize,
+        seq: u64,
+        what: &str,
+        capturing: bool,
+        timed: bool,
+        bufs: Bufs,
+        token: impl FnOnce() -> Result<E>,
+    ) -> Result<Turn<E>> {
+        let nranks = self.nranks;
+        let open = self.open.entry(seq).or_insert_with(|| Open {
+            direct: !capturing && !timed,
+            what: what.to_string(),
+            came: 0,
+            waiting: Vec::new(),
+            failed: None,
+        });
+        open.came += 1;
+        let last = open.came == nranks;
+        let turn = if let Some(msg) = &open.failed {
+            Turn::Failed {
+                msg: msg.clone(),
+                release: Vec::new(),
+            }
+        } else if open.what != what || (open.direct && capturing) {
+            let msg = if open.what != what {
+                format!(
+                    "collective #{seq} on a GPU shared by {nranks} ranks of one process: rank {rank} called {what}, an earlier rank {}",
+                    open.what
+                )
+            } else {
+                format!(
+                    "collective #{seq} on a GPU shared by {nranks} ranks of one process: rank {rank} captures it into a CUDA graph, and an earlier rank ran it at once; every rank must capture it or none"
+                )
+            };
+            let release: Vec<usize> = open.waiting.drain(..).map(|a| a.rank).collect();
+            for &r in &release {
+                self.owed[r] = Some(msg.clone());
+            }
+            open.failed = Some(msg.clone());
+            Turn::Failed { msg, release }
+        } else if !open.direct {
+            Turn::Kernels
+        } else if last {
+            Turn::Last(std::mem::take(&mut open.waiting))
+        } else {
+            open.waiting.push(Arrival {
+                rank,
+                bufs,
+                token: token()?,
+            });
+            Turn::Early
+        };
+        if last {
+            self.open.remove(&seq);
+        }
+        Ok(turn)
+    }
+}
+
+/// What the ranks of one communicator in this process share.
+struct Rendezvous {
+    calls: Mutex<Calls<Event>>,
+    /// Each rank's DONE word.
+    done: Vec<u64>,
+    /// Events no call holds, for the next early ranks.
+    spare: Mutex<Vec<Event>>,
+}
+
+/// Communicators being set up, by the key their rank 0 drew.
+static SETTING_UP: Mutex<Option<HashMap<u64, Weak<Rendezvous>>>> = Mutex::new(None);
+
+pub(crate) struct LocalGpu {
+    ctx: Arc<Context>,
+    me: usize,
+    nranks: usize,
+    /// Calls made so far, the same count on every rank.
+    seq: u64,
+    rv: Arc<Rendezvous>,
+    awaited: Awaited,
+    own: DeviceBuffer,
+}
+
+fn poisoned() -> Error {
+    Error::Internal("shared-GPU rendezvous lock poisoned".into())
+}
+
+impl LocalGpu {
+    /// Every rank calls it, each on its own thread (or together through
+    /// `oob`'s exchange).
+    pub fn setup(ctx: &Arc<Context>, oob: &dyn Oob) -> Result<LocalGpu> {
+        let (me, nranks) = (oob.rank(), oob.nranks());
+        let own = DeviceBuffer::alloc(ctx, FLAG_BYTES)?;
+        own.fill_bytes(0)?;
+        let mut mine = rand::random::<u64>().to_le_bytes().to_vec();
+        mine.extend_from_slice(&own.ptr().to_le_bytes());
+        let all = oob.allgather(&mine)?;
+        let word = |b: &Vec<u8>, at: usize| -> Result<u64> {
+            b.get(at..at + 8)
+                .and_then(|w| w.try_into().ok())
+                .map(u64::from_le_bytes)
+                .ok_or_else(|| Error::Internal("a rank sent no flag address".into()))
+        };
+        let key = word(&all[0], 0)?;
+        let done = all
+            .iter()
+            .map(|b| word(b, 8).map(|p| p + DONE))
+            .collect::<Result<Vec<u64>>>()?;
+        let rv = {
+            let mut reg = SETTING_UP.lock().map_err(|_| poisoned())?;
+            let reg = reg.get_or_insert_with(HashMap::new);
+            reg.retain(|_, w| w.strong_count() > 0);
+            match reg.get(&key).and_then(Weak::upgrade) {
+                Some(rv) => rv,
+                None => {
+                    let rv = Arc::new(Rendezvous {
+                        calls: Mutex::new(Calls::new(nranks)),
+                        done,
+                        spare: Mutex::new(Vec::new()),
+                    });
+                    reg.insert(key, Arc::downgrade(&rv));
+                    rv
+                }
+            }
+        };
+        // Every rank holds it now: the registry's entry can go.
+        oob.allgather(&[])?;
+        if me == 0 {
+            if let Some(reg) = SETTING_UP.lock().map_err(|_| poisoned())?.as_mut() {
+                reg.remove(&key);
+            }
+        }
+        Ok(LocalGpu {
+            ctx: ctx.clone(),
+            me,
+            nranks,
+            seq: 0,
+            rv,
+            awaited: Awaited::default(),
+            own,
+        })
+    }
+
+    /// As the processes' path: stores what this rank's stream waits for.
+    pub fn release(&self) -> Result<()> {
+        let stream = Stream::new(&self.ctx)?;
+        for (off, v) in self.awaited.releases() {
+            #[allow(unsafe_code)]
+            // SAFETY: the word is in this rank's own flag buffer, which
+            // lives until the communicator goes (that synchronizes the
+            // context first).
+            unsafe {
+                stream.handle().write_u32(self.own.ptr() + off, v)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn event(&self) -> Result<Event> {
+        let spare = self.rv.spare.lock().map_err(|_| poisoned())?.pop();
+        match spare {
+            Some(e) => Ok(e),
+            None => Event::new(&self.ctx, false),
+        }
+    }
+
+    /// Runs `coll` over every rank's buffers, or returns `false` when every
+    /// rank runs its own kernels for it (all ranks return the same).
+    /// `timed`: this rank's launches are timed for the profiler.
+    #[allow(clippy::too_many_arguments)] // one collective's whole description
+    pub fn run(
+        &mut self,
+        timed: bool,
+        kernels: &KernelSet,
+        coll: Coll,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: RedOp,
+        stream: RawStream,
+    ) -> Result<bool> {
+        if let Some(msg) = self
+            .rv
+            .calls
+            .lock()
+            .map_err(|_| poisoned())?
+            .take_owed(self.me)
+        {
+            return Err(Error::InvalidUsage(format!(
+                "{msg} (reported by rank {}'s next call)",
+                self.me
+            )));
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        let flag = seq as u32;
+        let what = format!("{} of {count} x {dtype:?} ({op:?})", super::describe(coll));
+        let capturing = stream.is_capturing()?;
+        let turn = {
+            let mut calls = self.rv.calls.lock().map_err(|_| poisoned())?;
+            calls.arrive(
+                self.me,
+                seq,
+                &what,
+                capturing,
+                timed,
+                Bufs { send, recv },
+                || {
+                    let e = self.event()?;
+                    e.record(stream)?;
+                    Ok(e)
+                },
+            )?
+        };
+        match turn {
+            Turn::Kernels => Ok(false),
+            Turn::Early => {
+                #[allow(unsafe_code)]
+                // SAFETY: the word is in this rank's flag buffer, alive
+                // until the communicator goes (which synchronizes first).
+                unsafe {
+                    stream.wait_u32(self.rv.done[self.me], flag)?;
+                }
+                self.awaited.wait(DONE, flag);
+                Ok(true)
+            }
+            Turn::Failed { msg, release } => {
+                if !release.is_empty() {
+                    let side = Stream::new(&self.ctx)?;
+                    for r in release {
+                        #[allow(unsafe_code)]
+                        // SAFETY: rank r's flag word, alive while r's
+                        // communicator is, which waits for its stream.
+                        unsafe {
+                            side.handle().write_u32(self.rv.done[r], flag)?;
+                        }
+                    }
+                }
+                Err(Error::InvalidUsage(msg))
+            }
+            Turn::Last(waiting) => {
+                let mut bufs = vec![Bufs { send: 0, recv: 0 }; self.nranks];
+                bufs[self.me] = Bufs { send, recv };
+                for a in &waiting {
+                    bufs[a.rank] = a.bufs;
+                    a.token.wait_on(stream)?;
+                }
+                let r = (|| {
+                    for s in steps::steps(coll, &bufs, count, dtype.size(), self.me) {
+                        let (o, i) = (&s.outputs, &s.inputs);
+                        kernels.reduce(o, i, count, dtype, op, self.nranks, s.flags, stream)?;
+                    }
+                    Ok(())
+                })();
+                // The earlier ranks' streams go on even where a launch
+                // failed: the error is this call's.
+                for a in &waiting {
+                    #[allow(unsafe_code)]
+                    // SAFETY: rank a.rank's DONE word, alive while its
+                    // communicator is, which waits for its stream.
+                    unsafe {
+                        stream.write_u32(self.rv.done[a.rank], flag)?;
+                    }
+                }
+                let mut spare = self.rv.spare.lock().map_err(|_| poisoned())?;
+                spare.extend(waiting.into_iter().map(|a| a.token));
+                r.map(|()| true)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(r: u64) -> Bufs {
+        Bufs {
+            send: r << 32,
+            recv: r << 32 | 8,
+        }
+    }
+
+    #[test]
+    fn the_last_rank_to_come_runs_each_call_whatever_the_order() {
+        let mut c: Calls<usize> = Calls::new(3);
+        // Call 1: ranks 2, 0, 1; call 2 opened by rank 0 before call 1 ends.
+        assert!(matches!(
+            c.arrive(2, 1, "ar", false, false, b(2), || Ok(21)).unwrap(),
+            Turn::Early
+        ));
+        assert!(matches!(
+            c.arrive(0, 1, "ar", false, false, b(0), || Ok(1)).unwrap(),
+            Turn::Early
+        ));
+        assert!(matches!(
+            c.arrive(0, 2, "bc", false, false, b(0), || Ok(2)).unwrap(),
+            Turn::Early
+        ));
+        match c
+            .arrive(1, 1, "ar", false, false, b(1), || {
+                panic!("the last rank makes no token")
+            })
+            .unwrap()
+        {
+            Turn::Last(w) => {
+                let got: Vec<(usize, Bufs, usize)> =
+                    w.iter().map(|a| (a.rank, a.bufs, a.token)).collect();
+                assert_eq!(got, vec![(2, b(2), 21), (0, b(0), 1)]);
+            }
+            t => panic!("{t:?}"),
+        }
+        assert!(matches!(
+            c.arrive(1, 2, "bc", false, false, b(1), || Ok(12)).unwrap(),
+            Turn::Early
+        ));
+        assert!(
+            matches!(c.arrive(2, 2, "bc", false, false, b(2), || Ok(0)).unwrap(), Turn::Last(w) if w.len() == 2)
+        );
+        assert!(c.open.is_empty());
+    }
+
+    #[test]
+    fn a_call_the_first_rank_captures_runs_on_kernels_everywhere() {
+        let mut c: Calls<()> = Calls::new(2);
+        assert!(matches!(
+            c.arrive(1, 1, "ar", true, false, b(1), || panic!())
+                .unwrap(),
+            Turn::Kernels
+        ));
+        assert!(matches!(
+            c.arrive(0, 1, "ar", false, false, b(0), || panic!())
+                .unwrap(),
+            Turn::Kernels
+        ));
+        assert!(c.open.is_empty());
+    }
+
+    #[test]
+    fn a_call_the_first_rank_times_runs_on_kernels_everywhere() {
+        let mut c: Calls<()> = Calls::new(2);
+        assert!(matches!(
+            c.arrive(0, 1, "ar", false, true, b(0), || panic!())
+                .unwrap(),
+            Turn::Kernels
+        ));
+        assert!(matches!(
+            c.arrive(1, 1, "ar", false, false, b(1), || panic!())
+                .unwrap(),
+            Turn::Kernels
+        ));
+        // A later rank timed where the first was not: it runs the call
+        // without channel times, no failure.
+        assert!(matches!(
+            c.arrive(1, 2, "ar", false, false, b(1), || Ok(())).unwrap(),
+            Turn::Early
+        ));
+        assert!(matches!(
+            c.arrive(0, 2, "ar", false, true, b(0), || Ok(())).unwrap(),
+            Turn::Last(_)
+        ));
+    }
+
+    #[test]
+    fn a_mismatch_fails_every_rank_and_releases_the_early_ones() {
+        let mut c: Calls<()> = Calls::new(3);
+        assert!(matches!(
+            c.arrive(0, 1, "ar", false, false, b(0), || Ok(())).unwrap(),
+            Turn::Early
+        ));
+        match c.arrive(1, 1, "bc", false, false, b(1), || Ok(())).unwrap() {
+            Turn::Failed { msg, release } => {
+                assert_eq!(release, vec![0]);
+                assert!(
+                    msg.contains("rank 1 called bc, an earlier rank ar"),
+                    "{msg}"
+                );
+            }
+            t => panic!("{t:?}"),
+        }
+        // The third rank is told too, and nothing is left open.
+        assert!(
+            matches!(c.arrive(2, 1, "ar", false, false, b(2), || Ok(())).unwrap(), Turn::Failed { release, .. } if release.is_empty())
+        );
+        assert!(c.open.is_empty());
+        assert!(c.take_owed(0).unwrap().contains("rank 1 called bc"));
+        assert_eq!(c.take_owed(0), None, "owed once");
+        assert_eq!(c.take_owed(1), None, "rank 1 got its error at once");
+        // A capture after an eager start is a mismatch too.
+        assert!(matches!(
+            c.arrive(0, 2, "ar", false, false, b(0), || Ok(())).unwrap(),
+            Turn::Early
+        ));
+        assert!(
+            matches!(c.arrive(1, 2, "ar", true, false, b(1), || Ok(())).unwrap(), Turn::Failed { msg, .. } if msg.contains("capture"))
+        );
+    }
+}
