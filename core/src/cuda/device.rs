@@ -48,6 +48,7 @@ const SYMBOLS: &[&str] = &[
     "cuIpcCloseMemHandle",
     "cuModuleLoadData",
     "cuModuleGetFunction",
+    "cuFuncGetAttribute",
     "cuModuleUnload",
     "cuLaunchKernel",
     "cuStreamGetCaptureInfo_v3",

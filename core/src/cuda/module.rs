@@ -50,6 +50,24 @@ impl Module {
             unsafe { sys::cuModuleGetFunction(&mut f, self.raw, name.as_ptr()) },
             format!("cuModuleGetFunction({symbol})"),
         )?;
+        // Under lazy loading (CUDA_MODULE_LOADING=LAZY, the default since
+        // CUDA 12.2) the function would be loaded at its first launch, which
+        // waits for the context's queued work: with a stream of this context
+        // blocked on a word only that launch's work stores (ranks of one
+        // process on one GPU), it never returns. Asking an attribute loads
+        // it now.
+        let mut regs = 0;
+        check(
+            // SAFETY: a valid out-pointer and a function just returned.
+            unsafe {
+                sys::cuFuncGetAttribute(
+                    &mut regs,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS,
+                    f,
+                )
+            },
+            format!("cuFuncGetAttribute({symbol})"),
+        )?;
         Ok(f)
     }
 }

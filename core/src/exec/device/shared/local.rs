@@ -297,6 +297,10 @@ impl LocalGpu {
                 self.me
             )));
         }
+        // Loading a datatype's module waits for the context's queued work,
+        // so it must not happen while a rank's stream waits for this call's
+        // DONE: every rank loads it before it comes.
+        kernels.prepare(dtype)?;
         self.seq += 1;
         let seq = self.seq;
         let flag = seq as u32;
