@@ -19,6 +19,7 @@ fn main() {
         "profiler_null_ctx",
         "net_v7_shim",
         "net_v6_shim",
+        "net_v10_prof_shim",
         "env_fixture",
         "env_fixture_v1",
     ] {

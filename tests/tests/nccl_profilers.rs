@@ -304,10 +304,37 @@ fn check_example(lib: &Path, dir: &Path) {
             .collect();
         assert_eq!(appends.len(), 5, "rank {rank}: one per call: {appends:?}");
         assert!(appends.iter().all(|&a| a >= 1), "rank {rank}: {appends:?}");
+        // Network events through the net plugin's profiler callback
+        // (mask 4095 has ncclProfileNetPlugin): the socket network reports
+        // one per socket transfer in NCCL's socket layout, which the
+        // example prints inside the proxy step that posted it.
+        let socks: Vec<&(&Node, Option<&Node>)> =
+            all.iter().filter(|(n, _)| n.cat == "NET_SOCK").collect();
+        assert!(!socks.is_empty(), "rank {rank}: no NET_SOCK events");
+        let mut parents: Vec<&str> = socks
+            .iter()
+            .map(|(_, p)| p.map_or("none", |p| p.name.as_str()))
+            .collect();
+        parents.sort();
+        parents.dedup();
+        // The example prints a step's network events inside its wait
+        // interval (the network has the transfer).
+        assert!(
+            parents.iter().all(|p| ["SendWait", "RecvWait"].contains(p)),
+            "rank {rank}: {parents:?}"
+        );
+        for (n, _) in &socks {
+            assert_eq!(n.name, "Sock", "{n:?}");
+            assert!(n.args["sock"].as_i64().unwrap() > 0, "{n:?}");
+            assert!(n.args["size"].as_u64().unwrap() > 0, "{n:?}");
+            assert!([0, 1].contains(&n.args["op"].as_u64().unwrap()), "{n:?}");
+            assert!(n.e >= n.b, "{n:?}");
+        }
         eprintln!(
-            "rank {rank}: {} events, {proxy} proxy ops, {} proxy-control events (appended {appends:?})",
+            "rank {rank}: {} events, {proxy} proxy ops, {} proxy-control events (appended {appends:?}), {} socket events (inside {parents:?})",
             all.len(),
-            ctrl.len()
+            ctrl.len(),
+            socks.len()
         );
     }
 }

@@ -1095,3 +1095,226 @@ fn profiler_v5_proxy_events_follow_nccl() {
         assert_eq!(under.get("P2p"), Some(&2), "rank {}: {under:?}", f.rank);
     }
 }
+
+/// Network events through the net plugin's profiler callback, as NCCL
+/// defines them (src/plugin/profiler.cc's ncclProfilerCallback, src/
+/// transport/net_socket.cc): with NCCL_PROFILE_NET_PLUGIN (128) in the
+/// mask, the socket network reports one event per socket transfer (the
+/// control socket's inline message, or each stripe of a large one on a
+/// data socket), id NCCL_PROFILER_NET_TYPE_SOCK | 1 with NCCL's socket
+/// descriptor (type ncclProfileSocket, fd, op 0 send / 1 receive, length),
+/// each a child of the proxy step that posted the operation, on the same
+/// rank, started and stopped inside it. Every step has at least one. With
+/// the mask lacking the bit there are none. Returns (steps, net events)
+/// per rank for the counts in docs/PERF.md.
+fn net_plugin_events(name: &str, env: &[(&str, &str)], mask: i32) -> Vec<(usize, usize)> {
+    let (mask_s, lib) = (mask.to_string(), fixture("profiler_tree"));
+    let mut vars: Vec<(&str, &str)> = vec![
+        ("NCCL_PROFILER_PLUGIN", &lib),
+        ("FIXTURE_PROFILER_MASK", &mask_s),
+        // The network path, where NCCL has proxy steps.
+        ("NCCL_SHM_DISABLE", "1"),
+    ];
+    vars.extend_from_slice(env);
+    let done = spawn_with(name, &vars);
+    let mut counts = Vec::new();
+    for f in &done {
+        let evs = tree_of(&f.stderr);
+        let net: Vec<&TreeEvent> = evs.values().filter(|e| e.kind == "NetPlugin").collect();
+        let steps: Vec<(&u64, &TreeEvent)> =
+            evs.iter().filter(|(_, e)| e.kind == "ProxyStep").collect();
+        assert!(!steps.is_empty(), "rank {}: no proxy steps", f.rank);
+        if mask & 128 == 0 {
+            assert!(net.is_empty(), "mask {mask}, rank {}: {net:?}", f.rank);
+            counts.push((steps.len(), 0));
+            continue;
+        }
+        for e in &net {
+            let step = &evs[&(e.parent as u64)];
+            assert_eq!(step.kind, "ProxyStep", "rank {}: {e:?}", f.rank);
+            let rank = f.rank.to_string();
+            assert_eq!((&e.fields["rank"], &step.fields["rank"]), (&rank, &rank));
+            assert_eq!(e.fields["id"], "0x20001", "{e:?}");
+            assert_eq!(e.fields["sock_type"], "1", "{e:?}");
+            assert!(e.fields["fd"].parse::<i32>().unwrap() > 0, "{e:?}");
+            assert!(e.fields["length"].parse::<usize>().unwrap() > 0, "{e:?}");
+            let op = &evs[&(step.parent as u64)];
+            let want_op = if op.fields["send"] == "1" { "0" } else { "1" };
+            assert_eq!(e.fields["op"], want_op, "{e:?} under {op:?}");
+            assert!(
+                e.started_at > step.started_at && e.stopped_at.is_some(),
+                "{e:?} in {step:?}"
+            );
+            assert!(e.stopped_at < step.stopped_at, "{e:?} in {step:?}");
+        }
+        for (id, s) in &steps {
+            assert!(
+                net.iter().any(|e| e.parent == **id as i64),
+                "rank {}: a step without a socket event: {s:?}",
+                f.rank
+            );
+        }
+        if f.rank == 0 {
+            let mut lens: Vec<String> = net
+                .iter()
+                .map(|e| format!("{}:{}", e.fields["op"], e.fields["length"]))
+                .collect();
+            lens.sort();
+            lens.dedup();
+            println!("mask {mask}, rank 0 socket events (op:length): {lens:?}");
+        }
+        counts.push((steps.len(), net.len()));
+    }
+    counts
+}
+
+/// Sizes that travel inline on the control socket and one that is striped
+/// over data sockets (when the network has helper threads).
+fn all_reduces_small_and_large(r: oxccl_tests::Rank) {
+    let comm = r.comm(&[]);
+    for size in [64usize << 10, 1 << 20] {
+        let mut buf = vec![0u8; size];
+        comm.all_reduce(None, &mut buf, DataType::Float32, RedOp::Sum)
+            .unwrap();
+    }
+    comm.destroy().unwrap();
+}
+
+#[test]
+fn net_plugin_events_of_the_builtin_socket_net_follow_nccl() {
+    let name = "net_plugin_events_of_the_builtin_socket_net_follow_nccl";
+    if as_child(name, all_reduces_small_and_large) {
+        return;
+    }
+    let inline = net_plugin_events(name, &[], 16 | 128);
+    // Helper threads: large messages go in stripes over data sockets.
+    let striped = net_plugin_events(
+        name,
+        &[
+            ("NCCL_SOCKET_NTHREADS", "2"),
+            ("NCCL_NSOCKS_PERTHREAD", "2"),
+        ],
+        16 | 128,
+    );
+    let none = net_plugin_events(name, &[], 8 | 16);
+    println!("built-in socket net, (steps, net events) per rank: inline {inline:?}, striped {striped:?}, without the bit {none:?}");
+    for ((s, n), (s2, n2)) in inline.iter().zip(&striped) {
+        // Inline: one event per step; striped: more for the large steps.
+        assert_eq!(s, n, "inline: one socket event per step");
+        assert!(n2 > s2, "striped: several socket events per large step");
+    }
+}
+
+#[test]
+fn net_plugin_events_of_the_socket_plugin_library_follow_nccl() {
+    let name = "net_plugin_events_of_the_socket_plugin_library_follow_nccl";
+    if as_child(name, all_reduces_small_and_large) {
+        return;
+    }
+    let Some(p) = plugin_path() else {
+        println!("skipped: liboxccl_net_socket.so was not built beside the tests (cargo build --workspace builds it)");
+        return;
+    };
+    let lib = p.to_str().unwrap();
+    let env = [
+        ("NCCL_NET_PLUGIN", lib),
+        ("NCCL_SOCKET_NTHREADS", "2"),
+        ("NCCL_NSOCKS_PERTHREAD", "2"),
+    ];
+    let got = net_plugin_events(name, &env, 16 | 128);
+    let none = net_plugin_events(name, &env, 8 | 16);
+    println!(
+        "socket plugin library, (steps, net events) per rank: {got:?}, without the bit {none:?}"
+    );
+    for (s, n) in &got {
+        assert!(n > s, "striped: several socket events per large step");
+    }
+}
+
+/// The profiler handle oxccl passes with each isend/irecv stays valid as
+/// long as the ABI promises, and events a plugin stops late still reach
+/// the right event: the v10 fixture shim (tests/fixtures/
+/// net_v10_prof_shim.c, over the socket plugin) starts event A with the
+/// handle in isend/irecv and event B with it inside the test() that finds
+/// the request done, then stops both only at its next call after that
+/// test() (A with UpdateAndStop carrying the size), when oxccl may have
+/// ended the step and dropped the task. Every step gets exactly A and B,
+/// both children of it; A's one state is the update (21) with the size;
+/// each is stopped once (tree_of refuses a second stop). Without the
+/// NetPlugin bit the shim gets no handle and nothing is reported.
+#[test]
+fn net_plugin_profiler_handles_outlive_their_requests() {
+    let name = "net_plugin_profiler_handles_outlive_their_requests";
+    if as_child(name, every_collective("fixture-prof-shim")) {
+        return;
+    }
+    let Some(inner) = plugin_path() else {
+        println!("skipped: liboxccl_net_socket.so was not built beside the tests (cargo build --workspace builds it)");
+        return;
+    };
+    let (shim, prof) = (fixture("net_v10_prof_shim"), fixture("profiler_tree"));
+    for mask in ["144", "16"] {
+        let done = spawn_with(
+            name,
+            &[
+                ("NCCL_NET_PLUGIN", &shim),
+                ("FIXTURE_INNER_NET", inner.to_str().unwrap()),
+                ("NCCL_PROFILER_PLUGIN", &prof),
+                ("FIXTURE_PROFILER_MASK", mask),
+                ("NCCL_SHM_DISABLE", "1"),
+            ],
+        );
+        for f in &done {
+            let evs = tree_of(&f.stderr);
+            let net: Vec<(&u64, &TreeEvent)> =
+                evs.iter().filter(|(_, e)| e.kind == "NetPlugin").collect();
+            let steps: Vec<(&u64, &TreeEvent)> =
+                evs.iter().filter(|(_, e)| e.kind == "ProxyStep").collect();
+            assert!(!steps.is_empty(), "rank {}", f.rank);
+            if mask == "16" {
+                assert!(net.is_empty(), "rank {}: {net:?}", f.rank);
+                continue;
+            }
+            let updates: std::collections::HashMap<u64, i64> = f
+                .stderr
+                .lines()
+                .filter_map(|l| l.strip_prefix("tree netupdate "))
+                .map(|l| {
+                    let mut w = l.split_whitespace().map(|x| x.parse::<i64>().unwrap());
+                    (w.next().unwrap() as u64, w.next().unwrap())
+                })
+                .collect();
+            let mut late = 0;
+            for (id, s) in &steps {
+                let kids: Vec<(&u64, &TreeEvent)> = net
+                    .iter()
+                    .copied()
+                    .filter(|(_, e)| e.parent == **id as i64)
+                    .collect();
+                assert_eq!(kids.len(), 2, "rank {}: A and B under {s:?}", f.rank);
+                let (a, b) = (kids[0], kids[1]);
+                assert!(a.1.started_at < b.1.started_at);
+                assert_eq!(a.1.states, [21], "{a:?}");
+                assert!(b.1.states.is_empty(), "{b:?}");
+                assert!(updates[a.0] > 0, "the size in A's update: {a:?}");
+                for (_, e) in [a, b] {
+                    assert_eq!(e.fields["id"], "0x7f0001", "{e:?}");
+                    assert_eq!(e.fields["rank"], f.rank.to_string(), "{e:?}");
+                    assert!(
+                        e.started_at > s.started_at && e.stopped_at.is_some(),
+                        "{e:?}"
+                    );
+                    late += (e.stopped_at > s.stopped_at) as usize;
+                }
+            }
+            assert_eq!(net.len(), 2 * steps.len(), "rank {}", f.rank);
+            assert!(late > 0, "rank {}: no event stopped after its step", f.rank);
+            println!(
+                "rank {}: {} steps, {} net events, {late} stopped after their step ended",
+                f.rank,
+                steps.len(),
+                net.len()
+            );
+        }
+    }
+}

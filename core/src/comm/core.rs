@@ -350,7 +350,7 @@ impl Core {
             bootstrap: &self.bootstrap,
             prof: self
                 .profiler
-                .as_deref()
+                .as_ref()
                 .filter(|_| mask & PROXY_OP_BITS != 0)
                 .map(|comm| ProxyProfiler { comm, mask }),
             ctrl: self.profiler.as_deref(),

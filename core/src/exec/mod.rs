@@ -31,7 +31,7 @@ use oxccl_plugin::Request;
 use crate::algo::{Buf, Step};
 use crate::bootstrap::{Bootstrap, PeerProgress};
 use crate::error::{Error, Result};
-use crate::plugin::profiler::{Handle, ProfilerComm, ProxyCtrl};
+use crate::plugin::profiler::{Handle, NetParent, ProfilerComm, ProxyCtrl};
 use crate::reduce::Reducer;
 use header::{OpHeader, HEADER_BYTES};
 use mem::{OpBuffers, Span};
@@ -247,6 +247,19 @@ struct Task {
     send_ev: Handle,
     recv_op: usize,
     recv_ev: Handle,
+    /// The profiler handles passed with the send and the receive (only
+    /// when the mask asks for network events): kept until the task is
+    /// done, past its requests' completion and its steps' end.
+    send_ph: Option<Box<NetParent>>,
+    recv_ph: Option<Box<NetParent>>,
+}
+
+/// A receive's proxy step, started before its `irecv`: kept here while the
+/// network has not taken the receive (declined, or the call is under way).
+struct PendingRecv {
+    op: usize,
+    ev: Handle,
+    ph: Option<Box<NetParent>>,
 }
 
 struct LaneState<'a> {
@@ -264,6 +277,9 @@ struct LaneState<'a> {
     slot_bytes: usize,
     done: bool,
     prof: Option<Proxies<'a>>,
+    /// The step of the next receive, when the network declined it: the
+    /// same slice is offered again (the cursor stays).
+    pending_recv: Option<PendingRecv>,
 }
 
 type Progress = Result<bool>;
@@ -284,6 +300,7 @@ impl<'a> LaneState<'a> {
             slot_bytes: HEADER_BYTES + lane.slice_bytes,
             done: false,
             prof,
+            pending_recv: None,
         }
     }
 
@@ -354,6 +371,8 @@ impl<'a> LaneState<'a> {
                 send_ev: Handle::NONE,
                 recv_op: NO_OP,
                 recv_ev: Handle::NONE,
+                send_ph: None,
+                recv_ph: None,
             };
             if let Some(peer) = step.recv {
                 task.prefixed = !self.hdr_recv_posted.contains(&peer);
@@ -394,20 +413,41 @@ impl<'a> LaneState<'a> {
                 let mr = c
                     .mr(post, whole, scope)
                     .map_err(|e| reg_err(e, "receive from", peer, whole, &lane.label))?;
+                if self.pending_recv.is_none() {
+                    let (op, ev, ph) = match &mut self.prof {
+                        Some(p) => {
+                            let (op, ev) = p.recv_step(step_no, peer, post.len);
+                            (op, ev, p.net_parent(ev))
+                        }
+                        None => (NO_OP, Handle::NONE, None),
+                    };
+                    self.pending_recv = Some(PendingRecv { op, ev, ph });
+                }
+                let prof = self
+                    .pending_recv
+                    .as_ref()
+                    .and_then(|r| r.ph.as_ref())
+                    .and_then(|ph| ph.prof());
                 // SAFETY: the span is a bounds-checked user or staging buffer
                 // that nothing else touches until this task completes; `mr`
-                // is this connection's registration covering it.
+                // is this connection's registration covering it. The
+                // profiler handle lives in the task until it is done.
                 #[allow(unsafe_code)]
-                let req = unsafe { c.comm().irecv(post.ptr, post.len, 0, Some(mr)) }
-                    .map_err(|e| net_err(e, "receive from", peer, lane))?;
+                let req = unsafe {
+                    c.comm()
+                        .irecv_profiled(post.ptr, post.len, 0, Some(mr), prof)
+                }
+                .map_err(|e| net_err(e, "receive from", peer, lane))?;
                 let Some(req) = req else { break };
                 if task.prefixed {
                     self.hdr_recv_posted.push(peer);
                 }
                 task.recv_req = Some(req);
                 task.recv_span = Some(data);
+                let r = self.pending_recv.take().expect("set above");
+                (task.recv_op, task.recv_ev, task.recv_ph) = (r.op, r.ev, r.ph);
                 if let Some(p) = &mut self.prof {
-                    (task.recv_op, task.recv_ev) = p.recv_posted(step_no, peer, post.len);
+                    p.recv_posted(r.op, post.len);
                 }
             }
             if let (Some(p), Some(peer)) = (&mut self.prof, step.send) {
@@ -565,14 +605,19 @@ impl<'a> LaneState<'a> {
                 .map_err(|e| reg_err(e, "send to", peer, whole, &lane.label))?;
             if let Some(p) = &self.prof {
                 p.send_ready(t.send_op, t.send_ev, out.len);
+                if t.send_ph.is_none() {
+                    t.send_ph = p.net_parent(t.send_ev);
+                }
             }
+            let prof = t.send_ph.as_ref().and_then(|ph| ph.prof());
             // SAFETY: the span stays valid and unchanged until the send
             // completes: the task holds its slots (first messages are built
             // in its send slot) and user regions being sent are not written
             // by later tasks; `mr` is this connection's registration
-            // covering it.
+            // covering it. The profiler handle lives in the task until it
+            // is done.
             #[allow(unsafe_code)]
-            let req = unsafe { c.comm().isend(out.ptr, out.len, 0, Some(mr)) }
+            let req = unsafe { c.comm().isend_profiled(out.ptr, out.len, 0, Some(mr), prof) }
                 .map_err(|e| net_err(e, "send to", peer, lane))?;
             match req {
                 Some(r) => {
@@ -619,6 +664,31 @@ impl<'a> LaneState<'a> {
             }
         }
         Ok(moved)
+    }
+
+    /// Hands the profiler handles of requests a failed operation left
+    /// posted to their connections, which free them once closed: the
+    /// network may still report under them until then.
+    fn park_handles(&mut self, lane: &mut Lane) {
+        for t in &mut self.tasks {
+            let step = lane.steps[t.step];
+            if t.recv_req.is_some() && !t.recv_done {
+                if let (Some(ph), Some(c)) = (
+                    t.recv_ph.take(),
+                    step.recv.and_then(|p| lane.recv.get_mut(&p)),
+                ) {
+                    c.park(ph);
+                }
+            }
+            if t.send_req.is_some() && !t.send_done {
+                if let (Some(ph), Some(c)) = (
+                    t.send_ph.take(),
+                    step.send.and_then(|p| lane.send.get_mut(&p)),
+                ) {
+                    c.park(ph);
+                }
+            }
+        }
     }
 
     /// Peers this lane is waiting on, for the timeout message.
@@ -733,17 +803,21 @@ pub fn run(lanes: &mut [Lane], ctx: &ExecCtx<'_>) -> Result<()> {
         .map(|l| LaneState::new(l, ctx.prof))
         .collect();
     let mut result = drive(lanes, &mut states, ctx, &mut ctrl);
-    for (lane, st) in lanes.iter_mut().zip(states) {
+    for (lane, mut st) in lanes.iter_mut().zip(states) {
         let settled = st.settled();
         let ended = end_registrations(lane, settled);
         if result.is_ok() {
             result = ended;
         }
+        if !settled {
+            st.park_handles(lane);
+        }
         if let Some(p) = st.prof {
             // A failed lane leaves events open: they end here, inside
             // their parents, as on success.
+            let pending = st.pending_recv.as_ref().map(|r| r.ev);
             let open = st.tasks.iter().flat_map(|t| [t.send_ev, t.recv_ev]);
-            p.finish(open);
+            p.finish(open.chain(pending));
         }
         lane.staging = st.slots;
     }

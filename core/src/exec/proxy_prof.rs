@@ -28,8 +28,12 @@ use oxccl_plugin::ffi::profiler::{
     NCCL_PROFILER_PROXY_STEP_SEND_WAIT,
 };
 
+use std::sync::Arc;
+
+use oxccl_plugin::ffi::profiler::NCCL_PROFILE_NET_PLUGIN;
+
 use super::Lane;
-use crate::plugin::profiler::{Event, Handle, ProfilerComm, StateArgs, PROXY_STEP_BITS};
+use crate::plugin::profiler::{Event, Handle, NetParent, ProfilerComm, StateArgs, PROXY_STEP_BITS};
 
 /// The op index of a task side that has no proxy op.
 pub const NO_OP: usize = usize::MAX;
@@ -38,7 +42,7 @@ pub const NO_OP: usize = usize::MAX;
 /// run (read once for the group, as NCCL copies it into each task).
 #[derive(Clone, Copy)]
 pub struct ProxyProfiler<'a> {
-    pub comm: &'a ProfilerComm,
+    pub comm: &'a Arc<ProfilerComm>,
     pub mask: i32,
 }
 
@@ -208,16 +212,35 @@ impl<'a> Proxies<'a> {
         self.maybe_stop(op);
     }
 
-    /// A receive was posted to the network.
-    pub fn recv_posted(&mut self, step: usize, peer: usize, bytes: usize) -> (usize, Handle) {
+    /// A receive is about to be posted to the network: its step starts
+    /// first (as NCCL's recvProxyProgress does), so that the network may
+    /// report events under it from the moment it has the receive.
+    pub fn recv_step(&mut self, step: usize, peer: usize, bytes: usize) -> (usize, Handle) {
         let op = self.index(step, peer, false);
         if op == NO_OP {
             return (NO_OP, Handle::NONE);
         }
-        let ev = self.begin_step(op, NCCL_PROFILER_PROXY_STEP_RECV_WAIT, bytes);
+        (
+            op,
+            self.begin_step(op, NCCL_PROFILER_PROXY_STEP_RECV_WAIT, bytes),
+        )
+    }
+
+    /// The receive of `recv_step` was posted.
+    pub fn recv_posted(&mut self, op: usize, bytes: usize) {
+        if op == NO_OP {
+            return;
+        }
         let posted = self.ops[op].posted;
         self.op_state(op, NCCL_PROFILER_PROXY_OP_RECV_POSTED, posted, bytes);
-        (op, ev)
+    }
+
+    /// The profiler handle of a network operation under step `ev`, when the
+    /// mask asks for network events (NCCL_PROFILE_NET_PLUGIN); else none,
+    /// and the network reports nothing.
+    pub fn net_parent(&self, ev: Handle) -> Option<Box<NetParent>> {
+        (self.p.mask & NCCL_PROFILE_NET_PLUGIN != 0)
+            .then(|| NetParent::new(self.p.comm.clone(), ev, self.p.mask))
     }
 
     /// The network completed the receive; the data waits to be used.

@@ -69,6 +69,10 @@ impl Registrar for dyn RecvComm {
 pub struct Conn<C: ?Sized + Registrar> {
     comm: Box<C>,
     regs: Vec<Entry>,
+    /// What requests left posted by a failed operation may still reach
+    /// (their profiler handles): freed after `comm`, i.e. after the plugin
+    /// closed the connection and can no longer use them.
+    parked: Vec<Box<dyn Send>>,
 }
 
 pub type SendConn = Conn<dyn SendComm>;
@@ -79,6 +83,7 @@ impl<C: ?Sized + Registrar> Conn<C> {
         Conn {
             comm,
             regs: Vec::new(),
+            parked: Vec::new(),
         }
     }
 
@@ -147,6 +152,12 @@ impl<C: ?Sized + Registrar> Conn<C> {
             }
         }
         first
+    }
+
+    /// Keeps `what` until the connection is closed: memory that a request
+    /// left posted (see [`Scope::Orphan`]) may still use.
+    pub fn park(&mut self, what: Box<dyn Send>) {
+        self.parked.push(what);
     }
 
     /// Registrations held now, for tests.

@@ -13,7 +13,7 @@ use std::os::raw::c_int;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use oxccl_plugin::{MrHandle, NetError, NetResult, PtrType, RecvComm, Request, SendComm};
+use oxccl_plugin::{MrHandle, NetError, NetProf, NetResult, PtrType, RecvComm, Request, SendComm};
 use oxccl_secure::{Key, Role, SecureError, Session};
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -487,9 +487,10 @@ fn post(
     addr: usize,
     size: usize,
     tag: i32,
+    prof: Option<NetProf>,
 ) -> NetResult<Option<Box<dyn Request>>> {
     let mut q = lock(queue)?;
-    let Some(id) = q.post(addr, size, tag)? else {
+    let Some(id) = q.post(addr, size, tag, prof)? else {
         return Ok(None);
     };
     // Start moving at once: a small send usually leaves in this call. A
@@ -556,7 +557,17 @@ impl SendComm for SocketSend {
         tag: i32,
         _mr: Option<MrHandle>,
     ) -> NetResult<Option<Box<dyn Request>>> {
-        post(&self.queue, data as usize, size, tag)
+        post(&self.queue, data as usize, size, tag, None)
+    }
+    unsafe fn isend_profiled(
+        &mut self,
+        data: *const u8,
+        size: usize,
+        tag: i32,
+        _mr: Option<MrHandle>,
+        prof: Option<NetProf>,
+    ) -> NetResult<Option<Box<dyn Request>>> {
+        post(&self.queue, data as usize, size, tag, prof)
     }
 }
 
@@ -575,7 +586,17 @@ impl RecvComm for SocketRecv {
         tag: i32,
         _mr: Option<MrHandle>,
     ) -> NetResult<Option<Box<dyn Request>>> {
-        post(&self.queue, data as usize, size, tag)
+        post(&self.queue, data as usize, size, tag, None)
+    }
+    unsafe fn irecv_profiled(
+        &mut self,
+        data: *mut u8,
+        size: usize,
+        tag: i32,
+        _mr: Option<MrHandle>,
+        prof: Option<NetProf>,
+    ) -> NetResult<Option<Box<dyn Request>>> {
+        post(&self.queue, data as usize, size, tag, prof)
     }
 }
 

@@ -15,13 +15,13 @@ use std::collections::VecDeque;
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::sync::{Arc, Mutex};
 
-use oxccl_plugin::{NetError, NetResult, Request};
+use oxccl_plugin::{NetError, NetEvent, NetProf, NetResult, Request};
 use oxccl_secure::session::{DIRECT_FROM, SEAL_BATCH};
 use oxccl_secure::Session;
 use socket2::Socket;
 
 use crate::connection::{io_error, secure_error, Io, Stream, MSG_NOSIGNAL};
-use crate::threads::{Job, Progress, Worker};
+use crate::threads::{sock_event, Job, Progress, Worker};
 
 /// Messages from this size on go to the helper threads; smaller ones ride
 /// inline on the control socket.
@@ -62,7 +62,12 @@ impl DataPath {
     }
 
     /// Hands the stripes of `size` bytes at `addr` to the helper threads.
-    fn dispatch(&mut self, addr: usize, size: usize) -> NetResult<Arc<Progress>> {
+    fn dispatch(
+        &mut self,
+        addr: usize,
+        size: usize,
+        prof: Option<NetProf>,
+    ) -> NetResult<Arc<Progress>> {
         let n = self.nsocks.min(size.div_ceil(MIN_STRIPE)).max(1);
         let nthreads = self.workers.len();
         let done = Progress::new(n);
@@ -74,6 +79,7 @@ impl DataPath {
                 addr: addr + a,
                 len: b - a,
                 done: done.clone(),
+                prof,
             })?;
         }
         self.next = (self.next + n) % self.nsocks;
@@ -97,6 +103,10 @@ struct Op {
     header_done: usize,
     payload_done: usize,
     stripes: Option<Arc<Progress>>,
+    /// The operation's profiler, and the event of its inline transfer on
+    /// the control socket while one runs.
+    prof: Option<NetProf>,
+    ev: Option<NetEvent>,
 }
 
 /// One direction of one connection: the operations posted on it, oldest first.
@@ -154,7 +164,13 @@ impl Queue {
     }
 
     /// Queues an operation; `None` when too many are outstanding.
-    pub fn post(&mut self, addr: usize, size: usize, tag: i32) -> NetResult<Option<u64>> {
+    pub fn post(
+        &mut self,
+        addr: usize,
+        size: usize,
+        tag: i32,
+        prof: Option<NetProf>,
+    ) -> NetResult<Option<u64>> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -186,6 +202,8 @@ impl Queue {
             header_done: 0,
             payload_done: 0,
             stripes: None,
+            prof,
+            ev: None,
         });
         Ok(Some(id))
     }
@@ -268,6 +286,10 @@ impl Queue {
     fn fail(&mut self, e: NetError) -> NetError {
         if self.failed.is_none() {
             self.failed = Some(e);
+            // A transfer that failed ends its event, as NCCL's does.
+            for op in &mut self.waiting {
+                op.ev = None;
+            }
             let _ = self.ctrl.shutdown(std::net::Shutdown::Both);
             self.data.shutdown();
         }
@@ -302,6 +324,8 @@ impl Queue {
                 self.waiting.push_front(op);
                 return Ok(());
             }
+            // The inline transfer is done: its event stops.
+            op.ev = None;
             if op.stripes.is_some() {
                 self.striping.push(op);
             } else {
@@ -319,6 +343,12 @@ impl Queue {
     fn step_send(&mut self, op: &mut Op) -> NetResult<bool> {
         let inline = self.inline(op.size);
         let len = if inline { op.size } else { 0 };
+        // A message moved on the control socket is one socket event (NCCL's
+        // main-thread transfer), started as it starts moving; a striped
+        // one's events are its stripes'.
+        if inline && op.ev.is_none() && op.prof.is_some() {
+            op.ev = sock_event(op.prof, &self.ctrl, true, op.size);
+        }
         #[allow(unsafe_code)]
         // SAFETY: isend's contract: `size` readable bytes at `addr`, unchanged
         // until the request completes; `len` is 0 or `size`.
@@ -373,7 +403,7 @@ impl Queue {
             }
         }
         if !inline {
-            op.stripes = Some(self.data.dispatch(op.addr, op.size)?);
+            op.stripes = Some(self.data.dispatch(op.addr, op.size, op.prof)?);
         }
         Ok(false)
     }
@@ -388,8 +418,13 @@ impl Queue {
             }
             self.check_header(op)?;
             if !self.inline(op.size) {
-                op.stripes = Some(self.data.dispatch(op.addr, op.size)?);
+                op.stripes = Some(self.data.dispatch(op.addr, op.size, op.prof)?);
                 return Ok(false);
+            }
+            // The size is known (NCCL starts its event after the size
+            // exchange too): the payload's transfer starts.
+            if op.prof.is_some() {
+                op.ev = sock_event(op.prof, &self.ctrl, false, op.size);
             }
         }
         #[allow(unsafe_code)]

@@ -15,7 +15,14 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use oxccl_plugin::NetError;
+use std::os::fd::AsRawFd;
+use std::os::raw::c_int;
+
+use oxccl_plugin::ffi::profiler::net_socket_v1::{
+    NetSockDescrV1, NetSockDetailV1, NetSockOpDescrV1, NCCL_PROFILE_SOCKET, NET_SOCKET_VER,
+};
+use oxccl_plugin::ffi::profiler::NCCL_PROFILER_NET_TYPE_SOCK;
+use oxccl_plugin::{NetError, NetEvent, NetProf};
 use socket2::Socket;
 
 use crate::connection::{io_error, Io, Stream, MSG_NOSIGNAL};
@@ -71,6 +78,33 @@ impl Progress {
     }
 }
 
+/// The net-plugin id of the events this network reports: NCCL's socket
+/// transport's (`NCCL_PROFILER_NET_TYPE_SOCK | 1`), so that profilers that
+/// decode NCCL's read ours alike.
+pub const SOCK_EVENT_ID: i64 = (NCCL_PROFILER_NET_TYPE_SOCK | NET_SOCKET_VER) as i64;
+
+/// Starts the event of one socket transfer as NCCL's net_socket.cc reports
+/// it: the socket, the operation (NCCL_SOCKET_SEND 0, NCCL_SOCKET_RECV 1)
+/// and the bytes it moves. Stopped when the returned event is dropped.
+pub fn sock_event(
+    prof: Option<NetProf>,
+    sock: &Socket,
+    sending: bool,
+    len: usize,
+) -> Option<NetEvent> {
+    let d = NetSockDescrV1 {
+        ty: NCCL_PROFILE_SOCKET,
+        detail: NetSockDetailV1 {
+            sock: NetSockOpDescrV1 {
+                fd: sock.as_raw_fd(),
+                op: if sending { 0 } else { 1 } as c_int,
+                length: len,
+            },
+        },
+    };
+    prof?.start(SOCK_EVENT_ID, &d)
+}
+
 /// One stripe: `len` bytes at `addr` over socket `sock` of the worker. The
 /// address travels as an integer: the caller of `isend`/`irecv` keeps the
 /// memory valid until the message's request completes, which is after every
@@ -80,6 +114,8 @@ pub struct Job {
     pub addr: usize,
     pub len: usize,
     pub done: Arc<Progress>,
+    /// The message's profiler: each stripe is one socket event.
+    pub prof: Option<NetProf>,
 }
 
 /// A helper thread and the sockets it owns.
@@ -106,11 +142,15 @@ impl Worker {
                 let mut broken: Option<NetError> = None;
                 for job in rx {
                     if broken.is_none() {
-                        if let Err(e) =
-                            move_stripe(&mut socks[job.sock], job.addr, job.len, sending)
-                        {
+                        // Started as the stripe starts moving, stopped when
+                        // it is done or failed (before it counts as done, so
+                        // within the request), as NCCL's helper threads do.
+                        let st = &mut socks[job.sock];
+                        let ev = sock_event(job.prof, &st.sock, sending, job.len);
+                        if let Err(e) = move_stripe(st, job.addr, job.len, sending) {
                             broken = Some(io_error(&peer, e));
                         }
+                        drop(ev);
                     }
                     if let Some(e) = &broken {
                         job.done.fail(e.clone());

@@ -11,13 +11,15 @@ pub mod ffi;
 pub mod handle;
 pub mod logger;
 pub mod net;
+pub mod net_prof;
 pub mod plugin_error;
 pub mod profiler;
 pub mod tuner;
 
 pub use net::{
-    builtin_nets, BuiltinNet, DeviceMr, DmaBuf, ListenComm, MrHandle, Net, NetError, NetHandle,
-    NetProperties, NetResult, PtrType, RecvComm, Request, SendComm, NET_HANDLE_MAXSIZE,
+    builtin_nets, BuiltinNet, DeviceMr, DmaBuf, ListenComm, MrHandle, Net, NetError, NetEvent,
+    NetHandle, NetProf, NetProperties, NetResult, PtrType, RecvComm, Request, SendComm,
+    NET_HANDLE_MAXSIZE,
 };
 
 pub use env::{EnvPlugin, NcclVersion};

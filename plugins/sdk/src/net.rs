@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+pub use crate::net_prof::{NetEvent, NetProf};
+
 /// Size of the opaque connection handle a listener hands to its peer
 /// (NCCL's `NCCL_NET_HANDLE_MAXSIZE`).
 pub const NET_HANDLE_MAXSIZE: usize = 128;
@@ -178,6 +180,25 @@ pub trait SendComm: Send {
         tag: i32,
         mr: Option<MrHandle>,
     ) -> NetResult<Option<Box<dyn Request>>>;
+    /// [`SendComm::isend`] with the operation's profiler handle (`None`
+    /// when the profiler asked for no network events), under which a
+    /// network reports events of its own (see [`crate::net_prof`]). The
+    /// default ignores it.
+    ///
+    /// # Safety
+    /// As [`SendComm::isend`].
+    unsafe fn isend_profiled(
+        &mut self,
+        data: *const u8,
+        size: usize,
+        tag: i32,
+        mr: Option<MrHandle>,
+        prof: Option<NetProf>,
+    ) -> NetResult<Option<Box<dyn Request>>> {
+        let _ = prof;
+        // SAFETY: the caller's contract is isend's.
+        unsafe { self.isend(data, size, tag, mr) }
+    }
 }
 
 /// The receiving end of a connection.
@@ -212,6 +233,23 @@ pub trait RecvComm: Send {
         tag: i32,
         mr: Option<MrHandle>,
     ) -> NetResult<Option<Box<dyn Request>>>;
+    /// [`RecvComm::irecv`] with the operation's profiler handle, as
+    /// [`SendComm::isend_profiled`]. The default ignores it.
+    ///
+    /// # Safety
+    /// As [`RecvComm::irecv`].
+    unsafe fn irecv_profiled(
+        &mut self,
+        data: *mut u8,
+        size: usize,
+        tag: i32,
+        mr: Option<MrHandle>,
+        prof: Option<NetProf>,
+    ) -> NetResult<Option<Box<dyn Request>>> {
+        let _ = prof;
+        // SAFETY: the caller's contract is irecv's.
+        unsafe { self.irecv(data, size, tag, mr) }
+    }
     /// Makes data that a completed receive wrote into GPU memory (`size`
     /// bytes at `data`, registered as `mr`) visible to the GPU, as NCCL's
     /// `iflush`. `Ok(None)` means "nothing to wait for" (already visible),

@@ -15,8 +15,8 @@ use oxccl_plugin::ffi::net::{
 };
 use oxccl_plugin::ffi::*;
 use oxccl_plugin::{
-    ListenComm, MrHandle, Net, NetError, NetHandle, NetProperties, NetResult, PtrType, RecvComm,
-    Request, SendComm, NET_HANDLE_MAXSIZE,
+    ListenComm, MrHandle, Net, NetError, NetHandle, NetProf, NetProperties, NetResult, PtrType,
+    RecvComm, Request, SendComm, NET_HANDLE_MAXSIZE,
 };
 
 use crate::plugin::loader::Lib;
@@ -276,11 +276,15 @@ fn init(vt: Vt, comm_id: u64) -> NetResult<Vt> {
     let mut cfg = v12::CommConfigV12 {
         traffic_class: NCCL_NET_TRAFFIC_CLASS_UNDEF,
     };
+    // The profiler callback, as NCCL gives it to every net plugin: events
+    // the plugin reports under an operation's handle reach the profiler
+    // (v10 and later; older versions' conversions drop it).
+    let prof = Some(crate::plugin::profiler::net_callback as _);
     // SAFETY: entries checked non-null at load; the arguments are what the
-    // ABI describes (a logger, no profiler callback, a config with the
+    // ABI describes (a logger, the profiler callback, a config with the
     // traffic class left to the plugin, a context out-pointer).
     check("init", unsafe {
-        vt.abi.init(&mut ctx, comm_id, &mut cfg, log, None)
+        vt.abi.init(&mut ctx, comm_id, &mut cfg, log, prof)
     })?;
     Ok(Vt {
         ctx: Ctx(ctx),
@@ -487,9 +491,22 @@ impl SendComm for CComm {
         tag: i32,
         m: Option<MrHandle>,
     ) -> NetResult<Option<Box<dyn Request>>> {
+        // SAFETY: forwarded under the caller's contract.
+        unsafe { self.isend_profiled(data, size, tag, m, None) }
+    }
+    /// The operation's profiler handle goes to the plugin, which reports
+    /// through the callback its `init` was given.
+    unsafe fn isend_profiled(
+        &mut self,
+        data: *const u8,
+        size: usize,
+        tag: i32,
+        m: Option<MrHandle>,
+        prof: Option<NetProf>,
+    ) -> NetResult<Option<Box<dyn Request>>> {
         let mut r = null_mut();
         let (c, d, mh) = (self.c, data as *mut c_void, mr(m));
-        let ph = null_mut();
+        let ph = prof.map_or(null_mut(), |p| p.phandle());
         // SAFETY: entries checked non-null at load; the caller keeps `data`
         // valid until the request completes (this function's contract).
         let rc = unsafe { self.vt.abi.isend(c, d, size, tag, mh, ph, &mut r) };
@@ -512,8 +529,19 @@ impl RecvComm for CComm {
         tag: i32,
         m: Option<MrHandle>,
     ) -> NetResult<Option<Box<dyn Request>>> {
+        // SAFETY: forwarded under the caller's contract.
+        unsafe { self.irecv_profiled(data, size, tag, m, None) }
+    }
+    unsafe fn irecv_profiled(
+        &mut self,
+        data: *mut u8,
+        size: usize,
+        tag: i32,
+        m: Option<MrHandle>,
+        prof: Option<NetProf>,
+    ) -> NetResult<Option<Box<dyn Request>>> {
         let (mut d, mut t, mut mh) = (data as *mut c_void, tag, mr(m));
-        let mut ph: *mut c_void = null_mut();
+        let mut ph: *mut c_void = prof.map_or(null_mut(), |p| p.phandle());
         let mut s = size;
         let mut r = null_mut();
         let c = self.c;

@@ -13,14 +13,14 @@ use std::sync::atomic::AtomicI32;
 use oxccl_plugin::ffi::profiler::{
     v1, v2, v3, v4, v5, v6, EventState, NCCL_PROFILER_GROUP_END_API_START,
     NCCL_PROFILER_GROUP_START_API_STOP, NCCL_PROFILER_KERNEL_CH_STOP,
-    NCCL_PROFILER_PROXY_CTRL_APPEND_END, NCCL_PROFILER_PROXY_CTRL_IDLE,
-    NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4, NCCL_PROFILER_PROXY_OP_RECV_DONE,
-    NCCL_PROFILER_PROXY_STEP_RECV_GPU_WAIT, NCCL_PROFILER_PROXY_STEP_SEND_GPU_WAIT,
-    NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4, NCCL_PROFILE_CE_BATCH, NCCL_PROFILE_CE_COLL,
-    NCCL_PROFILE_CE_SYNC, NCCL_PROFILE_COLL, NCCL_PROFILE_COLL_API, NCCL_PROFILE_GROUP,
-    NCCL_PROFILE_GROUP_API, NCCL_PROFILE_KERNEL_CH, NCCL_PROFILE_KERNEL_LAUNCH,
-    NCCL_PROFILE_NET_PLUGIN, NCCL_PROFILE_P2P, NCCL_PROFILE_P2P_API, NCCL_PROFILE_PROXY_CTRL,
-    NCCL_PROFILE_PROXY_OP, NCCL_PROFILE_PROXY_STEP,
+    NCCL_PROFILER_NET_PLUGIN_UPDATE, NCCL_PROFILER_PROXY_CTRL_APPEND_END,
+    NCCL_PROFILER_PROXY_CTRL_IDLE, NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4,
+    NCCL_PROFILER_PROXY_OP_RECV_DONE, NCCL_PROFILER_PROXY_STEP_RECV_GPU_WAIT,
+    NCCL_PROFILER_PROXY_STEP_SEND_GPU_WAIT, NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4,
+    NCCL_PROFILE_CE_BATCH, NCCL_PROFILE_CE_COLL, NCCL_PROFILE_CE_SYNC, NCCL_PROFILE_COLL,
+    NCCL_PROFILE_COLL_API, NCCL_PROFILE_GROUP, NCCL_PROFILE_GROUP_API, NCCL_PROFILE_KERNEL_CH,
+    NCCL_PROFILE_KERNEL_LAUNCH, NCCL_PROFILE_NET_PLUGIN, NCCL_PROFILE_P2P, NCCL_PROFILE_P2P_API,
+    NCCL_PROFILE_PROXY_CTRL, NCCL_PROFILE_PROXY_OP, NCCL_PROFILE_PROXY_STEP,
 };
 use oxccl_plugin::ffi::NCCL_SUCCESS;
 
@@ -177,6 +177,15 @@ pub enum Event<'a> {
     /// A state of the thread that progresses network transfers (NCCL's
     /// `ncclProfileProxyCtrl`): no parent, one state, stopped at once.
     ProxyCtrl,
+    /// An event the net plugin defined (`ncclProfileNetPlugin`, v3 and
+    /// later), reported through the profiler callback under the proxy step
+    /// that posted the operation: `id` names the layout of `data`
+    /// (`NCCL_PROFILER_NET_TYPE_*` | version), which the plugin owns.
+    NetPlugin {
+        parent: Handle,
+        id: i64,
+        data: *mut c_void,
+    },
 }
 
 /// The attributes a state change carries (`ncclProfilerEventStateArgs`).
@@ -192,6 +201,8 @@ pub enum StateArgs {
     KernelCh { p_timer: u64 },
     /// Proxy-control states: the proxy ops appended (`AppendEnd` only).
     ProxyCtrl { appended: c_int },
+    /// `ncclProfilerNetPluginUpdate` (v4+): the net plugin's new event data.
+    NetPlugin { data: *mut c_void },
 }
 
 /// The enum codes v1 carries where later versions carry names:
@@ -250,6 +261,7 @@ impl Event<'_> {
             Event::P2pApi { .. } => NCCL_PROFILE_P2P_API | NCCL_PROFILE_P2P | BELOW_TASK,
             Event::KernelLaunch { .. } => NCCL_PROFILE_KERNEL_LAUNCH,
             Event::ProxyCtrl => NCCL_PROFILE_PROXY_CTRL,
+            Event::NetPlugin { .. } => NCCL_PROFILE_NET_PLUGIN,
         }
     }
 }
@@ -277,6 +289,9 @@ struct Fields {
     p_timer: u64,
     /// v5+: the API parent of a collective or p2p event.
     api: *mut c_void,
+    /// A net-plugin event's id and data.
+    net_id: i64,
+    net_data: *mut c_void,
 }
 
 impl Fields {
@@ -299,6 +314,8 @@ impl Fields {
             step: 0,
             p_timer: 0,
             api: null_mut(),
+            net_id: 0,
+            net_data: null_mut(),
         };
         match *ev {
             // Built by `CProfiler::start_api`.
@@ -367,6 +384,11 @@ impl Fields {
             Event::ProxyStep { parent, step } => {
                 f.parent = parent.0;
                 f.step = step;
+            }
+            Event::NetPlugin { parent, id, data } => {
+                f.parent = parent.0;
+                f.net_id = id;
+                f.net_data = data;
             }
             Event::KernelCh {
                 parent,
@@ -557,12 +579,13 @@ impl CProfiler {
         }
         let mut h = null_mut();
         let f = Fields::of(ev);
-        // Versions before v3 have no kernel-channel event.
-        if matches!(ev, Event::KernelCh { .. }) && self.version < 3 {
+        // Versions before v3 have no kernel-channel or net-plugin event
+        // (NCCL's v1 and v2 adapters drop them).
+        if matches!(ev, Event::KernelCh { .. } | Event::NetPlugin { .. }) && self.version < 3 {
             return Handle::NONE;
         }
         macro_rules! fire {
-            ($v:expr, $descr:ty, $ty:ty, $coll:expr, $p2p:expr, $op:expr, $step:expr $(, $kch:expr)?) => {{
+            ($v:expr, $descr:ty, $ty:ty, $coll:expr, $p2p:expr, $op:expr, $step:expr $(, $kch:expr, $net:expr)?) => {{
                 // SAFETY: a zeroed descriptor is valid (NULL pointers, zero
                 // counts); the member written matches `ty`.
                 let mut d: $descr = unsafe { std::mem::zeroed() };
@@ -598,6 +621,12 @@ impl CProfiler {
                         $(
                             d.ty = NCCL_PROFILE_KERNEL_CH as $ty;
                             d.detail = $kch;
+                        )?
+                    }
+                    Event::NetPlugin { .. } => {
+                        $(
+                            d.ty = NCCL_PROFILE_NET_PLUGIN as $ty;
+                            d.detail = $net;
                         )?
                     }
                     Event::ProxyCtrl => {
@@ -638,6 +667,10 @@ impl CProfiler {
         let kch5 = v5::KernelChDescrV5 {
             channel_id: f.channel,
             p_timer: f.p_timer,
+        };
+        let net5 = v5::NetPluginDescrV5 {
+            id: f.net_id,
+            data: f.net_data,
         };
         // The proxy-op descriptor is the same in every version; only its
         // type name changes.
@@ -782,6 +815,12 @@ impl CProfiler {
                     kernel_ch: v3::KernelChDescrV3 {
                         channel_id: f.channel
                     }
+                },
+                v3::EventDetailV3 {
+                    net_plugin: v3::NetPluginDescrV3 {
+                        id: f.net_id,
+                        data: f.net_data,
+                    }
                 }
             ),
             Vt::V4(v) => fire!(
@@ -824,6 +863,12 @@ impl CProfiler {
                         channel_id: f.channel,
                         p_timer: f.p_timer,
                     }
+                },
+                v4::EventDetailV4 {
+                    net_plugin: v4::NetPluginDescrV4 {
+                        id: f.net_id,
+                        data: f.net_data,
+                    }
                 }
             ),
             Vt::V5(v) => fire!(
@@ -838,7 +883,8 @@ impl CProfiler {
                 v5::EventDetailV5 {
                     proxy_step: v5::ProxyStepDescrV5 { step: f.step }
                 },
-                v5::EventDetailV5 { kernel_ch: kch5 }
+                v5::EventDetailV5 { kernel_ch: kch5 },
+                v5::EventDetailV5 { net_plugin: net5 }
             ),
             Vt::V6(v) => fire!(
                 v,
@@ -852,7 +898,8 @@ impl CProfiler {
                 v6::EventDetailV6 {
                     proxy_step: v5::ProxyStepDescrV5 { step: f.step }
                 },
-                v6::EventDetailV6 { kernel_ch: kch5 }
+                v6::EventDetailV6 { kernel_ch: kch5 },
+                v6::EventDetailV6 { net_plugin: net5 }
             ),
         };
         Handle(h)
@@ -974,12 +1021,18 @@ impl CProfiler {
             || state == NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4;
         let ctrl =
             (NCCL_PROFILER_PROXY_CTRL_IDLE..=NCCL_PROFILER_PROXY_CTRL_APPEND_END).contains(&state);
+        // Net-plugin updates reach v4 and later (NCCL's v3 adapter drops them).
+        let net = state == NCCL_PROFILER_NET_PLUGIN_UPDATE;
         let (trans_size, steps, p_timer, appended) = match args {
             StateArgs::Step { trans_size } => (trans_size, 0, 0, 0),
             StateArgs::Op { steps, trans_size } => (trans_size, steps, 0, 0),
             StateArgs::KernelCh { p_timer } => (0, 0, p_timer, 0),
             StateArgs::ProxyCtrl { appended } => (0, 0, 0, appended),
-            StateArgs::None => (0, 0, 0, 0),
+            StateArgs::None | StateArgs::NetPlugin { .. } => (0, 0, 0, 0),
+        };
+        let net_data = match args {
+            StateArgs::NetPlugin { data } => data,
+            _ => null_mut(),
         };
         // v3's kernel-channel events end with stopEvent alone.
         let kernel_stop = state == NCCL_PROFILER_KERNEL_CH_STOP;
@@ -1020,13 +1073,15 @@ impl CProfiler {
             }};
         }
         macro_rules! new {
-            ($v:expr, $args:ty, $sm:ident :: $st:ident, $km:ident :: $kt:ident, $cm:ident :: $ct:ident) => {{
-                if !(step || v4_only || kernel_stop || ctrl) {
+            ($v:expr, $args:ty, $sm:ident :: $st:ident, $km:ident :: $kt:ident, $cm:ident :: $ct:ident, $nm:ident :: $nt:ident) => {{
+                if !(step || v4_only || kernel_stop || ctrl || net) {
                     return;
                 }
                 // SAFETY: all-zero is a valid argument union.
                 let mut a: $args = unsafe { std::mem::zeroed() };
-                if kernel_stop {
+                if net {
+                    a.net_plugin = $nm::$nt { data: net_data };
+                } else if kernel_stop {
                     a.kernel_ch = $km::$kt { p_timer };
                 } else if ctrl {
                     a.proxy_ctrl = $cm::$ct {
@@ -1065,21 +1120,24 @@ impl CProfiler {
                 v4::EventStateArgsV4,
                 v4::ProxyStepStateV4,
                 v4::KernelChStateV4,
-                v4::ProxyCtrlStateV4
+                v4::ProxyCtrlStateV4,
+                v4::NetPluginStateV4
             ),
             Vt::V5(v) => new!(
                 v,
                 v5::EventStateArgsV5,
                 v5::ProxyStepStateV5,
                 v5::KernelChStateV5,
-                v5::ProxyCtrlStateV5
+                v5::ProxyCtrlStateV5,
+                v5::NetPluginStateV5
             ),
             Vt::V6(v) => new!(
                 v,
                 v6::EventStateArgsV6,
                 v5::ProxyStepStateV5,
                 v5::KernelChStateV5,
-                v5::ProxyCtrlStateV5
+                v5::ProxyCtrlStateV5,
+                v5::NetPluginStateV5
             ),
         }
     }

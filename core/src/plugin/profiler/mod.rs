@@ -13,6 +13,7 @@
 //! profiler the core pays one branch; with one, one atomic load per group.
 
 mod ffi;
+mod net_events;
 
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +35,7 @@ pub use ffi::{
 };
 
 pub use crate::plugin::loader::Outcome;
+pub use net_events::{callback as net_callback, NetParent};
 
 pub fn candidates(setting: Option<&str>) -> Vec<String> {
     loader::candidates(loader::PROFILER, setting)

@@ -43,6 +43,30 @@ fn net<P: Provider>() -> Result<&'static dyn Net, NetError> {
 
 static LOGGER: AtomicUsize = AtomicUsize::new(0);
 
+/// The profiler callback the last `init` was given (net v10 and later), or
+/// 0: each `isend`/`irecv` hands it with its profiler handle to the
+/// network. One for the process: NCCL (and oxccl) pass the same function
+/// to every communicator's `init`.
+static PROF_CB: AtomicUsize = AtomicUsize::new(0);
+
+/// The profiler of one operation, when a callback was given at `init` and
+/// the caller passed a handle with the operation.
+fn net_prof(phandle: *mut c_void) -> Option<crate::NetProf> {
+    if phandle.is_null() {
+        return None;
+    }
+    let f = PROF_CB.load(Ordering::Acquire);
+    if f == 0 {
+        return None;
+    }
+    // SAFETY: PROF_CB only ever holds a non-null `ncclProfilerCallback_t`
+    // given to init, stored as an integer.
+    let cb: super::types::ProfilerCallback = unsafe { std::mem::transmute(f) };
+    // SAFETY: the callback as given; the handle the caller passed with this
+    // operation, valid while its request is (the ABI's contract).
+    unsafe { crate::NetProf::new(cb, phandle) }
+}
+
 /// Logs through NCCL's logger when one was given (else to stderr).
 pub fn log(level: c_int, msg: &str) {
     let f = LOGGER.load(Ordering::Acquire);
@@ -160,7 +184,7 @@ unsafe extern "C" fn init<P: Provider>(
     _comm_id: u64,
     _config: *mut v12::CommConfigV12,
     logger: Logger,
-    _prof: ProfilerCallback,
+    prof: ProfilerCallback,
 ) -> i32 {
     if !ctx.is_null() {
         // SAFETY: non-null out-pointer from NCCL.
@@ -172,6 +196,10 @@ unsafe extern "C" fn init<P: Provider>(
     };
     if let Some(f) = logger {
         LOGGER.store(f as usize, Ordering::Release);
+    }
+    // Versions before v10 pass none: a callback an earlier init gave stays.
+    if let Some(f) = prof {
+        PROF_CB.store(f as usize, Ordering::Release);
     }
     guard("init", || {
         let n = net::<P>()?;
@@ -398,19 +426,19 @@ fn mr(p: *mut c_void) -> Option<MrHandle> {
     (!p.is_null()).then_some(MrHandle(p as usize))
 }
 
-/// `isend`; the profiler handle is ignored, since this glue emits no
-/// network profiler events.
+/// `isend`; the profiler handle reaches the network with the callback
+/// `init` was given ([`SendComm::isend_profiled`]).
 unsafe extern "C" fn isend(
     c: *mut c_void,
     data: *mut c_void,
     size: usize,
     tag: c_int,
     mh: *mut c_void,
-    _phandle: *mut c_void,
+    phandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> i32 {
     // SAFETY: forwarded unchanged.
-    unsafe { isend_any(c, data, size, tag, mh, request) }
+    unsafe { isend_any(c, data, size, tag, mh, net_prof(phandle), request) }
 }
 
 /// # Safety
@@ -422,6 +450,7 @@ unsafe fn isend_any(
     size: usize,
     tag: c_int,
     mh: *mut c_void,
+    prof: Option<crate::NetProf>,
     request: *mut *mut c_void,
 ) -> i32 {
     guard("isend", || {
@@ -433,14 +462,15 @@ unsafe fn isend_any(
             ));
         };
         // SAFETY: NCCL keeps `data` valid until the request completes (the ABI's contract).
-        let r = unsafe { s.isend(data as *const u8, size, tag, mr(mh)) }?;
+        let r = unsafe { s.isend_profiled(data as *const u8, size, tag, mr(mh), prof) }?;
         // SAFETY: valid out-pointer from NCCL.
         unsafe { *out = out_request(r) };
         Ok(())
     })
 }
 
-/// `irecv`; the profiler handles are ignored (no network events).
+/// `irecv`; the profiler handle of its one buffer reaches the network as
+/// `isend`'s does.
 #[allow(
     clippy::too_many_arguments,
     reason = "the C signature of ncclNet_v12_t's irecv"
@@ -452,16 +482,28 @@ unsafe extern "C" fn irecv(
     sizes: *mut usize,
     tags: *mut c_int,
     mhs: *mut *mut c_void,
-    _phandles: *mut *mut c_void,
+    phandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> i32 {
+    // NCCL passes one handle per buffer (NULL array before v10's callers
+    // had them); `irecv_any` refuses anything but one buffer.
+    let ph = if phandles.is_null() || n != 1 {
+        std::ptr::null_mut()
+    } else {
+        // SAFETY: an array of n = 1 entries from the caller.
+        unsafe { *phandles }
+    };
     // SAFETY: forwarded unchanged.
-    unsafe { irecv_any(c, n, data, sizes, tags, mhs, request) }
+    unsafe { irecv_any(c, n, data, sizes, tags, mhs, net_prof(ph), request) }
 }
 
 /// # Safety
 /// The ABI's contract for `irecv`: `c` a receive comm we returned, arrays of
 /// `n` entries, buffers valid until the request completes.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the C signature, and the profiler"
+)]
 unsafe fn irecv_any(
     c: *mut c_void,
     n: c_int,
@@ -469,6 +511,7 @@ unsafe fn irecv_any(
     sizes: *mut usize,
     tags: *mut c_int,
     mhs: *mut *mut c_void,
+    prof: Option<crate::NetProf>,
     request: *mut *mut c_void,
 ) -> i32 {
     guard("irecv", || {
@@ -502,7 +545,7 @@ unsafe fn irecv_any(
             ));
         };
         // SAFETY: NCCL keeps the buffer valid until the request completes.
-        let req = unsafe { r.irecv(buf as *mut u8, size, tag, mr(m)) }?;
+        let req = unsafe { r.irecv_profiled(buf as *mut u8, size, tag, mr(m), prof) }?;
         // SAFETY: valid out-pointer from NCCL.
         unsafe { *out = out_request(req) };
         Ok(())
