@@ -965,7 +965,8 @@ fn profiler_with_no_context_is_not_finalized() {
 /// parent, holding one of NCCL's state sequences: idle (13) or active
 /// (14), sleep then wakeup (15, 16), append then append-end (17, 18) with
 /// the proxy ops taken on; one append per network call (each lane's peers
-/// in each direction, 2 for 2 ranks), and nothing else started. With the
+/// in each direction, 2 for 2 ranks), and nothing else started (whether a
+/// pass finds nothing to do, an idle, depends on timing). With the
 /// proxy-step bit alone (mask 16) there are none.
 #[test]
 fn profiler_proxy_control_events_follow_nccl() {
@@ -1011,11 +1012,6 @@ fn profiler_proxy_control_events_follow_nccl() {
                 .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
                 .collect();
             assert_eq!(appended, [2, 2, 2], "rank {}", f.rank);
-            assert!(
-                ctrl.iter().any(|e| e.states == [13]),
-                "rank {}: no idle",
-                f.rank
-            );
         }
     }
 }
