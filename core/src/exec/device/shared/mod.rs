@@ -15,10 +15,10 @@
 //! "done". Each signal is stored into the flag words of the rank that
 //! waits for it, so every stream waits on its own memory only: a revoke
 //! releases its own stream's waits by storing what they wait for, which no
-//! other rank reads (see `super::stop`). Calls
-//! the leader cannot run this way (graph capture, memory CUDA IPC cannot
-//! share) go to every rank's kernels, which all ranks learn from the
-//! leader's answer.
+//! other rank reads (see `super::stop`). Calls the leader cannot run this
+//! way (graph capture, a rank whose kernels the profiler times, memory CUDA
+//! IPC cannot share) go to every rank's kernels, which all ranks learn from
+//! the leader's answer.
 //!
 //! Ranks that are all threads of one process take the same fused launches
 //! without IPC and without any host wait (see `local`): the last rank to
@@ -150,7 +150,9 @@ impl SharedGpu {
             SharedGpu::Local(l) => {
                 l.run(timed, kernels, coll, send, recv, count, dtype, op, stream)
             }
-            SharedGpu::Processes(p) => p.run(kernels, coll, send, recv, count, dtype, op, stream),
+            SharedGpu::Processes(p) => {
+                p.run(timed, kernels, coll, send, recv, count, dtype, op, stream)
+            }
         }
     }
 
@@ -392,8 +394,10 @@ impl Processes {
     /// Runs `coll` the shared-GPU way, or returns `false` when every rank
     /// runs it on its own kernels instead (all ranks return the same).
     #[allow(clippy::too_many_arguments)] // one collective's whole description
+    #[allow(clippy::too_many_arguments)] // one collective's whole description
     pub fn run(
         &mut self,
+        timed: bool,
         kernels: &KernelSet,
         coll: Coll,
         send: u64,
@@ -411,7 +415,11 @@ impl Processes {
         // Flags compare as wrapping 32-bit words.
         let flag = seq as u32;
         let what = format!("{} of {count} x {dtype:?} ({op:?})", describe(coll));
-        let capturing = stream.is_capturing()?;
+        // A rank whose launches the profiler times (kernel-channel events)
+        // needs its own kernels to run, as a graph capture does: only they
+        // write the channels' clocks, so every rank then runs its kernels
+        // for the call (time-sliced, slower, with every rank's events).
+        let capturing = stream.is_capturing()? || timed;
         let (use_send, use_recv) = steps::used(coll, self.me);
         if self.me != self.leader {
             let send_buf = self.export(use_send, send)?;
