@@ -238,3 +238,43 @@ fn ranks_of_one_process_on_one_gpu_from_one_thread() {
         assert_eq!(w, 0);
     }
 }
+
+/// A caller may destroy a stream once its work is done and use a new one
+/// for the next call (a framework's per-call streams): the communicator
+/// must not touch the old stream again. (It recorded its ordering event
+/// on the previous call's stream at the next call, a use of a destroyed
+/// stream that crashed in the driver.) Two ranks as threads, each call on
+/// a fresh stream, the one before destroyed.
+#[test]
+fn a_destroyed_stream_is_never_used_again() {
+    let Some(_gpu) = gpu_common::gpus(1) else {
+        return;
+    };
+    let n = 2;
+    let oobs = LocalOob::group(n);
+    let barrier = Barrier::new(n);
+    let wrong: usize = std::thread::scope(|s| {
+        let hs: Vec<_> = oobs
+            .iter()
+            .map(|oob| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let mut r = Rank::new(oob, n);
+                    let mut wrong = 0;
+                    for it in 0..10 {
+                        let coll = colls(n)[it % 5];
+                        r.prepare(coll, 1000, n, false);
+                        r.stream = Stream::new(r.comm.context()).unwrap();
+                        barrier.wait();
+                        r.issue(coll, 1000, false);
+                        wrong += r.wrong(coll, 1000, n, false);
+                    }
+                    wrong
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    println!("10 calls, each on a new stream: {wrong} wrong");
+    assert_eq!(wrong, 0);
+}

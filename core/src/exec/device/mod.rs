@@ -98,9 +98,15 @@ pub struct DeviceComm {
     kernels: Arc<KernelSet>,
     window: Window,
     templates: HashMap<Key, Template>,
-    /// The stream of the last operation, and an event to order the next
-    /// one after it when it comes on another stream.
-    last_stream: Option<RawStream>,
+    /// Where the last operation's work went: its stream and the capture
+    /// it was recorded into; `order` was recorded on that stream after the
+    /// work, so that the next operation, if it comes on another stream,
+    /// waits for it. The stream is only compared, never used again: the
+    /// caller may destroy it once its work is enqueued (a later call that
+    /// recorded on a destroyed stream crashed in the driver).
+    last: Option<(RawStream, Option<u64>)>,
+    /// The operation being enqueued, between `order_after_last` and `mark`.
+    opened: Option<(RawStream, Option<u64>)>,
     order: Event,
     /// Kernel-channel timing for the profiler: made at the first timed
     /// launch; `timed` says whether launches are timed now.
@@ -166,7 +172,8 @@ impl DeviceComm {
             kernels,
             window,
             templates: HashMap::new(),
-            last_stream: None,
+            last: None,
+            opened: None,
             order,
             stamps: None,
             timed: false,
@@ -192,11 +199,8 @@ impl DeviceComm {
     /// work the caller put after it on the last stream: more than needed,
     /// never less). Graph captures enqueue nothing that runs now.
     pub fn idle(&self) -> Result<bool> {
-        match self.last_stream {
-            Some(s) if !s.is_capturing()? => {
-                self.order.record(s)?;
-                self.order.query()
-            }
+        match self.last {
+            Some((_, None)) => self.order.query(),
             _ => Ok(true),
         }
     }
@@ -478,7 +482,7 @@ impl DeviceComm {
                     op,
                     stream,
                 )? {
-                    return Ok(());
+                    return self.mark();
                 }
             }
         }
@@ -576,7 +580,7 @@ impl DeviceComm {
             (sends, recvs) = sh.p2p(&self.kernels, &sends, &recvs, count, dtype, stream)?;
         }
         if sends.is_empty() && recvs.is_empty() {
-            return Ok(());
+            return self.mark();
         }
         match fused_p2p(&sends, &recvs, bytes) {
             Some((t, input, output)) => {
@@ -714,13 +718,14 @@ impl DeviceComm {
                 Err(_) => st.release(slot, nch),
             }
         }
-        r
+        r.and_then(|()| self.mark())
     }
 
     /// Operations share the window's counters, so each must run after the
     /// previous one even when the caller switches streams. On a switch, the
-    /// new stream waits for everything enqueued on the old one so far (more
-    /// than needed, never less; no cost while the stream stays the same).
+    /// new stream waits for the event recorded after the previous
+    /// operation's work ([`DeviceComm::mark`]): the old stream itself may
+    /// be gone by then, so nothing is asked of it.
     ///
     /// An event joins two streams only when both are in the same CUDA graph
     /// capture or neither is: CUDA refuses a wait that would tie a capture
@@ -729,13 +734,25 @@ impl DeviceComm {
     /// warming up on another). Across that border the caller orders the
     /// graph's launches, as with NCCL.
     fn order_after_last(&mut self, stream: RawStream) -> Result<()> {
-        if let Some(last) = self.last_stream.filter(|l| *l != stream) {
-            if last.capture_id()? == stream.capture_id()? {
-                self.order.record(last)?;
+        let capture = stream.capture_id()?;
+        if let Some((_, last)) = self.last.filter(|(l, _)| *l != stream) {
+            if last == capture {
                 self.order.wait_on(stream)?;
             }
         }
-        self.last_stream = Some(stream);
+        self.opened = Some((stream, capture));
+        Ok(())
+    }
+
+    /// After an operation's work is enqueued (on a live stream: the
+    /// caller's, during its call): records `order` behind it for the next
+    /// operation. One event record per operation, as NCCL records one per
+    /// launch to order its streams.
+    fn mark(&mut self) -> Result<()> {
+        if let Some((stream, capture)) = self.opened {
+            self.order.record(stream)?;
+            self.last = Some((stream, capture));
+        }
         Ok(())
     }
 }
