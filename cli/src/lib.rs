@@ -6,4 +6,5 @@ pub mod info;
 pub mod launch;
 pub mod perf;
 mod perf_device;
+pub use perf_device::check_once_on_device;
 pub mod recover;

@@ -205,6 +205,45 @@ fn measure(ranks: &[DevRank], args: &PerfArgs, case: Case, n: usize) -> Measured
     Ok(Some(stats.mean_and_total(n)))
 }
 
+/// One checked run of `case` on `comm` (this rank's communicator, on GPU
+/// `gpu`) with device buffers of the case's sizes: the case's input and a
+/// poisoned output, the rank's operations in one group on a fresh stream,
+/// and the number of wrong output elements. For tests that change a GPU
+/// communicator (grow, shrink) and check every collective after it.
+pub fn check_once_on_device(case: &Case, comm: &Comm, gpu: usize) -> oxccl::Result<u64> {
+    if !case.exists() {
+        return Ok(0);
+    }
+    let (n, rank) = (comm.count(), comm.user_rank());
+    let ctx = Context::primary(Device::get(gpu)?)?;
+    let stream = Stream::new(&ctx)?;
+    let (mut hin, mut hout) = case.buffers(n);
+    case.prepare(rank, n, &mut hin, &mut hout);
+    let input = DeviceBuffer::alloc(&ctx, hin.len().max(1))?;
+    let output = DeviceBuffer::alloc(&ctx, hout.len().max(1))?;
+    input.write(0, &hin)?;
+    output.write(0, &hout)?;
+    oxccl::group_start();
+    let mut r = Ok(());
+    for op in ops(
+        case,
+        rank,
+        n,
+        input.ptr(),
+        output.ptr(),
+        stream.handle().raw(),
+    ) {
+        // SAFETY: device buffers of this GPU sized by the case, kept until
+        // the stream is synchronised below; the stream is ours.
+        r = r.and_then(|_| unsafe { comm.enqueue(op) });
+    }
+    let end = oxccl::group_end();
+    r.and(end)?;
+    stream.synchronize()?;
+    output.read(0, &mut hout)?;
+    Ok(case.wrong(rank, n, &hout))
+}
+
 fn gpu_count() -> Result<usize, String> {
     oxccl::cuda::device_count().map_err(|e| format!("--device cuda: no usable GPU: {e}"))
 }

@@ -96,3 +96,36 @@ impl GpuRank {
             .count()
     }
 }
+
+/// Every collective (float32 sum, out of place and in place), rooted at
+/// `root`, at each of `sizes` bytes, on device buffers of GPU `gpu`,
+/// checked against the host's reference: the cases with wrong elements or
+/// errors, each named (empty when all are right).
+pub fn every_collective_on_gpu(
+    comm: &Comm,
+    gpu: usize,
+    root: usize,
+    sizes: &[usize],
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    for coll in crate::check::Coll::ALL {
+        for &size in sizes {
+            for inplace in [false, true] {
+                let case = oxccl_cli::perf::Case {
+                    coll,
+                    dtype: DataType::Float32,
+                    op: RedOp::Sum,
+                    root,
+                    size,
+                    inplace,
+                };
+                match oxccl_cli::check_once_on_device(&case, comm, gpu) {
+                    Ok(0) => {}
+                    Ok(w) => bad.push(format!("{case:?}: {w} wrong")),
+                    Err(e) => bad.push(format!("{case:?}: {e}")),
+                }
+            }
+        }
+    }
+    bad
+}

@@ -18,12 +18,16 @@
 //! while suspended, and checked all-reduces are right before and after
 //! each resume; 4 processes on the shared-GPU path and on every rank's
 //! kernels, and 2 ranks as threads of one process.
+//!
+//! Grow on the same GPU: a 2-rank communicator grows to 4 processes and
+//! shrinks back to 2, every collective checked on device buffers after
+//! each change.
 
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{raise, Signal};
 use oxccl::cuda::{Context, Device, DeviceBuffer, Event, FillPattern, KernelSet, Stream};
-use oxccl::{Comm, CommConfig, InitState, OpKind, ShrinkMode};
+use oxccl::{Comm, CommConfig, DataType, InitState, OpKind, ShrinkMode, UniqueId};
 use oxccl_cli::launch::Finished;
 use oxccl_tests::{as_child, spawn, Rank};
 
@@ -446,4 +450,95 @@ fn gpu_killed_rank_shrink_abort_on_kernels() {
         return;
     }
     run_case(name, &[("OXCCL_SHARED_GPU", "kernels")]);
+}
+
+/// Sizes every collective is checked at after each change: one element
+/// per rank's share and a size that takes several steps of every path.
+const GROW_SIZES: [usize; 2] = [64, 4 << 20];
+
+/// Every collective on `comm` (device buffers of GPU 0), at both roots'
+/// ends of the communicator; a panic naming the wrong cases.
+fn check_gpu_comm(comm: &Comm, n: usize, me: usize, when: &str) {
+    assert_eq!(comm.count(), n, "rank {me} {when}");
+    for root in [0, n - 1] {
+        let bad = oxccl_tests::gpu::every_collective_on_gpu(comm, 0, root, &GROW_SIZES);
+        assert!(
+            bad.is_empty(),
+            "rank {me} {when}, root {root}:\n{}",
+            bad.join("\n")
+        );
+    }
+}
+
+/// Issue 16 item 3 on a GPU. Four processes start with a host-memory
+/// communicator that carries the ids, as an application's launcher would.
+/// Ranks 0 and 1 make a communicator on GPU 0 and check it; its rank 0
+/// makes the grow id (its partner receives it inside grow), the launcher
+/// hands it to ranks 2 and 3, which join with init_rank on GPU 0; all four
+/// check every collective; then 2 and 3 leave, 0 and 1 shrink back and
+/// check again.
+fn grow_child(r: Rank) {
+    oxccl::log::init();
+    let launcher = r.comm(&[]);
+    let gpu = CommConfig {
+        device: Some(0),
+        ..CommConfig::default()
+    };
+    let mut id = [0u8; 128];
+    if r.rank == 0 {
+        id = Comm::unique_id().unwrap().0;
+    }
+    launcher
+        .broadcast(None, &mut id, DataType::Uint8, 0)
+        .unwrap();
+    let pair = (r.rank < 2).then(|| {
+        let p = Comm::init_rank(2, UniqueId(id), r.rank, &gpu).expect("pair on GPU 0");
+        check_gpu_comm(&p, 2, r.rank, "before the grow");
+        if r.rank == 0 {
+            id = p.grow_id().unwrap().0;
+        }
+        p
+    });
+    launcher
+        .broadcast(None, &mut id, DataType::Uint8, 0)
+        .unwrap();
+    let id = UniqueId(id);
+    let t = Instant::now();
+    let big = match &pair {
+        Some(p) => p.grow(4, (r.rank == 0).then_some(id), &CommConfig::default()),
+        None => Comm::init_rank(4, id, r.rank, &gpu),
+    }
+    .unwrap_or_else(|e| panic!("rank {}: grow: {e}", r.rank));
+    let grown = t.elapsed();
+    check_gpu_comm(&big, 4, r.rank, "after the grow");
+    let mut line = format!("rank {}: grown to 4 in {grown:?}", r.rank);
+    if let Some(p) = &pair {
+        let t = Instant::now();
+        let back = big
+            .shrink(&[2, 3], &CommConfig::default(), ShrinkMode::Default)
+            .unwrap();
+        line += &format!(", shrunk back to 2 in {:?}", t.elapsed());
+        check_gpu_comm(&back, 2, r.rank, "after the shrink");
+        back.destroy().unwrap();
+        p.destroy().unwrap();
+    }
+    big.destroy().unwrap();
+    launcher.destroy().unwrap();
+    println!("PASS {line}; every collective 0 wrong after each change");
+}
+
+#[test]
+fn gpu_grow_two_to_four_and_back() {
+    let name = "gpu_grow_two_to_four_and_back";
+    if as_child(name, grow_child) {
+        return;
+    }
+    let Some(done) = spawn_on_gpu(name, &[], Duration::from_secs(240)) else {
+        return;
+    };
+    oxccl_tests::assert_all_ok(&done);
+    for f in &done {
+        assert!(f.stdout.contains("PASS"), "rank {}:\n{}", f.rank, f.stdout);
+        eprintln!("{}", f.stdout.trim_end());
+    }
 }

@@ -1,6 +1,7 @@
 //! CUDA IPC: memory of one process mapped into another on the same node.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::sys;
 
@@ -12,31 +13,96 @@ use crate::error::Result;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IpcMemHandle(pub [u8; 64]);
 
-/// Another process's allocation mapped into this one; unmapped on drop.
+/// Another process's allocation mapped into this one; unmapped when the
+/// last mapping of it in this process goes.
+///
+/// The driver maps an allocation once per context: opening a handle that
+/// is already open here fails with CUDA_ERROR_ALREADY_MAPPED, and every
+/// communicator of the process would otherwise have to know what the
+/// others opened (a grown or split communicator maps a peer's window
+/// while its parent holds mappings of that peer's buffers). So every
+/// opening goes through one table per process, by device and handle, with
+/// a count of its users: the first opens, the others share the address,
+/// the last closes (the reference counting CUDA documents for the call).
 #[derive(Debug)]
 pub struct IpcMapping {
     ctx: Arc<Context>,
+    key: (usize, [u8; 64]),
     ptr: u64,
 }
 
+/// The mappings this process holds: (device, handle) -> (address, users).
+type OpenedTable = HashMap<(usize, [u8; 64]), (u64, usize)>;
+
+fn opened() -> std::sync::MutexGuard<'static, OpenedTable> {
+    static OPENED: OnceLock<Mutex<OpenedTable>> = OnceLock::new();
+    OPENED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How one attempt to map a handle ended.
+enum Opened {
+    Mapped(IpcMapping),
+    /// CUDA_ERROR_ALREADY_MAPPED: this process still maps memory the
+    /// allocation overlaps (a buffer its owner has freed since).
+    Overlaps,
+}
+
 impl IpcMapping {
-    /// Maps the allocation; peer access to its GPU is enabled as needed.
+    /// Maps the allocation (or counts one more user of its mapping);
+    /// peer access to its GPU is enabled as needed. Where the driver finds
+    /// the allocation overlapping a mapping this process still holds (its
+    /// owner freed a buffer that was kept mapped, and allocated this one
+    /// in its place), the kept buffers are let go (see [`map_kept`]) and
+    /// the mapping tried once more.
     pub fn open(ctx: &Arc<Context>, handle: &IpcMemHandle) -> Result<IpcMapping> {
+        match Self::open_once(ctx, handle)? {
+            Opened::Mapped(m) => Ok(m),
+            Opened::Overlaps => {
+                let mut kept = kept();
+                drop_kept(ctx, &mut kept)?;
+                drop(kept);
+                match Self::open_once(ctx, handle)? {
+                    Opened::Mapped(m) => Ok(m),
+                    Opened::Overlaps => Err(already_mapped()),
+                }
+            }
+        }
+    }
+
+    fn open_once(ctx: &Arc<Context>, handle: &IpcMemHandle) -> Result<Opened> {
+        let key = (ctx.device().ordinal(), handle.0);
+        // Held while opening, so that no other thread opens or closes the
+        // same handle in between.
+        let mut table = opened();
+        if let Some((ptr, users)) = table.get_mut(&key) {
+            *users += 1;
+            return Ok(Opened::Mapped(IpcMapping {
+                ctx: ctx.clone(),
+                key,
+                ptr: *ptr,
+            }));
+        }
         ctx.bind()?;
         let h = sys::CUipcMemHandle {
             reserved: handle.0.map(|b| b as _),
         };
         let mut ptr: sys::CUdeviceptr = 0;
         let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
-        check(
-            // SAFETY: `ptr` is a valid out-pointer; the handle is passed by value.
-            unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, h, flags) },
-            "cuIpcOpenMemHandle",
-        )?;
-        Ok(IpcMapping {
+        // SAFETY: `ptr` is a valid out-pointer; the handle is passed by value.
+        let r = unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, h, flags) };
+        if r == sys::CUresult::CUDA_ERROR_ALREADY_MAPPED {
+            return Ok(Opened::Overlaps);
+        }
+        check(r, "cuIpcOpenMemHandle")?;
+        table.insert(key, (ptr, 1));
+        Ok(Opened::Mapped(IpcMapping {
             ctx: ctx.clone(),
+            key,
             ptr,
-        })
+        }))
     }
 
     pub fn ptr(&self) -> u64 {
@@ -44,11 +110,112 @@ impl IpcMapping {
     }
 }
 
-/// The allocation holding device address `ptr` as a handle another
-/// process can open, and `ptr`'s offset in it; `None` when the allocation
-/// cannot be shared this way (virtual-memory allocations such as PyTorch's
-/// expandable segments, memory of another context).
-pub fn export(ctx: &Arc<Context>, ptr: u64) -> Result<Option<(IpcMemHandle, u64)>> {
+fn already_mapped() -> crate::error::Error {
+    crate::error::Error::System(
+        "cuIpcOpenMemHandle: CUDA_ERROR_ALREADY_MAPPED: the allocation overlaps memory this process still maps from its owner, and none of the buffers kept mapped here is it".into(),
+    )
+}
+
+/// Other processes' buffers kept mapped after the call that used them, for
+/// the next calls on the same buffers (a framework reuses its buffers, and
+/// a mapping costs far more than a small collective). One table per
+/// process, shared by every communicator: an owner may free a buffer and
+/// allocate another in its place, which the driver then refuses to map
+/// while the old mapping stays (CUDA_ERROR_ALREADY_MAPPED), whichever
+/// communicator holds it. Each entry remembers the allocation's id in its
+/// owner's process (CU_POINTER_ATTRIBUTE_BUFFER_ID, never reused), so that
+/// a handle that comes back for another allocation is mapped afresh.
+struct Kept {
+    id: u64,
+    map: IpcMapping,
+}
+
+/// Kept mappings before the table is emptied.
+const MAX_KEPT: usize = 512;
+
+type KeptTable = HashMap<(usize, [u8; 64]), Kept>;
+
+fn kept() -> std::sync::MutexGuard<'static, KeptTable> {
+    static KEPT: OnceLock<Mutex<KeptTable>> = OnceLock::new();
+    KEPT.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How many times kept mappings were let go in this process.
+static DROPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Changes whenever kept mappings are let go: an address [`map_kept`] gave
+/// before the change may be unmapped. A caller that maps several buffers
+/// before it uses them reads it before and after, and maps again where it
+/// moved.
+pub fn kept_generation() -> u64 {
+    DROPS.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Lets go of the kept mappings on `ctx`'s device once the work queued on
+/// it (which may use them) is done.
+fn drop_kept(ctx: &Arc<Context>, kept: &mut KeptTable) -> Result<()> {
+    let dev = ctx.device().ordinal();
+    if kept.keys().any(|k| k.0 == dev) {
+        ctx.synchronize()?;
+        DROPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        kept.retain(|k, _| k.0 != dev);
+    }
+    Ok(())
+}
+
+/// This process's address of another process's exported buffer `e`,
+/// mapped now or kept from an earlier call.
+pub fn map_kept(ctx: &Arc<Context>, e: &Exported) -> Result<u64> {
+    let key = (ctx.device().ordinal(), e.handle.0);
+    let mut kept = kept();
+    match kept.get(&key) {
+        Some(k) if k.id == e.id => return Ok(k.map.ptr() + e.offset),
+        Some(_) => {
+            // The same handle for another allocation: the old one is freed.
+            ctx.synchronize()?;
+            DROPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            kept.remove(&key);
+        }
+        None if kept.len() >= MAX_KEPT => drop_kept(ctx, &mut kept)?,
+        None => {}
+    }
+    let map = match IpcMapping::open_once(ctx, &e.handle)? {
+        Opened::Mapped(m) => m,
+        Opened::Overlaps => {
+            drop_kept(ctx, &mut kept)?;
+            match IpcMapping::open_once(ctx, &e.handle)? {
+                Opened::Mapped(m) => m,
+                Opened::Overlaps => return Err(already_mapped()),
+            }
+        }
+    };
+    let ptr = map.ptr() + e.offset;
+    kept.insert(key, Kept { id: e.id, map });
+    Ok(ptr)
+}
+
+/// Lets go of every buffer kept mapped on `ctx`'s device (a suspend, which
+/// frees what each rank owns), once the work queued there is done.
+pub fn forget_kept(ctx: &Arc<Context>) -> Result<()> {
+    drop_kept(ctx, &mut kept())
+}
+
+/// A buffer as another process maps it: its allocation's handle, the
+/// buffer's offset in it, and the allocation's id in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exported {
+    pub handle: IpcMemHandle,
+    pub offset: u64,
+    pub id: u64,
+}
+
+/// The allocation holding device address `ptr` as another process can map
+/// it; `None` when the allocation cannot be shared this way
+/// (virtual-memory allocations such as PyTorch's expandable segments,
+/// memory of another context).
+pub fn export(ctx: &Arc<Context>, ptr: u64) -> Result<Option<Exported>> {
     ctx.bind()?;
     let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
     // SAFETY: both out-pointers are valid; the driver only reads `ptr`'s value.
@@ -62,17 +229,41 @@ pub fn export(ctx: &Arc<Context>, ptr: u64) -> Result<Option<(IpcMemHandle, u64)
     if check(r, "cuIpcGetMemHandle").is_err() {
         return Ok(None);
     }
-    Ok(Some((
-        IpcMemHandle(h.reserved.map(|b| b as u8)),
-        ptr - base,
-    )))
+    let mut id: u64 = 0;
+    // SAFETY: the attribute is a 64-bit integer written to `id`; `base`
+    // is a device address of this context.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut id as *mut u64).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+            base,
+        )
+    };
+    check(r, "cuPointerGetAttribute(BUFFER_ID)")?;
+    Ok(Some(Exported {
+        handle: IpcMemHandle(h.reserved.map(|b| b as u8)),
+        offset: ptr - base,
+        id,
+    }))
 }
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {
-        if self.ctx.bind().is_ok() {
-            // SAFETY: opened by cuIpcOpenMemHandle in this context, closed once.
-            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+        let mut table = opened();
+        let last = match table.get_mut(&self.key) {
+            Some((_, users)) if *users > 1 => {
+                *users -= 1;
+                false
+            }
+            _ => true,
+        };
+        if last {
+            table.remove(&self.key);
+            if self.ctx.bind().is_ok() {
+                // SAFETY: opened by cuIpcOpenMemHandle in this context; the
+                // table had this as its last user, so it is closed once.
+                let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+            }
         }
     }
 }

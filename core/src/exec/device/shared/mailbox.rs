@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::cuda::ipc::Exported;
 use crate::cuda::IpcMemHandle;
 use crate::error::{Error, Result};
 use crate::transport::shm::area::Area;
@@ -34,8 +35,9 @@ pub(crate) enum Buf {
     Unused,
     /// Memory that CUDA IPC cannot share (virtual-memory allocations).
     Private,
-    /// The allocation's handle and the buffer's offset in it.
-    Shared(IpcMemHandle, u64),
+    /// The allocation's handle, the buffer's offset in it, the
+    /// allocation's id.
+    Shared(Exported),
 }
 
 /// What a rank posts for one call.
@@ -78,10 +80,11 @@ impl Post {
             match buf {
                 Buf::Unused => b.push(0),
                 Buf::Private => b.push(1),
-                Buf::Shared(h, off) => {
+                Buf::Shared(e) => {
                     b.push(2);
-                    b.extend_from_slice(&h.0);
-                    b.extend_from_slice(&off.to_le_bytes());
+                    b.extend_from_slice(&e.handle.0);
+                    b.extend_from_slice(&e.offset.to_le_bytes());
+                    b.extend_from_slice(&e.id.to_le_bytes());
                 }
             }
         }
@@ -102,9 +105,14 @@ impl Post {
                 1 => Buf::Private,
                 2 => {
                     let h: [u8; 64] = rest.get(..64)?.try_into().ok()?;
-                    let off = u64::from_le_bytes(rest.get(64..72)?.try_into().ok()?);
-                    rest = &rest[72..];
-                    Buf::Shared(IpcMemHandle(h), off)
+                    let offset = u64::from_le_bytes(rest.get(64..72)?.try_into().ok()?);
+                    let id = u64::from_le_bytes(rest.get(72..80)?.try_into().ok()?);
+                    rest = &rest[80..];
+                    Buf::Shared(Exported {
+                        handle: IpcMemHandle(h),
+                        offset,
+                        id,
+                    })
                 }
                 _ => return None,
             })
@@ -320,7 +328,11 @@ mod tests {
         Post {
             what: what.into(),
             capturing: false,
-            send: Buf::Shared(IpcMemHandle([7; 64]), 4096),
+            send: Buf::Shared(Exported {
+                handle: IpcMemHandle([7; 64]),
+                offset: 4096,
+                id: 17,
+            }),
             recv: Buf::Private,
         }
     }
@@ -333,7 +345,11 @@ mod tests {
                 what: String::new(),
                 capturing: true,
                 send: Buf::Unused,
-                recv: Buf::Shared(IpcMemHandle([255; 64]), u64::MAX),
+                recv: Buf::Shared(Exported {
+                    handle: IpcMemHandle([255; 64]),
+                    offset: u64::MAX,
+                    id: u64::MAX - 1,
+                }),
             },
             post(&"x".repeat(1000)),
         ] {

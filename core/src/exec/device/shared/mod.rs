@@ -28,7 +28,6 @@ mod local;
 mod mailbox;
 mod steps;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,9 +55,6 @@ const MAX_P2P: usize = 224;
 const P2P_DONE: u64 = P2P_READY + 8 * MAX_P2P as u64;
 const READY: u64 = P2P_DONE + 8 * MAX_P2P as u64;
 pub(super) const FLAG_BYTES: usize = READY as usize + 8 * MAX_P2P;
-
-/// Mapped user allocations kept before the cache is emptied.
-const MAX_MAPPED: usize = 512;
 
 /// Whether this path should run for ranks that all share one GPU from
 /// several processes: not under MPS (where the kernels run together),
@@ -188,9 +184,6 @@ pub(crate) struct Processes {
     /// Each rank's flag buffer as this process addresses it.
     flags: Vec<u64>,
     mailbox: Mailbox,
-    /// Mappings of other ranks' allocations, by handle (the leader's for
-    /// collectives, a receiver's for sends).
-    mapped: HashMap<[u8; 64], IpcMapping>,
     /// Messages sent to and received from each rank so far.
     sent: Vec<u64>,
     received: Vec<u64>,
@@ -265,7 +258,6 @@ impl Processes {
             seq: 0,
             flags,
             mailbox: Mailbox::new(area, me, nranks, timeout).with_stop(stop),
-            mapped: HashMap::new(),
             sent: vec![0; nranks],
             received: vec![0; nranks],
             awaited: Awaited::default(),
@@ -274,11 +266,12 @@ impl Processes {
         })
     }
 
-    /// Closes this rank's mappings of other ranks' memory (their flag
-    /// words and the buffers they posted), before a suspend frees what
-    /// each rank owns; nothing may be queued that uses them.
+    /// Closes this rank's mappings of other ranks' flag words before a
+    /// suspend frees what each rank owns; nothing may be queued that uses
+    /// them. The buffers other ranks posted stay mapped (the process's
+    /// table of kept buffers, [`ipc::map_kept`]): they are the callers',
+    /// which a suspend does not free.
     pub fn unmap_peers(&mut self) {
-        self.mapped.clear();
         self.flag_maps.clear();
     }
 
@@ -308,7 +301,7 @@ impl Processes {
             return Ok(Buf::Unused);
         }
         Ok(match ipc::export(&self.ctx, ptr)? {
-            Some((h, off)) => Buf::Shared(h, off),
+            Some(e) => Buf::Shared(e),
             None => Buf::Private,
         })
     }
@@ -316,28 +309,18 @@ impl Processes {
     /// The leader's address of a buffer another rank posted; `None` when
     /// it cannot have one.
     fn map(&mut self, buf: Buf) -> Result<Option<u64>> {
-        let (h, off) = match buf {
+        let e = match buf {
             Buf::Unused => return Ok(Some(0)),
             Buf::Private => return Ok(None),
-            Buf::Shared(h, off) => (h, off),
+            Buf::Shared(e) => e,
         };
-        if !self.mapped.contains_key(&h.0) {
-            if self.mapped.len() >= MAX_MAPPED {
-                // Nothing queued may still use a mapping that goes.
-                self.ctx.synchronize()?;
-                self.mapped.clear();
-            }
-            match IpcMapping::open(&self.ctx, &h) {
-                Ok(m) => {
-                    self.mapped.insert(h.0, m);
-                }
-                Err(e) => {
-                    tracing::debug!(target: "oxccl::coll", "a shared-GPU peer's buffer cannot be mapped ({e}): this call runs on every rank's kernels");
-                    return Ok(None);
-                }
+        match ipc::map_kept(&self.ctx, &e) {
+            Ok(ptr) => Ok(Some(ptr)),
+            Err(e) => {
+                tracing::debug!(target: "oxccl::coll", "a shared-GPU peer's buffer cannot be mapped ({e}): this call runs on every rank's kernels");
+                Ok(None)
             }
         }
-        Ok(self.mapped.get(&h.0).map(|m| m.ptr() + off))
     }
 
     /// The leader's side of the handshake: every rank's buffers as the
@@ -373,14 +356,30 @@ impl Processes {
         let mut bufs = vec![Bufs { send: 0, recv: 0 }; self.nranks];
         bufs[self.me] = Bufs { send, recv };
         let mut direct = !capturing && posts.iter().all(|(_, p)| !p.capturing);
-        for (r, p) in &posts {
+        // Mapping one buffer may let go of the mappings kept so far (a
+        // peer freed a buffer and allocated another in its place), those
+        // of this call's earlier buffers too: map them all again then.
+        // Not covered: another communicator of this process, on another
+        // thread, letting go between here and this call's launch (its
+        // synchronize waits only for work already queued).
+        for pass in 0..3 {
             if !direct {
                 break;
             }
-            match (self.map(p.send)?, self.map(p.recv)?) {
-                (Some(send), Some(recv)) => bufs[*r] = Bufs { send, recv },
-                _ => direct = false,
+            let generation = ipc::kept_generation();
+            for (r, p) in &posts {
+                match (self.map(p.send)?, self.map(p.recv)?) {
+                    (Some(send), Some(recv)) => bufs[*r] = Bufs { send, recv },
+                    _ => {
+                        direct = false;
+                        break;
+                    }
+                }
             }
+            if ipc::kept_generation() == generation {
+                break;
+            }
+            direct &= pass < 2;
         }
         let a = if direct {
             Answer::Direct
@@ -425,7 +424,7 @@ impl Processes {
             let send_buf = self.export(use_send, send)?;
             // In place: one lookup serves both (two driver calls each).
             let recv_buf = match send_buf {
-                Buf::Shared(h, off) if use_recv && recv == send => Buf::Shared(h, off),
+                Buf::Shared(e) if use_recv && recv == send => Buf::Shared(e),
                 _ => self.export(use_recv, recv)?,
             };
             let post = Post {
@@ -462,8 +461,8 @@ impl Processes {
         #[allow(unsafe_code)]
         // SAFETY: the flag words as above; the buffers are the callers'
         // (valid for the collective's sizes by its contract) or mappings
-        // of theirs held in `mapped`, which is only emptied after the
-        // context is synchronized. Every other rank's stream waits for
+        // of theirs kept mapped by the process (`ipc::map_kept`), which
+        // lets one go only after the context is synchronized. Every other rank's stream waits for
         // DONE before it touches its buffers again.
         unsafe {
             for r in (0..self.nranks).filter(|&r| r != self.me) {
@@ -534,8 +533,8 @@ impl Processes {
         // SAFETY: the flag words are in flag buffers mapped in this context
         // until the communicator goes, which synchronizes the context
         // first; the receive buffers are the caller's, valid for `count`
-        // elements, the send buffers mappings held in `mapped` (emptied
-        // only after a synchronize), and each sender's stream waits for
+        // elements, the send buffers mappings kept by the process (let
+        // go only after a synchronize), and each sender's stream waits for
         // this rank's DONE before it touches its buffer again.
         unsafe {
             for &(p, k) in &direct {
