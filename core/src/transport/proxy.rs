@@ -207,8 +207,8 @@ pub struct Areas {
     pub layout: Layout,
     pub rank: usize,
     /// A profiler may be attached ([`Proxy::set_profiler`]): until the
-    /// thread is told whether one is, it posts no receives, so that with
-    /// one every receive is posted as the profiler needs it.
+    /// thread is told whether one is, it posts nothing, so that with one
+    /// every step is reported from its start.
     pub profiled: bool,
 }
 
@@ -316,6 +316,8 @@ impl Driven {
                 )));
             }
             let prof = match gate {
+                // Whether the step is to be reported is not known yet.
+                Gate::Hold => break,
                 // The announcement comes before the kernel: the next pass
                 // has it.
                 Gate::Track(_) if !self.tracks[0].covers(step) => break,
