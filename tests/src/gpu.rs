@@ -38,12 +38,17 @@ pub struct GpuRank {
 
 impl GpuRank {
     pub fn join(r: &Rank) -> GpuRank {
+        GpuRank::join_on(r, r.rank)
+    }
+
+    /// As [`GpuRank::join`], on GPU `device` (ranks may share one).
+    pub fn join_on(r: &Rank, device: usize) -> GpuRank {
         let cfg = CommConfig {
-            device: Some(r.rank),
+            device: Some(device),
             ..CommConfig::default()
         };
         let comm = Comm::init_rank(r.nranks, r.id, r.rank, &cfg).expect("init_rank on a GPU");
-        let ctx = Context::primary(Device::get(r.rank).unwrap()).unwrap();
+        let ctx = Context::primary(Device::get(device).unwrap()).unwrap();
         GpuRank {
             rank: r.rank,
             nranks: r.nranks,

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 pub mod gpu;
+pub mod tree;
 
 pub use oxccl_cli::check;
 pub use oxccl_cli::check::checked_all_reduce;

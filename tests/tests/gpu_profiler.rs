@@ -13,6 +13,7 @@ use std::time::Duration;
 use oxccl::cuda::{DeviceBuffer, FillPattern};
 use oxccl::OpKind;
 use oxccl_tests::gpu::{self, GpuRank};
+use oxccl_tests::tree::{tree_of, TreeEvent};
 use oxccl_tests::{as_child, assert_all_ok, built_library, spawn, trace_events, Rank};
 use serde_json::Value;
 
@@ -182,4 +183,149 @@ fn check_rank(rank: usize, nranks: usize, xs: &[Value], kernel: bool) {
             .sum::<usize>(),
         "rank {rank}: every kernel-channel event has an operation"
     );
+}
+
+/// All-reduces of `NET_SIZES` (checked) and a send/recv group, 2 ranks on
+/// GPUs `rank % GPUs` (both on GPU 0 with one).
+fn net_rank_body(r: Rank) {
+    let gpus = oxccl::cuda::device_count().unwrap();
+    let g = GpuRank::join_on(&r, r.rank % gpus);
+    let big = *NET_SIZES.iter().max().unwrap();
+    let input = DeviceBuffer::alloc(&g.ctx, big * 4).unwrap();
+    let output = DeviceBuffer::alloc(&g.ctx, big * 4 * r.nranks).unwrap();
+    let wrong: usize = NET_SIZES
+        .iter()
+        .map(|&n| g.checked_all_reduce(&input, &output, n, pattern))
+        .sum();
+    assert_eq!(wrong, 0, "rank {}: all-reduce results", r.rank);
+    let peer = 1 - r.rank;
+    oxccl::group_start();
+    let send = g.op(OpKind::Send { peer }, input.ptr(), 0, NET_P2P);
+    let recv = g.op(OpKind::Recv { peer }, 0, output.ptr(), NET_P2P);
+    // SAFETY: device buffers of this rank's GPU, sized for the ops, alive
+    // until the stream is synchronised below; they do not overlap.
+    unsafe {
+        g.comm.enqueue(send).unwrap();
+        g.comm.enqueue(recv).unwrap();
+    }
+    oxccl::group_end().unwrap();
+    g.stream.synchronize().unwrap();
+    g.comm.destroy().unwrap();
+}
+
+/// All-reduce element counts over the network: one slice, many.
+const NET_SIZES: [usize; 2] = [1024, 1 << 20];
+const NET_P2P: usize = 256 << 10;
+
+/// The device path through the network proxy (NCCL_P2P_DISABLE=1 and
+/// NCCL_SHM_DISABLE=1: every peer through the socket net, GPU slots
+/// moved by the proxy thread), with the profiler_tree fixture asking for
+/// Coll, P2p, ProxyOp, ProxyStep and NetPlugin events: per rank, a proxy
+/// op under every collective and p2p event for each direction it moves
+/// (peer the other rank), none elsewhere; its steps numbered from 0, as
+/// many as it announced, with NCCL's net.cc states (send: GPU wait 8, peer
+/// wait 20, send wait 9; receive: recv wait 10, flush wait 11, GPU wait
+/// 12), each stopped inside the op; the op's one state "in progress" (19);
+/// a socket event (NetPlugin, NCCL's socket descriptor) under every step
+/// and only under steps. Two ranks on one GPU when there is only one.
+#[test]
+fn device_net_proxy_reports_proxy_ops_steps_and_net_events() {
+    let name = "device_net_proxy_reports_proxy_ops_steps_and_net_events";
+    if as_child(name, net_rank_body) {
+        return;
+    }
+    if gpu::ranks().is_none() {
+        return;
+    }
+    if let Err(e) = oxccl::cuda::nvrtc::version() {
+        return println!("skipped: {e}");
+    }
+    let lib = format!("{}/libprofiler_tree.so", env!("OXCCL_FIXTURES"));
+    let done = spawn(
+        name,
+        2,
+        &[
+            ("NCCL_PROFILER_PLUGIN", &lib),
+            // Coll, P2p, ProxyOp, ProxyStep, NetPlugin.
+            ("FIXTURE_PROFILER_MASK", "158"),
+            ("NCCL_P2P_DISABLE", "1"),
+            ("NCCL_SHM_DISABLE", "1"),
+            ("NCCL_NVLS_ENABLE", "0"),
+        ],
+        Duration::from_secs(180),
+    );
+    assert_all_ok(&done);
+    for f in &done {
+        let rank = f.rank;
+        let evs = tree_of(&f.stderr);
+        let mut ops_under = HashMap::new();
+        let (mut nsteps, mut nnet) = (0, 0);
+        for (id, op) in evs.iter().filter(|(_, e)| e.kind == "ProxyOp") {
+            let parent = &evs[&(op.parent as u64)];
+            assert!(
+                parent.kind == "Coll" || parent.kind == "P2p",
+                "rank {rank}: {op:?} under {parent:?}"
+            );
+            let send = op.fields["send"] == "1";
+            ops_under
+                .entry(op.parent)
+                .or_insert_with(BTreeSet::new)
+                .insert(send);
+            assert_eq!(op.fields["peer"], (1 - rank).to_string(), "{op:?}");
+            assert_eq!(op.states, [19], "rank {rank}: {op:?}");
+            assert!(op.stopped_at.is_some(), "rank {rank}: {op:?}");
+            let steps: Vec<(&u64, &TreeEvent)> = evs
+                .iter()
+                .filter(|(_, s)| s.kind == "ProxyStep" && s.parent == *id as i64)
+                .collect();
+            let n: usize = op.fields["steps"].parse().unwrap();
+            let numbers: Vec<String> = steps.iter().map(|s| s.1.fields["step"].clone()).collect();
+            let want: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+            assert_eq!(numbers, want, "rank {rank}: steps of {op:?}");
+            for (sid, s) in steps {
+                let order: &[i32] = if send { &[8, 20, 9] } else { &[10, 11, 12] };
+                assert_eq!(s.states, order, "rank {rank}: {s:?} of {op:?}");
+                assert!(s.stopped_at.is_some() && s.stopped_at < op.stopped_at);
+                assert!(s.started_at > op.started_at, "{s:?} of {op:?}");
+                let net: Vec<&TreeEvent> = evs
+                    .values()
+                    .filter(|e| e.kind == "NetPlugin" && e.parent == *sid as i64)
+                    .collect();
+                assert!(!net.is_empty(), "rank {rank}: no socket event under {s:?}");
+                for e in &net {
+                    assert_eq!(e.fields["id"], "0x20001", "{e:?}");
+                    let want_op = if send { "0" } else { "1" };
+                    assert_eq!(e.fields["op"], want_op, "{e:?} under {op:?}");
+                    assert!(e.started_at > s.started_at && e.stopped_at < s.stopped_at);
+                }
+                nsteps += 1;
+                nnet += net.len();
+            }
+        }
+        for e in evs.values().filter(|e| e.kind == "NetPlugin") {
+            assert_eq!(evs[&(e.parent as u64)].kind, "ProxyStep", "{e:?}");
+        }
+        // Every operation moved data both ways (a ring of two, a send and
+        // a receive): all-reduces under both directions, Send under send,
+        // Recv under receive.
+        for (id, e) in evs
+            .iter()
+            .filter(|(_, e)| e.kind == "Coll" || e.kind == "P2p")
+        {
+            let dirs = ops_under.get(&(*id as i64)).cloned().unwrap_or_default();
+            let want: BTreeSet<bool> = match e.fields.get("func").map(String::as_str) {
+                Some("Send") => [true].into(),
+                Some("Recv") => [false].into(),
+                _ => [false, true].into(),
+            };
+            assert_eq!(dirs, want, "rank {rank}: proxy ops of {e:?}");
+        }
+        let colls = evs.values().filter(|e| e.kind == "Coll").count();
+        let p2ps = evs.values().filter(|e| e.kind == "P2p").count();
+        assert_eq!((colls, p2ps), (NET_SIZES.len(), 2), "rank {rank}");
+        println!(
+            "rank {rank}: {} proxy ops, {nsteps} steps, {nnet} socket events",
+            ops_under.values().map(BTreeSet::len).sum::<usize>()
+        );
+    }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use oxccl::{DataType, RedOp};
 use oxccl_cli::perf::Case;
 use oxccl_tests::check::Coll;
+use oxccl_tests::tree::{tree_of, TreeEvent};
 use oxccl_tests::{as_child, assert_all_ok, built_library, spawn, trace_events};
 
 /// The cdylib cargo built with this test binary (target/<profile>/deps/,
@@ -672,70 +673,6 @@ fn pointers_given_at_init_stay_valid_until_finalize() {
     }
 }
 
-/// One started event as the tree fixture logs it.
-#[derive(Debug, Clone)]
-struct TreeEvent {
-    kind: String,
-    parent: i64,
-    fields: std::collections::HashMap<String, String>,
-    states: Vec<i32>,
-    stopped_at: Option<usize>,
-    started_at: usize,
-}
-
-/// The events of one rank's stderr, by id, from profiler_tree.c's lines.
-fn tree_of(stderr: &str) -> std::collections::BTreeMap<u64, TreeEvent> {
-    let mut evs = std::collections::BTreeMap::new();
-    for (n, l) in stderr.lines().enumerate() {
-        let w: Vec<&str> = l.split_whitespace().collect();
-        match w.as_slice() {
-            ["tree", "start", id, kind, rest @ ..] => {
-                let fields: std::collections::HashMap<String, String> = rest
-                    .iter()
-                    .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect();
-                let id: u64 = id.parse().unwrap();
-                let parent = fields["parent"].parse().unwrap();
-                evs.insert(
-                    id,
-                    TreeEvent {
-                        kind: kind.to_string(),
-                        parent,
-                        fields,
-                        states: Vec::new(),
-                        stopped_at: None,
-                        started_at: n,
-                    },
-                );
-            }
-            ["tree", "stop", id] => {
-                let e = evs
-                    .get_mut(&id.parse::<u64>().unwrap())
-                    .expect("stop of a started event");
-                assert!(e.stopped_at.is_none(), "stopped twice: {l}");
-                e.stopped_at = Some(n);
-            }
-            ["tree", "state", id, state, args] => {
-                let e = evs
-                    .get_mut(&id.parse::<u64>().unwrap())
-                    .expect("state of a started event");
-                // NCCL passes NULL with the group API states, arguments
-                // with the proxy ones (profiler.cc).
-                let want = if e.kind == "GroupApi" {
-                    "args=null"
-                } else {
-                    "args=set"
-                };
-                assert_eq!(*args, want, "{l}");
-                e.states.push(state.parse().unwrap());
-            }
-            _ => {}
-        }
-    }
-    evs
-}
-
 /// NCCL's v5 event tree on host memory (profiler_v5.h, plugins/profiler/
 /// README.md, src/plugin/profiler.cc): a group API event per outermost
 /// group (depth 1 for a lone call, 2 in an explicit group) with the states
@@ -1312,5 +1249,298 @@ fn net_plugin_profiler_handles_outlive_their_requests() {
                 net.len()
             );
         }
+    }
+}
+
+/// The device path's network proxy (oxccl::transport::proxy) reports
+/// NCCL's proxy events from the launches the host announces, driven here
+/// without a GPU: two proxies over the socket net on loopback, the test
+/// playing both ranks' kernels on plain host areas (stores into the send
+/// mirror, posts `tail`; reads the receive slots, posts `head`), rank 0's
+/// proxy with the profiler_tree fixture. Three launches on two channels:
+/// A and C profiled (each under its own Coll event), B announced with no
+/// parent (the mask of its group asked for nothing). Expected: a ProxyOp
+/// per (launch, channel, direction) of A and C, none for B, each under its
+/// launch's Coll event with peer 1, its channel and step count; its steps
+/// numbered from 0 with NCCL's states (send 8, 20, 9; receive 10, 11, 12),
+/// each stopped between the op's start and stop; the op's one state
+/// "in progress" (19); a socket event (NetPlugin) under every step and
+/// nowhere else.
+#[test]
+fn device_proxy_reports_proxy_events_of_announced_launches() {
+    let name = "device_proxy_reports_proxy_events_of_announced_launches";
+    if as_child(name, |_| device_proxy::drive()) {
+        return;
+    }
+    let done = spawn(
+        name,
+        1,
+        &[
+            ("NCCL_PROFILER_PLUGIN", &fixture("profiler_tree")),
+            // Coll, ProxyOp, ProxyStep, NetPlugin.
+            ("FIXTURE_PROFILER_MASK", "154"),
+        ],
+        Duration::from_secs(60),
+    );
+    assert_all_ok(&done);
+    let evs = tree_of(&done[0].stderr);
+    let colls: Vec<u64> = evs
+        .iter()
+        .filter(|(_, e)| e.kind == "Coll")
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(colls.len(), 2, "{evs:?}");
+    let mut seen = Vec::new();
+    for (id, op) in evs.iter().filter(|(_, e)| e.kind == "ProxyOp") {
+        let launch = colls
+            .iter()
+            .position(|&c| c as i64 == op.parent)
+            .unwrap_or_else(|| panic!("{op:?} is not under a Coll event"));
+        let (chan, send): (usize, bool) = (
+            op.fields["channel"].parse().unwrap(),
+            op.fields["send"] == "1",
+        );
+        let n: usize = op.fields["steps"].parse().unwrap();
+        assert_eq!(op.fields["peer"], "1", "{op:?}");
+        assert_eq!(n as u64, device_proxy::steps(launch * 2, chan), "{op:?}");
+        assert_eq!(op.states, [19], "{op:?}");
+        seen.push((launch, chan, send));
+        let steps: Vec<(&u64, &TreeEvent)> = evs
+            .iter()
+            .filter(|(_, s)| s.kind == "ProxyStep" && s.parent == *id as i64)
+            .collect();
+        let numbers: Vec<String> = steps.iter().map(|s| s.1.fields["step"].clone()).collect();
+        let want: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+        assert_eq!(numbers, want, "steps of {op:?}");
+        for (sid, s) in steps {
+            let order: &[i32] = if send { &[8, 20, 9] } else { &[10, 11, 12] };
+            assert_eq!(s.states, order, "{s:?} of {op:?}");
+            assert!(s.started_at > op.started_at && s.stopped_at < op.stopped_at);
+            assert!(s.stopped_at.is_some(), "{s:?}");
+            let net = evs
+                .values()
+                .filter(|e| e.kind == "NetPlugin" && e.parent == *sid as i64)
+                .count();
+            assert!(net >= 1, "no socket event under {s:?} of {op:?}");
+        }
+        assert!(op.stopped_at.is_some(), "{op:?}");
+    }
+    seen.sort();
+    let mut want = Vec::new();
+    for launch in 0..2 {
+        for chan in 0..2 {
+            if device_proxy::steps(launch * 2, chan) > 0 {
+                want.extend([(launch, chan, false), (launch, chan, true)]);
+            }
+        }
+    }
+    assert_eq!(seen, want);
+    for e in evs.values().filter(|e| e.kind == "NetPlugin") {
+        assert_eq!(evs[&(e.parent as u64)].kind, "ProxyStep", "{e:?}");
+    }
+    let net = evs.values().filter(|e| e.kind == "NetPlugin").count();
+    println!(
+        "device proxy: {} proxy ops, {} steps, {net} socket events",
+        seen.len(),
+        evs.values().filter(|e| e.kind == "ProxyStep").count()
+    );
+}
+
+mod device_proxy {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use oxccl::exec::reg::{RecvConn, SendConn};
+    use oxccl::plugin::profiler::{Handle, ProfilerComm};
+    use oxccl::transport::layout::Layout;
+    use oxccl::transport::proxy::{Areas, ConnSteps, Launch, Link, Proxy, Slots};
+    use oxccl::transport::shm::area::Area;
+    use oxccl::{DataType, Op, OpKind, RedOp};
+    use oxccl_net_socket::SocketNet;
+    use oxccl_plugin::{Net, RecvComm, SendComm};
+
+    const CHANNELS: usize = 2;
+    const LIMIT: Duration = Duration::from_secs(30);
+
+    /// Steps launch `l` moves each way on channel `chan` (more than the 4
+    /// slots, so that receives wait for free slots and announcements).
+    pub fn steps(l: usize, chan: usize) -> u64 {
+        [[7, 3], [2, 2], [5, 0]][l][chan]
+    }
+
+    fn pair(net: &SocketNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
+        let (mut h, mut l) = net.listen(0).unwrap();
+        let (mut s, mut r) = (None, None);
+        let start = Instant::now();
+        while s.is_none() || r.is_none() {
+            if s.is_none() {
+                s = net.connect(0, &mut h).unwrap();
+            }
+            if r.is_none() {
+                r = l.accept().unwrap();
+            }
+            assert!(start.elapsed() < LIMIT, "connect/accept never completed");
+        }
+        (s.unwrap(), r.unwrap())
+    }
+
+    /// One rank's kernel on host memory: per channel, stores and posts
+    /// slices up to what its launches allow, and consumes what arrived.
+    struct Kernel {
+        rank: usize,
+        mine: Arc<Area>,
+        mirror: Arc<Area>,
+        layout: Layout,
+        sent: [u64; CHANNELS],
+        recvd: [u64; CHANNELS],
+    }
+
+    impl Kernel {
+        fn new(rank: usize, layout: Layout) -> Kernel {
+            Kernel {
+                rank,
+                mine: Arc::new(Area::private(layout.bytes).unwrap()),
+                mirror: Arc::new(Area::private(layout.bytes).unwrap()),
+                layout,
+                sent: [0; CHANNELS],
+                recvd: [0; CHANNELS],
+            }
+        }
+
+        fn poll(&mut self, upto: [u64; CHANNELS]) {
+            let (l, peer) = (&self.layout, 1 - self.rank);
+            for (ch, &up) in upto.iter().enumerate() {
+                let (out, inc) = (l.cell(self.rank, peer, ch), l.cell(peer, self.rank, ch));
+                let free = self.mine.load(l.head(inc)) + l.nslots as u64;
+                if self.sent[ch] < up && self.sent[ch] < free {
+                    let step = self.sent[ch];
+                    let len = 100 + (step as usize * 37) % 900;
+                    let at = self.mirror.at(l.slot(out, step), len);
+                    // SAFETY: `at` is `len` bytes inside the mirror; the
+                    // proxy reads the slot only between its post and `head`.
+                    unsafe { std::ptr::write_bytes(at, (step as u8) ^ (ch as u8), len) };
+                    self.mirror.store(l.size(out, step), len as u64);
+                    self.sent[ch] += 1;
+                    self.mirror.store(l.tail(out), self.sent[ch]);
+                }
+                if self.recvd[ch] < self.mine.load(l.tail(inc)) {
+                    let step = self.recvd[ch];
+                    let len = 100 + (step as usize * 37) % 900;
+                    let at = self.mine.at(l.slot(inc, step), len);
+                    // SAFETY: the proxy wrote this slot before it bumped
+                    // `tail` and posts no receive into it until `head`
+                    // passes it.
+                    let got = unsafe { std::slice::from_raw_parts(at, len) };
+                    assert!(got.iter().all(|&b| b == (step as u8) ^ (ch as u8)));
+                    self.recvd[ch] += 1;
+                    self.mirror.store(l.head(out), self.recvd[ch]);
+                }
+            }
+        }
+    }
+
+    pub fn drive() {
+        let lib = std::env::var("NCCL_PROFILER_PLUGIN").unwrap();
+        let (p, _) = oxccl::plugin::profiler::load(Some(&lib)).unwrap();
+        let prof = Arc::new(ProfilerComm::new(p.expect("the fixture loads"), 7, 2, 0, 1).unwrap());
+        let mask = prof.mask();
+        let net = SocketNet::new(Some("lo"), oxccl_netif::Family::V4, 0, 1).unwrap();
+        let layout = Layout::new(2, CHANNELS, 4, 4096);
+        let mut kernels = [Kernel::new(0, layout), Kernel::new(1, layout)];
+        let mut proxies = Vec::new();
+        let mut sends: [Vec<Box<dyn SendComm>>; 2] = Default::default();
+        let mut recvs: [Vec<Box<dyn RecvComm>>; 2] = Default::default();
+        for _ in 0..CHANNELS {
+            let (s01, r01) = pair(&net);
+            let (s10, r10) = pair(&net);
+            sends[0].push(s01);
+            recvs[0].push(r10);
+            sends[1].push(s10);
+            recvs[1].push(r01);
+        }
+        for (rank, k) in kernels.iter().enumerate() {
+            let (sends, recvs) = (
+                std::mem::take(&mut sends[rank]),
+                std::mem::take(&mut recvs[rank]),
+            );
+            let links = sends
+                .into_iter()
+                .zip(recvs)
+                .enumerate()
+                .map(|(chan, (s, r))| Link {
+                    peer: 1 - rank,
+                    chan,
+                    send: SendConn::new(s),
+                    recv: RecvConn::new(r),
+                })
+                .collect();
+            let areas = Areas {
+                mine: k.mine.clone(),
+                mirror: k.mirror.clone(),
+                slots: [
+                    Slots::host(&k.mine, &layout),
+                    Slots::host(&k.mirror, &layout),
+                ],
+                ctx: None,
+                layout,
+                rank,
+                profiled: rank == 0,
+            };
+            let proxy = Proxy::start(links, areas).unwrap();
+            let tracked = proxy.set_profiler((rank == 0).then(|| prof.clone()));
+            assert_eq!(tracked, rank == 0);
+            proxies.push(proxy);
+        }
+        let op = Op {
+            kind: OpKind::AllReduce,
+            input: std::ptr::null(),
+            output: std::ptr::null_mut(),
+            count: 1024,
+            dtype: DataType::Float32,
+            redop: RedOp::Sum,
+            stream: 0,
+        };
+        let mut upto = [0u64; CHANNELS];
+        let mut events = Vec::new();
+        for l in 0..3 {
+            // Launch 1 runs unprofiled: counted, with no parent.
+            let parent = (l != 1).then(|| {
+                let h = prof.coll(mask, &op, None, CHANNELS, Handle::NONE, Handle::NONE);
+                events.push(h);
+                h
+            });
+            let mut conns = Vec::new();
+            for chan in 0..CHANNELS {
+                for send in [true, false] {
+                    conns.push(ConnSteps {
+                        peer: 1,
+                        chan,
+                        send,
+                        steps: steps(l, chan),
+                        parent,
+                        chunk_bytes: 1000,
+                    });
+                }
+            }
+            proxies[0].announce(Launch { mask, conns });
+            proxies[0].kick();
+            for (ch, u) in upto.iter_mut().enumerate() {
+                *u += steps(l, ch);
+            }
+            let t = Instant::now();
+            while kernels.iter().any(|k| k.recvd != upto || k.sent != upto) {
+                for k in kernels.iter_mut() {
+                    k.poll(upto);
+                }
+                assert!(t.elapsed() < LIMIT, "launch {l} stalled");
+                assert!(proxies.iter().all(|p| p.failure().is_none()));
+            }
+        }
+        // The last steps end when the proxy sees them consumed.
+        std::thread::sleep(Duration::from_millis(100));
+        for h in events {
+            prof.stop(h);
+        }
+        drop(proxies);
     }
 }

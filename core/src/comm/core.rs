@@ -255,9 +255,10 @@ impl Core {
         let profiler = crate::plugin::profiler::shared(cfg.profiler_plugin.as_deref())?
             .and_then(|p| ProfilerComm::new(p, ident.comm_hash, nranks, rank, ident.nnodes))
             .map(Arc::new);
-        if let (Some(GpuPath(dc, _)), Some(p)) = (&device, &profiler) {
-            if let Ok(dc) = dc.lock() {
-                dc.set_profiler(p);
+        // Told either way: a proxy set up for a profiler waits to know.
+        if let Some(GpuPath(dc, _)) = &device {
+            if let Ok(mut dc) = dc.lock() {
+                dc.set_profiler(profiler.as_ref());
             }
         }
         let ring = algo::ring_order(&locality.hosts);

@@ -19,10 +19,10 @@ use crate::config::Config;
 use crate::cuda::{pointer_kind, Device, PtrKind, RawStream, SavedCurrent};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::exec::device::{Choice, DeviceComm, DeviceConfig, Oob, Transports};
+use crate::exec::device::{Choice, DeviceComm, DeviceConfig, Oob, ProxyParents, Transports};
 use crate::exec::mem::OpBuffers;
 use crate::op::{Op, OpKind};
-use crate::plugin::profiler::{Event, Handle, ProfilerComm};
+use crate::plugin::profiler::{Event, Handle, ProfilerComm, ProxyProfiler};
 use crate::plugin::tuner::TunerComm;
 use crate::topo::{BusId, PciNode};
 use crate::transport::gdr;
@@ -94,10 +94,17 @@ pub(crate) fn open(
         conns.ensure(bootstrap, &keys, &keys, timeout, &|| None)?;
         conns.take_links(peers, channels)
     };
+    // The communicator attaches the profiler after this; a proxy that may
+    // report to it waits to know (see `Areas::profiled`).
+    let profiled = crate::plugin::profiler::shared(cfg.profiler_plugin.as_deref())
+        .ok()
+        .flatten()
+        .is_some();
     let tr = Transports {
         routes,
         connect: Box::new(connect),
         gdr,
+        profiled,
     };
     let dc = DeviceComm::with_transports(&oob, device, dcfg, tr)
         .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
@@ -262,6 +269,8 @@ pub(crate) fn execute(
     let p = prof.as_ref();
     let mask = p.map_or(0, |p| p.mask);
     let group = p.map(|p| p.comm.running(p.comm.start(mask, Event::Group)));
+    // The network proxy's proxy ops hang under the operations' events.
+    let wants_proxy = p.is_some() && ProxyProfiler::wants_ops(mask);
     // Each timed launch since the last call, with the events it ran for.
     let track = |dc: &mut DeviceComm, parents: &[Handle]| {
         if let Some(ev) = events {
@@ -309,7 +318,16 @@ pub(crate) fn execute(
             stream(op),
         );
         let launched = launch(op);
-        dc.collective(coll, Some(choice), i, o, n, t, op.redop, s)?;
+        if wants_proxy {
+            dc.run_for(Some(ProxyParents {
+                mask,
+                coll: Some(event.as_ref().map_or(Handle::NONE, |e| e.handle())),
+                p2p: Vec::new(),
+            }));
+        }
+        let r = dc.collective(coll, Some(choice), i, o, n, t, op.redop, s);
+        dc.run_for(None);
+        r?;
         drop(launched);
         // A plugin may not track the operation (a NULL handle): its
         // channels still get events, parentless, as in NCCL, and the
@@ -364,8 +382,6 @@ pub(crate) fn execute(
             }
         }
         let launched = launch(msgs[0]);
-        dc.p2p(&sends, &recvs, count, dtype, stream(msgs[0]))?;
-        drop(launched);
         // Every message of the size moves on every channel of its kernel.
         let parents: Vec<Handle> = p2p
             .iter()
@@ -373,6 +389,26 @@ pub(crate) fn execute(
             .filter(|(op, _)| of_size(op))
             .map(|(_, e)| e.handle())
             .collect();
+        if wants_proxy {
+            let p2p: Vec<(usize, bool, Handle)> = msgs
+                .iter()
+                .zip(&parents)
+                .filter_map(|(op, &h)| match op.kind {
+                    OpKind::Send { peer } => Some((peer, true, h)),
+                    OpKind::Recv { peer } => Some((peer, false, h)),
+                    _ => None,
+                })
+                .collect();
+            dc.run_for(Some(ProxyParents {
+                mask,
+                coll: None,
+                p2p,
+            }));
+        }
+        let r = dc.p2p(&sends, &recvs, count, dtype, stream(msgs[0]));
+        dc.run_for(None);
+        r?;
+        drop(launched);
         track(&mut dc, &parents);
     }
     Ok(())

@@ -31,11 +31,11 @@ use oxccl_plugin::Request;
 use crate::algo::{Buf, Step};
 use crate::bootstrap::{Bootstrap, PeerProgress};
 use crate::error::{Error, Result};
+pub use crate::plugin::profiler::ProxyProfiler;
 use crate::plugin::profiler::{Handle, NetParent, ProfilerComm, ProxyCtrl};
 use crate::reduce::Reducer;
 use header::{OpHeader, HEADER_BYTES};
 use mem::{OpBuffers, Span};
-pub use proxy_prof::ProxyProfiler;
 use proxy_prof::{Proxies, NO_OP};
 use reg::{RecvConn, Scope, SendConn};
 

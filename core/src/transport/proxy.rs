@@ -26,7 +26,11 @@
 //!
 //! [`SendSteps`] and [`RecvSteps`] are the per-connection state machines,
 //! without sockets or GPUs; [`Proxy`] is the thread that feeds them the
-//! counters it reads and performs what they answer.
+//! counters it reads and performs what they answer. With a profiler, the
+//! thread also reports NCCL's proxy ops and steps, from what the host
+//! announces of each launch (see [`track`]).
+
+mod track;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +47,8 @@ use crate::error::{Error, Result};
 use crate::exec::mem::Span;
 use crate::exec::reg::{RecvConn, Scope, SendConn};
 use crate::plugin::profiler::{ProfilerComm, ProxyCtrl};
+pub use track::{ConnSteps, Launch};
+use track::{Notice, Notices, Track};
 
 /// The sending half of one connection: which steps the kernel posted have
 /// gone to the plugin, and which the plugin finished.
@@ -78,6 +84,11 @@ impl SendSteps {
 
     pub fn in_flight(&self) -> u64 {
         self.posted - self.done
+    }
+
+    /// Steps completed so far: the number of the oldest in flight.
+    pub fn completed(&self) -> u64 {
+        self.done
     }
 }
 
@@ -123,6 +134,11 @@ impl RecvSteps {
             "a receive done that was never posted"
         );
         self.done += 1;
+        self.done
+    }
+
+    /// Receives completed so far: the step of the oldest in flight.
+    pub fn completed(&self) -> u64 {
         self.done
     }
 }
@@ -190,6 +206,19 @@ pub struct Areas {
     pub ctx: Option<Arc<Context>>,
     pub layout: Layout,
     pub rank: usize,
+    /// A profiler may be attached ([`Proxy::set_profiler`]): until the
+    /// thread is told whether one is, it posts nothing, so that with one
+    /// every step is reported from its start.
+    pub profiled: bool,
+}
+
+/// How the thread posts receives: not yet (a profiler may come), freely,
+/// or for announced steps only, reporting proxy events to the profiler.
+#[derive(Clone, Copy)]
+enum Gate<'a> {
+    Hold,
+    Free,
+    Track(&'a Arc<ProfilerComm>),
 }
 
 /// One net peer on one channel: both directions.
@@ -221,6 +250,8 @@ struct Driven {
     /// A receive completed without its size (`Request::test`): the plugin
     /// cannot tell a goodbye from a slice.
     sizeless: bool,
+    /// The profiler's view of the sends and of the receives.
+    tracks: [Track; 2],
 }
 
 impl Driven {
@@ -259,17 +290,23 @@ impl Driven {
             bye: None,
             said_bye: false,
             sizeless: false,
+            tracks: Default::default(),
         })
     }
 
     /// Posts and completes what it can; whether anything moved.
-    fn progress(&mut self, a: &Areas) -> Result<bool> {
+    fn progress(&mut self, a: &Areas, gate: Gate<'_>) -> Result<bool> {
         let (l, mine, mirror) = (&a.layout, a.mine.area(), a.mirror.area());
         let (peer, chan) = (self.link.peer, self.link.chan);
         let fail = |what: &str, e| {
             Error::from(e).context(format!("{what} on channel {chan} with rank {peer}"))
         };
         let mut moved = self.goodbye(a, false).map_err(|e| fail("goodbye", e))?;
+        if let Gate::Track(c) = gate {
+            // Slots the kernel may store into now: their steps wait for it.
+            let free = self.sends.completed() + l.nslots as u64;
+            self.tracks[0].open_sends(c, free);
+        }
         while let Some(step) = self.sends.next(mirror.load(l.tail(self.out))) {
             let bytes = mirror.load(l.size(self.out, step)) as usize;
             if bytes > l.slot_bytes {
@@ -278,23 +315,36 @@ impl Driven {
                     l.slot_bytes
                 )));
             }
+            let prof = match gate {
+                // Whether the step is to be reported is not known yet.
+                Gate::Hold => break,
+                // The announcement comes before the kernel: the next pass
+                // has it.
+                Gate::Track(_) if !self.tracks[0].covers(step) => break,
+                Gate::Track(c) => self.tracks[0].send_try(c, step, bytes),
+                _ => None,
+            };
             let data = a.slots[1].at(l, self.out, step);
             // SAFETY: the slot lies in the mirror's slots (the layout's
             // bounds), which outlive every request (the proxy joins before
             // the areas go); the kernel does not store into it again until
             // `head` passes it, which happens only after this request
-            // completes.
+            // completes. The profiler handle lives in the track until the
+            // request completed.
             #[allow(unsafe_code)]
             let req = unsafe {
                 self.link
                     .send
                     .comm()
-                    .isend(data, bytes, 0, Some(self.send_mr))
+                    .isend_profiled(data, bytes, 0, Some(self.send_mr), prof)
             }
             .map_err(|e| fail("isend", e))?;
             let Some(req) = req else { break };
             self.send_q.push_back(req);
             self.sends.posted();
+            if let Gate::Track(c) = gate {
+                self.tracks[0].sent(c, step, bytes);
+            }
             moved = true;
         }
         while let Some(r) = self.send_q.front_mut() {
@@ -302,29 +352,48 @@ impl Driven {
                 break;
             }
             self.send_q.pop_front();
+            let step = self.sends.completed();
             mine.store(l.head(self.inc), self.sends.done());
+            if let Gate::Track(c) = gate {
+                self.tracks[0].send_done(c, step);
+            }
             moved = true;
         }
-        while let Some(step) = self
-            .recvs
-            .next(mirror.load(l.head(self.out)))
-            .filter(|_| !self.heard_bye)
-        {
+        let consumed = mirror.load(l.head(self.out));
+        if let Gate::Track(c) = gate {
+            self.tracks[1].consumed(c, consumed);
+        }
+        while let Some(step) = self.recvs.next(consumed).filter(|_| !self.heard_bye) {
+            let prof = match gate {
+                Gate::Hold => break,
+                Gate::Free => None,
+                // Not announced yet: posted once its launch is.
+                Gate::Track(_) if !self.tracks[1].covers(step) => break,
+                Gate::Track(c) => self.tracks[1].recv_try(c, step, l.slot_bytes),
+            };
             let data = a.slots[0].at(l, self.inc, step);
             // SAFETY: the slot lies in the receive slots, which outlive the
             // request; the kernel has consumed the step that used it last
             // and reads it again only after `tail` says this one arrived.
+            // The profiler handle lives in the track until the step was
+            // consumed, after the request completed.
             #[allow(unsafe_code)]
             let req = unsafe {
-                self.link
-                    .recv
-                    .comm()
-                    .irecv(data, l.slot_bytes, 0, Some(self.recv_mr))
+                self.link.recv.comm().irecv_profiled(
+                    data,
+                    l.slot_bytes,
+                    0,
+                    Some(self.recv_mr),
+                    prof,
+                )
             }
             .map_err(|e| fail("irecv", e))?;
             let Some(req) = req else { break };
             self.recv_q.push_back(req);
             self.recvs.posted();
+            if let Gate::Track(c) = gate {
+                self.tracks[1].recv_posted(c, step, l.slot_bytes);
+            }
             moved = true;
         }
         while let Some(r) = self.recv_q.front_mut().filter(|_| !self.heard_bye) {
@@ -342,9 +411,22 @@ impl Driven {
                 self.goodbye(a, false).map_err(|e| fail("goodbye", e))?;
                 break;
             }
+            if let Gate::Track(c) = gate {
+                let bytes = sizes.first().copied().unwrap_or(l.slot_bytes);
+                self.tracks[1].received(c, self.recvs.completed(), bytes);
+            }
             mine.store(l.tail(self.inc), self.recvs.done());
         }
         Ok(moved)
+    }
+
+    /// Ends the open proxy events of both directions; handles of requests
+    /// still posted stay with their connections until those close.
+    fn finish_tracks(&mut self, c: &Arc<ProfilerComm>) {
+        let [sends, recvs] = &mut self.tracks;
+        let link = &mut self.link;
+        sends.finish(c, &mut |ph| link.send.park(ph));
+        recvs.finish(c, &mut |ph| link.recv.park(ph));
     }
 
     /// Says goodbye where it is due (leaving, or answering the peer's) and
@@ -376,7 +458,7 @@ impl Driven {
         let mut step = || -> Result<()> {
             self.goodbye(a, true)?;
             if !self.heard_bye {
-                self.progress(a)?;
+                self.progress(a, Gate::Free)?;
             }
             Ok(())
         };
@@ -407,9 +489,13 @@ pub struct Proxy {
     thread: Option<JoinHandle<()>>,
     failed: Arc<Mutex<Option<Error>>>,
     gone: Arc<Mutex<Option<Error>>>,
-    /// The communicator's profiler, given once it exists (after the
-    /// window, and so this thread, is set up).
-    prof: Arc<OnceLock<Arc<ProfilerComm>>>,
+    /// The communicator's profiler or none, told once it is known (after
+    /// the window, and so this thread, is set up).
+    prof: Arc<OnceLock<Option<Arc<ProfilerComm>>>>,
+    /// Launches announced, for the profiler's proxy events.
+    notices: Arc<Notices>,
+    /// Whether the thread waits to be told about a profiler.
+    profiled: bool,
 }
 
 impl Proxy {
@@ -422,10 +508,18 @@ impl Proxy {
         let failed = Arc::new(Mutex::new(None));
         let gone = Arc::new(Mutex::new(None));
         let prof = Arc::new(OnceLock::new());
-        let (s, f, g, p) = (stop.clone(), failed.clone(), gone.clone(), prof.clone());
+        let notices = Arc::new(Notices::default());
+        let profiled = areas.profiled;
+        let shared = Shared {
+            stop: stop.clone(),
+            failed: failed.clone(),
+            gone: gone.clone(),
+            prof: prof.clone(),
+            notices: notices.clone(),
+        };
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-proxy-{}", areas.rank))
-            .spawn(move || run(driven, areas, &s, &f, &g, &p))
+            .spawn(move || run(driven, areas, &shared))
             .map_err(|e| Error::System(format!("cannot start the proxy thread: {e}")))?;
         Ok(Proxy {
             stop,
@@ -433,12 +527,33 @@ impl Proxy {
             failed,
             gone,
             prof,
+            notices,
+            profiled,
         })
     }
 
-    /// Reports this thread's proxy-control events to `p` from now on.
-    pub fn set_profiler(&self, p: Arc<ProfilerComm>) {
+    /// Tells the thread the communicator's profiler (or that there is
+    /// none): it reports its proxy-control events to it from now on, and,
+    /// if it was started `profiled`, the proxy ops and steps of the
+    /// launches announced. Whether every launch must be announced from now
+    /// on ([`Proxy::announce`]).
+    pub fn set_profiler(&self, p: Option<Arc<ProfilerComm>>) -> bool {
+        let tracked = self.profiled && p.is_some();
         let _ = self.prof.set(p);
+        tracked
+    }
+
+    /// The steps a launch about to be made moves on this proxy's
+    /// connections (see [`track`]).
+    pub fn announce(&self, l: Launch) {
+        self.notices.push(Notice::Launch(l));
+    }
+
+    /// A launch went (or may have gone) unannounced: the thread stops
+    /// following announcements for good.
+    pub fn lost(&self) {
+        self.notices.push(Notice::Lost);
+        self.kick();
     }
 
     /// A kernel was launched: poll without napping.
@@ -469,34 +584,85 @@ impl Proxy {
     }
 }
 
-fn run(
-    mut driven: Vec<Driven>,
-    areas: Areas,
-    stop: &AtomicBool,
-    failed: &Mutex<Option<Error>>,
-    gone: &Mutex<Option<Error>>,
-    prof: &OnceLock<Arc<ProfilerComm>>,
-) {
+/// What the thread shares with its [`Proxy`].
+struct Shared {
+    stop: Arc<AtomicBool>,
+    failed: Arc<Mutex<Option<Error>>>,
+    gone: Arc<Mutex<Option<Error>>>,
+    prof: Arc<OnceLock<Option<Arc<ProfilerComm>>>>,
+    notices: Arc<Notices>,
+}
+
+/// Hands each announced launch's steps to its connections; the proxy ops
+/// taken on.
+fn take_on(driven: &mut [Driven], c: &Arc<ProfilerComm>, l: &Launch) -> usize {
+    let mut ops = 0;
+    for cs in &l.conns {
+        if let Some(d) = driven
+            .iter_mut()
+            .find(|d| d.link.peer == cs.peer && d.link.chan == cs.chan)
+        {
+            ops += usize::from(d.tracks[usize::from(!cs.send)].add(c, l.mask, cs));
+        }
+    }
+    ops
+}
+
+fn run(mut driven: Vec<Driven>, areas: Areas, sh: &Shared) {
     // No queue of operations is appended here (the thread follows the
     // kernels' slot counters), so of NCCL's proxy-control states this
-    // thread reports idle/active and sleep/wakeup.
+    // thread reports idle/active and sleep/wakeup, and "append" for the
+    // proxy ops of each announced launch it profiles.
     let mut ctrl = ProxyCtrl::new(None);
+    let mut gate = if areas.profiled {
+        Gate::Hold
+    } else {
+        Gate::Free
+    };
     if let Some(ctx) = &areas.ctx {
         if let Err(e) = ctx.bind() {
             tracing::warn!(target: "oxccl::net", "proxy of rank {}: {e}", areas.rank);
         }
     }
     let mut last = Instant::now();
-    while !stop.load(Ordering::Acquire) {
+    while !sh.stop.load(Ordering::Acquire) {
+        if !ctrl.has_profiler() {
+            if let Some(p) = sh.prof.get() {
+                ctrl = ProxyCtrl::new(p.as_deref());
+                if let Gate::Hold = gate {
+                    gate = p.as_ref().map_or(Gate::Free, Gate::Track);
+                }
+            }
+        }
+        if let Gate::Track(c) = gate {
+            for n in sh.notices.take() {
+                match n {
+                    Notice::Launch(l) => {
+                        let ops = take_on(&mut driven, c, &l);
+                        if ops > 0 {
+                            ctrl.append(ops);
+                        }
+                    }
+                    Notice::Lost => {
+                        tracing::debug!(target: "oxccl::net", "proxy of rank {}: a launch went unannounced (graph capture or a failed launch): no proxy events from now on", areas.rank);
+                        for d in &mut driven {
+                            d.finish_tracks(c);
+                        }
+                        gate = Gate::Free;
+                        break;
+                    }
+                }
+            }
+        }
         let mut moved = false;
         for d in &mut driven {
             let heard = d.heard_bye;
-            match d.progress(&areas) {
+            match d.progress(&areas, gate) {
                 Ok(m) => {
                     moved |= m;
                     if d.heard_bye && !heard {
                         tracing::debug!(target: "oxccl::net", "rank {}: rank {} said goodbye on channel {}", areas.rank, d.link.peer, d.link.chan);
-                        if let Ok(mut g) = gone.lock() {
+                        if let Ok(mut g) = sh.gone.lock() {
                             g.get_or_insert(Error::Remote(format!(
                                 "rank {} destroyed its communicator (its proxy said goodbye on channel {})",
                                 d.link.peer, d.link.chan
@@ -506,16 +672,16 @@ fn run(
                 }
                 Err(e) => {
                     tracing::warn!(target: "oxccl::net", "proxy of rank {}: {e}", areas.rank);
-                    if let Ok(mut f) = failed.lock() {
+                    if let Ok(mut f) = sh.failed.lock() {
                         f.get_or_insert(e);
+                    }
+                    if let Gate::Track(c) = gate {
+                        for d in &mut driven {
+                            d.finish_tracks(c);
+                        }
                     }
                     return;
                 }
-            }
-        }
-        if !ctrl.has_profiler() {
-            if let Some(p) = prof.get() {
-                ctrl = ProxyCtrl::new(Some(p));
             }
         }
         ctrl.pass(moved);
@@ -527,6 +693,11 @@ fn run(
             last = Instant::now() - SPIN + NAP;
         } else {
             std::hint::spin_loop();
+        }
+    }
+    if let Gate::Track(c) = gate {
+        for d in &mut driven {
+            d.finish_tracks(c);
         }
     }
     if driven.iter().any(|d| d.sizeless) {
@@ -791,6 +962,7 @@ mod over_sockets {
                 ctx: None,
                 layout,
                 rank,
+                profiled: false,
             };
             Proxy::start(vec![link], areas).unwrap()
         };

@@ -40,8 +40,10 @@ use crate::cuda::kernels::kernel_op;
 use crate::cuda::{Context, Device, Event, KernelSet, RawStream};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
+use crate::plugin::profiler::{Handle, ProxyProfiler};
 use crate::topo::BusId;
-use plan::Template;
+use crate::transport::proxy::{ConnSteps, Launch};
+use plan::{Shape, Template};
 pub use window::Transports;
 use window::Window;
 
@@ -117,6 +119,22 @@ pub struct DeviceComm {
     stop: Arc<DeviceStop>,
     /// [`DeviceComm::settle`] released the stream waits.
     released: bool,
+    /// Every launch is announced to the network proxy, for the profiler's
+    /// proxy events (a profiler is attached and launches can be counted).
+    announce: bool,
+    /// The events the next launches run for (see [`ProxyParents`]).
+    parents: Option<ProxyParents>,
+}
+
+/// The profiler events of the operations the next launches run, which
+/// the network proxy's proxy ops hang under: a collective's, or each
+/// point-to-point message's by (peer, is_send), taken in order.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyParents {
+    /// The group's activation mask.
+    pub mask: i32,
+    pub coll: Option<Handle>,
+    pub p2p: Vec<(usize, bool, Handle)>,
 }
 
 /// How one collective runs: the algorithm and the channels (thread
@@ -180,12 +198,22 @@ impl DeviceComm {
             launched: Vec::new(),
             stop,
             released: false,
+            announce: false,
+            parents: None,
         })
     }
 
-    /// The network proxy reports its proxy-control events to `p`.
-    pub fn set_profiler(&self, p: &Arc<crate::plugin::profiler::ProfilerComm>) {
-        self.window.set_profiler(p);
+    /// The network proxy reports its proxy-control events to `p`, and its
+    /// proxy ops and steps when the group's mask asks for them; `None`:
+    /// the communicator has no profiler.
+    pub fn set_profiler(&mut self, p: Option<&Arc<crate::plugin::profiler::ProfilerComm>>) {
+        self.announce = self.window.set_profiler(p);
+    }
+
+    /// The operations' events the next launches run for (`None` after
+    /// them, or when the group's mask asks for no proxy events).
+    pub fn run_for(&mut self, parents: Option<ProxyParents>) {
+        self.parents = parents;
     }
 
     /// What ends this rank's operations now, usable while another thread
@@ -707,7 +735,22 @@ impl DeviceComm {
                 "the communicator was told to end its operations (revoke, abort or NCCL_SHRINK_ABORT): no launch runs on it".into(),
             ));
         }
+        if self.announce {
+            // A captured launch runs whenever the graph is replayed, never
+            // announced: the proxy can no longer number its steps.
+            if stream.is_capturing()? {
+                self.announce = false;
+                self.window.lost();
+            } else {
+                let l = self.launch_steps(&t, count, dtype.size(), shape);
+                self.window.announce(l);
+            }
+        }
         let r = kernel.launch(shape.channels, self.cfg.threads, stream, &args);
+        if r.is_err() && self.announce {
+            self.announce = false;
+            self.window.lost();
+        }
         self.window.kick();
         if let (Some(st), Some(slot)) = (&self.stamps, timed) {
             match r {
@@ -719,6 +762,74 @@ impl DeviceComm {
             }
         }
         r.and_then(|()| self.mark())
+    }
+
+    /// The steps a launch moves on each net connection, in the kernel's
+    /// order, each run with the event of the operation it belongs to when
+    /// the group's mask asks for proxy events.
+    fn launch_steps(&mut self, t: &Template, count: usize, esize: usize, shape: Shape) -> Launch {
+        let steps = &t.steps[..t.nsteps as usize];
+        let mut parents = self
+            .parents
+            .as_mut()
+            .filter(|p| ProxyProfiler::wants_ops(p.mask));
+        let mask = parents.as_ref().map_or(0, |p| p.mask);
+        let mut of_step: Vec<Option<Handle>> = Vec::with_capacity(steps.len());
+        for d in steps {
+            of_step.push(parents.as_mut().map(|p| match p.coll {
+                Some(h) => h,
+                None => {
+                    let (peer, send) = if d.send >= 0 {
+                        (d.send as usize, true)
+                    } else {
+                        (d.recv as usize, false)
+                    };
+                    p.p2p
+                        .iter()
+                        .position(|e| (e.0, e.1) == (peer, send))
+                        .map_or(Handle::NONE, |i| p.p2p.remove(i).2)
+                }
+            }));
+        }
+        let net = |p: i16| p >= 0 && self.window.net_peers.contains(&(p as usize));
+        // Steps of different operations on one connection interleave as
+        // the kernel's groups do: only then is the order needed.
+        let ordered = steps.iter().enumerate().any(|(i, a)| {
+            steps[i + 1..].iter().enumerate().any(|(j, b)| {
+                of_step[i] != of_step[i + 1 + j]
+                    && ((net(a.send) && a.send == b.send) || (net(a.recv) && a.recv == b.recv))
+            })
+        });
+        let chunk_bytes = shape.slice_elems as usize * esize;
+        let mut conns: Vec<ConnSteps> = Vec::new();
+        for ch in 0..shape.channels as usize {
+            let runs = plan::slice_runs(t, count, esize, shape, self.cfg.group, ch, ordered);
+            for (i, n) in runs {
+                let d = steps[i];
+                for (peer, send) in [(d.send, true), (d.recv, false)] {
+                    if !net(peer) {
+                        continue;
+                    }
+                    let peer = peer as usize;
+                    let last = conns
+                        .iter_mut()
+                        .rev()
+                        .find(|c| (c.peer, c.chan, c.send) == (peer, ch, send));
+                    match last {
+                        Some(c) if c.parent == of_step[i] => c.steps += n,
+                        _ => conns.push(ConnSteps {
+                            peer,
+                            chan: ch,
+                            send,
+                            steps: n,
+                            parent: of_step[i],
+                            chunk_bytes,
+                        }),
+                    }
+                }
+            }
+        }
+        Launch { mask, conns }
     }
 
     /// Operations share the window's counters, so each must run after the

@@ -233,6 +233,69 @@ pub(crate) fn shape(
     }
 }
 
+/// The slices channel `ch` of a launch moves per step of `t`, as coll.cu's
+/// `oxccl_coll_body` loops (the channel's range, its chunks, slices of
+/// `shape.slice_elems`): `(step, slices)` in the order the kernel posts
+/// them when `ordered` (groups of `group` slices, each step in turn), else
+/// one total per step. The proxy's profiler counts its steps with it, so
+/// it must match the kernel exactly.
+pub(crate) fn slice_runs(
+    t: &Template,
+    count: usize,
+    esize: usize,
+    shape: Shape,
+    group: usize,
+    ch: usize,
+    ordered: bool,
+) -> Vec<(usize, u64)> {
+    let (count, v) = (count as u64, (16 / esize) as u64);
+    let nch = u64::from(shape.channels.max(1));
+    let per = count.div_ceil(nch).next_multiple_of(v);
+    let lo = (ch as u64 * per).min(count);
+    let hi = (lo + per).min(count);
+    let s = u64::from(shape.slice_elems).max(1);
+    let mut runs = Vec::new();
+    if lo >= hi {
+        return runs;
+    }
+    let chunks: Vec<(u64, u64)> = t.steps[..t.nsteps as usize]
+        .iter()
+        .map(|d| {
+            if d.chunk == CHUNK_WHOLE {
+                return (lo, hi);
+            }
+            let n = u64::from(t.nchunks.max(1));
+            let cs = (hi - lo).div_ceil(n).next_multiple_of(v);
+            let clo = (lo + u64::from(d.chunk) * cs).min(hi);
+            (clo, (clo + cs).min(hi))
+        })
+        .collect();
+    if !ordered {
+        for (i, &(clo, chi)) in chunks.iter().enumerate() {
+            if chi > clo {
+                runs.push((i, (chi - clo).div_ceil(s)));
+            }
+        }
+        return runs;
+    }
+    let g = group.max(1) as u64 * s;
+    for j in 0.. {
+        let mut any = false;
+        for (i, &(clo, chi)) in chunks.iter().enumerate() {
+            let g0 = clo + j * g;
+            if g0 >= chi {
+                continue;
+            }
+            any = true;
+            runs.push((i, ((g0 + g).min(chi) - g0).div_ceil(s)));
+        }
+        if !any {
+            break;
+        }
+    }
+    runs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,6 +484,69 @@ mod tests {
                 let s = shape(&cfg, count, esize, 3, channels(&cfg, count * esize));
                 assert_eq!(s.slice_elems as usize * esize % 16, 0);
                 assert!(s.slice_elems as usize * esize <= cfg.slot_bytes);
+            }
+        }
+    }
+
+    /// The proxy's count of a launch's slices (`slice_runs`) is the
+    /// kernel's, per peer and direction and in order, on random shapes.
+    #[test]
+    fn slice_runs_follow_the_kernel_loop() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for _ in 0..300 {
+            let n = rng.random_range(2..=6);
+            let rank = rng.random_range(0..n);
+            let algo = if n == 2 && rng.random_bool(0.3) {
+                Algo::RecDoubling
+            } else {
+                Algo::Ring
+            };
+            let coll = if algo == Algo::Ring {
+                colls(n)[rng.random_range(0..colls(n).len())]
+            } else {
+                Coll::AllReduce
+            };
+            let t = template(algo, coll, rank, n).unwrap();
+            let count = rng.random_range(1..5000u64);
+            let slice = 4 * rng.random_range(1..40u64);
+            let group = rng.random_range(1..4u64);
+            let shape = Shape {
+                channels: 1,
+                slice_elems: slice as u32,
+            };
+            let want = kernel_order(&t, count, slice, group);
+            let runs = slice_runs(&t, count as usize, 4, shape, group as usize, 0, true);
+            let mut got = Vec::new();
+            for &(i, k) in &runs {
+                let d = t.steps[i];
+                if d.flags & STEP_SEND_LOCAL != 0 {
+                    got.extend(std::iter::repeat_n((-1, d.send), k as usize));
+                    got.extend(std::iter::repeat_n((d.recv, -1), k as usize));
+                } else {
+                    got.extend(std::iter::repeat_n((d.recv, d.send), k as usize));
+                }
+            }
+            // Per connection the order is the kernel's; across connections
+            // only the counts matter.
+            for peer in 0..n as i16 {
+                let side = |v: &[(i16, i16)], send: bool| -> usize {
+                    v.iter()
+                        .filter(|&&(r, s)| if send { s == peer } else { r == peer })
+                        .count()
+                };
+                assert_eq!(side(&got, true), side(&want, true), "{t:?} {count} {slice}");
+                assert_eq!(
+                    side(&got, false),
+                    side(&want, false),
+                    "{t:?} {count} {slice}"
+                );
+            }
+            let totals = slice_runs(&t, count as usize, 4, shape, group as usize, 0, false);
+            for i in 0..t.nsteps as usize {
+                let a: u64 = runs.iter().filter(|r| r.0 == i).map(|r| r.1).sum();
+                let b: u64 = totals.iter().filter(|r| r.0 == i).map(|r| r.1).sum();
+                assert_eq!(a, b);
             }
         }
     }

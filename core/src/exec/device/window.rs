@@ -39,6 +39,9 @@ pub struct Transports<'a> {
     /// The network reads and writes device memory (GPUDirect): net peers'
     /// step slots go in GPU memory rather than host memory.
     pub gdr: bool,
+    /// A profiler plugin is loaded, which the communicator will attach
+    /// (or say it did not): see `Areas::profiled`.
+    pub profiled: bool,
 }
 
 impl Transports<'_> {
@@ -48,6 +51,7 @@ impl Transports<'_> {
             routes: vec![Transport::P2p; n],
             connect: Box::new(|_, _| Ok(Vec::new())),
             gdr: false,
+            profiled: false,
         }
     }
 }
@@ -223,6 +227,8 @@ enum PeerMap {
 pub(crate) struct Window {
     /// First, so that it stops before the memory it works in goes.
     proxy: Option<Proxy>,
+    /// The peers reached through the proxy.
+    pub net_peers: Vec<usize>,
     ctx: Arc<Context>,
     rank: usize,
     /// The header and the counters (the layout's bytes before the slots):
@@ -570,12 +576,14 @@ impl Window {
                     ctx: Some(ctx.clone()),
                     layout,
                     rank,
+                    profiled: tr.profiled,
                 },
             )?),
             _ => None,
         };
         let w = Window {
             proxy,
+            net_peers,
             ctx: ctx.clone(),
             rank,
             buf,
@@ -750,10 +758,26 @@ impl Window {
         Ok(())
     }
 
-    /// The proxy thread reports its proxy-control events to `p`.
-    pub fn set_profiler(&self, p: &Arc<crate::plugin::profiler::ProfilerComm>) {
-        if let Some(proxy) = &self.proxy {
-            proxy.set_profiler(p.clone());
+    /// The proxy thread reports its proxy-control events to `p` (and its
+    /// proxy ops and steps, if it was set up for a profiler): whether
+    /// launches must be announced to it from now on.
+    pub fn set_profiler(&self, p: Option<&Arc<crate::plugin::profiler::ProfilerComm>>) -> bool {
+        self.proxy
+            .as_ref()
+            .is_some_and(|proxy| proxy.set_profiler(p.cloned()))
+    }
+
+    /// See [`Proxy::announce`].
+    pub fn announce(&self, l: crate::transport::proxy::Launch) {
+        if let Some(p) = &self.proxy {
+            p.announce(l);
+        }
+    }
+
+    /// See [`Proxy::lost`].
+    pub fn lost(&self) {
+        if let Some(p) = &self.proxy {
+            p.lost();
         }
     }
 

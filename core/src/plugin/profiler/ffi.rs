@@ -82,7 +82,7 @@ unsafe impl Send for Ctx {}
 unsafe impl Sync for Ctx {}
 
 /// An event handle; NULL means "not tracked".
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Handle(pub(super) *mut c_void);
 // SAFETY: handles are opaque to us and passed back to the plugin only.
 unsafe impl Send for Handle {}

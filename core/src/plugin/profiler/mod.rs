@@ -3,9 +3,10 @@
 //! `libnccl-profiler.so`), `ncclProfiler_v6` down to `_v1`. The core starts
 //! and stops events at NCCL's points: one group event per executed group,
 //! one collective or p2p event per operation, children of the group; on the
-//! host path one proxy-op event per (operation, peer, direction, channel),
+//! network paths (the host executor's lanes, the device path's proxy
+//! thread) one proxy-op event per (operation, peer, direction, channel),
 //! child of the operation's event, and one proxy-step event per network
-//! send or receive, child of its proxy op; proxy-control events from the
+//! send or receive, child of its proxy op ([`OpEvents`]); proxy-control events from the
 //! threads that progress network transfers ([`ProxyCtrl`]). An event is
 //! started only when
 //! the activation mask the plugin set has its bit or the bit of an event
@@ -14,6 +15,7 @@
 
 mod ffi;
 mod net_events;
+mod proxy_events;
 
 use std::os::raw::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,6 +38,7 @@ pub use ffi::{
 
 pub use crate::plugin::loader::Outcome;
 pub use net_events::{callback as net_callback, NetParent};
+pub use proxy_events::{OpDescr, OpEvents, ProxyProfiler};
 
 pub fn candidates(setting: Option<&str>) -> Vec<String> {
     loader::candidates(loader::PROFILER, setting)
