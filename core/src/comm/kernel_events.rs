@@ -21,7 +21,7 @@ use tracing::warn;
 
 use crate::error::{Error, Result};
 use crate::exec::device::Stamps;
-use crate::plugin::profiler::{Event, Handle, ProfilerComm, StateArgs};
+use crate::plugin::profiler::{reported_channels, Event, Handle, ProfilerComm, StateArgs};
 
 /// Where a launch's per-channel (start, end) times are read.
 pub(crate) trait StampSource {
@@ -81,7 +81,9 @@ impl<P: Copy, E> Tracker<P, E> {
     }
 
     pub fn add(&mut self, track: Track<P>) {
-        let chans = (0..track.channels).map(|_| Channel::Waiting).collect();
+        let chans = (0..reported_channels(track.channels))
+            .map(|_| Channel::Waiting)
+            .collect();
         self.live.push_back(Live { track, chans });
     }
 
@@ -91,7 +93,10 @@ impl<P: Copy, E> Tracker<P, E> {
 
     /// Starts and stops what the stamps show; a launch older than `limit`
     /// that has not ended is given up (its open events stopped without an
-    /// end time). Returns the number of launches given up.
+    /// end time). Returns the number of launches given up. Each reported
+    /// channel (see [`crate::plugin::profiler::REPORTED_CHANNELS`]) starts at the earliest start of
+    /// the launch's channels folded onto it and ends at the latest end,
+    /// once all of them have ended.
     pub fn poll<S, K>(&mut self, src: &S, sink: &mut K, now: Instant, limit: Duration) -> usize
     where
         S: StampSource + ?Sized,
@@ -99,12 +104,21 @@ impl<P: Copy, E> Tracker<P, E> {
     {
         let mut gave_up = 0;
         self.live.retain_mut(|l| {
-            let slot = l.track.slot;
+            let (slot, n) = (l.track.slot, l.track.channels);
+            let folds = l.chans.len();
             for (ch, state) in l.chans.iter_mut().enumerate() {
                 if matches!(state, Channel::Done) {
                     continue;
                 }
-                let (start, end) = src.read(slot, ch);
+                let (mut start, mut end) = (0u64, Some(0u64));
+                for (s, e) in (ch..n).step_by(folds).map(|c| src.read(slot, c)) {
+                    if s != 0 && (start == 0 || s < start) {
+                        start = s;
+                    }
+                    // Ended once every folded channel has.
+                    end = end.filter(|_| e != 0).map(|m| m.max(e));
+                }
+                let end = end.unwrap_or(0);
                 if start == 0 {
                     continue;
                 }
@@ -274,6 +288,7 @@ impl Drop for KernelEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plugin::profiler::REPORTED_CHANNELS;
     use std::cell::RefCell;
 
     /// Stamps as a table the test writes, as the GPU would.
@@ -325,6 +340,38 @@ mod tests {
             parents: parents.to_vec(),
             since,
         }
+    }
+
+    /// A launch on 64 channels is reported on 32: channel c and c + 32
+    /// make one event, from the earlier start to the later end, stopped
+    /// only once both have ended.
+    #[test]
+    fn channels_above_the_reported_count_fold_onto_it() {
+        let (src, mut log, mut t) = (Fake::default(), Log::default(), Tracker::new());
+        let t0 = Instant::now();
+        let limit = Duration::from_secs(10);
+        t.add(track(0, 2 * REPORTED_CHANNELS, &['a'], t0));
+        src.set(0, 5 + REPORTED_CHANNELS, 50, 70);
+        t.poll(&src, &mut log, t0, limit);
+        assert_eq!(log.0, ["start a ch5 at 50"]);
+        src.set(0, 5, 40, 0);
+        t.poll(&src, &mut log, t0, limit);
+        assert_eq!(log.0.len(), 1, "channel 5 has not ended: {:?}", log.0);
+        src.set(0, 5, 40, 90);
+        t.poll(&src, &mut log, t0, limit);
+        assert_eq!(log.0[1..], ["stop a ch5 at Some(90)"]);
+        for c in (0..2 * REPORTED_CHANNELS).filter(|c| c % REPORTED_CHANNELS != 5) {
+            src.set(0, c, 10, 20);
+        }
+        t.poll(&src, &mut log, t0, limit);
+        let chans: std::collections::BTreeSet<String> = log
+            .0
+            .iter()
+            .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
+            .collect();
+        assert_eq!(chans.len(), REPORTED_CHANNELS, "{:?}", log.0);
+        assert_eq!(log.0.len(), 2 * REPORTED_CHANNELS);
+        assert!(t.is_empty());
     }
 
     #[test]

@@ -40,6 +40,21 @@ pub use crate::plugin::loader::Outcome;
 pub use net_events::{callback as net_callback, NetParent};
 pub use proxy_events::{OpDescr, OpEvents, ProxyProfiler};
 
+/// The most channels a plugin is told of. NCCL never runs more than its
+/// MAXCHANNELS (64), and its plugins size per-channel arrays by that (the
+/// Inspector) or by 32 (the example profiler), indexed by the channel id
+/// of kernel-channel and proxy-op events; the device path runs up to 128.
+/// So channel `c` of `n` is reported as channel `c % 32`, and a reported
+/// channel's kernel-channel event spans the channels folded onto it (an
+/// Inspector with oxccl's 128 channels died of SIGSEGV in a 16 MiB
+/// collective before this).
+pub const REPORTED_CHANNELS: usize = 32;
+
+/// The channel count a plugin is told for an operation on `nch` channels.
+pub fn reported_channels(nch: usize) -> usize {
+    nch.min(REPORTED_CHANNELS)
+}
+
 pub fn candidates(setting: Option<&str>) -> Vec<String> {
     loader::candidates(loader::PROFILER, setting)
 }
@@ -384,7 +399,7 @@ impl ProfilerComm {
                 root: op.kind.root() as i32,
                 dtype: cname(dtype_name(op.dtype)),
                 algo: cname(algo.map_or("Direct", |a| a.name())),
-                nchannels: nch.min(255) as u8,
+                nchannels: reported_channels(nch) as u8,
                 parent,
                 api,
                 codes: Codes {
@@ -419,7 +434,7 @@ impl ProfilerComm {
                 count: op.count,
                 dtype: cname(dtype_name(op.dtype)),
                 peer,
-                nchannels: nch.min(255) as u8,
+                nchannels: reported_channels(nch) as u8,
                 parent,
                 api,
                 codes: Codes {

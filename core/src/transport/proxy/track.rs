@@ -131,7 +131,7 @@ impl Track {
         };
         let d = OpDescr {
             parent,
-            channel: u8::try_from(c.chan).unwrap_or(u8::MAX),
+            channel: (c.chan % crate::plugin::profiler::REPORTED_CHANNELS) as u8,
             peer: c.peer as i32,
             n_steps: i32::try_from(c.steps).unwrap_or(i32::MAX),
             chunk_size: i32::try_from(c.chunk_bytes).unwrap_or(i32::MAX),
