@@ -511,13 +511,42 @@ impl Case {
         )
     }
 
+    /// Elements of a host rank's receive buffer that a collective which
+    /// must not write it changed: a reduce's non-root buffer stays as
+    /// prepared (its input in place, else the poison). Host memory only:
+    /// nothing promises it of device scratch.
+    pub fn stray(&self, rank: usize, n: usize, output: &[u8]) -> u64 {
+        if self.coll != Coll::Reduce || rank == self.root {
+            return 0;
+        }
+        let (_, _, count) = self.counts(n);
+        let (dtype, op, seed) = (self.dtype, self.op, self.seed());
+        let out = &output[..count * dtype.size()];
+        if self.inplace {
+            check::count_wrong(out, dtype, 0, |i| {
+                (check::value(seed, rank, i, dtype, op), 0.0)
+            })
+        } else {
+            out.chunks(dtype.size())
+                .filter(|e| e.iter().any(|&b| b != 0xff))
+                .count() as u64
+        }
+    }
+
     /// Prepares, runs once and checks: this rank's #wrong.
     pub fn check_once(&self, comm: &Comm) -> oxccl::Result<u64> {
+        let (mut input, mut output) = self.buffers(comm.count());
+        self.check_in(comm, &mut input, &mut output)
+    }
+
+    /// As [`Case::check_once`], in the caller's buffers (sized as
+    /// [`Case::buffers`] makes them), so that a test can reuse memory a
+    /// peer once knew the address of.
+    pub fn check_in(&self, comm: &Comm, input: &mut [u8], output: &mut [u8]) -> oxccl::Result<u64> {
         let (rank, n) = (comm.user_rank(), comm.count());
-        let (mut input, mut output) = self.buffers(n);
-        self.prepare(rank, n, &mut input, &mut output);
-        self.run(comm, &input, &mut output)?;
-        Ok(self.wrong(rank, n, &output))
+        self.prepare(rank, n, input, output);
+        self.run(comm, input, output)?;
+        Ok(self.wrong(rank, n, output) + self.stray(rank, n, output))
     }
 }
 
@@ -544,7 +573,7 @@ fn measure(comm: &Comm, args: &PerfArgs, case: Case) -> Measured {
     if args.check != 0 {
         case.prepare(rank, n, &mut input, &mut output);
         case.run(comm, &input, &mut output)?;
-        wrong = case.wrong(rank, n, &output);
+        wrong = case.wrong(rank, n, &output) + case.stray(rank, n, &output);
     }
     // Mean time and total #wrong over the ranks, outside the timed loop.
     let mut stats = Stats::pack(mine, wrong);

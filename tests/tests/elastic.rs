@@ -4,8 +4,12 @@
 //! drop that rank with a shrink (revoke then NCCL_SHRINK_DEFAULT through
 //! shared memory, NCCL_SHRINK_ABORT alone through the socket network), and
 //! run 100 more all-reduces and every collective, each output checked
-//! against a reference. And a job that grows from 2 processes to 4 and
-//! shrinks back, checked after each change.
+//! against a reference. A SIGSTOPped rank is woken once the survivors have
+//! shrunk it away: its interrupted 1 MiB all-reduce (the direct host path
+//! between processes) must not write into the survivors' buffers, which
+//! they reuse for 1 MiB all-reduces and reduces while it runs on. And a job
+//! that grows from 2 processes to 4 and shrinks back, checked after each
+//! change.
 
 use std::time::{Duration, Instant};
 
@@ -20,6 +24,10 @@ const VICTIM: usize = 1;
 /// Seconds a survivor may wait on the dead rank before failing.
 const TIMEOUT_S: u64 = 4;
 const ELEMS: usize = 16 << 10;
+/// Float32 elements of the stream where the victim is stopped: 1 MiB, on
+/// the direct host path (from 512 KiB), where the victim is most likely
+/// stopped inside a phase that touches its peers' buffers.
+const DIRECT_ELEMS: usize = 256 << 10;
 
 /// Every collective once, in and out of place, on two datatypes.
 fn every_collective(comm: &Comm) -> Vec<String> {
@@ -87,7 +95,13 @@ fn survive(r: Rank, mode: ShrinkMode, revoke_first: bool, fault: Fault) {
             });
         });
     }
-    let mut buf = vec![0u8; ELEMS * 4];
+    let elems = match fault {
+        Fault::Kill => ELEMS,
+        Fault::Stop => DIRECT_ELEMS,
+    };
+    // The same buffer before and after the shrink: the parent's calls
+    // posted its address to the victim.
+    let mut buf = vec![0u8; elems * 4];
     let mut it = 0u64;
     let mut last_ok = Instant::now();
     let err = loop {
@@ -175,6 +189,22 @@ fn survive(r: Rank, mode: ShrinkMode, revoke_first: bool, fault: Fault) {
         let w = checked_all_reduce(&kid, 1000 + i, &mut buf)
             .unwrap_or_else(|e| panic!("rank {}: all_reduce #{i} after shrink: {e}", r.rank));
         assert_eq!(w, 0, "rank {}: all_reduce #{i} after shrink", r.rank);
+        if fault == Fault::Stop {
+            // While the woken victim runs on: a reduce in the same buffer,
+            // each root in turn; a non-root's buffer must keep its input.
+            let case = Case {
+                coll: Coll::Reduce,
+                dtype: DataType::Float32,
+                op: RedOp::Sum,
+                root: i as usize % kid.count(),
+                size: buf.len(),
+                inplace: true,
+            };
+            let w = case
+                .check_in(&kid, &mut [], &mut buf)
+                .unwrap_or_else(|e| panic!("rank {}: reduce #{i} after shrink: {e}", r.rank));
+            assert_eq!(w, 0, "rank {}: reduce #{i} after shrink", r.rank);
+        }
     }
     let bad = every_collective(&kid);
     assert!(bad.is_empty(), "rank {}: {}", r.rank, bad.join("\n"));

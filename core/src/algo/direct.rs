@@ -3,14 +3,29 @@
 //! each rank reads what it needs from its peers' buffers in one copy,
 //! instead of passing every byte around a ring of staging slots.
 //!
-//! In an all-reduce, rank r reduces part r of every rank's input and writes
-//! the result into every rank's output, a cache-sized chunk at a time: each
-//! input byte is read once and each output byte written once, in one
-//! phase. (A reduce-scatter followed by an all-gather, where every rank
-//! copies the other parts from their owners' outputs, reads the reduced
-//! parts back from memory: a quarter more traffic, and memory bandwidth is
-//! what bounds eight ranks on sixteen cores.) The ring moves each byte
-//! 2·(n-1) times through shared slots, each with a copy in and a copy out.
+//! No rank ever writes another process's memory: every task writes only
+//! this rank's own output or staging area, and reads (pulls) the rest.
+//! A rank that was stopped in the middle of a call and resumed after the
+//! others gave up on it (a shrink) then finishes its part without touching
+//! buffers the survivors have taken back. An all-reduce is therefore two
+//! phases: rank r reduces part r of every rank's input into its own
+//! output; then, after a barrier, it copies the other parts from their
+//! owners' outputs. A reduce's non-root ranks reduce their part into a
+//! staging area of their own (their receive buffer is not theirs to
+//! write: NCCL ignores it, and it may be null), and the root pulls the
+//! parts after a barrier.
+//!
+//! The price is memory traffic. The one-phase design this replaced had
+//! the reducer write each reduced chunk into every rank's output while it
+//! was still in cache: per rank, the whole input read once and the whole
+//! output written once (2 bytes of traffic per byte). Pulling reads the
+//! n-1 other parts back from their owners' outputs, (n-1)/n more: 2.5
+//! bytes per byte at 2 ranks (a quarter more), 2.75 at 4, 2.875 at 8, on
+//! machines where memory bandwidth bounds the call (eight ranks on sixteen
+//! cores). Correctness under stop-and-resume comes first; docs/PERF.md
+//! ("Direct host path without remote writes") has the measured cost. The
+//! ring moves each byte 2·(n-1) times through shared slots, each with a
+//! copy in and a copy out.
 //!
 //! A plan is phases of tasks per thread; every rank finishes a phase before
 //! any starts the next (a barrier between processes), and one more barrier
@@ -25,9 +40,20 @@ use super::{split, Coll};
 pub enum Src {
     Send,
     Recv,
+    /// Its staging area (a reduce's non-root part).
+    Stage,
 }
 
-/// One piece of work; offsets and lengths in bytes.
+/// Which of this rank's own buffers a reduction's result goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Own {
+    Recv,
+    /// The rank's staging area, which lives as long as its communicator.
+    Stage,
+}
+
+/// One piece of work; offsets and lengths in bytes. Every task writes
+/// only this rank's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Task {
     /// Own send buffer `[src, src+len)` into own receive buffer at `dst`
@@ -42,23 +68,13 @@ pub enum Task {
         len: usize,
     },
     /// Every rank's send buffer `[src, src+len)` combined in rank order,
-    /// into `[dst, dst+len)` of the receive buffers `to` names.
+    /// into `[dst, dst+len)` of this rank's `into` buffer.
     Reduce {
         src: usize,
         dst: usize,
         len: usize,
-        to: Dest,
+        into: Own,
     },
-}
-
-/// Whose receive buffers a reduction's result goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dest {
-    Mine,
-    /// Every rank's (an all-reduce's part).
-    All,
-    /// One other rank's (a reduce's root).
-    Rank(usize),
 }
 
 /// Phases, each a list of tasks per thread.
@@ -71,6 +87,24 @@ pub fn bytes(coll: Coll, count: usize, elem: usize, n: usize) -> usize {
         Coll::AllGather | Coll::ReduceScatter => count * elem * n,
         _ => count * elem,
     }
+}
+
+/// Bytes of its staging area a plan needs.
+pub fn stage_bytes(plan: &Plan) -> usize {
+    plan.iter()
+        .flatten()
+        .flatten()
+        .map(|t| match *t {
+            Task::Reduce {
+                dst,
+                len,
+                into: Own::Stage,
+                ..
+            } => dst + len,
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Element range `[lo, hi)` cut into `threads` pieces, as byte ranges.
@@ -90,19 +124,37 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
     let threads = threads.max(1);
     let mut phases: Plan = Vec::new();
     let phase = || vec![Vec::new(); threads];
+    // Part p of the elements, the one rank p reduces.
+    let part = |p: usize| split(0, count, n, p);
     match coll {
         Coll::AllReduce => {
-            let mut ar = phase();
-            let (lo, hi) = split(0, count, n, rank);
+            let mut mine = phase();
+            let (lo, hi) = part(rank);
             for (t, (off, len)) in pieces(lo, hi, threads, elem).into_iter().enumerate() {
-                ar[t].push(Task::Reduce {
+                mine[t].push(Task::Reduce {
                     src: off,
                     dst: off,
                     len,
-                    to: Dest::All,
+                    into: Own::Recv,
                 });
             }
-            phases.push(ar);
+            // The next rank's part first, so that the ranks spread their
+            // reads over the owners.
+            let mut others = phase();
+            for p in (1..n).map(|k| (rank + k) % n) {
+                let (lo, hi) = part(p);
+                for (t, (off, len)) in pieces(lo, hi, threads, elem).into_iter().enumerate() {
+                    others[t].push(Task::Read {
+                        peer: p,
+                        from: Src::Recv,
+                        src: off,
+                        dst: off,
+                        len,
+                    });
+                }
+            }
+            phases.push(mine);
+            phases.push(others);
         }
         Coll::ReduceScatter => {
             let mut rs = phase();
@@ -111,7 +163,7 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
                     src: rank * count * elem + off,
                     dst: off,
                     len,
-                    to: Dest::Mine,
+                    into: Own::Recv,
                 });
             }
             phases.push(rs);
@@ -158,23 +210,46 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
             phases.push(bc);
         }
         Coll::Reduce { root } => {
-            // Rank r reduces part r and writes it into the root's output.
-            let mut rd = phase();
-            let (lo, hi) = split(0, count, n, rank);
-            let to = if rank == root {
-                Dest::Mine
-            } else {
-                Dest::Rank(root)
-            };
+            // Rank r reduces part r: the root into its output, the others
+            // into their staging areas (at offset 0), which the root then
+            // reads. Non-roots have nothing to do in the second phase but
+            // keep their staging area in place, so every rank has both.
+            let mut mine = phase();
+            let (lo, hi) = part(rank);
             for (t, (off, len)) in pieces(lo, hi, threads, elem).into_iter().enumerate() {
-                rd[t].push(Task::Reduce {
-                    src: off,
-                    dst: off,
-                    len,
-                    to,
+                mine[t].push(if rank == root {
+                    Task::Reduce {
+                        src: off,
+                        dst: off,
+                        len,
+                        into: Own::Recv,
+                    }
+                } else {
+                    Task::Reduce {
+                        src: off,
+                        dst: off - lo * elem,
+                        len,
+                        into: Own::Stage,
+                    }
                 });
             }
-            phases.push(rd);
+            let mut gather = phase();
+            if rank == root {
+                for p in (1..n).map(|k| (rank + k) % n) {
+                    let (lo, hi) = part(p);
+                    for (t, (off, len)) in pieces(lo, hi, threads, elem).into_iter().enumerate() {
+                        gather[t].push(Task::Read {
+                            peer: p,
+                            from: Src::Stage,
+                            src: off - lo * elem,
+                            dst: off,
+                            len,
+                        });
+                    }
+                }
+            }
+            phases.push(mine);
+            phases.push(gather);
         }
     }
     for ph in &mut phases {
@@ -194,7 +269,9 @@ mod tests {
     use super::*;
 
     /// Runs every rank's plan on in-memory buffers, phase by phase (the
-    /// barriers), with u64 sums, and returns each rank's output.
+    /// barriers), with u64 sums, and returns each rank's output. A rank
+    /// writes only its own buffers: the simulation has no way to do
+    /// otherwise, since no task names a peer's buffer to write.
     fn simulate(coll: Coll, n: usize, count: usize, threads: usize) -> Vec<Vec<u64>> {
         let (ins, outs) = match coll {
             Coll::AllGather => (count, count * n),
@@ -208,12 +285,18 @@ mod tests {
         let plans: Vec<Plan> = (0..n)
             .map(|r| plan(coll, r, n, count, 8, threads))
             .collect();
-        let phases = plans.iter().map(Vec::len).max().unwrap_or(0);
-        for k in 0..phases {
+        // Every rank meets the others after each of its phases: all must
+        // have as many.
+        assert!(
+            plans.iter().all(|p| p.len() == plans[0].len()),
+            "{coll:?} n={n} count={count}: ranks with different numbers of phases"
+        );
+        let mut stage: Vec<Vec<u64>> = plans.iter().map(|p| vec![0; stage_bytes(p) / 8]).collect();
+        for k in 0..plans[0].len() {
             // Reads in a phase see the peers' buffers as the phase began.
-            let before = recv.clone();
-            for r in 0..n {
-                for t in plans[r].get(k).into_iter().flatten().flatten() {
+            let (before, staged) = (recv.clone(), stage.clone());
+            for (r, p) in plans.iter().enumerate() {
+                for t in p.get(k).into_iter().flatten().flatten() {
                     match *t {
                         Task::Copy { src, dst, len } => {
                             for i in 0..len / 8 {
@@ -227,25 +310,26 @@ mod tests {
                             dst,
                             len,
                         } => {
+                            assert_ne!(peer, r, "{coll:?}: rank {r} reads itself");
                             for i in 0..len / 8 {
                                 recv[r][dst / 8 + i] = match from {
                                     Src::Send => send[peer][src / 8 + i],
                                     Src::Recv => before[peer][src / 8 + i],
+                                    Src::Stage => staged[peer][src / 8 + i],
                                 };
                             }
                         }
-                        Task::Reduce { src, dst, len, to } => {
+                        Task::Reduce {
+                            src,
+                            dst,
+                            len,
+                            into,
+                        } => {
                             for i in 0..len / 8 {
                                 let v = (0..n).map(|q| send[q][src / 8 + i]).sum();
-                                for (q, out) in recv.iter_mut().enumerate() {
-                                    let hit = match to {
-                                        Dest::Mine => q == r,
-                                        Dest::All => true,
-                                        Dest::Rank(d) => q == d,
-                                    };
-                                    if hit {
-                                        out[dst / 8 + i] = v;
-                                    }
+                                match into {
+                                    Own::Recv => recv[r][dst / 8 + i] = v,
+                                    Own::Stage => stage[r][dst / 8 + i] = v,
                                 }
                             }
                         }
@@ -296,22 +380,64 @@ mod tests {
         }
     }
 
-    #[test]
-    fn an_all_reduce_is_one_phase_of_one_part_per_rank() {
-        let (n, count) = (4, 1000);
-        let p = plan(Coll::AllReduce, 1, n, count, 4, 3);
-        assert_eq!(p.len(), 1);
-        let reduced: usize = p[0]
-            .iter()
-            .flatten()
-            .map(|t| match *t {
-                Task::Reduce {
-                    len, to: Dest::All, ..
-                } => len,
-                _ => 0,
+    /// Bytes of each kind of task in each phase of a plan: (reduced into
+    /// the receive buffer, reduced into the stage, read from peers).
+    fn volumes(p: &Plan) -> Vec<(usize, usize, usize)> {
+        p.iter()
+            .map(|ph| {
+                ph.iter()
+                    .flatten()
+                    .fold((0, 0, 0), |(a, b, c), t| match *t {
+                        Task::Reduce {
+                            len,
+                            into: Own::Recv,
+                            ..
+                        } => (a + len, b, c),
+                        Task::Reduce {
+                            len,
+                            into: Own::Stage,
+                            ..
+                        } => (a, b + len, c),
+                        Task::Read { len, .. } => (a, b, c + len),
+                        Task::Copy { .. } => (a, b, c),
+                    })
             })
-            .sum();
+            .collect()
+    }
+
+    #[test]
+    fn an_all_reduce_reduces_its_own_part_then_pulls_the_others() {
+        let (n, count, elem) = (4, 1000, 4);
+        let p = plan(Coll::AllReduce, 1, n, count, elem, 3);
         let (lo, hi) = split(0, count, n, 1);
-        assert_eq!(reduced, (hi - lo) * 4);
+        let own = (hi - lo) * elem;
+        assert_eq!(volumes(&p), [(own, 0, 0), (0, 0, count * elem - own)]);
+        // The reads take the owners' results, never their inputs.
+        assert!(p[1].iter().flatten().all(|t| matches!(
+            t,
+            Task::Read {
+                from: Src::Recv,
+                ..
+            }
+        )));
+    }
+
+    #[test]
+    fn a_reduce_stages_its_part_and_the_root_pulls_them() {
+        let (n, count, elem, root) = (4, 1000, 8, 2);
+        for rank in 0..n {
+            let p = plan(Coll::Reduce { root }, rank, n, count, elem, 2);
+            let (lo, hi) = split(0, count, n, rank);
+            let own = (hi - lo) * elem;
+            if rank == root {
+                assert_eq!(volumes(&p), [(own, 0, 0), (0, 0, count * elem - own)]);
+                assert_eq!(stage_bytes(&p), 0);
+            } else {
+                // A non-root's receive buffer is never touched (NCCL
+                // ignores it; it may be null).
+                assert_eq!(volumes(&p), [(0, own, 0), (0, 0, 0)]);
+                assert_eq!(stage_bytes(&p), own);
+            }
+        }
     }
 }

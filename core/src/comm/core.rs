@@ -741,6 +741,8 @@ impl Core {
             call: exec::direct::call_words(&header_of(op, seq)),
             send: bufs.input as u64,
             recv: bufs.output as u64,
+            // Set by the direct path where the call needs it.
+            stage: 0,
         };
         let reducer = Reducer::new(op.dtype, op.redop, n);
         let r = match route {

@@ -1,7 +1,7 @@
 //! Runs a direct plan ([`crate::algo::direct`]) on this rank's host buffers,
 //! reading peers' buffers through [`PeerMem`]: the rank posts its call,
 //! meets the others, and runs each phase on its threads, meeting the
-//! others again after each.
+//! others again after each. It writes only its own memory.
 //!
 //! The threads are the caller's and a pool that lives as long as the
 //! communicator, each with its own scratch: starting threads and mapping
@@ -15,7 +15,7 @@ use std::sync::{Arc, Barrier, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::algo::direct::{Dest, Plan, Src, Task};
+use crate::algo::direct::{stage_bytes, Own, Plan, Src, Task};
 use crate::algo::{Buf, Coll, Region};
 use crate::error::{Error, Result};
 use crate::reduce::Reducer;
@@ -35,6 +35,9 @@ struct Job {
     pm: Arc<PeerMem>,
     plan: Plan,
     bufs: OpBuffers,
+    /// This rank's staging area as an output buffer (a reduce's non-root
+    /// part, which the root reads from it).
+    stage: OpBuffers,
     reducer: Reducer,
     elem: usize,
     /// The call's threads meet here after each phase's tasks, and again
@@ -104,44 +107,47 @@ impl Job {
                 let base = match from {
                     Src::Send => p.send,
                     Src::Recv => p.recv,
+                    Src::Stage => p.stage,
                 };
                 let out = span(b, Buf::Output, dst, len)?;
                 mem::fill(out, |d| self.pm.read(peer, base + src as u64, d))
             }
-            Task::Reduce { src, dst, len, to } => self.reduce(src, dst, len, to, scratch),
+            Task::Reduce {
+                src,
+                dst,
+                len,
+                into,
+            } => self.reduce(src, dst, len, into, scratch),
         }
     }
 
     /// Every rank's input `[src, src+len)` combined into `[dst, dst+len)`
-    /// of the outputs `to` names, a chunk at a time: peers' chunks (and
+    /// of this rank's `into` buffer, a chunk at a time: peers' chunks (and
     /// this rank's own, where it is the output's memory) are read into
-    /// scratch, then combined into this rank's output (or a scratch slot
-    /// when only another rank's output takes it); peers' outputs get each
-    /// combined chunk while it is still in cache.
+    /// scratch, then combined into the output.
     fn reduce(
         &self,
         src: usize,
         dst: usize,
         len: usize,
-        to: Dest,
+        into: Own,
         scratch: &mut Vec<u8>,
     ) -> Result<()> {
         let (n, me) = (self.pm.nranks(), self.pm.rank());
         let chunk = CHUNK - CHUNK % self.elem.max(1);
-        if scratch.len() < (n + 1) * chunk {
-            scratch.resize((n + 1) * chunk, 0);
+        if scratch.len() < n * chunk {
+            scratch.resize(n * chunk, 0);
         }
-        let (inputs_room, result_room) = scratch.split_at_mut(n * chunk);
         let mut off = 0;
         while off < len {
             let l = chunk.min(len - off);
-            let out = match to {
-                Dest::Rank(_) => mem::staging(&mut result_room[..l]),
-                Dest::Mine | Dest::All => span(&self.bufs, Buf::Output, dst + off, l)?,
+            let out = match into {
+                Own::Recv => span(&self.bufs, Buf::Output, dst + off, l)?,
+                Own::Stage => span(&self.stage, Buf::Output, dst + off, l)?,
             };
             let own = span(&self.bufs, Buf::Input, src + off, l)?;
             let mut inputs = Vec::with_capacity(n);
-            for (p, slot) in inputs_room.chunks_mut(chunk).enumerate() {
+            for (p, slot) in scratch.chunks_mut(chunk).take(n).enumerate() {
                 let slot = &mut slot[..l];
                 if p == me {
                     if own.ptr != out.ptr {
@@ -156,15 +162,6 @@ impl Job {
                 inputs.push(mem::staging(slot));
             }
             mem::reduce_all(&self.reducer, out, &inputs);
-            let peers: Vec<usize> = match to {
-                Dest::Mine => Vec::new(),
-                Dest::All => (1..n).map(|k| (me + k) % n).collect(),
-                Dest::Rank(r) => vec![r],
-            };
-            for p in peers {
-                let at = self.pm.posted(p).recv + (dst + off) as u64;
-                mem::view(out, |data| self.pm.write(p, at, data))?;
-            }
             off += l;
         }
         Ok(())
@@ -211,7 +208,7 @@ fn span(bufs: &OpBuffers, buf: Buf, off: usize, len: usize) -> Result<Span> {
 pub enum Route {
     /// Through the segment, in one meeting.
     Inline,
-    /// Reading and writing peers' buffers, on this many threads.
+    /// Reading peers' buffers, on this many threads.
     Threads(usize),
 }
 
@@ -227,6 +224,12 @@ pub struct Direct {
     pool: OnceLock<Pool>,
     /// The caller's thread's scratch (calls of a communicator run one at a time).
     scratch: Mutex<Vec<u8>>,
+    /// Where a reduce's non-root rank leaves its part for the root to
+    /// read: its receive buffer is not its to write (NCCL ignores it, and
+    /// it may be null). Kept, grown to the largest part so far: mapping
+    /// fresh memory at every call costs page faults in this process while
+    /// the root reads it.
+    stage: Mutex<Vec<u8>>,
     /// Point-to-point messages numbered so far, per peer.
     p2p: Mutex<Counts>,
 }
@@ -287,6 +290,7 @@ impl Direct {
             threads,
             pool: OnceLock::new(),
             scratch: Mutex::default(),
+            stage: Mutex::default(),
             p2p: Mutex::new(vec![(0, 0); n]),
         }
     }
@@ -440,13 +444,26 @@ impl Direct {
         &self,
         plan: Plan,
         threads: usize,
-        post: Post,
+        mut post: Post,
         bufs: OpBuffers,
         reducer: Reducer,
         elem: usize,
         ctx: &ExecCtx<'_>,
     ) -> Result<()> {
         let pm = &self.pm;
+        // Held to the end: peers read it until the last barrier.
+        let mut staged = self.stage.lock().unwrap_or_else(PoisonError::into_inner);
+        let need = stage_bytes(&plan);
+        if staged.len() < need {
+            staged.resize(need, 0);
+        }
+        post.stage = staged.as_mut_ptr() as u64;
+        let stage = OpBuffers {
+            input: std::ptr::null(),
+            in_bytes: 0,
+            output: staged.as_mut_ptr(),
+            out_bytes: need,
+        };
         pm.post(&post);
         self.barrier(ctx)?;
         let posted = (0..pm.nranks()).map(|p| (p, pm.posted(p).call));
@@ -457,6 +474,7 @@ impl Direct {
             pm: pm.clone(),
             plan,
             bufs,
+            stage,
             reducer,
             elem,
             local: Barrier::new(threads),

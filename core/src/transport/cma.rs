@@ -10,13 +10,16 @@
 //! vader does). Every rank probes every peer when the communicator is
 //! made, and the ranks use this path only if all probes pass; otherwise
 //! the shared-memory rings carry everything, and the INFO log says why.
+//!
+//! Nothing here writes another process's memory: a rank that was stopped
+//! and resumed after its peers gave up on it can only read from them.
 #![allow(unsafe_code)]
 
-use std::io::{IoSlice, IoSliceMut};
+use std::io::IoSliceMut;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
+use nix::sys::uio::{process_vm_readv, RemoteIoVec};
 use nix::unistd::Pid;
 
 use crate::error::{Error, Result};
@@ -27,7 +30,8 @@ const SLOT: usize = 128;
 const ARRIVED: usize = 0;
 const POST: usize = 64;
 /// Words of a posted call.
-const POST_WORDS: usize = 6;
+const POST_WORDS: usize = 7;
+const _: () = assert!(POST + 8 * POST_WORDS <= SLOT);
 /// Bytes of input a rank may pass inline, through the segment itself: a
 /// small collective then costs one barrier and no system call.
 pub const INLINE: usize = 4096;
@@ -90,18 +94,20 @@ impl Taken {
 
 /// What a rank posts for one call: the call's description (sequence
 /// number, kind, count, type, operation, root, packed by the caller: every
-/// rank's must match) and its buffers.
+/// rank's must match) and its buffers, for its peers to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Post {
     pub call: [u64; 4],
     pub send: u64,
     pub recv: u64,
+    /// The rank's staging area (where a reduce's non-root leaves its part).
+    pub stage: u64,
 }
 
 impl Post {
     fn words(&self) -> [u64; POST_WORDS] {
         let c = self.call;
-        [c[0], c[1], c[2], c[3], self.send, self.recv]
+        [c[0], c[1], c[2], c[3], self.send, self.recv, self.stage]
     }
 
     fn from_words(w: [u64; POST_WORDS]) -> Post {
@@ -109,12 +115,13 @@ impl Post {
             call: [w[0], w[1], w[2], w[3]],
             send: w[4],
             recv: w[5],
+            stage: w[6],
         }
     }
 }
 
 /// A word with a known value that peers read at setup to prove they may.
-static PROBE: AtomicU64 = AtomicU64::new(0x6f78_6363_6c5f_636d);
+static PROBE: u64 = 0x6f78_6363_6c5f_636d;
 
 /// Whether to try this path at all: `OXCCL_HOST_DIRECT=0` turns it off.
 pub fn wanted() -> bool {
@@ -161,25 +168,6 @@ pub type Poll<'a> = dyn FnMut(&[usize], Duration) -> Option<Error> + 'a;
 
 /// The bootstrap's allgather: every rank's bytes, by rank.
 pub type AllGather<'a> = dyn Fn(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
-
-/// Writes `src` at `addr` in process `pid`.
-fn write_to(pid: i32, addr: u64, src: &[u8]) -> std::io::Result<()> {
-    let mut done = 0;
-    while done < src.len() {
-        let remote = [RemoteIoVec {
-            base: addr as usize + done,
-            len: src.len() - done,
-        }];
-        let local = [IoSlice::new(&src[done..])];
-        match process_vm_writev(Pid::from_raw(pid), &local, &remote) {
-            Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero)),
-            Ok(n) => done += n,
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
 
 /// The ranks' meeting place and the way to their memory.
 pub struct PeerMem {
@@ -286,7 +274,11 @@ impl PeerMem {
             None
         };
         let pid = std::process::id() as i32;
-        let probe = if want { PROBE.as_ptr() as u64 } else { 0 };
+        let probe = if want {
+            std::ptr::addr_of!(PROBE) as u64
+        } else {
+            0
+        };
         let first = allgather(&encode(pid, probe, if me == 0 { &name } else { "" }))?;
         let peers = first
             .iter()
@@ -308,12 +300,9 @@ impl PeerMem {
                 continue;
             }
             let mut word = [0u8; 8];
-            // Read the word, then write it back unchanged: an all-reduce
-            // writes into its peers' outputs.
-            let probe =
-                read_from(*pid, *addr, &mut word).and_then(|()| write_to(*pid, *addr, &word));
-            match probe {
-                Ok(()) if u64::from_ne_bytes(word) == PROBE.load(Ordering::Relaxed) => {}
+            // Reading is all the path does to a peer's memory.
+            match read_from(*pid, *addr, &mut word) {
+                Ok(()) if u64::from_ne_bytes(word) == PROBE => {}
                 Ok(()) => verdict = format!("rank {me} read a wrong probe from rank {p}"),
                 Err(e) => {
                     verdict = format!(
@@ -503,17 +492,6 @@ impl PeerMem {
         self.me
     }
 
-    /// Copies `src` to `addr` of `peer`'s memory.
-    pub fn write(&self, peer: usize, addr: u64, src: &[u8]) -> Result<()> {
-        write_to(self.pids[peer], addr, src).map_err(|e| {
-            Error::Remote(format!(
-                "writing {} bytes into rank {peer}'s buffer at {addr:#x} (pid {}): {e}",
-                src.len(),
-                self.pids[peer]
-            ))
-        })
-    }
-
     /// Copies `dst.len()` bytes at `addr` of `peer`'s memory into `dst`.
     pub fn read(&self, peer: usize, addr: u64, dst: &mut [u8]) -> Result<()> {
         read_from(self.pids[peer], addr, dst).map_err(|e| {
@@ -536,6 +514,7 @@ pub(crate) mod tests {
             call: [9, 2, 3, 4],
             send: 0xdead_beef,
             recv: 77,
+            stage: 0x5747,
         };
         assert_eq!(Post::from_words(p.words()), p);
     }
@@ -546,9 +525,6 @@ pub(crate) mod tests {
         let mut dst = vec![0u8; src.len()];
         read_from(std::process::id() as i32, src.as_ptr() as u64, &mut dst).unwrap();
         assert_eq!(src, dst);
-        let mut back = vec![0u8; src.len()];
-        write_to(std::process::id() as i32, back.as_mut_ptr() as u64, &src).unwrap();
-        assert_eq!(src, back);
         assert!(read_from(std::process::id() as i32, 8, &mut dst[..8]).is_err());
     }
 
@@ -596,6 +572,7 @@ pub(crate) mod tests {
                 call: [5, 0, 0, 0],
                 send: data.as_ptr() as u64,
                 recv: 0,
+                stage: 0,
             });
             pm.barrier(&mut |_, _| None).unwrap();
             let next = (me + 1) % n;
