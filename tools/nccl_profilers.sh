@@ -210,25 +210,15 @@ run() {
 summary() {
   python3 - "$out" <<'PY'
 import collections, glob, json, os, re, sys
+sys.path.insert(0, "tools")
+from profiler_compare import tally_file
 out = sys.argv[1]
-def load(path):
-    text = open(path).read().rstrip()
-    # The example ends its array with "{}]"; its printf of a NULL %p is "(nil)".
-    return [e for e in json.loads(text) if e]
 for d in sorted(glob.glob(os.path.join(out, "example-*"))):
     files = sorted(glob.glob(os.path.join(d, "trace_*.json")))
     print(f"## example profiler {os.path.basename(d)}: {len(files)} trace files")
     for f in files:
-        counts = collections.Counter(); links = collections.Counter(); stack = []
-        for e in load(f):
-            key = e["cat"] if e["cat"] not in ("PROXY", "NET") else e["name"]
-            if e["ph"] == "b":
-                counts[key] += 1
-                if stack:
-                    links[f"{stack[-1]}>{key}"] += 1
-                stack.append(key)
-            else:
-                stack.pop()
+        counts, links = tally_file(f)
+        links = {f"{p}>{k}": v for (p, k), v in links.items()}
         name = os.path.basename(f)
         print(f"{name}: " + " ".join(f"{k}={v}" for k, v in sorted(counts.items())))
         print(f"{name} parents: " + " ".join(f"{k}={v}" for k, v in sorted(links.items())))

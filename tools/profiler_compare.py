@@ -13,22 +13,32 @@ import os
 import sys
 
 
+def tally_file(path):
+    """Counts per event kind and per (parent, child) kinds of one trace.
+    The example ends its array with "{}]"; its printf of a NULL %p is
+    "(nil)"."""
+    counts, links, stack = collections.Counter(), collections.Counter(), []
+    for e in json.loads(open(path).read().rstrip() or "[]"):
+        if not e:
+            continue
+        key = e["cat"] if e["cat"] not in ("PROXY", "NET") else e["name"]
+        if e["ph"] == "b":
+            counts[key] += 1
+            if stack:
+                links[(stack[-1], key)] += 1
+            stack.append(key)
+        elif stack:
+            stack.pop()
+    return counts, links
+
+
 def tally(d):
     counts, links = collections.Counter(), collections.Counter()
     files = sorted(glob.glob(os.path.join(d, "trace_*.json")))
     for f in files:
-        stack = []
-        for e in json.loads(open(f).read().rstrip() or "[]"):
-            if not e:
-                continue
-            key = e["cat"] if e["cat"] not in ("PROXY", "NET") else e["name"]
-            if e["ph"] == "b":
-                counts[key] += 1
-                if stack:
-                    links[f"{stack[-1]} > {key}"] += 1
-                stack.append(key)
-            elif stack:
-                stack.pop()
+        c, l = tally_file(f)
+        counts.update(c)
+        links.update({f"{p} > {k}": v for (p, k), v in l.items()})
     return len(files), counts, links
 
 

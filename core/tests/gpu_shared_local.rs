@@ -130,38 +130,43 @@ impl Rank {
     }
 }
 
-/// Every collective on `n` ranks, each rank in its own thread, rank 1
-/// calling each a while after the others.
-fn threads(n: usize) -> usize {
+/// `body` on `n` ranks, each in its own thread with a barrier they
+/// share; the sum of what they return (wrong elements).
+fn on_threads(n: usize, body: impl Fn(&mut Rank, &Barrier) -> usize + Sync) -> usize {
     let oobs = LocalOob::group(n);
     let barrier = Barrier::new(n);
     std::thread::scope(|s| {
         let hs: Vec<_> = oobs
             .iter()
             .map(|oob| {
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let mut r = Rank::new(oob, n);
-                    let mut wrong = 0;
-                    for count in COUNTS {
-                        for coll in colls(n) {
-                            for in_place in [false, true] {
-                                r.prepare(coll, count, n, in_place);
-                                r.stream.synchronize().unwrap();
-                                barrier.wait();
-                                if r.rank == 1 {
-                                    std::thread::sleep(Duration::from_millis(20));
-                                }
-                                r.issue(coll, count, in_place);
-                                wrong += r.wrong(coll, count, n, in_place);
-                            }
-                        }
-                    }
-                    wrong
-                })
+                let (barrier, body) = (&barrier, &body);
+                s.spawn(move || body(&mut Rank::new(oob, n), barrier))
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).sum()
+    })
+}
+
+/// Every collective on `n` ranks, each rank in its own thread, rank 1
+/// calling each a while after the others.
+fn threads(n: usize) -> usize {
+    on_threads(n, |r, barrier| {
+        let mut wrong = 0;
+        for count in COUNTS {
+            for coll in colls(n) {
+                for in_place in [false, true] {
+                    r.prepare(coll, count, n, in_place);
+                    r.stream.synchronize().unwrap();
+                    barrier.wait();
+                    if r.rank == 1 {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    r.issue(coll, count, in_place);
+                    wrong += r.wrong(coll, count, n, in_place);
+                }
+            }
+        }
+        wrong
     })
 }
 
@@ -251,29 +256,17 @@ fn a_destroyed_stream_is_never_used_again() {
         return;
     };
     let n = 2;
-    let oobs = LocalOob::group(n);
-    let barrier = Barrier::new(n);
-    let wrong: usize = std::thread::scope(|s| {
-        let hs: Vec<_> = oobs
-            .iter()
-            .map(|oob| {
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let mut r = Rank::new(oob, n);
-                    let mut wrong = 0;
-                    for it in 0..10 {
-                        let coll = colls(n)[it % 5];
-                        r.prepare(coll, 1000, n, false);
-                        r.stream = Stream::new(r.comm.context()).unwrap();
-                        barrier.wait();
-                        r.issue(coll, 1000, false);
-                        wrong += r.wrong(coll, 1000, n, false);
-                    }
-                    wrong
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    let wrong = on_threads(n, |r, barrier| {
+        let mut wrong = 0;
+        for it in 0..10 {
+            let coll = colls(n)[it % 5];
+            r.prepare(coll, 1000, n, false);
+            r.stream = Stream::new(r.comm.context()).unwrap();
+            barrier.wait();
+            r.issue(coll, 1000, false);
+            wrong += r.wrong(coll, 1000, n, false);
+        }
+        wrong
     });
     println!("10 calls, each on a new stream: {wrong} wrong");
     assert_eq!(wrong, 0);
