@@ -9,11 +9,12 @@
 //! others gave up on it (a shrink) then finishes its part without touching
 //! buffers the survivors have taken back. An all-reduce is therefore two
 //! phases: rank r reduces part r of every rank's input into its own
-//! output; then, after a barrier, it copies the other parts from their
-//! owners' outputs. A reduce's non-root ranks reduce their part into a
-//! staging area of their own (their receive buffer is not theirs to
-//! write: NCCL ignores it, and it may be null), and the root pulls the
-//! parts after a barrier.
+//! output and announces it; then it copies each other part from its
+//! owner's output as soon as that owner has announced its own. A reduce's
+//! non-root ranks reduce their part into a staging area of their own
+//! (their receive buffer is not theirs to write: NCCL ignores it, and it
+//! may be null), announce it, and the root pulls each part once its
+//! owner has.
 //!
 //! The price is memory traffic. The one-phase design this replaced had
 //! the reducer write each reduced chunk into every rank's output while it
@@ -27,11 +28,17 @@
 //! ring moves each byte 2·(n-1) times through shared slots, each with a
 //! copy in and a copy out.
 //!
-//! A plan is phases of tasks per thread; every rank finishes a phase before
-//! any starts the next (a barrier between processes), and one more barrier
-//! after the last phase keeps each rank's buffers in place until no peer
-//! reads them. Plans are pure data, so the simulation below checks them
-//! without processes.
+//! A plan is phases of tasks per thread. A rank's threads all finish a
+//! phase before any starts the next; then the rank either meets every
+//! other rank (a barrier) or only announces that it has finished the
+//! phase and goes on, and a later [`Task::Wait`] waits for the one peer
+//! whose result it is about to read. Waiting for every rank between the
+//! two phases cost a 4-rank all-reduce half its bandwidth where ranks
+//! share cores: each waited for the last rank to be scheduled, though it
+//! needed only one owner at a time. The last phase ends with a barrier,
+//! which keeps each rank's buffers in place until no peer reads them.
+//! Plans are pure data, so the simulation below checks them without
+//! processes, in many orders of the ranks' steps.
 
 use super::{split, Coll};
 
@@ -75,10 +82,32 @@ pub enum Task {
         len: usize,
         into: Own,
     },
+    /// Until `peer` has announced the end of the previous phase (which
+    /// must end with [`End::Announce`]): what it wrote there may be read
+    /// from here on.
+    Wait { peer: usize },
 }
 
-/// Phases, each a list of tasks per thread.
-pub type Plan = Vec<Vec<Vec<Task>>>;
+/// How a rank ends a phase, once all its threads have finished it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// It meets every other rank: none goes on before all have finished
+    /// the phase. The last phase ends so: each rank's buffers stay in
+    /// place until no peer reads them.
+    Barrier,
+    /// It announces that it has finished the phase and goes on at once;
+    /// a peer that reads what the phase wrote waits for this rank alone.
+    Announce,
+}
+
+/// A phase: tasks per thread, and how the rank ends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Phase {
+    pub tasks: Vec<Vec<Task>>,
+    pub end: End,
+}
+
+pub type Plan = Vec<Phase>;
 
 /// The bytes one call moves per rank, which decides whether the direct
 /// path is worth its barriers.
@@ -91,9 +120,7 @@ pub fn bytes(coll: Coll, count: usize, elem: usize, n: usize) -> usize {
 
 /// Bytes of its staging area a plan needs.
 pub fn stage_bytes(plan: &Plan) -> usize {
-    plan.iter()
-        .flatten()
-        .flatten()
+    tasks(plan)
         .map(|t| match *t {
             Task::Reduce {
                 dst,
@@ -105,6 +132,27 @@ pub fn stage_bytes(plan: &Plan) -> usize {
         })
         .max()
         .unwrap_or(0)
+}
+
+/// Every task of a plan, of every phase and thread.
+pub fn tasks(plan: &Plan) -> impl Iterator<Item = &Task> {
+    plan.iter().flat_map(|ph| ph.tasks.iter().flatten())
+}
+
+/// The peers some thread of phase `ph` waits for, each once.
+pub fn awaited(ph: &Phase) -> Vec<usize> {
+    let mut peers: Vec<usize> = ph
+        .tasks
+        .iter()
+        .flatten()
+        .filter_map(|t| match *t {
+            Task::Wait { peer } => Some(peer),
+            _ => None,
+        })
+        .collect();
+    peers.sort_unstable();
+    peers.dedup();
+    peers
 }
 
 /// Element range `[lo, hi)` cut into `threads` pieces, as byte ranges.
@@ -119,19 +167,45 @@ fn pieces(lo: usize, hi: usize, threads: usize, elem: usize) -> Vec<(usize, usiz
 
 /// Rank `rank`'s plan for `coll` of `count` elements (NCCL's count) of
 /// `elem` bytes on `n` ranks, spread over `threads` threads. Empty tasks
-/// are left out.
+/// are left out, and so are waits for a peer a thread then reads nothing from.
 pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, threads: usize) -> Plan {
     let threads = threads.max(1);
     let mut phases: Plan = Vec::new();
-    let phase = || vec![Vec::new(); threads];
+    let phase = |end| Phase {
+        tasks: vec![Vec::new(); threads],
+        end,
+    };
     // Part p of the elements, the one rank p reduces.
     let part = |p: usize| split(0, count, n, p);
+    // Each thread's share of part p, read from owner p's `from` buffer
+    // once p has announced it: at the same offset in its output, at the
+    // start of its staging area.
+    let pull = |ph: &mut Phase, p: usize, from: Src| {
+        let (lo, hi) = part(p);
+        for (t, (off, len)) in pieces(lo, hi, threads, elem).into_iter().enumerate() {
+            if len == 0 {
+                continue;
+            }
+            let src = match from {
+                Src::Stage => off - lo * elem,
+                Src::Send | Src::Recv => off,
+            };
+            ph.tasks[t].push(Task::Wait { peer: p });
+            ph.tasks[t].push(Task::Read {
+                peer: p,
+                from,
+                src,
+                dst: off,
+                len,
+            });
+        }
+    };
     match coll {
         Coll::AllReduce => {
-            let mut mine = phase();
+            let mut mine = phase(End::Announce);
             let (lo, hi) = part(rank);
             for (t, (off, len)) in pieces(lo, hi, threads, elem).into_iter().enumerate() {
-                mine[t].push(Task::Reduce {
+                mine.tasks[t].push(Task::Reduce {
                     src: off,
                     dst: off,
                     len,
@@ -139,27 +213,19 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
                 });
             }
             // The next rank's part first, so that the ranks spread their
-            // reads over the owners.
-            let mut others = phase();
+            // reads over the owners (and the first owners they wait for
+            // are different ranks).
+            let mut others = phase(End::Barrier);
             for p in (1..n).map(|k| (rank + k) % n) {
-                let (lo, hi) = part(p);
-                for (t, (off, len)) in pieces(lo, hi, threads, elem).into_iter().enumerate() {
-                    others[t].push(Task::Read {
-                        peer: p,
-                        from: Src::Recv,
-                        src: off,
-                        dst: off,
-                        len,
-                    });
-                }
+                pull(&mut others, p, Src::Recv);
             }
             phases.push(mine);
             phases.push(others);
         }
         Coll::ReduceScatter => {
-            let mut rs = phase();
+            let mut rs = phase(End::Barrier);
             for (t, (off, len)) in pieces(0, count, threads, elem).into_iter().enumerate() {
-                rs[t].push(Task::Reduce {
+                rs.tasks[t].push(Task::Reduce {
                     src: rank * count * elem + off,
                     dst: off,
                     len,
@@ -169,11 +235,11 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
             phases.push(rs);
         }
         Coll::AllGather => {
-            let mut ag = phase();
+            let mut ag = phase(End::Barrier);
             for p in (0..n).map(|k| (rank + k) % n) {
                 for (t, (off, len)) in pieces(0, count, threads, elem).into_iter().enumerate() {
                     let dst = p * count * elem + off;
-                    ag[t].push(if p == rank {
+                    ag.tasks[t].push(if p == rank {
                         Task::Copy { src: off, dst, len }
                     } else {
                         Task::Read {
@@ -189,9 +255,9 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
             phases.push(ag);
         }
         Coll::Broadcast { root } => {
-            let mut bc = phase();
+            let mut bc = phase(End::Barrier);
             for (t, (off, len)) in pieces(0, count, threads, elem).into_iter().enumerate() {
-                bc[t].push(if rank == root {
+                bc.tasks[t].push(if rank == root {
                     Task::Copy {
                         src: off,
                         dst: off,
@@ -212,12 +278,13 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
         Coll::Reduce { root } => {
             // Rank r reduces part r: the root into its output, the others
             // into their staging areas (at offset 0), which the root then
-            // reads. Non-roots have nothing to do in the second phase but
-            // keep their staging area in place, so every rank has both.
-            let mut mine = phase();
+            // reads, each as soon as its owner has announced it. Non-roots
+            // have nothing to do in the second phase but keep their
+            // staging area in place until the last barrier.
+            let mut mine = phase(End::Announce);
             let (lo, hi) = part(rank);
             for (t, (off, len)) in pieces(lo, hi, threads, elem).into_iter().enumerate() {
-                mine[t].push(if rank == root {
+                mine.tasks[t].push(if rank == root {
                     Task::Reduce {
                         src: off,
                         dst: off,
@@ -233,19 +300,10 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
                     }
                 });
             }
-            let mut gather = phase();
+            let mut gather = phase(End::Barrier);
             if rank == root {
                 for p in (1..n).map(|k| (rank + k) % n) {
-                    let (lo, hi) = part(p);
-                    for (t, (off, len)) in pieces(lo, hi, threads, elem).into_iter().enumerate() {
-                        gather[t].push(Task::Read {
-                            peer: p,
-                            from: Src::Stage,
-                            src: off - lo * elem,
-                            dst: off,
-                            len,
-                        });
-                    }
+                    pull(&mut gather, p, Src::Stage);
                 }
             }
             phases.push(mine);
@@ -253,11 +311,12 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
         }
     }
     for ph in &mut phases {
-        for tasks in ph.iter_mut() {
+        for tasks in ph.tasks.iter_mut() {
             tasks.retain(|t| match *t {
                 Task::Copy { len, .. } | Task::Read { len, .. } | Task::Reduce { len, .. } => {
                     len > 0
                 }
+                Task::Wait { .. } => true,
             });
         }
     }
@@ -268,75 +327,265 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
 mod tests {
     use super::*;
 
-    /// Runs every rank's plan on in-memory buffers, phase by phase (the
-    /// barriers), with u64 sums, and returns each rank's output. A rank
-    /// writes only its own buffers: the simulation has no way to do
-    /// otherwise, since no task names a peer's buffer to write.
-    fn simulate(coll: Coll, n: usize, count: usize, threads: usize) -> Vec<Vec<u64>> {
-        let (ins, outs) = match coll {
-            Coll::AllGather => (count, count * n),
-            Coll::ReduceScatter => (count * n, count),
-            _ => (count, count),
-        };
-        let send: Vec<Vec<u64>> = (0..n)
-            .map(|r| (0..ins).map(|i| (r * 1000 + i) as u64 * 7 + 1).collect())
+    /// A small deterministic generator for the schedules.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % n as u64) as usize
+        }
+    }
+
+    /// Which rank's step runs next among those that can: the first, the
+    /// last, or a random one.
+    #[derive(Debug, Clone, Copy)]
+    enum Order {
+        First,
+        Last,
+        Random(u64),
+    }
+
+    /// A byte range one task writes in one of its rank's buffers.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    struct Write {
+        buf: Own,
+        lo: usize,
+        hi: usize,
+    }
+
+    fn writes(t: &Task) -> Option<Write> {
+        match *t {
+            Task::Copy { dst, len, .. } | Task::Read { dst, len, .. } => Some(Write {
+                buf: Own::Recv,
+                lo: dst,
+                hi: dst + len,
+            }),
+            Task::Reduce { dst, len, into, .. } => Some(Write {
+                buf: into,
+                lo: dst,
+                hi: dst + len,
+            }),
+            Task::Wait { .. } => None,
+        }
+    }
+
+    /// Every rank's buffers (u64 elements, offsets in bytes as in plans).
+    struct Bufs {
+        send: Vec<Vec<u64>>,
+        recv: Vec<Vec<u64>>,
+        stage: Vec<Vec<u64>>,
+    }
+
+    /// Runs `plans` (one per rank) on `bufs` with u64 sums, one task at a
+    /// time in `order`, as processes would: a rank's threads each go
+    /// through their phase's tasks; a rank ends a phase once all its
+    /// threads have, and then waits for every rank (a barrier) or goes on
+    /// (an announcement); a [`Task::Wait`] holds its thread until its peer
+    /// has announced. Reads see peers' buffers as they are at that moment.
+    /// Returns the first hazard: a read of a peer's output or stage before
+    /// every task of that peer writing the bytes has run (or a write to
+    /// them could still follow), or no step possible before the end.
+    fn run(plans: &[Plan], bufs: &mut Bufs, order: Order) -> Result<(), String> {
+        let n = plans.len();
+        // The ranks meet after the same phases, alike: they count meetings.
+        for p in plans {
+            let ends: Vec<End> = p.iter().map(|ph| ph.end).collect();
+            let first: Vec<End> = plans[0].iter().map(|ph| ph.end).collect();
+            if ends != first {
+                return Err(format!(
+                    "ranks end their phases differently: {ends:?}, {first:?}"
+                ));
+            }
+            if p.last().is_some_and(|ph| ph.end != End::Barrier) {
+                return Err("the last phase does not end with a barrier".into());
+            }
+        }
+        let phases = plans[0].len();
+        // Per rank: its current phase, how many it has finished (and so
+        // announced or arrived at), each thread's place in the phase,
+        // and which of its tasks have run, by (phase, thread, place).
+        let mut phase = vec![0usize; n];
+        let mut finished = vec![0usize; n];
+        let mut at: Vec<Vec<usize>> = plans
+            .iter()
+            .map(|p| vec![0; p.first().map_or(0, |ph| ph.tasks.len())])
             .collect();
-        let mut recv = vec![vec![0u64; outs]; n];
-        let plans: Vec<Plan> = (0..n)
-            .map(|r| plan(coll, r, n, count, 8, threads))
-            .collect();
-        // Every rank meets the others after each of its phases: all must
-        // have as many.
-        assert!(
-            plans.iter().all(|p| p.len() == plans[0].len()),
-            "{coll:?} n={n} count={count}: ranks with different numbers of phases"
-        );
-        let mut stage: Vec<Vec<u64>> = plans.iter().map(|p| vec![0; stage_bytes(p) / 8]).collect();
-        for k in 0..plans[0].len() {
-            // Reads in a phase see the peers' buffers as the phase began.
-            let (before, staged) = (recv.clone(), stage.clone());
-            for (r, p) in plans.iter().enumerate() {
-                for t in p.get(k).into_iter().flatten().flatten() {
-                    match *t {
-                        Task::Copy { src, dst, len } => {
-                            for i in 0..len / 8 {
-                                recv[r][dst / 8 + i] = send[r][src / 8 + i];
-                            }
-                        }
-                        Task::Read {
-                            peer,
-                            from,
-                            src,
-                            dst,
-                            len,
-                        } => {
-                            assert_ne!(peer, r, "{coll:?}: rank {r} reads itself");
-                            for i in 0..len / 8 {
-                                recv[r][dst / 8 + i] = match from {
-                                    Src::Send => send[peer][src / 8 + i],
-                                    Src::Recv => before[peer][src / 8 + i],
-                                    Src::Stage => staged[peer][src / 8 + i],
-                                };
-                            }
-                        }
-                        Task::Reduce {
-                            src,
-                            dst,
-                            len,
-                            into,
-                        } => {
-                            for i in 0..len / 8 {
-                                let v = (0..n).map(|q| send[q][src / 8 + i]).sum();
-                                match into {
-                                    Own::Recv => recv[r][dst / 8 + i] = v,
-                                    Own::Stage => stage[r][dst / 8 + i] = v,
+        let mut ran: Vec<Vec<(usize, usize, usize)>> = vec![Vec::new(); n];
+        let mut rng = Rng(match order {
+            Order::Random(s) => s.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+            _ => 1,
+        });
+        loop {
+            // The steps that can run now: (rank, Some(thread)) runs that
+            // thread's next task, (rank, None) ends the rank's phase.
+            let mut steps: Vec<(usize, Option<usize>)> = Vec::new();
+            for r in 0..n {
+                let k = phase[r];
+                if k == phases {
+                    continue;
+                }
+                let ph = &plans[r][k];
+                let mut busy = false;
+                for (t, list) in ph.tasks.iter().enumerate() {
+                    let Some(task) = list.get(at[r][t]) else {
+                        continue;
+                    };
+                    busy = true;
+                    let ready = match *task {
+                        Task::Wait { peer } => finished[peer] >= k,
+                        _ => true,
+                    };
+                    if ready {
+                        steps.push((r, Some(t)));
+                    }
+                }
+                let met = match ph.end {
+                    // Arrived, and everyone else too.
+                    End::Barrier if finished[r] > k => finished.iter().all(|&f| f > k),
+                    _ => true,
+                };
+                if !busy && met {
+                    steps.push((r, None));
+                }
+            }
+            if steps.is_empty() {
+                return if phase.iter().all(|&k| k == phases) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "no step can run: phases {phase:?}, finished {finished:?}"
+                    ))
+                };
+            }
+            let (r, t) = steps[match order {
+                Order::First => 0,
+                Order::Last => steps.len() - 1,
+                Order::Random(_) => rng.below(steps.len()),
+            }];
+            let k = phase[r];
+            let Some(t) = t else {
+                match plans[r][k].end {
+                    End::Announce => {
+                        finished[r] = k + 1;
+                        phase[r] = k + 1;
+                    }
+                    // First the arrival, then (a later step) the leaving.
+                    End::Barrier if finished[r] == k => finished[r] = k + 1,
+                    End::Barrier => phase[r] = k + 1,
+                }
+                if phase[r] > k {
+                    at[r] = vec![0; plans[r].get(k + 1).map_or(0, |ph| ph.tasks.len())];
+                }
+                continue;
+            };
+            let task = plans[r][k].tasks[t][at[r][t]];
+            at[r][t] += 1;
+            ran[r].push((k, t, at[r][t] - 1));
+            match task {
+                Task::Wait { peer } => {
+                    if k == 0 || plans[peer][k - 1].end != End::Announce {
+                        return Err(format!("rank {r} waits for {peer} after no announcement"));
+                    }
+                }
+                Task::Copy { src, dst, len } => {
+                    for i in 0..len / 8 {
+                        bufs.recv[r][dst / 8 + i] = bufs.send[r][src / 8 + i];
+                    }
+                }
+                Task::Read {
+                    peer,
+                    from,
+                    src,
+                    dst,
+                    len,
+                } => {
+                    if peer == r {
+                        return Err(format!("rank {r} reads itself"));
+                    }
+                    let own = match from {
+                        Src::Send => None,
+                        Src::Recv => Some(Own::Recv),
+                        Src::Stage => Some(Own::Stage),
+                    };
+                    if let Some(buf) = own {
+                        // Every task of the owner that writes these bytes
+                        // must have run, in every phase.
+                        let (lo, hi) = (src, src + len);
+                        for (pk, ph) in plans[peer].iter().enumerate() {
+                            for (pt, list) in ph.tasks.iter().enumerate() {
+                                for (i, w) in list.iter().enumerate() {
+                                    let Some(w) = writes(w) else { continue };
+                                    if w.buf == buf
+                                        && w.lo < hi
+                                        && lo < w.hi
+                                        && !ran[peer].contains(&(pk, pt, i))
+                                    {
+                                        return Err(format!(
+                                            "rank {r} reads rank {peer}'s {buf:?} [{lo}, {hi}) before its phase {pk} task {:?} wrote it",
+                                            ph.tasks[pt][i]
+                                        ));
+                                    }
                                 }
                             }
+                        }
+                    }
+                    for i in 0..len / 8 {
+                        bufs.recv[r][dst / 8 + i] = match from {
+                            Src::Send => bufs.send[peer][src / 8 + i],
+                            Src::Recv => bufs.recv[peer][src / 8 + i],
+                            Src::Stage => bufs.stage[peer][src / 8 + i],
+                        };
+                    }
+                }
+                Task::Reduce {
+                    src,
+                    dst,
+                    len,
+                    into,
+                } => {
+                    for i in 0..len / 8 {
+                        let v = (0..n).map(|q| bufs.send[q][src / 8 + i]).sum();
+                        match into {
+                            Own::Recv => bufs.recv[r][dst / 8 + i] = v,
+                            Own::Stage => bufs.stage[r][dst / 8 + i] = v,
                         }
                     }
                 }
             }
         }
+    }
+
+    /// Every rank's buffers for `coll` on `n` ranks of `count` elements,
+    /// the inputs numbered by rank and place.
+    fn bufs(coll: Coll, n: usize, count: usize, plans: &[Plan]) -> Bufs {
+        let (ins, outs) = match coll {
+            Coll::AllGather => (count, count * n),
+            Coll::ReduceScatter => (count * n, count),
+            _ => (count, count),
+        };
+        Bufs {
+            send: (0..n)
+                .map(|r| (0..ins).map(|i| (r * 1000 + i) as u64 * 7 + 1).collect())
+                .collect(),
+            recv: vec![vec![0u64; outs]; n],
+            stage: plans.iter().map(|p| vec![0; stage_bytes(p) / 8]).collect(),
+        }
+    }
+
+    /// Runs every rank's plan in `order` and checks each rank's output.
+    fn simulate(coll: Coll, n: usize, count: usize, threads: usize, order: Order) {
+        let plans: Vec<Plan> = (0..n)
+            .map(|r| plan(coll, r, n, count, 8, threads))
+            .collect();
+        let mut b = bufs(coll, n, count, &plans);
+        let case = format!("{coll:?} n={n} count={count} threads={threads} {order:?}");
+        if let Err(e) = run(&plans, &mut b, order) {
+            panic!("{case}: {e}");
+        }
+        let send = &b.send;
         // The expected results, by definition of each collective.
         let want: Vec<Vec<u64>> = (0..n)
             .map(|r| match coll {
@@ -355,12 +604,17 @@ mod tests {
                 Coll::Reduce { .. } => vec![0; count],
             })
             .collect();
-        assert_eq!(recv, want, "{coll:?} n={n} count={count} threads={threads}");
-        recv
+        assert_eq!(b.recv, want, "{case}");
+    }
+
+    fn orders() -> impl Iterator<Item = Order> {
+        [Order::First, Order::Last]
+            .into_iter()
+            .chain((1..=3).map(Order::Random))
     }
 
     #[test]
-    fn every_plan_gives_the_collective_result() {
+    fn every_plan_gives_the_collective_result_in_any_order() {
         for n in [2, 3, 4, 5, 8] {
             for count in [0, 1, 3, 7, 64, 1000] {
                 for threads in [1, 2, 3, 4] {
@@ -373,10 +627,78 @@ mod tests {
                         Coll::Reduce { root: 0 },
                         Coll::Reduce { root: n - 1 },
                     ] {
-                        simulate(coll, n, count, threads);
+                        for order in orders() {
+                            simulate(coll, n, count, threads, order);
+                        }
                     }
                 }
             }
+        }
+    }
+
+    /// Every read of a peer's result comes after a wait for that peer in
+    /// the same thread and phase (the previous phase ending with an
+    /// announcement), or after a barrier: checked on the plans' text, for
+    /// every order of steps at once.
+    #[test]
+    fn every_read_of_a_peers_result_follows_a_wait_for_it() {
+        for n in [2, 3, 4, 8] {
+            for threads in [1, 2, 3] {
+                for coll in [
+                    Coll::AllReduce,
+                    Coll::Reduce { root: 0 },
+                    Coll::Reduce { root: n - 1 },
+                ] {
+                    for rank in 0..n {
+                        let p = plan(coll, rank, n, 1000, 4, threads);
+                        for (k, ph) in p.iter().enumerate() {
+                            let after_barrier = k > 0 && p[k - 1].end == End::Barrier;
+                            for list in &ph.tasks {
+                                let mut waited = Vec::new();
+                                for t in list {
+                                    match *t {
+                                        Task::Wait { peer } => waited.push(peer),
+                                        Task::Read { peer, from, .. } if from != Src::Send => {
+                                            assert!(
+                                                after_barrier || waited.contains(&peer),
+                                                "{coll:?} n={n} rank {rank}: {t:?} unawaited"
+                                            );
+                                        }
+                                        _ => {}
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The simulation catches a plan whose reads do not wait: without its
+    /// waits (and with its announcement taken for a barrier's arrival
+    /// only) an all-reduce reads some owner's part before it is there
+    /// when the reader's steps go first.
+    #[test]
+    fn a_plan_without_its_waits_is_caught() {
+        let (n, count) = (4, 64);
+        for coll in [Coll::AllReduce, Coll::Reduce { root: 1 }] {
+            let plans: Vec<Plan> = (0..n)
+                .map(|r| {
+                    let mut p = plan(coll, r, n, count, 8, 2);
+                    for ph in &mut p {
+                        for list in &mut ph.tasks {
+                            list.retain(|t| !matches!(t, Task::Wait { .. }));
+                        }
+                    }
+                    p
+                })
+                .collect();
+            let caught = orders().any(|order| {
+                let mut b = bufs(coll, n, count, &plans);
+                run(&plans, &mut b, order).is_err_and(|e| e.contains("before its phase 0"))
+            });
+            assert!(caught, "{coll:?}: no order caught the missing waits");
         }
     }
 
@@ -385,7 +707,8 @@ mod tests {
     fn volumes(p: &Plan) -> Vec<(usize, usize, usize)> {
         p.iter()
             .map(|ph| {
-                ph.iter()
+                ph.tasks
+                    .iter()
                     .flatten()
                     .fold((0, 0, 0), |(a, b, c), t| match *t {
                         Task::Reduce {
@@ -399,10 +722,14 @@ mod tests {
                             ..
                         } => (a, b + len, c),
                         Task::Read { len, .. } => (a, b, c + len),
-                        Task::Copy { .. } => (a, b, c),
+                        Task::Copy { .. } | Task::Wait { .. } => (a, b, c),
                     })
             })
             .collect()
+    }
+
+    fn ends(p: &Plan) -> Vec<End> {
+        p.iter().map(|ph| ph.end).collect()
     }
 
     #[test]
@@ -412,14 +739,20 @@ mod tests {
         let (lo, hi) = split(0, count, n, 1);
         let own = (hi - lo) * elem;
         assert_eq!(volumes(&p), [(own, 0, 0), (0, 0, count * elem - own)]);
-        // The reads take the owners' results, never their inputs.
-        assert!(p[1].iter().flatten().all(|t| matches!(
+        assert_eq!(ends(&p), [End::Announce, End::Barrier]);
+        // The reads take the owners' results, never their inputs, each
+        // thread's first from the next rank, after waiting for it.
+        assert!(p[1].tasks.iter().flatten().all(|t| matches!(
             t,
             Task::Read {
                 from: Src::Recv,
                 ..
-            }
+            } | Task::Wait { .. }
         )));
+        for list in &p[1].tasks {
+            assert_eq!(list[0], Task::Wait { peer: 2 });
+        }
+        assert_eq!(awaited(&p[1]), [0, 2, 3]);
     }
 
     #[test]
@@ -429,15 +762,36 @@ mod tests {
             let p = plan(Coll::Reduce { root }, rank, n, count, elem, 2);
             let (lo, hi) = split(0, count, n, rank);
             let own = (hi - lo) * elem;
+            assert_eq!(ends(&p), [End::Announce, End::Barrier]);
             if rank == root {
                 assert_eq!(volumes(&p), [(own, 0, 0), (0, 0, count * elem - own)]);
                 assert_eq!(stage_bytes(&p), 0);
+                assert_eq!(awaited(&p[1]), [0, 1, 3]);
             } else {
                 // A non-root's receive buffer is never touched (NCCL
-                // ignores it; it may be null).
+                // ignores it; it may be null), and it waits for nobody.
                 assert_eq!(volumes(&p), [(0, own, 0), (0, 0, 0)]);
                 assert_eq!(stage_bytes(&p), own);
+                assert!(awaited(&p[1]).is_empty());
             }
+        }
+    }
+
+    /// A thread with nothing to read from a peer does not wait for it.
+    #[test]
+    fn no_wait_without_a_read() {
+        // 2 elements on 4 ranks: two of them own one each, two none.
+        let owners: Vec<usize> = (0..4)
+            .filter(|&q| {
+                let (lo, hi) = split(0, 2, 4, q);
+                hi > lo
+            })
+            .collect();
+        assert_eq!(owners.len(), 2);
+        for rank in 0..4 {
+            let p = plan(Coll::AllReduce, rank, 4, 2, 4, 3);
+            let read: Vec<usize> = owners.iter().copied().filter(|&q| q != rank).collect();
+            assert_eq!(awaited(&p[1]), read, "rank {rank}");
         }
     }
 }

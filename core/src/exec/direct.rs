@@ -1,7 +1,9 @@
 //! Runs a direct plan ([`crate::algo::direct`]) on this rank's host buffers,
 //! reading peers' buffers through [`PeerMem`]: the rank posts its call,
-//! meets the others, and runs each phase on its threads, meeting the
-//! others again after each. It writes only its own memory.
+//! meets the others, and runs each phase on its threads; after each it
+//! meets the others again or announces that it has finished it, and a
+//! read of a peer's result waits for that peer's announcement alone. It
+//! writes only its own memory.
 //!
 //! The threads are the caller's and a pool that lives as long as the
 //! communicator, each with its own scratch: starting threads and mapping
@@ -9,17 +11,17 @@
 //! changing this process's mappings stalls the peers reading it.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Barrier, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::algo::direct::{stage_bytes, Own, Plan, Src, Task};
+use crate::algo::direct::{awaited, stage_bytes, End, Own, Plan, Src, Task};
 use crate::algo::{Buf, Coll, Region};
 use crate::error::{Error, Result};
 use crate::reduce::Reducer;
-use crate::transport::cma::{PeerMem, Post, INLINE};
+use crate::transport::cma::{PeerMem, Poll, Post, INLINE};
 
 use super::direct_p2p::{exchange, Counts, Msg};
 use super::header::{OpHeader, HEADER_BYTES};
@@ -43,6 +45,11 @@ struct Job {
     /// The call's threads meet here after each phase's tasks, and again
     /// once the caller's thread has met the other ranks.
     local: Barrier,
+    /// The number of this rank's last announcement, which its peers'
+    /// announcements of the same phase carry: the current phase's waits
+    /// wait for it. Set by the caller's thread between the two local
+    /// meetings that end a phase.
+    announced: AtomicU64,
     failed: AtomicBool,
     first: Mutex<Option<Error>>,
 }
@@ -58,14 +65,17 @@ impl Job {
         self.failed.load(Ordering::SeqCst)
     }
 
-    /// Thread `t`'s part of phase `k`; a panic is an error like another.
-    fn phase(&self, k: usize, t: usize, scratch: &mut Vec<u8>) {
+    /// Thread `t`'s part of phase `k`, its waits polling `poll`; a panic
+    /// is an error like another.
+    fn phase(&self, k: usize, t: usize, scratch: &mut Vec<u8>, poll: &mut Poll<'_>) {
         if self.failed() {
             return;
         }
-        let tasks = self.plan[k].get(t).map_or(&[][..], Vec::as_slice);
+        let tasks = self.plan[k].tasks.get(t).map_or(&[][..], Vec::as_slice);
         let run = catch_unwind(AssertUnwindSafe(|| {
-            tasks.iter().try_for_each(|task| self.task(task, scratch))
+            tasks
+                .iter()
+                .try_for_each(|task| self.task(task, scratch, &mut *poll))
         }));
         match run {
             Ok(Ok(())) => {}
@@ -74,10 +84,14 @@ impl Job {
         }
     }
 
-    /// A pool thread's whole share of the call.
+    /// A pool thread's whole share of the call. Its waits end when their
+    /// peer announces or the call fails: the caller's thread watches the
+    /// same peers for what ends a wait early (a stop, a peer's failure or
+    /// exit, NCCL_TIMEOUT), which needs the call's context.
     fn work(&self, t: usize, scratch: &mut Vec<u8>) {
+        let mut poll = |_: &[usize], _| self.failed().then(abandoned);
         for k in 0..self.plan.len() {
-            self.phase(k, t, scratch);
+            self.phase(k, t, scratch, &mut poll);
             self.local.wait();
             self.local.wait();
             if self.failed() {
@@ -86,9 +100,13 @@ impl Job {
         }
     }
 
-    fn task(&self, task: &Task, scratch: &mut Vec<u8>) -> Result<()> {
+    fn task(&self, task: &Task, scratch: &mut Vec<u8>, poll: &mut Poll<'_>) -> Result<()> {
         let b = &self.bufs;
         match *task {
+            Task::Wait { peer } => {
+                self.pm
+                    .wait_for(&[peer], self.announced.load(Ordering::SeqCst), poll)
+            }
             Task::Copy { src, dst, len } => {
                 mem::copy(
                     span(b, Buf::Output, dst, len)?,
@@ -168,6 +186,12 @@ impl Job {
     }
 }
 
+/// What a wait of a call that has already failed ends with (the first
+/// error is the one reported).
+fn abandoned() -> Error {
+    Error::Internal("another thread of this call failed".into())
+}
+
 /// An operation header as the words a [`Post`] carries.
 pub fn call_words(h: &OpHeader) -> [u64; 4] {
     let b = h.encode();
@@ -237,6 +261,7 @@ pub struct Direct {
 /// Where a wait on the segment happens, for the errors that end one.
 const BARRIER: &str = "the operation's peer-memory barrier";
 const MAILBOX: &str = "its peer-memory mailbox";
+const PART: &str = "the peer-memory announcement that its part of the operation is ready";
 
 /// Threads that each run their share of a call's phases, with their own
 /// scratch kept from call to call.
@@ -478,6 +503,7 @@ impl Direct {
             reducer,
             elem,
             local: Barrier::new(threads),
+            announced: AtomicU64::new(0),
             failed: AtomicBool::new(false),
             first: Mutex::new(None),
         });
@@ -486,12 +512,33 @@ impl Direct {
                 .map_err(|_| Error::Internal("a direct-path thread is gone".into()))?;
         }
         let mut scratch = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut poll = |missing: &[usize], waited| {
+            if job.failed() {
+                return Some(abandoned());
+            }
+            self.stalled(ctx, missing, waited, PART)
+        };
         for k in 0..job.plan.len() {
-            job.phase(k, 0, &mut scratch);
+            job.phase(k, 0, &mut scratch, &mut poll);
+            // The peers the pool threads wait for, watched here for what
+            // ends their waits early; done at once where they have come.
+            if !job.failed() {
+                let e = job.announced.load(Ordering::SeqCst);
+                if let Err(err) = pm.wait_for(&awaited(&job.plan[k]), e, &mut poll) {
+                    job.fail(err);
+                }
+            }
             job.local.wait();
             if !job.failed() {
-                if let Err(e) = self.barrier(ctx) {
-                    job.fail(e);
+                match job.plan[k].end {
+                    End::Barrier => {
+                        if let Err(e) = self.barrier(ctx) {
+                            job.fail(e);
+                        }
+                    }
+                    // Every thread has finished the phase: what it wrote
+                    // is this rank's to offer.
+                    End::Announce => job.announced.store(pm.arrive(), Ordering::SeqCst),
                 }
             }
             job.local.wait();

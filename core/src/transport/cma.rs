@@ -2,7 +2,9 @@
 //! host buffers straight from that process (Linux cross-memory attach,
 //! `process_vm_readv`), one kernel copy, no staging slot in between; the
 //! ranks meet at barriers in a small shared-memory segment, where each
-//! also posts the call it was given and its buffers' addresses.
+//! also posts the call it was given and its buffers' addresses. A
+//! barrier can be split: a rank arrives, and waits later only for the
+//! peers whose results it needs.
 //!
 //! Reading another process needs the kernel's ptrace permission: same
 //! user, and under Yama's `ptrace_scope` 1 (Ubuntu's default) the target's
@@ -370,7 +372,7 @@ impl PeerMem {
         self.area.store(at, e);
         // Later barriers count this meeting too.
         self.area.store(self.me * SLOT + ARRIVED, e);
-        self.wait_all(e, &|p| self.inline_slot(p, turn), poll)?;
+        self.wait_all(e, 0..self.nranks(), &|p| self.inline_slot(p, turn), poll)?;
         Ok((0..self.nranks())
             .map(|p| {
                 let at = self.inline_slot(p, turn);
@@ -440,25 +442,48 @@ impl PeerMem {
     /// missing and the time waited so far; an error it returns ends the
     /// wait.
     pub fn barrier(&self, poll: &mut Poll<'_>) -> Result<()> {
-        let e = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-        self.area.store(self.me * SLOT + ARRIVED, e);
-        self.wait_all(e, &|p| p * SLOT + ARRIVED, poll)
+        let e = self.arrive();
+        self.wait_all(e, 0..self.nranks(), &|p| p * SLOT + ARRIVED, poll)
     }
 
-    /// Waits until the word at `word(p)` of every rank p reads `e` or more.
-    fn wait_all(&self, e: u64, word: &dyn Fn(usize) -> usize, poll: &mut Poll<'_>) -> Result<()> {
-        let n = self.nranks();
+    /// Enters the next barrier without waiting, and returns its number:
+    /// this tells every peer that this rank has done what came before it.
+    /// A peer that needs only that waits for this rank alone
+    /// ([`PeerMem::wait_for`]). The number grows with every meeting, so a
+    /// rank's word from an earlier call is always below it.
+    pub fn arrive(&self) -> u64 {
+        let e = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        self.area.store(self.me * SLOT + ARRIVED, e);
+        e
+    }
+
+    /// Waits until each of `ranks` has entered barrier `e` (or a later
+    /// one), as [`PeerMem::barrier`] does for all, with `poll` alike.
+    pub fn wait_for(&self, ranks: &[usize], e: u64, poll: &mut Poll<'_>) -> Result<()> {
+        self.wait_all(e, ranks.iter().copied(), &|p| p * SLOT + ARRIVED, poll)
+    }
+
+    /// Waits until the word at `word(p)` of every rank p of `ranks` reads
+    /// `e` or more.
+    fn wait_all(
+        &self,
+        e: u64,
+        ranks: impl Iterator<Item = usize> + Clone,
+        word: &dyn Fn(usize) -> usize,
+        poll: &mut Poll<'_>,
+    ) -> Result<()> {
         let mut wait = self.backoff();
-        let mut next = 0;
+        let mut left = ranks.clone().peekable();
         loop {
-            while next < n && self.area.load(word(next)) >= e {
-                next += 1;
-            }
-            if next == n {
+            while left.next_if(|&p| self.area.load(word(p)) >= e).is_some() {}
+            if left.peek().is_none() {
                 return Ok(());
             }
             if let Some(waited) = wait.pause() {
-                let missing: Vec<usize> = (0..n).filter(|&p| self.area.load(word(p)) < e).collect();
+                let missing: Vec<usize> = ranks
+                    .clone()
+                    .filter(|&p| self.area.load(word(p)) < e)
+                    .collect();
                 if let Some(err) = poll(&missing, waited) {
                     return Err(err);
                 }
@@ -604,5 +629,76 @@ pub(crate) mod tests {
         assert!(e.is_err());
         assert_eq!(seen, vec![1]);
         assert!(pm.alive(1));
+    }
+
+    fn alone(n: usize, me: usize) -> PeerMem {
+        PeerMem {
+            area: Area::private(segment_bytes(n)).unwrap(),
+            me,
+            pids: vec![std::process::id() as i32; n],
+            epoch: AtomicU64::new(0),
+            spins: spins_for(n),
+        }
+    }
+
+    #[test]
+    fn a_wait_for_one_rank_names_only_it_and_takes_no_older_arrival() {
+        let pm = alone(3, 0);
+        // Rank 1 arrived at the meeting before (its word from an earlier
+        // call); rank 2, which this wait does not ask for, at none.
+        pm.area.store(SLOT + ARRIVED, 1);
+        pm.epoch.store(1, Ordering::SeqCst);
+        let e = pm.arrive();
+        assert_eq!(e, 2);
+        let mut seen = Vec::new();
+        let r = pm.wait_for(&[1], e, &mut |missing, waited| {
+            seen = missing.to_vec();
+            (waited > Duration::from_millis(50)).then(|| Error::Remote("late".into()))
+        });
+        assert!(r.is_err());
+        assert_eq!(seen, vec![1]);
+        // Once it arrives, the wait ends, whatever rank 2 does.
+        pm.area.store(SLOT + ARRIVED, 2);
+        pm.wait_for(&[1], e, &mut |_, _| Some(Error::Remote("waited".into())))
+            .unwrap();
+        pm.wait_for(&[], e, &mut |_, _| Some(Error::Remote("waited".into())))
+            .unwrap();
+    }
+
+    #[test]
+    fn ranks_wait_for_one_owner_then_meet() {
+        let n = 3;
+        in_process(n, move |pm| {
+            let me = pm.rank();
+            let mut mine = vec![0u8; 4096];
+            pm.post(&Post {
+                call: [6, 0, 0, 0],
+                send: 0,
+                recv: mine.as_ptr() as u64,
+                stage: 0,
+            });
+            pm.barrier(&mut |_, _| None).unwrap();
+            // Rank 2 is late with its part; rank 0 needs only rank 1's.
+            if me == 2 {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            mine.fill(me as u8 + 10);
+            let e = pm.arrive();
+            let owner = (me + 1) % n;
+            let start = Instant::now();
+            pm.wait_for(&[owner], e, &mut |_, _| None).unwrap();
+            if me == 0 {
+                assert!(
+                    start.elapsed() < Duration::from_millis(400),
+                    "{:?}",
+                    start.elapsed()
+                );
+            }
+            let mut buf = vec![0u8; 4096];
+            pm.read(owner, pm.posted(owner).recv, &mut buf).unwrap();
+            assert!(buf.iter().all(|&b| b == owner as u8 + 10));
+            // Nobody's part goes before everyone has read it.
+            pm.barrier(&mut |_, _| None).unwrap();
+        });
     }
 }
