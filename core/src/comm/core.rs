@@ -46,7 +46,7 @@ pub(crate) fn setup_direct(
         Some(pm) => {
             let d = exec::direct::Direct::new(pm, n);
             info!(target: "oxccl::init",
-                "Host collectives of {} bytes and more read peers' buffers directly (SHM/direct/CMA, up to {} threads per rank; OXCCL_HOST_DIRECT=0 turns it off)", d.min, d.threads.most());
+                "Host collectives of {} bytes and more (broadcast and reduce: {}) read peers' buffers directly (SHM/direct/CMA, up to {} threads per rank; OXCCL_HOST_DIRECT=0 turns it off)", d.min, d.rooted_min, d.threads.most());
             Ok(Some(d))
         }
         None => {
@@ -605,7 +605,7 @@ impl Core {
                 // Decided from the call alone, as every rank sees it alike
                 // (a broadcast's non-roots pass no input).
                 let moved = algo::direct::bytes(coll, op.count, op.dtype.size(), n);
-                if let Some(route) = d.route(moved) {
+                if let Some(route) = d.route(coll, moved) {
                     return self.run_direct(d, route, op, coll, bufs, seq, parents, mask);
                 }
             }
@@ -753,6 +753,11 @@ impl Core {
             }
         };
         drop(event);
+        if r.is_err() {
+            // Whatever ended it, peers must not take this rank's words for
+            // a finished call from now on.
+            d.give_up();
+        }
         r.map_err(|e| self.coll_failed(e, what(), seq, coll))
     }
 

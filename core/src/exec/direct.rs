@@ -240,6 +240,9 @@ pub enum Route {
 pub struct Direct {
     pm: Arc<PeerMem>,
     pub min: usize,
+    /// The same for broadcast and reduce, whose chains beat the direct
+    /// path below 512 KiB even with fewer cores than ranks.
+    pub rooted_min: usize,
     /// The largest message sent on this path; larger ones take the rings.
     pub p2p_max: usize,
     pub threads: Threads,
@@ -307,10 +310,11 @@ impl Drop for Pool {
 
 impl Direct {
     pub fn new(pm: PeerMem, n: usize) -> Direct {
-        let (min, threads) = settings(n);
+        let (min, rooted_min, threads) = settings(n);
         Direct {
             pm: Arc::new(pm),
             min,
+            rooted_min,
             p2p_max: p2p_max(threads),
             threads,
             pool: OnceLock::new(),
@@ -318,6 +322,11 @@ impl Direct {
             stage: Mutex::default(),
             p2p: Mutex::new(vec![(0, 0); n]),
         }
+    }
+
+    /// This rank has given up a call: see [`PeerMem::give_up`].
+    pub fn give_up(&self) {
+        self.pm.give_up();
     }
 
     /// Whether point-to-point messages take this path.
@@ -382,11 +391,15 @@ impl Direct {
             .then(|| timeout_error(ctx, &[format!("for ranks {missing:?} at {place}")]))
     }
 
-    /// How a call moving `bytes` per rank ([`crate::algo::direct::bytes`])
+    /// How `coll` moving `bytes` per rank ([`crate::algo::direct::bytes`])
     /// runs here: on threads from the threshold on, else inline when its
     /// largest input fits a slot, else (between the two) on the rings.
-    pub fn route(&self, bytes: usize) -> Option<Route> {
-        if bytes >= self.min {
+    pub fn route(&self, coll: Coll, bytes: usize) -> Option<Route> {
+        let min = match coll {
+            Coll::Broadcast { .. } | Coll::Reduce { .. } => self.rooted_min,
+            _ => self.min,
+        };
+        if bytes >= min {
             Some(Route::Threads(self.threads.for_bytes(bytes)))
         } else if bytes <= INLINE {
             Some(Route::Inline)
@@ -595,23 +608,36 @@ pub enum Threads {
 }
 
 /// The direct path's settings for `n` ranks on this host: the smallest
-/// collective it takes (`OXCCL_HOST_DIRECT_MIN` bytes, default 512 KiB:
-/// below it the rings' pipelined hand-offs beat two barriers and a
-/// system call per chunk and peer; on 16 cores the two cross between 128
-/// KiB and 1 MiB for 4 to 8 ranks) and its threads per rank.
-pub fn settings(n: usize) -> (usize, Threads) {
+/// collective it takes (`OXCCL_HOST_DIRECT_MIN` bytes) and its threads per
+/// rank. The default minimum is 512 KiB where every rank has a core: below
+/// it the rings' pipelined hand-offs beat the meetings and a system call
+/// per chunk and peer (on 16 cores the two cross between 128 KiB and 1 MiB
+/// for 4 to 8 ranks; on 2 cores with 2 ranks, 32 KiB all_reduce 3.1-5.1 us
+/// on the rings against 6.7-8.0 direct). Where the host has fewer cores
+/// than ranks, every ring hand-off waits for a context switch, so the
+/// direct path takes everything above the inline size (4 ranks on 2
+/// cores, all_reduce out of place: 8 KiB 39-72 us against 68-158 on the
+/// rings, 32 KiB 45-62 against 83-408, 128 KiB 80-172 against 360-446;
+/// all_gather and reduce_scatter alike). Broadcast and reduce keep 512
+/// KiB there: their chains were as fast or faster at 8-128 KiB (broadcast
+/// 8 KiB 17-30 us against 17-70, reduce 27-33 against 40-94). The second
+/// value is broadcast's and reduce's minimum; `OXCCL_HOST_DIRECT_MIN` sets
+/// both.
+pub fn settings(n: usize) -> (usize, usize, Threads) {
     let var = |k: &str| {
         std::env::var(k)
             .ok()
             .and_then(|v| crate::config::parse_size(&v))
     };
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let min = var("OXCCL_HOST_DIRECT_MIN").unwrap_or(512 << 10) as usize;
+    let least = if n > cores { INLINE + 1 } else { 512 << 10 };
+    let set = var("OXCCL_HOST_DIRECT_MIN").map(|v| v as usize);
+    let (min, rooted_min) = (set.unwrap_or(least), set.unwrap_or(512 << 10));
     let threads = var("OXCCL_HOST_DIRECT_THREADS")
         .map_or(Threads::Auto((cores / n.max(1)).clamp(1, 8)), |t| {
             Threads::Fixed((t as usize).max(1))
         });
-    (min, threads)
+    (min, rooted_min, threads)
 }
 
 impl Threads {

@@ -27,9 +27,15 @@ use nix::unistd::Pid;
 use crate::error::{Error, Result};
 use crate::transport::shm::area::Area;
 
-/// Bytes of a rank's slot: its barrier word, then its posted call.
+/// Bytes of a rank's slot: its barrier word, its gave-up word, then its
+/// posted call.
 const SLOT: usize = 128;
 const ARRIVED: usize = 0;
+/// Nonzero once the rank has given up a wait on this segment (a timeout,
+/// a stop, a failed peer): its barrier word then says nothing about the
+/// buffers it posted, which it may be reusing already. In the same line
+/// as the barrier word, so reading it costs nothing more.
+const GAVE_UP: usize = 8;
 const POST: usize = 64;
 /// Words of a posted call.
 const POST_WORDS: usize = 7;
@@ -477,7 +483,15 @@ impl PeerMem {
         loop {
             while left.next_if(|&p| self.area.load(word(p)) >= e).is_some() {}
             if left.peek().is_none() {
-                return Ok(());
+                // A rank that arrived and then gave up (its wait for this
+                // rank timed out while this rank was stopped) has left the
+                // call: what this rank read of its buffers may be from its
+                // next operations. Read after the arrivals: it gave up
+                // before it reused anything.
+                return match ranks.clone().find(|&p| self.gave_up(p)) {
+                    None => Ok(()),
+                    Some(p) => Err(self.left_us(p)),
+                };
             }
             if let Some(waited) = wait.pause() {
                 let missing: Vec<usize> = ranks
@@ -485,10 +499,29 @@ impl PeerMem {
                     .filter(|&p| self.area.load(word(p)) < e)
                     .collect();
                 if let Some(err) = poll(&missing, waited) {
+                    self.give_up();
                     return Err(err);
                 }
             }
         }
+    }
+
+    /// Marks that this rank has given up a wait: no peer may take its
+    /// barrier word as a promise that its buffers still hold this call's
+    /// data.
+    pub fn give_up(&self) {
+        self.area.store(self.me * SLOT + GAVE_UP, 1);
+    }
+
+    fn gave_up(&self, p: usize) -> bool {
+        self.area.load(p * SLOT + GAVE_UP) != 0
+    }
+
+    fn left_us(&self, p: usize) -> Error {
+        Error::Remote(format!(
+            "rank {p} (pid {}) gave up this operation (it failed or timed out waiting, perhaps for this rank) and may be reusing its buffers: this rank's result is not trusted",
+            self.pid(p)
+        ))
     }
 
     /// How a wait on this segment's words spends its time.
@@ -639,6 +672,25 @@ pub(crate) mod tests {
             epoch: AtomicU64::new(0),
             spins: spins_for(n),
         }
+    }
+
+    /// A peer that arrived at a meeting and then gave up (its wait timed
+    /// out while this rank was stopped) does not let this rank pass it:
+    /// this rank's reads of its buffers may be of its next operations.
+    /// And a rank whose wait fails marks itself so.
+    #[test]
+    fn a_peer_that_gave_up_after_arriving_ends_the_wait_in_an_error() {
+        let pm = alone(2, 0);
+        pm.area.store(SLOT + ARRIVED, 5);
+        pm.area.store(SLOT + GAVE_UP, 1);
+        let e = pm.barrier(&mut |_, _| None).unwrap_err();
+        assert!(e.to_string().contains("rank 1 "), "{e}");
+        assert!(e.to_string().contains("gave up"), "{e}");
+        let pm = alone(2, 0);
+        let _ = pm.barrier(&mut |_, w| {
+            (w > Duration::from_millis(20)).then(|| Error::Remote("late".into()))
+        });
+        assert!(pm.gave_up(0), "a failed wait marks the rank");
     }
 
     #[test]
