@@ -32,10 +32,10 @@
 //! phase before any starts the next; then the rank either meets every
 //! other rank (a barrier) or only announces that it has finished the
 //! phase and goes on, and a later [`Task::Wait`] waits for the one peer
-//! whose result it is about to read. Waiting for every rank between the
-//! two phases cost a 4-rank all-reduce half its bandwidth where ranks
-//! share cores: each waited for the last rank to be scheduled, though it
-//! needed only one owner at a time. The last phase ends with a barrier,
+//! whose result it is about to read: a barrier of every rank between the
+//! two phases would make each rank wait for the last one to be scheduled,
+//! though it needs only one owner at a time (on the loaded 2-core VM the
+//! two measured alike, docs/PERF.md). The last phase ends with a barrier,
 //! which keeps each rank's buffers in place until no peer reads them.
 //! Plans are pure data, so the simulation below checks them without
 //! processes, in many orders of the ranks' steps.

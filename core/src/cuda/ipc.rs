@@ -42,14 +42,6 @@ fn opened() -> std::sync::MutexGuard<'static, OpenedTable> {
         .unwrap_or_else(PoisonError::into_inner)
 }
 
-/// How one attempt to map a handle ended.
-enum Opened {
-    Mapped(IpcMapping),
-    /// CUDA_ERROR_ALREADY_MAPPED: this process still maps memory the
-    /// allocation overlaps (a buffer its owner has freed since).
-    Overlaps,
-}
-
 impl IpcMapping {
     /// Maps the allocation (or counts one more user of its mapping);
     /// peer access to its GPU is enabled as needed. Where the driver finds
@@ -58,28 +50,20 @@ impl IpcMapping {
     /// in its place), the kept buffers are let go (see [`map_kept`]) and
     /// the mapping tried once more.
     pub fn open(ctx: &Arc<Context>, handle: &IpcMemHandle) -> Result<IpcMapping> {
-        match Self::open_once(ctx, handle)? {
-            Opened::Mapped(m) => Ok(m),
-            Opened::Overlaps => {
-                let mut kept = kept();
-                drop_kept(ctx, &mut kept)?;
-                drop(kept);
-                match Self::open_once(ctx, handle)? {
-                    Opened::Mapped(m) => Ok(m),
-                    Opened::Overlaps => Err(already_mapped()),
-                }
-            }
-        }
+        Ok(open_or_let_go(ctx, handle, &mut kept())?.0)
     }
 
-    fn open_once(ctx: &Arc<Context>, handle: &IpcMemHandle) -> Result<Opened> {
+    /// One try: `None` where the driver refuses with
+    /// CUDA_ERROR_ALREADY_MAPPED (this process still maps memory the
+    /// allocation overlaps).
+    fn open_once(ctx: &Arc<Context>, handle: &IpcMemHandle) -> Result<Option<IpcMapping>> {
         let key = (ctx.device().ordinal(), handle.0);
         // Held while opening, so that no other thread opens or closes the
         // same handle in between.
         let mut table = opened();
         if let Some((ptr, users)) = table.get_mut(&key) {
             *users += 1;
-            return Ok(Opened::Mapped(IpcMapping {
+            return Ok(Some(IpcMapping {
                 ctx: ctx.clone(),
                 key,
                 ptr: *ptr,
@@ -94,11 +78,11 @@ impl IpcMapping {
         // SAFETY: `ptr` is a valid out-pointer; the handle is passed by value.
         let r = unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, h, flags) };
         if r == sys::CUresult::CUDA_ERROR_ALREADY_MAPPED {
-            return Ok(Opened::Overlaps);
+            return Ok(None);
         }
         check(r, "cuIpcOpenMemHandle")?;
         table.insert(key, (ptr, 1));
-        Ok(Opened::Mapped(IpcMapping {
+        Ok(Some(IpcMapping {
             ctx: ctx.clone(),
             key,
             ptr,
@@ -108,12 +92,6 @@ impl IpcMapping {
     pub fn ptr(&self) -> u64 {
         self.ptr
     }
-}
-
-fn already_mapped() -> crate::error::Error {
-    crate::error::Error::System(
-        "cuIpcOpenMemHandle: CUDA_ERROR_ALREADY_MAPPED: the allocation overlaps memory this process still maps from its owner, and none of the buffers kept mapped here is it".into(),
-    )
 }
 
 /// Other processes' buffers kept mapped after the call that used them, for
@@ -142,64 +120,83 @@ fn kept() -> std::sync::MutexGuard<'static, KeptTable> {
         .unwrap_or_else(PoisonError::into_inner)
 }
 
-/// How many times kept mappings were let go in this process.
-static DROPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Changes whenever kept mappings are let go: an address [`map_kept`] gave
-/// before the change may be unmapped. A caller that maps several buffers
-/// before it uses them reads it before and after, and maps again where it
-/// moved.
-pub fn kept_generation() -> u64 {
-    DROPS.load(std::sync::atomic::Ordering::SeqCst)
-}
-
 /// Lets go of the kept mappings on `ctx`'s device once the work queued on
 /// it (which may use them) is done.
 fn drop_kept(ctx: &Arc<Context>, kept: &mut KeptTable) -> Result<()> {
     let dev = ctx.device().ordinal();
     if kept.keys().any(|k| k.0 == dev) {
         ctx.synchronize()?;
-        DROPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         kept.retain(|k, _| k.0 != dev);
     }
     Ok(())
 }
 
-/// This process's address of another process's exported buffer `e`,
-/// mapped now or kept from an earlier call.
-pub fn map_kept(ctx: &Arc<Context>, e: &Exported) -> Result<u64> {
-    let key = (ctx.device().ordinal(), e.handle.0);
+/// This process's addresses of other processes' exported buffers `bufs`
+/// (a call's), mapped now or kept from earlier calls, all valid together:
+/// where mapping one lets go of the kept mappings, those given for the
+/// buffers before it are mapped again. Holds the table throughout, so no
+/// other thread of the process lets go of them meanwhile.
+pub fn map_kept(ctx: &Arc<Context>, bufs: &[Exported]) -> Result<Vec<u64>> {
     let mut kept = kept();
+    for _ in 0..3 {
+        let mut addrs = Vec::with_capacity(bufs.len());
+        let mut moved = false;
+        for e in bufs {
+            let (addr, let_go) = map_one(ctx, &mut kept, e)?;
+            moved |= let_go && !addrs.is_empty();
+            addrs.push(addr);
+        }
+        if !moved {
+            return Ok(addrs);
+        }
+    }
+    Err(crate::error::Error::System(
+        "mapping a call's buffers kept letting go of the ones mapped before them (CUDA_ERROR_ALREADY_MAPPED three times)".into(),
+    ))
+}
+
+/// One buffer's address, and whether getting it let go of every kept
+/// mapping of the device.
+fn map_one(ctx: &Arc<Context>, kept: &mut KeptTable, e: &Exported) -> Result<(u64, bool)> {
+    let key = (ctx.device().ordinal(), e.handle.0);
+    let mut let_go = false;
     match kept.get(&key) {
-        Some(k) if k.id == e.id => return Ok(k.map.ptr() + e.offset),
+        Some(k) if k.id == e.id => return Ok((k.map.ptr() + e.offset, false)),
         Some(_) => {
             // The same handle for another allocation: the old one is freed.
             ctx.synchronize()?;
-            DROPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             kept.remove(&key);
         }
-        None if kept.len() >= MAX_KEPT => drop_kept(ctx, &mut kept)?,
+        None if kept.len() >= MAX_KEPT => {
+            drop_kept(ctx, kept)?;
+            let_go = true;
+        }
         None => {}
     }
-    let map = match IpcMapping::open_once(ctx, &e.handle)? {
-        Opened::Mapped(m) => m,
-        Opened::Overlaps => {
-            drop_kept(ctx, &mut kept)?;
-            match IpcMapping::open_once(ctx, &e.handle)? {
-                Opened::Mapped(m) => m,
-                Opened::Overlaps => return Err(already_mapped()),
-            }
-        }
-    };
-    let ptr = map.ptr() + e.offset;
+    let (map, dropped) = open_or_let_go(ctx, &e.handle, kept)?;
+    let addr = map.ptr() + e.offset;
     kept.insert(key, Kept { id: e.id, map });
-    Ok(ptr)
+    Ok((addr, let_go || dropped))
 }
 
-/// Lets go of every buffer kept mapped on `ctx`'s device (a suspend, which
-/// frees what each rank owns), once the work queued there is done.
-pub fn forget_kept(ctx: &Arc<Context>) -> Result<()> {
-    drop_kept(ctx, &mut kept())
+/// Maps `handle`; where the driver refuses it as overlapping a mapping
+/// still held, lets go of the kept buffers and tries once more (and says
+/// so).
+fn open_or_let_go(
+    ctx: &Arc<Context>,
+    handle: &IpcMemHandle,
+    kept: &mut KeptTable,
+) -> Result<(IpcMapping, bool)> {
+    if let Some(m) = IpcMapping::open_once(ctx, handle)? {
+        return Ok((m, false));
+    }
+    drop_kept(ctx, kept)?;
+    let m = IpcMapping::open_once(ctx, handle)?.ok_or_else(|| {
+        crate::error::Error::System(
+            "cuIpcOpenMemHandle: CUDA_ERROR_ALREADY_MAPPED: the allocation overlaps memory this process still maps from its owner, and none of the buffers kept mapped here is it".into(),
+        )
+    })?;
+    Ok((m, true))
 }
 
 /// A buffer as another process maps it: its allocation's handle, the

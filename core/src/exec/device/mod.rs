@@ -701,7 +701,7 @@ impl DeviceComm {
         self.order_after_last(stream)?;
         let nch = shape.channels as usize;
         let timed = match &self.stamps {
-            Some(st) if self.timed && !stream.is_capturing()? => st.claim(nch),
+            Some(st) if self.timed && !self.capturing() => st.claim(nch),
             _ => None,
         };
         let args = CollArgs {
@@ -738,7 +738,7 @@ impl DeviceComm {
         if self.announce {
             // A captured launch runs whenever the graph is replayed, never
             // announced: the proxy can no longer number its steps.
-            if stream.is_capturing()? {
+            if self.capturing() {
                 self.announce = false;
                 self.window.lost();
             } else {
@@ -853,6 +853,12 @@ impl DeviceComm {
         }
         self.opened = Some((stream, capture));
         Ok(())
+    }
+
+    /// Whether the operation being enqueued goes into a graph capture (as
+    /// `order_after_last` found its stream).
+    fn capturing(&self) -> bool {
+        self.opened.is_some_and(|(_, capture)| capture.is_some())
     }
 
     /// After an operation's work is enqueued (on a live stream: the

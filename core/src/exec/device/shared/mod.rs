@@ -306,21 +306,33 @@ impl Processes {
         })
     }
 
-    /// The leader's address of a buffer another rank posted; `None` when
-    /// it cannot have one.
-    fn map(&mut self, buf: Buf) -> Result<Option<u64>> {
-        let e = match buf {
-            Buf::Unused => return Ok(Some(0)),
-            Buf::Private => return Ok(None),
-            Buf::Shared(e) => e,
-        };
-        match ipc::map_kept(&self.ctx, &e) {
-            Ok(ptr) => Ok(Some(ptr)),
-            Err(e) => {
-                tracing::debug!(target: "oxccl::coll", "a shared-GPU peer's buffer cannot be mapped ({e}): this call runs on every rank's kernels");
-                Ok(None)
+    /// This process's addresses of buffers other ranks posted for one
+    /// call, valid together (0 for an unused one); `None` when one cannot
+    /// have one.
+    fn map(&self, bufs: &[Buf]) -> Option<Vec<u64>> {
+        let mut shared = Vec::with_capacity(bufs.len());
+        for b in bufs {
+            match b {
+                Buf::Unused => {}
+                Buf::Private => return None,
+                Buf::Shared(e) => shared.push(*e),
             }
         }
+        let mut addrs = match ipc::map_kept(&self.ctx, &shared) {
+            Ok(a) => a.into_iter(),
+            Err(e) => {
+                tracing::debug!(target: "oxccl::coll", "a shared-GPU peer's buffer cannot be mapped ({e}): this call runs on every rank's kernels");
+                return None;
+            }
+        };
+        Some(
+            bufs.iter()
+                .map(|b| match b {
+                    Buf::Shared(_) => addrs.next().unwrap_or(0),
+                    _ => 0,
+                })
+                .collect(),
+        )
     }
 
     /// The leader's side of the handshake: every rank's buffers as the
@@ -356,30 +368,22 @@ impl Processes {
         let mut bufs = vec![Bufs { send: 0, recv: 0 }; self.nranks];
         bufs[self.me] = Bufs { send, recv };
         let mut direct = !capturing && posts.iter().all(|(_, p)| !p.capturing);
-        // Mapping one buffer may let go of the mappings kept so far (a
-        // peer freed a buffer and allocated another in its place), those
-        // of this call's earlier buffers too: map them all again then.
         // Not covered: another communicator of this process, on another
-        // thread, letting go between here and this call's launch (its
-        // synchronize waits only for work already queued).
-        for pass in 0..3 {
-            if !direct {
-                break;
-            }
-            let generation = ipc::kept_generation();
-            for (r, p) in &posts {
-                match (self.map(p.send)?, self.map(p.recv)?) {
-                    (Some(send), Some(recv)) => bufs[*r] = Bufs { send, recv },
-                    _ => {
-                        direct = false;
-                        break;
+        // thread, letting go of kept mappings between here and this call's
+        // launch (its synchronize waits only for work already queued).
+        if direct {
+            let wanted: Vec<Buf> = posts.iter().flat_map(|(_, p)| [p.send, p.recv]).collect();
+            match self.map(&wanted) {
+                Some(addrs) => {
+                    for ((r, _), a) in posts.iter().zip(addrs.chunks(2)) {
+                        bufs[*r] = Bufs {
+                            send: a[0],
+                            recv: a[1],
+                        };
                     }
                 }
+                None => direct = false,
             }
-            if ipc::kept_generation() == generation {
-                break;
-            }
-            direct &= pass < 2;
         }
         let a = if direct {
             Answer::Direct
@@ -555,7 +559,7 @@ impl Processes {
                     left_recvs.push((q, buf));
                     continue;
                 }
-                let Some(src) = self.map(post.send)? else {
+                let Some(src) = self.map(&[post.send]).map(|a| a[0]) else {
                     return Err(Error::System(format!(
                         "rank {} cannot map the send buffer of rank {q} (message {k}) on their shared GPU",
                         self.me
