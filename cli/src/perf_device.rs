@@ -123,22 +123,41 @@ fn ops(case: &Case, rank: usize, n: usize, inp: u64, out: u64, stream: u64) -> V
 
 /// One iteration: every local rank's operations in one group.
 fn issue(ranks: &[DevRank], case: &Case, n: usize) -> oxccl::Result<()> {
+    let calls = ranks
+        .iter()
+        .map(|d| (&d.comm, &d.input, &d.output, &d.stream));
+    // SAFETY: the buffers are each rank's device allocations, sized for the
+    // largest case, alive until the ranks are dropped after their streams
+    // are synchronised; each stream is its rank's.
+    unsafe { enqueue_group(calls, case, n) }
+}
+
+/// `case`'s operations of each (communicator, input, output, stream) in
+/// one group.
+///
+/// # Safety
+/// The buffers must be device memory of the communicator's GPU, large
+/// enough for the case, and stay allocated until the stream has passed
+/// the operations.
+unsafe fn enqueue_group<'a>(
+    calls: impl Iterator<Item = (&'a Comm, &'a DeviceBuffer, &'a DeviceBuffer, &'a Stream)>,
+    case: &Case,
+    n: usize,
+) -> oxccl::Result<()> {
     oxccl::group_start();
     let mut r = Ok(());
-    for d in ranks {
-        let rank = d.comm.user_rank();
+    for (comm, input, output, stream) in calls {
+        let rank = comm.user_rank();
         for op in ops(
             case,
             rank,
             n,
-            d.input.ptr(),
-            d.output.ptr(),
-            d.stream.handle().raw(),
+            input.ptr(),
+            output.ptr(),
+            stream.handle().raw(),
         ) {
-            // SAFETY: the buffers are this rank's device allocations, sized
-            // for the largest case, alive until the ranks are dropped after
-            // their streams are synchronised; the stream is this rank's.
-            r = r.and_then(|_| unsafe { d.comm.enqueue(op) });
+            // SAFETY: the caller's contract.
+            r = r.and_then(|_| unsafe { comm.enqueue(op) });
         }
     }
     let end = oxccl::group_end();
@@ -223,22 +242,9 @@ pub fn check_once_on_device(case: &Case, comm: &Comm, gpu: usize) -> oxccl::Resu
     let output = DeviceBuffer::alloc(&ctx, hout.len().max(1))?;
     input.write(0, &hin)?;
     output.write(0, &hout)?;
-    oxccl::group_start();
-    let mut r = Ok(());
-    for op in ops(
-        case,
-        rank,
-        n,
-        input.ptr(),
-        output.ptr(),
-        stream.handle().raw(),
-    ) {
-        // SAFETY: device buffers of this GPU sized by the case, kept until
-        // the stream is synchronised below; the stream is ours.
-        r = r.and_then(|_| unsafe { comm.enqueue(op) });
-    }
-    let end = oxccl::group_end();
-    r.and(end)?;
+    // SAFETY: device buffers of this GPU sized by the case, kept until the
+    // stream is synchronised below; the stream is ours.
+    unsafe { enqueue_group(std::iter::once((comm, &input, &output, &stream)), case, n) }?;
     stream.synchronize()?;
     output.read(0, &mut hout)?;
     Ok(case.wrong(rank, n, &hout))
