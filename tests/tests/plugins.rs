@@ -1356,8 +1356,9 @@ mod device_proxy {
     use oxccl::transport::proxy::{Areas, ConnSteps, Launch, Link, Proxy, Slots};
     use oxccl::transport::shm::area::Area;
     use oxccl::{DataType, Op, OpKind, RedOp};
+    use oxccl_net_socket::testing::pair;
     use oxccl_net_socket::SocketNet;
-    use oxccl_plugin::{Net, RecvComm, SendComm};
+    use oxccl_plugin::{RecvComm, SendComm};
 
     const CHANNELS: usize = 2;
     const LIMIT: Duration = Duration::from_secs(30);
@@ -1366,22 +1367,6 @@ mod device_proxy {
     /// slots, so that receives wait for free slots and announcements).
     pub fn steps(l: usize, chan: usize) -> u64 {
         [[7, 3], [2, 2], [5, 0]][l][chan]
-    }
-
-    fn pair(net: &SocketNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
-        let (mut h, mut l) = net.listen(0).unwrap();
-        let (mut s, mut r) = (None, None);
-        let start = Instant::now();
-        while s.is_none() || r.is_none() {
-            if s.is_none() {
-                s = net.connect(0, &mut h).unwrap();
-            }
-            if r.is_none() {
-                r = l.accept().unwrap();
-            }
-            assert!(start.elapsed() < LIMIT, "connect/accept never completed");
-        }
-        (s.unwrap(), r.unwrap())
     }
 
     /// One rank's kernel on host memory: per channel, stores and posts

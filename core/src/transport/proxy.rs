@@ -842,27 +842,11 @@ mod tests {
 #[cfg(test)]
 mod over_sockets {
     use super::*;
+    use oxccl_net_socket::testing::pair;
     use oxccl_net_socket::SocketNet;
-    use oxccl_plugin::{Net, RecvComm, SendComm};
     use rand::{Rng, SeedableRng};
 
     const LIMIT: Duration = Duration::from_secs(30);
-
-    fn pair(net: &SocketNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
-        let (mut h, mut l) = net.listen(0).unwrap();
-        let (mut s, mut r) = (None, None);
-        let start = Instant::now();
-        while s.is_none() || r.is_none() {
-            if s.is_none() {
-                s = net.connect(0, &mut h).unwrap();
-            }
-            if r.is_none() {
-                r = l.accept().unwrap();
-            }
-            assert!(start.elapsed() < LIMIT, "connect/accept never completed");
-        }
-        (s.unwrap(), r.unwrap())
-    }
 
     /// One rank's kernel: sends `steps` random slices of random size to its
     /// peer and receives as many, in the FIFO protocol the kernels use.

@@ -253,5 +253,9 @@ oxccl_plugin::export_net_plugin!("oxccl-Socket", init);
 /// the registration above.
 pub fn force_link() {}
 
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod testing;
+
 #[cfg(test)]
 mod tests;

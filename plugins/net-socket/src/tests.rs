@@ -7,18 +7,12 @@ use oxccl_plugin::{ListenComm, Net, NetHandle, NetResult, RecvComm, Request, Sen
 use oxccl_secure::session::{DIRECT_FROM, MAX_PLAIN};
 
 use super::*;
+use crate::testing::{connect_accept, pair};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn lo(nthreads: usize, socks_per_thread: usize) -> SocketNet {
     SocketNet::new(Some("lo"), Family::V4, nthreads, socks_per_thread).unwrap()
-}
-
-/// Connects and accepts from one thread, polling both sides: neither call
-/// may block, or this would never finish.
-fn pair(net: &SocketNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
-    let (h, l) = net.listen(0).unwrap();
-    pair_via(net, h, l)
 }
 
 /// [`pair`] through a listener and handle given (another network's, or one
@@ -29,28 +23,6 @@ fn pair_via(
     mut l: Box<dyn ListenComm>,
 ) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
     connect_accept(net, h, l.as_mut())
-}
-
-/// Polls connect and accept on one listener until both ends exist.
-fn connect_accept(
-    net: &SocketNet,
-    mut h: NetHandle,
-    l: &mut dyn ListenComm,
-) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
-    let original = h;
-    let (mut s, mut r) = (None, None);
-    let start = Instant::now();
-    while s.is_none() || r.is_none() {
-        if s.is_none() {
-            s = net.connect(0, &mut h).unwrap();
-        }
-        if r.is_none() {
-            r = l.accept().unwrap();
-        }
-        assert!(start.elapsed() < LIMIT, "connect/accept never completed");
-    }
-    assert_eq!(h, original, "connect leaves the handle as it found it");
-    (s.unwrap(), r.unwrap())
 }
 
 fn wait(r: &mut Box<dyn Request>) -> NetResult<usize> {
