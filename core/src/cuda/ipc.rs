@@ -208,37 +208,62 @@ pub struct Exported {
     pub id: u64,
 }
 
+/// Handles already made for this process's allocations, by (device, base
+/// address, buffer id): the id is never reused, so an entry never names a
+/// freed allocation's successor. `None`: the allocation cannot be shared.
+type ExportTable = HashMap<(usize, u64, u64), Option<IpcMemHandle>>;
+
+/// Entries kept before the table is emptied.
+const MAX_EXPORTED: usize = 1024;
+
 /// The allocation holding device address `ptr` as another process can map
 /// it; `None` when the allocation cannot be shared this way
 /// (virtual-memory allocations such as PyTorch's expandable segments,
-/// memory of another context).
+/// memory of another context). One driver query per call once the
+/// allocation's handle is known: ranks sharing a GPU export their buffers
+/// at every collective, and making a handle costs a system call.
 pub fn export(ctx: &Arc<Context>, ptr: u64) -> Result<Option<Exported>> {
+    static EXPORTED: OnceLock<Mutex<ExportTable>> = OnceLock::new();
     ctx.bind()?;
-    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
-    // SAFETY: both out-pointers are valid; the driver only reads `ptr`'s value.
-    let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) };
-    if check(r, "cuMemGetAddressRange").is_err() {
+    let (mut base, mut id): (sys::CUdeviceptr, u64) = (0, 0);
+    let mut attrs = [
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+    ];
+    let mut data: [*mut std::ffi::c_void; 2] = [
+        (&mut base as *mut sys::CUdeviceptr).cast(),
+        (&mut id as *mut u64).cast(),
+    ];
+    // SAFETY: two attributes, each written to the out-pointer beside it
+    // (a device address and a 64-bit id); the driver only reads `ptr`'s
+    // value, and answers zeros for an address that is not CUDA's.
+    let r = unsafe { sys::cuPointerGetAttributes(2, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr) };
+    if check(r, "cuPointerGetAttributes").is_err() || base == 0 {
         return Ok(None);
     }
-    let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
-    // SAFETY: `h` is a valid out-pointer; `base` starts an allocation.
-    let r = unsafe { sys::cuIpcGetMemHandle(&mut h, base) };
-    if check(r, "cuIpcGetMemHandle").is_err() {
-        return Ok(None);
-    }
-    let mut id: u64 = 0;
-    // SAFETY: the attribute is a 64-bit integer written to `id`; `base`
-    // is a device address of this context.
-    let r = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut id as *mut u64).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
-            base,
-        )
+    let key = (ctx.device().ordinal(), base, id);
+    let mut table = EXPORTED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let handle = match table.get(&key) {
+        Some(h) => *h,
+        None => {
+            let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+            // SAFETY: `h` is a valid out-pointer; `base` starts an allocation.
+            let r = unsafe { sys::cuIpcGetMemHandle(&mut h, base) };
+            let h = check(r, "cuIpcGetMemHandle")
+                .ok()
+                .map(|()| IpcMemHandle(h.reserved.map(|b| b as u8)));
+            if table.len() >= MAX_EXPORTED {
+                table.clear();
+            }
+            table.insert(key, h);
+            h
+        }
     };
-    check(r, "cuPointerGetAttribute(BUFFER_ID)")?;
-    Ok(Some(Exported {
-        handle: IpcMemHandle(h.reserved.map(|b| b as u8)),
+    Ok(handle.map(|handle| Exported {
+        handle,
         offset: ptr - base,
         id,
     }))

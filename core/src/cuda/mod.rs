@@ -29,4 +29,4 @@ pub use ipc::{IpcMapping, IpcMemHandle};
 pub use kernels::{FillPattern, KernelSet};
 pub use memory::{alloc_raw, free_raw, pointer_kind, read_raw, DeviceBuffer, PtrKind};
 pub use pinned::{HostFlag, HostMapping, PinnedHost, Registered};
-pub use stream::{RawStream, Stream};
+pub use stream::{MemOp, RawStream, Stream};

@@ -103,6 +103,59 @@ impl RawStream {
         )
     }
 
+    /// Enqueues `ops` in order as one driver call (`cuStreamBatchMemOp`):
+    /// where several ranks' words are stored or waited for at once, one
+    /// call instead of one each keeps the enqueue of a small collective
+    /// short on the host.
+    ///
+    /// # Safety
+    /// Every op's address as for [`RawStream::write_u32`].
+    pub unsafe fn mem_ops(self, ops: &[MemOp]) -> Result<()> {
+        // The driver takes at most 256 operations per call.
+        for chunk in ops.chunks(256) {
+            let mut params: Vec<sys::CUstreamBatchMemOpParams> = chunk
+                .iter()
+                .map(|op| {
+                    // SAFETY: the union is plain data; all zeros is a valid
+                    // value of each of its members.
+                    let mut p: sys::CUstreamBatchMemOpParams = unsafe { std::mem::zeroed() };
+                    match *op {
+                        MemOp::Write { addr, value } => {
+                            p.writeValue.operation =
+                                sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32;
+                            p.writeValue.address = addr;
+                            p.writeValue.__bindgen_anon_1.value = value;
+                        }
+                        MemOp::Wait { addr, value } => {
+                            p.waitValue.operation =
+                                sys::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WAIT_VALUE_32;
+                            p.waitValue.address = addr;
+                            p.waitValue.__bindgen_anon_1.value = value;
+                            p.waitValue.flags =
+                                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+                        }
+                    }
+                    p
+                })
+                .collect();
+            check(
+                // SAFETY: the caller's contract for the addresses; `params`
+                // holds `chunk.len()` filled entries and outlives the call
+                // (the driver copies them).
+                unsafe {
+                    sys::cuStreamBatchMemOp_v2(
+                        self.sys(),
+                        params.len() as u32,
+                        params.as_mut_ptr(),
+                        0,
+                    )
+                },
+                "cuStreamBatchMemOp",
+            )?;
+        }
+        Ok(())
+    }
+
     /// Waits on the host until everything enqueued on the stream is done.
     pub fn synchronize(self, ctx: &Context) -> Result<()> {
         ctx.bind()?;
@@ -112,6 +165,16 @@ impl RawStream {
             "cuStreamSynchronize",
         )
     }
+}
+
+/// One stream memory operation of [`RawStream::mem_ops`], on a 32-bit
+/// word: store `value`, or wait until the word is at least `value`
+/// (wrapping comparison), as [`RawStream::write_u32`] and
+/// [`RawStream::wait_u32`] do one at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemOp {
+    Write { addr: u64, value: u32 },
+    Wait { addr: u64, value: u32 },
 }
 
 /// A stream oxccl created; destroyed on drop.

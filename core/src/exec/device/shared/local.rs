@@ -9,12 +9,15 @@
 //! No rank waits on the host for another: one thread may drive every rank
 //! in turn inside one group (nccl-tests' `-g N`), so a rank that waited for
 //! a rank called after it would wait forever. Instead the last rank to call
-//! a collective runs it: each earlier rank records an event on its stream
-//! (its buffers are ready once the event's work is done) and makes its
-//! stream wait for its DONE word; the last makes its own stream wait for
-//! every event, launches the reduce and copy kernels over every rank's
+//! a collective runs it: each earlier rank's stream stores the call's
+//! number in its READY word (its buffers are ready once the work before is
+//! done) and waits for its DONE word; the last makes its own stream wait for
+//! every READY, launches the reduce and copy kernels over every rank's
 //! buffers, and stores each earlier rank's DONE. The order is stream order
-//! on every rank, whoever comes last.
+//! on every rank, whoever comes last. Each rank's stores and waits go in
+//! one batch of stream memory operations (one driver call per rank and
+//! side), so that the enqueue of an 8-byte collective, which one thread may
+//! make for every rank, grows little with the ranks.
 //!
 //! Which rank comes last, and whether the call runs this way at all, is
 //! [`Calls`]'s business, kept apart from the GPU so that it is tested on the
@@ -24,7 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::algo::Coll;
-use crate::cuda::{Context, DeviceBuffer, Event, KernelSet, RawStream, Stream};
+use crate::cuda::{Context, DeviceBuffer, KernelSet, MemOp, RawStream, Stream};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 
@@ -33,27 +36,28 @@ use super::super::stop::Awaited;
 use super::steps::{self, Bufs};
 
 /// The word of each rank's flag buffer that the last rank stores when it is
-/// done with the rank's buffers.
+/// done with the rank's buffers, and the one the rank's own stream stores
+/// when its buffers are ready.
 const DONE: u64 = 0;
+const READY: u64 = 8;
 pub(super) const FLAG_BYTES: usize = 64;
 
-/// One rank's arrival at a call that the last rank runs: its buffers, and
-/// `token` (the event recorded on its stream) to wait for.
-#[derive(Debug)]
-pub(crate) struct Arrival<E> {
+/// One rank's arrival at a call that the last rank runs: its buffers (its
+/// stream says when they are ready in its READY word).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Arrival {
     pub rank: usize,
     pub bufs: Bufs,
-    pub token: E,
 }
 
 /// What coming to a call means for one rank.
 #[derive(Debug)]
-pub(crate) enum Turn<E> {
-    /// Others have yet to come: this rank's token is taken, and its stream
+pub(crate) enum Turn {
+    /// Others have yet to come: this rank's stream marks it READY and
     /// waits for the last rank's DONE.
     Early,
     /// Every other rank has come (the list): this rank runs the call.
-    Last(Vec<Arrival<E>>),
+    Last(Vec<Arrival>),
     /// Every rank runs its own kernels (the first to come was capturing a
     /// CUDA graph).
     Kernels,
@@ -63,26 +67,26 @@ pub(crate) enum Turn<E> {
     Failed { msg: String, release: Vec<usize> },
 }
 
-struct Open<E> {
+struct Open {
     /// Decided by the first rank to come: not capturing.
     direct: bool,
     what: String,
     came: usize,
-    waiting: Vec<Arrival<E>>,
+    waiting: Vec<Arrival>,
     failed: Option<String>,
 }
 
 /// The calls of one communicator's ranks in this process, by number.
-pub(crate) struct Calls<E> {
+pub(crate) struct Calls {
     nranks: usize,
-    open: BTreeMap<u64, Open<E>>,
+    open: BTreeMap<u64, Open>,
     /// Errors for ranks whose call failed after they had come (they were
     /// told it ran): each rank's next call reports its own.
     owed: Vec<Option<String>>,
 }
 
-impl<E> Calls<E> {
-    pub fn new(nranks: usize) -> Calls<E> {
+impl Calls {
+    pub fn new(nranks: usize) -> Calls {
         Calls {
             nranks,
             open: BTreeMap::new(),
@@ -95,9 +99,7 @@ impl<E> Calls<E> {
         self.owed.get_mut(rank).and_then(Option::take)
     }
 
-    /// `rank` comes to call `seq`, described as `what`. `token` is made
-    /// (under the caller's lock, before any other rank can take it) only
-    /// when this rank comes early to a call that runs this way. Where the
+    /// `rank` comes to call `seq`, described as `what`. Where the
     /// first rank to come is capturing a graph, or `timed` (the profiler
     /// wants its kernels' channel times, which only the ring kernels
     /// write), every rank runs its kernels.
@@ -110,8 +112,7 @@ impl<E> Calls<E> {
         capturing: bool,
         timed: bool,
         bufs: Bufs,
-        token: impl FnOnce() -> Result<E>,
-    ) -> Result<Turn<E>> {
+    ) -> Result<Turn> {
         let nranks = self.nranks;
         let open = self.open.entry(seq).or_insert_with(|| Open {
             direct: !capturing && !timed,
@@ -149,11 +150,7 @@ impl<E> Calls<E> {
         } else if last {
             Turn::Last(std::mem::take(&mut open.waiting))
         } else {
-            open.waiting.push(Arrival {
-                rank,
-                bufs,
-                token: token()?,
-            });
+            open.waiting.push(Arrival { rank, bufs });
             Turn::Early
         };
         if last {
@@ -165,11 +162,10 @@ impl<E> Calls<E> {
 
 /// What the ranks of one communicator in this process share.
 struct Rendezvous {
-    calls: Mutex<Calls<Event>>,
-    /// Each rank's DONE word.
+    calls: Mutex<Calls>,
+    /// Each rank's DONE and READY words.
     done: Vec<u64>,
-    /// Events no call holds, for the next early ranks.
-    spare: Mutex<Vec<Event>>,
+    ready: Vec<u64>,
 }
 
 /// Communicators being set up, by the key their rank 0 drew.
@@ -207,10 +203,12 @@ impl LocalGpu {
                 .ok_or_else(|| Error::Internal("a rank sent no flag address".into()))
         };
         let key = word(&all[0], 0)?;
-        let done = all
+        let flags = all
             .iter()
-            .map(|b| word(b, 8).map(|p| p + DONE))
+            .map(|b| word(b, 8))
             .collect::<Result<Vec<u64>>>()?;
+        let done = flags.iter().map(|p| p + DONE).collect();
+        let ready = flags.iter().map(|p| p + READY).collect();
         let rv = {
             let mut reg = SETTING_UP.lock().map_err(|_| poisoned())?;
             let reg = reg.get_or_insert_with(HashMap::new);
@@ -221,7 +219,7 @@ impl LocalGpu {
                     let rv = Arc::new(Rendezvous {
                         calls: Mutex::new(Calls::new(nranks)),
                         done,
-                        spare: Mutex::new(Vec::new()),
+                        ready,
                     });
                     reg.insert(key, Arc::downgrade(&rv));
                     rv
@@ -259,14 +257,6 @@ impl LocalGpu {
             }
         }
         Ok(())
-    }
-
-    fn event(&self) -> Result<Event> {
-        let spare = self.rv.spare.lock().map_err(|_| poisoned())?.pop();
-        match spare {
-            Some(e) => Ok(e),
-            None => Event::new(&self.ctx, false),
-        }
     }
 
     /// Runs `coll` over every rank's buffers, or returns `false` when every
@@ -308,28 +298,27 @@ impl LocalGpu {
         let capturing = stream.is_capturing()?;
         let turn = {
             let mut calls = self.rv.calls.lock().map_err(|_| poisoned())?;
-            calls.arrive(
-                self.me,
-                seq,
-                &what,
-                capturing,
-                timed,
-                Bufs { send, recv },
-                || {
-                    let e = self.event()?;
-                    e.record(stream)?;
-                    Ok(e)
-                },
-            )?
+            calls.arrive(self.me, seq, &what, capturing, timed, Bufs { send, recv })?
         };
         match turn {
             Turn::Kernels => Ok(false),
             Turn::Early => {
                 #[allow(unsafe_code)]
-                // SAFETY: the word is in this rank's flag buffer, alive
+                // SAFETY: both words are in this rank's flag buffer, alive
                 // until the communicator goes (which synchronizes first).
+                // The last rank may already wait for READY: it waits until
+                // the store below is run.
                 unsafe {
-                    stream.wait_u32(self.rv.done[self.me], flag)?;
+                    stream.mem_ops(&[
+                        MemOp::Write {
+                            addr: self.rv.ready[self.me],
+                            value: flag,
+                        },
+                        MemOp::Wait {
+                            addr: self.rv.done[self.me],
+                            value: flag,
+                        },
+                    ])?;
                 }
                 self.awaited.wait(DONE, flag);
                 Ok(true)
@@ -351,9 +340,22 @@ impl LocalGpu {
             Turn::Last(waiting) => {
                 let mut bufs = vec![Bufs { send: 0, recv: 0 }; self.nranks];
                 bufs[self.me] = Bufs { send, recv };
+                let waits: Vec<MemOp> = waiting
+                    .iter()
+                    .map(|a| MemOp::Wait {
+                        addr: self.rv.ready[a.rank],
+                        value: flag,
+                    })
+                    .collect();
+                #[allow(unsafe_code)]
+                // SAFETY: the earlier ranks' READY words, alive while their
+                // communicators are, each of which waits for this stream's
+                // DONE store before it can go.
+                unsafe {
+                    stream.mem_ops(&waits)?;
+                }
                 for a in &waiting {
                     bufs[a.rank] = a.bufs;
-                    a.token.wait_on(stream)?;
                 }
                 let r = (|| {
                     for s in steps::steps(coll, &bufs, count, dtype.size(), self.me) {
@@ -364,16 +366,19 @@ impl LocalGpu {
                 })();
                 // The earlier ranks' streams go on even where a launch
                 // failed: the error is this call's.
-                for a in &waiting {
-                    #[allow(unsafe_code)]
-                    // SAFETY: rank a.rank's DONE word, alive while its
-                    // communicator is, which waits for its stream.
-                    unsafe {
-                        stream.write_u32(self.rv.done[a.rank], flag)?;
-                    }
+                let dones: Vec<MemOp> = waiting
+                    .iter()
+                    .map(|a| MemOp::Write {
+                        addr: self.rv.done[a.rank],
+                        value: flag,
+                    })
+                    .collect();
+                #[allow(unsafe_code)]
+                // SAFETY: the earlier ranks' DONE words, alive while their
+                // communicators are, which wait for their streams.
+                unsafe {
+                    stream.mem_ops(&dones)?;
                 }
-                let mut spare = self.rv.spare.lock().map_err(|_| poisoned())?;
-                spare.extend(waiting.into_iter().map(|a| a.token));
                 r.map(|()| true)
             }
         }
@@ -393,54 +398,46 @@ mod tests {
 
     #[test]
     fn the_last_rank_to_come_runs_each_call_whatever_the_order() {
-        let mut c: Calls<usize> = Calls::new(3);
+        let mut c = Calls::new(3);
         // Call 1: ranks 2, 0, 1; call 2 opened by rank 0 before call 1 ends.
         assert!(matches!(
-            c.arrive(2, 1, "ar", false, false, b(2), || Ok(21)).unwrap(),
+            c.arrive(2, 1, "ar", false, false, b(2)).unwrap(),
             Turn::Early
         ));
         assert!(matches!(
-            c.arrive(0, 1, "ar", false, false, b(0), || Ok(1)).unwrap(),
+            c.arrive(0, 1, "ar", false, false, b(0)).unwrap(),
             Turn::Early
         ));
         assert!(matches!(
-            c.arrive(0, 2, "bc", false, false, b(0), || Ok(2)).unwrap(),
+            c.arrive(0, 2, "bc", false, false, b(0)).unwrap(),
             Turn::Early
         ));
-        match c
-            .arrive(1, 1, "ar", false, false, b(1), || {
-                panic!("the last rank makes no token")
-            })
-            .unwrap()
-        {
+        match c.arrive(1, 1, "ar", false, false, b(1)).unwrap() {
             Turn::Last(w) => {
-                let got: Vec<(usize, Bufs, usize)> =
-                    w.iter().map(|a| (a.rank, a.bufs, a.token)).collect();
-                assert_eq!(got, vec![(2, b(2), 21), (0, b(0), 1)]);
+                let got: Vec<(usize, Bufs)> = w.iter().map(|a| (a.rank, a.bufs)).collect();
+                assert_eq!(got, vec![(2, b(2)), (0, b(0))]);
             }
             t => panic!("{t:?}"),
         }
         assert!(matches!(
-            c.arrive(1, 2, "bc", false, false, b(1), || Ok(12)).unwrap(),
+            c.arrive(1, 2, "bc", false, false, b(1)).unwrap(),
             Turn::Early
         ));
         assert!(
-            matches!(c.arrive(2, 2, "bc", false, false, b(2), || Ok(0)).unwrap(), Turn::Last(w) if w.len() == 2)
+            matches!(c.arrive(2, 2, "bc", false, false, b(2)).unwrap(), Turn::Last(w) if w.len() == 2)
         );
         assert!(c.open.is_empty());
     }
 
     #[test]
     fn a_call_the_first_rank_captures_runs_on_kernels_everywhere() {
-        let mut c: Calls<()> = Calls::new(2);
+        let mut c = Calls::new(2);
         assert!(matches!(
-            c.arrive(1, 1, "ar", true, false, b(1), || panic!())
-                .unwrap(),
+            c.arrive(1, 1, "ar", true, false, b(1)).unwrap(),
             Turn::Kernels
         ));
         assert!(matches!(
-            c.arrive(0, 1, "ar", false, false, b(0), || panic!())
-                .unwrap(),
+            c.arrive(0, 1, "ar", false, false, b(0)).unwrap(),
             Turn::Kernels
         ));
         assert!(c.open.is_empty());
@@ -448,37 +445,35 @@ mod tests {
 
     #[test]
     fn a_call_the_first_rank_times_runs_on_kernels_everywhere() {
-        let mut c: Calls<()> = Calls::new(2);
+        let mut c = Calls::new(2);
         assert!(matches!(
-            c.arrive(0, 1, "ar", false, true, b(0), || panic!())
-                .unwrap(),
+            c.arrive(0, 1, "ar", false, true, b(0)).unwrap(),
             Turn::Kernels
         ));
         assert!(matches!(
-            c.arrive(1, 1, "ar", false, false, b(1), || panic!())
-                .unwrap(),
+            c.arrive(1, 1, "ar", false, false, b(1)).unwrap(),
             Turn::Kernels
         ));
         // A later rank timed where the first was not: it runs the call
         // without channel times, no failure.
         assert!(matches!(
-            c.arrive(1, 2, "ar", false, false, b(1), || Ok(())).unwrap(),
+            c.arrive(1, 2, "ar", false, false, b(1)).unwrap(),
             Turn::Early
         ));
         assert!(matches!(
-            c.arrive(0, 2, "ar", false, true, b(0), || Ok(())).unwrap(),
+            c.arrive(0, 2, "ar", false, true, b(0)).unwrap(),
             Turn::Last(_)
         ));
     }
 
     #[test]
     fn a_mismatch_fails_every_rank_and_releases_the_early_ones() {
-        let mut c: Calls<()> = Calls::new(3);
+        let mut c = Calls::new(3);
         assert!(matches!(
-            c.arrive(0, 1, "ar", false, false, b(0), || Ok(())).unwrap(),
+            c.arrive(0, 1, "ar", false, false, b(0)).unwrap(),
             Turn::Early
         ));
-        match c.arrive(1, 1, "bc", false, false, b(1), || Ok(())).unwrap() {
+        match c.arrive(1, 1, "bc", false, false, b(1)).unwrap() {
             Turn::Failed { msg, release } => {
                 assert_eq!(release, vec![0]);
                 assert!(
@@ -490,7 +485,7 @@ mod tests {
         }
         // The third rank is told too, and nothing is left open.
         assert!(
-            matches!(c.arrive(2, 1, "ar", false, false, b(2), || Ok(())).unwrap(), Turn::Failed { release, .. } if release.is_empty())
+            matches!(c.arrive(2, 1, "ar", false, false, b(2)).unwrap(), Turn::Failed { release, .. } if release.is_empty())
         );
         assert!(c.open.is_empty());
         assert!(c.take_owed(0).unwrap().contains("rank 1 called bc"));
@@ -498,11 +493,11 @@ mod tests {
         assert_eq!(c.take_owed(1), None, "rank 1 got its error at once");
         // A capture after an eager start is a mismatch too.
         assert!(matches!(
-            c.arrive(0, 2, "ar", false, false, b(0), || Ok(())).unwrap(),
+            c.arrive(0, 2, "ar", false, false, b(0)).unwrap(),
             Turn::Early
         ));
         assert!(
-            matches!(c.arrive(1, 2, "ar", true, false, b(1), || Ok(())).unwrap(), Turn::Failed { msg, .. } if msg.contains("capture"))
+            matches!(c.arrive(1, 2, "ar", true, false, b(1)).unwrap(), Turn::Failed { msg, .. } if msg.contains("capture"))
         );
     }
 }

@@ -32,7 +32,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algo::Coll;
-use crate::cuda::{ipc, Context, DeviceBuffer, IpcMapping, IpcMemHandle, KernelSet, RawStream};
+use crate::cuda::{
+    ipc, Context, DeviceBuffer, IpcMapping, IpcMemHandle, KernelSet, MemOp, RawStream,
+};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::transport::shm::area::Area;
@@ -397,7 +399,6 @@ impl Processes {
     /// Runs `coll` the shared-GPU way, or returns `false` when every rank
     /// runs it on its own kernels instead (all ranks return the same).
     #[allow(clippy::too_many_arguments)] // one collective's whole description
-    #[allow(clippy::too_many_arguments)] // one collective's whole description
     pub fn run(
         &mut self,
         timed: bool,
@@ -451,8 +452,16 @@ impl Processes {
                     // synchronizes the context first.
                     unsafe {
                         let me = self.me as u64;
-                        stream.write_u32(self.flags[self.leader] + READY + 8 * me, flag)?;
-                        stream.wait_u32(self.flags[self.me] + DONE, flag)?;
+                        stream.mem_ops(&[
+                            MemOp::Write {
+                                addr: self.flags[self.leader] + READY + 8 * me,
+                                value: flag,
+                            },
+                            MemOp::Wait {
+                                addr: self.flags[self.me] + DONE,
+                                value: flag,
+                            },
+                        ])?;
                     }
                     self.awaited.wait(DONE, flag);
                     Ok(true)
@@ -469,17 +478,29 @@ impl Processes {
         // lets one go only after the context is synchronized. Every other rank's stream waits for
         // DONE before it touches its buffers again.
         unsafe {
-            for r in (0..self.nranks).filter(|&r| r != self.me) {
-                stream.wait_u32(self.flags[self.me] + READY + 8 * r as u64, flag)?;
+            let others = (0..self.nranks).filter(|&r| r != self.me);
+            let waits: Vec<MemOp> = others
+                .clone()
+                .map(|r| MemOp::Wait {
+                    addr: self.flags[self.me] + READY + 8 * r as u64,
+                    value: flag,
+                })
+                .collect();
+            stream.mem_ops(&waits)?;
+            for r in others.clone() {
                 self.awaited.wait(READY + 8 * r as u64, flag);
             }
             for s in steps::steps(coll, &bufs, count, dtype.size(), self.leader) {
                 let (o, i) = (&s.outputs, &s.inputs);
                 kernels.reduce(o, i, count, dtype, op, self.nranks, s.flags, stream)?;
             }
-            for r in (0..self.nranks).filter(|&r| r != self.me) {
-                stream.write_u32(self.flags[r] + DONE, flag)?;
-            }
+            let dones: Vec<MemOp> = others
+                .map(|r| MemOp::Write {
+                    addr: self.flags[r] + DONE,
+                    value: flag,
+                })
+                .collect();
+            stream.mem_ops(&dones)?;
         }
         Ok(true)
     }
