@@ -21,7 +21,9 @@
 //!
 //! Where the server cannot copy (the receiver's memory is not shareable
 //! through CUDA IPC, the receiver's stream is being captured, or a buffer
-//! cannot be mapped in the leader's process) it only passes the sender's
+//! cannot be mapped in the leader's process without waiting for the GPU:
+//! the context's streams may wait for requests this thread has yet to
+//! answer, see `ipc::map_kept_now`) it only passes the sender's
 //! READY on to the receiver, which then pulls with its own kernel as
 //! before; the sender's stream does the same in both cases, so it never
 //! needs to know which.
@@ -414,8 +416,11 @@ impl Serving {
             if let Src::Ipc(e) = req.src {
                 bufs.push(e);
             }
-            match ipc::map_kept(&self.ctx, &bufs) {
-                Ok(a) => Some(Move {
+            // Letting go of kept mappings synchronizes the context, whose
+            // streams may wait for requests this thread has yet to answer:
+            // where that is needed, the receiver pulls instead.
+            match ipc::map_kept_now(&self.ctx, &bufs) {
+                Ok(Some(a)) => Some(Move {
                     dst: a[0],
                     src: match req.src {
                         Src::Leader(addr) => addr,
@@ -423,6 +428,10 @@ impl Serving {
                     },
                     bytes: req.bytes as usize,
                 }),
+                Ok(None) => {
+                    tracing::debug!(target: "oxccl::coll", "the p2p server would have to wait for the GPU to map rank {q}'s message {k} to rank {r} (kept mappings full, or a freed allocation still mapped): rank {r} pulls it");
+                    None
+                }
                 Err(e) => {
                     tracing::debug!(target: "oxccl::coll", "the p2p server cannot map rank {q}'s message {k} to rank {r} ({e}): rank {r} pulls it");
                     None
