@@ -164,8 +164,24 @@ unsafe fn enqueue_group<'a>(
     r.and(end)
 }
 
+/// Waits for every rank's stream as nccl-tests does: polling the stream
+/// and the communicator's asynchronous error, so that a peer's failure
+/// (reported through the bootstrap) ends the wait with that error, the
+/// communicator aborted, instead of a wait on the GPU that nothing ends.
 fn synchronize(ranks: &[DevRank]) -> oxccl::Result<()> {
-    ranks.iter().try_for_each(|d| d.stream.synchronize())
+    ranks.iter().try_for_each(|d| wait(&d.comm, &d.stream))
+}
+
+/// One rank's stream, as [`synchronize`] waits for it.
+fn wait(comm: &Comm, stream: &Stream) -> oxccl::Result<()> {
+    while !stream.query()? {
+        if let Err(e) = comm.async_error() {
+            comm.abort();
+            return Err(e);
+        }
+        std::thread::yield_now();
+    }
+    Ok(())
 }
 
 /// Warm-up, timed loop, checked run; then, with one local rank of several
@@ -219,7 +235,7 @@ fn measure(ranks: &[DevRank], args: &PerfArgs, case: Case, n: usize) -> Measured
     // SAFETY: `buf` is 16 bytes of this GPU's memory, kept until the
     // stream is synchronised below.
     unsafe { d.comm.enqueue(op) }?;
-    d.stream.synchronize()?;
+    wait(&d.comm, &d.stream)?;
     buf.read(0, &mut stats.0)?;
     Ok(Some(stats.mean_and_total(n)))
 }
@@ -245,7 +261,7 @@ pub fn check_once_on_device(case: &Case, comm: &Comm, gpu: usize) -> oxccl::Resu
     // SAFETY: device buffers of this GPU sized by the case, kept until the
     // stream is synchronised below; the stream is ours.
     unsafe { enqueue_group(std::iter::once((comm, &input, &output, &stream)), case, n) }?;
-    stream.synchronize()?;
+    wait(comm, &stream)?;
     output.read(0, &mut hout)?;
     Ok(case.wrong(rank, n, &hout))
 }

@@ -156,6 +156,19 @@ impl RawStream {
         Ok(())
     }
 
+    /// Whether everything enqueued on the stream is done, without waiting
+    /// (a caller that must also watch for a peer's failure polls this, as
+    /// nccl-tests polls `cudaStreamQuery`).
+    pub fn query(self, ctx: &Context) -> Result<bool> {
+        ctx.bind()?;
+        // SAFETY: the handle is valid by the contract of `from_raw`.
+        let r = unsafe { sys::cuStreamQuery(self.sys()) };
+        if r == sys::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        check(r, "cuStreamQuery").map(|()| true)
+    }
+
     /// Waits on the host until everything enqueued on the stream is done.
     pub fn synchronize(self, ctx: &Context) -> Result<()> {
         ctx.bind()?;
@@ -212,6 +225,10 @@ impl Stream {
 
     pub fn synchronize(&self) -> Result<()> {
         self.raw.synchronize(&self.ctx)
+    }
+
+    pub fn query(&self) -> Result<bool> {
+        self.raw.query(&self.ctx)
     }
 }
 
