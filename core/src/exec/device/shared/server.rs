@@ -44,11 +44,11 @@
 //! ring in that receiver's order.
 //!
 //! Wake-up. The thread polls the rings: it spins for `SPIN` after its last
-//! request (a request is then seen within a microsecond), then sleeps on a
-//! doorbell word of the segment (a futex shared between the processes) that
-//! a receiver rings after posting a request (`Mailbox::doze`): a request
-//! after a pause costs one wake-up, tens of microseconds, and an idle
-//! communicator costs a wake-up every `NAP` (to notice a stop).
+//! request (a request is then seen within a microsecond), then sleeps
+//! `STEP` at a time (a request waits up to a step plus the kernel's timer
+//! slack, some 20-80 us) until `NAP` has passed, then parks for `PARK` at a
+//! time (up to a millisecond, once: it spins again after a request). An
+//! idle communicator so costs about a thousand wake-ups a second.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,7 +68,9 @@ use super::{P2P_DONE, P2P_READY};
 pub(super) const MAX_SERVED: usize = 64;
 
 const SPIN: Duration = Duration::from_micros(100);
-const NAP: Duration = Duration::from_millis(50);
+const STEP: Duration = Duration::from_micros(20);
+const NAP: Duration = Duration::from_millis(10);
+const PARK: Duration = Duration::from_millis(1);
 
 /// Bytes of the leader's server words for `nranks` ranks.
 pub(super) fn words_bytes(nranks: usize) -> usize {
@@ -280,8 +282,6 @@ pub(super) unsafe fn enqueue(
 pub(super) struct Server {
     quit: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
-    /// To ring the doorbell when stopping.
-    bell: Arc<Mailbox>,
     /// What the server's streams wait for in its words.
     awaited: Arc<Mutex<Awaited>>,
 }
@@ -302,7 +302,6 @@ impl Server {
         let quit = Arc::new(AtomicBool::new(false));
         let awaited = Arc::new(Mutex::new(Awaited::default()));
         let n = words.nranks();
-        let bell = mailbox.clone();
         let mut serving = Serving {
             ctx: ctx.clone(),
             kernels,
@@ -320,7 +319,6 @@ impl Server {
         Ok(Server {
             quit,
             thread: Some(thread),
-            bell,
             awaited,
         })
     }
@@ -338,7 +336,7 @@ impl Server {
     pub fn stop(&mut self) {
         self.quit.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
-            self.bell.wake_server();
+            t.thread().unpark();
             if t.join().is_err() {
                 tracing::error!(target: "oxccl::coll", "the shared-GPU p2p server thread panicked");
             }
@@ -378,13 +376,13 @@ impl Serving {
                 last = Instant::now();
                 continue;
             }
-            if last.elapsed() < SPIN {
+            let idle = last.elapsed();
+            if idle < SPIN {
                 std::hint::spin_loop();
-                continue;
-            }
-            let mailbox = self.mailbox.clone();
-            if mailbox.doze(NAP, || self.poll()) {
-                last = Instant::now();
+            } else if idle < NAP {
+                std::thread::sleep(STEP);
+            } else {
+                std::thread::park_timeout(PARK);
             }
         }
     }
