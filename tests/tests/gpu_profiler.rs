@@ -47,19 +47,25 @@ fn rank_body(r: Rank) {
     // until the stream is synchronised below.
     unsafe { g.comm.enqueue(ag) }.unwrap();
     if r.nranks > 1 {
-        let peer = 1 - r.rank;
-        oxccl::group_start();
-        let send = g.op(OpKind::Send { peer }, input.ptr(), 0, P2P);
-        let recv = g.op(OpKind::Recv { peer }, 0, output.ptr(), P2P);
-        // SAFETY: as above; the two buffers do not overlap.
-        unsafe {
-            g.comm.enqueue(send).unwrap();
-            g.comm.enqueue(recv).unwrap();
-        }
-        oxccl::group_end().unwrap();
+        exchange(&g, 1 - r.rank, &input, &output, P2P);
     }
     g.stream.synchronize().unwrap();
     g.comm.destroy().unwrap();
+}
+
+/// `count` floats of `input` sent to `peer` and as many received from it
+/// into `output`, in one group.
+fn exchange(g: &GpuRank, peer: usize, input: &DeviceBuffer, output: &DeviceBuffer, count: usize) {
+    oxccl::group_start();
+    let send = g.op(OpKind::Send { peer }, input.ptr(), 0, count);
+    let recv = g.op(OpKind::Recv { peer }, 0, output.ptr(), count);
+    // SAFETY: device buffers of this rank's GPU, sized for the ops by the
+    // caller, alive until it synchronises the stream; they do not overlap.
+    unsafe {
+        g.comm.enqueue(send).unwrap();
+        g.comm.enqueue(recv).unwrap();
+    }
+    oxccl::group_end().unwrap();
 }
 
 #[test]
@@ -198,17 +204,7 @@ fn net_rank_body(r: Rank) {
         .map(|&n| g.checked_all_reduce(&input, &output, n, pattern))
         .sum();
     assert_eq!(wrong, 0, "rank {}: all-reduce results", r.rank);
-    let peer = 1 - r.rank;
-    oxccl::group_start();
-    let send = g.op(OpKind::Send { peer }, input.ptr(), 0, NET_P2P);
-    let recv = g.op(OpKind::Recv { peer }, 0, output.ptr(), NET_P2P);
-    // SAFETY: device buffers of this rank's GPU, sized for the ops, alive
-    // until the stream is synchronised below; they do not overlap.
-    unsafe {
-        g.comm.enqueue(send).unwrap();
-        g.comm.enqueue(recv).unwrap();
-    }
-    oxccl::group_end().unwrap();
+    exchange(&g, 1 - r.rank, &input, &output, NET_P2P);
     g.stream.synchronize().unwrap();
     g.comm.destroy().unwrap();
 }

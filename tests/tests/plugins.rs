@@ -1353,7 +1353,7 @@ mod device_proxy {
     use oxccl::exec::reg::{RecvConn, SendConn};
     use oxccl::plugin::profiler::{Handle, ProfilerComm};
     use oxccl::transport::layout::Layout;
-    use oxccl::transport::proxy::{Areas, ConnSteps, Launch, Link, Proxy, Slots};
+    use oxccl::transport::proxy::{Areas, ConnSteps, Launch, Link, Proxy};
     use oxccl::transport::shm::area::Area;
     use oxccl::{DataType, Op, OpKind, RedOp};
     use oxccl_net_socket::testing::pair;
@@ -1459,18 +1459,7 @@ mod device_proxy {
                     recv: RecvConn::new(r),
                 })
                 .collect();
-            let areas = Areas {
-                mine: k.mine.clone(),
-                mirror: k.mirror.clone(),
-                slots: [
-                    Slots::host(&k.mine, &layout),
-                    Slots::host(&k.mirror, &layout),
-                ],
-                ctx: None,
-                layout,
-                rank,
-                profiled: rank == 0,
-            };
+            let areas = Areas::on_host(k.mine.clone(), k.mirror.clone(), layout, rank, rank == 0);
             let proxy = Proxy::start(links, areas).unwrap();
             let tracked = proxy.set_profiler((rank == 0).then(|| prof.clone()));
             assert_eq!(tracked, rank == 0);

@@ -169,6 +169,27 @@ impl RawStream {
         check(r, "cuStreamQuery").map(|()| true)
     }
 
+    /// Enqueues, as one batch, a wait until each word at `addrs` is at
+    /// least `value`.
+    ///
+    /// # Safety
+    /// As [`RawStream::mem_ops`].
+    pub unsafe fn wait_all(self, addrs: impl Iterator<Item = u64>, value: u32) -> Result<()> {
+        let ops: Vec<MemOp> = addrs.map(|addr| MemOp::Wait { addr, value }).collect();
+        // SAFETY: the caller's contract.
+        unsafe { self.mem_ops(&ops) }
+    }
+
+    /// Enqueues, as one batch, a store of `value` at each of `addrs`.
+    ///
+    /// # Safety
+    /// As [`RawStream::mem_ops`].
+    pub unsafe fn write_all(self, addrs: impl Iterator<Item = u64>, value: u32) -> Result<()> {
+        let ops: Vec<MemOp> = addrs.map(|addr| MemOp::Write { addr, value }).collect();
+        // SAFETY: the caller's contract.
+        unsafe { self.mem_ops(&ops) }
+    }
+
     /// Waits on the host until everything enqueued on the stream is done.
     pub fn synchronize(self, ctx: &Context) -> Result<()> {
         ctx.bind()?;

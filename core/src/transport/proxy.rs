@@ -212,6 +212,28 @@ pub struct Areas {
     pub profiled: bool,
 }
 
+impl Areas {
+    /// Both FIFOs in host areas, and no CUDA context to bind: a host
+    /// kernel's, as tests drive the proxy.
+    pub fn on_host(
+        mine: Arc<Area>,
+        mirror: Arc<Area>,
+        layout: Layout,
+        rank: usize,
+        profiled: bool,
+    ) -> Areas {
+        Areas {
+            slots: [Slots::host(&mine, &layout), Slots::host(&mirror, &layout)],
+            mine,
+            mirror,
+            ctx: None,
+            layout,
+            rank,
+            profiled,
+        }
+    }
+}
+
 /// How the thread posts receives: not yet (a profiler may come), freely,
 /// or for announced steps only, reporting proxy events to the profiler.
 #[derive(Clone, Copy)]
@@ -936,18 +958,7 @@ mod over_sockets {
                 send: SendConn::new(send),
                 recv: RecvConn::new(recv),
             };
-            let areas = Areas {
-                mine: k.mine.clone(),
-                mirror: k.mirror.clone(),
-                slots: [
-                    Slots::host(&k.mine, &layout),
-                    Slots::host(&k.mirror, &layout),
-                ],
-                ctx: None,
-                layout,
-                rank,
-                profiled: false,
-            };
+            let areas = Areas::on_host(k.mine.clone(), k.mirror.clone(), layout, rank, false);
             Proxy::start(vec![link], areas).unwrap()
         };
         let p0 = start(0, &kernels[0], s01, r10);

@@ -171,10 +171,7 @@ impl OpEvents {
 
     /// The network completed the step's send.
     pub fn send_done(&mut self, p: ProxyProfiler<'_>, ev: Handle) {
-        p.comm.stop(ev);
-        self.done += 1;
-        self.op_state(p, NCCL_PROFILER_PROXY_OP_SEND_DONE, self.done, 0);
-        self.maybe_stop(p);
+        self.step_done(p, ev, NCCL_PROFILER_PROXY_OP_SEND_DONE);
     }
 
     /// A receive is about to be posted: its step starts first (as NCCL's
@@ -204,9 +201,15 @@ impl OpEvents {
 
     /// The received step was consumed.
     pub fn consumed(&mut self, p: ProxyProfiler<'_>, ev: Handle) {
+        self.step_done(p, ev, NCCL_PROFILER_PROXY_OP_RECV_DONE);
+    }
+
+    /// A step is over: its event stops, the op counts it in `state`, and
+    /// the op stops with its last step.
+    fn step_done(&mut self, p: ProxyProfiler<'_>, ev: Handle, state: EventState) {
         p.comm.stop(ev);
         self.done += 1;
-        self.op_state(p, NCCL_PROFILER_PROXY_OP_RECV_DONE, self.done, 0);
+        self.op_state(p, state, self.done, 0);
         self.maybe_stop(p);
     }
 

@@ -340,19 +340,12 @@ impl LocalGpu {
             Turn::Last(waiting) => {
                 let mut bufs = vec![Bufs { send: 0, recv: 0 }; self.nranks];
                 bufs[self.me] = Bufs { send, recv };
-                let waits: Vec<MemOp> = waiting
-                    .iter()
-                    .map(|a| MemOp::Wait {
-                        addr: self.rv.ready[a.rank],
-                        value: flag,
-                    })
-                    .collect();
                 #[allow(unsafe_code)]
                 // SAFETY: the earlier ranks' READY words, alive while their
                 // communicators are, each of which waits for this stream's
                 // DONE store before it can go.
                 unsafe {
-                    stream.mem_ops(&waits)?;
+                    stream.wait_all(waiting.iter().map(|a| self.rv.ready[a.rank]), flag)?;
                 }
                 for a in &waiting {
                     bufs[a.rank] = a.bufs;
@@ -366,18 +359,11 @@ impl LocalGpu {
                 })();
                 // The earlier ranks' streams go on even where a launch
                 // failed: the error is this call's.
-                let dones: Vec<MemOp> = waiting
-                    .iter()
-                    .map(|a| MemOp::Write {
-                        addr: self.rv.done[a.rank],
-                        value: flag,
-                    })
-                    .collect();
                 #[allow(unsafe_code)]
                 // SAFETY: the earlier ranks' DONE words, alive while their
                 // communicators are, which wait for their streams.
                 unsafe {
-                    stream.mem_ops(&dones)?;
+                    stream.write_all(waiting.iter().map(|a| self.rv.done[a.rank]), flag)?;
                 }
                 r.map(|()| true)
             }

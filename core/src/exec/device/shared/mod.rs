@@ -479,14 +479,8 @@ impl Processes {
         // DONE before it touches its buffers again.
         unsafe {
             let others = (0..self.nranks).filter(|&r| r != self.me);
-            let waits: Vec<MemOp> = others
-                .clone()
-                .map(|r| MemOp::Wait {
-                    addr: self.flags[self.me] + READY + 8 * r as u64,
-                    value: flag,
-                })
-                .collect();
-            stream.mem_ops(&waits)?;
+            let mine = self.flags[self.me];
+            stream.wait_all(others.clone().map(|r| mine + READY + 8 * r as u64), flag)?;
             for r in others.clone() {
                 self.awaited.wait(READY + 8 * r as u64, flag);
             }
@@ -494,13 +488,7 @@ impl Processes {
                 let (o, i) = (&s.outputs, &s.inputs);
                 kernels.reduce(o, i, count, dtype, op, self.nranks, s.flags, stream)?;
             }
-            let dones: Vec<MemOp> = others
-                .map(|r| MemOp::Write {
-                    addr: self.flags[r] + DONE,
-                    value: flag,
-                })
-                .collect();
-            stream.mem_ops(&dones)?;
+            stream.write_all(others.map(|r| self.flags[r] + DONE), flag)?;
         }
         Ok(true)
     }
