@@ -1,60 +1,109 @@
 #!/usr/bin/env bash
-# Runs one command as two ranks on two "hosts": two network namespaces
-# joined by a veth pair, each rank with its own address and NCCL_HOSTID,
-# so a communicator sees two nodes and takes the network path
-# (NCCL_SOCKET_IFNAME = the veth). Needs root and iproute2 (tc for RATE).
+# Runs one command as the ranks of a job spread over "hosts": one network
+# namespace per host, all joined by veth links to a bridge in a switch
+# namespace, each host with its own address and NCCL_HOSTID, so that a
+# communicator sees several nodes and takes the network path between them
+# (NCCL_SOCKET_IFNAME = the host's veth). Needs root and iproute2 (tc for
+# RATE, nftables for LOSS without netem).
 #
 #   tools/netns_run.sh COMMAND [ARGS...]
 #
-# Each rank gets RANK, WORLD_SIZE=2, NCCL_COMM_ID (oxccl), MASTER_ADDR and
-# MASTER_PORT (torch.distributed), NCCL_HOSTID and NCCL_SOCKET_IFNAME.
-# RATE=1gbit shapes both directions of the link (tc tbf); otherwise
+# HOSTS (default 2) namespaces, PER_HOST (default 1) ranks in each: rank
+# h*PER_HOST+l is local rank l of host h. Each rank gets RANK, LOCAL_RANK,
+# WORLD_SIZE, NCCL_COMM_ID (oxccl), MASTER_ADDR and MASTER_PORT
+# (torch.distributed), NCCL_HOSTID and NCCL_SOCKET_IFNAME.
+# GPUS=split gives each host its own GPUs: host h sees (CUDA_VISIBLE_DEVICES)
+# GPUs h*PER_HOST .. h*PER_HOST+PER_HOST-1, modulo the machine's count, so
+# 2 hosts x 2 ranks on a 4-GPU machine is two nodes of two GPUs each, and
+# 2 hosts x 1 rank on 2 GPUs is two single-GPU nodes. Otherwise every host
+# sees the caller's GPUs and ranks pick GPU LOCAL_RANK (so ranks of one-rank
+# hosts share GPU 0).
+# RATE=1gbit shapes each host's outgoing traffic (tc tbf); otherwise
 # DELAY=1ms and/or LOSS=1% add tc netem; where the kernel has no netem,
 # LOSS (alone) drops that share of incoming packets with nftables.
-# Rank 0's output goes to stdout, rank 1's to $LOG1 (default /dev/null).
-# The namespaces and the link are removed on exit, whatever happens.
+# Rank 0's output goes to stdout, rank 1's to $LOG1 (default /dev/null);
+# LOGDIR=dir writes every other rank's output to dir/rankR.txt instead.
+# The namespaces and links are removed on exit, whatever happens.
 # Bounded by LIMIT seconds (600).
 set -euo pipefail
+hosts=${HOSTS:-2}
+per=${PER_HOST:-1}
+world=$((hosts * per))
 tag=oxp$$
-ns=("${tag}a" "${tag}b")
-veth=("${tag}va" "${tag}vb")
+sw="${tag}s"
 net=$((1 + $$ % 200))
-addr=("10.234.$net.1" "10.234.$net.2")
+ns=()
+veth=()
+addr=()
+for ((h = 0; h < hosts; h++)); do
+  ns+=("${tag}h$h")
+  veth+=("${tag}v$h")
+  addr+=("10.234.$net.$((h + 1))")
+done
 cleanup() {
-  ip link del "${veth[0]}" 2>/dev/null || true
-  for n in "${ns[@]}"; do ip netns del "$n" 2>/dev/null || true; done
+  for n in "${ns[@]}" "$sw"; do ip netns del "$n" 2>/dev/null || true; done
 }
 trap cleanup EXIT
-for n in "${ns[@]}"; do ip netns add "$n"; done
-ip link add "${veth[0]}" type veth peer name "${veth[1]}"
-for i in 0 1; do
-  ip link set "${veth[$i]}" netns "${ns[$i]}"
-  ip -n "${ns[$i]}" addr add "${addr[$i]}/24" dev "${veth[$i]}"
-  ip -n "${ns[$i]}" link set "${veth[$i]}" up
-  ip -n "${ns[$i]}" link set lo up
+ip netns add "$sw"
+ip -n "$sw" link add br0 type bridge
+ip -n "$sw" link set br0 up
+for ((h = 0; h < hosts; h++)); do
+  n=${ns[$h]}
+  v=${veth[$h]}
+  ip netns add "$n"
+  # Created inside the host namespace so that names never meet the root
+  # namespace's; the switch end moves to the bridge.
+  ip -n "$n" link add "$v" type veth peer name "${tag}p$h"
+  ip -n "$n" link set "${tag}p$h" netns "$sw"
+  ip -n "$sw" link set "${tag}p$h" master br0
+  ip -n "$sw" link set "${tag}p$h" up
+  ip -n "$n" addr add "${addr[$h]}/24" dev "$v"
+  ip -n "$n" link set "$v" up
+  ip -n "$n" link set lo up
   if [ -n "${RATE:-}" ]; then
-    ip netns exec "${ns[$i]}" tc qdisc add dev "${veth[$i]}" root tbf rate "$RATE" burst 1mb latency 50ms
+    ip netns exec "$n" tc qdisc add dev "$v" root tbf rate "$RATE" burst 1mb latency 50ms
   elif [ -n "${DELAY:-}${LOSS:-}" ]; then
-    if ! ip netns exec "${ns[$i]}" tc qdisc add dev "${veth[$i]}" root netem \
+    if ! ip netns exec "$n" tc qdisc add dev "$v" root netem \
       ${DELAY:+delay "$DELAY"} ${LOSS:+loss "$LOSS"} 2>/dev/null; then
       [ -z "${DELAY:-}" ] || { echo "no netem in this kernel: DELAY cannot be applied" >&2; exit 1; }
       printf 'table inet oxloss {\n chain in {\n  type filter hook input priority 0;\n  numgen random mod 100 < %s counter drop\n }\n}\n' \
-        "${LOSS%\%}" | ip netns exec "${ns[$i]}" nft -f -
+        "${LOSS%\%}" | ip netns exec "$n" nft -f -
     fi
   fi
 done
+gpus=()
+if [ "${GPUS:-}" = split ]; then
+  count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  [ "$count" -gt 0 ] || { echo "GPUS=split: nvidia-smi lists no GPU" >&2; exit 1; }
+  for ((h = 0; h < hosts; h++)); do
+    list=
+    for ((l = 0; l < per; l++)); do list+="${list:+,}$(((h * per + l) % count))"; done
+    gpus+=("$list")
+  done
+fi
 port=$((20000 + $$ % 20000))
 run() {
-  local r=$1
+  local r=$1 h=$(($1 / per))
   shift
-  ip netns exec "${ns[$r]}" env RANK="$r" LOCAL_RANK=0 WORLD_SIZE=2 \
-    NCCL_COMM_ID="${addr[0]}:$port" MASTER_ADDR="${addr[0]}" MASTER_PORT="$((port + 1))" \
-    NCCL_HOSTID="netns-host-$r" NCCL_SOCKET_IFNAME="${veth[$r]}" \
+  ip netns exec "${ns[$h]}" env RANK="$r" LOCAL_RANK=$((r % per)) WORLD_SIZE="$world" \
+    LOCAL_WORLD_SIZE="$per" NCCL_COMM_ID="${addr[0]}:$port" MASTER_ADDR="${addr[0]}" \
+    MASTER_PORT="$((port + 1))" NCCL_HOSTID="netns-host-$h" NCCL_SOCKET_IFNAME="${veth[$h]}" \
+    ${gpus[$h]:+CUDA_VISIBLE_DEVICES=${gpus[$h]}} \
     timeout "${LIMIT:-600}" "$@"
 }
-run 1 "$@" >"${LOG1:-/dev/null}" 2>&1 &
-b=$!
+pids=()
+for ((r = world - 1; r >= 1; r--)); do
+  if [ -n "${LOGDIR:-}" ]; then
+    log="$LOGDIR/rank$r.txt"
+  elif [ "$r" = 1 ]; then
+    log=${LOG1:-/dev/null}
+  else
+    log=/dev/null
+  fi
+  run "$r" "$@" >"$log" 2>&1 &
+  pids+=($!)
+done
 rc=0
 run 0 "$@" || rc=$?
-wait "$b" || rc=$((rc ? rc : $?))
+for p in "${pids[@]}"; do wait "$p" || rc=$((rc ? rc : $?)); done
 exit "$rc"

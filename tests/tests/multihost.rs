@@ -74,6 +74,7 @@ impl Hosts {
             "l" => (233, 161 + id % 80),
             "d" => (235, 1 + id % 120),
             "a" => (235, 121 + id % 120),
+            "n" => (236, 1 + id % 120),
             _ => (233, 1 + id % 80),
         };
         let addr = [format!("10.{octet}.{net}.1"), format!("10.{octet}.{net}.2")];
@@ -159,8 +160,25 @@ impl Hosts {
         self.start_on(test, env, &[0, 1])
     }
 
-    /// Starts rank r of `host.len()` in namespace `host[r]`.
+    /// Starts rank r of `host.len()` in namespace `host[r]`, each rank a
+    /// node of its own.
     fn start_on(&self, test: &str, env: &[(String, String)], host: &[usize]) -> Vec<Child> {
+        self.launch(test, env, host, false)
+    }
+
+    /// Starts rank r in namespace `host[r]`, the ranks of a namespace one
+    /// node (one NCCL_HOSTID).
+    fn start_nodes(&self, test: &str, env: &[(String, String)], host: &[usize]) -> Vec<Child> {
+        self.launch(test, env, host, true)
+    }
+
+    fn launch(
+        &self,
+        test: &str,
+        env: &[(String, String)],
+        host: &[usize],
+        node_per_ns: bool,
+    ) -> Vec<Child> {
         let exe = std::env::current_exe().unwrap();
         (0..host.len())
             .map(|r| {
@@ -176,7 +194,12 @@ impl Hosts {
                 // /dev/shm: a rank stands for a node only with its own
                 // NCCL_HOSTID (else ranks would talk through shared
                 // memory, past the link).
-                c.env("NCCL_HOSTID", format!("{}-{r}", self.ns[host[r]]));
+                let id = if node_per_ns {
+                    self.ns[host[r]].clone()
+                } else {
+                    format!("{}-{r}", self.ns[host[r]])
+                };
+                c.env("NCCL_HOSTID", id);
                 for (k, v) in env {
                     c.env(k, v);
                 }
@@ -238,6 +261,7 @@ fn setup(tag: &str, test: &str) -> Option<(Hosts, Vec<(String, String)>)> {
                 "l" => 2000,
                 "d" => 3000,
                 "a" => 4000,
+                "n" => 5000,
                 _ => 0,
             }
     );
@@ -282,6 +306,66 @@ fn two_hosts_run_collectives() {
     for (r, (ok, out)) in res.iter().enumerate() {
         assert!(ok, "rank {r}:\n{out}");
     }
+}
+
+/// Two nodes of two ranks: inside a node ranks talk through shared
+/// memory, between nodes through the net plugin, and the INFO log says so
+/// for every connection, as NCCL's does (`Channel 00/0 : 0[-1] -> 1[-1]
+/// via SHM/...`); every collective is exact.
+#[test]
+fn two_nodes_of_two_ranks_run_collectives() {
+    let name = "two_nodes_of_two_ranks_run_collectives";
+    if std::env::var(CHILD).is_ok() {
+        oxccl::log::init();
+    }
+    if let Some(comm) = child_comm() {
+        check_every_collective(&comm, 3, &[8, 3 << 20]);
+        return;
+    }
+    let Some((hosts, mut env)) = setup("n", name) else {
+        return;
+    };
+    env.push(("NCCL_DEBUG".into(), "INFO".into()));
+    let node = [0, 0, 1, 1];
+    let res = wait(
+        hosts.start_nodes(name, &env, &node),
+        Duration::from_secs(90),
+    );
+    for (r, (ok, out)) in res.iter().enumerate() {
+        assert!(ok, "rank {r}:\n{out}");
+        let (mut shm, mut net) = (0, 0);
+        for line in out
+            .lines()
+            .filter(|l| l.contains(" -> ") && l.contains(" via "))
+        {
+            let (a, b, via) = connection(line).unwrap_or_else(|| panic!("rank {r}: {line}"));
+            let inside = node[a] == node[b];
+            if via.starts_with("SHM/") {
+                assert!(inside, "rank {r}: shared memory between nodes: {line}");
+                shm += 1;
+            } else {
+                assert!(via.starts_with("NET/"), "rank {r}: {line}");
+                assert!(!inside, "rank {r}: the net inside a node: {line}");
+                net += 1;
+            }
+        }
+        assert!(
+            shm > 0 && net > 0,
+            "rank {r}: {shm} SHM and {net} NET connections:\n{out}"
+        );
+        eprintln!("rank {r}: {shm} connections through shared memory, {net} through the net");
+    }
+}
+
+/// (from, to, transport) of an INFO line `Channel CC[/N] : A[d] -> B[d]
+/// [send] via T`.
+fn connection(line: &str) -> Option<(usize, usize, &str)> {
+    let (_, rest) = line.split_once(" : ")?;
+    let (a, rest) = rest.split_once(" -> ")?;
+    let (b, rest) = rest.split_once('[')?;
+    let (_, via) = rest.split_once(" via ")?;
+    let rank = |s: &str| s.split('[').next()?.trim().parse().ok();
+    Some((rank(a)?, rank(b)?, via.trim()))
 }
 
 /// The link goes down while both hosts are inside a stream of 16 MiB
