@@ -20,12 +20,17 @@
 //! IPC cannot share) go to every rank's kernels, which all ranks learn from
 //! the leader's answer.
 //!
+//! Send/recv runs in the leader's context too: a thread of the leader's
+//! process serves each message whose receiver is another process, and
+//! senders and receivers only store and wait on words (see `server`).
+//!
 //! Ranks that are all threads of one process take the same fused launches
 //! without IPC and without any host wait (see `local`): the last rank to
 //! call a collective runs it.
 
 mod local;
 mod mailbox;
+mod server;
 mod steps;
 
 use std::sync::Arc;
@@ -41,7 +46,8 @@ use crate::transport::shm::area::Area;
 
 use super::oob::Oob;
 use super::stop::Awaited;
-use mailbox::{Answer, Buf, Mailbox, Post};
+use mailbox::{Answer, Buf, Mailbox, Post, Request, Served, Src};
+use server::{Move, Op, Server, Words};
 use steps::Bufs;
 
 /// Offsets of the words in each rank's flag buffer, each written by the
@@ -185,7 +191,7 @@ pub(crate) struct Processes {
     seq: u64,
     /// Each rank's flag buffer as this process addresses it.
     flags: Vec<u64>,
-    mailbox: Mailbox,
+    mailbox: Arc<Mailbox>,
     /// Messages sent to and received from each rank so far.
     sent: Vec<u64>,
     received: Vec<u64>,
@@ -193,6 +199,23 @@ pub(crate) struct Processes {
     awaited: Awaited,
     _own: DeviceBuffer,
     flag_maps: Vec<IpcMapping>,
+    /// The leader's p2p server words as this process addresses them; 0
+    /// where the group is too large for the server (see `server`).
+    srv: u64,
+    /// Copy requests this rank has posted to the server.
+    requests: u64,
+    /// The leader's: its p2p server (stopped before anything it uses
+    /// goes, see the drop) and its words.
+    server: Option<Server>,
+    _srv_words: Option<DeviceBuffer>,
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        if let Some(s) = &mut self.server {
+            s.stop();
+        }
+    }
 }
 
 impl Processes {
@@ -218,8 +241,21 @@ impl Processes {
         } else {
             None
         };
+        // The leader's server words, for groups it serves.
+        let served = nranks <= server::MAX_SERVED;
+        let srv_words = if me == leader && served {
+            let b = DeviceBuffer::alloc(ctx, server::words_bytes(nranks))?;
+            b.fill_bytes(0)?;
+            Some(b)
+        } else {
+            None
+        };
         let mut mine = own.ipc_handle()?.0.to_vec();
         if me == leader {
+            match &srv_words {
+                Some(b) => mine.extend_from_slice(&b.ipc_handle()?.0),
+                None => mine.extend_from_slice(&[0; 64]),
+            }
             mine.extend_from_slice(name.as_bytes());
         }
         let all = oob.allgather(&mine)?;
@@ -227,7 +263,7 @@ impl Processes {
             Some(a) => a,
             None => {
                 let leader_name = all[leader]
-                    .get(64..)
+                    .get(128..)
                     .and_then(|b| std::str::from_utf8(b).ok())
                     .ok_or_else(|| Error::Remote(format!("rank {leader} sent no mailbox name")))?;
                 Area::open_shared(leader_name, bytes)?
@@ -249,9 +285,38 @@ impl Processes {
             flags[p] = m.ptr();
             flag_maps.push(m);
         }
+        let srv = match &srv_words {
+            Some(b) => b.ptr(),
+            None if served => {
+                let h: [u8; 64] = all[leader]
+                    .get(64..128)
+                    .and_then(|h| h.try_into().ok())
+                    .ok_or_else(|| {
+                        Error::Remote(format!("rank {leader} sent no p2p server handle"))
+                    })?;
+                let m = IpcMapping::open(ctx, &IpcMemHandle(h))
+                    .map_err(|e| e.context(format!("mapping rank {leader}'s p2p server words")))?;
+                let p = m.ptr();
+                flag_maps.push(m);
+                p
+            }
+            None => 0,
+        };
         // Everyone has mapped everything: the segment's name can go.
         oob.allgather(&[])?;
         area.unlink();
+        let mailbox = Arc::new(Mailbox::new(area, me, nranks, timeout).with_stop(stop.clone()));
+        let server = match &srv_words {
+            Some(_) => {
+                let words = Words {
+                    flags: flags.clone(),
+                    srv,
+                    leader,
+                };
+                Some(Server::start(ctx, mailbox.clone(), words, stop)?)
+            }
+            None => None,
+        };
         Ok(Processes {
             ctx: ctx.clone(),
             me,
@@ -259,13 +324,25 @@ impl Processes {
             nranks,
             seq: 0,
             flags,
-            mailbox: Mailbox::new(area, me, nranks, timeout).with_stop(stop),
+            mailbox,
             sent: vec![0; nranks],
             received: vec![0; nranks],
             awaited: Awaited::default(),
             _own: own,
             flag_maps,
+            srv,
+            requests: 0,
+            server,
+            _srv_words: srv_words,
         })
+    }
+
+    fn words(&self) -> Words {
+        Words {
+            flags: self.flags.clone(),
+            srv: self.srv,
+            leader: self.leader,
+        }
     }
 
     /// Closes this rank's mappings of other ranks' flag words before a
@@ -274,6 +351,10 @@ impl Processes {
     /// table of kept buffers, [`ipc::map_kept`]): they are the callers',
     /// which a suspend does not free.
     pub fn unmap_peers(&mut self) {
+        // The server addresses them too.
+        if let Some(s) = &mut self.server {
+            s.stop();
+        }
         self.flag_maps.clear();
     }
 
@@ -293,7 +374,21 @@ impl Processes {
                 stream.handle().write_u32(self.flags[self.me] + off, v)?;
             }
         }
-        tracing::debug!(target: "oxccl::coll", "rank {}: released {} stream wait word(s) of the shared-GPU path", self.me, self.awaited.releases().len());
+        // The server's streams wait on the leader's server words.
+        let srv = self
+            .server
+            .as_ref()
+            .map(Server::releases)
+            .unwrap_or_default();
+        for &(off, v) in &srv {
+            #[allow(unsafe_code)]
+            // SAFETY: the word is in the leader's server words, this
+            // process's own, alive until the communicator goes (as above).
+            unsafe {
+                stream.handle().write_u32(self.srv + off, v)?;
+            }
+        }
+        tracing::debug!(target: "oxccl::coll", "rank {}: released {} stream wait word(s) of the shared-GPU path", self.me, self.awaited.releases().len() + srv.len());
         // The stream goes at once; the driver runs its stores first.
         Ok(())
     }
@@ -494,17 +589,18 @@ impl Processes {
     }
 
     /// A group's sends and receives of `count` elements each (none to this
-    /// rank): each receiver copies from its sender's buffer with its own
-    /// kernel while the sender only signals, so no kernel waits for another
-    /// process. On this rank's stream the sends' READY stores come first,
-    /// then the receives, then the waits for the receivers to be done with
-    /// this rank's buffers: two ranks sending to each other in one group
-    /// never wait on each other. (Sends to each other in separate,
-    /// ungrouped calls before the receives wait forever, where NCCL hangs
-    /// from a FIFO's worth: NCCL asks for a group there.) Returns the sends
-    /// and receives that run on every rank's kernels instead: those whose
-    /// sender is capturing a graph or has memory CUDA IPC cannot share, as
-    /// the sender's post tells the receiver.
+    /// rank), every copy in the leader's context: the leader's server
+    /// copies each message whose receiver is another process, the leader
+    /// pulls its own with its kernel, and the other ranks' streams only
+    /// store and wait on words (see `server`). On this rank's stream the
+    /// sends' READY stores come first, then the receives, then the waits
+    /// for the messages sent to be copied: two ranks sending to each other
+    /// in one group never wait on each other. (Sends to each other in
+    /// separate, ungrouped calls before the receives wait forever, where
+    /// NCCL hangs from a FIFO's worth: NCCL asks for a group there.)
+    /// Returns the sends and receives that run on every rank's kernels
+    /// instead: those whose sender is capturing a graph or has memory CUDA
+    /// IPC cannot share, as the sender's post tells the receiver.
     #[allow(clippy::type_complexity)] // the two lists left over
     pub fn p2p(
         &mut self,
@@ -519,7 +615,10 @@ impl Processes {
             return Ok((sends.to_vec(), recvs.to_vec()));
         }
         let what = format!("send/recv of {count} x {dtype:?}");
+        let bytes = count * dtype.size();
         let capturing = stream.is_capturing()?;
+        let (me, leader) = (self.me, self.leader);
+        let words = self.words();
         let (mut left_sends, mut left_recvs, mut direct) = (Vec::new(), Vec::new(), Vec::new());
         for &(p, buf) in sends {
             self.sent[p] += 1;
@@ -535,65 +634,119 @@ impl Processes {
                 send,
                 recv: Buf::Unused,
             };
-            self.mailbox.post_send(p, k, &post)?;
+            self.mailbox.post_send(p, k, &post, buf)?;
             if matches!(send, Buf::Shared(..)) {
                 direct.push((p, k));
             } else {
                 left_sends.push((p, buf));
             }
         }
-        #[allow(unsafe_code)]
-        // SAFETY: the flag words are in flag buffers mapped in this context
-        // until the communicator goes, which synchronizes the context
-        // first; the receive buffers are the caller's, valid for `count`
-        // elements, the send buffers mappings kept by the process (let
-        // go only after a synchronize), and each sender's stream waits for
-        // this rank's DONE before it touches its buffer again.
-        unsafe {
-            for &(p, k) in &direct {
-                stream.write_u32(self.flags[p] + P2P_READY + 8 * self.me as u64, k as u32)?;
-            }
-            for &(q, buf) in recvs {
-                self.received[q] += 1;
-                let k = self.received[q];
-                let post = self.mailbox.wait_send(q, k, &what)?;
-                if post.what != what {
-                    return Err(Error::InvalidUsage(format!(
-                        "rank {} receives {what} from rank {q}, whose message {k} is a {}: the counts and types of a send and its receive must agree",
-                        self.me, post.what
-                    )));
-                }
-                // The sender chose: its buffer to pull, or its kernels.
-                if post.capturing || !matches!(post.send, Buf::Shared(..)) {
-                    left_recvs.push((q, buf));
-                    continue;
-                }
-                let Some(src) = self.map(&[post.send]).map(|a| a[0]) else {
-                    return Err(Error::System(format!(
-                        "rank {} cannot map the send buffer of rank {q} (message {k}) on their shared GPU",
-                        self.me
-                    )));
-                };
-                stream.wait_u32(self.flags[self.me] + P2P_READY + 8 * q as u64, k as u32)?;
-                self.awaited.wait(P2P_READY + 8 * q as u64, k as u32);
-                kernels.reduce(
-                    &[buf],
-                    &[src],
-                    count,
-                    dtype,
-                    RedOp::Sum,
-                    self.nranks,
-                    0,
-                    stream,
-                )?;
-                stream.write_u32(self.flags[q] + P2P_DONE + 8 * self.me as u64, k as u32)?;
-            }
-            for &(p, k) in &direct {
-                stream.wait_u32(self.flags[self.me] + P2P_DONE + 8 * p as u64, k as u32)?;
-                self.awaited.wait(P2P_DONE + 8 * p as u64, k as u32);
-            }
+        let ops: Vec<Op<Move>> = direct.iter().map(|&(p, k)| words.send(me, p, k)).collect();
+        self.enqueue(&ops, kernels, stream)?;
+        // Every receive is asked of the server before any answer is
+        // awaited: the server serves them while this rank asks.
+        enum How {
+            Asked(u64),
+            Pull,
         }
+        let mut taken = Vec::with_capacity(recvs.len());
+        for &(q, buf) in recvs {
+            self.received[q] += 1;
+            let k = self.received[q];
+            let (post, addr) = self.mailbox.wait_send(q, k, &what)?;
+            if post.what != what {
+                return Err(Error::InvalidUsage(format!(
+                    "rank {me} receives {what} from rank {q}, whose message {k} is a {}: the counts and types of a send and its receive must agree",
+                    post.what
+                )));
+            }
+            // The sender chose: its buffer to share, or its kernels.
+            let Buf::Shared(src) = post.send else {
+                left_recvs.push((q, buf));
+                continue;
+            };
+            if post.capturing {
+                left_recvs.push((q, buf));
+                continue;
+            }
+            let how = if words.served(me) {
+                // Where the server cannot write this rank's buffer, or this
+                // stream is being captured, the server only relays READY.
+                let dst = match capturing {
+                    true => None,
+                    false => match self.export(true, buf)? {
+                        Buf::Shared(e) => Some(e),
+                        _ => None,
+                    },
+                };
+                let src = if q == leader {
+                    Src::Leader(addr)
+                } else {
+                    Src::Ipc(src)
+                };
+                let req = Request {
+                    from: q,
+                    k,
+                    bytes: bytes as u64,
+                    src,
+                    dst,
+                };
+                self.requests += 1;
+                self.mailbox.post_request(self.requests, &req, leader)?;
+                How::Asked(self.requests)
+            } else {
+                How::Pull
+            };
+            taken.push((q, k, buf, src, how));
+        }
+        let mut ops = Vec::with_capacity(3 * taken.len() + direct.len());
+        for (q, k, buf, src, how) in taken {
+            let copied = match how {
+                How::Pull => false,
+                How::Asked(n) => match self.mailbox.wait_served(n, leader, &what)? {
+                    Served::Copied => true,
+                    Served::Pull => false,
+                    Served::Failed(msg) => {
+                        return Err(Error::System(format!(
+                            "rank {me} receives message {k} from rank {q}: {msg}"
+                        )))
+                    }
+                },
+            };
+            if copied {
+                ops.extend(words.recv_copied(q, me, k));
+                continue;
+            }
+            let Some(src) = self.map(&[Buf::Shared(src)]).map(|a| a[0]) else {
+                return Err(Error::System(format!(
+                    "rank {me} cannot map the send buffer of rank {q} (message {k}) on their shared GPU"
+                )));
+            };
+            let m = Move {
+                dst: buf,
+                src,
+                bytes,
+            };
+            ops.extend(words.recv_pull(q, me, k, m));
+        }
+        ops.extend(direct.iter().map(|&(p, k)| words.send_end(me, p, k)));
+        self.enqueue(&ops, kernels, stream)?;
         Ok((left_sends, left_recvs))
+    }
+
+    /// Enqueues send/recv's operations on this rank's stream.
+    fn enqueue(&mut self, ops: &[Op<Move>], kernels: &KernelSet, stream: RawStream) -> Result<()> {
+        #[allow(unsafe_code)]
+        // SAFETY: the words are in flag buffers (and the leader's server
+        // words) mapped in this context until the communicator goes, which
+        // synchronizes the context first; every wait is on this rank's own
+        // flags (`Words`); a pull's destination is the caller's buffer,
+        // valid for the message, its source a mapping kept by the process
+        // (let go only after a synchronize), which the sender touches again
+        // only after this rank's DONE.
+        unsafe {
+            server::enqueue(ops, stream, kernels, self.flags[self.me], &mut self.awaited)
+        }
     }
 }
 
