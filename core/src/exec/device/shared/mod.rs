@@ -160,6 +160,17 @@ impl SharedGpu {
         }
     }
 
+    /// Whether this rank's messages to itself go through [`SharedGpu::p2p`]
+    /// too: a copy by its own kernel would put a second process's work on
+    /// the GPU beside the leader's, and each exchange would then wait for
+    /// a context switch. The leader's own copies are in its context anyway.
+    pub fn routes_self(&self) -> bool {
+        match self {
+            SharedGpu::Local(_) => false,
+            SharedGpu::Processes(p) => p.me != p.leader && p.words().served(p.me),
+        }
+    }
+
     /// A group's sends and receives; returns those left to every rank's
     /// kernels. Ranks of one process leave them all there: their kernels
     /// run together, and the pairwise path below waits on the host for the
@@ -697,10 +708,14 @@ impl Processes {
             } else {
                 How::Pull
             };
-            taken.push((q, k, buf, src, how));
+            taken.push((q, k, buf, src, addr, how));
         }
+        // Every served receive says its buffer is free before any waits for
+        // its data: one after another, each copy would wait for the
+        // previous one's landing, a trip between contexts each.
+        let mut frees = Vec::with_capacity(taken.len());
         let mut ops = Vec::with_capacity(3 * taken.len() + direct.len());
-        for (q, k, buf, src, how) in taken {
+        for (q, k, buf, src, addr, how) in taken {
             let copied = match how {
                 How::Pull => false,
                 How::Asked(n) => match self.mailbox.wait_served(n, leader, &what)? {
@@ -714,10 +729,19 @@ impl Processes {
                 },
             };
             if copied {
-                ops.extend(words.recv_copied(q, me, k));
+                let [free, landed] = words.recv_copied(q, me, k);
+                frees.push(free);
+                ops.push(landed);
                 continue;
             }
-            let Some(src) = self.map(&[Buf::Shared(src)]).map(|a| a[0]) else {
+            // A message to itself is pulled from its own address: CUDA IPC
+            // cannot open a handle in the process that made it.
+            let src = if q == me {
+                Some(addr)
+            } else {
+                self.map(&[Buf::Shared(src)]).map(|a| a[0])
+            };
+            let Some(src) = src else {
                 return Err(Error::System(format!(
                     "rank {me} cannot map the send buffer of rank {q} (message {k}) on their shared GPU"
                 )));
@@ -730,7 +754,8 @@ impl Processes {
             ops.extend(words.recv_pull(q, me, k, m));
         }
         ops.extend(direct.iter().map(|&(p, k)| words.send_end(me, p, k)));
-        self.enqueue(&ops, kernels, stream)?;
+        frees.extend(ops);
+        self.enqueue(&frees, kernels, stream)?;
         Ok((left_sends, left_recvs))
     }
 

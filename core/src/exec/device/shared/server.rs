@@ -56,7 +56,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::cuda::{ipc, Context, KernelSet, RawStream, Stream};
+use crate::cuda::{ipc, Context, KernelSet, MemOp, RawStream, Stream};
 use crate::error::{Error, Result};
 
 use super::super::stop::Awaited;
@@ -247,28 +247,34 @@ pub(super) unsafe fn enqueue(
     base: u64,
     awaited: &mut Awaited,
 ) -> Result<()> {
+    // Stores and waits between two copies go in one driver call.
+    let mut batch: Vec<MemOp> = Vec::new();
+    let flush = |batch: &mut Vec<MemOp>| -> Result<()> {
+        if !batch.is_empty() {
+            #[allow(unsafe_code)]
+            // SAFETY: the caller's contract.
+            unsafe {
+                stream.mem_ops(batch)?
+            };
+            batch.clear();
+        }
+        Ok(())
+    };
     for op in ops {
         match *op {
             Op::Wait { at, value } => {
                 debug_assert!(at >= base, "a wait on another process's word");
-                #[allow(unsafe_code)]
-                // SAFETY: the caller's contract.
-                unsafe {
-                    stream.wait_u32(at, value)?
-                };
+                batch.push(MemOp::Wait { addr: at, value });
                 awaited.wait(at - base, value);
             }
-            Op::Store { at, value } => {
-                #[allow(unsafe_code)]
-                // SAFETY: the caller's contract.
-                unsafe {
-                    stream.write_u32(at, value)?
-                };
+            Op::Store { at, value } => batch.push(MemOp::Write { addr: at, value }),
+            Op::Copy(m) => {
+                flush(&mut batch)?;
+                kernels.copy(m.dst, m.src, m.bytes, stream)?;
             }
-            Op::Copy(m) => kernels.copy(m.dst, m.src, m.bytes, stream)?,
         }
     }
-    Ok(())
+    flush(&mut batch)
 }
 
 /// The server thread of one leader's `Processes`; stopped and joined on
@@ -405,9 +411,11 @@ impl Serving {
     /// Queues receiver `r`'s request.
     fn serve(&mut self, r: usize, req: &Request) -> Served {
         let (q, k, leader) = (req.from, req.k, self.words.leader);
-        if q >= self.words.nranks() || q == r {
+        // q == r: a rank's message to itself (all_to_all's own block),
+        // copied here for the same reason as the others.
+        if q >= self.words.nranks() {
             return Served::Failed(format!(
-                "rank {r} asked the p2p server (rank {leader}) for message {k} from rank {q}, which is not another rank of its {}",
+                "rank {r} asked the p2p server (rank {leader}) for message {k} from rank {q}, which is not a rank of its {}",
                 self.words.nranks()
             ));
         }
@@ -590,7 +598,7 @@ mod tests {
         for (me, groups) in program.iter().enumerate() {
             let name = format!("rank {me}");
             for (sends, recvs) in groups {
-                let mut ends = Vec::new();
+                let (mut frees, mut waits, mut ends) = (Vec::new(), Vec::new(), Vec::new());
                 for &p in sends {
                     sent[me][p] += 1;
                     let k = sent[me][p];
@@ -605,14 +613,19 @@ mod tests {
                         let pulls = pull.contains(&me);
                         requests.push((me, q, k, pulls));
                         if pulls {
-                            sim.push(&name, w.recv_pull(q, me, k, (q, me, k)));
+                            waits.extend(w.recv_pull(q, me, k, (q, me, k)));
                         } else {
-                            sim.push(&name, w.recv_copied(q, me, k));
+                            // As `Processes::p2p`: every free first.
+                            let [free, landed] = w.recv_copied(q, me, k);
+                            frees.push(free);
+                            waits.push(landed);
                         }
                     } else {
-                        sim.push(&name, w.recv_pull(q, me, k, (q, me, k)));
+                        waits.extend(w.recv_pull(q, me, k, (q, me, k)));
                     }
                 }
+                sim.push(&name, frees);
+                sim.push(&name, waits);
                 sim.push(&name, ends);
             }
         }
@@ -665,8 +678,10 @@ mod tests {
                 for _ in 0..3 {
                     groups.push((vec![(me + 1) % n], vec![(me + n - 1) % n]));
                 }
-                let others: Vec<usize> = (0..n).filter(|&p| p != me).collect();
-                groups.push((others.clone(), others));
+                // A rank other than the leader sends its own block too
+                // (`SharedGpu::routes_self`); the leader copies its own.
+                let peers: Vec<usize> = (0..n).filter(|&p| p != me || me != w.leader).collect();
+                groups.push((peers.clone(), peers));
             }
             for pull in [vec![], vec![1]] {
                 let (mut sim, msgs) = queue(&w, &program, &pull, false, None);
