@@ -42,6 +42,9 @@ pub(crate) const RING: u64 = 16;
 const REQ_SLOT: usize = 256;
 const REQ_BODY: usize = 24;
 const RING_BYTES: usize = RING as usize * REQ_SLOT;
+/// The server's doorbell, after the rings: 1 while the server sleeps (or
+/// is about to), so that a receiver that posts a request wakes it.
+const BELL_BYTES: usize = 64;
 
 /// One buffer of a posted call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,7 +327,7 @@ impl Mailbox {
     }
 
     pub fn bytes(nranks: usize) -> usize {
-        nranks * SLOT + nranks * nranks * PAIR + nranks * RING_BYTES
+        nranks * SLOT + nranks * nranks * PAIR + nranks * RING_BYTES + BELL_BYTES
     }
 
     /// Rank `r`'s ring of requests for the leader's server.
@@ -360,7 +363,40 @@ impl Mailbox {
         self.area.write_bytes(slot + REQ_BODY, &body);
         self.area.store(slot + LEN, body.len() as u64);
         self.area.store(slot + POSTED, n);
+        // The post before the look at the bell, as the server's ring of
+        // the bell comes before its last look at the rings (`doze`): one
+        // of the two sees the other.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.area.load(self.bell()) != 0 {
+            self.area.store(self.bell(), 0);
+            self.area.wake(self.bell());
+        }
         Ok(())
+    }
+
+    fn bell(&self) -> usize {
+        self.ring(self.nranks)
+    }
+
+    /// The server, idle: marks itself asleep, then, where `more` (a last
+    /// look at the rings) finds nothing, sleeps until a receiver posts a
+    /// request, [`Mailbox::wake_server`], or `timeout`. Returns what
+    /// `more` returned.
+    pub fn doze(&self, timeout: Duration, more: impl FnOnce() -> bool) -> bool {
+        self.area.store(self.bell(), 1);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let found = more();
+        if !found {
+            self.area.sleep_while(self.bell(), 1, timeout);
+        }
+        self.area.store(self.bell(), 0);
+        found
+    }
+
+    /// Ends the server's sleep at once (it is being stopped).
+    pub fn wake_server(&self) {
+        self.area.store(self.bell(), 0);
+        self.area.wake(self.bell());
     }
 
     /// The server: rank `r`'s `n`-th request, if it has posted it.
@@ -785,6 +821,72 @@ mod tests {
                 _ => assert_eq!(*a, Served::Failed(format!("no mapping for {n}"))),
             }
         }
+    }
+
+    #[test]
+    fn a_request_wakes_the_sleeping_server_and_a_stop_does_too() {
+        let name = format!("/oxccl-test-bell-{}", std::process::id());
+        let server = Mailbox::new(
+            Area::create_shared(&name, Mailbox::bytes(2)).unwrap(),
+            0,
+            2,
+            Duration::from_secs(10),
+        );
+        let view = Area::open_shared(&name, Mailbox::bytes(2)).unwrap();
+        server.area().unlink();
+        // Nothing posted: the server sleeps its whole timeout.
+        let t = Instant::now();
+        assert!(!server.doze(Duration::from_millis(30), || false));
+        assert!(
+            t.elapsed() >= Duration::from_millis(25),
+            "{:?}",
+            t.elapsed()
+        );
+        // A request posted (through the other mapping) while it sleeps
+        // ends the sleep long before its 20 s timeout.
+        let receiver = std::thread::spawn(move || {
+            let mb = Mailbox::new(view, 1, 2, Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(100));
+            mb.post_request(1, &request(0, 1), 0).unwrap();
+            mb
+        });
+        // Posted before or after the server dozes off, either way the
+        // request ends the sleep (the bell's protocol).
+        let t = Instant::now();
+        server.doze(Duration::from_secs(20), || {
+            server.poll_request(1, 1).is_some()
+        });
+        let slept = t.elapsed();
+        assert!(
+            server.poll_request(1, 1).is_some(),
+            "woken with the request there"
+        );
+        assert!(slept < Duration::from_secs(5), "woken after {slept:?}");
+        let receiver = receiver.join().unwrap();
+        // A request already there when the server dozes off: no sleep.
+        receiver.post_request(2, &request(0, 2), 0).unwrap();
+        let t = Instant::now();
+        assert!(server.doze(Duration::from_secs(20), || server
+            .poll_request(1, 2)
+            .is_some()));
+        assert!(t.elapsed() < Duration::from_secs(1));
+        // wake_server (a stop) ends the sleep too.
+        let server = std::sync::Arc::new(server);
+        let s2 = server.clone();
+        let sleeper = std::thread::spawn(move || {
+            let t = Instant::now();
+            s2.doze(Duration::from_secs(20), || false);
+            t.elapsed()
+        });
+        // Rung until it ends: a ring before the sleeper dozes off is lost
+        // (a stopping server then sleeps one timeout), which a loaded
+        // machine may make happen.
+        while !sleeper.is_finished() {
+            std::thread::sleep(Duration::from_millis(50));
+            server.wake_server();
+        }
+        let slept = sleeper.join().unwrap();
+        assert!(slept < Duration::from_secs(5), "woken after {slept:?}");
     }
 
     #[test]

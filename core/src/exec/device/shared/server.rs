@@ -44,11 +44,11 @@
 //! ring in that receiver's order.
 //!
 //! Wake-up. The thread polls the rings: it spins for `SPIN` after its last
-//! request (a request is then seen within a microsecond), then sleeps
-//! `STEP` at a time (a request waits up to a step plus the kernel's timer
-//! slack, some 20-80 us) until `NAP` has passed, then parks for `PARK` at a
-//! time (up to a millisecond, once: it spins again after a request). An
-//! idle communicator so costs about a thousand wake-ups a second.
+//! request (a request is then seen within a microsecond), then sleeps on a
+//! doorbell word of the segment (a futex shared between the processes) that
+//! a receiver rings after posting a request (`Mailbox::doze`): a request
+//! after a pause costs one wake-up, tens of microseconds, and an idle
+//! communicator costs a wake-up every `NAP` (to notice a stop).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,9 +68,7 @@ use super::{P2P_DONE, P2P_READY};
 pub(super) const MAX_SERVED: usize = 64;
 
 const SPIN: Duration = Duration::from_micros(100);
-const STEP: Duration = Duration::from_micros(20);
-const NAP: Duration = Duration::from_millis(10);
-const PARK: Duration = Duration::from_millis(1);
+const NAP: Duration = Duration::from_millis(50);
 
 /// Bytes of the leader's server words for `nranks` ranks.
 pub(super) fn words_bytes(nranks: usize) -> usize {
@@ -282,6 +280,8 @@ pub(super) unsafe fn enqueue(
 pub(super) struct Server {
     quit: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// To ring the doorbell when stopping.
+    bell: Arc<Mailbox>,
     /// What the server's streams wait for in its words.
     awaited: Arc<Mutex<Awaited>>,
 }
@@ -302,6 +302,7 @@ impl Server {
         let quit = Arc::new(AtomicBool::new(false));
         let awaited = Arc::new(Mutex::new(Awaited::default()));
         let n = words.nranks();
+        let bell = mailbox.clone();
         let mut serving = Serving {
             ctx: ctx.clone(),
             kernels,
@@ -319,6 +320,7 @@ impl Server {
         Ok(Server {
             quit,
             thread: Some(thread),
+            bell,
             awaited,
         })
     }
@@ -336,7 +338,7 @@ impl Server {
     pub fn stop(&mut self) {
         self.quit.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
-            t.thread().unpark();
+            self.bell.wake_server();
             if t.join().is_err() {
                 tracing::error!(target: "oxccl::coll", "the shared-GPU p2p server thread panicked");
             }
@@ -376,13 +378,13 @@ impl Serving {
                 last = Instant::now();
                 continue;
             }
-            let idle = last.elapsed();
-            if idle < SPIN {
+            if last.elapsed() < SPIN {
                 std::hint::spin_loop();
-            } else if idle < NAP {
-                std::thread::sleep(STEP);
-            } else {
-                std::thread::park_timeout(PARK);
+                continue;
+            }
+            let mailbox = self.mailbox.clone();
+            if mailbox.doze(NAP, || self.poll()) {
+                last = Instant::now();
             }
         }
     }
