@@ -8,7 +8,10 @@
 //! Send/recv uses two more kinds of slot: per ordered pair of ranks the
 //! sender's messages (its buffer, as the receiver and the leader use it),
 //! and per receiver a ring of copy requests for the leader's p2p server
-//! (`super::server`), each answered by the server in its slot.
+//! (`super::server`), each answered by the server in its slot. After them,
+//! on pages of their own, the words the server polls (`server_word`):
+//! senders' and receivers' streams store them through this process's
+//! registration of the segment with CUDA (`server_words`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -45,6 +48,12 @@ const RING_BYTES: usize = RING as usize * REQ_SLOT;
 /// The server's doorbell, after the rings: 1 while the server sleeps (or
 /// is about to), so that a receiver that posts a request wakes it.
 const BELL_BYTES: usize = 64;
+/// The server's words start on a page of their own, so that each process
+/// registers with CUDA (pins) only them, not the whole segment.
+const PAGE: usize = 4096;
+/// Bytes of one server word: a stream stores its low 32 bits (the low
+/// address, little-endian), the host loads the whole aligned word.
+const SRV_WORD: usize = 8;
 
 /// One buffer of a posted call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -327,7 +336,47 @@ impl Mailbox {
     }
 
     pub fn bytes(nranks: usize) -> usize {
-        nranks * SLOT + nranks * nranks * PAIR + nranks * RING_BYTES + BELL_BYTES
+        Self::words_at(nranks) + Self::words_len(nranks)
+    }
+
+    /// Where the server's words start: two per ordered pair of ranks.
+    fn words_at(nranks: usize) -> usize {
+        let before = nranks * SLOT + nranks * nranks * PAIR + nranks * RING_BYTES + BELL_BYTES;
+        before.next_multiple_of(PAGE)
+    }
+
+    fn words_len(nranks: usize) -> usize {
+        (2 * nranks * nranks * SRV_WORD).next_multiple_of(PAGE)
+    }
+
+    /// The server's words: (offset in the segment, bytes), whole pages;
+    /// word `i` (see [`Mailbox::server_word`]) is `SRV_WORD` bytes at
+    /// `offset + 8 i`.
+    pub fn server_words(&self) -> (usize, usize) {
+        (Self::words_at(self.nranks), Self::words_len(self.nranks))
+    }
+
+    /// The server's words in this process's mapping of the segment.
+    pub fn server_words_ptr(&self) -> *mut u8 {
+        let (at, len) = self.server_words();
+        self.area.at(at, len)
+    }
+
+    /// The server: the value streams last stored into its word `i` (32
+    /// bits, compared wrapping).
+    pub fn server_word(&self, i: usize) -> u32 {
+        let (at, len) = self.server_words();
+        debug_assert!(SRV_WORD * i < len, "server word {i} out of range");
+        // The low half: what a stream's 32-bit store writes.
+        self.area.load(at + SRV_WORD * i) as u32
+    }
+
+    /// Stores `v` into server word `i` from the host (tests; a stream
+    /// stores them on the GPU).
+    #[cfg(test)]
+    pub fn set_server_word(&self, i: usize, v: u32) {
+        let (at, _) = self.server_words();
+        self.area.store(at + SRV_WORD * i, u64::from(v));
     }
 
     /// Rank `r`'s ring of requests for the leader's server.
@@ -887,6 +936,31 @@ mod tests {
         }
         let slept = sleeper.join().unwrap();
         assert!(slept < Duration::from_secs(5), "woken after {slept:?}");
+    }
+
+    #[test]
+    fn the_server_words_have_pages_of_their_own_after_everything_else() {
+        for n in [1, 2, 4, 64] {
+            let area = Area::private(Mailbox::bytes(n)).unwrap();
+            let mb = Mailbox::new(area, 0, n, Duration::from_secs(1));
+            let (at, len) = mb.server_words();
+            assert_eq!((at % PAGE, len % PAGE), (0, 0));
+            assert!(at >= mb.bell() + BELL_BYTES, "{n} ranks");
+            assert_eq!(at + len, Mailbox::bytes(n));
+            let words = 2 * n * n;
+            assert!(words * SRV_WORD <= len);
+            // Every word is its own: a store shows in that word only.
+            mb.set_server_word(words - 1, u32::MAX);
+            mb.set_server_word(0, 7);
+            assert_eq!(mb.server_word(0), 7);
+            assert_eq!(mb.server_word(words - 1), u32::MAX);
+            if words > 2 {
+                assert_eq!(mb.server_word(1), 0);
+            }
+            // Nothing else of the segment moved: the last ring slot and
+            // the bell are still zero.
+            assert_eq!(mb.area.load(mb.bell()), 0);
+        }
     }
 
     #[test]

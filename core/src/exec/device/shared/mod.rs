@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use crate::algo::Coll;
 use crate::cuda::{
-    ipc, Context, DeviceBuffer, IpcMapping, IpcMemHandle, KernelSet, MemOp, RawStream,
+    ipc, Context, DeviceBuffer, IpcMapping, IpcMemHandle, KernelSet, MemOp, RawStream, Registered,
 };
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
@@ -47,7 +47,7 @@ use crate::transport::shm::area::Area;
 use super::oob::Oob;
 use super::stop::Awaited;
 use mailbox::{Answer, Buf, Mailbox, Post, Request, Served, Src};
-use server::{Move, Op, Server, Words};
+use server::{Move, Op, Server, ServerWords, Words};
 use steps::Bufs;
 
 /// Offsets of the words in each rank's flag buffer, each written by the
@@ -210,15 +210,17 @@ pub(crate) struct Processes {
     awaited: Awaited,
     _own: DeviceBuffer,
     flag_maps: Vec<IpcMapping>,
-    /// The leader's p2p server words as this process addresses them; 0
+    /// The p2p server's words as this process's streams address them; 0
     /// where the group is too large for the server (see `server`).
     srv: u64,
     /// Copy requests this rank has posted to the server.
     requests: u64,
     /// The leader's: its p2p server (stopped before anything it uses
-    /// goes, see the drop) and its words.
+    /// goes, see the drop).
     server: Option<Server>,
-    _srv_words: Option<DeviceBuffer>,
+    /// This process's registration of the server's words (host memory of
+    /// the mailbox segment) with CUDA, where there is a server.
+    _srv_words: Option<Registered<ServerWords>>,
 }
 
 impl Drop for Processes {
@@ -252,21 +254,9 @@ impl Processes {
         } else {
             None
         };
-        // The leader's server words, for groups it serves.
         let served = nranks <= server::MAX_SERVED;
-        let srv_words = if me == leader && served {
-            let b = DeviceBuffer::alloc(ctx, server::words_bytes(nranks))?;
-            b.fill_bytes(0)?;
-            Some(b)
-        } else {
-            None
-        };
         let mut mine = own.ipc_handle()?.0.to_vec();
         if me == leader {
-            match &srv_words {
-                Some(b) => mine.extend_from_slice(&b.ipc_handle()?.0),
-                None => mine.extend_from_slice(&[0; 64]),
-            }
             mine.extend_from_slice(name.as_bytes());
         }
         let all = oob.allgather(&mine)?;
@@ -274,7 +264,7 @@ impl Processes {
             Some(a) => a,
             None => {
                 let leader_name = all[leader]
-                    .get(128..)
+                    .get(64..)
                     .and_then(|b| std::str::from_utf8(b).ok())
                     .ok_or_else(|| Error::Remote(format!("rank {leader} sent no mailbox name")))?;
                 Area::open_shared(leader_name, bytes)?
@@ -296,29 +286,23 @@ impl Processes {
             flags[p] = m.ptr();
             flag_maps.push(m);
         }
-        let srv = match &srv_words {
-            Some(b) => b.ptr(),
-            None if served => {
-                let h: [u8; 64] = all[leader]
-                    .get(64..128)
-                    .and_then(|h| h.try_into().ok())
-                    .ok_or_else(|| {
-                        Error::Remote(format!("rank {leader} sent no p2p server handle"))
-                    })?;
-                let m = IpcMapping::open(ctx, &IpcMemHandle(h))
-                    .map_err(|e| e.context(format!("mapping rank {leader}'s p2p server words")))?;
-                let p = m.ptr();
-                flag_maps.push(m);
-                p
-            }
-            None => 0,
-        };
         // Everyone has mapped everything: the segment's name can go.
         oob.allgather(&[])?;
         area.unlink();
         let mailbox = Arc::new(Mailbox::new(area, me, nranks, timeout).with_stop(stop.clone()));
+        // The server's words, which its thread polls on the host, are
+        // stored by this process's streams: its own registration of them
+        // (mapped into the device's address space, pinned).
+        let srv_words = if served {
+            let reg = Registered::new(ctx, ServerWords(mailbox.clone()))
+                .map_err(|e| e.context("registering the shared-GPU p2p server's words"))?;
+            Some(reg)
+        } else {
+            None
+        };
+        let srv = srv_words.as_ref().map_or(0, Registered::device_ptr);
         let server = match &srv_words {
-            Some(_) => {
+            Some(_) if me == leader => {
                 let words = Words {
                     flags: flags.clone(),
                     srv,
@@ -326,7 +310,7 @@ impl Processes {
                 };
                 Some(Server::start(ctx, mailbox.clone(), words, stop)?)
             }
-            None => None,
+            _ => None,
         };
         Ok(Processes {
             ctx: ctx.clone(),
@@ -385,23 +369,19 @@ impl Processes {
                 stream.handle().write_u32(self.flags[self.me] + off, v)?;
             }
         }
-        // The server's streams wait on the leader's server words.
-        let srv = self
-            .server
-            .as_ref()
-            .map(Server::releases)
-            .unwrap_or_default();
-        for &(off, v) in &srv {
-            #[allow(unsafe_code)]
-            // SAFETY: the word is in the leader's server words, this
-            // process's own, alive until the communicator goes (as above).
-            unsafe {
-                stream.handle().write_u32(self.srv + off, v)?;
-            }
-        }
-        tracing::debug!(target: "oxccl::coll", "rank {}: released {} stream wait word(s) of the shared-GPU path", self.me, self.awaited.releases().len() + srv.len());
+        // The p2p server's stream never waits: nothing of it to release.
+        tracing::debug!(target: "oxccl::coll", "rank {}: released {} stream wait word(s) of the shared-GPU path", self.me, self.awaited.releases().len());
         // The stream goes at once; the driver runs its stores first.
         Ok(())
+    }
+
+    /// The leader: a message its p2p server answered but could not copy
+    /// (its receiver's stream went on without the data), once.
+    fn server_failure(&self) -> Result<()> {
+        match self.server.as_ref().and_then(Server::take_failure) {
+            Some(msg) => Err(Error::System(msg)),
+            None => Ok(()),
+        }
     }
 
     fn export(&self, used: bool, ptr: u64) -> Result<Buf> {
@@ -520,6 +500,7 @@ impl Processes {
         if self.nranks > MAX_P2P {
             return Ok(false);
         }
+        self.server_failure()?;
         self.seq += 1;
         let seq = self.seq;
         // Flags compare as wrapping 32-bit words.
@@ -625,6 +606,7 @@ impl Processes {
         if self.nranks > MAX_P2P {
             return Ok((sends.to_vec(), recvs.to_vec()));
         }
+        self.server_failure()?;
         let what = format!("send/recv of {count} x {dtype:?}");
         let bytes = count * dtype.size();
         let capturing = stream.is_capturing()?;
@@ -762,15 +744,16 @@ impl Processes {
     /// Enqueues send/recv's operations on this rank's stream.
     fn enqueue(&mut self, ops: &[Op<Move>], kernels: &KernelSet, stream: RawStream) -> Result<()> {
         #[allow(unsafe_code)]
-        // SAFETY: the words are in flag buffers (and the leader's server
-        // words) mapped in this context until the communicator goes, which
+        // SAFETY: the words are in flag buffers (and the server's words,
+        // host memory registered here) mapped in this context until the communicator goes, which
         // synchronizes the context first; every wait is on this rank's own
         // flags (`Words`); a pull's destination is the caller's buffer,
         // valid for the message, its source a mapping kept by the process
         // (let go only after a synchronize), which the sender touches again
         // only after this rank's DONE.
         unsafe {
-            server::enqueue(ops, stream, kernels, self.flags[self.me], &mut self.awaited)
+            let mine = Some((self.flags[self.me], &mut self.awaited));
+            server::enqueue(ops, stream, kernels, mine)
         }
     }
 }
