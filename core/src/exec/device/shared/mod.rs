@@ -292,7 +292,8 @@ impl Processes {
         let mailbox = Arc::new(Mailbox::new(area, me, nranks, timeout).with_stop(stop.clone()));
         // The server's words, which its thread polls on the host, are
         // stored by this process's streams: its own registration of them
-        // (mapped into the device's address space, pinned).
+        // (pinned, DEVICEMAP), whose device address stream memory writes
+        // take (the driver's documented way for registered host memory).
         let srv_words = if served {
             let reg = Registered::new(ctx, ServerWords(mailbox.clone()))
                 .map_err(|e| e.context("registering the shared-GPU p2p server's words"))?;

@@ -14,10 +14,10 @@
 //! The server's streams never wait on the GPU. A stream memory wait blocks
 //! the hardware queue its stream is mapped to, and a context has few of
 //! them (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default) which its streams
-//! share in creation order: with a waiting stream per ordered pair (12 at
-//! 4 ranks) a blocked wait sat in front of work queued later on the same
-//! queue that its own release depended on (the leader's own send), and a
-//! 4-rank all_to_all hung on an H100. So the words the server waits for
+//! share: with a waiting stream per ordered pair (12 at 4 ranks) a blocked
+//! wait could sit in front of work queued later on the same queue that its
+//! own release depended on (the leader's own send), the likely cause of a
+//! 4-rank all_to_all hanging in 6 runs of 6 on an H100. So the words the server waits for
 //! live in host memory, in pages of the mailbox segment that every process
 //! registers with CUDA (mapped, pinned): the sender's stream stores its
 //! message k's SREADY there once the message is written, the receiver's
@@ -31,6 +31,13 @@
 //! Nothing on the server's stream waits, so it always drains; every stream
 //! that waits (the ranks' own) waits on its own process's flag words,
 //! which a release (see `super::super::stop`) stores.
+//!
+//! Not covered: the leader's own stream (collectives, its receives, its
+//! sends' DONE) still waits in the same context. Should the driver put it
+//! on the server stream's hardware queue (a context's streams share
+//! CUDA_DEVICE_MAX_CONNECTIONS queues; PyTorch's stream pools make many
+//! streams), a wait of it could sit before server work it depends on.
+//! CUDA_DEVICE_MAX_CONNECTIONS=1 in the leader's process forces that.
 //!
 //! Order. The server adds no wait that the program did not have: message k
 //! of a pair is queued once the sender's stream has reached its k-th send
