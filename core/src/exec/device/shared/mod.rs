@@ -82,6 +82,31 @@ pub(crate) fn wanted(local: bool) -> bool {
     }
 }
 
+/// Whether send/recv between the processes goes through the leader's copy
+/// thread (`OXCCL_SHARED_P2P=server`) rather than each receiver's pull
+/// (`pull`, the default). The thread's stream shares the leader's context
+/// with the leader's own streams, which wait on the GPU; should the driver
+/// map one of them to the thread's hardware queue (a context has
+/// CUDA_DEVICE_MAX_CONNECTIONS of them, 8 by default, shared by all its
+/// streams), a waiting operation sits in front of the copy that would
+/// release it. Under CUDA_DEVICE_MAX_CONNECTIONS=1 that is certain (the
+/// H100 hung in every such run), so the thread is refused there; with 8
+/// queues it depends on how the leader's streams fall, which no API tells.
+fn server_wanted(nranks: usize) -> bool {
+    let asked = std::env::var("OXCCL_SHARED_P2P").is_ok_and(|v| v.trim() == "server");
+    if !asked || nranks > server::MAX_SERVED {
+        return false;
+    }
+    let queues = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    if queues.is_some_and(|q| q < 2) {
+        tracing::warn!(target: "oxccl::init", "OXCCL_SHARED_P2P=server is ignored under CUDA_DEVICE_MAX_CONNECTIONS={}: the copy thread's stream would share rank 0's waiting stream's hardware queue and hang; send/recv use the receiver's pull", queues.unwrap_or(0));
+        return false;
+    }
+    true
+}
+
 /// The path of ranks that all share one GPU: in one process, or each in a
 /// process of its own.
 pub(crate) enum SharedGpu {
@@ -254,17 +279,19 @@ impl Processes {
         } else {
             None
         };
-        let served = nranks <= server::MAX_SERVED;
         let mut mine = own.ipc_handle()?.0.to_vec();
         if me == leader {
+            // The leader's choice of send/recv path is everyone's.
+            mine.push(u8::from(server_wanted(nranks)));
             mine.extend_from_slice(name.as_bytes());
         }
         let all = oob.allgather(&mine)?;
+        let served = all[leader].get(64) == Some(&1);
         let area = match area {
             Some(a) => a,
             None => {
                 let leader_name = all[leader]
-                    .get(64..)
+                    .get(65..)
                     .and_then(|b| std::str::from_utf8(b).ok())
                     .ok_or_else(|| Error::Remote(format!("rank {leader} sent no mailbox name")))?;
                 Area::open_shared(leader_name, bytes)?
@@ -331,6 +358,11 @@ impl Processes {
             server,
             _srv_words: srv_words,
         })
+    }
+
+    /// Whether send/recv go through the leader's copy thread.
+    pub(crate) fn served(&self) -> bool {
+        self.srv != 0
     }
 
     fn words(&self) -> Words {

@@ -37,7 +37,10 @@
 //! on the server stream's hardware queue (a context's streams share
 //! CUDA_DEVICE_MAX_CONNECTIONS queues; PyTorch's stream pools make many
 //! streams), a wait of it could sit before server work it depends on.
-//! CUDA_DEVICE_MAX_CONNECTIONS=1 in the leader's process forces that.
+//! CUDA_DEVICE_MAX_CONNECTIONS=1 in the leader's process forces that: on
+//! the H100 every 2-rank sendrecv and 4-rank all_to_all under it hung,
+//! where 5 of 5 runs with the default 8 queues passed. Hence the thread
+//! runs only where asked (`OXCCL_SHARED_P2P=server`, see `server_wanted`).
 //!
 //! Order. The server adds no wait that the program did not have: message k
 //! of a pair is queued once the sender's stream has reached its k-th send
