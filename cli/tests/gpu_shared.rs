@@ -4,7 +4,8 @@
 //! that every rank's blocks are resident at once) and 2 ranks in two processes
 //! and 3 processes (without MPS rank 0 runs each collective on every
 //! rank's buffers; `OXCCL_SHARED_GPU=kernels` makes every rank run its
-//! kernels, time-sliced), every collective at sizes that
+//! kernels, time-sliced; `OXCCL_SHARED_P2P=server` sends and receives
+//! through rank 0's copy thread), every collective at sizes that
 //! cross the channel cap, results checked against a host reference.
 //! Skips, saying why, without a GPU.
 
@@ -50,6 +51,11 @@ fn ranks_share_one_gpu_in_one_and_two_processes() {
     }
     for n in ["2", "3"] {
         perf(&["--ranks", n, "-b", "8", "-e", "16M", "-f", "64"], &[]);
+    }
+    // Send/recv through rank 0's copy thread.
+    let server = [("OXCCL_SHARED_P2P", "server")];
+    for n in ["2", "4"] {
+        perf(&["--ranks", n, "-b", "8", "-e", "16M", "-f", "64"], &server);
     }
     let kernels = [("OXCCL_SHARED_GPU", "kernels")];
     perf(

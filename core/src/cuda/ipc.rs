@@ -155,6 +155,34 @@ pub fn map_kept(ctx: &Arc<Context>, bufs: &[Exported]) -> Result<Vec<u64>> {
     ))
 }
 
+/// As [`map_kept`], but `None` where a buffer cannot be mapped without
+/// first waiting for the context's queued work (letting go of kept
+/// mappings, or of one whose owner freed its allocation): for a thread
+/// that queues work other streams wait for, whose wait for the context
+/// could wait for itself. The buffers mapped before stay kept.
+pub fn map_kept_now(ctx: &Arc<Context>, bufs: &[Exported]) -> Result<Option<Vec<u64>>> {
+    let mut kept = kept();
+    let mut addrs = Vec::with_capacity(bufs.len());
+    for e in bufs {
+        let key = (ctx.device().ordinal(), e.handle.0);
+        match kept.get(&key) {
+            Some(k) if k.id == e.id => {
+                addrs.push(k.map.ptr() + e.offset);
+                continue;
+            }
+            Some(_) => return Ok(None),
+            None if kept.len() >= MAX_KEPT => return Ok(None),
+            None => {}
+        }
+        let Some(map) = IpcMapping::open_once(ctx, &e.handle)? else {
+            return Ok(None);
+        };
+        addrs.push(map.ptr() + e.offset);
+        kept.insert(key, Kept { id: e.id, map });
+    }
+    Ok(Some(addrs))
+}
+
 /// One buffer's address, and whether getting it let go of every kept
 /// mapping of the device.
 fn map_one(ctx: &Arc<Context>, kept: &mut KeptTable, e: &Exported) -> Result<(u64, bool)> {

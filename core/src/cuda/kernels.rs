@@ -311,20 +311,29 @@ impl KernelSet {
             .ok_or_else(|| Error::InvalidArgument(format!("no {op:?} kernel for {}", dtype.name())))
     }
 
-    /// Copies `bytes` from `src` to `dst` (device addresses) on `stream`.
-    pub fn copy(&self, dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        let k = self
-            .copy
+    fn copy_kernel(&self) -> Result<Kernel<CopyArgs>> {
+        self.copy
             .get_or_init(|| {
                 let c = compiled(self.arch, Unit::Copy)?;
                 let m = Module::load(&self.ctx, &c.cubin)?;
                 // SAFETY: oxccl_copy takes one CopyArgs (local.cu).
                 unsafe { Kernel::new(&m, COPY_KERNEL) }
             })
-            .clone()?;
+            .clone()
+    }
+
+    /// Loads the copy kernel now rather than on first use (a load waits
+    /// for the context's queued work).
+    pub fn prepare_copy(&self) -> Result<()> {
+        self.copy_kernel().map(|_| ())
+    }
+
+    /// Copies `bytes` from `src` to `dst` (device addresses) on `stream`.
+    pub fn copy(&self, dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let k = self.copy_kernel()?;
         let per_block = LOCAL_THREADS as usize * 16 * 4;
         let grid = bytes.div_ceil(per_block).clamp(1, self.sms * 2) as u32;
         k.launch(

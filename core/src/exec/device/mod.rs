@@ -599,13 +599,33 @@ impl DeviceComm {
             )));
         }
         self.order_after_last(stream)?;
-        for (s, r) in self_sends.iter().zip(&self_recvs) {
-            self.kernels.copy(*r, *s, bytes, stream)?;
+        let routes_self = self
+            .window
+            .shared
+            .as_ref()
+            .is_some_and(|sh| sh.routes_self());
+        let mut sends: Vec<(usize, u64)> = sends.to_vec();
+        let mut recvs: Vec<(usize, u64)> = recvs.to_vec();
+        if !routes_self {
+            for (s, r) in self_sends.iter().zip(&self_recvs) {
+                self.kernels.copy(*r, *s, bytes, stream)?;
+            }
+            sends.retain(|s| s.0 != me);
+            recvs.retain(|r| r.0 != me);
         }
-        let mut sends: Vec<(usize, u64)> = sends.iter().copied().filter(|s| s.0 != me).collect();
-        let mut recvs: Vec<(usize, u64)> = recvs.iter().copied().filter(|r| r.0 != me).collect();
         if let Some(sh) = self.window.shared.as_mut() {
             (sends, recvs) = sh.p2p(&self.kernels, &sends, &recvs, count, dtype, stream)?;
+        }
+        if routes_self {
+            // Those the shared path left to this rank (its stream is being
+            // captured, or its memory cannot be shared): copied here.
+            let left_s: Vec<u64> = sends.iter().filter(|s| s.0 == me).map(|s| s.1).collect();
+            let left_r: Vec<u64> = recvs.iter().filter(|r| r.0 == me).map(|r| r.1).collect();
+            for (s, r) in left_s.iter().zip(&left_r) {
+                self.kernels.copy(*r, *s, bytes, stream)?;
+            }
+            sends.retain(|s| s.0 != me);
+            recvs.retain(|r| r.0 != me);
         }
         if sends.is_empty() && recvs.is_empty() {
             return self.mark();

@@ -192,6 +192,41 @@ impl Area {
     pub fn store(&self, off: usize, v: u64) {
         self.word(off).store(v, Ordering::Release)
     }
+
+    /// Sleeps while the low 32 bits of the word at `off` hold `expected`,
+    /// at most `timeout`, until [`Area::wake`] on that word from any
+    /// process mapping it (a futex on shared memory). May return early
+    /// (a wake, a signal, or the word no longer `expected`): callers look
+    /// again.
+    pub fn sleep_while(&self, off: usize, expected: u32, timeout: std::time::Duration) {
+        let word = self.word(off).as_ptr().cast::<u32>();
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: `word` is the low half of an aligned word inside the live
+        // mapping (little-endian: the first 4 bytes); FUTEX_WAIT (not the
+        // private form: the mapping is shared with other processes) only
+        // reads it and sleeps; `ts` outlives the call.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word,
+                libc::FUTEX_WAIT,
+                expected,
+                &ts as *const libc::timespec,
+            );
+        }
+    }
+
+    /// Wakes every process and thread sleeping on the word at `off`.
+    pub fn wake(&self, off: usize) {
+        let word = self.word(off).as_ptr().cast::<u32>();
+        // SAFETY: as in `sleep_while`; FUTEX_WAKE reads nothing.
+        unsafe {
+            libc::syscall(libc::SYS_futex, word, libc::FUTEX_WAKE, i32::MAX);
+        }
+    }
 }
 
 // SAFETY: the range is this value's own mapping, unmapped only by its drop.

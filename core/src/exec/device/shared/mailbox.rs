@@ -4,6 +4,14 @@
 //! reads every slot, maps the buffers and answers each slot with how this
 //! call runs. A slot is read as soon as it is posted: no socket round trip
 //! on the way of an 8-byte collective.
+//!
+//! Send/recv uses two more kinds of slot: per ordered pair of ranks the
+//! sender's messages (its buffer, as the receiver and the leader use it),
+//! and per receiver a ring of copy requests for the leader's p2p server
+//! (`super::server`), each answered by the server in its slot. After them,
+//! on pages of their own, the words the server polls (`server_word`):
+//! senders' and receivers' streams store them through this process's
+//! registration of the segment with CUDA (`server_words`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -27,6 +35,25 @@ pub(crate) const DEPTH: u64 = 32;
 /// DEPTH slots of (number, length, post).
 const PAIR_SLOT: usize = 256;
 const PAIR: usize = 64 + DEPTH as usize * PAIR_SLOT;
+
+/// Copy requests a receiver may have posted to the leader's server before
+/// it waits for the server to answer the oldest.
+pub(crate) const RING: u64 = 16;
+/// One request's slot: the number posted (from 1), the server's answer
+/// (number << 2 | code), the body's length, then the body (the request,
+/// or the server's error message once it answers `Failed`).
+const REQ_SLOT: usize = 256;
+const REQ_BODY: usize = 24;
+const RING_BYTES: usize = RING as usize * REQ_SLOT;
+/// The server's doorbell, after the rings: 1 while the server sleeps (or
+/// is about to), so that a receiver that posts a request wakes it.
+const BELL_BYTES: usize = 64;
+/// The server's words start on a page of their own, so that each process
+/// registers with CUDA (pins) only them, not the whole segment.
+const PAGE: usize = 4096;
+/// Bytes of one server word: a stream stores its low 32 bits (the low
+/// address, little-endian), the host loads the whole aligned word.
+const SRV_WORD: usize = 8;
 
 /// One buffer of a posted call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +99,29 @@ impl Answer {
     }
 }
 
+fn put_exported(b: &mut Vec<u8>, e: &Exported) {
+    b.extend_from_slice(&e.handle.0);
+    b.extend_from_slice(&e.offset.to_le_bytes());
+    b.extend_from_slice(&e.id.to_le_bytes());
+}
+
+fn take<'a>(rest: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    let (head, tail) = (rest.get(..n)?, rest.get(n..)?);
+    *rest = tail;
+    Some(head)
+}
+
+fn take_u64(rest: &mut &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(take(rest, 8)?.try_into().ok()?))
+}
+
+fn take_exported(rest: &mut &[u8]) -> Option<Exported> {
+    let handle = IpcMemHandle(take(rest, 64)?.try_into().ok()?);
+    let offset = take_u64(rest)?;
+    let id = take_u64(rest)?;
+    Some(Exported { handle, offset, id })
+}
+
 impl Post {
     /// At most `room` bytes: the description is cut to fit.
     pub fn encode(&self, room: usize) -> Vec<u8> {
@@ -82,9 +132,7 @@ impl Post {
                 Buf::Private => b.push(1),
                 Buf::Shared(e) => {
                     b.push(2);
-                    b.extend_from_slice(&e.handle.0);
-                    b.extend_from_slice(&e.offset.to_le_bytes());
-                    b.extend_from_slice(&e.id.to_le_bytes());
+                    put_exported(&mut b, &e);
                 }
             }
         }
@@ -103,17 +151,7 @@ impl Post {
             Some(match tag {
                 0 => Buf::Unused,
                 1 => Buf::Private,
-                2 => {
-                    let h: [u8; 64] = rest.get(..64)?.try_into().ok()?;
-                    let offset = u64::from_le_bytes(rest.get(64..72)?.try_into().ok()?);
-                    let id = u64::from_le_bytes(rest.get(72..80)?.try_into().ok()?);
-                    rest = &rest[80..];
-                    Buf::Shared(Exported {
-                        handle: IpcMemHandle(h),
-                        offset,
-                        id,
-                    })
-                }
+                2 => Buf::Shared(take_exported(&mut rest)?),
                 _ => return None,
             })
         };
@@ -126,6 +164,103 @@ impl Post {
             send,
             recv,
         })
+    }
+}
+
+/// Where the leader's server reads a message from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Src {
+    /// Another process's buffer, mapped through CUDA IPC.
+    Ipc(Exported),
+    /// A buffer of the leader's own process, at this address (CUDA IPC
+    /// cannot open a handle in the process that made it).
+    Leader(u64),
+}
+
+/// A receiver's request to the leader's server: copy the `k`-th message
+/// (from 1) of rank `from` to the receiver, `bytes` long, into `dst`; or,
+/// where `dst` is `None` (memory CUDA IPC cannot share, or a stream being
+/// captured), only pass the sender's READY on to the receiver, which pulls
+/// the message with its own kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub from: usize,
+    pub k: u64,
+    pub bytes: u64,
+    pub src: Src,
+    pub dst: Option<Exported>,
+}
+
+impl Request {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(200);
+        b.extend_from_slice(&(self.from as u64).to_le_bytes());
+        b.extend_from_slice(&self.k.to_le_bytes());
+        b.extend_from_slice(&self.bytes.to_le_bytes());
+        match &self.src {
+            Src::Ipc(e) => {
+                b.push(0);
+                put_exported(&mut b, e);
+            }
+            Src::Leader(a) => {
+                b.push(1);
+                b.extend_from_slice(&a.to_le_bytes());
+            }
+        }
+        match &self.dst {
+            None => b.push(0),
+            Some(e) => {
+                b.push(1);
+                put_exported(&mut b, e);
+            }
+        }
+        b
+    }
+
+    pub fn decode(mut b: &[u8]) -> Option<Request> {
+        let rest = &mut b;
+        let from = usize::try_from(take_u64(rest)?).ok()?;
+        let k = take_u64(rest)?;
+        let bytes = take_u64(rest)?;
+        let src = match take(rest, 1)?[0] {
+            0 => Src::Ipc(take_exported(rest)?),
+            1 => Src::Leader(take_u64(rest)?),
+            _ => return None,
+        };
+        let dst = match take(rest, 1)?[0] {
+            0 => None,
+            1 => Some(take_exported(rest)?),
+            _ => return None,
+        };
+        rest.is_empty().then_some(Request {
+            from,
+            k,
+            bytes,
+            src,
+            dst,
+        })
+    }
+}
+
+/// The server's answer to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Served {
+    /// It copies the message into the receiver's buffer and stores the
+    /// receiver's READY and the sender's DONE after it.
+    Copied,
+    /// It only passes the sender's READY on: the receiver pulls.
+    Pull,
+    /// It could not enqueue the request (the driver's error).
+    Failed(String),
+}
+
+impl Served {
+    fn code(&self) -> u64 {
+        match self {
+            Served::Copied => 1,
+            Served::Pull => 2,
+            Served::Failed(_) => 3,
+        }
     }
 }
 
@@ -201,7 +336,172 @@ impl Mailbox {
     }
 
     pub fn bytes(nranks: usize) -> usize {
-        nranks * SLOT + nranks * nranks * PAIR
+        Self::words_at(nranks) + Self::words_len(nranks)
+    }
+
+    /// Where the server's words start: two per ordered pair of ranks.
+    fn words_at(nranks: usize) -> usize {
+        let before = nranks * SLOT + nranks * nranks * PAIR + nranks * RING_BYTES + BELL_BYTES;
+        before.next_multiple_of(PAGE)
+    }
+
+    fn words_len(nranks: usize) -> usize {
+        (2 * nranks * nranks * SRV_WORD).next_multiple_of(PAGE)
+    }
+
+    /// The server's words: (offset in the segment, bytes), whole pages;
+    /// word `i` (see [`Mailbox::server_word`]) is `SRV_WORD` bytes at
+    /// `offset + 8 i`.
+    pub fn server_words(&self) -> (usize, usize) {
+        (Self::words_at(self.nranks), Self::words_len(self.nranks))
+    }
+
+    /// The server's words in this process's mapping of the segment.
+    pub fn server_words_ptr(&self) -> *mut u8 {
+        let (at, len) = self.server_words();
+        self.area.at(at, len)
+    }
+
+    /// The server: the value streams last stored into its word `i` (32
+    /// bits, compared wrapping).
+    pub fn server_word(&self, i: usize) -> u32 {
+        let (at, len) = self.server_words();
+        debug_assert!(SRV_WORD * i < len, "server word {i} out of range");
+        // The low half: what a stream's 32-bit store writes.
+        self.area.load(at + SRV_WORD * i) as u32
+    }
+
+    /// Stores `v` into server word `i` from the host (tests; a stream
+    /// stores them on the GPU).
+    #[cfg(test)]
+    pub fn set_server_word(&self, i: usize, v: u32) {
+        let (at, _) = self.server_words();
+        self.area.store(at + SRV_WORD * i, u64::from(v));
+    }
+
+    /// Rank `r`'s ring of requests for the leader's server.
+    fn ring(&self, r: usize) -> usize {
+        self.nranks * SLOT + self.nranks * self.nranks * PAIR + r * RING_BYTES
+    }
+
+    fn req_slot(&self, r: usize, n: u64) -> usize {
+        self.ring(r) + ((n - 1) % RING) as usize * REQ_SLOT
+    }
+
+    /// Posts this rank's `n`-th request (from 1) for the leader's server,
+    /// once the server has answered the request that had its slot before.
+    pub fn post_request(&self, n: u64, req: &Request, leader: usize) -> Result<()> {
+        let slot = self.req_slot(self.me, n);
+        if n > RING {
+            let deadline = Instant::now() + self.timeout;
+            let earlier = n - RING;
+            let w = wait_until(deadline, &self.stop, || {
+                self.area.load(slot + ANSWER) >> 2 >= earlier
+            });
+            if w == Waited::Stopped {
+                return Err(stopped(&format!("copy request {n}")));
+            }
+            if w == Waited::TimedOut {
+                return Err(Error::Remote(format!(
+                    "rank {leader}, whose p2p server copies this GPU's messages, did not answer rank {}'s copy request {earlier} within {:?} (NCCL_TIMEOUT)",
+                    self.me, self.timeout
+                )));
+            }
+        }
+        let body = req.encode();
+        self.area.write_bytes(slot + REQ_BODY, &body);
+        self.area.store(slot + LEN, body.len() as u64);
+        self.area.store(slot + POSTED, n);
+        // The post before the look at the bell, as the server's ring of
+        // the bell comes before its last look at the rings (`doze`): one
+        // of the two sees the other.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.area.load(self.bell()) != 0 {
+            self.area.store(self.bell(), 0);
+            self.area.wake(self.bell());
+        }
+        Ok(())
+    }
+
+    fn bell(&self) -> usize {
+        self.ring(self.nranks)
+    }
+
+    /// The server, idle: marks itself asleep, then, where `more` (a last
+    /// look at the rings) finds nothing, sleeps until a receiver posts a
+    /// request, [`Mailbox::wake_server`], or `timeout`. Returns what
+    /// `more` returned.
+    pub fn doze(&self, timeout: Duration, more: impl FnOnce() -> bool) -> bool {
+        self.area.store(self.bell(), 1);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let found = more();
+        if !found {
+            self.area.sleep_while(self.bell(), 1, timeout);
+        }
+        self.area.store(self.bell(), 0);
+        found
+    }
+
+    /// Ends the server's sleep at once (it is being stopped).
+    pub fn wake_server(&self) {
+        self.area.store(self.bell(), 0);
+        self.area.wake(self.bell());
+    }
+
+    /// The server: rank `r`'s `n`-th request, if it has posted it.
+    pub fn poll_request(&self, r: usize, n: u64) -> Option<Result<Request>> {
+        let slot = self.req_slot(r, n);
+        if self.area.load(slot + POSTED) != n {
+            return None;
+        }
+        let len = (self.area.load(slot + LEN) as usize).min(REQ_SLOT - REQ_BODY);
+        let mut body = vec![0; len];
+        self.area.read_bytes(slot + REQ_BODY, &mut body);
+        Some(
+            Request::decode(&body)
+                .ok_or_else(|| Error::Internal(format!("rank {r}'s copy request {n} is garbled"))),
+        )
+    }
+
+    /// The server answers rank `r`'s `n`-th request; the slot is the
+    /// receiver's again.
+    pub fn answer_request(&self, r: usize, n: u64, a: &Served) {
+        let slot = self.req_slot(r, n);
+        if let Served::Failed(msg) = a {
+            let msg = msg.as_bytes();
+            let msg = &msg[..msg.len().min(REQ_SLOT - REQ_BODY)];
+            self.area.write_bytes(slot + REQ_BODY, msg);
+            self.area.store(slot + LEN, msg.len() as u64);
+        }
+        self.area.store(slot + ANSWER, n << 2 | a.code());
+    }
+
+    /// The server's answer to this rank's `n`-th request.
+    pub fn wait_served(&self, n: u64, leader: usize, mine: &str) -> Result<Served> {
+        let slot = self.req_slot(self.me, n);
+        let deadline = Instant::now() + self.timeout;
+        let w = wait_until(deadline, &self.stop, || {
+            self.area.load(slot + ANSWER) >> 2 == n
+        });
+        if w == Waited::Stopped {
+            return Err(stopped(&format!("copy request {n} ({mine})")));
+        }
+        if w == Waited::TimedOut {
+            return Err(Error::Remote(format!(
+                "rank {leader}, whose p2p server copies this GPU's messages, did not answer rank {}'s copy request {n} ({mine}) within {:?} (NCCL_TIMEOUT)",
+                self.me, self.timeout
+            )));
+        }
+        Ok(match self.area.load(slot + ANSWER) & 3 {
+            1 => Served::Copied,
+            2 => Served::Pull,
+            _ => {
+                let len = (self.area.load(slot + LEN) as usize).min(REQ_SLOT - REQ_BODY);
+                let mut msg = vec![0; len];
+                self.area.read_bytes(slot + REQ_BODY, &mut msg);
+                Served::Failed(String::from_utf8_lossy(&msg).into_owned())
+            }
+        })
     }
 
     fn pair(&self, from: usize, to: usize) -> usize {
@@ -209,8 +509,10 @@ impl Mailbox {
     }
 
     /// Posts this rank's `k`-th message (from 1) to rank `to`, once `to`
-    /// has taken all but DEPTH of the earlier ones.
-    pub fn post_send(&self, to: usize, k: u64, post: &Post) -> Result<()> {
+    /// has taken all but DEPTH of the earlier ones. `addr`: the buffer's
+    /// address in this process, for the leader's server when this is the
+    /// leader.
+    pub fn post_send(&self, to: usize, k: u64, post: &Post, addr: u64) -> Result<()> {
         let at = self.pair(self.me, to);
         let deadline = Instant::now() + self.timeout;
         let w = wait_until(deadline, &self.stop, || self.area.load(at) + DEPTH >= k);
@@ -226,15 +528,16 @@ impl Mailbox {
             )));
         }
         let slot = at + 64 + ((k - 1) % DEPTH) as usize * PAIR_SLOT;
-        let body = post.encode(PAIR_SLOT - 16);
+        let mut body = addr.to_le_bytes().to_vec();
+        body.extend(post.encode(PAIR_SLOT - 24));
         self.area.write_bytes(slot + 16, &body);
         self.area.store(slot + 8, body.len() as u64);
         self.area.store(slot, k);
         Ok(())
     }
 
-    /// Rank `from`'s `k`-th message to this rank.
-    pub fn wait_send(&self, from: usize, k: u64, mine: &str) -> Result<Post> {
+    /// Rank `from`'s `k`-th message to this rank, and the address it gave.
+    pub fn wait_send(&self, from: usize, k: u64, mine: &str) -> Result<(Post, u64)> {
         let at = self.pair(from, self.me);
         let slot = at + 64 + ((k - 1) % DEPTH) as usize * PAIR_SLOT;
         let deadline = Instant::now() + self.timeout;
@@ -252,8 +555,14 @@ impl Mailbox {
         let mut body = vec![0; len];
         self.area.read_bytes(slot + 16, &mut body);
         self.area.store(at, k);
-        Post::decode(&body)
-            .ok_or_else(|| Error::Internal(format!("rank {from}'s message {k} is garbled")))
+        let garbled = || Error::Internal(format!("rank {from}'s message {k} is garbled"));
+        let addr = u64::from_le_bytes(
+            body.get(..8)
+                .ok_or_else(garbled)?
+                .try_into()
+                .map_err(|_| garbled())?,
+        );
+        Ok((Post::decode(&body[8..]).ok_or_else(garbled)?, addr))
     }
 
     #[cfg(test)]
@@ -430,9 +739,9 @@ mod tests {
         assert!(mb.wait_answer(1, 0, "x").is_err());
         assert!(mb.wait_send(1, 1, "recv").is_err());
         for k in 1..=DEPTH {
-            mb.post_send(1, k, &post("m")).unwrap();
+            mb.post_send(1, k, &post("m"), 0).unwrap();
         }
-        let e = mb.post_send(1, DEPTH + 1, &post("m")).unwrap_err();
+        let e = mb.post_send(1, DEPTH + 1, &post("m"), 0).unwrap_err();
         assert!(e.message().contains("told to end"), "{e}");
         assert!(start.elapsed() < Duration::from_secs(60));
     }
@@ -443,20 +752,267 @@ mod tests {
         let area = Area::private(Mailbox::bytes(2)).unwrap();
         let send = Mailbox::new(area, 0, 2, Duration::from_millis(50));
         for k in 1..=DEPTH {
-            send.post_send(1, k, &post(&format!("m{k}"))).unwrap();
+            send.post_send(1, k, &post(&format!("m{k}")), k).unwrap();
         }
-        let e = send.post_send(1, DEPTH + 1, &post("over")).unwrap_err();
+        let e = send.post_send(1, DEPTH + 1, &post("over"), 0).unwrap_err();
         assert!(e.message().contains("rank 1 has not received"), "{e}");
         let recv = Mailbox { me: 1, ..send };
         for k in 1..=3 {
-            assert_eq!(recv.wait_send(0, k, "recv").unwrap().what, format!("m{k}"));
+            let (p, addr) = recv.wait_send(0, k, "recv").unwrap();
+            assert_eq!((p.what, addr), (format!("m{k}"), k));
         }
         let send = Mailbox { me: 0, ..recv };
-        send.post_send(1, DEPTH + 1, &post("after")).unwrap();
+        send.post_send(1, DEPTH + 1, &post("after"), u64::MAX)
+            .unwrap();
         let recv = Mailbox { me: 1, ..send };
         for k in 4..=DEPTH {
             recv.wait_send(0, k, "recv").unwrap();
         }
-        assert_eq!(recv.wait_send(0, DEPTH + 1, "recv").unwrap().what, "after");
+        let (p, addr) = recv.wait_send(0, DEPTH + 1, "recv").unwrap();
+        assert_eq!((p.what.as_str(), addr), ("after", u64::MAX));
+    }
+
+    fn request(from: usize, k: u64) -> Request {
+        Request {
+            from,
+            k,
+            bytes: k.wrapping_mul(8),
+            src: Src::Ipc(Exported {
+                handle: IpcMemHandle([from as u8; 64]),
+                offset: k,
+                id: 3,
+            }),
+            dst: Some(Exported {
+                handle: IpcMemHandle([9; 64]),
+                offset: 0,
+                id: u64::MAX,
+            }),
+        }
+    }
+
+    #[test]
+    fn requests_survive_the_slot() {
+        let mut rs = vec![request(3, 1)];
+        rs.push(Request {
+            src: Src::Leader(0x7f00_0000_1000),
+            dst: None,
+            ..request(0, u64::MAX)
+        });
+        for r in rs {
+            let b = r.encode();
+            assert!(b.len() <= REQ_SLOT - REQ_BODY, "{} bytes", b.len());
+            assert_eq!(Request::decode(&b), Some(r));
+            // Cut short, or with bytes left over: refused, never guessed.
+            assert_eq!(Request::decode(&b[..b.len() - 1]), None);
+            let mut long = b.clone();
+            long.push(0);
+            assert_eq!(Request::decode(&long), None);
+        }
+        let mut bad = request(1, 1).encode();
+        bad[24] = 7;
+        assert_eq!(Request::decode(&bad), None, "an unknown source tag");
+    }
+
+    #[test]
+    fn requests_wrap_around_the_ring_and_each_gets_its_answer() {
+        let name = format!("/oxccl-test-ring-{}", std::process::id());
+        let server = Mailbox::new(
+            Area::create_shared(&name, Mailbox::bytes(3)).unwrap(),
+            0,
+            3,
+            Duration::from_secs(10),
+        );
+        let view = Area::open_shared(&name, Mailbox::bytes(3)).unwrap();
+        server.area().unlink();
+        let total = 3 * RING + 5;
+        let receiver = std::thread::spawn(move || {
+            let mb = Mailbox::new(view, 2, 3, Duration::from_secs(10));
+            // Posts run ahead of the answers by up to a ring.
+            let mut answers = Vec::new();
+            let mut asked = 0;
+            for n in 1..=total {
+                mb.post_request(n, &request(1, n), 0).unwrap();
+                if n - asked == RING {
+                    asked += 1;
+                    answers.push(mb.wait_served(asked, 0, "recv").unwrap());
+                }
+            }
+            for n in asked + 1..=total {
+                answers.push(mb.wait_served(n, 0, "recv").unwrap());
+            }
+            answers
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut n = 1;
+        while n <= total {
+            assert!(Instant::now() < deadline, "request {n} never came");
+            assert!(server.poll_request(1, n).is_none(), "rank 1 posted nothing");
+            let Some(r) = server.poll_request(2, n) else {
+                std::thread::yield_now();
+                continue;
+            };
+            assert_eq!(r.unwrap(), request(1, n));
+            let a = match n % 3 {
+                0 => Served::Copied,
+                1 => Served::Pull,
+                _ => Served::Failed(format!("no mapping for {n}")),
+            };
+            server.answer_request(2, n, &a);
+            n += 1;
+        }
+        let answers = receiver.join().unwrap();
+        assert_eq!(answers.len() as u64, total);
+        for (i, a) in answers.iter().enumerate() {
+            let n = i as u64 + 1;
+            match n % 3 {
+                0 => assert_eq!(*a, Served::Copied),
+                1 => assert_eq!(*a, Served::Pull),
+                _ => assert_eq!(*a, Served::Failed(format!("no mapping for {n}"))),
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_wakes_the_sleeping_server_and_a_stop_does_too() {
+        let name = format!("/oxccl-test-bell-{}", std::process::id());
+        let server = Mailbox::new(
+            Area::create_shared(&name, Mailbox::bytes(2)).unwrap(),
+            0,
+            2,
+            Duration::from_secs(10),
+        );
+        let view = Area::open_shared(&name, Mailbox::bytes(2)).unwrap();
+        server.area().unlink();
+        // Nothing posted: the server sleeps its whole timeout.
+        let t = Instant::now();
+        assert!(!server.doze(Duration::from_millis(30), || false));
+        assert!(
+            t.elapsed() >= Duration::from_millis(25),
+            "{:?}",
+            t.elapsed()
+        );
+        // A request posted (through the other mapping) while it sleeps
+        // ends the sleep long before its 20 s timeout.
+        let receiver = std::thread::spawn(move || {
+            let mb = Mailbox::new(view, 1, 2, Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(100));
+            mb.post_request(1, &request(0, 1), 0).unwrap();
+            mb
+        });
+        // Posted before or after the server dozes off, either way the
+        // request ends the sleep (the bell's protocol).
+        let t = Instant::now();
+        server.doze(Duration::from_secs(20), || {
+            server.poll_request(1, 1).is_some()
+        });
+        let slept = t.elapsed();
+        assert!(
+            server.poll_request(1, 1).is_some(),
+            "woken with the request there"
+        );
+        assert!(slept < Duration::from_secs(5), "woken after {slept:?}");
+        let receiver = receiver.join().unwrap();
+        // A request already there when the server dozes off: no sleep.
+        receiver.post_request(2, &request(0, 2), 0).unwrap();
+        let t = Instant::now();
+        assert!(server.doze(Duration::from_secs(20), || server
+            .poll_request(1, 2)
+            .is_some()));
+        assert!(t.elapsed() < Duration::from_secs(1));
+        // wake_server (a stop) ends the sleep too.
+        let server = std::sync::Arc::new(server);
+        let s2 = server.clone();
+        let sleeper = std::thread::spawn(move || {
+            let t = Instant::now();
+            s2.doze(Duration::from_secs(20), || false);
+            t.elapsed()
+        });
+        // Rung until it ends: a ring before the sleeper dozes off is lost
+        // (a stopping server then sleeps one timeout), which a loaded
+        // machine may make happen.
+        while !sleeper.is_finished() {
+            std::thread::sleep(Duration::from_millis(50));
+            server.wake_server();
+        }
+        let slept = sleeper.join().unwrap();
+        assert!(slept < Duration::from_secs(5), "woken after {slept:?}");
+    }
+
+    #[test]
+    fn the_server_words_have_pages_of_their_own_after_everything_else() {
+        for n in [1, 2, 4, 64] {
+            let area = Area::private(Mailbox::bytes(n)).unwrap();
+            let mb = Mailbox::new(area, 0, n, Duration::from_secs(1));
+            let (at, len) = mb.server_words();
+            assert_eq!((at % PAGE, len % PAGE), (0, 0));
+            assert!(at >= mb.bell() + BELL_BYTES, "{n} ranks");
+            assert_eq!(at + len, Mailbox::bytes(n));
+            let words = 2 * n * n;
+            assert!(words * SRV_WORD <= len);
+            // Every word is its own: a store shows in that word only.
+            mb.set_server_word(words - 1, u32::MAX);
+            mb.set_server_word(0, 7);
+            assert_eq!(mb.server_word(0), 7);
+            assert_eq!(mb.server_word(words - 1), u32::MAX);
+            if words > 2 {
+                assert_eq!(mb.server_word(1), 0);
+            }
+            // Nothing else of the segment moved: the last ring slot and
+            // the bell are still zero.
+            assert_eq!(mb.area.load(mb.bell()), 0);
+        }
+    }
+
+    #[test]
+    fn a_full_ring_waits_for_the_server_and_names_it() {
+        let area = Area::private(Mailbox::bytes(2)).unwrap();
+        let mb = Mailbox::new(area, 1, 2, Duration::from_millis(50));
+        for n in 1..=RING {
+            mb.post_request(n, &request(0, n), 0).unwrap();
+        }
+        let e = mb
+            .post_request(RING + 1, &request(0, RING + 1), 0)
+            .unwrap_err();
+        assert!(matches!(e, Error::Remote(_)), "{e:?}");
+        assert!(
+            e.message()
+                .contains("rank 0, whose p2p server copies this GPU's messages, did not answer rank 1's copy request 1"),
+            "{e}"
+        );
+        let e = mb.wait_served(2, 0, "recv of 2 x Float").unwrap_err();
+        assert!(
+            e.message().contains("copy request 2 (recv of 2 x Float)"),
+            "{e}"
+        );
+        // The server (here the same view) answers the oldest: one slot frees.
+        assert_eq!(mb.poll_request(1, 1).unwrap().unwrap(), request(0, 1));
+        mb.answer_request(1, 1, &Served::Copied);
+        mb.post_request(RING + 1, &request(0, RING + 1), 0).unwrap();
+        assert_eq!(
+            mb.poll_request(1, RING + 1).unwrap().unwrap(),
+            request(0, RING + 1)
+        );
+        assert!(mb.poll_request(1, RING + 2).is_none());
+    }
+
+    #[test]
+    fn a_stop_ends_the_request_waits() {
+        let area = Area::private(Mailbox::bytes(2)).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mb = Mailbox::new(area, 1, 2, Duration::from_secs(600)).with_stop(stop.clone());
+        for n in 1..=RING {
+            mb.post_request(n, &request(0, n), 0).unwrap();
+        }
+        let raise = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            stop.store(true, Ordering::Release);
+        });
+        let start = Instant::now();
+        let e = mb.wait_served(1, 0, "recv").unwrap_err();
+        raise.join().unwrap();
+        assert!(e.message().contains("told to end"), "{e}");
+        let e = mb.post_request(RING + 1, &request(0, 1), 0).unwrap_err();
+        assert!(e.message().contains("told to end"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(60));
     }
 }

@@ -20,12 +20,17 @@
 //! IPC cannot share) go to every rank's kernels, which all ranks learn from
 //! the leader's answer.
 //!
+//! Send/recv runs in the leader's context too: a thread of the leader's
+//! process serves each message whose receiver is another process, and
+//! senders and receivers only store and wait on words (see `server`).
+//!
 //! Ranks that are all threads of one process take the same fused launches
 //! without IPC and without any host wait (see `local`): the last rank to
 //! call a collective runs it.
 
 mod local;
 mod mailbox;
+mod server;
 mod steps;
 
 use std::sync::Arc;
@@ -33,7 +38,7 @@ use std::time::Duration;
 
 use crate::algo::Coll;
 use crate::cuda::{
-    ipc, Context, DeviceBuffer, IpcMapping, IpcMemHandle, KernelSet, MemOp, RawStream,
+    ipc, Context, DeviceBuffer, IpcMapping, IpcMemHandle, KernelSet, MemOp, RawStream, Registered,
 };
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
@@ -41,7 +46,8 @@ use crate::transport::shm::area::Area;
 
 use super::oob::Oob;
 use super::stop::Awaited;
-use mailbox::{Answer, Buf, Mailbox, Post};
+use mailbox::{Answer, Buf, Mailbox, Post, Request, Served, Src};
+use server::{Move, Op, Server, ServerWords, Words};
 use steps::Bufs;
 
 /// Offsets of the words in each rank's flag buffer, each written by the
@@ -74,6 +80,31 @@ pub(crate) fn wanted(local: bool) -> bool {
                 && !std::path::Path::new("/tmp/nvidia-mps").exists()
         }
     }
+}
+
+/// Whether send/recv between the processes goes through the leader's copy
+/// thread (`OXCCL_SHARED_P2P=server`) rather than each receiver's pull
+/// (`pull`, the default). The thread's stream shares the leader's context
+/// with the leader's own streams, which wait on the GPU; should the driver
+/// map one of them to the thread's hardware queue (a context has
+/// CUDA_DEVICE_MAX_CONNECTIONS of them, 8 by default, shared by all its
+/// streams), a waiting operation sits in front of the copy that would
+/// release it. Under CUDA_DEVICE_MAX_CONNECTIONS=1 that is certain (the
+/// H100 hung in every such run), so the thread is refused there; with 8
+/// queues it depends on how the leader's streams fall, which no API tells.
+fn server_wanted(nranks: usize) -> bool {
+    let asked = std::env::var("OXCCL_SHARED_P2P").is_ok_and(|v| v.trim() == "server");
+    if !asked || nranks > server::MAX_SERVED {
+        return false;
+    }
+    let queues = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    if queues.is_some_and(|q| q < 2) {
+        tracing::warn!(target: "oxccl::init", "OXCCL_SHARED_P2P=server is ignored under CUDA_DEVICE_MAX_CONNECTIONS={}: the copy thread's stream would share rank 0's waiting stream's hardware queue and hang; send/recv use the receiver's pull", queues.unwrap_or(0));
+        return false;
+    }
+    true
 }
 
 /// The path of ranks that all share one GPU: in one process, or each in a
@@ -154,6 +185,17 @@ impl SharedGpu {
         }
     }
 
+    /// Whether this rank's messages to itself go through [`SharedGpu::p2p`]
+    /// too: a copy by its own kernel would put a second process's work on
+    /// the GPU beside the leader's, and each exchange would then wait for
+    /// a context switch. The leader's own copies are in its context anyway.
+    pub fn routes_self(&self) -> bool {
+        match self {
+            SharedGpu::Local(_) => false,
+            SharedGpu::Processes(p) => p.me != p.leader && p.words().served(p.me),
+        }
+    }
+
     /// A group's sends and receives; returns those left to every rank's
     /// kernels. Ranks of one process leave them all there: their kernels
     /// run together, and the pairwise path below waits on the host for the
@@ -185,7 +227,7 @@ pub(crate) struct Processes {
     seq: u64,
     /// Each rank's flag buffer as this process addresses it.
     flags: Vec<u64>,
-    mailbox: Mailbox,
+    mailbox: Arc<Mailbox>,
     /// Messages sent to and received from each rank so far.
     sent: Vec<u64>,
     received: Vec<u64>,
@@ -193,6 +235,25 @@ pub(crate) struct Processes {
     awaited: Awaited,
     _own: DeviceBuffer,
     flag_maps: Vec<IpcMapping>,
+    /// The p2p server's words as this process's streams address them; 0
+    /// where the group is too large for the server (see `server`).
+    srv: u64,
+    /// Copy requests this rank has posted to the server.
+    requests: u64,
+    /// The leader's: its p2p server (stopped before anything it uses
+    /// goes, see the drop).
+    server: Option<Server>,
+    /// This process's registration of the server's words (host memory of
+    /// the mailbox segment) with CUDA, where there is a server.
+    _srv_words: Option<Registered<ServerWords>>,
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        if let Some(s) = &mut self.server {
+            s.stop();
+        }
+    }
 }
 
 impl Processes {
@@ -220,14 +281,17 @@ impl Processes {
         };
         let mut mine = own.ipc_handle()?.0.to_vec();
         if me == leader {
+            // The leader's choice of send/recv path is everyone's.
+            mine.push(u8::from(server_wanted(nranks)));
             mine.extend_from_slice(name.as_bytes());
         }
         let all = oob.allgather(&mine)?;
+        let served = all[leader].get(64) == Some(&1);
         let area = match area {
             Some(a) => a,
             None => {
                 let leader_name = all[leader]
-                    .get(64..)
+                    .get(65..)
                     .and_then(|b| std::str::from_utf8(b).ok())
                     .ok_or_else(|| Error::Remote(format!("rank {leader} sent no mailbox name")))?;
                 Area::open_shared(leader_name, bytes)?
@@ -252,6 +316,30 @@ impl Processes {
         // Everyone has mapped everything: the segment's name can go.
         oob.allgather(&[])?;
         area.unlink();
+        let mailbox = Arc::new(Mailbox::new(area, me, nranks, timeout).with_stop(stop.clone()));
+        // The server's words, which its thread polls on the host, are
+        // stored by this process's streams: its own registration of them
+        // (pinned, DEVICEMAP), whose device address stream memory writes
+        // take (the driver's documented way for registered host memory).
+        let srv_words = if served {
+            let reg = Registered::new(ctx, ServerWords(mailbox.clone()))
+                .map_err(|e| e.context("registering the shared-GPU p2p server's words"))?;
+            Some(reg)
+        } else {
+            None
+        };
+        let srv = srv_words.as_ref().map_or(0, Registered::device_ptr);
+        let server = match &srv_words {
+            Some(_) if me == leader => {
+                let words = Words {
+                    flags: flags.clone(),
+                    srv,
+                    leader,
+                };
+                Some(Server::start(ctx, mailbox.clone(), words, stop)?)
+            }
+            _ => None,
+        };
         Ok(Processes {
             ctx: ctx.clone(),
             me,
@@ -259,13 +347,30 @@ impl Processes {
             nranks,
             seq: 0,
             flags,
-            mailbox: Mailbox::new(area, me, nranks, timeout).with_stop(stop),
+            mailbox,
             sent: vec![0; nranks],
             received: vec![0; nranks],
             awaited: Awaited::default(),
             _own: own,
             flag_maps,
+            srv,
+            requests: 0,
+            server,
+            _srv_words: srv_words,
         })
+    }
+
+    /// Whether send/recv go through the leader's copy thread.
+    pub(crate) fn served(&self) -> bool {
+        self.srv != 0
+    }
+
+    fn words(&self) -> Words {
+        Words {
+            flags: self.flags.clone(),
+            srv: self.srv,
+            leader: self.leader,
+        }
     }
 
     /// Closes this rank's mappings of other ranks' flag words before a
@@ -274,6 +379,10 @@ impl Processes {
     /// table of kept buffers, [`ipc::map_kept`]): they are the callers',
     /// which a suspend does not free.
     pub fn unmap_peers(&mut self) {
+        // The server addresses them too.
+        if let Some(s) = &mut self.server {
+            s.stop();
+        }
         self.flag_maps.clear();
     }
 
@@ -293,9 +402,19 @@ impl Processes {
                 stream.handle().write_u32(self.flags[self.me] + off, v)?;
             }
         }
+        // The p2p server's stream never waits: nothing of it to release.
         tracing::debug!(target: "oxccl::coll", "rank {}: released {} stream wait word(s) of the shared-GPU path", self.me, self.awaited.releases().len());
         // The stream goes at once; the driver runs its stores first.
         Ok(())
+    }
+
+    /// The leader: a message its p2p server answered but could not copy
+    /// (its receiver's stream went on without the data), once.
+    fn server_failure(&self) -> Result<()> {
+        match self.server.as_ref().and_then(Server::take_failure) {
+            Some(msg) => Err(Error::System(msg)),
+            None => Ok(()),
+        }
     }
 
     fn export(&self, used: bool, ptr: u64) -> Result<Buf> {
@@ -414,6 +533,7 @@ impl Processes {
         if self.nranks > MAX_P2P {
             return Ok(false);
         }
+        self.server_failure()?;
         self.seq += 1;
         let seq = self.seq;
         // Flags compare as wrapping 32-bit words.
@@ -494,17 +614,18 @@ impl Processes {
     }
 
     /// A group's sends and receives of `count` elements each (none to this
-    /// rank): each receiver copies from its sender's buffer with its own
-    /// kernel while the sender only signals, so no kernel waits for another
-    /// process. On this rank's stream the sends' READY stores come first,
-    /// then the receives, then the waits for the receivers to be done with
-    /// this rank's buffers: two ranks sending to each other in one group
-    /// never wait on each other. (Sends to each other in separate,
-    /// ungrouped calls before the receives wait forever, where NCCL hangs
-    /// from a FIFO's worth: NCCL asks for a group there.) Returns the sends
-    /// and receives that run on every rank's kernels instead: those whose
-    /// sender is capturing a graph or has memory CUDA IPC cannot share, as
-    /// the sender's post tells the receiver.
+    /// rank), every copy in the leader's context: the leader's server
+    /// copies each message whose receiver is another process, the leader
+    /// pulls its own with its kernel, and the other ranks' streams only
+    /// store and wait on words (see `server`). On this rank's stream the
+    /// sends' READY stores come first, then the receives, then the waits
+    /// for the messages sent to be copied: two ranks sending to each other
+    /// in one group never wait on each other. (Sends to each other in
+    /// separate, ungrouped calls before the receives wait forever, where
+    /// NCCL hangs from a FIFO's worth: NCCL asks for a group there.)
+    /// Returns the sends and receives that run on every rank's kernels
+    /// instead: those whose sender is capturing a graph or has memory CUDA
+    /// IPC cannot share, as the sender's post tells the receiver.
     #[allow(clippy::type_complexity)] // the two lists left over
     pub fn p2p(
         &mut self,
@@ -518,8 +639,12 @@ impl Processes {
         if self.nranks > MAX_P2P {
             return Ok((sends.to_vec(), recvs.to_vec()));
         }
+        self.server_failure()?;
         let what = format!("send/recv of {count} x {dtype:?}");
+        let bytes = count * dtype.size();
         let capturing = stream.is_capturing()?;
+        let (me, leader) = (self.me, self.leader);
+        let words = self.words();
         let (mut left_sends, mut left_recvs, mut direct) = (Vec::new(), Vec::new(), Vec::new());
         for &(p, buf) in sends {
             self.sent[p] += 1;
@@ -535,65 +660,134 @@ impl Processes {
                 send,
                 recv: Buf::Unused,
             };
-            self.mailbox.post_send(p, k, &post)?;
+            self.mailbox.post_send(p, k, &post, buf)?;
             if matches!(send, Buf::Shared(..)) {
                 direct.push((p, k));
             } else {
                 left_sends.push((p, buf));
             }
         }
-        #[allow(unsafe_code)]
-        // SAFETY: the flag words are in flag buffers mapped in this context
-        // until the communicator goes, which synchronizes the context
-        // first; the receive buffers are the caller's, valid for `count`
-        // elements, the send buffers mappings kept by the process (let
-        // go only after a synchronize), and each sender's stream waits for
-        // this rank's DONE before it touches its buffer again.
-        unsafe {
-            for &(p, k) in &direct {
-                stream.write_u32(self.flags[p] + P2P_READY + 8 * self.me as u64, k as u32)?;
-            }
-            for &(q, buf) in recvs {
-                self.received[q] += 1;
-                let k = self.received[q];
-                let post = self.mailbox.wait_send(q, k, &what)?;
-                if post.what != what {
-                    return Err(Error::InvalidUsage(format!(
-                        "rank {} receives {what} from rank {q}, whose message {k} is a {}: the counts and types of a send and its receive must agree",
-                        self.me, post.what
-                    )));
-                }
-                // The sender chose: its buffer to pull, or its kernels.
-                if post.capturing || !matches!(post.send, Buf::Shared(..)) {
-                    left_recvs.push((q, buf));
-                    continue;
-                }
-                let Some(src) = self.map(&[post.send]).map(|a| a[0]) else {
-                    return Err(Error::System(format!(
-                        "rank {} cannot map the send buffer of rank {q} (message {k}) on their shared GPU",
-                        self.me
-                    )));
-                };
-                stream.wait_u32(self.flags[self.me] + P2P_READY + 8 * q as u64, k as u32)?;
-                self.awaited.wait(P2P_READY + 8 * q as u64, k as u32);
-                kernels.reduce(
-                    &[buf],
-                    &[src],
-                    count,
-                    dtype,
-                    RedOp::Sum,
-                    self.nranks,
-                    0,
-                    stream,
-                )?;
-                stream.write_u32(self.flags[q] + P2P_DONE + 8 * self.me as u64, k as u32)?;
-            }
-            for &(p, k) in &direct {
-                stream.wait_u32(self.flags[self.me] + P2P_DONE + 8 * p as u64, k as u32)?;
-                self.awaited.wait(P2P_DONE + 8 * p as u64, k as u32);
-            }
+        let ops: Vec<Op<Move>> = direct.iter().map(|&(p, k)| words.send(me, p, k)).collect();
+        self.enqueue(&ops, kernels, stream)?;
+        // Every receive is asked of the server before any answer is
+        // awaited: the server serves them while this rank asks.
+        enum How {
+            Asked(u64),
+            Pull,
         }
+        let mut taken = Vec::with_capacity(recvs.len());
+        for &(q, buf) in recvs {
+            self.received[q] += 1;
+            let k = self.received[q];
+            let (post, addr) = self.mailbox.wait_send(q, k, &what)?;
+            if post.what != what {
+                return Err(Error::InvalidUsage(format!(
+                    "rank {me} receives {what} from rank {q}, whose message {k} is a {}: the counts and types of a send and its receive must agree",
+                    post.what
+                )));
+            }
+            // The sender chose: its buffer to share, or its kernels.
+            let Buf::Shared(src) = post.send else {
+                left_recvs.push((q, buf));
+                continue;
+            };
+            if post.capturing {
+                left_recvs.push((q, buf));
+                continue;
+            }
+            let how = if words.served(me) {
+                // Where the server cannot write this rank's buffer, or this
+                // stream is being captured, the server only relays READY.
+                let dst = match capturing {
+                    true => None,
+                    false => match self.export(true, buf)? {
+                        Buf::Shared(e) => Some(e),
+                        _ => None,
+                    },
+                };
+                let src = if q == leader {
+                    Src::Leader(addr)
+                } else {
+                    Src::Ipc(src)
+                };
+                let req = Request {
+                    from: q,
+                    k,
+                    bytes: bytes as u64,
+                    src,
+                    dst,
+                };
+                self.requests += 1;
+                self.mailbox.post_request(self.requests, &req, leader)?;
+                How::Asked(self.requests)
+            } else {
+                How::Pull
+            };
+            taken.push((q, k, buf, src, addr, how));
+        }
+        // Every served receive says its buffer is free before any waits for
+        // its data: one after another, each copy would wait for the
+        // previous one's landing, a trip between contexts each.
+        let mut frees = Vec::with_capacity(taken.len());
+        let mut ops = Vec::with_capacity(3 * taken.len() + direct.len());
+        for (q, k, buf, src, addr, how) in taken {
+            let copied = match how {
+                How::Pull => false,
+                How::Asked(n) => match self.mailbox.wait_served(n, leader, &what)? {
+                    Served::Copied => true,
+                    Served::Pull => false,
+                    Served::Failed(msg) => {
+                        return Err(Error::System(format!(
+                            "rank {me} receives message {k} from rank {q}: {msg}"
+                        )))
+                    }
+                },
+            };
+            if copied {
+                let [free, landed] = words.recv_copied(q, me, k);
+                frees.push(free);
+                ops.push(landed);
+                continue;
+            }
+            // A message to itself is pulled from its own address: CUDA IPC
+            // cannot open a handle in the process that made it.
+            let src = if q == me {
+                Some(addr)
+            } else {
+                self.map(&[Buf::Shared(src)]).map(|a| a[0])
+            };
+            let Some(src) = src else {
+                return Err(Error::System(format!(
+                    "rank {me} cannot map the send buffer of rank {q} (message {k}) on their shared GPU"
+                )));
+            };
+            let m = Move {
+                dst: buf,
+                src,
+                bytes,
+            };
+            ops.extend(words.recv_pull(q, me, k, m));
+        }
+        ops.extend(direct.iter().map(|&(p, k)| words.send_end(me, p, k)));
+        frees.extend(ops);
+        self.enqueue(&frees, kernels, stream)?;
         Ok((left_sends, left_recvs))
+    }
+
+    /// Enqueues send/recv's operations on this rank's stream.
+    fn enqueue(&mut self, ops: &[Op<Move>], kernels: &KernelSet, stream: RawStream) -> Result<()> {
+        #[allow(unsafe_code)]
+        // SAFETY: the words are in flag buffers (and the server's words,
+        // host memory registered here) mapped in this context until the communicator goes, which
+        // synchronizes the context first; every wait is on this rank's own
+        // flags (`Words`); a pull's destination is the caller's buffer,
+        // valid for the message, its source a mapping kept by the process
+        // (let go only after a synchronize), which the sender touches again
+        // only after this rank's DONE.
+        unsafe {
+            let mine = Some((self.flags[self.me], &mut self.awaited));
+            server::enqueue(ops, stream, kernels, mine)
+        }
     }
 }
 
