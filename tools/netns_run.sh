@@ -24,6 +24,9 @@
 # Rank 0's output goes to stdout, rank 1's to $LOG1 (default /dev/null);
 # LOGDIR=dir writes every other rank's output to dir/rankR.txt instead.
 # The namespaces and links are removed on exit, whatever happens.
+# Where namespaces cannot be made (no iproute2, a sandbox without them)
+# the hosts share the loopback and are told apart by NCCL_HOSTID alone,
+# said on stderr: the same transports, without a link to shape.
 # Bounded by LIMIT seconds (600).
 set -euo pipefail
 hosts=${HOSTS:-2}
@@ -44,33 +47,40 @@ cleanup() {
   for n in "${ns[@]}" "$sw"; do ip netns del "$n" 2>/dev/null || true; done
 }
 trap cleanup EXIT
-ip netns add "$sw"
-ip -n "$sw" link add br0 type bridge
-ip -n "$sw" link set br0 up
-for ((h = 0; h < hosts; h++)); do
-  n=${ns[$h]}
-  v=${veth[$h]}
-  ip netns add "$n"
-  # Created inside the host namespace so that names never meet the root
-  # namespace's; the switch end moves to the bridge.
-  ip -n "$n" link add "$v" type veth peer name "${tag}p$h"
-  ip -n "$n" link set "${tag}p$h" netns "$sw"
-  ip -n "$sw" link set "${tag}p$h" master br0
-  ip -n "$sw" link set "${tag}p$h" up
-  ip -n "$n" addr add "${addr[$h]}/24" dev "$v"
-  ip -n "$n" link set "$v" up
-  ip -n "$n" link set lo up
-  if [ -n "${RATE:-}" ]; then
-    ip netns exec "$n" tc qdisc add dev "$v" root tbf rate "$RATE" burst 1mb latency 50ms
-  elif [ -n "${DELAY:-}${LOSS:-}" ]; then
-    if ! ip netns exec "$n" tc qdisc add dev "$v" root netem \
-      ${DELAY:+delay "$DELAY"} ${LOSS:+loss "$LOSS"} 2>/dev/null; then
-      [ -z "${DELAY:-}" ] || { echo "no netem in this kernel: DELAY cannot be applied" >&2; exit 1; }
-      printf 'table inet oxloss {\n chain in {\n  type filter hook input priority 0;\n  numgen random mod 100 < %s counter drop\n }\n}\n' \
-        "${LOSS%\%}" | ip netns exec "$n" nft -f -
+if ! command -v ip >/dev/null || ! ip netns add "$sw" 2>/dev/null; then
+  [ -z "${RATE:-}${DELAY:-}${LOSS:-}" ] || { echo "no network namespaces here: RATE, DELAY and LOSS cannot be applied" >&2; exit 1; }
+  echo "netns_run: no network namespaces here (no iproute2 or not allowed): $hosts hosts share the loopback, told apart by NCCL_HOSTID" >&2
+  for ((h = 0; h < hosts; h++)); do ns[$h]=; veth[$h]=lo; addr[$h]=127.0.0.1; done
+  sw=
+fi
+if [ -n "$sw" ]; then
+  ip -n "$sw" link add br0 type bridge
+  ip -n "$sw" link set br0 up
+  for ((h = 0; h < hosts; h++)); do
+    n=${ns[$h]}
+    v=${veth[$h]}
+    ip netns add "$n"
+    # Created inside the host namespace so that names never meet the root
+    # namespace's; the switch end moves to the bridge.
+    ip -n "$n" link add "$v" type veth peer name "${tag}p$h"
+    ip -n "$n" link set "${tag}p$h" netns "$sw"
+    ip -n "$sw" link set "${tag}p$h" master br0
+    ip -n "$sw" link set "${tag}p$h" up
+    ip -n "$n" addr add "${addr[$h]}/24" dev "$v"
+    ip -n "$n" link set "$v" up
+    ip -n "$n" link set lo up
+    if [ -n "${RATE:-}" ]; then
+      ip netns exec "$n" tc qdisc add dev "$v" root tbf rate "$RATE" burst 1mb latency 50ms
+    elif [ -n "${DELAY:-}${LOSS:-}" ]; then
+      if ! ip netns exec "$n" tc qdisc add dev "$v" root netem \
+        ${DELAY:+delay "$DELAY"} ${LOSS:+loss "$LOSS"} 2>/dev/null; then
+        [ -z "${DELAY:-}" ] || { echo "no netem in this kernel: DELAY cannot be applied" >&2; exit 1; }
+        printf 'table inet oxloss {\n chain in {\n  type filter hook input priority 0;\n  numgen random mod 100 < %s counter drop\n }\n}\n' \
+          "${LOSS%\%}" | ip netns exec "$n" nft -f -
+      fi
     fi
-  fi
-done
+  done
+fi
 gpus=()
 if [ "${GPUS:-}" = split ]; then
   count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
@@ -85,7 +95,7 @@ port=$((20000 + $$ % 20000))
 run() {
   local r=$1 h=$(($1 / per))
   shift
-  ip netns exec "${ns[$h]}" env RANK="$r" LOCAL_RANK=$((r % per)) WORLD_SIZE="$world" \
+  ${ns[$h]:+ip netns exec "${ns[$h]}"} env RANK="$r" LOCAL_RANK=$((r % per)) WORLD_SIZE="$world" \
     LOCAL_WORLD_SIZE="$per" NCCL_COMM_ID="${addr[0]}:$port" MASTER_ADDR="${addr[0]}" \
     MASTER_PORT="$((port + 1))" NCCL_HOSTID="netns-host-$h" NCCL_SOCKET_IFNAME="${veth[$h]}" \
     ${gpus[$h]:+CUDA_VISIBLE_DEVICES=${gpus[$h]}} \
