@@ -93,7 +93,13 @@ fn tuner_and_nccl_algo_choose_what_the_device_runs() {
         ("NCCL_DEBUG_SUBSYS", "TUNING"),
         ("NCCL_NVLS_ENABLE", "0"),
     ];
-    let model = if nranks == 2 { "RecDoubling" } else { "Ring" };
+    // The device's own choice per size (floats), from the table it costs.
+    let model = |count: usize| {
+        let bytes = count * 4;
+        use oxccl::algo::{cost, Coll};
+        let t = cost::device_table(Coll::AllReduce, bytes, nranks, None);
+        cost::pick(&t, Coll::AllReduce).unwrap().0.name()
+    };
 
     // The tuner's rule: ring on 4 channels at every size.
     let mut env = common.to_vec();
@@ -116,11 +122,12 @@ fn tuner_and_nccl_algo_choose_what_the_device_runs() {
             f.rank,
             f.stderr
         );
-        for d in decisions {
+        for (d, count) in decisions.iter().zip(SIZES) {
             assert!(
-                d.contains("-> Ring (NCCL row 1")
+                d.contains(&format!(" of {} B on ", count * 4))
+                    && d.contains("-> Ring (NCCL row 1")
                     && d.contains("4 channel(s)")
-                    && d.contains(&format!("the model alone chose {model}")),
+                    && d.contains(&format!("the model alone chose {}", model(count))),
                 "{d}"
             );
         }
@@ -134,7 +141,7 @@ fn tuner_and_nccl_algo_choose_what_the_device_runs() {
     std::fs::create_dir_all(&dir).unwrap();
 
     // No tuner: the device's own choice; NCCL_ALGO=Ring forces the ring.
-    for (algo, want) in [(None, model), (Some("Ring"), "Ring")] {
+    for algo in [None, Some("Ring")] {
         let mut env = common.to_vec();
         if let Some(a) = algo {
             env.push(("NCCL_ALGO", a));
@@ -145,8 +152,8 @@ fn tuner_and_nccl_algo_choose_what_the_device_runs() {
             let got = runs(&dir, rank);
             println!("rank {rank}, NCCL_ALGO={algo:?}: {got:?}");
             assert_eq!(got.len(), SIZES.len());
-            for (a, nch, kernels) in got {
-                assert_eq!(a, want);
+            for ((a, nch, kernels), count) in got.into_iter().zip(SIZES) {
+                assert_eq!(a, algo.unwrap_or(model(count)), "{count} floats");
                 assert_eq!(nch as usize, kernels, "channels launched");
             }
         }

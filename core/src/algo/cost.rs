@@ -246,13 +246,19 @@ pub fn cost_table(
     t
 }
 
+/// Ranks up to which the device kernels run recursive doubling: its
+/// templates (the fold of a non-power-of-two count, then log2 exchanges
+/// of the whole buffer) are checked for deadlock on bounded FIFOs up to 9
+/// ranks (`exec::device::plan`'s tests).
+pub const DEVICE_REC_DOUBLING_MAX: usize = 8;
+
 /// Whether the device kernels run `algo` for `coll` on `n` ranks: the ring
-/// (chain) for everything; recursive doubling only as the one exchange of
-/// a two-rank all-reduce, the shape proven on GPUs; no tree yet.
+/// (chain) for everything; recursive doubling for all-reduce up to
+/// [`DEVICE_REC_DOUBLING_MAX`] ranks; no tree yet.
 pub fn device_runs(algo: Algo, coll: Coll, n: usize) -> bool {
     match algo {
         Algo::Ring => true,
-        Algo::RecDoubling => coll == Coll::AllReduce && n == 2,
+        Algo::RecDoubling => coll == Coll::AllReduce && n <= DEVICE_REC_DOUBLING_MAX,
         Algo::Tree => false,
     }
 }
@@ -268,9 +274,18 @@ pub fn device_table(coll: Coll, bytes: usize, n: usize, forced: Option<Algo>) ->
             .any(|a| nccl_row(*a) == nccl_row(*f) && device_runs(*a, coll, n))
     });
     let mut t = cost_table(coll, bytes, n, LinkModel::NVLINK, forced);
+    // Past two ranks the kernels' doubling runs only where NCCL_ALGO asks
+    // for it (its row): on 4 H200 as two nodes of two it halved an 8-byte
+    // all_reduce under `oxccl perf` (30 against 50-63 us) but was 5 us
+    // slower than the ring under PyTorch (60-62 against 54-58 us), whose
+    // calls come one by one; docs/PERF.md, session 14.
+    let doubling_offered = n <= 2 || forced.is_some();
     for (r, cells) in t.iter_mut().enumerate() {
         for (p, c) in cells.iter_mut().enumerate() {
-            if !algo_at(r, p).is_some_and(|a| device_runs(a, coll, n)) {
+            let runs = algo_at(r, p).is_some_and(|a| {
+                device_runs(a, coll, n) && (a != Algo::RecDoubling || doubling_offered)
+            });
+            if !runs {
                 *c = NCCL_ALGO_PROTO_IGNORE;
             }
         }
@@ -341,9 +356,10 @@ mod tests {
         );
     }
 
-    /// The device runs recursive doubling only as a two-rank all-reduce,
-    /// where it is the model's choice at every size; elsewhere only the
-    /// ring is on offer, even when NCCL_ALGO asks for the other.
+    /// The device runs recursive doubling for all-reduce: on two ranks the
+    /// model's choice at every size, on up to 8 ranks where NCCL_ALGO asks
+    /// for it, beyond that never, even when NCCL_ALGO asks; other
+    /// collectives only on the ring.
     #[test]
     fn device_table_offers_what_the_kernels_run() {
         let algo =
@@ -354,14 +370,22 @@ mod tests {
                 algo(Coll::AllReduce, bytes, 2, Some(Algo::Ring)),
                 Algo::Ring
             );
-            assert_eq!(algo(Coll::AllReduce, bytes, 4, None), Algo::Ring);
             assert_eq!(
                 algo(Coll::AllReduce, bytes, 4, Some(Algo::RecDoubling)),
+                Algo::RecDoubling
+            );
+            assert_eq!(
+                algo(Coll::AllReduce, bytes, 16, Some(Algo::RecDoubling)),
                 Algo::Ring
             );
             assert_eq!(algo(Coll::AllGather, bytes, 2, None), Algo::Ring);
         }
-        let t = device_table(Coll::AllReduce, 8, 4, None);
+        for n in [3, 4, 8] {
+            assert_eq!(algo(Coll::AllReduce, 8, n, None), Algo::Ring);
+            let t = device_table(Coll::AllReduce, 8, n, None);
+            assert!(t[nccl_row(Algo::RecDoubling)].iter().all(|c| *c < 0.0));
+        }
+        let t = device_table(Coll::AllReduce, 8, 16, None);
         assert!(t[nccl_row(Algo::RecDoubling)].iter().all(|c| *c < 0.0));
         // One rank: the ring, always runnable.
         assert_eq!(algo(Coll::AllReduce, 8, 1, None), Algo::Ring);
