@@ -97,7 +97,9 @@ fn tuner_and_nccl_algo_choose_what_the_device_runs() {
     let model = |count: usize| {
         let bytes = count * 4;
         use oxccl::algo::{cost, Coll};
-        let t = cost::device_table(Coll::AllReduce, bytes, nranks, None);
+        // One node of GPUs with peer access: NVLink (or PCIe) P2P.
+        let fabric = cost::LinkModel::NVLINK.into();
+        let t = cost::device_table(Coll::AllReduce, bytes, nranks, fabric, None);
         cost::pick(&t, Coll::AllReduce).unwrap().0.name()
     };
 

@@ -59,6 +59,14 @@ impl LinkModel {
         latency_s: 5e-6,
         bandwidth: 360e9,
     };
+
+    /// GPUs of one node through step slots in shared host memory (one GPU
+    /// writes over PCIe, the other reads): two H200 moved ~25 GB/s busbw
+    /// this way and an 8-byte step took ~10 us (docs/PERF.md, session 14).
+    pub const SHM_DEVICE: LinkModel = LinkModel {
+        latency_s: 10e-6,
+        bandwidth: 25e9,
+    };
 }
 
 /// The links a communicator's collectives cross: between ranks of one host
@@ -265,15 +273,23 @@ pub fn device_runs(algo: Algo, coll: Coll, n: usize) -> bool {
 
 /// The cost table of the device path: the cells its kernels run for this
 /// call (a tuner may pick only among those, as NCCL's tuners pick among
-/// the entries NCCL marked usable), costed by the model over NVLink;
-/// NCCL_ALGO leaves its own row where the device runs it.
-pub fn device_table(coll: Coll, bytes: usize, n: usize, forced: Option<Algo>) -> CostTable {
+/// the entries NCCL marked usable), costed by the model over the
+/// communicator's links (`fabric`: NVLink, shared memory or the network
+/// inside a node, the net plugin between nodes); NCCL_ALGO leaves its own
+/// row where the device runs it.
+pub fn device_table(
+    coll: Coll,
+    bytes: usize,
+    n: usize,
+    fabric: Fabric,
+    forced: Option<Algo>,
+) -> CostTable {
     let forced = forced.filter(|f| {
         Algo::ALL
             .iter()
             .any(|a| nccl_row(*a) == nccl_row(*f) && device_runs(*a, coll, n))
     });
-    let mut t = cost_table(coll, bytes, n, LinkModel::NVLINK, forced);
+    let mut t = cost_table(coll, bytes, n, fabric, forced);
     // Past two ranks the kernels' doubling runs only where NCCL_ALGO asks
     // for it (its row): on 4 H200 as two nodes of two it halved an 8-byte
     // all_reduce under `oxccl perf` (30 against 50-63 us) but was 5 us
@@ -319,6 +335,33 @@ pub fn pick(table: &CostTable, coll: Coll) -> Option<(Algo, usize)> {
 mod tests {
     use super::*;
 
+    const NVL: LinkModel = LinkModel::NVLINK;
+
+    /// The device table costs the communicator's own links: the ring over
+    /// two nodes through the network costs more than over NVLink, which a
+    /// tuner sees; two ranks still take doubling, whatever the links.
+    #[test]
+    fn device_table_costs_the_links_it_crosses() {
+        let ring = nccl_cell(Algo::Ring);
+        let nodes = Fabric {
+            intra: LinkModel::NVLINK,
+            inter: LinkModel::default(),
+            nodes: 2,
+        };
+        for bytes in [8, 1 << 20, 1 << 28] {
+            let over_nvl = device_table(Coll::AllReduce, bytes, 4, NVL.into(), None);
+            let over_net = device_table(Coll::AllReduce, bytes, 4, nodes, None);
+            assert!(
+                over_net[ring.0][ring.1] > over_nvl[ring.0][ring.1],
+                "{bytes} B"
+            );
+            for f in [NVL.into(), LinkModel::SHM_DEVICE.into(), nodes] {
+                let t = device_table(Coll::AllReduce, bytes, 2, f, None);
+                assert_eq!(pick(&t, Coll::AllReduce).unwrap().0, Algo::RecDoubling);
+            }
+        }
+    }
+
     #[test]
     fn small_prefers_doubling_large_prefers_ring() {
         let l = LinkModel::default();
@@ -362,8 +405,11 @@ mod tests {
     /// collectives only on the ring.
     #[test]
     fn device_table_offers_what_the_kernels_run() {
-        let algo =
-            |coll, bytes, n, forced| pick(&device_table(coll, bytes, n, forced), coll).unwrap().0;
+        let algo = |coll, bytes, n, forced| {
+            pick(&device_table(coll, bytes, n, NVL.into(), forced), coll)
+                .unwrap()
+                .0
+        };
         for bytes in [8, 1 << 20, 1 << 30] {
             assert_eq!(algo(Coll::AllReduce, bytes, 2, None), Algo::RecDoubling);
             assert_eq!(
@@ -382,10 +428,10 @@ mod tests {
         }
         for n in [3, 4, 8] {
             assert_eq!(algo(Coll::AllReduce, 8, n, None), Algo::Ring);
-            let t = device_table(Coll::AllReduce, 8, n, None);
+            let t = device_table(Coll::AllReduce, 8, n, NVL.into(), None);
             assert!(t[nccl_row(Algo::RecDoubling)].iter().all(|c| *c < 0.0));
         }
-        let t = device_table(Coll::AllReduce, 8, 16, None);
+        let t = device_table(Coll::AllReduce, 8, 16, NVL.into(), None);
         assert!(t[nccl_row(Algo::RecDoubling)].iter().all(|c| *c < 0.0));
         // One rank: the ring, always runnable.
         assert_eq!(algo(Coll::AllReduce, 8, 1, None), Algo::Ring);

@@ -100,11 +100,16 @@ pub(crate) fn open(
         .ok()
         .flatten()
         .is_some();
+    let inter = net
+        .properties(0)
+        .map(|p| cost::LinkModel::from_net(p.speed_mbps, p.latency_us))
+        .unwrap_or_default();
     let tr = Transports {
         routes,
         connect: Box::new(connect),
         gdr,
         profiled,
+        fabric: device_fabric(locality, &peers.p2p_disabled, inter),
     };
     let dc = DeviceComm::with_transports(&oob, device, dcfg, tr)
         .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
@@ -173,6 +178,46 @@ fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<bool> {
     Ok(d.on)
 }
 
+/// The links the device path's cost table prices: inside a node the
+/// slowest transport any pair of ranks there uses (NVLink P2P, step slots
+/// in shared memory, or the network when both are off), between nodes
+/// `inter` (the net plugin's). Computed from what every rank was told, so
+/// that every rank prices alike and chooses alike.
+fn device_fabric(local: &Locality, p2p_disabled: &[usize], inter: cost::LinkModel) -> cost::Fabric {
+    let n = local.hosts.len();
+    let mut worst = None;
+    for r in 0..n {
+        let from = Locality {
+            rank: r,
+            ..local.clone()
+        };
+        for p in (0..n).filter(|&p| p != r && local.hosts[p] == local.hosts[r]) {
+            let t = from.device_transport(p, p2p_disabled);
+            let rank = |t: Transport| match t {
+                Transport::P2p => 0,
+                Transport::Shm => 1,
+                Transport::Net => 2,
+            };
+            if worst.is_none_or(|w| rank(t) > rank(w)) {
+                worst = Some(t);
+            }
+        }
+    }
+    let intra = match worst {
+        None | Some(Transport::P2p) => cost::LinkModel::NVLINK,
+        Some(Transport::Shm) => cost::LinkModel::SHM_DEVICE,
+        Some(Transport::Net) => inter,
+    };
+    let mut hosts = local.hosts.clone();
+    hosts.sort_unstable();
+    hosts.dedup();
+    cost::Fabric {
+        intra,
+        inter,
+        nodes: hosts.len(),
+    }
+}
+
 /// NCCL's connection lines for the peers the kernels reach directly (P2P
 /// and SHM; the network's connections log themselves as they are made),
 /// the ring's next rank on every channel, as NCCL logs its rings.
@@ -224,7 +269,7 @@ fn choose(dc: &DeviceComm, t: &Tuning<'_>, coll: Coll, count: usize, dtype: Data
         return own;
     };
     let (bytes, n, model) = (count * dtype.size(), dc.nranks(), own.algo);
-    let table = cost::device_table(coll, bytes, n, t.forced);
+    let table = cost::device_table(coll, bytes, n, dc.fabric(), t.forced);
     let (algo, channels) = crate::plugin::tuner::decide(
         tuner,
         coll,
@@ -453,4 +498,46 @@ pub(super) fn check_reachable(gpu: usize, op: &Op, bufs: &OpBuffers) -> Result<(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local(rank: usize, hosts: &[u64]) -> Locality {
+        let n = hosts.len();
+        Locality {
+            rank,
+            hosts: hosts.to_vec(),
+            shm_devs: vec![0; n],
+            shm_disabled: Vec::new(),
+            devices: (0..n as i32).collect(),
+        }
+    }
+
+    /// (intra bandwidth, inter bandwidth, nodes) as every rank prices them.
+    fn priced(hosts: &[u64], p2p_off: &[usize]) -> Vec<(f64, f64, usize)> {
+        (0..hosts.len())
+            .map(|r| {
+                let f = device_fabric(&local(r, hosts), p2p_off, cost::LinkModel::default());
+                (f.intra.bandwidth, f.inter.bandwidth, f.nodes)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_rank_prices_the_same_links() {
+        let (nvl, shm) = (cost::LinkModel::NVLINK, cost::LinkModel::SHM_DEVICE);
+        let net = cost::LinkModel::default().bandwidth;
+        // Two nodes of two GPUs: NVLink inside, the network between.
+        let two = [7, 7, 9, 9];
+        assert_eq!(priced(&two, &[]), vec![(nvl.bandwidth, net, 2); 4]);
+        // Rank 3 turned P2P off: its node's pair goes through shared
+        // memory, and every rank, of either node, prices that.
+        assert_eq!(priced(&two, &[3]), vec![(shm.bandwidth, net, 2); 4]);
+        // A rank alone on its node prices the others' node link as they do.
+        assert_eq!(priced(&[1, 2, 2], &[1]), vec![(shm.bandwidth, net, 2); 3]);
+        // One node: the network is priced but never crossed.
+        assert_eq!(priced(&[5, 5], &[]), vec![(nvl.bandwidth, net, 1); 2]);
+    }
 }

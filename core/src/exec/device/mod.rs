@@ -97,6 +97,8 @@ pub struct DeviceComm {
     nranks: usize,
     ctx: Arc<Context>,
     cfg: DeviceConfig,
+    /// The links its cost table prices ([`Transports::fabric`]).
+    fabric: cost::Fabric,
     kernels: Arc<KernelSet>,
     window: Window,
     templates: HashMap<Key, Template>,
@@ -177,6 +179,7 @@ impl DeviceComm {
         let ctx = Context::primary(dev)?;
         let kernels = KernelSet::shared(&ctx)?;
         let stop = Arc::new(DeviceStop::new(&ctx)?);
+        let fabric = tr.fabric;
         let window = Window::setup(&ctx, oob, &cfg, tr, &stop)?;
         cfg.channels = window.launch_channels;
         let order = Event::new(&ctx, false)?;
@@ -187,6 +190,7 @@ impl DeviceComm {
             nranks: oob.nranks(),
             ctx,
             cfg,
+            fabric,
             kernels,
             window,
             templates: HashMap::new(),
@@ -297,11 +301,16 @@ impl DeviceComm {
         forced: Option<Algo>,
     ) -> Choice {
         let bytes = count * dtype.size();
-        let table = cost::device_table(coll, bytes, self.nranks, forced);
+        let table = cost::device_table(coll, bytes, self.nranks, self.fabric, forced);
         Choice {
             algo: cost::pick(&table, coll).map_or(Algo::Ring, |(a, _)| a),
             channels: self.channels_for(bytes),
         }
+    }
+
+    /// The links its cost table prices.
+    pub fn fabric(&self) -> cost::Fabric {
+        self.fabric
     }
 
     /// The channels a launch moving `bytes` per rank (per message, for

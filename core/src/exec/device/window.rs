@@ -42,6 +42,8 @@ pub struct Transports<'a> {
     /// A profiler plugin is loaded, which the communicator will attach
     /// (or say it did not): see `Areas::profiled`.
     pub profiled: bool,
+    /// The links the cost table prices, the same on every rank.
+    pub fabric: crate::algo::cost::Fabric,
 }
 
 impl Transports<'_> {
@@ -52,6 +54,7 @@ impl Transports<'_> {
             connect: Box::new(|_, _| Ok(Vec::new())),
             gdr: false,
             profiled: false,
+            fabric: crate::algo::cost::LinkModel::NVLINK.into(),
         }
     }
 }
