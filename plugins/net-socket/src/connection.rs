@@ -490,12 +490,20 @@ fn post(
     prof: Option<NetProf>,
 ) -> NetResult<Option<Box<dyn Request>>> {
     let mut q = lock(queue)?;
+    let alone = q.idle();
     let Some(id) = q.post(addr, size, tag, prof)? else {
         return Ok(None);
     };
-    // Start moving at once: a small send usually leaves in this call. A
-    // failure found now is kept and reported by the request's test.
-    q.progress();
+    // A send starts moving at once: a small one usually leaves in this call.
+    // A failure found now is kept and reported by the request's test. A
+    // receive that is the only one waits for its first test: posted ahead of
+    // the caller's own send, it is seldom complete yet, and reading now
+    // would mostly be an empty system call in front of that send. Behind
+    // others it reads at once, so that a caller posting many before
+    // testing any still drains the socket (the sender may wait on it).
+    if q.sending() || !alone {
+        q.progress();
+    }
     drop(q);
     Ok(Some(Box::new(SocketRequest {
         queue: queue.clone(),

@@ -14,6 +14,7 @@
 use std::collections::VecDeque;
 use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use oxccl_plugin::{NetError, NetEvent, NetProf, NetResult, Request};
 use oxccl_secure::session::{DIRECT_FROM, SEAL_BATCH};
@@ -33,6 +34,13 @@ const HEADER: usize = 16;
 /// Catches a stream that lost its framing (a bug, or a stranger) before a
 /// garbage size is trusted.
 const HEADER_CHECK: u32 = 0x4f58_4d31; // "OXM1"
+/// How often a sender looks for its peer's close on the control socket
+/// while its sends leave at once. Looking costs a system call, which on
+/// every post was a measurable part of an 8-byte operation's latency (one
+/// of four calls); a send to a peer that closed fails at the next write
+/// anyway (the peer's stack answers the first with a reset), so a bounded
+/// delay loses nothing but the earlier message.
+const PEER_CHECK_EVERY: Duration = Duration::from_millis(1);
 /// Outstanding operations per direction; beyond it `isend`/`irecv` say
 /// "try again", which bounds memory if the peer stops reading.
 const MAX_REQUESTS: usize = 4096;
@@ -134,6 +142,9 @@ pub struct Queue {
     carry: Box<[u8]>,
     carry_lo: usize,
     carry_hi: usize,
+    /// Sending side: when the control socket was last read for the peer's
+    /// close; receiving side: when delayed ACKs were last asked for.
+    peer_checked: Instant,
 }
 
 /// Reads shorter than this go through the carry buffer; longer ones land
@@ -160,7 +171,17 @@ impl Queue {
             },
             carry_lo: 0,
             carry_hi: 0,
+            peer_checked: Instant::now(),
         }
+    }
+
+    pub fn sending(&self) -> bool {
+        self.sending
+    }
+
+    /// No operation waits for the control socket.
+    pub fn idle(&self) -> bool {
+        self.waiting.is_empty()
     }
 
     /// Queues an operation; `None` when too many are outstanding.
@@ -174,10 +195,15 @@ impl Queue {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        if self.sending {
+        if self.sending
+            && (!self.waiting.is_empty() || self.peer_checked.elapsed() >= PEER_CHECK_EVERY)
+        {
             // The receiver never writes, so anything readable on the control
             // socket is its close: report it now rather than let the message
-            // vanish into a dead socket's buffer.
+            // vanish into a dead socket's buffer. Every time while earlier
+            // sends wait for the socket (the peer may have stopped reading),
+            // otherwise at most every PEER_CHECK_EVERY.
+            self.peer_checked = Instant::now();
             if let Some(e) = self.peer_gone() {
                 return Err(self.fail(e));
             }
@@ -409,6 +435,21 @@ impl Queue {
     }
 
     fn step_recv(&mut self, op: &mut Op) -> NetResult<bool> {
+        // Each connection carries data one way, so the receiver's ACKs are
+        // bare segments, and Linux sends one from inside the read that takes
+        // each small message: a trip through the stack on every operation's
+        // critical path. In delayed-ACK ("pingpong") mode it acks every second
+        // small message (or a full segment's worth, or on its timer) instead,
+        // which never leaves the sender short of window: 12.18 -> 10.83 us
+        // median for an 8 B all_reduce of 2 ranks on loopback. The kernel
+        // leaves the mode when its delayed-ACK timer fires, so it is asked
+        // for again, at most every PEER_CHECK_EVERY (the field is the sender's
+        // timer otherwise). Failure to set it costs only speed.
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        if self.peer_checked.elapsed() >= PEER_CHECK_EVERY {
+            self.peer_checked = Instant::now();
+            let _ = self.ctrl.set_tcp_quickack(false);
+        }
         if op.header_done < HEADER {
             let mut header = op.header;
             let got = self.read_some(&mut header[op.header_done..], &mut op.header_done)?;
