@@ -75,7 +75,10 @@ pub(crate) fn open(
     // disabled P2P): the window's layout stays the same on every rank.
     let hosted = (0..nranks).any(|p| p != rank && routes[p] != Transport::P2p);
     if hosted {
-        dcfg = dcfg.through_host(cfg);
+        // Either every rank has a peer over the network or none has (a
+        // pair goes there between hosts, where each rank has one, or with a
+        // rank's NCCL_SHM_DISABLE, which every rank then reaches so).
+        dcfg = dcfg.through_host(cfg, routes.contains(&Transport::Net));
         log_routes(locality, &routes, dcfg.channels);
     }
     let oob = BootstrapOob {

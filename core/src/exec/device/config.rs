@@ -19,8 +19,16 @@ use crate::error::{Error, Result};
 /// Thread blocks a collective may use at most (one per multiprocessor of an H100/H200, roughly).
 pub const MAX_CHANNELS: usize = 128;
 
-/// Channels of a window whose peers are reached through host memory.
+/// Channels of a window whose peers are reached through host memory, some
+/// of them over the network (each channel is a connection the proxy
+/// drives).
 pub const HOST_CHANNELS: usize = 4;
+
+/// Channels of a window whose host-memory peers are all in shared memory:
+/// on 2 H200 through shared memory, all_reduce of 128 MiB reached 29.1-29.7
+/// GB/s busbw on 8 against 23.9-24.7 on 4 (NCCL 2.28.9: 27.8), for 32 MiB
+/// of pinned host memory per peer instead of 16 (docs/PERF.md, session 14).
+pub const SHM_CHANNELS: usize = 8;
 
 /// How a communicator settles its channel count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,10 +162,13 @@ impl DeviceConfig {
     /// through host memory (SHM or the network): NCCL's step slots
     /// (NCCL_STEPS = 8 of NCCL_BUFFSIZE / 8 bytes) on a few channels, since
     /// host memory is pinned per peer and a PCIe link or a NIC is fed by
-    /// few blocks. NCCL_MAX_NCHANNELS, where set, bounds the count.
-    pub fn through_host(mut self, cfg: &crate::config::Config) -> DeviceConfig {
+    /// few blocks: [`HOST_CHANNELS`] where some peers are over the network
+    /// (`net`), [`SHM_CHANNELS`] where all are in shared memory.
+    /// NCCL_MAX_NCHANNELS, where set, gives the count.
+    pub fn through_host(mut self, cfg: &crate::config::Config, net: bool) -> DeviceConfig {
         use crate::config::Source;
-        let mut channels = HOST_CHANNELS.min(self.channels);
+        let wanted = if net { HOST_CHANNELS } else { SHM_CHANNELS };
+        let mut channels = wanted.min(self.channels);
         if cfg.source("MAX_NCHANNELS") != Some(&Source::Default) {
             channels = (cfg.max_nchannels as usize).clamp(1, MAX_CHANNELS);
         }
