@@ -20,9 +20,11 @@
 //! IPC cannot share) go to every rank's kernels, which all ranks learn from
 //! the leader's answer.
 //!
-//! Send/recv runs in the leader's context too: a thread of the leader's
-//! process serves each message whose receiver is another process, and
-//! senders and receivers only store and wait on words (see `server`).
+//! Send/recv is pulled by each receiver's kernel; where asked
+//! (`OXCCL_SHARED_P2P=server`, see `server_wanted`) it runs in the leader's
+//! context too: a thread of the leader's process serves each message whose
+//! receiver is another process, and senders and receivers only store and
+//! wait on words (see `server`).
 //!
 //! Ranks that are all threads of one process take the same fused launches
 //! without IPC and without any host wait (see `local`): the last rank to
@@ -236,7 +238,8 @@ pub(crate) struct Processes {
     _own: DeviceBuffer,
     flag_maps: Vec<IpcMapping>,
     /// The p2p server's words as this process's streams address them; 0
-    /// where the group is too large for the server (see `server`).
+    /// where the server was not asked for or the group is too large for it
+    /// (see `server`).
     srv: u64,
     /// Copy requests this rank has posted to the server.
     requests: u64,
