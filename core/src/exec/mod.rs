@@ -492,14 +492,14 @@ impl<'a> LaneState<'a> {
                 let peer = step.recv.expect("pending receive has a peer");
                 let req = t.recv_req.as_mut().expect("posted");
                 match req
-                    .test()
+                    .test_first()
                     .map_err(|e| net_err(e, "receive from", peer, lane))?
                 {
-                    Some(sizes) => {
+                    Some(size) => {
                         let want = n * esize + if t.prefixed { HEADER_BYTES } else { 0 };
                         // A plugin that reports no size (see `Request::test`)
                         // leaves the header check alone to catch ranks out of step.
-                        let got = sizes.first().copied().unwrap_or(want);
+                        let got = size.unwrap_or(want);
                         let data = t.recv_span.expect("posted").ptr;
                         if t.prefixed {
                             let hdr = data.wrapping_sub(HEADER_BYTES);
@@ -649,7 +649,7 @@ impl<'a> LaneState<'a> {
                 if busy.contains(&peer) {
                     continue;
                 }
-                if r.test()
+                if r.test_first()
                     .map_err(|e| Error::from(e).context("send"))?
                     .is_some()
                 {
