@@ -67,8 +67,7 @@ const PROBE_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 const SETTLE_STEP: std::time::Duration = std::time::Duration::from_millis(5);
 const SETTLE_MOST: std::time::Duration = std::time::Duration::from_millis(300);
 
-/// A lane's staging slots (receive, send).
-type Staging = Vec<(Vec<u8>, Vec<u8>)>;
+use crate::exec::Staging;
 
 /// Whose staging a lane takes: a collective channel's, or for a
 /// point-to-point lane (they all share one channel) its peer's and
@@ -664,7 +663,7 @@ impl Core {
             .map(|(c, steps)| {
                 self.lane(
                     conns,
-                    format!("channel {c}"),
+                    exec::LaneLabel::Channel(c),
                     c,
                     steps,
                     vec![bufs],
@@ -766,7 +765,7 @@ impl Core {
     fn lane(
         &self,
         conns: &mut Connections,
-        label: String,
+        label: exec::LaneLabel,
         chan: usize,
         steps: Vec<Step>,
         bufs: Vec<OpBuffers>,
@@ -927,10 +926,9 @@ impl Core {
             *seq += 1;
             let dir = if send { "send to" } else { "recv from" };
             what.push(format!("{dir} rank {peer}"));
-            let label = format!("p2p {dir} rank {peer}");
             lanes.push(self.lane(
                 conns,
-                label,
+                exec::LaneLabel::P2p { peer, send },
                 P2P_CHANNEL,
                 steps,
                 bufs,
