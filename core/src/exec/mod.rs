@@ -564,11 +564,10 @@ impl<'a> LaneState<'a> {
                         let data = t.recv_span.expect("posted").ptr;
                         if t.prefixed {
                             let hdr = data.wrapping_sub(HEADER_BYTES);
-                            lane.header.check(
-                                mem::read(hdr, got.min(HEADER_BYTES)).as_slice(),
-                                peer,
-                                rank,
-                            )?;
+                            let mut seen = [0u8; HEADER_BYTES];
+                            let seen = &mut seen[..got.min(HEADER_BYTES)];
+                            mem::read_into(hdr, seen);
+                            lane.header.check(seen, peer, rank)?;
                         }
                         if got != want {
                             return Err(Error::Remote(format!(
