@@ -427,6 +427,9 @@ type RequestSlot = Option<Box<dyn Request>>;
 const SPARE_SLOTS: usize = 64;
 
 thread_local! {
+    // The boxes are the point: each is a slot's allocation, kept to be
+    // handed out again, not a way to hold the value.
+    #[allow(clippy::vec_box)]
     static SPARE: std::cell::RefCell<Vec<Box<RequestSlot>>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }
