@@ -147,10 +147,19 @@ pub(crate) fn submit(comm: Comm, core: Arc<Core>, op: Op, bufs: OpBuffers) -> Re
             let mut api = Api::default();
             t.api = api.call(&t.core, &t.op, 1);
             let group_api = api.ending();
-            run_tasks(vec![t], group_api)
+            run_task(t, group_api)
         }
         None => Ok(()),
     }
+}
+
+/// Runs a group of one operation (a lone call, or every call of a loop of
+/// lone calls) as [`run_tasks`] would, without its per-communicator lists.
+fn run_task(t: Task, group_api: Handle) -> Result<()> {
+    let api = ApiEvents::new(Some(group_api), t.api);
+    t.core
+        .execute(&[(t.op, t.bufs)], &api)
+        .inspect_err(|e| t.comm.record_failure(e))
 }
 
 /// One communicator's share of a group, with the API events above it.
@@ -159,7 +168,11 @@ type PerComm = (Comm, Arc<Core>, Vec<(Op, OpBuffers)>, ApiEvents);
 /// Runs tasks: each communicator's in its order, communicators at once
 /// (one thread each) since each may wait on another's peers. `group_api`
 /// is the group's API event (the parent of kernel launches).
-fn run_tasks(tasks: Vec<Task>, group_api: Handle) -> Result<()> {
+fn run_tasks(mut tasks: Vec<Task>, group_api: Handle) -> Result<()> {
+    if tasks.len() == 1 {
+        let t = tasks.pop().expect("one task");
+        return run_task(t, group_api);
+    }
     let mut per_comm: Vec<PerComm> = Vec::new();
     for t in tasks {
         match per_comm
@@ -168,13 +181,10 @@ fn run_tasks(tasks: Vec<Task>, group_api: Handle) -> Result<()> {
         {
             Some((_, _, ops, api)) => {
                 ops.push((t.op, t.bufs));
-                api.ops.push(t.api);
+                api.push(t.api);
             }
             None => {
-                let api = ApiEvents {
-                    group: Some(group_api),
-                    ops: vec![t.api],
-                };
+                let api = ApiEvents::new(Some(group_api), t.api);
                 per_comm.push((t.comm, t.core, vec![(t.op, t.bufs)], api));
             }
         }

@@ -67,13 +67,33 @@ const PROBE_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 const SETTLE_STEP: std::time::Duration = std::time::Duration::from_millis(5);
 const SETTLE_MOST: std::time::Duration = std::time::Duration::from_millis(300);
 
-/// A lane's staging slots (receive, send).
-type Staging = Vec<(Vec<u8>, Vec<u8>)>;
+use crate::exec::Staging;
 
 /// Whose staging a lane takes: a collective channel's, or for a
 /// point-to-point lane (they all share one channel) its peer's and
 /// direction's, so that the lanes of one group each keep their own.
 type StagingKey = (usize, Option<(usize, bool)>);
+
+/// What a host collective's plan depends on, besides this rank and the
+/// ring order (fixed for the communicator): algorithm, collective (with
+/// its root), element count, channels.
+type PlanKey = (Algo, algo::Coll, usize, usize);
+
+/// A host collective's schedules and the containers of its lanes, kept
+/// for the next call of the same shape: a loop of equal calls (a
+/// benchmark's, a training step's) then builds no schedule, peer list or
+/// lane vector per call, which for a small message were a visible share
+/// of its latency.
+struct Plan {
+    key: PlanKey,
+    /// One schedule per channel; moved into the lanes while they run.
+    steps: Vec<Vec<Step>>,
+    sends: Vec<ConnKey>,
+    recvs: Vec<ConnKey>,
+    /// Emptied, for their capacity.
+    lanes: Vec<Lane>,
+    bufs: Vec<Vec<OpBuffers>>,
+}
 
 fn staging_key(chan: usize, steps: &[Step]) -> StagingKey {
     if chan != P2P_CHANNEL {
@@ -142,6 +162,8 @@ pub(crate) struct Core {
     /// before the connections that registered them are closed (see the
     /// `Drop`).
     staging: Mutex<BTreeMap<StagingKey, Staging>>,
+    /// The last host collective's plan, for the next one of the same shape.
+    plan: Mutex<Option<Plan>>,
     forced_algo: Option<Algo>,
     /// The ranks in ring order (the ring and trees are built over it).
     ring: Vec<usize>,
@@ -280,6 +302,7 @@ impl Core {
             p2p_seq: Mutex::default(),
             conns: Mutex::new(conns),
             staging: Mutex::default(),
+            plan: Mutex::default(),
             forced_algo,
             ring,
             fabric,
@@ -649,31 +672,49 @@ impl Core {
         debug!(target: "oxccl::coll", rank = self.rank, "{}: {} on {nch} channel(s)", what(), algo.name());
         let header = header_of(op, seq);
         let reducer = Reducer::new(op.dtype, op.redop, n);
-        let plans: Vec<Vec<Step>> = (0..nch)
-            .map(|c| {
-                let (lo, hi) = algo::split(0, op.count, nch, c);
-                algo::schedule_on(algo, coll, self.rank, &self.ring, c, op.count, lo, hi)
-            })
-            .collect();
-        let (sends, recvs) = peers_of(&plans, 0);
-        self.connect(conns, &sends, &recvs)
+        let key = (algo, coll, op.count, nch);
+        let kept = self
+            .plan
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .filter(|p| p.key == key && p.steps.len() == nch);
+        let mut plan = kept.unwrap_or_else(|| {
+            let steps: Vec<Vec<Step>> = (0..nch)
+                .map(|c| {
+                    let (lo, hi) = algo::split(0, op.count, nch, c);
+                    algo::schedule_on(algo, coll, self.rank, &self.ring, c, op.count, lo, hi)
+                })
+                .collect();
+            let (sends, recvs) = peers_of(&steps, 0);
+            Plan {
+                key,
+                steps,
+                sends,
+                recvs,
+                lanes: Vec::new(),
+                bufs: Vec::new(),
+            }
+        });
+        self.connect(conns, &plan.sends, &plan.recvs)
             .map_err(|e| self.failed(e.context(what()), Some(seq), coll.name()))?;
-        let mut lanes: Vec<Lane> = plans
-            .into_iter()
-            .enumerate()
-            .map(|(c, steps)| {
-                self.lane(
-                    conns,
-                    format!("channel {c}"),
-                    c,
-                    steps,
-                    vec![bufs],
-                    parents.clone(),
-                    reducer,
-                    header,
-                )
-            })
-            .collect();
+        let mut lanes = std::mem::take(&mut plan.lanes);
+        lanes.clear();
+        for (c, steps) in plan.steps.drain(..).enumerate() {
+            let mut b = plan.bufs.pop().unwrap_or_default();
+            b.clear();
+            b.push(bufs);
+            lanes.push(self.lane(
+                conns,
+                exec::LaneLabel::Channel(c),
+                c,
+                steps,
+                b,
+                parents.clone(),
+                reducer,
+                header,
+            ));
+        }
         let ctx = self.ctx(&what, Some(seq), mask);
         let result = if lanes.len() == 1 {
             exec::run(&mut lanes, &ctx)
@@ -694,7 +735,12 @@ impl Core {
                     .map(|_| ())
             })
         };
-        self.put_back(conns, lanes);
+        self.put_back(conns, &mut lanes, |steps, bufs| {
+            plan.steps.push(steps);
+            plan.bufs.push(bufs);
+        });
+        plan.lanes = lanes;
+        *self.plan.lock().unwrap_or_else(PoisonError::into_inner) = Some(plan);
         result.map_err(|e| self.coll_failed(e, what(), seq, coll))
     }
 
@@ -766,7 +812,7 @@ impl Core {
     fn lane(
         &self,
         conns: &mut Connections,
-        label: String,
+        label: exec::LaneLabel,
         chan: usize,
         steps: Vec<Step>,
         bufs: Vec<OpBuffers>,
@@ -814,8 +860,15 @@ impl Core {
         }
     }
 
-    fn put_back(&self, conns: &mut Connections, lanes: Vec<Lane>) {
-        for lane in lanes {
+    /// Gives the lanes' connections and staging back, and their schedules
+    /// and buffer lists to `keep`, in lane order; `lanes` is left empty.
+    fn put_back(
+        &self,
+        conns: &mut Connections,
+        lanes: &mut Vec<Lane>,
+        mut keep: impl FnMut(Vec<Step>, Vec<OpBuffers>),
+    ) {
+        for lane in lanes.drain(..) {
             let chan = lane.chan;
             self.staging
                 .lock()
@@ -823,6 +876,7 @@ impl Core {
                 .insert(staging_key(chan, &lane.steps), lane.staging);
             conns.send.put_back(chan, lane.send);
             conns.recv.put_back(chan, lane.recv);
+            keep(lane.steps, lane.bufs);
         }
     }
 
@@ -927,10 +981,9 @@ impl Core {
             *seq += 1;
             let dir = if send { "send to" } else { "recv from" };
             what.push(format!("{dir} rank {peer}"));
-            let label = format!("p2p {dir} rank {peer}");
             lanes.push(self.lane(
                 conns,
-                label,
+                exec::LaneLabel::P2p { peer, send },
                 P2P_CHANNEL,
                 steps,
                 bufs,
@@ -943,7 +996,7 @@ impl Core {
         let what = || format!("group of send/recv ({})", what.join(", "));
         let ctx = self.ctx(&what, None, mask);
         let result = exec::run(&mut lanes, &ctx);
-        self.put_back(conns, lanes);
+        self.put_back(conns, &mut lanes, |_, _| {});
         result.map_err(|e| self.failed(e, None, P2P_OP))
     }
 

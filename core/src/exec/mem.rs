@@ -160,14 +160,15 @@ unsafe fn transform(r: &Reducer, dst: Span, src: Span, pre: bool, post: bool) {
     r.copy(d, s, pre, post);
 }
 
-/// A copy of `len` bytes at `ptr` (a span the executor owns or received into).
-pub(crate) fn read(ptr: *const u8, len: usize) -> Vec<u8> {
-    if len == 0 {
-        return Vec::new();
+/// Copies `out.len()` bytes at `ptr` (a span the executor owns or received
+/// into) to `out`.
+pub(crate) fn read_into(ptr: *const u8, out: &mut [u8]) {
+    if out.is_empty() {
+        return;
     }
     // SAFETY: callers pass spans of live staging or user buffers whose
     // receive or computation has completed, so nothing writes them now.
-    unsafe { std::slice::from_raw_parts(ptr, len) }.to_vec()
+    out.copy_from_slice(unsafe { std::slice::from_raw_parts(ptr, out.len()) });
 }
 
 /// Writes `prefix` and then the bytes of `src` at the start of `dst`;

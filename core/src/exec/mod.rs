@@ -121,7 +121,7 @@ impl Cursor {
 
 /// One sequence of steps and the connections it uses.
 pub struct Lane {
-    pub label: String,
+    pub label: LaneLabel,
     /// The channel whose connections the lane holds.
     pub chan: usize,
     pub steps: Vec<Step>,
@@ -134,11 +134,9 @@ pub struct Lane {
     /// of the first from every receive peer.
     pub header: OpHeader,
     pub slice_bytes: usize,
-    /// Staging buffers, kept by the communicator between operations so
-    /// that a small operation allocates nothing. Each slot is allocated
-    /// once at its full size and never moves, since connections keep it
-    /// registered: it must outlive the lane's connections.
-    pub staging: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Staging buffers and bookkeeping, kept by the communicator between
+    /// operations so that a small operation allocates nothing.
+    pub staging: Staging,
     /// The profiler event (collective or p2p) of each step, or one shared
     /// by all steps, that the lane's proxy-op events are children of;
     /// empty when those events are off.
@@ -216,6 +214,53 @@ pub struct ExecCtx<'a> {
     pub ctrl: Option<&'a ProfilerComm>,
 }
 
+/// Names a lane in errors. Written out only when an error needs it: a
+/// collective formatted its channel's name at every operation otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneLabel {
+    /// A collective's channel.
+    Channel(usize),
+    /// Point-to-point messages to (`true`) or from a peer.
+    P2p { peer: usize, send: bool },
+}
+
+impl std::fmt::Display for LaneLabel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            LaneLabel::Channel(c) => write!(f, "channel {c}"),
+            LaneLabel::P2p { peer, send: true } => write!(f, "p2p send to rank {peer}"),
+            LaneLabel::P2p { peer, send: false } => write!(f, "p2p recv from rank {peer}"),
+        }
+    }
+}
+
+/// What a lane keeps between operations: its staging slots, and the
+/// emptied containers of its state, whose capacity a small operation
+/// would otherwise allocate again every time (a few of the allocations
+/// that were a visible share of an 8-byte operation's latency).
+#[derive(Default)]
+pub struct Staging {
+    /// Each slot is allocated once at its full size and never moves, since
+    /// connections keep it registered: it must outlive the lane's
+    /// connections.
+    slots: Vec<(Vec<u8>, Vec<u8>)>,
+    tasks: SpareTasks,
+    free_slots: Vec<usize>,
+    hdr_sent: Vec<usize>,
+    hdr_recv_posted: Vec<usize>,
+    busy: Vec<usize>,
+}
+
+/// An emptied task queue, kept for its capacity.
+#[derive(Default)]
+struct SpareTasks(VecDeque<Task>);
+
+// SAFETY: only an empty queue is ever stored here (`finish` clears it
+// first), so no task, and none of the addresses a task holds, crosses
+// threads with it: only its allocation does.
+#[allow(unsafe_code)]
+unsafe impl Send for SpareTasks {}
+
 impl Lane {
     fn bufs_of(&self, step: usize) -> &OpBuffers {
         self.bufs.get(step).unwrap_or(&self.bufs[0])
@@ -272,6 +317,8 @@ struct LaneState<'a> {
     /// Peers whose first message (the one carrying the header) is posted.
     hdr_sent: Vec<usize>,
     hdr_recv_posted: Vec<usize>,
+    /// Peers with a send in flight, within one pass of `test_sends`.
+    busy: Vec<usize>,
     /// Bytes of every staging slot: a first message (header and a whole
     /// slice) fits.
     slot_bytes: usize,
@@ -287,16 +334,30 @@ type Progress = Result<bool>;
 impl<'a> LaneState<'a> {
     fn new(lane: &mut Lane, prof: Option<ProxyProfiler<'a>>) -> LaneState<'a> {
         let prof = prof.map(|p| Proxies::start(p, lane));
-        let mut slots = std::mem::take(&mut lane.staging);
+        let Staging {
+            mut slots,
+            tasks: SpareTasks(mut tasks),
+            mut free_slots,
+            mut hdr_sent,
+            mut hdr_recv_posted,
+            mut busy,
+        } = std::mem::take(&mut lane.staging);
         slots.resize_with(WINDOW, Default::default);
+        tasks.clear();
+        free_slots.clear();
+        free_slots.extend((0..WINDOW).rev());
+        hdr_sent.clear();
+        hdr_recv_posted.clear();
+        busy.clear();
         LaneState {
             cursor: Cursor::new(&lane.steps, lane.slice_bytes / lane.reducer.dtype().size()),
-            tasks: VecDeque::new(),
-            free_slots: (0..WINDOW).rev().collect(),
+            tasks,
+            free_slots,
             slots,
             hdr: lane.header.encode(),
-            hdr_sent: Vec::new(),
-            hdr_recv_posted: Vec::new(),
+            hdr_sent,
+            hdr_recv_posted,
+            busy,
             slot_bytes: HEADER_BYTES + lane.slice_bytes,
             done: false,
             prof,
@@ -492,22 +553,21 @@ impl<'a> LaneState<'a> {
                 let peer = step.recv.expect("pending receive has a peer");
                 let req = t.recv_req.as_mut().expect("posted");
                 match req
-                    .test()
+                    .test_first()
                     .map_err(|e| net_err(e, "receive from", peer, lane))?
                 {
-                    Some(sizes) => {
+                    Some(size) => {
                         let want = n * esize + if t.prefixed { HEADER_BYTES } else { 0 };
                         // A plugin that reports no size (see `Request::test`)
                         // leaves the header check alone to catch ranks out of step.
-                        let got = sizes.first().copied().unwrap_or(want);
+                        let got = size.unwrap_or(want);
                         let data = t.recv_span.expect("posted").ptr;
                         if t.prefixed {
                             let hdr = data.wrapping_sub(HEADER_BYTES);
-                            lane.header.check(
-                                mem::read(hdr, got.min(HEADER_BYTES)).as_slice(),
-                                peer,
-                                rank,
-                            )?;
+                            let mut seen = [0u8; HEADER_BYTES];
+                            let seen = &mut seen[..got.min(HEADER_BYTES)];
+                            mem::read_into(hdr, seen);
+                            lane.header.check(seen, peer, rank)?;
                         }
                         if got != want {
                             return Err(Error::Remote(format!(
@@ -642,14 +702,15 @@ impl<'a> LaneState<'a> {
     /// fails a test of any other request of the connection).
     fn test_sends(&mut self, lane: &Lane) -> Progress {
         let mut moved = false;
-        let mut busy: Vec<usize> = Vec::new();
+        let busy = &mut self.busy;
+        busy.clear();
         for t in self.tasks.iter_mut() {
             if let (Some(r), false) = (t.send_req.as_mut(), t.send_done) {
                 let peer = lane.steps[t.step].send.expect("a send has a peer");
                 if busy.contains(&peer) {
                     continue;
                 }
-                if r.test()
+                if r.test_first()
                     .map_err(|e| Error::from(e).context("send"))?
                     .is_some()
                 {
@@ -722,7 +783,13 @@ fn net_err(e: oxccl_plugin::NetError, dir: &str, peer: usize, lane: &Lane) -> Er
     Error::from(e).context(format!("{dir} rank {peer} ({})", lane.label))
 }
 
-fn reg_err(e: oxccl_plugin::NetError, dir: &str, peer: usize, whole: Span, label: &str) -> Error {
+fn reg_err(
+    e: oxccl_plugin::NetError,
+    dir: &str,
+    peer: usize,
+    whole: Span,
+    label: &LaneLabel,
+) -> Error {
     Error::from(e).context(format!(
         "regMr of {} bytes of host memory at {:p} on the connection to {dir} rank {peer} ({label})",
         whole.len, whole.ptr
@@ -798,29 +865,54 @@ pub fn run(lanes: &mut [Lane], ctx: &ExecCtx<'_>) -> Result<()> {
     // A lane is a channel: each peer it sends to or receives from is one
     // of NCCL's proxy ops.
     ctrl.append(lanes.iter().map(|l| l.send.len() + l.recv.len()).sum());
+    if let [lane] = lanes {
+        // One lane (every small collective): its state needs no vector.
+        let mut states = [LaneState::new(lane, ctx.prof)];
+        let result = drive(std::slice::from_mut(lane), &mut states, ctx, &mut ctrl);
+        let [st] = states;
+        return finish(lane, st, result);
+    }
     let mut states: Vec<LaneState> = lanes
         .iter_mut()
         .map(|l| LaneState::new(l, ctx.prof))
         .collect();
     let mut result = drive(lanes, &mut states, ctx, &mut ctrl);
-    for (lane, mut st) in lanes.iter_mut().zip(states) {
-        let settled = st.settled();
-        let ended = end_registrations(lane, settled);
-        if result.is_ok() {
-            result = ended;
-        }
-        if !settled {
-            st.park_handles(lane);
-        }
-        if let Some(p) = st.prof {
-            // A failed lane leaves events open: they end here, inside
-            // their parents, as on success.
-            let pending = st.pending_recv.as_ref().map(|r| r.ev);
-            let open = st.tasks.iter().flat_map(|t| [t.send_ev, t.recv_ev]);
-            p.finish(open.chain(pending));
-        }
-        lane.staging = st.slots;
+    for (lane, st) in lanes.iter_mut().zip(states) {
+        result = finish(lane, st, result);
     }
+    result
+}
+
+/// Ends a lane's operation: registrations, profiler events, and what the
+/// lane keeps for the next one. Returns `result`, or the first error of
+/// ending when `result` is a success.
+fn finish(lane: &mut Lane, mut st: LaneState<'_>, mut result: Result<()>) -> Result<()> {
+    let settled = st.settled();
+    let ended = end_registrations(lane, settled);
+    if result.is_ok() {
+        result = ended;
+    }
+    if !settled {
+        st.park_handles(lane);
+    }
+    if let Some(p) = st.prof {
+        // A failed lane leaves events open: they end here, inside
+        // their parents, as on success.
+        let pending = st.pending_recv.as_ref().map(|r| r.ev);
+        let open = st.tasks.iter().flat_map(|t| [t.send_ev, t.recv_ev]);
+        p.finish(open.chain(pending));
+    }
+    // Requests a failed operation left posted go with their tasks here,
+    // as they did when the state was dropped whole.
+    st.tasks.clear();
+    lane.staging = Staging {
+        slots: st.slots,
+        tasks: SpareTasks(st.tasks),
+        free_slots: st.free_slots,
+        hdr_sent: st.hdr_sent,
+        hdr_recv_posted: st.hdr_recv_posted,
+        busy: st.busy,
+    };
     result
 }
 

@@ -370,7 +370,7 @@ impl Driven {
             moved = true;
         }
         while let Some(r) = self.send_q.front_mut() {
-            if r.test().map_err(|e| fail("send", e))?.is_none() {
+            if r.test_first().map_err(|e| fail("send", e))?.is_none() {
                 break;
             }
             self.send_q.pop_front();
@@ -419,13 +419,13 @@ impl Driven {
             moved = true;
         }
         while let Some(r) = self.recv_q.front_mut().filter(|_| !self.heard_bye) {
-            let Some(sizes) = r.test().map_err(|e| fail("receive", e))? else {
+            let Some(size) = r.test_first().map_err(|e| fail("receive", e))? else {
                 break;
             };
             self.recv_q.pop_front();
             moved = true;
-            self.sizeless |= sizes.is_empty();
-            if sizes.first() == Some(&0) {
+            self.sizeless |= size.is_none();
+            if size == Some(0) {
                 // The receives posted behind it will never complete; they
                 // are dropped with the connection. The peer waits for our
                 // answer before it closes.
@@ -434,7 +434,7 @@ impl Driven {
                 break;
             }
             if let Gate::Track(c) = gate {
-                let bytes = sizes.first().copied().unwrap_or(l.slot_bytes);
+                let bytes = size.unwrap_or(l.slot_bytes);
                 self.tracks[1].received(c, self.recvs.completed(), bytes);
             }
             mine.store(l.tail(self.inc), self.recvs.done());
@@ -465,7 +465,7 @@ impl Driven {
             self.bye = req;
         }
         if let Some(r) = self.bye.as_mut() {
-            if r.test()?.is_some() {
+            if r.test_first()?.is_some() {
                 self.bye = None;
                 self.said_bye = true;
                 moved = true;

@@ -577,9 +577,13 @@ pub struct SocketRequest {
 
 impl Request for SocketRequest {
     fn test(&mut self) -> NetResult<Option<Vec<usize>>> {
+        Ok(self.test_first()?.map(|s| s.into_iter().collect()))
+    }
+
+    fn test_first(&mut self) -> NetResult<Option<Option<usize>>> {
         if self.done.is_none() {
             self.done = lock(&self.queue)?.poll(self.id)?;
         }
-        Ok(self.done.map(|s| vec![s]))
+        Ok(self.done.map(Some))
     }
 }

@@ -121,6 +121,16 @@ pub trait Request: Send {
     /// unwritten (Google's Fast Socket does): NCCL never relies on it, since
     /// its kernels know every slice's size, so callers must not either.
     fn test(&mut self) -> NetResult<Option<Vec<usize>>>;
+
+    /// [`Request::test`] reporting the first buffer's size alone (`None`
+    /// inside: done, size not reported). Every caller of a single-buffer
+    /// operation needs no more, and a network that answers it without
+    /// building a `Vec` saves an allocation per completed request, a
+    /// visible share of a small message's latency. The default asks
+    /// `test`.
+    fn test_first(&mut self) -> NetResult<Option<Option<usize>>> {
+        Ok(self.test()?.map(|sizes| sizes.first().copied()))
+    }
 }
 
 /// A network implementation (NCCL's `ncclNet_t`).

@@ -569,6 +569,10 @@ unsafe impl Send for CRequest {}
 
 impl Request for CRequest {
     fn test(&mut self) -> NetResult<Option<Vec<usize>>> {
+        Ok(self.test_first()?.map(|s| s.into_iter().collect()))
+    }
+
+    fn test_first(&mut self) -> NetResult<Option<Option<usize>>> {
         if self.done {
             return Err(NetError::Internal("request tested after completion".into()));
         }
@@ -584,11 +588,7 @@ impl Request for CRequest {
         check("test", r)?;
         if done != 0 {
             self.done = true;
-            return Ok(Some(if size < 0 {
-                Vec::new()
-            } else {
-                vec![size as usize]
-            }));
+            return Ok(Some(usize::try_from(size).ok()));
         }
         Ok(None)
     }

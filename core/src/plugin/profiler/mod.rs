@@ -453,13 +453,38 @@ impl ProfilerComm {
 #[derive(Clone, Default)]
 pub struct ApiEvents {
     pub group: Option<Handle>,
-    pub ops: Vec<Handle>,
+    /// The first operation's event apart from the others', so that a lone
+    /// call's events need no vector.
+    first: Option<Handle>,
+    rest: Vec<Handle>,
 }
 
 impl ApiEvents {
+    /// The events of a group whose first operation's API event is `first`.
+    pub fn new(group: Option<Handle>, first: Handle) -> ApiEvents {
+        ApiEvents {
+            group,
+            first: Some(first),
+            rest: Vec::new(),
+        }
+    }
+
+    /// Adds the API event of the next operation.
+    pub fn push(&mut self, h: Handle) {
+        if self.first.is_none() {
+            self.first = Some(h);
+        } else {
+            self.rest.push(h);
+        }
+    }
+
     /// The API event of operation `i` (NONE when none was started).
     pub fn op(&self, i: usize) -> Handle {
-        self.ops.get(i).copied().unwrap_or(Handle::NONE)
+        let h = match i {
+            0 => self.first,
+            _ => self.rest.get(i - 1).copied(),
+        };
+        h.unwrap_or(Handle::NONE)
     }
 
     pub fn group(&self) -> Handle {

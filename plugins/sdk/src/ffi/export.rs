@@ -416,10 +416,52 @@ unsafe extern "C" fn dereg_mr(c: *mut c_void, mh: *mut c_void) -> i32 {
     })
 }
 
+/// What a request pointer handed to NCCL points at: a thin box around the
+/// network's request (a `dyn` pointer is two words), emptied when `test`
+/// reports it finished.
+type RequestSlot = Option<Box<dyn Request>>;
+
+/// Emptied slots kept for the next requests of this thread (NCCL posts and
+/// tests on its proxy thread), so that a request costs one allocation, the
+/// network's, instead of two. Bounded: a burst beyond it is freed.
+const SPARE_SLOTS: usize = 64;
+
+thread_local! {
+    // The boxes are the point: each is a slot's allocation, kept to be
+    // handed out again, not a way to hold the value.
+    #[allow(clippy::vec_box)]
+    static SPARE: std::cell::RefCell<Vec<Box<RequestSlot>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 fn out_request(r: Option<Box<dyn Request>>) -> *mut c_void {
-    r.map_or(std::ptr::null_mut(), |r| {
-        Box::into_raw(Box::new(r)) as *mut c_void
-    })
+    let Some(r) = r else {
+        return std::ptr::null_mut();
+    };
+    let spare = SPARE
+        .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+        .ok()
+        .flatten();
+    let slot = match spare {
+        Some(mut b) => {
+            *b = Some(r);
+            b
+        }
+        None => Box::new(Some(r)),
+    };
+    Box::into_raw(slot) as *mut c_void
+}
+
+/// Keeps an emptied slot for a later request, or frees it.
+fn recycle(slot: Box<RequestSlot>) {
+    let mut slot = Some(slot);
+    let _ = SPARE.try_with(|s| {
+        if let Ok(mut s) = s.try_borrow_mut() {
+            if s.len() < SPARE_SLOTS {
+                s.extend(slot.take());
+            }
+        }
+    });
 }
 
 fn mr(p: *mut c_void) -> Option<MrHandle> {
@@ -646,21 +688,28 @@ unsafe extern "C" fn irecv_consumed(c: *mut c_void, n: c_int, _request: *mut c_v
 
 unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> i32 {
     guard("test", || {
-        let p = nonnull(request as *mut Box<dyn Request>, "request")?;
+        let p = nonnull(request as *mut RequestSlot, "request")?;
         let d = nonnull(done, "done")?;
         // SAFETY: NCCL passes a request we returned and have not freed.
-        let r = unsafe { &mut *p }.test();
+        let Some(req) = (unsafe { &mut *p }) else {
+            // Only a caller that tests a finished request sees an empty
+            // slot (while it is spare): nothing to free.
+            return Err(NetError::Internal("request tested after completion".into()));
+        };
+        let r = req.test_first();
         let finished = !matches!(r, Ok(None));
         if finished {
             // SAFETY: a finished (or failed) request is freed exactly once, here.
-            drop(unsafe { Box::from_raw(p) });
+            let mut slot = unsafe { Box::from_raw(p) };
+            drop(slot.take());
+            recycle(slot);
         }
         let got = r?;
         // SAFETY: valid out-pointers from NCCL (`sizes` may be NULL).
         unsafe {
             *d = got.is_some() as c_int;
             if let (Some(v), false) = (got, sizes.is_null()) {
-                *sizes = v.first().copied().unwrap_or(0) as c_int;
+                *sizes = v.unwrap_or(0) as c_int;
             }
         }
         Ok(())
