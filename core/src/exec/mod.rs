@@ -251,12 +251,20 @@ pub struct Staging {
     busy: Vec<usize>,
 }
 
-/// An emptied task queue, kept for its capacity.
+/// An emptied task queue, kept for its capacity; made only by
+/// [`SpareTasks::emptied`], so it never holds a task.
 #[derive(Default)]
 struct SpareTasks(VecDeque<Task>);
 
-// SAFETY: only an empty queue is ever stored here (`finish` clears it
-// first), so no task, and none of the addresses a task holds, crosses
+impl SpareTasks {
+    fn emptied(mut q: VecDeque<Task>) -> SpareTasks {
+        q.clear();
+        SpareTasks(q)
+    }
+}
+
+// SAFETY: a SpareTasks is only ever empty (its one constructor clears the
+// queue), so no task, and none of the addresses a task holds, crosses
 // threads with it: only its allocation does.
 #[allow(unsafe_code)]
 unsafe impl Send for SpareTasks {}
@@ -907,7 +915,7 @@ fn finish(lane: &mut Lane, mut st: LaneState<'_>, mut result: Result<()>) -> Res
     st.tasks.clear();
     lane.staging = Staging {
         slots: st.slots,
-        tasks: SpareTasks(st.tasks),
+        tasks: SpareTasks::emptied(st.tasks),
         free_slots: st.free_slots,
         hdr_sent: st.hdr_sent,
         hdr_recv_posted: st.hdr_recv_posted,
