@@ -157,9 +157,14 @@ pub(crate) fn submit(comm: Comm, core: Arc<Core>, op: Op, bufs: OpBuffers) -> Re
 /// lone calls) as [`run_tasks`] would, without its per-communicator lists.
 fn run_task(t: Task, group_api: Handle) -> Result<()> {
     let api = ApiEvents::new(Some(group_api), t.api);
-    t.core
-        .execute(&[(t.op, t.bufs)], &api)
-        .inspect_err(|e| t.comm.record_failure(e))
+    run_comm(&t.comm, &t.core, &[(t.op, t.bufs)], &api)
+}
+
+/// Runs one communicator's operations of a group; a failure is recorded
+/// on the communicator.
+fn run_comm(comm: &Comm, core: &Core, ops: &[(Op, OpBuffers)], api: &ApiEvents) -> Result<()> {
+    core.execute(ops, api)
+        .inspect_err(|e| comm.record_failure(e))
 }
 
 /// One communicator's share of a group, with the API events above it.
@@ -189,10 +194,7 @@ fn run_tasks(mut tasks: Vec<Task>, group_api: Handle) -> Result<()> {
             }
         }
     }
-    let run_one = |(comm, core, ops, api): &PerComm| {
-        core.execute(ops, api)
-            .inspect_err(|e| comm.record_failure(e))
-    };
+    let run_one = |(comm, core, ops, api): &PerComm| run_comm(comm, core, ops, api);
     // Device operations only enqueue work, which never waits on the host:
     // one thread issues them all, in the caller's order.
     let all_device = per_comm.iter().all(|(_, c, _, _)| c.device.is_some());

@@ -220,10 +220,7 @@ fn redop_code(op: RedOp) -> u8 {
 /// else the network; between hosts, the net plugin's first device as it
 /// describes itself.
 fn fabric_of(local: &Locality, net: &dyn Net, nodes: usize) -> cost::Fabric {
-    let inter = net
-        .properties(0)
-        .map(|p| cost::LinkModel::from_net(p.speed_mbps, p.latency_us))
-        .unwrap_or_default();
+    let inter = net_link(net);
     let me = local.rank;
     let same_host: Vec<usize> = (0..local.hosts.len())
         .filter(|&r| r != me && local.hosts[r] == local.hosts[me])
@@ -241,6 +238,13 @@ fn fabric_of(local: &Locality, net: &dyn Net, nodes: usize) -> cost::Fabric {
         inter,
         nodes,
     }
+}
+
+/// The link between hosts as the net plugin's first device describes it.
+pub(super) fn net_link(net: &dyn Net) -> cost::LinkModel {
+    net.properties(0)
+        .map(|p| cost::LinkModel::from_net(p.speed_mbps, p.latency_us))
+        .unwrap_or_default()
 }
 
 /// NCCL's ring lines (`Channel 00/02 : 0 1 2 3`), one per channel, under

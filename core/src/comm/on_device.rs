@@ -103,16 +103,13 @@ pub(crate) fn open(
         .ok()
         .flatten()
         .is_some();
-    let inter = net
-        .properties(0)
-        .map(|p| cost::LinkModel::from_net(p.speed_mbps, p.latency_us))
-        .unwrap_or_default();
+    let inter = super::core::net_link(&**net);
     let tr = Transports {
         routes,
         connect: Box::new(connect),
         gdr,
         profiled,
-        fabric: device_fabric(locality, &peers.p2p_disabled, inter),
+        fabric: device_fabric(locality, &peers.p2p_disabled, inter, peers.nnodes),
     };
     let dc = DeviceComm::with_transports(&oob, device, dcfg, tr)
         .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
@@ -184,40 +181,35 @@ fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<bool> {
 /// The links the device path's cost table prices: inside a node the
 /// slowest transport any pair of ranks there uses (NVLink P2P, step slots
 /// in shared memory, or the network when both are off), between nodes
-/// `inter` (the net plugin's). Computed from what every rank was told, so
-/// that every rank prices alike and chooses alike.
-fn device_fabric(local: &Locality, p2p_disabled: &[usize], inter: cost::LinkModel) -> cost::Fabric {
+/// `inter` (the net plugin's) across `nodes` hosts. Computed from what
+/// every rank was told, so that every rank prices alike and chooses alike.
+fn device_fabric(
+    local: &Locality,
+    p2p_disabled: &[usize],
+    inter: cost::LinkModel,
+    nodes: usize,
+) -> cost::Fabric {
     let n = local.hosts.len();
-    let mut worst = None;
-    for r in 0..n {
-        let from = Locality {
-            rank: r,
-            ..local.clone()
-        };
-        for p in (0..n).filter(|&p| p != r && local.hosts[p] == local.hosts[r]) {
-            let t = from.device_transport(p, p2p_disabled);
-            let rank = |t: Transport| match t {
-                Transport::P2p => 0,
-                Transport::Shm => 1,
-                Transport::Net => 2,
-            };
-            if worst.is_none_or(|w| rank(t) > rank(w)) {
-                worst = Some(t);
-            }
-        }
-    }
+    // How far each transport is from NVLink, for the worst of them.
+    let slowness = |t: &Transport| match t {
+        Transport::P2p => 0,
+        Transport::Shm => 1,
+        Transport::Net => 2,
+    };
+    let worst = (0..n)
+        .flat_map(|r| (0..n).map(move |p| (r, p)))
+        .filter(|&(r, p)| r != p && local.hosts[p] == local.hosts[r])
+        .map(|(r, p)| local.device_transport_between(r, p, p2p_disabled))
+        .max_by_key(slowness);
     let intra = match worst {
         None | Some(Transport::P2p) => cost::LinkModel::NVLINK,
         Some(Transport::Shm) => cost::LinkModel::SHM_DEVICE,
         Some(Transport::Net) => inter,
     };
-    let mut hosts = local.hosts.clone();
-    hosts.sort_unstable();
-    hosts.dedup();
     cost::Fabric {
         intra,
         inter,
-        nodes: hosts.len(),
+        nodes,
     }
 }
 
@@ -522,7 +514,15 @@ mod tests {
     fn priced(hosts: &[u64], p2p_off: &[usize]) -> Vec<(f64, f64, usize)> {
         (0..hosts.len())
             .map(|r| {
-                let f = device_fabric(&local(r, hosts), p2p_off, cost::LinkModel::default());
+                let mut nodes = hosts.to_vec();
+                nodes.sort_unstable();
+                nodes.dedup();
+                let f = device_fabric(
+                    &local(r, hosts),
+                    p2p_off,
+                    cost::LinkModel::default(),
+                    nodes.len(),
+                );
                 (f.intra.bandwidth, f.inter.bandwidth, f.nodes)
             })
             .collect()

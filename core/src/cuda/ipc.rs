@@ -164,42 +164,63 @@ pub fn map_kept_now(ctx: &Arc<Context>, bufs: &[Exported]) -> Result<Option<Vec<
     let mut kept = kept();
     let mut addrs = Vec::with_capacity(bufs.len());
     for e in bufs {
-        let key = (ctx.device().ordinal(), e.handle.0);
-        match kept.get(&key) {
-            Some(k) if k.id == e.id => {
-                addrs.push(k.map.ptr() + e.offset);
-                continue;
+        match look_up(ctx, &kept, e) {
+            Lookup::Kept(addr) => addrs.push(addr),
+            Lookup::Stale | Lookup::Full => return Ok(None),
+            Lookup::Absent => {
+                let Some(map) = IpcMapping::open_once(ctx, &e.handle)? else {
+                    return Ok(None);
+                };
+                addrs.push(map.ptr() + e.offset);
+                kept.insert(kept_key(ctx, e), Kept { id: e.id, map });
             }
-            Some(_) => return Ok(None),
-            None if kept.len() >= MAX_KEPT => return Ok(None),
-            None => {}
         }
-        let Some(map) = IpcMapping::open_once(ctx, &e.handle)? else {
-            return Ok(None);
-        };
-        addrs.push(map.ptr() + e.offset);
-        kept.insert(key, Kept { id: e.id, map });
     }
     Ok(Some(addrs))
+}
+
+/// What the table holds for a buffer.
+enum Lookup {
+    /// Its mapping, kept: the buffer's address.
+    Kept(u64),
+    /// A mapping of its handle for another allocation, since freed.
+    Stale,
+    /// Nothing, and the table is full.
+    Full,
+    /// Nothing.
+    Absent,
+}
+
+fn kept_key(ctx: &Context, e: &Exported) -> (usize, [u8; 64]) {
+    (ctx.device().ordinal(), e.handle.0)
+}
+
+fn look_up(ctx: &Context, kept: &KeptTable, e: &Exported) -> Lookup {
+    match kept.get(&kept_key(ctx, e)) {
+        Some(k) if k.id == e.id => Lookup::Kept(k.map.ptr() + e.offset),
+        Some(_) => Lookup::Stale,
+        None if kept.len() >= MAX_KEPT => Lookup::Full,
+        None => Lookup::Absent,
+    }
 }
 
 /// One buffer's address, and whether getting it let go of every kept
 /// mapping of the device.
 fn map_one(ctx: &Arc<Context>, kept: &mut KeptTable, e: &Exported) -> Result<(u64, bool)> {
-    let key = (ctx.device().ordinal(), e.handle.0);
+    let key = kept_key(ctx, e);
     let mut let_go = false;
-    match kept.get(&key) {
-        Some(k) if k.id == e.id => return Ok((k.map.ptr() + e.offset, false)),
-        Some(_) => {
+    match look_up(ctx, kept, e) {
+        Lookup::Kept(addr) => return Ok((addr, false)),
+        Lookup::Stale => {
             // The same handle for another allocation: the old one is freed.
             ctx.synchronize()?;
             kept.remove(&key);
         }
-        None if kept.len() >= MAX_KEPT => {
+        Lookup::Full => {
             drop_kept(ctx, kept)?;
             let_go = true;
         }
-        None => {}
+        Lookup::Absent => {}
     }
     let (map, dropped) = open_or_let_go(ctx, &e.handle, kept)?;
     let addr = map.ptr() + e.offset;

@@ -344,14 +344,13 @@ impl<'a> LaneState<'a> {
         let prof = prof.map(|p| Proxies::start(p, lane));
         let Staging {
             mut slots,
-            tasks: SpareTasks(mut tasks),
+            tasks: SpareTasks(tasks),
             mut free_slots,
             mut hdr_sent,
             mut hdr_recv_posted,
             mut busy,
         } = std::mem::take(&mut lane.staging);
         slots.resize_with(WINDOW, Default::default);
-        tasks.clear();
         free_slots.clear();
         free_slots.extend((0..WINDOW).rev());
         hdr_sent.clear();
@@ -910,11 +909,10 @@ fn finish(lane: &mut Lane, mut st: LaneState<'_>, mut result: Result<()>) -> Res
         let open = st.tasks.iter().flat_map(|t| [t.send_ev, t.recv_ev]);
         p.finish(open.chain(pending));
     }
-    // Requests a failed operation left posted go with their tasks here,
-    // as they did when the state was dropped whole.
-    st.tasks.clear();
     lane.staging = Staging {
         slots: st.slots,
+        // Requests a failed operation left posted go with their tasks
+        // here, as they did when the state was dropped whole.
         tasks: SpareTasks::emptied(st.tasks),
         free_slots: st.free_slots,
         hdr_sent: st.hdr_sent,

@@ -72,11 +72,14 @@ impl Locality {
     /// The transport between this rank and `peer` (the same seen from
     /// either end).
     pub fn transport(&self, peer: usize) -> Transport {
-        let same_host = self.hosts.get(peer) == self.hosts.get(self.rank)
-            && self.shm_devs.get(peer) == self.shm_devs.get(self.rank);
-        let disabled = [self.rank, peer]
-            .iter()
-            .any(|r| self.shm_disabled.contains(r));
+        self.transport_between(self.rank, peer)
+    }
+
+    /// The transport between ranks `a` and `b`, as either sees it.
+    fn transport_between(&self, a: usize, b: usize) -> Transport {
+        let same_host =
+            self.hosts.get(b) == self.hosts.get(a) && self.shm_devs.get(b) == self.shm_devs.get(a);
+        let disabled = [a, b].iter().any(|r| self.shm_disabled.contains(r));
         if same_host && !disabled {
             Transport::Shm
         } else {
@@ -89,12 +92,23 @@ impl Locality {
     /// buffers go. The driver may still refuse the mapping (no peer
     /// access), which the window reports.
     pub fn device_transport(&self, peer: usize, p2p_disabled: &[usize]) -> Transport {
-        let same_host = self.hosts.get(peer) == self.hosts.get(self.rank);
-        let off = [self.rank, peer].iter().any(|r| p2p_disabled.contains(r));
+        self.device_transport_between(self.rank, peer, p2p_disabled)
+    }
+
+    /// The device path's transport between ranks `a` and `b`, as either
+    /// sees it.
+    pub fn device_transport_between(
+        &self,
+        a: usize,
+        b: usize,
+        p2p_disabled: &[usize],
+    ) -> Transport {
+        let same_host = self.hosts.get(b) == self.hosts.get(a);
+        let off = [a, b].iter().any(|r| p2p_disabled.contains(r));
         if same_host && !off {
             Transport::P2p
         } else {
-            self.transport(peer)
+            self.transport_between(a, b)
         }
     }
 

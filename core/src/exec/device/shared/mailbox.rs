@@ -379,6 +379,30 @@ impl Mailbox {
         self.area.store(at + SRV_WORD * i, u64::from(v));
     }
 
+    /// Waits until `ready`, at most NCCL_TIMEOUT: a stop ends it with the
+    /// error of `what` (the wait), the timeout with `late()`.
+    fn wait_for(
+        &self,
+        what: impl FnOnce() -> String,
+        late: impl FnOnce() -> String,
+        ready: impl FnMut() -> bool,
+    ) -> Result<()> {
+        match wait_until(Instant::now() + self.timeout, &self.stop, ready) {
+            Waited::Ready => Ok(()),
+            Waited::Stopped => Err(stopped(&what())),
+            Waited::TimedOut => Err(Error::Remote(late())),
+        }
+    }
+
+    /// The bytes a writer put at `at` with their length at `len_at`, at
+    /// most `max` of them (a garbled length reads no further).
+    fn read_body(&self, len_at: usize, at: usize, max: usize) -> Vec<u8> {
+        let len = (self.area.load(len_at) as usize).min(max);
+        let mut body = vec![0; len];
+        self.area.read_bytes(at, &mut body);
+        body
+    }
+
     /// Rank `r`'s ring of requests for the leader's server.
     fn ring(&self, r: usize) -> usize {
         self.nranks * SLOT + self.nranks * self.nranks * PAIR + r * RING_BYTES
@@ -393,20 +417,15 @@ impl Mailbox {
     pub fn post_request(&self, n: u64, req: &Request, leader: usize) -> Result<()> {
         let slot = self.req_slot(self.me, n);
         if n > RING {
-            let deadline = Instant::now() + self.timeout;
             let earlier = n - RING;
-            let w = wait_until(deadline, &self.stop, || {
-                self.area.load(slot + ANSWER) >> 2 >= earlier
-            });
-            if w == Waited::Stopped {
-                return Err(stopped(&format!("copy request {n}")));
-            }
-            if w == Waited::TimedOut {
-                return Err(Error::Remote(format!(
+            self.wait_for(
+                || format!("copy request {n}"),
+                || format!(
                     "rank {leader}, whose p2p server copies this GPU's messages, did not answer rank {}'s copy request {earlier} within {:?} (NCCL_TIMEOUT)",
                     self.me, self.timeout
-                )));
-            }
+                ),
+                || self.area.load(slot + ANSWER) >> 2 >= earlier,
+            )?;
         }
         let body = req.encode();
         self.area.write_bytes(slot + REQ_BODY, &body);
@@ -454,9 +473,7 @@ impl Mailbox {
         if self.area.load(slot + POSTED) != n {
             return None;
         }
-        let len = (self.area.load(slot + LEN) as usize).min(REQ_SLOT - REQ_BODY);
-        let mut body = vec![0; len];
-        self.area.read_bytes(slot + REQ_BODY, &mut body);
+        let body = self.read_body(slot + LEN, slot + REQ_BODY, REQ_SLOT - REQ_BODY);
         Some(
             Request::decode(&body)
                 .ok_or_else(|| Error::Internal(format!("rank {r}'s copy request {n} is garbled"))),
@@ -479,26 +496,19 @@ impl Mailbox {
     /// The server's answer to this rank's `n`-th request.
     pub fn wait_served(&self, n: u64, leader: usize, mine: &str) -> Result<Served> {
         let slot = self.req_slot(self.me, n);
-        let deadline = Instant::now() + self.timeout;
-        let w = wait_until(deadline, &self.stop, || {
-            self.area.load(slot + ANSWER) >> 2 == n
-        });
-        if w == Waited::Stopped {
-            return Err(stopped(&format!("copy request {n} ({mine})")));
-        }
-        if w == Waited::TimedOut {
-            return Err(Error::Remote(format!(
+        self.wait_for(
+            || format!("copy request {n} ({mine})"),
+            || format!(
                 "rank {leader}, whose p2p server copies this GPU's messages, did not answer rank {}'s copy request {n} ({mine}) within {:?} (NCCL_TIMEOUT)",
                 self.me, self.timeout
-            )));
-        }
+            ),
+            || self.area.load(slot + ANSWER) >> 2 == n,
+        )?;
         Ok(match self.area.load(slot + ANSWER) & 3 {
             1 => Served::Copied,
             2 => Served::Pull,
             _ => {
-                let len = (self.area.load(slot + LEN) as usize).min(REQ_SLOT - REQ_BODY);
-                let mut msg = vec![0; len];
-                self.area.read_bytes(slot + REQ_BODY, &mut msg);
+                let msg = self.read_body(slot + LEN, slot + REQ_BODY, REQ_SLOT - REQ_BODY);
                 Served::Failed(String::from_utf8_lossy(&msg).into_owned())
             }
         })
@@ -514,19 +524,16 @@ impl Mailbox {
     /// leader.
     pub fn post_send(&self, to: usize, k: u64, post: &Post, addr: u64) -> Result<()> {
         let at = self.pair(self.me, to);
-        let deadline = Instant::now() + self.timeout;
-        let w = wait_until(deadline, &self.stop, || self.area.load(at) + DEPTH >= k);
-        if w == Waited::Stopped {
-            return Err(stopped(&format!("send {k} to rank {to}")));
-        }
-        if w == Waited::TimedOut {
-            return Err(Error::Remote(format!(
+        self.wait_for(
+            || format!("send {k} to rank {to}"),
+            || format!(
                 "rank {to} has not received this rank's messages {}..{k} within {:?} (NCCL_TIMEOUT): it died, hangs, or receives fewer than rank {} sends",
                 self.area.load(at) + 1,
                 self.timeout,
                 self.me
-            )));
-        }
+            ),
+            || self.area.load(at) + DEPTH >= k,
+        )?;
         let slot = at + 64 + ((k - 1) % DEPTH) as usize * PAIR_SLOT;
         let mut body = addr.to_le_bytes().to_vec();
         body.extend(post.encode(PAIR_SLOT - 24));
@@ -540,20 +547,15 @@ impl Mailbox {
     pub fn wait_send(&self, from: usize, k: u64, mine: &str) -> Result<(Post, u64)> {
         let at = self.pair(from, self.me);
         let slot = at + 64 + ((k - 1) % DEPTH) as usize * PAIR_SLOT;
-        let deadline = Instant::now() + self.timeout;
-        let w = wait_until(deadline, &self.stop, || self.area.load(slot) == k);
-        if w == Waited::Stopped {
-            return Err(stopped(&format!("receive {k} from rank {from}")));
-        }
-        if w == Waited::TimedOut {
-            return Err(Error::Remote(format!(
+        self.wait_for(
+            || format!("receive {k} from rank {from}"),
+            || format!(
                 "rank {from} did not send message {k} to rank {} ({mine}) within {:?} (NCCL_TIMEOUT): it died, hangs, or sends fewer than this rank receives",
                 self.me, self.timeout
-            )));
-        }
-        let len = (self.area.load(slot + 8) as usize).min(PAIR_SLOT - 16);
-        let mut body = vec![0; len];
-        self.area.read_bytes(slot + 16, &mut body);
+            ),
+            || self.area.load(slot) == k,
+        )?;
+        let body = self.read_body(slot + 8, slot + 16, PAIR_SLOT - 16);
         self.area.store(at, k);
         let garbled = || Error::Internal(format!("rank {from}'s message {k} is garbled"));
         let addr = u64::from_le_bytes(
@@ -583,20 +585,15 @@ impl Mailbox {
     /// The leader: rank `r`'s post for call `seq`.
     pub fn wait_post(&self, r: usize, seq: u64, mine: &str) -> Result<Post> {
         let at = r * SLOT;
-        let deadline = Instant::now() + self.timeout;
-        let w = wait_until(deadline, &self.stop, || self.area.load(at + POSTED) == seq);
-        if w == Waited::Stopped {
-            return Err(stopped(&format!("collective #{seq}")));
-        }
-        if w == Waited::TimedOut {
-            return Err(Error::Remote(format!(
+        self.wait_for(
+            || format!("collective #{seq}"),
+            || format!(
                 "rank {r} did not call collective #{seq} ({mine}) within {:?} (NCCL_TIMEOUT): it died, hangs, or called fewer collectives than rank {}",
                 self.timeout, self.me
-            )));
-        }
-        let len = (self.area.load(at + LEN) as usize).min(SLOT - BODY);
-        let mut body = vec![0; len];
-        self.area.read_bytes(at + BODY, &mut body);
+            ),
+            || self.area.load(at + POSTED) == seq,
+        )?;
+        let body = self.read_body(at + LEN, at + BODY, SLOT - BODY);
         Post::decode(&body).ok_or_else(|| {
             Error::Internal(format!("rank {r}'s post for collective #{seq} is garbled"))
         })
@@ -610,17 +607,14 @@ impl Mailbox {
     /// This rank's answer for call `seq`, from `leader`.
     pub fn wait_answer(&self, seq: u64, leader: usize, mine: &str) -> Result<Answer> {
         let at = self.me * SLOT + ANSWER;
-        let deadline = Instant::now() + self.timeout;
-        let w = wait_until(deadline, &self.stop, || self.area.load(at) >> 2 == seq);
-        if w == Waited::Stopped {
-            return Err(stopped(&format!("collective #{seq}")));
-        }
-        if w == Waited::TimedOut {
-            return Err(Error::Remote(format!(
+        self.wait_for(
+            || format!("collective #{seq}"),
+            || format!(
                 "rank {leader}, which runs this GPU's collectives, did not answer collective #{seq} ({mine}) within {:?} (NCCL_TIMEOUT)",
                 self.timeout
-            )));
-        }
+            ),
+            || self.area.load(at) >> 2 == seq,
+        )?;
         Ok(match self.area.load(at) & 3 {
             1 => Answer::Direct,
             2 => Answer::Kernels,

@@ -701,12 +701,13 @@ impl Processes {
             let how = if words.served(me) {
                 // Where the server cannot write this rank's buffer, or this
                 // stream is being captured, the server only relays READY.
-                let dst = match capturing {
-                    true => None,
-                    false => match self.export(true, buf)? {
+                let dst = if capturing {
+                    None
+                } else {
+                    match self.export(true, buf)? {
                         Buf::Shared(e) => Some(e),
                         _ => None,
-                    },
+                    }
                 };
                 let src = if q == leader {
                     Src::Leader(addr)

@@ -110,19 +110,24 @@ pub(super) fn reached(word: u32, k: u32) -> bool {
     (word.wrapping_sub(k) as i32) >= 0
 }
 
-/// One stream operation of the protocol; `C` describes a copy.
+/// One stream operation of the protocol: a store or wait on a word (as
+/// [`MemOp`] enqueues them), or a copy `C` describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Op<C> {
-    /// Later work waits until the word at `at` reaches `value`.
-    Wait {
-        at: u64,
-        value: u32,
-    },
-    Store {
-        at: u64,
-        value: u32,
-    },
+    Mem(MemOp),
     Copy(C),
+}
+
+impl<C> Op<C> {
+    /// Stores `value` at `at`.
+    fn store(at: u64, value: u32) -> Op<C> {
+        Op::Mem(MemOp::Write { addr: at, value })
+    }
+
+    /// Later work waits until the word at `at` reaches `value`.
+    fn wait(at: u64, value: u32) -> Op<C> {
+        Op::Mem(MemOp::Wait { addr: at, value })
+    }
 }
 
 /// A copy of `bytes` from `src` to `dst`, addresses of the stream's context.
@@ -188,18 +193,12 @@ impl Words {
         } else {
             self.ready(q, r)
         };
-        Op::Store {
-            at,
-            value: k as u32,
-        }
+        Op::store(at, k as u32)
     }
 
     /// Sender `q`'s stream, after the group: its buffer is free again.
     pub fn send_end<C>(&self, q: usize, r: usize, k: u64) -> Op<C> {
-        Op::Wait {
-            at: self.done(q, r),
-            value: k as u32,
-        }
+        Op::wait(self.done(q, r), k as u32)
     }
 
     /// Receiver `r`'s stream, for `q`'s `k`-th message, which the server
@@ -207,14 +206,8 @@ impl Words {
     pub fn recv_copied<C>(&self, q: usize, r: usize, k: u64) -> [Op<C>; 2] {
         let value = k as u32;
         [
-            Op::Store {
-                at: self.rready(q, r),
-                value,
-            },
-            Op::Wait {
-                at: self.ready(q, r),
-                value,
-            },
+            Op::store(self.rready(q, r), value),
+            Op::wait(self.ready(q, r), value),
         ]
     }
 
@@ -222,15 +215,9 @@ impl Words {
     pub fn recv_pull<C>(&self, q: usize, r: usize, k: u64, copy: C) -> [Op<C>; 3] {
         let value = k as u32;
         [
-            Op::Wait {
-                at: self.ready(q, r),
-                value,
-            },
+            Op::wait(self.ready(q, r), value),
             Op::Copy(copy),
-            Op::Store {
-                at: self.done(q, r),
-                value,
-            },
+            Op::store(self.done(q, r), value),
         ]
     }
 
@@ -239,20 +226,10 @@ impl Words {
     /// (`None`) only the receiver's READY for it to pull. No wait.
     pub fn serve<C>(&self, q: usize, r: usize, k: u64, copy: Option<C>) -> Vec<Op<C>> {
         let value = k as u32;
-        let ready = Op::Store {
-            at: self.ready(q, r),
-            value,
-        };
+        let ready = Op::store(self.ready(q, r), value);
         match copy {
             None => vec![ready],
-            Some(c) => vec![
-                Op::Copy(c),
-                ready,
-                Op::Store {
-                    at: self.done(q, r),
-                    value,
-                },
-            ],
+            Some(c) => vec![Op::Copy(c), ready, Op::store(self.done(q, r), value)],
         }
     }
 }
@@ -351,17 +328,17 @@ pub(super) unsafe fn enqueue(
     };
     for op in ops {
         match *op {
-            Op::Wait { at, value } => {
+            Op::Mem(m @ MemOp::Wait { addr, value }) => {
                 let Some((base, awaited)) = awaited.as_mut() else {
                     return Err(Error::Internal(
                         "a stream wait on the shared-GPU p2p server's stream".into(),
                     ));
                 };
-                debug_assert!(at >= *base, "a wait on another process's word");
-                batch.push(MemOp::Wait { addr: at, value });
-                awaited.wait(at - *base, value);
+                debug_assert!(addr >= *base, "a wait on another process's word");
+                batch.push(m);
+                awaited.wait(addr - *base, value);
             }
-            Op::Store { at, value } => batch.push(MemOp::Write { addr: at, value }),
+            Op::Mem(m @ MemOp::Write { .. }) => batch.push(m),
             Op::Copy(m) => {
                 flush(&mut batch)?;
                 kernels.copy(m.dst, m.src, m.bytes, stream)?;
@@ -641,10 +618,7 @@ impl Serving {
             Ok(c) => (self.words.serve(q, r, k, c), None),
             Err(e) => {
                 let mut ops = self.words.serve::<Move>(q, r, k, None);
-                ops.push(Op::Store {
-                    at: self.words.done(q, r),
-                    value: k as u32,
-                });
+                ops.push(Op::store(self.words.done(q, r), k as u32));
                 (ops, Some(e))
             }
         };
@@ -719,13 +693,13 @@ mod tests {
                 for (name, ops) in &mut self.streams {
                     while let Some(&op) = ops.front() {
                         match op {
-                            Op::Wait { at, value } => {
+                            Op::Mem(MemOp::Wait { addr: at, value }) => {
                                 let v = self.mem.get(&at).copied().unwrap_or(0);
                                 if (v.wrapping_sub(value) as i32) < 0 {
                                     break;
                                 }
                             }
-                            Op::Store { at, value } => {
+                            Op::Mem(MemOp::Write { addr: at, value }) => {
                                 self.mem.insert(at, value);
                             }
                             Op::Copy(_) => {}
@@ -1004,7 +978,7 @@ mod tests {
                     assert!(seen.insert(at), "word {at:#x} used twice");
                 }
                 let mine = |rank: usize, op: Op<()>| {
-                    if let Op::Wait { at, .. } = op {
+                    if let Op::Mem(MemOp::Wait { addr: at, .. }) = op {
                         assert!(at >= w.flags[rank] && at < w.flags[rank] + (1 << 20));
                     }
                 };
@@ -1016,19 +990,16 @@ mod tests {
                     mine(r, op);
                 }
                 for op in [w.serve(q, r, 1, Some(())), w.serve(q, r, 1, None)].concat() {
-                    assert!(!matches!(op, Op::Wait { .. }), "the server never waits");
+                    assert!(
+                        !matches!(op, Op::Mem(MemOp::Wait { .. })),
+                        "the server never waits"
+                    );
                 }
             }
         }
         // Without a server every receiver pulls, and senders signal it.
         let w = Words { srv: 0, ..words(3) };
         assert!(!w.served(1));
-        assert_eq!(
-            w.send::<()>(2, 1, 5),
-            Op::Store {
-                at: w.ready(2, 1),
-                value: 5
-            }
-        );
+        assert_eq!(w.send::<()>(2, 1, 5), Op::store(w.ready(2, 1), 5));
     }
 }
