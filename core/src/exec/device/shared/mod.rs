@@ -194,7 +194,7 @@ impl SharedGpu {
     pub fn routes_self(&self) -> bool {
         match self {
             SharedGpu::Local(_) => false,
-            SharedGpu::Processes(p) => p.me != p.leader && p.words().served(p.me),
+            SharedGpu::Processes(p) => p.me != p.leader && p.words.served(p.me),
         }
     }
 
@@ -227,8 +227,9 @@ pub(crate) struct Processes {
     nranks: usize,
     /// Calls made so far, the same count on every rank.
     seq: u64,
-    /// Each rank's flag buffer as this process addresses it.
-    flags: Vec<u64>,
+    /// Each rank's flag buffer and the server's words as this process
+    /// addresses them (shared with the leader's server thread).
+    words: Arc<Words>,
     mailbox: Arc<Mailbox>,
     /// Messages sent to and received from each rank so far.
     sent: Vec<u64>,
@@ -237,10 +238,6 @@ pub(crate) struct Processes {
     awaited: Awaited,
     _own: DeviceBuffer,
     flag_maps: Vec<IpcMapping>,
-    /// The p2p server's words as this process's streams address them; 0
-    /// where the server was not asked for or the group is too large for it
-    /// (see `server`).
-    srv: u64,
     /// Copy requests this rank has posted to the server.
     requests: u64,
     /// The leader's: its p2p server (stopped before anything it uses
@@ -331,15 +328,14 @@ impl Processes {
         } else {
             None
         };
-        let srv = srv_words.as_ref().map_or(0, Registered::device_ptr);
+        let words = Arc::new(Words {
+            flags,
+            srv: srv_words.as_ref().map_or(0, Registered::device_ptr),
+            leader,
+        });
         let server = match &srv_words {
             Some(_) if me == leader => {
-                let words = Words {
-                    flags: flags.clone(),
-                    srv,
-                    leader,
-                };
-                Some(Server::start(ctx, mailbox.clone(), words, stop)?)
+                Some(Server::start(ctx, mailbox.clone(), words.clone(), stop)?)
             }
             _ => None,
         };
@@ -349,14 +345,13 @@ impl Processes {
             leader,
             nranks,
             seq: 0,
-            flags,
+            words,
             mailbox,
             sent: vec![0; nranks],
             received: vec![0; nranks],
             awaited: Awaited::default(),
             _own: own,
             flag_maps,
-            srv,
             requests: 0,
             server,
             _srv_words: srv_words,
@@ -365,15 +360,7 @@ impl Processes {
 
     /// Whether send/recv go through the leader's copy thread.
     pub(crate) fn served(&self) -> bool {
-        self.srv != 0
-    }
-
-    fn words(&self) -> Words {
-        Words {
-            flags: self.flags.clone(),
-            srv: self.srv,
-            leader: self.leader,
-        }
+        self.words.srv != 0
     }
 
     /// Closes this rank's mappings of other ranks' flag words before a
@@ -402,7 +389,9 @@ impl Processes {
             // lives until the communicator goes (that synchronizes the
             // context first).
             unsafe {
-                stream.handle().write_u32(self.flags[self.me] + off, v)?;
+                stream
+                    .handle()
+                    .write_u32(self.words.flags[self.me] + off, v)?;
             }
         }
         // The p2p server's stream never waits: nothing of it to release.
@@ -577,11 +566,11 @@ impl Processes {
                         let me = self.me as u64;
                         stream.mem_ops(&[
                             MemOp::Write {
-                                addr: self.flags[self.leader] + READY + 8 * me,
+                                addr: self.words.flags[self.leader] + READY + 8 * me,
                                 value: flag,
                             },
                             MemOp::Wait {
-                                addr: self.flags[self.me] + DONE,
+                                addr: self.words.flags[self.me] + DONE,
                                 value: flag,
                             },
                         ])?;
@@ -602,7 +591,7 @@ impl Processes {
         // DONE before it touches its buffers again.
         unsafe {
             let others = (0..self.nranks).filter(|&r| r != self.me);
-            let mine = self.flags[self.me];
+            let mine = self.words.flags[self.me];
             stream.wait_all(others.clone().map(|r| mine + READY + 8 * r as u64), flag)?;
             for r in others.clone() {
                 self.awaited.wait(READY + 8 * r as u64, flag);
@@ -611,7 +600,7 @@ impl Processes {
                 let (o, i) = (&s.outputs, &s.inputs);
                 kernels.reduce(o, i, count, dtype, op, self.nranks, s.flags, stream)?;
             }
-            stream.write_all(others.map(|r| self.flags[r] + DONE), flag)?;
+            stream.write_all(others.map(|r| self.words.flags[r] + DONE), flag)?;
         }
         Ok(true)
     }
@@ -647,7 +636,7 @@ impl Processes {
         let bytes = count * dtype.size();
         let capturing = stream.is_capturing()?;
         let (me, leader) = (self.me, self.leader);
-        let words = self.words();
+        let words = self.words.clone();
         let (mut left_sends, mut left_recvs, mut direct) = (Vec::new(), Vec::new(), Vec::new());
         for &(p, buf) in sends {
             self.sent[p] += 1;
@@ -789,7 +778,7 @@ impl Processes {
         // (let go only after a synchronize), which the sender touches again
         // only after this rank's DONE.
         unsafe {
-            let mine = Some((self.flags[self.me], &mut self.awaited));
+            let mine = Some((self.words.flags[self.me], &mut self.awaited));
             server::enqueue(ops, stream, kernels, mine)
         }
     }

@@ -147,7 +147,7 @@ pub(super) struct Words {
     pub flags: Vec<u64>,
     /// The server's words (host memory of the mailbox segment, registered
     /// with CUDA) as this process's streams address them; 0 where there is
-    /// no server (too many ranks): every receiver then pulls.
+    /// no server (not asked for, or too many ranks): every receiver then pulls.
     pub srv: u64,
     pub leader: usize,
 }
@@ -380,7 +380,7 @@ impl Server {
     pub fn start(
         ctx: &Arc<Context>,
         mailbox: Arc<Mailbox>,
-        words: Words,
+        words: Arc<Words>,
         stop: Arc<AtomicBool>,
     ) -> Result<Server> {
         let kernels = KernelSet::shared(ctx)?;
@@ -458,7 +458,7 @@ struct Serving {
     ctx: Arc<Context>,
     kernels: Arc<KernelSet>,
     mailbox: Arc<Mailbox>,
-    words: Words,
+    words: Arc<Words>,
     /// Each rank's next request.
     next: Vec<u64>,
     /// Its one stream, which never waits.
