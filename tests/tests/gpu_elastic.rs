@@ -40,6 +40,18 @@ const COUNT: usize = 1 << 18;
 const WATCH: Duration = Duration::from_secs(4);
 const TIMEOUT_S: &str = "10";
 
+/// Held by each test's parent for its whole run: the suspend cases read
+/// the GPU's free memory (cuMemGetInfo), which any other test of this file
+/// allocating on the same GPU at the same moment would move (a 2-GPU
+/// machine failed `gpu_suspend_resume_one_process` that way).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn pattern(seed: u64) -> impl Fn(usize) -> FillPattern {
     move |rank| FillPattern {
         seed: seed * 31 + rank as u64,
@@ -276,6 +288,7 @@ fn gpu_suspend_resume_shared_gpu() {
     if as_child(name, suspend_child) {
         return;
     }
+    let _serial = one_at_a_time();
     run_suspend_case(name, &[]);
 }
 
@@ -285,6 +298,7 @@ fn gpu_suspend_resume_on_kernels() {
     if as_child(name, suspend_child) {
         return;
     }
+    let _serial = one_at_a_time();
     run_suspend_case(name, &[("OXCCL_SHARED_GPU", "kernels")]);
 }
 
@@ -295,6 +309,7 @@ fn gpu_suspend_resume_one_process() {
     if oxccl_tests::gpu::ranks().is_none() {
         return;
     }
+    let _serial = one_at_a_time();
     oxccl::log::init();
     let cfg = CommConfig::default().with("TIMEOUT", TIMEOUT_S);
     let comms = Comm::init_all_devices(&[0, 0], &cfg).expect("two ranks on GPU 0");
@@ -422,6 +437,7 @@ fn gpu_killed_rank_revoke_then_shrink_default() {
     if as_child(name, |r| survive(r, ShrinkMode::Default, true)) {
         return;
     }
+    let _serial = one_at_a_time();
     run_case(name, &[]);
 }
 
@@ -431,6 +447,7 @@ fn gpu_killed_rank_shrink_abort() {
     if as_child(name, |r| survive(r, ShrinkMode::Abort, false)) {
         return;
     }
+    let _serial = one_at_a_time();
     run_case(name, &[]);
 }
 
@@ -440,6 +457,7 @@ fn gpu_killed_rank_revoke_then_shrink_default_on_kernels() {
     if as_child(name, |r| survive(r, ShrinkMode::Default, true)) {
         return;
     }
+    let _serial = one_at_a_time();
     run_case(name, &[("OXCCL_SHARED_GPU", "kernels")]);
 }
 
@@ -449,6 +467,7 @@ fn gpu_killed_rank_shrink_abort_on_kernels() {
     if as_child(name, |r| survive(r, ShrinkMode::Abort, false)) {
         return;
     }
+    let _serial = one_at_a_time();
     run_case(name, &[("OXCCL_SHARED_GPU", "kernels")]);
 }
 
@@ -533,6 +552,7 @@ fn gpu_grow_two_to_four_and_back() {
     if as_child(name, grow_child) {
         return;
     }
+    let _serial = one_at_a_time();
     let Some(done) = spawn_on_gpu(name, &[], Duration::from_secs(240)) else {
         return;
     };
