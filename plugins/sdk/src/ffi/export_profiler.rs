@@ -484,16 +484,47 @@ fn start_common<T: Profiler>(
     })
 }
 
+/// Allocations of stopped events held back from reuse, oldest first.
+/// A handle is the event's address, and a stopped event stays a parent:
+/// NCCL (and oxccl) start a collective's kernel-channel events, naming it
+/// as their parent, when its kernel's blocks start, long after the
+/// collective itself stopped (at enqueue) where a GPU is busy or time-
+/// sliced. Were its memory reused at once, the next event started would
+/// take the same handle and be mistaken for that parent (seen on a GPU
+/// shared by two processes). NCCL's example profiler keeps events in
+/// pools for the same reason. The last `QUARANTINE` stopped events' memory
+/// (a few MiB) waits here before it is freed.
+static STOPPED: std::sync::Mutex<std::collections::VecDeque<Box<dyn Send>>> =
+    std::sync::Mutex::new(std::collections::VecDeque::new());
+const QUARANTINE: usize = 1 << 15;
+
 unsafe extern "C" fn stop_event<T: Profiler>(h: *mut c_void) -> NcclResult {
     if h.is_null() {
         // NCCL does not stop untracked events; tolerate it anyway.
         return NCCL_SUCCESS;
     }
-    // SAFETY: a non-null handle was made by `start_common::<T>` and is
-    // stopped once.
-    let ev = unsafe { Box::from_raw(h as *mut T::Event) };
+    let ptr = h as *mut T::Event;
+    // SAFETY: a non-null handle was made by `start_common::<T>` (a Box of
+    // T::Event) and is stopped once: the event is moved out here, and the
+    // allocation, now holding nothing to drop, is kept as a MaybeUninit
+    // box (same layout) until `QUARANTINE` later stops free it.
+    let (ev, shell) = unsafe {
+        let ev = std::ptr::read(ptr);
+        (
+            ev,
+            Box::from_raw(ptr.cast::<std::mem::MaybeUninit<T::Event>>()),
+        )
+    };
+    let old = {
+        let mut q = STOPPED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        q.push_back(shell);
+        (q.len() > QUARANTINE).then(|| q.pop_front()).flatten()
+    };
+    drop(old);
     guard("stopEvent", move || {
-        T::stop_event_with_handle(*ev, h as usize);
+        T::stop_event_with_handle(ev, h as usize);
         Ok(())
     })
 }
@@ -804,6 +835,53 @@ mod tests {
                 e.stop = Some(p_timer);
             }
         }
+    }
+
+    /// Tracks every event, keeping nothing.
+    struct Every;
+    impl Profiler for Every {
+        const NAME: &'static CStr = c"every";
+        type Event = [u64; 4];
+        fn init(_: &ProfilerInit, mask: &mut i32) -> PluginResult<Self> {
+            *mask = NCCL_PROFILE_KERNEL_CH;
+            Ok(Every)
+        }
+        fn start_event(&self, _: &Event<'_>) -> Option<[u64; 4]> {
+            Some([1, 2, 3, 4])
+        }
+        fn stop_event(_: [u64; 4]) {}
+        fn record_event_state(_: &mut [u64; 4], _: &StateUpdate) {}
+    }
+
+    /// A stopped event's handle is not handed to the next events started:
+    /// the core may still name it as their parent (kernel channels start
+    /// after their collective stopped), so a reused address would name
+    /// the wrong event. The allocator, left alone, hands the freed block
+    /// straight back.
+    #[test]
+    fn a_stopped_events_handle_is_not_reused_by_the_next_ones() {
+        let vt = vtable_v5::<Every>();
+        let (mut ctx, mut mask): (*mut c_void, c_int) = (std::ptr::null_mut(), 0);
+        // SAFETY: valid out-pointers, NULL name and logger.
+        let rc =
+            unsafe { vt.init.unwrap()(&mut ctx, 1, &mut mask, std::ptr::null(), 1, 2, 0, None) };
+        assert_eq!(rc, NCCL_SUCCESS);
+        // SAFETY: all-zero is a valid descriptor.
+        let mut d: v5::EventDescrV5 = unsafe { std::mem::zeroed() };
+        d.ty = NCCL_PROFILE_KERNEL_CH as u64;
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..1000 {
+            let mut h: *mut c_void = std::ptr::null_mut();
+            // SAFETY: the context from init, the descriptor and `h` live for
+            // the calls; each handle is stopped once.
+            unsafe {
+                assert_eq!(vt.start_event.unwrap()(ctx, &mut h, &mut d), NCCL_SUCCESS);
+                assert_eq!(vt.stop_event.unwrap()(h), NCCL_SUCCESS);
+            }
+            assert!(seen.insert(h as usize), "handle {h:?} handed out twice");
+        }
+        // SAFETY: the context from init, finalized once.
+        assert_eq!(unsafe { vt.finalize.unwrap()(ctx) }, NCCL_SUCCESS);
     }
 
     fn take_seen() -> Vec<Seen> {
