@@ -33,7 +33,15 @@ fn pattern(rank: usize) -> FillPattern {
 /// One rank: all-reduces of every size (checked), an all-gather, and
 /// (with a peer) a group of a send and a receive with the other rank.
 fn rank_body(r: Rank) {
-    let g = GpuRank::join(&r);
+    ops_body(&r, GpuRank::join(&r));
+}
+
+/// As [`rank_body`], every rank on GPU 0.
+fn shared_rank_body(r: Rank) {
+    ops_body(&r, GpuRank::join_on(&r, 0));
+}
+
+fn ops_body(r: &Rank, g: GpuRank) {
     let big = *SIZES.iter().max().unwrap();
     let input = DeviceBuffer::alloc(&g.ctx, big * 4).unwrap();
     let output = DeviceBuffer::alloc(&g.ctx, big * 4 * r.nranks).unwrap();
@@ -80,39 +88,68 @@ fn device_path_reports_kernel_channels_under_their_operations() {
     if let Err(e) = oxccl::cuda::nvrtc::version() {
         return println!("skipped: {e}");
     }
+    // 0x47: group, coll, p2p and kernel channels; 7 lacks the last.
+    for (mask, kernel) in [("0x47", true), ("7", false)] {
+        traced_run(name, nranks, mask, kernel);
+    }
+}
+
+/// Two ranks, each a process, sharing GPU 0 (the shared-GPU path, whose
+/// leader would otherwise run every collective and whose receivers pull
+/// sends with copies): with kernel-channel events asked for, every
+/// collective and every send and receive still reports one per channel,
+/// with the GPU's times, as on separate GPUs.
+#[test]
+fn shared_gpu_reports_kernel_channels_for_every_operation() {
+    let name = "shared_gpu_reports_kernel_channels_for_every_operation";
+    if as_child(name, shared_rank_body) {
+        return;
+    }
+    if gpu::ranks().is_none() {
+        return;
+    }
+    if let Err(e) = oxccl::cuda::nvrtc::version() {
+        return println!("skipped: {e}");
+    }
+    traced_run(name, 2, "0x47", true);
+}
+
+/// Runs test `name`'s children as `nranks` ranks under our trace profiler
+/// with `mask`, and checks each rank's trace (`kernel`: kernel-channel
+/// events asked for).
+fn traced_run(name: &str, nranks: usize, mask: &str, kernel: bool) {
     let lib = built_library("liboxccl_profiler.so")
         .expect("liboxccl_profiler.so next to the test binary (a dev-dependency builds it)");
     let lib = lib.to_string_lossy().into_owned();
-    // 0x47: group, coll, p2p and kernel channels; 7 lacks the last.
-    for (mask, kernel) in [("0x47", true), ("7", false)] {
-        let dir =
-            std::env::temp_dir().join(format!("oxccl-gpu-prof-{}-{mask}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let d = dir.to_string_lossy().into_owned();
-        let done = spawn(
-            name,
-            nranks,
-            &[
-                ("NCCL_PROFILER_PLUGIN", &lib),
-                ("NCCL_PROFILE_EVENT_MASK", mask),
-                ("OXCCL_PROFILER_DIR", &d),
-                ("NCCL_NVLS_ENABLE", "0"),
-            ],
-            Duration::from_secs(120),
+    let dir = std::env::temp_dir().join(format!(
+        "oxccl-gpu-prof-{}-{name}-{mask}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_string_lossy().into_owned();
+    let done = spawn(
+        name,
+        nranks,
+        &[
+            ("NCCL_PROFILER_PLUGIN", &lib),
+            ("NCCL_PROFILE_EVENT_MASK", mask),
+            ("OXCCL_PROFILER_DIR", &d),
+            ("NCCL_NVLS_ENABLE", "0"),
+        ],
+        Duration::from_secs(120),
+    );
+    assert_all_ok(&done);
+    for rank in 0..nranks {
+        let xs = trace_events(&dir, rank);
+        check_rank(rank, nranks, &xs, kernel);
+        println!(
+            "rank {rank}, mask {mask}: {} events, {} kernel-channel events",
+            xs.len(),
+            xs.iter().filter(|e| e["cat"] == "kernel").count()
         );
-        assert_all_ok(&done);
-        for rank in 0..nranks {
-            let xs = trace_events(&dir, rank);
-            check_rank(rank, nranks, &xs, kernel);
-            println!(
-                "rank {rank}, mask {mask}: {} events, {} kernel-channel events",
-                xs.len(),
-                xs.iter().filter(|e| e["cat"] == "kernel").count()
-            );
-        }
-        if std::env::var_os("OXCCL_KEEP_TRACES").is_none() {
-            std::fs::remove_dir_all(&dir).ok();
-        }
+    }
+    if std::env::var_os("OXCCL_KEEP_TRACES").is_none() {
+        std::fs::remove_dir_all(&dir).ok();
     }
 }
 

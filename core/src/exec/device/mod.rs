@@ -624,7 +624,15 @@ impl DeviceComm {
             recvs.retain(|r| r.0 != me);
         }
         if let Some(sh) = self.window.shared.as_mut() {
-            (sends, recvs) = sh.p2p(&self.kernels, &sends, &recvs, count, dtype, stream)?;
+            (sends, recvs) = sh.p2p(
+                self.timed,
+                &self.kernels,
+                &sends,
+                &recvs,
+                count,
+                dtype,
+                stream,
+            )?;
         }
         if routes_self {
             // Those the shared path left to this rank (its stream is being

@@ -202,9 +202,11 @@ impl SharedGpu {
     /// kernels. Ranks of one process leave them all there: their kernels
     /// run together, and the pairwise path below waits on the host for the
     /// sender, which one thread driving both ranks would never reach.
-    #[allow(clippy::type_complexity)] // the two lists left over
+    /// `timed`: the profiler wants this rank's kernel-channel times.
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)] // the two lists left over
     pub fn p2p(
         &mut self,
+        timed: bool,
         kernels: &KernelSet,
         sends: &[(usize, u64)],
         recvs: &[(usize, u64)],
@@ -214,7 +216,7 @@ impl SharedGpu {
     ) -> Result<(Vec<(usize, u64)>, Vec<(usize, u64)>)> {
         match self {
             SharedGpu::Local(_) => Ok((sends.to_vec(), recvs.to_vec())),
-            SharedGpu::Processes(p) => p.p2p(kernels, sends, recvs, count, dtype, stream),
+            SharedGpu::Processes(p) => p.p2p(timed, kernels, sends, recvs, count, dtype, stream),
         }
     }
 }
@@ -617,10 +619,16 @@ impl Processes {
     /// NCCL hangs from a FIFO's worth: NCCL asks for a group there.)
     /// Returns the sends and receives that run on every rank's kernels
     /// instead: those whose sender is capturing a graph or has memory CUDA
-    /// IPC cannot share, as the sender's post tells the receiver.
-    #[allow(clippy::type_complexity)] // the two lists left over
+    /// IPC cannot share, as the sender's post tells the receiver, and
+    /// those of a sender whose launches the profiler times: as for
+    /// collectives, only its kernels write the channels' clocks, so the
+    /// message then takes both ranks' kernels (time-sliced, slower, with
+    /// the kernel events of separate GPUs). A timed receiver follows its
+    /// sender's choice.
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)] // the two lists left over
     pub fn p2p(
         &mut self,
+        timed: bool,
         kernels: &KernelSet,
         sends: &[(usize, u64)],
         recvs: &[(usize, u64)],
@@ -641,7 +649,7 @@ impl Processes {
         for &(p, buf) in sends {
             self.sent[p] += 1;
             let k = self.sent[p];
-            let send = if capturing {
+            let send = if capturing || timed {
                 Buf::Private
             } else {
                 self.export(true, buf)?
