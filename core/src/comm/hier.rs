@@ -1,4 +1,4 @@
-//! All-reduce on device buffers where ranks of several processes share a
+//! All-reduce and broadcast on device buffers where ranks of several processes share a
 //! GPU and the communicator spans other GPUs (or hosts) too. Without MPS
 //! such a GPU runs one process at a time, so every rank's ring kernel
 //! waits for the GPU to switch processes at each step (4.6 ms per 8-byte
@@ -16,8 +16,10 @@
 //! The three run on the caller's stream one after the other. The two
 //! communicators are split from this one at its first such all-reduce
 //! (every rank reaches it, as it reaches every collective) and live as
-//! long as it does; a suspend or revoke lets them go. Only sum, product,
-//! min and max split this way (an average or a pre-multiplied sum of
+//! long as it does; a suspend or revoke lets them go. A broadcast takes
+//! the same communicators: on the root's GPU from the root, among one rank
+//! per GPU, then on each other GPU. Only sum, product, min and max split
+//! this way (an average or a pre-multiplied sum of
 //! partial results would differ from NCCL's); other operations, and groups
 //! holding other collectives, run as before; so do layouts where a
 //! process holds several ranks (see `mixed_groups` in the device window).
@@ -55,6 +57,9 @@ pub(super) struct Hier {
     leaders: Option<Comm>,
     /// The parent's ranks of `local`, for errors.
     local_ranks: Vec<usize>,
+    /// Each parent rank's GPU, numbered in the order of the GPUs' first
+    /// ranks: GPU g's first rank is rank g of `leaders`.
+    gpus: Vec<usize>,
 }
 
 impl Hier {
@@ -70,11 +75,16 @@ impl Hier {
     }
 }
 
-/// Whether `op` may run in the three steps.
+/// Whether `op` may run in steps.
 fn splits(op: &Op) -> bool {
-    matches!(op.kind, OpKind::AllReduce)
-        && op.count > 0
-        && matches!(op.redop, RedOp::Sum | RedOp::Prod | RedOp::Max | RedOp::Min)
+    op.count > 0
+        && match op.kind {
+            OpKind::AllReduce => {
+                matches!(op.redop, RedOp::Sum | RedOp::Prod | RedOp::Max | RedOp::Min)
+            }
+            OpKind::Broadcast { .. } => true,
+            _ => false,
+        }
 }
 
 fn wanted() -> bool {
@@ -101,7 +111,10 @@ impl Comm {
             return core.execute(ops, api);
         };
         for (op, _) in colls() {
-            self.all_reduce_in_steps(&hier, op)?;
+            match op.kind {
+                OpKind::Broadcast { root } => self.broadcast_in_steps(&hier, op, root)?,
+                _ => self.all_reduce_in_steps(&hier, op)?,
+            }
         }
         let rest: Vec<(Op, OpBuffers)> = ops
             .iter()
@@ -150,28 +163,80 @@ impl Comm {
             .ok_or_else(|| Error::Internal("no communicator for this rank's GPU".into()))?;
         let leaders = self.split(if leader { 0 } else { SPLIT_NOCOLOR }, key, &cfg)?;
         let ngpus = gpus.iter().max().map_or(0, |g| g + 1);
-        info!(target: "oxccl::init", "rank {me}: ranks of several processes share GPUs of this {}-rank communicator over {ngpus} GPUs: all_reduce runs as a reduce on each GPU's ranks (this rank's: {local_ranks:?}, shared-GPU path), an all_reduce among one rank per GPU, and a broadcast on each GPU (OXCCL_HIER=0: every rank's ring kernels, each step waiting for the GPU to switch processes)", gpus.len());
+        info!(target: "oxccl::init", "rank {me}: ranks of several processes share GPUs of this {}-rank communicator over {ngpus} GPUs: all_reduce runs as a reduce on each GPU's ranks (this rank's: {local_ranks:?}, shared-GPU path), an all_reduce among one rank per GPU, and a broadcast on each GPU; broadcast as one on the root's GPU, one among one rank per GPU and one on each other GPU (OXCCL_HIER=0: every rank's ring kernels, each step waiting for the GPU to switch processes)", gpus.len());
         let h = Arc::new(Hier {
             local,
             leaders,
             local_ranks,
+            gpus,
         });
         *st = State::Yes(h.clone());
         Ok(Some(h))
     }
 
+    /// Runs `kind` on `c` with `op`'s output, count and type and `input`;
+    /// an error names this rank's part of `op`.
+    fn step(
+        &self,
+        h: &Hier,
+        op: &Op,
+        c: &Comm,
+        kind: OpKind,
+        input: *const u8,
+        what: &str,
+    ) -> Result<()> {
+        let o = Op { kind, input, ..*op };
+        run_on(c, o).map_err(|e| {
+            e.context(format!(
+                "rank {}: {what} of a {} of {} x {} in steps (this rank's GPU: ranks {:?})",
+                self.user_rank(),
+                op.kind.name(),
+                op.count,
+                op.dtype.name(),
+                h.local_ranks
+            ))
+        })
+    }
+
+    /// A broadcast from `root`: on the root's GPU from the root, then
+    /// among one rank per GPU from that GPU's first rank, then on each
+    /// other GPU from its first rank.
+    fn broadcast_in_steps(&self, h: &Hier, op: &Op, root: usize) -> Result<()> {
+        let out = op.output as *const u8;
+        let root_gpu = h.gpus[root];
+        let mine = h.gpus[self.user_rank()];
+        if mine == root_gpu {
+            let at = h
+                .local_ranks
+                .iter()
+                .position(|&r| r == root)
+                .ok_or_else(|| {
+                    Error::Internal(format!("rank {root} is not on its own GPU's communicator"))
+                })?;
+            let kind = OpKind::Broadcast { root: at };
+            self.step(
+                h,
+                op,
+                &h.local,
+                kind,
+                op.input,
+                "the broadcast on the root's GPU",
+            )?;
+        }
+        if let Some(l) = &h.leaders {
+            let kind = OpKind::Broadcast { root: root_gpu };
+            self.step(h, op, l, kind, out, "the broadcast among one rank per GPU")?;
+        }
+        if mine != root_gpu {
+            let kind = OpKind::Broadcast { root: 0 };
+            self.step(h, op, &h.local, kind, out, "the broadcast on its GPU")?;
+        }
+        Ok(())
+    }
+
     fn all_reduce_in_steps(&self, h: &Hier, op: &Op) -> Result<()> {
         let step = |c: &Comm, kind: OpKind, input: *const u8, what: &str| {
-            let o = Op { kind, input, ..*op };
-            run_on(c, o).map_err(|e| {
-                e.context(format!(
-                    "rank {}: {what} of an all_reduce of {} x {} in steps (this rank's GPU: ranks {:?})",
-                    self.user_rank(),
-                    op.count,
-                    op.dtype.name(),
-                    h.local_ranks
-                ))
-            })
+            self.step(h, op, c, kind, input, what)
         };
         let out = op.output as *const u8;
         step(
