@@ -18,7 +18,8 @@
 //! (every rank reaches it, as it reaches every collective) and live as
 //! long as it does; a suspend or revoke lets them go. A broadcast takes
 //! the same communicators: on the root's GPU from the root, among one rank
-//! per GPU, then on each other GPU. Only sum, product, min and max split
+//! per GPU, then on each other GPU; an all-gather is one such broadcast per
+//! rank, into that rank's block. Only sum, product, min and max split
 //! this way (an average or a pre-multiplied sum of
 //! partial results would differ from NCCL's); other operations, and groups
 //! holding other collectives, run as before; so do layouts where a
@@ -82,7 +83,7 @@ fn splits(op: &Op) -> bool {
             OpKind::AllReduce => {
                 matches!(op.redop, RedOp::Sum | RedOp::Prod | RedOp::Max | RedOp::Min)
             }
-            OpKind::Broadcast { .. } => true,
+            OpKind::Broadcast { .. } | OpKind::AllGather => true,
             _ => false,
         }
 }
@@ -113,6 +114,7 @@ impl Comm {
         for (op, _) in colls() {
             match op.kind {
                 OpKind::Broadcast { root } => self.broadcast_in_steps(&hier, op, root)?,
+                OpKind::AllGather => self.all_gather_in_steps(&hier, op)?,
                 _ => self.all_reduce_in_steps(&hier, op)?,
             }
         }
@@ -163,7 +165,7 @@ impl Comm {
             .ok_or_else(|| Error::Internal("no communicator for this rank's GPU".into()))?;
         let leaders = self.split(if leader { 0 } else { SPLIT_NOCOLOR }, key, &cfg)?;
         let ngpus = gpus.iter().max().map_or(0, |g| g + 1);
-        info!(target: "oxccl::init", "rank {me}: ranks of several processes share GPUs of this {}-rank communicator over {ngpus} GPUs: all_reduce runs as a reduce on each GPU's ranks (this rank's: {local_ranks:?}, shared-GPU path), an all_reduce among one rank per GPU, and a broadcast on each GPU; broadcast as one on the root's GPU, one among one rank per GPU and one on each other GPU (OXCCL_HIER=0: every rank's ring kernels, each step waiting for the GPU to switch processes)", gpus.len());
+        info!(target: "oxccl::init", "rank {me}: ranks of several processes share GPUs of this {}-rank communicator over {ngpus} GPUs: all_reduce runs as a reduce on each GPU's ranks (this rank's: {local_ranks:?}, shared-GPU path), an all_reduce among one rank per GPU, and a broadcast on each GPU; broadcast as one on the root's GPU, one among one rank per GPU and one on each other GPU, all_gather as a broadcast per rank (OXCCL_HIER=0: every rank's ring kernels, each step waiting for the GPU to switch processes)", gpus.len());
         let h = Arc::new(Hier {
             local,
             leaders,
@@ -230,6 +232,21 @@ impl Comm {
         if mine != root_gpu {
             let kind = OpKind::Broadcast { root: 0 };
             self.step(h, op, &h.local, kind, out, "the broadcast on its GPU")?;
+        }
+        Ok(())
+    }
+
+    /// An all-gather as one broadcast in steps per rank, each into its
+    /// block of the output (in place where the input is that block).
+    fn all_gather_in_steps(&self, h: &Hier, op: &Op) -> Result<()> {
+        let block = op.count * op.dtype.size();
+        for root in 0..h.gpus.len() {
+            let b = Op {
+                kind: OpKind::Broadcast { root },
+                output: op.output.wrapping_add(root * block),
+                ..*op
+            };
+            self.broadcast_in_steps(h, &b, root)?;
         }
         Ok(())
     }
