@@ -11,7 +11,8 @@ previous, in one batch).
 Sizes are bytes per rank of float32, multiplied by FACTOR (default 8) from
 the first to the last; ITERS (default 20) timed calls after 5 warm-up
 calls, timed with CUDA events on the current stream. Every rank uses GPU
-LOCAL_RANK (so ranks of network namespaces share GPU 0). Each size is
+LOCAL_RANK modulo the GPUs it sees (so ranks of network namespaces share
+GPU 0, and 4 processes on 2 GPUs put two on each, which only oxccl runs). Each size is
 checked once: all_reduce of rank-dependent values against the exact sum.
 Rank 0 prints one row per size. BENCH_LABEL names the library in the
 header (default: oxccl when LD_PRELOAD names it, else NCCL's version).
@@ -34,7 +35,9 @@ def main():
     op, lo, hi = sys.argv[1], parse(sys.argv[2]), parse(sys.argv[3])
     iters = int(os.environ.get("ITERS", "20"))
     factor = int(os.environ.get("FACTOR", "8"))
-    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    # More local ranks than GPUs share them (rank i on GPU i % GPUs), which
+    # NCCL refuses and oxccl runs.
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", device_id=dev)
     rank, n = dist.get_rank(), dist.get_world_size()

@@ -93,9 +93,10 @@ fn wanted() -> bool {
 }
 
 impl Comm {
-    /// Runs one group's operations of this communicator: the all-reduces
-    /// in steps where the layout calls for it (see the module), the rest
-    /// (point-to-point messages) after them as one group.
+    /// Runs one group's operations of this communicator: its all-reduces,
+    /// broadcasts and all-gathers in steps where the layout calls for it
+    /// (see the module) and every collective of the group allows it, then
+    /// the point-to-point messages as one group.
     pub(crate) fn execute_group(
         &self,
         core: &Core,
