@@ -113,11 +113,7 @@ impl Comm {
             return core.execute(ops, api);
         };
         for (op, _) in colls() {
-            match op.kind {
-                OpKind::Broadcast { root } => self.broadcast_in_steps(&hier, op, root)?,
-                OpKind::AllGather => self.all_gather_in_steps(&hier, op)?,
-                _ => self.all_reduce_in_steps(&hier, op)?,
-            }
+            self.in_steps(&hier, op)?;
         }
         let rest: Vec<(Op, OpBuffers)> = ops
             .iter()
@@ -177,106 +173,45 @@ impl Comm {
         Ok(Some(h))
     }
 
-    /// Runs `kind` on `c` with `op`'s output, count and type and `input`;
-    /// an error names this rank's part of `op`.
-    fn step(
-        &self,
-        h: &Hier,
-        op: &Op,
-        c: &Comm,
-        kind: OpKind,
-        input: *const u8,
-        what: &str,
-    ) -> Result<()> {
-        let o = Op { kind, input, ..*op };
-        run_on(c, o).map_err(|e| {
-            e.context(format!(
-                "rank {}: {what} of a {} of {} x {} in steps (this rank's GPU: ranks {:?})",
-                self.user_rank(),
-                op.kind.name(),
-                op.count,
-                op.dtype.name(),
-                h.local_ranks
-            ))
-        })
-    }
-
-    /// A broadcast from `root`: on the root's GPU from the root, then
-    /// among one rank per GPU from that GPU's first rank, then on each
-    /// other GPU from its first rank.
-    fn broadcast_in_steps(&self, h: &Hier, op: &Op, root: usize) -> Result<()> {
-        let out = op.output as *const u8;
-        let root_gpu = h.gpus[root];
-        let mine = h.gpus[self.user_rank()];
-        if mine == root_gpu {
-            let at = h
-                .local_ranks
-                .iter()
-                .position(|&r| r == root)
-                .ok_or_else(|| {
-                    Error::Internal(format!("rank {root} is not on its own GPU's communicator"))
-                })?;
-            let kind = OpKind::Broadcast { root: at };
-            self.step(
-                h,
-                op,
-                &h.local,
-                kind,
-                op.input,
-                "the broadcast on the root's GPU",
-            )?;
-        }
-        if let Some(l) = &h.leaders {
-            let kind = OpKind::Broadcast { root: root_gpu };
-            self.step(h, op, l, kind, out, "the broadcast among one rank per GPU")?;
-        }
-        if mine != root_gpu {
-            let kind = OpKind::Broadcast { root: 0 };
-            self.step(h, op, &h.local, kind, out, "the broadcast on its GPU")?;
-        }
-        Ok(())
-    }
-
-    /// An all-gather as one broadcast in steps per rank, each into its
-    /// block of the output (in place where the input is that block).
-    fn all_gather_in_steps(&self, h: &Hier, op: &Op) -> Result<()> {
-        let block = op.count * op.dtype.size();
-        for root in 0..h.gpus.len() {
-            let b = Op {
-                kind: OpKind::Broadcast { root },
-                output: op.output.wrapping_add(root * block),
+    /// Runs `op` in the steps [`plan`] gives this rank.
+    fn in_steps(&self, h: &Hier, op: &Op) -> Result<()> {
+        let me = self.user_rank();
+        let block = match op.kind {
+            OpKind::AllGather => op.count * op.dtype.size(),
+            _ => 0,
+        };
+        for s in plan(op.kind, me, &h.gpus) {
+            let c = match s.on {
+                On::Local => &h.local,
+                On::Leaders => h.leaders.as_ref().ok_or_else(|| {
+                    Error::Internal(format!(
+                        "rank {me} has a step among one rank per GPU but is not one"
+                    ))
+                })?,
+            };
+            let output = op.output.wrapping_add(s.block * block);
+            let input = match s.from {
+                Reads::Input => op.input,
+                Reads::Output => output as *const u8,
+            };
+            let o = Op {
+                kind: s.kind,
+                input,
+                output,
                 ..*op
             };
-            self.broadcast_in_steps(h, &b, root)?;
+            run_on(c, o).map_err(|e| {
+                e.context(format!(
+                    "rank {me}: {} of a {} of {} x {} in steps (this rank's GPU: ranks {:?})",
+                    s.what,
+                    op.kind.name(),
+                    op.count,
+                    op.dtype.name(),
+                    h.local_ranks
+                ))
+            })?;
         }
         Ok(())
-    }
-
-    fn all_reduce_in_steps(&self, h: &Hier, op: &Op) -> Result<()> {
-        let step = |c: &Comm, kind: OpKind, input: *const u8, what: &str| {
-            self.step(h, op, c, kind, input, what)
-        };
-        let out = op.output as *const u8;
-        step(
-            &h.local,
-            OpKind::Reduce { root: 0 },
-            op.input,
-            "the reduce on its GPU",
-        )?;
-        if let Some(l) = &h.leaders {
-            step(
-                l,
-                OpKind::AllReduce,
-                out,
-                "the all_reduce among one rank per GPU",
-            )?;
-        }
-        step(
-            &h.local,
-            OpKind::Broadcast { root: 0 },
-            out,
-            "the broadcast on its GPU",
-        )
     }
 
     /// Lets the split communicators go (a destroy or an abort of this one,
@@ -313,6 +248,115 @@ impl Comm {
     }
 }
 
+/// Which split communicator a step runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum On {
+    /// The ranks of this rank's GPU.
+    Local,
+    /// One rank per GPU.
+    Leaders,
+}
+
+/// What a step reads: the operation's input, or the output it writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reads {
+    Input,
+    Output,
+}
+
+/// One step of a rank's part of an operation in steps: `kind` (its root
+/// numbered in that communicator) on `on`, reading `from`, writing the
+/// output's block `block` (an all-gather's rank blocks; 0 otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Step {
+    on: On,
+    kind: OpKind,
+    from: Reads,
+    block: usize,
+    what: &'static str,
+}
+
+/// Rank `me`'s steps for `kind` (all-reduce, broadcast or all-gather),
+/// where rank r is on GPU `gpus[r]`, GPUs numbered in the order of their
+/// first ranks (GPU g's first rank is rank g among one rank per GPU).
+/// Every member of a split communicator gets the same steps on it, in the
+/// same order.
+fn plan(kind: OpKind, me: usize, gpus: &[usize]) -> Vec<Step> {
+    let mine = gpus[me];
+    let local: Vec<usize> = (0..gpus.len()).filter(|&r| gpus[r] == mine).collect();
+    let leader = local[0] == me;
+    let step = |on, kind, from, block, what| Step {
+        on,
+        kind,
+        from,
+        block,
+        what,
+    };
+    let broadcast = |root: usize, block: usize, out: &mut Vec<Step>| {
+        let root_gpu = gpus[root];
+        if mine == root_gpu {
+            let at = local.iter().position(|&r| r == root).unwrap_or(0);
+            let k = OpKind::Broadcast { root: at };
+            out.push(step(
+                On::Local,
+                k,
+                Reads::Input,
+                block,
+                "the broadcast on the root's GPU",
+            ));
+        }
+        if leader {
+            let k = OpKind::Broadcast { root: root_gpu };
+            out.push(step(
+                On::Leaders,
+                k,
+                Reads::Output,
+                block,
+                "the broadcast among one rank per GPU",
+            ));
+        }
+        if mine != root_gpu {
+            let k = OpKind::Broadcast { root: 0 };
+            out.push(step(
+                On::Local,
+                k,
+                Reads::Output,
+                block,
+                "the broadcast on its GPU",
+            ));
+        }
+    };
+    let mut out = Vec::new();
+    match kind {
+        OpKind::AllReduce => {
+            let k = OpKind::Reduce { root: 0 };
+            out.push(step(On::Local, k, Reads::Input, 0, "the reduce on its GPU"));
+            if leader {
+                let k = OpKind::AllReduce;
+                out.push(step(
+                    On::Leaders,
+                    k,
+                    Reads::Output,
+                    0,
+                    "the all_reduce among one rank per GPU",
+                ));
+            }
+            let k = OpKind::Broadcast { root: 0 };
+            out.push(step(
+                On::Local,
+                k,
+                Reads::Output,
+                0,
+                "the broadcast on its GPU",
+            ));
+        }
+        OpKind::Broadcast { root } => broadcast(root, 0, &mut out),
+        OpKind::AllGather => (0..gpus.len()).for_each(|r| broadcast(r, r, &mut out)),
+        _ => {}
+    }
+    out
+}
+
 /// One operation on a split communicator, as its own group.
 fn run_on(c: &Comm, op: Op) -> Result<()> {
     let core = c.core()?;
@@ -324,4 +368,133 @@ fn run_on(c: &Comm, op: Op) -> Result<()> {
 /// The state a communicator starts with.
 pub(super) fn new_state() -> Mutex<State> {
     Mutex::new(State::Unknown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs every rank's plan the way the split communicators would: a
+    /// step runs once every member of its communicator has it next (a
+    /// mismatch or a deadlock fails), reading each rank's input (one
+    /// value) or output blocks. Returns each rank's output blocks.
+    fn simulate(kind: OpKind, gpus: &[usize]) -> Vec<Vec<Option<i64>>> {
+        let n = gpus.len();
+        let blocks = if matches!(kind, OpKind::AllGather) {
+            n
+        } else {
+            1
+        };
+        let input: Vec<i64> = (0..n).map(|r| 10 * r as i64 + 7).collect();
+        let mut out = vec![vec![None; blocks]; n];
+        let mut todo: Vec<std::collections::VecDeque<Step>> =
+            (0..n).map(|r| plan(kind, r, gpus).into()).collect();
+        let ngpus = gpus.iter().max().unwrap() + 1;
+        // Every split communicator: its members in their order.
+        let mut comms: Vec<(On, Vec<usize>)> = (0..ngpus)
+            .map(|g| (On::Local, (0..n).filter(|&r| gpus[r] == g).collect()))
+            .collect();
+        let firsts: Vec<usize> = (0..ngpus)
+            .map(|g| (0..n).find(|&r| gpus[r] == g).unwrap())
+            .collect();
+        comms.push((On::Leaders, firsts));
+        loop {
+            if todo.iter().all(|q| q.is_empty()) {
+                return out;
+            }
+            let ready = comms.iter().find(|(on, m)| {
+                m.iter()
+                    .all(|&r| todo[r].front().is_some_and(|s| s.on == *on))
+            });
+            let Some((_, members)) = ready else {
+                panic!("{kind:?} on {gpus:?}: no communicator can run: {todo:?}");
+            };
+            let steps: Vec<Step> = members
+                .iter()
+                .map(|&r| todo[r].pop_front().unwrap())
+                .collect();
+            let s = steps[0];
+            for t in &steps {
+                assert_eq!(
+                    (t.kind, t.block),
+                    (s.kind, s.block),
+                    "{kind:?} on {gpus:?}: members disagree: {steps:?}"
+                );
+            }
+            let src = |i: usize| match steps[i].from {
+                Reads::Input => Some(input[members[i]]),
+                Reads::Output => out[members[i]][s.block],
+            };
+            let vals: Vec<Option<i64>> = (0..members.len()).map(src).collect();
+            let sum = || {
+                vals.iter()
+                    .map(|v| v.expect("a step read a value never written"))
+                    .sum::<i64>()
+            };
+            match s.kind {
+                OpKind::Reduce { root } => out[members[root]][s.block] = Some(sum()),
+                OpKind::AllReduce => {
+                    let total = sum();
+                    members.iter().for_each(|&r| out[r][s.block] = Some(total));
+                }
+                OpKind::Broadcast { root } => {
+                    let v = vals[root].expect("a broadcast of a value never written");
+                    members.iter().for_each(|&r| out[r][s.block] = Some(v));
+                }
+                other => panic!("unexpected step {other:?}"),
+            }
+        }
+    }
+
+    const LAYOUTS: [&[usize]; 6] = [
+        &[0, 1, 0, 1],
+        &[0, 0, 1],
+        &[0, 1, 1, 1, 0],
+        &[0, 1],
+        &[0, 1, 2, 0, 1, 2, 2],
+        &[0, 0, 0, 1],
+    ];
+
+    #[test]
+    fn steps_of_every_layout_give_the_collectives_results() {
+        for gpus in LAYOUTS {
+            let n = gpus.len();
+            let input = |r: usize| 10 * r as i64 + 7;
+            let total: i64 = (0..n).map(input).sum();
+            let ar = simulate(OpKind::AllReduce, gpus);
+            assert!(
+                ar.iter().all(|o| o[0] == Some(total)),
+                "all_reduce on {gpus:?}: {ar:?}"
+            );
+            for root in 0..n {
+                let b = simulate(OpKind::Broadcast { root }, gpus);
+                assert!(
+                    b.iter().all(|o| o[0] == Some(input(root))),
+                    "broadcast from {root} on {gpus:?}: {b:?}"
+                );
+            }
+            let ag = simulate(OpKind::AllGather, gpus);
+            let want: Vec<Option<i64>> = (0..n).map(|r| Some(input(r))).collect();
+            assert!(
+                ag.iter().all(|o| *o == want),
+                "all_gather on {gpus:?}: {ag:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_leaders_have_steps_among_one_rank_per_gpu() {
+        let gpus = [0, 1, 0, 1, 1];
+        for me in 0..gpus.len() {
+            let leader = me < 2;
+            for kind in [
+                OpKind::AllReduce,
+                OpKind::Broadcast { root: 4 },
+                OpKind::AllGather,
+            ] {
+                let among = plan(kind, me, &gpus).iter().any(|s| s.on == On::Leaders);
+                assert_eq!(among, leader, "rank {me}, {kind:?}");
+            }
+        }
+    }
 }
