@@ -1,4 +1,4 @@
-//! All-reduce and broadcast on device buffers where ranks of several processes share a
+//! Collectives on device buffers where ranks of several processes share a
 //! GPU and the communicator spans other GPUs (or hosts) too. Without MPS
 //! such a GPU runs one process at a time, so every rank's ring kernel
 //! waits for the GPU to switch processes at each step (4.6 ms per 8-byte
@@ -13,24 +13,29 @@
 //! 3. a broadcast from the first rank of each GPU, again on its GPU's
 //!    communicator.
 //!
-//! The three run on the caller's stream one after the other. The two
-//! communicators are split from this one at its first such all-reduce
-//! (every rank reaches it, as it reaches every collective) and live as
-//! long as it does; a suspend or revoke lets them go. A broadcast takes
-//! the same communicators: on the root's GPU from the root, among one rank
-//! per GPU, then on each other GPU; an all-gather is one such broadcast per
-//! rank, into that rank's block. Only sum, product, min and max split
-//! this way (an average or a pre-multiplied sum of
-//! partial results would differ from NCCL's); other operations, and groups
-//! holding other collectives, run as before; so do layouts where a
+//! The steps run on the caller's stream one after the other. The two
+//! communicators are split from this one at its first such call (every
+//! rank reaches it, as it reaches every collective) and live as long as it
+//! does; a suspend lets them go, a revoke ends their work. The other
+//! collectives take the same communicators (see [`plan`]): a broadcast on
+//! the root's GPU, among one rank per GPU, then on each other GPU; an
+//! all-gather one such broadcast per rank; a reduce and a reduce-scatter
+//! reduce on each GPU and among one rank per GPU into the first rank's
+//! scratch, which sends each rank its block, pulled by the receiver (a
+//! reduce whose root is not its GPU's first rank is faster on every rank's
+//! kernels, see `Hier::worth_it`). Reductions split only for sum, product, min and max (an
+//! average or a pre-multiplied sum of partial results would differ from
+//! NCCL's); send/recv, other operations, and groups holding them with a
+//! collective that does not split, run as before; so do layouts where a
 //! process holds several ranks (see `mixed_groups` in the device window).
-//! OXCCL_HIER=0 turns it off.
-//! Profiler events of the three steps are the split communicators' own.
+//! OXCCL_HIER=0 turns it off. Profiler events of the steps are the split
+//! communicators' own.
 
 use std::sync::{Arc, Mutex};
 
 use tracing::info;
 
+use crate::cuda::DeviceBuffer;
 use crate::dtype::RedOp;
 use crate::error::{Error, Result};
 use crate::exec::mem::OpBuffers;
@@ -61,9 +66,22 @@ pub(super) struct Hier {
     /// Each parent rank's GPU, numbered in the order of the GPUs' first
     /// ranks: GPU g's first rank is rank g of `leaders`.
     gpus: Vec<usize>,
+    /// A GPU's first rank's partial results of reduce and reduce_scatter
+    /// (grown to the largest so far).
+    scratch: Mutex<Option<DeviceBuffer>>,
 }
 
 impl Hier {
+    /// Whether `op` (one that splits) is faster in steps on this layout. A
+    /// reduce whose root is not its GPU's first rank would end in a send
+    /// the root pulls, and a kernel of the root's process waits for the
+    /// GPU to switch processes: 187-935 us against every rank's kernels'
+    /// 46-76 us at 8 B-32 KiB, 11 against 44-51 GB/s at 2 MiB (4 processes
+    /// on 2 H200), so such a reduce keeps every rank's kernels.
+    fn worth_it(&self, op: &Op) -> bool {
+        worth_it(op.kind, &self.gpus)
+    }
+
     /// Ends both (a destroy or an abort of the parent).
     fn end(&self, abort: bool) {
         for c in std::iter::once(&self.local).chain(&self.leaders) {
@@ -83,9 +101,20 @@ fn splits(op: &Op) -> bool {
             OpKind::AllReduce => {
                 matches!(op.redop, RedOp::Sum | RedOp::Prod | RedOp::Max | RedOp::Min)
             }
+            OpKind::Reduce { .. } | OpKind::ReduceScatter => {
+                matches!(op.redop, RedOp::Sum | RedOp::Prod | RedOp::Max | RedOp::Min)
+            }
             OpKind::Broadcast { .. } | OpKind::AllGather => true,
             _ => false,
         }
+}
+
+/// See [`Hier::worth_it`].
+fn worth_it(kind: OpKind, gpus: &[usize]) -> bool {
+    match kind {
+        OpKind::Reduce { root } => gpus.iter().position(|&g| g == gpus[root]) == Some(root),
+        _ => true,
+    }
 }
 
 fn wanted() -> bool {
@@ -93,8 +122,8 @@ fn wanted() -> bool {
 }
 
 impl Comm {
-    /// Runs one group's operations of this communicator: its all-reduces,
-    /// broadcasts and all-gathers in steps where the layout calls for it
+    /// Runs one group's operations of this communicator: its collectives
+    /// in steps where the layout calls for it
     /// (see the module) and every collective of the group allows it, then
     /// the point-to-point messages as one group.
     pub(crate) fn execute_group(
@@ -112,8 +141,11 @@ impl Comm {
         let Some(hier) = self.hier(core)? else {
             return core.execute(ops, api);
         };
+        if !colls().all(|(op, _)| hier.worth_it(op)) {
+            return core.execute(ops, api);
+        }
         for (op, _) in colls() {
-            self.in_steps(&hier, op)?;
+            self.in_steps(core, &hier, op)?;
         }
         let rest: Vec<(Op, OpBuffers)> = ops
             .iter()
@@ -162,42 +194,76 @@ impl Comm {
             .ok_or_else(|| Error::Internal("no communicator for this rank's GPU".into()))?;
         let leaders = self.split(if leader { 0 } else { SPLIT_NOCOLOR }, key, &cfg)?;
         let ngpus = gpus.iter().max().map_or(0, |g| g + 1);
-        info!(target: "oxccl::init", "rank {me}: ranks of several processes share GPUs of this {}-rank communicator over {ngpus} GPUs: all_reduce runs as a reduce on each GPU's ranks (this rank's: {local_ranks:?}, shared-GPU path), an all_reduce among one rank per GPU, and a broadcast on each GPU; broadcast as one on the root's GPU, one among one rank per GPU and one on each other GPU, all_gather as a broadcast per rank (OXCCL_HIER=0: every rank's ring kernels, each step waiting for the GPU to switch processes)", gpus.len());
+        info!(target: "oxccl::init", "rank {me}: ranks of several processes share GPUs of this {}-rank communicator over {ngpus} GPUs: all_reduce runs as a reduce on each GPU's ranks (this rank's: {local_ranks:?}, shared-GPU path), an all_reduce among one rank per GPU, and a broadcast on each GPU; broadcast as one on the root's GPU, one among one rank per GPU and one on each other GPU, all_gather as a broadcast per rank, reduce and reduce_scatter as reduces on each GPU and among one rank per GPU whose results the first rank of the GPU sends on (OXCCL_HIER=0: every rank's ring kernels, each step waiting for the GPU to switch processes)", gpus.len());
         let h = Arc::new(Hier {
             local,
             leaders,
             local_ranks,
             gpus,
+            scratch: Mutex::new(None),
         });
         *st = State::Yes(h.clone());
         Ok(Some(h))
     }
 
     /// Runs `op` in the steps [`plan`] gives this rank.
-    fn in_steps(&self, h: &Hier, op: &Op) -> Result<()> {
+    fn in_steps(&self, core: &Core, h: &Hier, op: &Op) -> Result<()> {
         let me = self.user_rank();
-        let block = match op.kind {
-            OpKind::AllGather => op.count * op.dtype.size(),
-            _ => 0,
+        let n = h.gpus.len();
+        let block = op.count * op.dtype.size();
+        let steps = plan(op.kind, me, &h.gpus);
+        let need = steps
+            .iter()
+            .flat_map(|s| [s.from, s.to].map(|at| (at, s.whole)))
+            .filter(|((buf, _), _)| *buf == Buf::Scratch)
+            .map(|((_, b), whole)| (b + if whole { n } else { 1 }) * block)
+            .max();
+        let scratch = match need {
+            Some(bytes) => self.scratch(core, h, bytes)?,
+            None => 0,
         };
-        for s in plan(op.kind, me, &h.gpus) {
-            let c = match s.on {
-                On::Local => &h.local,
-                On::Leaders => h.leaders.as_ref().ok_or_else(|| {
+        let at = |(buf, b): (Buf, usize)| -> u64 {
+            let base = match buf {
+                Buf::Input => op.input as u64,
+                Buf::Output => op.output as u64,
+                Buf::Scratch => scratch,
+            };
+            base.wrapping_add((b * block) as u64)
+        };
+        for s in steps {
+            let count = if s.whole { n * op.count } else { op.count };
+            let (from, to) = (at(s.from), at(s.to));
+            let c = match s.act {
+                Act::Copy => {
+                    let Some(GpuPath(dc, _)) = &core.device else {
+                        return Err(Error::Internal(
+                            "a step on a communicator without a GPU".into(),
+                        ));
+                    };
+                    let dc = dc
+                        .lock()
+                        .map_err(|_| Error::Internal("device communicator poisoned".into()))?;
+                    dc.kernels().copy(
+                        to,
+                        from,
+                        count * op.dtype.size(),
+                        super::on_device::stream(op),
+                    )?;
+                    continue;
+                }
+                Act::On(On::Local, _) => &h.local,
+                Act::On(On::Leaders, _) => h.leaders.as_ref().ok_or_else(|| {
                     Error::Internal(format!(
                         "rank {me} has a step among one rank per GPU but is not one"
                     ))
                 })?,
             };
-            let output = op.output.wrapping_add(s.block * block);
-            let input = match s.from {
-                Reads::Input => op.input,
-                Reads::Output => output as *const u8,
-            };
+            let Act::On(_, kind) = s.act else { continue };
             let o = Op {
-                kind: s.kind,
-                input,
-                output,
+                kind,
+                input: from as *const u8,
+                output: to as *mut u8,
+                count,
                 ..*op
             };
             run_on(c, o).map_err(|e| {
@@ -212,6 +278,36 @@ impl Comm {
             })?;
         }
         Ok(())
+    }
+
+    /// The address of this rank's scratch of at least `bytes`, grown (the
+    /// context synchronized first: queued steps may still use the old one).
+    fn scratch(&self, core: &Core, h: &Hier, bytes: usize) -> Result<u64> {
+        let mut sc = h
+            .scratch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(b) = sc.as_ref().filter(|b| b.len() >= bytes) {
+            return Ok(b.ptr());
+        }
+        let Some(GpuPath(dc, _)) = &core.device else {
+            return Err(Error::Internal(
+                "scratch for a communicator without a GPU".into(),
+            ));
+        };
+        let ctx = dc
+            .lock()
+            .map_err(|_| Error::Internal("device communicator poisoned".into()))?
+            .context()
+            .clone();
+        if sc.is_some() {
+            ctx.synchronize()?;
+            *sc = None;
+        }
+        let b = DeviceBuffer::alloc(&ctx, bytes)?;
+        let p = b.ptr();
+        *sc = Some(b);
+        Ok(p)
     }
 
     /// Lets the split communicators go (a destroy or an abort of this one,
@@ -257,101 +353,187 @@ enum On {
     Leaders,
 }
 
-/// What a step reads: the operation's input, or the output it writes.
+/// What a step does: an operation on a split communicator (roots and
+/// peers numbered there), or a copy on this rank's stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reads {
-    Input,
-    Output,
+enum Act {
+    On(On, OpKind),
+    Copy,
 }
 
-/// One step of a rank's part of an operation in steps: `kind` (its root
-/// numbered in that communicator) on `on`, reading `from`, writing the
-/// output's block `block` (an all-gather's rank blocks; 0 otherwise).
+/// A buffer of the rank's: the operation's input and output, and the
+/// scratch a GPU's first rank keeps partial results in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Buf {
+    Input,
+    Output,
+    Scratch,
+}
+
+/// One step of a rank's part of an operation in steps: what, reading and
+/// writing which buffer at which block (of the operation's count), on
+/// `whole` blocks (one per rank: reduce_scatter's input) or one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Step {
-    on: On,
-    kind: OpKind,
-    from: Reads,
-    block: usize,
+    act: Act,
+    from: (Buf, usize),
+    to: (Buf, usize),
+    whole: bool,
     what: &'static str,
 }
 
-/// Rank `me`'s steps for `kind` (all-reduce, broadcast or all-gather),
-/// where rank r is on GPU `gpus[r]`, GPUs numbered in the order of their
-/// first ranks (GPU g's first rank is rank g among one rank per GPU).
-/// Every member of a split communicator gets the same steps on it, in the
-/// same order.
+/// Rank `me`'s steps for `kind` (all_reduce, broadcast, reduce,
+/// all_gather or reduce_scatter), where rank r is on GPU `gpus[r]`, GPUs
+/// numbered in the order of their first ranks (GPU g's first rank is rank
+/// g among one rank per GPU). Every member of a split communicator gets
+/// the same collectives on it in the same order, and each send a matching
+/// receive. Only first ranks of GPUs copy on their own streams (any other
+/// rank's kernel would wait for the GPU to switch processes); a reduce
+/// whose root is not its GPU's first rank, and reduce_scatter, end in a
+/// send from the first rank, which that rank's receive pulls.
 fn plan(kind: OpKind, me: usize, gpus: &[usize]) -> Vec<Step> {
     let mine = gpus[me];
-    let local: Vec<usize> = (0..gpus.len()).filter(|&r| gpus[r] == mine).collect();
+    let on_gpu = |g: usize| (0..gpus.len()).filter(move |&r| gpus[r] == g);
+    let local: Vec<usize> = on_gpu(mine).collect();
     let leader = local[0] == me;
-    let step = |on, kind, from, block, what| Step {
-        on,
-        kind,
+    let index = |r: usize| local.iter().position(|&x| x == r).unwrap_or(0);
+    let step = |act, from, to, whole, what| Step {
+        act,
         from,
-        block,
+        to,
+        whole,
         what,
     };
-    let broadcast = |root: usize, block: usize, out: &mut Vec<Step>| {
+    let (input, output, scratch) = ((Buf::Input, 0), (Buf::Output, 0), (Buf::Scratch, 0));
+    let local_op = |k| Act::On(On::Local, k);
+    let among = |k| Act::On(On::Leaders, k);
+    let broadcast = |root: usize, b: usize, out: &mut Vec<Step>| {
         let root_gpu = gpus[root];
+        let ob = (Buf::Output, b);
         if mine == root_gpu {
-            let at = local.iter().position(|&r| r == root).unwrap_or(0);
-            let k = OpKind::Broadcast { root: at };
-            out.push(step(
-                On::Local,
-                k,
-                Reads::Input,
-                block,
-                "the broadcast on the root's GPU",
-            ));
+            let k = local_op(OpKind::Broadcast { root: index(root) });
+            out.push(step(k, input, ob, false, "the broadcast on the root's GPU"));
         }
         if leader {
-            let k = OpKind::Broadcast { root: root_gpu };
+            let k = among(OpKind::Broadcast { root: root_gpu });
             out.push(step(
-                On::Leaders,
                 k,
-                Reads::Output,
-                block,
+                ob,
+                ob,
+                false,
                 "the broadcast among one rank per GPU",
             ));
         }
         if mine != root_gpu {
-            let k = OpKind::Broadcast { root: 0 };
-            out.push(step(
-                On::Local,
-                k,
-                Reads::Output,
-                block,
-                "the broadcast on its GPU",
-            ));
+            let k = local_op(OpKind::Broadcast { root: 0 });
+            out.push(step(k, ob, ob, false, "the broadcast on its GPU"));
         }
     };
     let mut out = Vec::new();
     match kind {
         OpKind::AllReduce => {
-            let k = OpKind::Reduce { root: 0 };
-            out.push(step(On::Local, k, Reads::Input, 0, "the reduce on its GPU"));
+            let k = local_op(OpKind::Reduce { root: 0 });
+            out.push(step(k, input, output, false, "the reduce on its GPU"));
             if leader {
-                let k = OpKind::AllReduce;
+                let k = among(OpKind::AllReduce);
                 out.push(step(
-                    On::Leaders,
                     k,
-                    Reads::Output,
-                    0,
+                    output,
+                    output,
+                    false,
                     "the all_reduce among one rank per GPU",
                 ));
             }
-            let k = OpKind::Broadcast { root: 0 };
-            out.push(step(
-                On::Local,
-                k,
-                Reads::Output,
-                0,
-                "the broadcast on its GPU",
-            ));
+            let k = local_op(OpKind::Broadcast { root: 0 });
+            out.push(step(k, output, output, false, "the broadcast on its GPU"));
         }
         OpKind::Broadcast { root } => broadcast(root, 0, &mut out),
         OpKind::AllGather => (0..gpus.len()).for_each(|r| broadcast(r, r, &mut out)),
+        OpKind::Reduce { root } => {
+            let root_gpu = gpus[root];
+            let root_leads = on_gpu(root_gpu).next() == Some(root);
+            // A rank that is neither the root nor first on its GPU sends only.
+            let partial = if me == root || !leader {
+                output
+            } else {
+                scratch
+            };
+            let k = local_op(OpKind::Reduce { root: 0 });
+            out.push(step(k, input, partial, false, "the reduce on its GPU"));
+            if leader {
+                let k = among(OpKind::Reduce { root: root_gpu });
+                out.push(step(
+                    k,
+                    partial,
+                    partial,
+                    false,
+                    "the reduce among one rank per GPU",
+                ));
+            }
+            if mine == root_gpu && !root_leads {
+                if leader {
+                    let k = local_op(OpKind::Send { peer: index(root) });
+                    out.push(step(
+                        k,
+                        scratch,
+                        scratch,
+                        false,
+                        "the send of the result to the root",
+                    ));
+                } else if me == root {
+                    let k = local_op(OpKind::Recv { peer: 0 });
+                    out.push(step(
+                        k,
+                        output,
+                        output,
+                        false,
+                        "the receive of the result from its GPU's first rank",
+                    ));
+                }
+            }
+        }
+        OpKind::ReduceScatter => {
+            let partial = if leader { scratch } else { output };
+            let k = local_op(OpKind::Reduce { root: 0 });
+            out.push(step(k, input, partial, true, "the reduce on its GPU"));
+            if leader {
+                let k = among(OpKind::AllReduce);
+                out.push(step(
+                    k,
+                    scratch,
+                    scratch,
+                    true,
+                    "the all_reduce among one rank per GPU",
+                ));
+                out.push(step(
+                    Act::Copy,
+                    (Buf::Scratch, me),
+                    output,
+                    false,
+                    "the copy of its block",
+                ));
+                for (j, &r) in local.iter().enumerate().skip(1) {
+                    let k = local_op(OpKind::Send { peer: j });
+                    let b = (Buf::Scratch, r);
+                    out.push(step(
+                        k,
+                        b,
+                        b,
+                        false,
+                        "the send of a block to a rank of its GPU",
+                    ));
+                }
+            } else {
+                let k = local_op(OpKind::Recv { peer: 0 });
+                out.push(step(
+                    k,
+                    output,
+                    output,
+                    false,
+                    "the receive of its block from its GPU's first rank",
+                ));
+            }
+        }
         _ => {}
     }
     out
@@ -373,41 +555,89 @@ pub(super) fn new_state() -> Mutex<State> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::{HashMap, VecDeque};
 
-    /// Runs every rank's plan the way the split communicators would: a
-    /// step runs once every member of its communicator has it next (a
-    /// mismatch or a deadlock fails), reading each rank's input (one
-    /// value) or output blocks. Returns each rank's output blocks.
-    fn simulate(kind: OpKind, gpus: &[usize]) -> Vec<Vec<Option<i64>>> {
+    /// A rank's buffers in the simulation: element blocks by (buffer, block).
+    type Mem = HashMap<(Buf, usize), i64>;
+
+    /// Runs every rank's plan as the split communicators would: a
+    /// collective once every member of its communicator has it next, a
+    /// send with the receive its peer has next, a copy at once (a mismatch
+    /// or a deadlock fails). Rank r's input block b holds 100 r + b + 7.
+    /// Returns each rank's buffers.
+    fn simulate(kind: OpKind, gpus: &[usize]) -> Vec<Mem> {
         let n = gpus.len();
-        let blocks = if matches!(kind, OpKind::AllGather) {
-            n
-        } else {
-            1
-        };
-        let input: Vec<i64> = (0..n).map(|r| 10 * r as i64 + 7).collect();
-        let mut out = vec![vec![None; blocks]; n];
-        let mut todo: Vec<std::collections::VecDeque<Step>> =
-            (0..n).map(|r| plan(kind, r, gpus).into()).collect();
+        let mut mem: Vec<Mem> = (0..n)
+            .map(|r| {
+                (0..n)
+                    .map(|b| ((Buf::Input, b), 100 * r as i64 + b as i64 + 7))
+                    .collect()
+            })
+            .collect();
+        let mut todo: Vec<VecDeque<Step>> = (0..n).map(|r| plan(kind, r, gpus).into()).collect();
         let ngpus = gpus.iter().max().unwrap() + 1;
-        // Every split communicator: its members in their order.
         let mut comms: Vec<(On, Vec<usize>)> = (0..ngpus)
             .map(|g| (On::Local, (0..n).filter(|&r| gpus[r] == g).collect()))
             .collect();
-        let firsts: Vec<usize> = (0..ngpus)
-            .map(|g| (0..n).find(|&r| gpus[r] == g).unwrap())
-            .collect();
-        comms.push((On::Leaders, firsts));
-        loop {
-            if todo.iter().all(|q| q.is_empty()) {
-                return out;
+        let firsts = (0..ngpus).map(|g| (0..n).find(|&r| gpus[r] == g).unwrap());
+        comms.push((On::Leaders, firsts.collect()));
+        let width = |s: &Step| if s.whole { n } else { 1 };
+        let read = |m: &Mem, s: &Step| -> Vec<i64> {
+            let (buf, b) = s.from;
+            (0..width(s))
+                .map(|k| {
+                    *m.get(&(buf, b + k))
+                        .unwrap_or_else(|| panic!("{s:?} read {buf:?} {} unwritten", b + k))
+                })
+                .collect()
+        };
+        let write = |m: &mut Mem, s: &Step, v: &[i64]| {
+            let (buf, b) = s.to;
+            v.iter().enumerate().for_each(|(k, x)| {
+                m.insert((buf, b + k), *x);
+            });
+        };
+        'next: loop {
+            if todo.iter().all(VecDeque::is_empty) {
+                return mem;
+            }
+            // Copies, then sends with their receives.
+            for r in 0..n {
+                if let Some(s) = todo[r].front().copied().filter(|s| s.act == Act::Copy) {
+                    let v = read(&mem[r], &s);
+                    write(&mut mem[r], &s, &v);
+                    todo[r].pop_front();
+                    continue 'next;
+                }
+                let Some(s) = todo[r].front().copied() else {
+                    continue;
+                };
+                let Act::On(On::Local, OpKind::Send { peer }) = s.act else {
+                    continue;
+                };
+                let members: Vec<usize> = (0..n).filter(|&x| gpus[x] == gpus[r]).collect();
+                let to = members[peer];
+                let me_there = members.iter().position(|&x| x == r).unwrap();
+                if let Some(t) = todo[to].front().copied() {
+                    if t.act == Act::On(On::Local, OpKind::Recv { peer: me_there }) {
+                        assert_eq!(width(&s), width(&t), "{kind:?} on {gpus:?}: {s:?} to {t:?}");
+                        let v = read(&mem[r], &s);
+                        write(&mut mem[to], &t, &v);
+                        todo[r].pop_front();
+                        todo[to].pop_front();
+                        continue 'next;
+                    }
+                }
             }
             let ready = comms.iter().find(|(on, m)| {
-                m.iter()
-                    .all(|&r| todo[r].front().is_some_and(|s| s.on == *on))
+                m.iter().all(|&r| {
+                    todo[r].front().is_some_and(
+                        |s| matches!(s.act, Act::On(o, k) if o == *on && k.coll().is_some()),
+                    )
+                })
             });
             let Some((_, members)) = ready else {
-                panic!("{kind:?} on {gpus:?}: no communicator can run: {todo:?}");
+                panic!("{kind:?} on {gpus:?}: nothing can run: {todo:?}");
             };
             let steps: Vec<Step> = members
                 .iter()
@@ -416,32 +646,43 @@ mod tests {
             let s = steps[0];
             for t in &steps {
                 assert_eq!(
-                    (t.kind, t.block),
-                    (s.kind, s.block),
+                    (t.act, t.whole),
+                    (s.act, s.whole),
                     "{kind:?} on {gpus:?}: members disagree: {steps:?}"
                 );
             }
-            let src = |i: usize| match steps[i].from {
-                Reads::Input => Some(input[members[i]]),
-                Reads::Output => out[members[i]][s.block],
+            let Act::On(_, k) = s.act else { unreachable!() };
+            let vals: Vec<Option<Vec<i64>>> = steps
+                .iter()
+                .zip(members)
+                .map(|(t, &r)| {
+                    let used = !matches!(k, OpKind::Broadcast { root } if members[root] != r);
+                    used.then(|| read(&mem[r], t))
+                })
+                .collect();
+            let sum = || -> Vec<i64> {
+                let all: Vec<&Vec<i64>> = vals.iter().map(|v| v.as_ref().unwrap()).collect();
+                (0..all[0].len())
+                    .map(|e| all.iter().map(|v| v[e]).sum())
+                    .collect()
             };
-            let vals: Vec<Option<i64>> = (0..members.len()).map(src).collect();
-            let sum = || {
-                vals.iter()
-                    .map(|v| v.expect("a step read a value never written"))
-                    .sum::<i64>()
-            };
-            match s.kind {
-                OpKind::Reduce { root } => out[members[root]][s.block] = Some(sum()),
+            match k {
+                OpKind::Reduce { root } => write(&mut mem[members[root]], &steps[root], &sum()),
                 OpKind::AllReduce => {
-                    let total = sum();
-                    members.iter().for_each(|&r| out[r][s.block] = Some(total));
+                    let v = sum();
+                    members
+                        .iter()
+                        .zip(&steps)
+                        .for_each(|(&r, t)| write(&mut mem[r], t, &v));
                 }
                 OpKind::Broadcast { root } => {
-                    let v = vals[root].expect("a broadcast of a value never written");
-                    members.iter().for_each(|&r| out[r][s.block] = Some(v));
+                    let v = vals[root].clone().unwrap();
+                    members
+                        .iter()
+                        .zip(&steps)
+                        .for_each(|(&r, t)| write(&mut mem[r], t, &v));
                 }
-                other => panic!("unexpected step {other:?}"),
+                other => panic!("unexpected collective {other:?}"),
             }
         }
     }
@@ -459,42 +700,96 @@ mod tests {
     fn steps_of_every_layout_give_the_collectives_results() {
         for gpus in LAYOUTS {
             let n = gpus.len();
-            let input = |r: usize| 10 * r as i64 + 7;
-            let total: i64 = (0..n).map(input).sum();
+            let input = |r: usize, b: usize| 100 * r as i64 + b as i64 + 7;
+            let total = |b: usize| (0..n).map(|r| input(r, b)).sum::<i64>();
+            let out = |m: &Mem, b: usize| m.get(&(Buf::Output, b)).copied();
             let ar = simulate(OpKind::AllReduce, gpus);
             assert!(
-                ar.iter().all(|o| o[0] == Some(total)),
-                "all_reduce on {gpus:?}: {ar:?}"
+                ar.iter().all(|m| out(m, 0) == Some(total(0))),
+                "all_reduce on {gpus:?}"
             );
-            for root in 0..n {
-                let b = simulate(OpKind::Broadcast { root }, gpus);
-                assert!(
-                    b.iter().all(|o| o[0] == Some(input(root))),
-                    "broadcast from {root} on {gpus:?}: {b:?}"
+            let rs = simulate(OpKind::ReduceScatter, gpus);
+            for (r, m) in rs.iter().enumerate() {
+                assert_eq!(
+                    out(m, 0),
+                    Some(total(r)),
+                    "reduce_scatter on {gpus:?}, rank {r}"
                 );
             }
             let ag = simulate(OpKind::AllGather, gpus);
-            let want: Vec<Option<i64>> = (0..n).map(|r| Some(input(r))).collect();
-            assert!(
-                ag.iter().all(|o| *o == want),
-                "all_gather on {gpus:?}: {ag:?}"
-            );
+            for m in &ag {
+                assert!(
+                    (0..n).all(|b| out(m, b) == Some(input(b, 0))),
+                    "all_gather on {gpus:?}"
+                );
+            }
+            for root in 0..n {
+                let b = simulate(OpKind::Broadcast { root }, gpus);
+                assert!(
+                    b.iter().all(|m| out(m, 0) == Some(input(root, 0))),
+                    "broadcast from {root} on {gpus:?}"
+                );
+                let red = simulate(OpKind::Reduce { root }, gpus);
+                assert_eq!(
+                    out(&red[root], 0),
+                    Some(total(0)),
+                    "reduce to {root} on {gpus:?}"
+                );
+                // No other rank's output is written: a reduce's non-root
+                // receive buffer is not the library's to write (NCCL).
+                for (r, m) in red.iter().enumerate().filter(|&(r, _)| r != root) {
+                    assert_eq!(
+                        out(m, 0),
+                        None,
+                        "reduce to {root} on {gpus:?} wrote rank {r}'s output"
+                    );
+                }
+            }
         }
     }
 
     #[test]
-    fn only_leaders_have_steps_among_one_rank_per_gpu() {
+    fn only_first_ranks_of_gpus_copy_or_meet_one_rank_per_gpu() {
         let gpus = [0, 1, 0, 1, 1];
+        let kinds = [
+            OpKind::AllReduce,
+            OpKind::Broadcast { root: 4 },
+            OpKind::AllGather,
+            OpKind::Reduce { root: 3 },
+            OpKind::ReduceScatter,
+        ];
         for me in 0..gpus.len() {
             let leader = me < 2;
-            for kind in [
-                OpKind::AllReduce,
-                OpKind::Broadcast { root: 4 },
-                OpKind::AllGather,
-            ] {
-                let among = plan(kind, me, &gpus).iter().any(|s| s.on == On::Leaders);
+            for kind in kinds {
+                let steps = plan(kind, me, &gpus);
+                let among = steps
+                    .iter()
+                    .any(|s| s.act == Act::On(On::Leaders, kind_of(s)));
                 assert_eq!(among, leader, "rank {me}, {kind:?}");
+                let copies = steps.iter().any(|s| s.act == Act::Copy);
+                assert!(leader || !copies, "rank {me} copies in {kind:?}");
+                let scratch = steps
+                    .iter()
+                    .any(|s| s.from.0 == Buf::Scratch || s.to.0 == Buf::Scratch);
+                assert!(leader || !scratch, "rank {me} needs scratch in {kind:?}");
             }
+        }
+    }
+
+    #[test]
+    fn a_reduce_splits_where_its_root_is_first_on_its_gpu() {
+        let gpus = [0, 1, 0, 1];
+        let splits: Vec<bool> = (0..4)
+            .map(|root| worth_it(OpKind::Reduce { root }, &gpus))
+            .collect();
+        assert_eq!(splits, [true, true, false, false]);
+        assert!(worth_it(OpKind::ReduceScatter, &gpus));
+    }
+
+    fn kind_of(s: &Step) -> OpKind {
+        match s.act {
+            Act::On(_, k) => k,
+            Act::Copy => OpKind::AllReduce,
         }
     }
 }
