@@ -163,7 +163,7 @@ fn run_task(t: Task, group_api: Handle) -> Result<()> {
 /// Runs one communicator's operations of a group; a failure is recorded
 /// on the communicator.
 fn run_comm(comm: &Comm, core: &Core, ops: &[(Op, OpBuffers)], api: &ApiEvents) -> Result<()> {
-    core.execute(ops, api)
+    comm.execute_group(core, ops, api)
         .inspect_err(|e| comm.record_failure(e))
 }
 

@@ -86,6 +86,9 @@ impl Comm {
         };
         info!(target: "oxccl::init", "comm {:#018x} rank {} nranks {} - Revoke START", core.ident.comm_hash, core.rank, core.nranks);
         core.stop_operations(StopReason::Revoked);
+        // What runs in steps runs on split communicators: their work ends
+        // with this one's (they go when it is destroyed).
+        self.revoke_hier();
         if self.shared.blocking && !core.wait_quiescent(core.cfg.timeout()) {
             return Err(core.still_running());
         }
@@ -311,6 +314,10 @@ impl Comm {
         } else {
             "ncclCommResume"
         };
+        if on {
+            // Their memory goes too; split again after the resume.
+            self.let_hier_go(false, true);
+        }
         let what = match &core.device {
             None => {
                 core.bootstrap.barrier()?;

@@ -3,6 +3,7 @@
 
 mod core;
 mod elastic;
+mod hier;
 mod ident;
 mod kernel_events;
 mod on_device;
@@ -228,6 +229,9 @@ struct Shared {
     blocking: bool,
     status: Mutex<Status>,
     ready: Condvar,
+    /// The communicators an all-reduce runs on in steps where ranks of
+    /// several processes share a GPU (see `hier`).
+    hier: Mutex<hier::State>,
 }
 
 /// A communicator: one rank's membership in a group of ranks. Cloning
@@ -404,6 +408,7 @@ impl Comm {
             blocking: config.blocking,
             status: Mutex::new(Status::Initializing),
             ready: Condvar::new(),
+            hier: hier::new_state(),
         });
         let comm = Comm {
             shared: shared.clone(),
@@ -837,6 +842,7 @@ impl Comm {
             }
             std::mem::replace(&mut *st, Status::Destroyed(how))
         };
+        self.let_hier_go(how == "aborted", false);
         if let Status::Ready(core) | Status::Failed(_, Some(core)) | Status::Revoked(core, _) = old
         {
             let aborted = how == "aborted";

@@ -271,6 +271,12 @@ impl DeviceComm {
         &self.kernels
     }
 
+    /// Each rank's GPU as an index where ranks of several processes share
+    /// a GPU and the communicator spans other GPUs too; `None` otherwise.
+    pub fn mixed_gpus(&self) -> Option<&[usize]> {
+        self.window.mixed.as_deref()
+    }
+
     /// Times the launches from now on (or stops): each block writes its
     /// start and end into the returned [`Stamps`], and [`take_timed`]
     /// lists the launches so timed. Launches recorded into a CUDA graph are

@@ -176,6 +176,47 @@ fn shared_gpus(infos: &[PeerInfo], rank: usize, channels: usize) -> (usize, Vec<
     (cap, mine, p.len())
 }
 
+/// Each rank's GPU as an index (in order of first appearance), where the
+/// ranks use more than one GPU and the ranks on one of them are in more
+/// than one process: there every operation on that GPU waits for the GPU
+/// to switch between the processes (without MPS), which the communicator
+/// avoids by running all-reduce in steps on the ranks of each GPU and on
+/// one rank per GPU (`crate::comm` `hier`). `None` for any other layout,
+/// and where a process holds several ranks: the communicators that path
+/// splits off are made at its first all-reduce, a blocking call on every
+/// rank, which one thread driving several ranks would never get past.
+fn mixed_groups(infos: &[PeerInfo]) -> Option<Vec<usize>> {
+    let mut all: Vec<u32> = infos.iter().map(|i| i.pid).collect();
+    all.sort_unstable();
+    all.dedup();
+    if all.len() < infos.len() {
+        return None;
+    }
+    let mut gpus: Vec<(u64, u64)> = Vec::new();
+    let group: Vec<usize> = infos
+        .iter()
+        .map(|i| {
+            let k = (i.node, i.gpu);
+            gpus.iter().position(|&g| g == k).unwrap_or_else(|| {
+                gpus.push(k);
+                gpus.len() - 1
+            })
+        })
+        .collect();
+    let in_processes = |g: usize| {
+        let mut pids: Vec<u32> = infos
+            .iter()
+            .zip(&group)
+            .filter(|&(_, &x)| x == g)
+            .map(|(i, _)| i.pid)
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids.len() > 1
+    };
+    (gpus.len() > 1 && (0..gpus.len()).any(in_processes)).then_some(group)
+}
+
 /// Says once, on each rank that shares its GPU, with whom and which path
 /// its collectives take.
 fn say_shared(
@@ -277,6 +318,10 @@ pub(crate) struct Window {
         std::time::Duration,
         Arc<std::sync::atomic::AtomicBool>,
     )>,
+    /// Each rank's GPU as an index, where ranks of several processes share
+    /// a GPU and the communicator spans other GPUs too (see
+    /// `mixed_groups`); `None` for any other layout.
+    pub mixed: Option<Vec<usize>>,
 }
 
 impl std::fmt::Debug for Window {
@@ -435,6 +480,7 @@ impl Window {
             })
             .collect::<Result<Vec<_>>>()?;
         let (launch_channels, on_my_gpu, my_gpu_procs) = shared_gpus(&infos, rank, cfg.channels);
+        let mixed = mixed_groups(&infos);
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
         let one_gpu = infos
             .iter()
@@ -609,6 +655,7 @@ impl Window {
             launch_channels,
             shared,
             shared_setup,
+            mixed,
         };
         w.write_header()?;
         Ok(w)
@@ -931,5 +978,18 @@ mod tests {
             i.node = k as u64;
         }
         assert_eq!(shared_gpus(&apart, 0, 128), (128, vec![0], 1));
+        // Mixed: several GPUs, and ranks of several processes on one.
+        assert_eq!(mixed_groups(&mixed), Some(vec![0, 0, 1]));
+        let round = [info(1, 7), info(2, 8), info(3, 7), info(4, 8)];
+        assert_eq!(mixed_groups(&round), Some(vec![0, 1, 0, 1]));
+        // One GPU (the shared path's), one rank per GPU, or threads of one
+        // process on each GPU (their kernels run together): not mixed.
+        assert_eq!(mixed_groups(&one), None);
+        assert_eq!(mixed_groups(&apart), None);
+        let threads = [info(1, 7), info(1, 7), info(2, 8), info(2, 8)];
+        assert_eq!(mixed_groups(&threads), None);
+        // A process with a rank on each GPU: one thread would split for two.
+        let across = [info(1, 7), info(1, 8), info(2, 7), info(2, 8)];
+        assert_eq!(mixed_groups(&across), None);
     }
 }
