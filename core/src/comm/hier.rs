@@ -48,7 +48,7 @@ use super::{Comm, CommConfig, SPLIT_NOCOLOR};
 /// A communicator's split communicators, once asked for.
 #[derive(Default)]
 pub(super) enum State {
-    /// Not decided yet: decided at the first all-reduce that could use it.
+    /// Not decided yet: decided at the first collective that could use it.
     #[default]
     Unknown,
     /// The layout does not call for it (or it was let go).
@@ -91,6 +91,15 @@ impl Hier {
                 let _ = c.destroy();
             }
         }
+        if abort {
+            // As an aborted communicator keeps its device memory: freeing
+            // it would wait for a kernel that may never end.
+            let mut sc = self
+                .scratch
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            std::mem::forget(sc.take());
+        }
     }
 }
 
@@ -98,10 +107,7 @@ impl Hier {
 fn splits(op: &Op) -> bool {
     op.count > 0
         && match op.kind {
-            OpKind::AllReduce => {
-                matches!(op.redop, RedOp::Sum | RedOp::Prod | RedOp::Max | RedOp::Min)
-            }
-            OpKind::Reduce { .. } | OpKind::ReduceScatter => {
+            OpKind::AllReduce | OpKind::Reduce { .. } | OpKind::ReduceScatter => {
                 matches!(op.redop, RedOp::Sum | RedOp::Prod | RedOp::Max | RedOp::Min)
             }
             OpKind::Broadcast { .. } | OpKind::AllGather => true,
@@ -123,9 +129,9 @@ fn wanted() -> bool {
 
 impl Comm {
     /// Runs one group's operations of this communicator: its collectives
-    /// in steps where the layout calls for it
-    /// (see the module) and every collective of the group allows it, then
-    /// the point-to-point messages as one group.
+    /// in steps where the layout calls for it (see the module) and every
+    /// collective of the group allows it, then the point-to-point messages
+    /// as one group.
     pub(crate) fn execute_group(
         &self,
         core: &Core,
