@@ -14,8 +14,10 @@
 //!    communicator.
 //!
 //! The steps run on the caller's stream one after the other. The two
-//! communicators are split from this one at its first such call (every
-//! rank reaches it, as it reaches every collective) and live as long as it
+//! communicators are split from this one at its first such call outside a
+//! CUDA graph capture (every rank reaches it, as it reaches every
+//! collective; a capture forbids the split's allocations, so a call being
+//! captured before then takes every rank's kernels) and live as long as it
 //! does; a suspend lets them go, a revoke ends their work. The other
 //! collectives take the same communicators (see [`plan`]): a broadcast on
 //! the root's GPU, among one rank per GPU, then on each other GPU; an
@@ -144,7 +146,7 @@ impl Comm {
         if colls().next().is_none() || !colls().all(|(op, _)| splits(op)) {
             return core.execute(ops, api);
         }
-        let Some(hier) = self.hier(core)? else {
+        let Some(hier) = self.hier(core, &ops[0].0)? else {
             return core.execute(ops, api);
         };
         if !colls().all(|(op, _)| hier.worth_it(op)) {
@@ -165,8 +167,11 @@ impl Comm {
     }
 
     /// The split communicators, made at the first call that asks on a
-    /// layout that calls for them; `None` where it does not.
-    fn hier(&self, core: &Core) -> Result<Option<Arc<Hier>>> {
+    /// layout that calls for them; `None` where it does not, and while
+    /// `op`'s stream is being captured into a CUDA graph before they are
+    /// made (making them allocates device memory, which a capture forbids:
+    /// that call runs on every rank's kernels, and a later one splits).
+    fn hier(&self, core: &Core, op: &Op) -> Result<Option<Arc<Hier>>> {
         let mut st = self
             .shared
             .hier
@@ -189,6 +194,9 @@ impl Comm {
             *st = State::No;
             return Ok(None);
         };
+        if super::on_device::stream(op).is_capturing()? {
+            return Ok(None);
+        }
         let me = self.user_rank();
         let mine = gpus[me];
         let local_ranks: Vec<usize> = (0..gpus.len()).filter(|&r| gpus[r] == mine).collect();
