@@ -229,8 +229,8 @@ struct Shared {
     blocking: bool,
     status: Mutex<Status>,
     ready: Condvar,
-    /// The communicators an all-reduce runs on in steps where ranks of
-    /// several processes share a GPU (see `hier`).
+    /// The communicators collectives run on in steps where ranks of
+    /// several processes share a GPU in a job of several GPUs (see `hier`).
     hier: Mutex<hier::State>,
 }
 
