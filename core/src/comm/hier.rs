@@ -21,15 +21,15 @@
 //! does; a suspend lets them go, a revoke ends their work. The other
 //! collectives take the same communicators (see [`plan`]): a broadcast on
 //! the root's GPU, among one rank per GPU, then on each other GPU; an
-//! all-gather one such broadcast per rank; a reduce and a reduce-scatter
-//! reduce on each GPU and among one rank per GPU into the first rank's
-//! scratch, which sends each rank its block, pulled by the receiver (a
-//! reduce whose root is not its GPU's first rank is faster on every rank's
-//! kernels, see `Hier::worth_it`). Reductions split only for sum, product, min and max (an
-//! average or a pre-multiplied sum of partial results would differ from
-//! NCCL's); send/recv, other operations, and groups holding them with a
-//! collective that does not split, run as before; so do layouts where a
-//! process holds several ranks (see `mixed_groups` in the device window).
+//! all-gather one such broadcast per rank; a reduce (to a GPU's first
+//! rank) and a reduce-scatter reduce on each GPU and among one rank per
+//! GPU, the latter into the first rank's scratch, which sends each rank its
+//! block, pulled by the receiver. Reductions split only for sum, product,
+//! min and max (an average or a pre-multiplied sum of partial results
+//! would differ from NCCL's); send/recv, a reduce to another rank, and
+//! groups holding a collective that does not split, run as before; so do
+//! layouts where a process holds several ranks (see `mixed_groups` in the
+//! device window).
 //! OXCCL_HIER=0 turns it off. Profiler events of the steps are the split
 //! communicators' own.
 
@@ -45,6 +45,7 @@ use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{ApiEvents, Handle};
 
 use super::core::{Core, GpuPath};
+use super::on_device::{lock, stream};
 use super::{Comm, CommConfig, SPLIT_NOCOLOR};
 
 /// A communicator's split communicators, once asked for.
@@ -63,8 +64,6 @@ pub(super) struct Hier {
     local: Comm,
     /// One rank per GPU, on the leaders only.
     leaders: Option<Comm>,
-    /// The parent's ranks of `local`, for errors.
-    local_ranks: Vec<usize>,
     /// Each parent rank's GPU, numbered in the order of the GPUs' first
     /// ranks: GPU g's first rank is rank g of `leaders`.
     gpus: Vec<usize>,
@@ -74,14 +73,32 @@ pub(super) struct Hier {
 }
 
 impl Hier {
-    /// Whether `op` (one that splits) is faster in steps on this layout. A
-    /// reduce whose root is not its GPU's first rank would end in a send
-    /// the root pulls, and a kernel of the root's process waits for the
-    /// GPU to switch processes: 187-935 us against every rank's kernels'
-    /// 46-76 us at 8 B-32 KiB, 11 against 44-51 GB/s at 2 MiB (4 processes
-    /// on 2 H200), so such a reduce keeps every rank's kernels.
-    fn worth_it(&self, op: &Op) -> bool {
-        worth_it(op.kind, &self.gpus)
+    /// The parent's ranks on `me`'s GPU.
+    fn on_my_gpu(&self, me: usize) -> Vec<usize> {
+        (0..self.gpus.len())
+            .filter(|&r| self.gpus[r] == self.gpus[me])
+            .collect()
+    }
+
+    /// The address of this rank's scratch of at least `bytes`, grown (the
+    /// context synchronized first: queued steps may still use the old one).
+    fn scratch(&self, gpu: &GpuPath, bytes: usize) -> Result<u64> {
+        let mut sc = self
+            .scratch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(b) = sc.as_ref().filter(|b| b.len() >= bytes) {
+            return Ok(b.ptr());
+        }
+        let ctx = lock(gpu)?.context().clone();
+        if sc.is_some() {
+            ctx.synchronize()?;
+            *sc = None;
+        }
+        let b = DeviceBuffer::alloc(&ctx, bytes)?;
+        let p = b.ptr();
+        *sc = Some(b);
+        Ok(p)
     }
 
     /// Ends both (a destroy or an abort of the parent).
@@ -117,14 +134,6 @@ fn splits(op: &Op) -> bool {
         }
 }
 
-/// See [`Hier::worth_it`].
-fn worth_it(kind: OpKind, gpus: &[usize]) -> bool {
-    match kind {
-        OpKind::Reduce { root } => gpus.iter().position(|&g| g == gpus[root]) == Some(root),
-        _ => true,
-    }
-}
-
 fn wanted() -> bool {
     std::env::var("OXCCL_HIER").map_or(true, |v| v.trim() != "0")
 }
@@ -141,19 +150,26 @@ impl Comm {
         api: &ApiEvents,
     ) -> Result<()> {
         let colls = || ops.iter().filter(|(op, _)| op.kind.coll().is_some());
+        let Some(gpu) = &core.device else {
+            return core.execute(ops, api);
+        };
         // Each rank's collectives are the same, so every rank decides alike;
         // point-to-point messages may differ between ranks and decide nothing.
         if colls().next().is_none() || !colls().all(|(op, _)| splits(op)) {
             return core.execute(ops, api);
         }
-        let Some(hier) = self.hier(core, &ops[0].0)? else {
+        let Some(hier) = self.hier(gpu, &ops[0].0)? else {
             return core.execute(ops, api);
         };
-        if !colls().all(|(op, _)| hier.worth_it(op)) {
+        let me = self.user_rank();
+        let plans: Option<Vec<(&Op, Vec<Step>)>> = colls()
+            .map(|(op, _)| Some((op, plan(op.kind, me, &hier.gpus)?)))
+            .collect();
+        let Some(plans) = plans else {
             return core.execute(ops, api);
-        }
-        for (op, _) in colls() {
-            self.in_steps(core, &hier, op)?;
+        };
+        for (op, steps) in plans {
+            self.in_steps(gpu, &hier, op, steps)?;
         }
         let rest: Vec<(Op, OpBuffers)> = ops
             .iter()
@@ -171,7 +187,7 @@ impl Comm {
     /// `op`'s stream is being captured into a CUDA graph before they are
     /// made (making them allocates device memory, which a capture forbids:
     /// that call runs on every rank's kernels, and a later one splits).
-    fn hier(&self, core: &Core, op: &Op) -> Result<Option<Arc<Hier>>> {
+    fn hier(&self, gpu: &GpuPath, op: &Op) -> Result<Option<Arc<Hier>>> {
         let mut st = self
             .shared
             .hier
@@ -182,50 +198,44 @@ impl Comm {
             State::Yes(h) => return Ok(Some(h.clone())),
             State::Unknown => {}
         }
-        let gpus = match &core.device {
-            Some(GpuPath(dc, _)) if wanted() => dc
-                .lock()
-                .map_err(|_| Error::Internal("device communicator poisoned".into()))?
-                .mixed_gpus()
-                .map(<[usize]>::to_vec),
-            _ => None,
+        let gpus = if wanted() {
+            lock(gpu)?.mixed_gpus().map(<[usize]>::to_vec)
+        } else {
+            None
         };
         let Some(gpus) = gpus else {
             *st = State::No;
             return Ok(None);
         };
-        if super::on_device::stream(op).is_capturing()? {
+        if stream(op).is_capturing()? {
             return Ok(None);
         }
         let me = self.user_rank();
         let mine = gpus[me];
-        let local_ranks: Vec<usize> = (0..gpus.len()).filter(|&r| gpus[r] == mine).collect();
-        let leader = local_ranks[0] == me;
+        let leader = gpus.iter().position(|&g| g == mine) == Some(me);
         let cfg = CommConfig::default();
         let key = me as i32;
         let local = self
             .split(mine as i32, key, &cfg)?
             .ok_or_else(|| Error::Internal("no communicator for this rank's GPU".into()))?;
         let leaders = self.split(if leader { 0 } else { SPLIT_NOCOLOR }, key, &cfg)?;
-        let ngpus = gpus.iter().max().map_or(0, |g| g + 1);
-        info!(target: "oxccl::init", "rank {me}: ranks of several processes share GPUs of this {}-rank communicator over {ngpus} GPUs: all_reduce runs as a reduce on each GPU's ranks (this rank's: {local_ranks:?}, shared-GPU path), an all_reduce among one rank per GPU, and a broadcast on each GPU; broadcast as one on the root's GPU, one among one rank per GPU and one on each other GPU, all_gather as a broadcast per rank, reduce and reduce_scatter as reduces on each GPU and among one rank per GPU whose results the first rank of the GPU sends on (OXCCL_HIER=0: every rank's ring kernels, each step waiting for the GPU to switch processes)", gpus.len());
         let h = Arc::new(Hier {
             local,
             leaders,
-            local_ranks,
             gpus,
             scratch: Mutex::new(None),
         });
+        let ngpus = h.gpus.iter().max().map_or(0, |g| g + 1);
+        info!(target: "oxccl::init", "rank {me}: ranks of several processes share GPUs of this {}-rank communicator over {ngpus} GPUs: all_reduce runs as a reduce on each GPU's ranks (this rank's: {:?}, shared-GPU path), an all_reduce among one rank per GPU, and a broadcast on each GPU; broadcast as one on the root's GPU, one among one rank per GPU and one on each other GPU, all_gather as a broadcast per rank, reduce (to a GPU's first rank) and reduce_scatter as reduces on each GPU and among one rank per GPU, reduce_scatter's blocks sent on by each GPU's first rank (OXCCL_HIER=0: every rank's ring kernels, each step waiting for the GPU to switch processes)", h.gpus.len(), h.on_my_gpu(me));
         *st = State::Yes(h.clone());
         Ok(Some(h))
     }
 
-    /// Runs `op` in the steps [`plan`] gives this rank.
-    fn in_steps(&self, core: &Core, h: &Hier, op: &Op) -> Result<()> {
+    /// Runs `op` in `steps` (this rank's [`plan`] for it).
+    fn in_steps(&self, gpu: &GpuPath, h: &Hier, op: &Op, steps: Vec<Step>) -> Result<()> {
         let me = self.user_rank();
         let n = h.gpus.len();
         let block = op.count * op.dtype.size();
-        let steps = plan(op.kind, me, &h.gpus);
         let need = steps
             .iter()
             .flat_map(|s| [s.from, s.to].map(|at| (at, s.whole)))
@@ -233,7 +243,7 @@ impl Comm {
             .map(|((_, b), whole)| (b + if whole { n } else { 1 }) * block)
             .max();
         let scratch = match need {
-            Some(bytes) => self.scratch(core, h, bytes)?,
+            Some(bytes) => h.scratch(gpu, bytes)?,
             None => 0,
         };
         let at = |(buf, b): (Buf, usize)| -> u64 {
@@ -247,32 +257,22 @@ impl Comm {
         for s in steps {
             let count = if s.whole { n * op.count } else { op.count };
             let (from, to) = (at(s.from), at(s.to));
-            let c = match s.act {
+            let (c, kind) = match s.act {
                 Act::Copy => {
-                    let Some(GpuPath(dc, _)) = &core.device else {
-                        return Err(Error::Internal(
-                            "a step on a communicator without a GPU".into(),
-                        ));
-                    };
-                    let dc = dc
-                        .lock()
-                        .map_err(|_| Error::Internal("device communicator poisoned".into()))?;
-                    dc.kernels().copy(
-                        to,
-                        from,
-                        count * op.dtype.size(),
-                        super::on_device::stream(op),
-                    )?;
+                    let bytes = count * op.dtype.size();
+                    lock(gpu)?.kernels().copy(to, from, bytes, stream(op))?;
                     continue;
                 }
-                Act::On(On::Local, _) => &h.local,
-                Act::On(On::Leaders, _) => h.leaders.as_ref().ok_or_else(|| {
-                    Error::Internal(format!(
-                        "rank {me} has a step among one rank per GPU but is not one"
-                    ))
-                })?,
+                Act::On(On::Local, kind) => (&h.local, kind),
+                Act::On(On::Leaders, kind) => {
+                    let l = h.leaders.as_ref().ok_or_else(|| {
+                        Error::Internal(format!(
+                            "rank {me} has a step among one rank per GPU but is not one"
+                        ))
+                    })?;
+                    (l, kind)
+                }
             };
-            let Act::On(_, kind) = s.act else { continue };
             let o = Op {
                 kind,
                 input: from as *const u8,
@@ -287,41 +287,11 @@ impl Comm {
                     op.kind.name(),
                     op.count,
                     op.dtype.name(),
-                    h.local_ranks
+                    h.on_my_gpu(me)
                 ))
             })?;
         }
         Ok(())
-    }
-
-    /// The address of this rank's scratch of at least `bytes`, grown (the
-    /// context synchronized first: queued steps may still use the old one).
-    fn scratch(&self, core: &Core, h: &Hier, bytes: usize) -> Result<u64> {
-        let mut sc = h
-            .scratch
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(b) = sc.as_ref().filter(|b| b.len() >= bytes) {
-            return Ok(b.ptr());
-        }
-        let Some(GpuPath(dc, _)) = &core.device else {
-            return Err(Error::Internal(
-                "scratch for a communicator without a GPU".into(),
-            ));
-        };
-        let ctx = dc
-            .lock()
-            .map_err(|_| Error::Internal("device communicator poisoned".into()))?
-            .context()
-            .clone();
-        if sc.is_some() {
-            ctx.synchronize()?;
-            *sc = None;
-        }
-        let b = DeviceBuffer::alloc(&ctx, bytes)?;
-        let p = b.ptr();
-        *sc = Some(b);
-        Ok(p)
     }
 
     /// Lets the split communicators go (a destroy or an abort of this one,
@@ -399,13 +369,19 @@ struct Step {
 /// Rank `me`'s steps for `kind` (all_reduce, broadcast, reduce,
 /// all_gather or reduce_scatter), where rank r is on GPU `gpus[r]`, GPUs
 /// numbered in the order of their first ranks (GPU g's first rank is rank
-/// g among one rank per GPU). Every member of a split communicator gets
-/// the same collectives on it in the same order, and each send a matching
-/// receive. Only first ranks of GPUs copy on their own streams (any other
-/// rank's kernel would wait for the GPU to switch processes); a reduce
-/// whose root is not its GPU's first rank, and reduce_scatter, end in a
-/// send from the first rank, which that rank's receive pulls.
-fn plan(kind: OpKind, me: usize, gpus: &[usize]) -> Vec<Step> {
+/// g among one rank per GPU); `None` where `kind` does not run in steps.
+/// Every member of a split communicator gets the same collectives on it in
+/// the same order, and each send a matching receive. Only first ranks of
+/// GPUs copy on their own streams (any other rank's kernel would wait for
+/// the GPU to switch processes); reduce_scatter ends in sends from the
+/// first rank, which each other rank's receive pulls.
+///
+/// A reduce runs in steps only where its root is first on its GPU: else
+/// the result would reach the root the same way, and the root's pull, a
+/// kernel of its process, waits for the GPU to switch processes (tried:
+/// 187-935 us against every rank's kernels' 46-76 us at 8 B-32 KiB, 11
+/// against 44-51 GB/s at 2 MiB, 4 processes on 2 H200).
+fn plan(kind: OpKind, me: usize, gpus: &[usize]) -> Option<Vec<Step>> {
     let mine = gpus[me];
     let on_gpu = |g: usize| (0..gpus.len()).filter(move |&r| gpus[r] == g);
     let local: Vec<usize> = on_gpu(mine).collect();
@@ -421,6 +397,16 @@ fn plan(kind: OpKind, me: usize, gpus: &[usize]) -> Vec<Step> {
     let (input, output, scratch) = ((Buf::Input, 0), (Buf::Output, 0), (Buf::Scratch, 0));
     let local_op = |k| Act::On(On::Local, k);
     let among = |k| Act::On(On::Leaders, k);
+    // The two steps on a GPU's ranks every collective but a broadcast
+    // from a rank there begins or ends with.
+    let reduce_on_gpu = |to, whole| {
+        let k = local_op(OpKind::Reduce { root: 0 });
+        step(k, input, to, whole, "the reduce on its GPU")
+    };
+    let broadcast_on_gpu = |at| {
+        let k = local_op(OpKind::Broadcast { root: 0 });
+        step(k, at, at, false, "the broadcast on its GPU")
+    };
     let broadcast = |root: usize, b: usize, out: &mut Vec<Step>| {
         let root_gpu = gpus[root];
         let ob = (Buf::Output, b);
@@ -439,15 +425,13 @@ fn plan(kind: OpKind, me: usize, gpus: &[usize]) -> Vec<Step> {
             ));
         }
         if mine != root_gpu {
-            let k = local_op(OpKind::Broadcast { root: 0 });
-            out.push(step(k, ob, ob, false, "the broadcast on its GPU"));
+            out.push(broadcast_on_gpu(ob));
         }
     };
     let mut out = Vec::new();
     match kind {
         OpKind::AllReduce => {
-            let k = local_op(OpKind::Reduce { root: 0 });
-            out.push(step(k, input, output, false, "the reduce on its GPU"));
+            out.push(reduce_on_gpu(output, false));
             if leader {
                 let k = among(OpKind::AllReduce);
                 out.push(step(
@@ -458,58 +442,32 @@ fn plan(kind: OpKind, me: usize, gpus: &[usize]) -> Vec<Step> {
                     "the all_reduce among one rank per GPU",
                 ));
             }
-            let k = local_op(OpKind::Broadcast { root: 0 });
-            out.push(step(k, output, output, false, "the broadcast on its GPU"));
+            out.push(broadcast_on_gpu(output));
         }
         OpKind::Broadcast { root } => broadcast(root, 0, &mut out),
         OpKind::AllGather => (0..gpus.len()).for_each(|r| broadcast(r, r, &mut out)),
         OpKind::Reduce { root } => {
             let root_gpu = gpus[root];
-            let root_leads = on_gpu(root_gpu).next() == Some(root);
-            // A rank that is neither the root nor first on its GPU sends only.
+            if on_gpu(root_gpu).next() != Some(root) {
+                return None;
+            }
+            // The root gets the result; other first ranks keep their GPU's
+            // part in scratch; the rest only contribute.
             let partial = if me == root || !leader {
                 output
             } else {
                 scratch
             };
-            let k = local_op(OpKind::Reduce { root: 0 });
-            out.push(step(k, input, partial, false, "the reduce on its GPU"));
+            out.push(reduce_on_gpu(partial, false));
             if leader {
                 let k = among(OpKind::Reduce { root: root_gpu });
-                out.push(step(
-                    k,
-                    partial,
-                    partial,
-                    false,
-                    "the reduce among one rank per GPU",
-                ));
-            }
-            if mine == root_gpu && !root_leads {
-                if leader {
-                    let k = local_op(OpKind::Send { peer: index(root) });
-                    out.push(step(
-                        k,
-                        scratch,
-                        scratch,
-                        false,
-                        "the send of the result to the root",
-                    ));
-                } else if me == root {
-                    let k = local_op(OpKind::Recv { peer: 0 });
-                    out.push(step(
-                        k,
-                        output,
-                        output,
-                        false,
-                        "the receive of the result from its GPU's first rank",
-                    ));
-                }
+                let what = "the reduce among one rank per GPU";
+                out.push(step(k, partial, partial, false, what));
             }
         }
         OpKind::ReduceScatter => {
             let partial = if leader { scratch } else { output };
-            let k = local_op(OpKind::Reduce { root: 0 });
-            out.push(step(k, input, partial, true, "the reduce on its GPU"));
+            out.push(reduce_on_gpu(partial, true));
             if leader {
                 let k = among(OpKind::AllReduce);
                 out.push(step(
@@ -548,9 +506,9 @@ fn plan(kind: OpKind, me: usize, gpus: &[usize]) -> Vec<Step> {
                 ));
             }
         }
-        _ => {}
+        OpKind::Send { .. } | OpKind::Recv { .. } => return None,
     }
-    out
+    Some(out)
 }
 
 /// One operation on a split communicator, as its own group.
@@ -588,7 +546,13 @@ mod tests {
                     .collect()
             })
             .collect();
-        let mut todo: Vec<VecDeque<Step>> = (0..n).map(|r| plan(kind, r, gpus).into()).collect();
+        let mut todo: Vec<VecDeque<Step>> = (0..n)
+            .map(|r| {
+                plan(kind, r, gpus)
+                    .expect("a kind that runs in steps")
+                    .into()
+            })
+            .collect();
         let ngpus = gpus.iter().max().unwrap() + 1;
         let mut comms: Vec<(On, Vec<usize>)> = (0..ngpus)
             .map(|g| (On::Local, (0..n).filter(|&r| gpus[r] == g).collect()))
@@ -743,6 +707,9 @@ mod tests {
                     b.iter().all(|m| out(m, 0) == Some(input(root, 0))),
                     "broadcast from {root} on {gpus:?}"
                 );
+                if plan(OpKind::Reduce { root }, 0, gpus).is_none() {
+                    continue;
+                }
                 let red = simulate(OpKind::Reduce { root }, gpus);
                 assert_eq!(
                     out(&red[root], 0),
@@ -769,13 +736,13 @@ mod tests {
             OpKind::AllReduce,
             OpKind::Broadcast { root: 4 },
             OpKind::AllGather,
-            OpKind::Reduce { root: 3 },
+            OpKind::Reduce { root: 1 },
             OpKind::ReduceScatter,
         ];
         for me in 0..gpus.len() {
             let leader = me < 2;
             for kind in kinds {
-                let steps = plan(kind, me, &gpus);
+                let steps = plan(kind, me, &gpus).unwrap();
                 let among = steps
                     .iter()
                     .any(|s| s.act == Act::On(On::Leaders, kind_of(s)));
@@ -791,13 +758,16 @@ mod tests {
     }
 
     #[test]
-    fn a_reduce_splits_where_its_root_is_first_on_its_gpu() {
+    fn a_reduce_runs_in_steps_where_its_root_is_first_on_its_gpu() {
         let gpus = [0, 1, 0, 1];
-        let splits: Vec<bool> = (0..4)
-            .map(|root| worth_it(OpKind::Reduce { root }, &gpus))
-            .collect();
-        assert_eq!(splits, [true, true, false, false]);
-        assert!(worth_it(OpKind::ReduceScatter, &gpus));
+        for me in 0..4 {
+            let planned: Vec<bool> = (0..4)
+                .map(|root| plan(OpKind::Reduce { root }, me, &gpus).is_some())
+                .collect();
+            assert_eq!(planned, [true, true, false, false], "rank {me}");
+            assert!(plan(OpKind::ReduceScatter, me, &gpus).is_some());
+            assert!(plan(OpKind::Send { peer: 1 }, me, &gpus).is_none());
+        }
     }
 
     fn kind_of(s: &Step) -> OpKind {

@@ -146,7 +146,7 @@ pub(crate) fn resume(gpu: &GpuPath, bootstrap: &Bootstrap) -> Result<()> {
     dc.resume(&oob)
 }
 
-fn lock(gpu: &GpuPath) -> Result<std::sync::MutexGuard<'_, DeviceComm>> {
+pub(super) fn lock(gpu: &GpuPath) -> Result<std::sync::MutexGuard<'_, DeviceComm>> {
     gpu.0
         .lock()
         .map_err(|_| Error::Internal("device communicator poisoned by an earlier panic".into()))
