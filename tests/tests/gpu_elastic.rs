@@ -40,10 +40,11 @@ const COUNT: usize = 1 << 18;
 const WATCH: Duration = Duration::from_secs(4);
 const TIMEOUT_S: &str = "10";
 
-/// Held by each test's parent for its whole run: the suspend cases read
-/// the GPU's free memory (cuMemGetInfo), which any other test of this file
-/// allocating on the same GPU at the same moment would move (a 2-GPU
-/// machine failed `gpu_suspend_resume_one_process` that way).
+/// Held while a test's ranks run (in `spawn_on_gpu`, or the one-process
+/// case's threads): the suspend cases read the GPU's free memory
+/// (cuMemGetInfo), which any other test of this file allocating on the
+/// same GPU at the same moment would move (a 2-GPU machine failed
+/// `gpu_suspend_resume_one_process` that way).
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
@@ -264,6 +265,7 @@ fn spawn_on_gpu(name: &str, env: &[(&str, &str)], limit: Duration) -> Option<Vec
     oxccl_tests::gpu::ranks()?;
     let mut vars = vec![("NCCL_TIMEOUT", TIMEOUT_S)];
     vars.extend_from_slice(env);
+    let _serial = one_at_a_time();
     let t = Instant::now();
     let done = spawn(name, NRANKS, &vars, limit);
     eprintln!("{name}: {:?}", t.elapsed());
@@ -288,7 +290,6 @@ fn gpu_suspend_resume_shared_gpu() {
     if as_child(name, suspend_child) {
         return;
     }
-    let _serial = one_at_a_time();
     run_suspend_case(name, &[]);
 }
 
@@ -298,7 +299,6 @@ fn gpu_suspend_resume_on_kernels() {
     if as_child(name, suspend_child) {
         return;
     }
-    let _serial = one_at_a_time();
     run_suspend_case(name, &[("OXCCL_SHARED_GPU", "kernels")]);
 }
 
@@ -437,7 +437,6 @@ fn gpu_killed_rank_revoke_then_shrink_default() {
     if as_child(name, |r| survive(r, ShrinkMode::Default, true)) {
         return;
     }
-    let _serial = one_at_a_time();
     run_case(name, &[]);
 }
 
@@ -447,7 +446,6 @@ fn gpu_killed_rank_shrink_abort() {
     if as_child(name, |r| survive(r, ShrinkMode::Abort, false)) {
         return;
     }
-    let _serial = one_at_a_time();
     run_case(name, &[]);
 }
 
@@ -457,7 +455,6 @@ fn gpu_killed_rank_revoke_then_shrink_default_on_kernels() {
     if as_child(name, |r| survive(r, ShrinkMode::Default, true)) {
         return;
     }
-    let _serial = one_at_a_time();
     run_case(name, &[("OXCCL_SHARED_GPU", "kernels")]);
 }
 
@@ -467,7 +464,6 @@ fn gpu_killed_rank_shrink_abort_on_kernels() {
     if as_child(name, |r| survive(r, ShrinkMode::Abort, false)) {
         return;
     }
-    let _serial = one_at_a_time();
     run_case(name, &[("OXCCL_SHARED_GPU", "kernels")]);
 }
 
@@ -552,7 +548,6 @@ fn gpu_grow_two_to_four_and_back() {
     if as_child(name, grow_child) {
         return;
     }
-    let _serial = one_at_a_time();
     let Some(done) = spawn_on_gpu(name, &[], Duration::from_secs(240)) else {
         return;
     };

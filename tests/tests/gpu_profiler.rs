@@ -30,6 +30,17 @@ fn pattern(rank: usize) -> FillPattern {
     }
 }
 
+/// The ranks to run (one per GPU, at most 2), or `None`, saying why,
+/// without a GPU or without NVRTC to build the kernels.
+fn runnable() -> Option<usize> {
+    let n = gpu::ranks()?;
+    if let Err(e) = oxccl::cuda::nvrtc::version() {
+        println!("skipped: {e}");
+        return None;
+    }
+    Some(n)
+}
+
 /// One rank: all-reduces of every size (checked), an all-gather, and
 /// (with a peer) a group of a send and a receive with the other rank.
 fn rank_body(r: Rank) {
@@ -82,12 +93,9 @@ fn device_path_reports_kernel_channels_under_their_operations() {
     if as_child(name, rank_body) {
         return;
     }
-    let Some(nranks) = gpu::ranks() else {
+    let Some(nranks) = runnable() else {
         return;
     };
-    if let Err(e) = oxccl::cuda::nvrtc::version() {
-        return println!("skipped: {e}");
-    }
     // 0x47: group, coll, p2p and kernel channels; 7 lacks the last.
     for (mask, kernel) in [("0x47", true), ("7", false)] {
         traced_run(name, nranks, mask, kernel);
@@ -105,11 +113,8 @@ fn shared_gpu_reports_kernel_channels_for_every_operation() {
     if as_child(name, shared_rank_body) {
         return;
     }
-    if gpu::ranks().is_none() {
+    if runnable().is_none() {
         return;
-    }
-    if let Err(e) = oxccl::cuda::nvrtc::version() {
-        return println!("skipped: {e}");
     }
     traced_run(name, 2, "0x47", true);
 }
@@ -267,11 +272,8 @@ fn device_net_proxy_reports_proxy_ops_steps_and_net_events() {
     if as_child(name, net_rank_body) {
         return;
     }
-    if gpu::ranks().is_none() {
+    if runnable().is_none() {
         return;
-    }
-    if let Err(e) = oxccl::cuda::nvrtc::version() {
-        return println!("skipped: {e}");
     }
     let lib = format!("{}/libprofiler_tree.so", env!("OXCCL_FIXTURES"));
     let done = spawn(
