@@ -155,25 +155,42 @@ fn fnv1a(b: &[u8]) -> u64 {
 /// the GPU runs one process at a time and each kernel waits for its turn).
 /// Also the ranks on this rank's GPU, and in how many processes.
 fn shared_gpus(infos: &[PeerInfo], rank: usize, channels: usize) -> (usize, Vec<usize>, usize) {
-    let on = |i: &PeerInfo| {
-        infos
-            .iter()
-            .enumerate()
-            .filter(|(_, o)| (o.node, o.gpu) == (i.node, i.gpu))
-            .map(|(r, _)| r)
-            .collect::<Vec<_>>()
-    };
+    let gpus = &gpu_of(infos);
+    let on = |g: usize| (0..infos.len()).filter(move |&r| gpus[r] == g);
     let cap = infos
         .iter()
-        .map(|i| i.resident as usize / on(i).len())
+        .zip(gpus)
+        .map(|(i, &g)| i.resident as usize / on(g).count())
         .min()
         .unwrap_or(channels)
         .clamp(1, channels);
-    let mine = on(&infos[rank]);
-    let mut p: Vec<u32> = mine.iter().map(|&r| infos[r].pid).collect();
+    let mine: Vec<usize> = on(gpus[rank]).collect();
+    let procs = processes(mine.iter().map(|&r| infos[r].pid));
+    (cap, mine, procs)
+}
+
+/// Each rank's GPU as an index, GPUs numbered in the order of their first
+/// ranks (the same GPU id on another node is another GPU).
+fn gpu_of(infos: &[PeerInfo]) -> Vec<usize> {
+    let mut seen: Vec<(u64, u64)> = Vec::new();
+    infos
+        .iter()
+        .map(|i| {
+            let k = (i.node, i.gpu);
+            seen.iter().position(|&g| g == k).unwrap_or_else(|| {
+                seen.push(k);
+                seen.len() - 1
+            })
+        })
+        .collect()
+}
+
+/// How many processes the pids name.
+fn processes(pids: impl Iterator<Item = u32>) -> usize {
+    let mut p: Vec<u32> = pids.collect();
     p.sort_unstable();
     p.dedup();
-    (cap, mine, p.len())
+    p.len()
 }
 
 /// Each rank's GPU as an index (in order of first appearance), where the
@@ -186,35 +203,14 @@ fn shared_gpus(infos: &[PeerInfo], rank: usize, channels: usize) -> (usize, Vec<
 /// splits off are made at its first all-reduce, a blocking call on every
 /// rank, which one thread driving several ranks would never get past.
 fn mixed_groups(infos: &[PeerInfo]) -> Option<Vec<usize>> {
-    let mut all: Vec<u32> = infos.iter().map(|i| i.pid).collect();
-    all.sort_unstable();
-    all.dedup();
-    if all.len() < infos.len() {
+    if processes(infos.iter().map(|i| i.pid)) < infos.len() {
         return None;
     }
-    let mut gpus: Vec<(u64, u64)> = Vec::new();
-    let group: Vec<usize> = infos
-        .iter()
-        .map(|i| {
-            let k = (i.node, i.gpu);
-            gpus.iter().position(|&g| g == k).unwrap_or_else(|| {
-                gpus.push(k);
-                gpus.len() - 1
-            })
-        })
-        .collect();
-    let in_processes = |g: usize| {
-        let mut pids: Vec<u32> = infos
-            .iter()
-            .zip(&group)
-            .filter(|&(_, &x)| x == g)
-            .map(|(i, _)| i.pid)
-            .collect();
-        pids.sort_unstable();
-        pids.dedup();
-        pids.len() > 1
-    };
-    (gpus.len() > 1 && (0..gpus.len()).any(in_processes)).then_some(group)
+    let gpus = gpu_of(infos);
+    let ngpus = gpus.iter().max().map_or(0, |g| g + 1);
+    // One rank per process: a GPU with two ranks has them in two processes.
+    let shared = (0..ngpus).any(|g| gpus.iter().filter(|&&x| x == g).count() > 1);
+    (ngpus > 1 && shared).then_some(gpus)
 }
 
 /// Says once, on each rank that shares its GPU, with whom and which path
@@ -482,15 +478,8 @@ impl Window {
         let (launch_channels, on_my_gpu, my_gpu_procs) = shared_gpus(&infos, rank, cfg.channels);
         let mixed = mixed_groups(&infos);
         let pids: Vec<u32> = infos.iter().map(|i| i.pid).collect();
-        let one_gpu = infos
-            .iter()
-            .all(|i| (i.node, i.gpu) == (infos[0].node, infos[0].gpu));
-        let procs = {
-            let mut p = pids.clone();
-            p.sort_unstable();
-            p.dedup();
-            p.len()
-        };
+        let one_gpu = gpu_of(&infos).iter().all(|&g| g == 0);
+        let procs = processes(pids.iter().copied());
         let off = layout.off_fifo as u64;
         let my_fifo = me.fifo;
         let mut peers = vec![0u64; n];
