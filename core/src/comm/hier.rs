@@ -171,15 +171,16 @@ impl Comm {
         for (op, steps) in plans {
             self.in_steps(gpu, &hier, op, steps)?;
         }
-        let rest: Vec<(Op, OpBuffers)> = ops
-            .iter()
-            .filter(|(op, _)| op.kind.coll().is_none())
-            .copied()
+        // The point-to-point messages keep their own API events (`api`
+        // numbers the group's operations, collectives included).
+        let p2p: Vec<usize> = (0..ops.len())
+            .filter(|&i| ops[i].0.kind.coll().is_none())
             .collect();
-        if rest.is_empty() {
+        if p2p.is_empty() {
             return Ok(());
         }
-        core.execute(&rest, api)
+        let rest: Vec<(Op, OpBuffers)> = p2p.iter().map(|&i| ops[i]).collect();
+        core.execute(&rest, &api.of(p2p))
     }
 
     /// The split communicators, made at the first call that asks on a

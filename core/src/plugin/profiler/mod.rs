@@ -490,6 +490,18 @@ impl ApiEvents {
     pub fn group(&self) -> Handle {
         self.group.unwrap_or(Handle::NONE)
     }
+
+    /// The events of the operations `kept` (their indices in this group,
+    /// in order), numbered from 0 as a group of those alone.
+    pub fn of(&self, kept: impl IntoIterator<Item = usize>) -> ApiEvents {
+        let mut a = ApiEvents {
+            group: self.group,
+            first: None,
+            rest: Vec::new(),
+        };
+        kept.into_iter().for_each(|i| a.push(self.op(i)));
+        a
+    }
 }
 
 /// The group API event of an outermost group (started at its first
@@ -565,5 +577,22 @@ impl Running<'_> {
 impl Drop for Running<'_> {
     fn drop(&mut self) {
         self.0.stop(self.1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_selection_renumbers_its_operations_events() {
+        let h = |n: usize| Handle(n as *mut std::os::raw::c_void);
+        let mut all = ApiEvents::new(Some(h(9)), h(1));
+        (2..5).for_each(|n| all.push(h(n)));
+        let some = all.of([1, 3]);
+        assert_eq!(
+            (some.group(), some.op(0), some.op(1), some.op(2)),
+            (h(9), h(2), h(4), Handle::NONE)
+        );
     }
 }
