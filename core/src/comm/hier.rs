@@ -398,11 +398,14 @@ fn plan(kind: OpKind, me: usize, gpus: &[usize]) -> Option<Vec<Step>> {
     let (input, output, scratch) = ((Buf::Input, 0), (Buf::Output, 0), (Buf::Scratch, 0));
     let local_op = |k| Act::On(On::Local, k);
     let among = |k| Act::On(On::Leaders, k);
-    // The two steps on a GPU's ranks every collective but a broadcast
-    // from a rank there begins or ends with.
+    // Steps more than one collective takes.
     let reduce_on_gpu = |to, whole| {
         let k = local_op(OpKind::Reduce { root: 0 });
         step(k, input, to, whole, "the reduce on its GPU")
+    };
+    let all_reduce_among = |at, whole| {
+        let k = among(OpKind::AllReduce);
+        step(k, at, at, whole, "the all_reduce among one rank per GPU")
     };
     let broadcast_on_gpu = |at| {
         let k = local_op(OpKind::Broadcast { root: 0 });
@@ -434,14 +437,7 @@ fn plan(kind: OpKind, me: usize, gpus: &[usize]) -> Option<Vec<Step>> {
         OpKind::AllReduce => {
             out.push(reduce_on_gpu(output, false));
             if leader {
-                let k = among(OpKind::AllReduce);
-                out.push(step(
-                    k,
-                    output,
-                    output,
-                    false,
-                    "the all_reduce among one rank per GPU",
-                ));
+                out.push(all_reduce_among(output, false));
             }
             out.push(broadcast_on_gpu(output));
         }
@@ -470,14 +466,7 @@ fn plan(kind: OpKind, me: usize, gpus: &[usize]) -> Option<Vec<Step>> {
             let partial = if leader { scratch } else { output };
             out.push(reduce_on_gpu(partial, true));
             if leader {
-                let k = among(OpKind::AllReduce);
-                out.push(step(
-                    k,
-                    scratch,
-                    scratch,
-                    true,
-                    "the all_reduce among one rank per GPU",
-                ));
+                out.push(all_reduce_among(scratch, true));
                 out.push(step(
                     Act::Copy,
                     (Buf::Scratch, me),
