@@ -4,8 +4,10 @@
 //! that every rank's blocks are resident at once) and 2 ranks in two processes
 //! and 3 processes (without MPS rank 0 runs each collective on every
 //! rank's buffers; `OXCCL_SHARED_GPU=kernels` makes every rank run its
-//! kernels, time-sliced; `OXCCL_SHARED_P2P=server` sends and receives
-//! through rank 0's copy thread), every collective at sizes that
+//! kernels, time-sliced; rank 0 copies its own sends and receives,
+//! `OXCCL_SHARED_P2P=pull` makes each receiver pull, `=server` makes rank
+//! 0's thread copy the others', and the default runs under
+//! `CUDA_DEVICE_MAX_CONNECTIONS=1` too), every collective at sizes that
 //! cross the channel cap, results checked against a host reference.
 //! Skips, saying why, without a GPU.
 
@@ -18,6 +20,8 @@ fn perf(args: &[&str], env: &[(&str, &str)]) {
     let mut cmd = common::perf_command();
     cmd.args(args)
         .args(["--device", "cuda", "--op", "all", "-n", "2", "-w", "1"])
+        // A hang (a copy queued behind a wait) ends as a failure.
+        .args(["--time-limit", "120"])
         // GPU 0 only, however many the machine has.
         .env("CUDA_VISIBLE_DEVICES", "0")
         .env("NCCL_DEBUG", "INFO")
@@ -52,10 +56,16 @@ fn ranks_share_one_gpu_in_one_and_two_processes() {
     for n in ["2", "3"] {
         perf(&["--ranks", n, "-b", "8", "-e", "16M", "-f", "64"], &[]);
     }
-    // Send/recv through rank 0's copy thread.
-    let server = [("OXCCL_SHARED_P2P", "server")];
+    // Send/recv pulled by each receiver's kernel; copied by rank 0's
+    // thread; and the default (rank 0 copies its own messages) with one
+    // hardware queue per context, where a copy queued in rank 0's context
+    // behind rank 0's waits would hang.
+    let sizes = ["-b", "8", "-e", "16M", "-f", "64"];
     for n in ["2", "4"] {
-        perf(&["--ranks", n, "-b", "8", "-e", "16M", "-f", "64"], &server);
+        let args = [&["--ranks", n][..], &sizes[..]].concat();
+        perf(&args, &[("OXCCL_SHARED_P2P", "pull")]);
+        perf(&args, &[("OXCCL_SHARED_P2P", "server")]);
+        perf(&args, &[("CUDA_DEVICE_MAX_CONNECTIONS", "1")]);
     }
     let kernels = [("OXCCL_SHARED_GPU", "kernels")];
     perf(

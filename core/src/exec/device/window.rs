@@ -228,11 +228,7 @@ fn say_shared(
     }
     let path = match shared {
         Some(SharedGpu::Local(_)) => format!("collectives: the last of the {n} ranks to call one runs it over every rank's buffers (one fused reduce/copy launch per output block, no ring), the others record an event and wait for its DONE word (OXCCL_SHARED_GPU=kernels: every rank's ring kernels); send/recv: every rank's kernels"),
-        Some(SharedGpu::Processes(p)) => format!("collectives: rank 0 runs each over every rank's buffers (CUDA IPC; one fused reduce/copy launch per output block), the others only signal with stream memory operations (OXCCL_SHARED_GPU=kernels: every rank's kernels, time-sliced); send/recv: {}", if p.served() {
-            "a thread of rank 0 copies each message in rank 0's context (rank 0 pulls its own), the others only signal (OXCCL_SHARED_P2P=server)"
-        } else {
-            "each receiver pulls with its own kernel (OXCCL_SHARED_P2P=server: a copy thread of rank 0, faster, see README)"
-        }),
+        Some(SharedGpu::Processes(p)) => format!("collectives: rank 0 runs each over every rank's buffers (CUDA IPC; one fused reduce/copy launch per output block), the others only signal with stream memory operations (OXCCL_SHARED_GPU=kernels: every rank's kernels, time-sliced); send/recv: {}", p.p2p_path()),
         None if procs == 1 => "every rank's ring kernels, run together".to_string(),
         None => "every rank's ring kernels: they run together under MPS (nvidia-cuda-mps-control -d); without it the GPU switches between the processes and each operation waits for its turn (milliseconds); the one-launch path needs every rank of the communicator on this GPU, each in its own process or all in one".to_string(),
     };

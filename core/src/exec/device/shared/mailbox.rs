@@ -250,6 +250,10 @@ pub(crate) enum Served {
     Copied,
     /// It only passes the sender's READY on: the receiver pulls.
     Pull,
+    /// The sender is the leader, whose own stream writes the message into
+    /// the receiver's buffer once the receiver says it is free (see
+    /// `server::Words::push`).
+    Pushed,
     /// It could not enqueue the request (the driver's error).
     Failed(String),
 }
@@ -260,6 +264,7 @@ impl Served {
             Served::Copied => 1,
             Served::Pull => 2,
             Served::Failed(_) => 3,
+            Served::Pushed => 4,
         }
     }
 }
@@ -319,6 +324,11 @@ pub(crate) struct Mailbox {
 }
 
 impl Mailbox {
+    /// How long each wait for another rank may take (NCCL_TIMEOUT).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     pub fn new(area: Area, me: usize, nranks: usize, timeout: Duration) -> Mailbox {
         Mailbox {
             area,
@@ -381,7 +391,7 @@ impl Mailbox {
 
     /// Waits until `ready`, at most NCCL_TIMEOUT: a stop ends it with the
     /// error of `what` (the wait), the timeout with `late()`.
-    fn wait_for(
+    pub(super) fn wait_for(
         &self,
         what: impl FnOnce() -> String,
         late: impl FnOnce() -> String,
@@ -424,7 +434,7 @@ impl Mailbox {
                     "rank {leader}, whose p2p server copies this GPU's messages, did not answer rank {}'s copy request {earlier} within {:?} (NCCL_TIMEOUT)",
                     self.me, self.timeout
                 ),
-                || self.area.load(slot + ANSWER) >> 2 >= earlier,
+                || self.area.load(slot + ANSWER) >> 3 >= earlier,
             )?;
         }
         let body = req.encode();
@@ -490,7 +500,7 @@ impl Mailbox {
             self.area.write_bytes(slot + REQ_BODY, msg);
             self.area.store(slot + LEN, msg.len() as u64);
         }
-        self.area.store(slot + ANSWER, n << 2 | a.code());
+        self.area.store(slot + ANSWER, n << 3 | a.code());
     }
 
     /// The server's answer to this rank's `n`-th request.
@@ -502,11 +512,12 @@ impl Mailbox {
                 "rank {leader}, whose p2p server copies this GPU's messages, did not answer rank {}'s copy request {n} ({mine}) within {:?} (NCCL_TIMEOUT)",
                 self.me, self.timeout
             ),
-            || self.area.load(slot + ANSWER) >> 2 == n,
+            || self.area.load(slot + ANSWER) >> 3 == n,
         )?;
-        Ok(match self.area.load(slot + ANSWER) & 3 {
+        Ok(match self.area.load(slot + ANSWER) & 7 {
             1 => Served::Copied,
             2 => Served::Pull,
+            4 => Served::Pushed,
             _ => {
                 let msg = self.read_body(slot + LEN, slot + REQ_BODY, REQ_SLOT - REQ_BODY);
                 Served::Failed(String::from_utf8_lossy(&msg).into_owned())

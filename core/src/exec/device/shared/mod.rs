@@ -20,11 +20,12 @@
 //! IPC cannot share) go to every rank's kernels, which all ranks learn from
 //! the leader's answer.
 //!
-//! Send/recv is pulled by each receiver's kernel; where asked
-//! (`OXCCL_SHARED_P2P=server`, see `server_wanted`) it runs in the leader's
-//! context too: a thread of the leader's process serves each message whose
-//! receiver is another process, and senders and receivers only store and
-//! wait on words (see `server`).
+//! Send/recv: the leader copies its own messages on its own stream (it
+//! pulls what it receives and pushes what it sends), the others pull with
+//! their own kernels; where asked (`OXCCL_SHARED_P2P=server`) a thread of
+//! the leader's process copies the messages between other ranks too, so
+//! that every rank but the leader only stores and waits on words (see
+//! `P2pPath` and `server`).
 //!
 //! Ranks that are all threads of one process take the same fused launches
 //! without IPC and without any host wait (see `local`): the last rank to
@@ -39,6 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algo::Coll;
+use crate::cuda::ipc::Exported;
 use crate::cuda::{
     ipc, Context, DeviceBuffer, IpcMapping, IpcMemHandle, KernelSet, MemOp, RawStream, Registered,
 };
@@ -49,7 +51,7 @@ use crate::transport::shm::area::Area;
 use super::oob::Oob;
 use super::stop::Awaited;
 use mailbox::{Answer, Buf, Mailbox, Post, Request, Served, Src};
-use server::{Move, Op, Server, ServerWords, Words};
+use server::{Forwards, Move, Op, Server, ServerWords, Words};
 use steps::Bufs;
 
 /// Offsets of the words in each rank's flag buffer, each written by the
@@ -57,14 +59,18 @@ use steps::Bufs;
 /// leader's end of the collective; per peer p, the messages p has made
 /// ready for this rank (`P2P_READY + 8 p`), the messages p has taken from
 /// this rank (`P2P_DONE + 8 p`), and in the leader's buffer p's READY for
-/// the collective (`READY + 8 p`).
+/// the collective (`READY + 8 p`) and the leader's messages p's buffer is
+/// free for (`P2P_FREE + 8 p`); in another rank's, the leader's messages
+/// it has written into this rank's buffer (`PUSHED`).
 const DONE: u64 = 64;
 const P2P_READY: u64 = 256;
 /// Ranks the shared-GPU path has words for.
 const MAX_P2P: usize = 224;
 const P2P_DONE: u64 = P2P_READY + 8 * MAX_P2P as u64;
 const READY: u64 = P2P_DONE + 8 * MAX_P2P as u64;
-pub(super) const FLAG_BYTES: usize = READY as usize + 8 * MAX_P2P;
+const P2P_FREE: u64 = READY + 8 * MAX_P2P as u64;
+const PUSHED: u64 = P2P_FREE + 8 * MAX_P2P as u64;
+pub(super) const FLAG_BYTES: usize = PUSHED as usize + 8;
 
 /// Whether this path should run for ranks that all share one GPU from
 /// several processes: not under MPS (where the kernels run together),
@@ -84,29 +90,61 @@ pub(crate) fn wanted(local: bool) -> bool {
     }
 }
 
-/// Whether send/recv between the processes goes through the leader's copy
-/// thread (`OXCCL_SHARED_P2P=server`) rather than each receiver's pull
-/// (`pull`, the default). The thread's stream shares the leader's context
-/// with the leader's own streams, which wait on the GPU; should the driver
-/// map one of them to the thread's hardware queue (a context has
-/// CUDA_DEVICE_MAX_CONNECTIONS of them, 8 by default, shared by all its
-/// streams), a waiting operation sits in front of the copy that would
-/// release it. Under CUDA_DEVICE_MAX_CONNECTIONS=1 that is certain (the
-/// H100 hung in every such run), so the thread is refused there; with 8
-/// queues it depends on how the leader's streams fall, which no API tells.
-fn server_wanted(nranks: usize) -> bool {
-    let asked = std::env::var("OXCCL_SHARED_P2P").is_ok_and(|v| v.trim() == "server");
-    if !asked || nranks > server::MAX_SERVED {
-        return false;
+/// How send/recv between the processes runs, the leader's choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum P2pPath {
+    /// Each receiver pulls with its own kernel (`OXCCL_SHARED_P2P=pull`),
+    /// which makes the GPU switch processes at each message.
+    Pull,
+    /// The default: the leader's stream writes its own messages and pulls
+    /// what it receives, so 2 ranks exchange without a context switch;
+    /// the others pull. A thread of the leader only hands it its
+    /// receivers' buffers and queues nothing on the GPU.
+    Leader,
+    /// As `Leader`, and the thread also copies the messages between other
+    /// ranks in the leader's context (`OXCCL_SHARED_P2P=server`). Its
+    /// copies share the leader's context with the leader's streams, whose
+    /// waits may hold them up: a context's streams share
+    /// CUDA_DEVICE_MAX_CONNECTIONS hardware queues whatever their
+    /// priorities (`core/examples/hw_queues.rs`), so it is opt-in, and
+    /// refused under CUDA_DEVICE_MAX_CONNECTIONS=1, where every run hung.
+    Server,
+}
+
+impl P2pPath {
+    fn wanted(nranks: usize) -> P2pPath {
+        let asked = std::env::var("OXCCL_SHARED_P2P").unwrap_or_default();
+        match asked.trim() {
+            "pull" => return P2pPath::Pull,
+            "server" if nranks <= server::MAX_SERVED => {}
+            _ if nranks <= server::MAX_SERVED => return P2pPath::Leader,
+            _ => return P2pPath::Pull,
+        }
+        let queues = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok());
+        if queues.is_some_and(|q| q < 2) {
+            tracing::warn!(target: "oxccl::init", "OXCCL_SHARED_P2P=server is ignored under CUDA_DEVICE_MAX_CONNECTIONS={}: the copy thread's stream would share rank 0's waiting stream's hardware queue and hang; rank 0 copies its own messages, the other ranks pull theirs", queues.unwrap_or(0));
+            return P2pPath::Leader;
+        }
+        P2pPath::Server
     }
-    let queues = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS")
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok());
-    if queues.is_some_and(|q| q < 2) {
-        tracing::warn!(target: "oxccl::init", "OXCCL_SHARED_P2P=server is ignored under CUDA_DEVICE_MAX_CONNECTIONS={}: the copy thread's stream would share rank 0's waiting stream's hardware queue and hang; send/recv use the receiver's pull", queues.unwrap_or(0));
-        return false;
+
+    fn code(self) -> u8 {
+        match self {
+            P2pPath::Pull => 0,
+            P2pPath::Leader => 1,
+            P2pPath::Server => 2,
+        }
     }
-    true
+
+    fn from_code(c: Option<&u8>) -> P2pPath {
+        match c {
+            Some(1) => P2pPath::Leader,
+            Some(2) => P2pPath::Server,
+            _ => P2pPath::Pull,
+        }
+    }
 }
 
 /// The path of ranks that all share one GPU: in one process, or each in a
@@ -194,7 +232,7 @@ impl SharedGpu {
     pub fn routes_self(&self) -> bool {
         match self {
             SharedGpu::Local(_) => false,
-            SharedGpu::Processes(p) => p.me != p.leader && p.words.served(p.me),
+            SharedGpu::Processes(p) => p.me != p.leader && p.words.served(p.me, p.me),
         }
     }
 
@@ -245,6 +283,8 @@ pub(crate) struct Processes {
     /// The leader's: its p2p server (stopped before anything it uses
     /// goes, see the drop).
     server: Option<Server>,
+    /// The leader's: receivers' answers for its messages, from its server.
+    forwards: Option<Arc<Forwards>>,
     /// This process's registration of the server's words (host memory of
     /// the mailbox segment) with CUDA, where there is a server.
     _srv_words: Option<Registered<ServerWords>>,
@@ -284,11 +324,12 @@ impl Processes {
         let mut mine = own.ipc_handle()?.0.to_vec();
         if me == leader {
             // The leader's choice of send/recv path is everyone's.
-            mine.push(u8::from(server_wanted(nranks)));
+            mine.push(P2pPath::wanted(nranks).code());
             mine.extend_from_slice(name.as_bytes());
         }
         let all = oob.allgather(&mine)?;
-        let served = all[leader].get(64) == Some(&1);
+        let path = P2pPath::from_code(all[leader].get(64));
+        let served = path != P2pPath::Pull;
         let area = match area {
             Some(a) => a,
             None => {
@@ -334,12 +375,14 @@ impl Processes {
             flags,
             srv: srv_words.as_ref().map_or(0, Registered::device_ptr),
             leader,
+            full: path == P2pPath::Server,
         });
-        let server = match &srv_words {
+        let (server, forwards) = match &srv_words {
             Some(_) if me == leader => {
-                Some(Server::start(ctx, mailbox.clone(), words.clone(), stop)?)
+                let (s, f) = Server::start(ctx, mailbox.clone(), words.clone(), stop)?;
+                (Some(s), Some(f))
             }
-            _ => None,
+            _ => (None, None),
         };
         Ok(Processes {
             ctx: ctx.clone(),
@@ -356,13 +399,18 @@ impl Processes {
             flag_maps,
             requests: 0,
             server,
+            forwards,
             _srv_words: srv_words,
         })
     }
 
-    /// Whether send/recv go through the leader's copy thread.
-    pub(crate) fn served(&self) -> bool {
-        self.words.srv != 0
+    /// How send/recv run, for the INFO line.
+    pub(crate) fn p2p_path(&self) -> &'static str {
+        match (self.words.srv != 0, self.words.full) {
+            (false, _) => "each receiver pulls with its own kernel, so the GPU switches processes at each message (OXCCL_SHARED_P2P=pull)",
+            (true, false) => "rank 0 copies its own messages on its stream, the other ranks pull theirs with their own kernels (OXCCL_SHARED_P2P=server: a thread of rank 0 copies those too, see README)",
+            (true, true) => "a thread of rank 0 copies each message in rank 0's context (rank 0 copies its own on its stream), the others only signal (OXCCL_SHARED_P2P=server)",
+        }
     }
 
     /// Closes this rank's mappings of other ranks' flag words before a
@@ -646,6 +694,7 @@ impl Processes {
         let (me, leader) = (self.me, self.leader);
         let words = self.words.clone();
         let (mut left_sends, mut left_recvs, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+        let mut pushes = Vec::new();
         for &(p, buf) in sends {
             self.sent[p] += 1;
             let k = self.sent[p];
@@ -661,10 +710,14 @@ impl Processes {
                 recv: Buf::Unused,
             };
             self.mailbox.post_send(p, k, &post, buf)?;
-            if matches!(send, Buf::Shared(..)) {
-                direct.push((p, k));
-            } else {
+            if !matches!(send, Buf::Shared(..)) {
                 left_sends.push((p, buf));
+            } else if me == leader && p != me && words.served(me, p) {
+                // Its receiver's answer (through the server) says whether
+                // this stream writes it or the receiver pulls.
+                pushes.push((p, k, buf));
+            } else {
+                direct.push((p, k));
             }
         }
         let ops: Vec<Op<Move>> = direct.iter().map(|&(p, k)| words.send(me, p, k)).collect();
@@ -673,6 +726,11 @@ impl Processes {
         // awaited: the server serves them while this rank asks.
         enum How {
             Asked(u64),
+            Pull,
+        }
+        enum Got {
+            Copied,
+            Pushed,
             Pull,
         }
         let mut taken = Vec::with_capacity(recvs.len());
@@ -695,7 +753,7 @@ impl Processes {
                 left_recvs.push((q, buf));
                 continue;
             }
-            let how = if words.served(me) {
+            let how = if words.served(q, me) {
                 // Where the server cannot write this rank's buffer, or this
                 // stream is being captured, the server only relays READY.
                 let dst = if capturing {
@@ -733,10 +791,11 @@ impl Processes {
         let mut ops = Vec::with_capacity(3 * taken.len() + direct.len());
         for (q, k, buf, src, addr, how) in taken {
             let copied = match how {
-                How::Pull => false,
+                How::Pull => Got::Pull,
                 How::Asked(n) => match self.mailbox.wait_served(n, leader, &what)? {
-                    Served::Copied => true,
-                    Served::Pull => false,
+                    Served::Copied => Got::Copied,
+                    Served::Pushed => Got::Pushed,
+                    Served::Pull => Got::Pull,
                     Served::Failed(msg) => {
                         return Err(Error::System(format!(
                             "rank {me} receives message {k} from rank {q}: {msg}"
@@ -744,11 +803,20 @@ impl Processes {
                     }
                 },
             };
-            if copied {
-                let [free, landed] = words.recv_copied(q, me, k);
-                frees.push(free);
-                ops.push(landed);
-                continue;
+            match copied {
+                Got::Copied => {
+                    let [free, landed] = words.recv_copied(q, me, k);
+                    frees.push(free);
+                    ops.push(landed);
+                    continue;
+                }
+                Got::Pushed => {
+                    let [free, landed] = words.recv_pushed(me, k);
+                    frees.push(free);
+                    ops.push(landed);
+                    continue;
+                }
+                Got::Pull => {}
             }
             // A message to itself is pulled from its own address: CUDA IPC
             // cannot open a handle in the process that made it.
@@ -769,10 +837,59 @@ impl Processes {
             };
             ops.extend(words.recv_pull(q, me, k, m));
         }
+        // The leader's messages to served ranks: each receiver has asked
+        // for it by now or will once its host reaches the receive.
+        let mut pushed = Vec::with_capacity(3 * pushes.len());
+        for (p, k, buf) in pushes {
+            let dst = self.forwarded(p, k, &what)?;
+            let Some(dst) = dst else {
+                // The receiver pulls (its buffer cannot be shared, or its
+                // stream is being captured): as any other sender.
+                pushed.push(words.send(me, p, k));
+                direct.push((p, k));
+                continue;
+            };
+            let Some(dst) = self.map(&[Buf::Shared(dst)]).map(|a| a[0]) else {
+                return Err(Error::System(format!(
+                    "rank {me} cannot map the receive buffer of rank {p} (message {k}) on their shared GPU"
+                )));
+            };
+            let m = Move {
+                dst,
+                src: buf,
+                bytes,
+            };
+            pushed.extend(words.push(p, k, m));
+        }
         ops.extend(direct.iter().map(|&(p, k)| words.send_end(me, p, k)));
+        frees.extend(pushed);
         frees.extend(ops);
         self.enqueue(&frees, kernels, stream)?;
         Ok((left_sends, left_recvs))
+    }
+
+    /// The leader: receiver `p`'s answer for the leader's message `k`, as
+    /// the server passed it on: its buffer, or `None` where it pulls.
+    fn forwarded(&self, p: usize, k: u64, what: &str) -> Result<Option<Exported>> {
+        let Some(forwards) = &self.forwards else {
+            return Err(Error::Internal("a push without a p2p server".into()));
+        };
+        let mut got = None;
+        self.mailbox.wait_for(
+            || format!("send {k} to rank {p} ({what})"),
+            || format!(
+                "rank {p} has not received rank {}'s message {k} ({what}) within {:?} (NCCL_TIMEOUT): it died, hangs, or receives fewer than rank {} sends",
+                self.me,
+                self.mailbox.timeout(),
+                self.me
+            ),
+            || {
+                got = forwards.take(p, k);
+                got.is_some()
+            },
+        )?;
+        self.server_failure()?;
+        Ok(got.flatten())
     }
 
     /// Enqueues send/recv's operations on this rank's stream.

@@ -3,44 +3,48 @@
 //!
 //! A receiver that pulled a message with its own kernel made the GPU switch
 //! contexts for each message once two processes had kernels queued (a
-//! sendrecv ring of 4 ranks took ~600 us per 8-byte step). Instead a thread
-//! of the leader's process serves every message whose receiver is another
-//! process: the receiver posts a copy request into its ring of the host
-//! mailbox (`Mailbox::post_request`) and the server answers it at once
-//! (copied, pulled, or failed), so the receiver's host never waits for its
-//! own stream. The leader receives with its own kernel on its own stream,
-//! as before: that is the leader's context already.
+//! sendrecv ring of 4 ranks took ~600 us per 8-byte step). So the leader's
+//! own messages stay on the leader's stream: it pulls what it receives, as
+//! before, and pushes what it sends into the receiver's buffer once the
+//! receiver's stream says the buffer is free. A receiver posts a request
+//! for each of the leader's messages into its ring of the host mailbox
+//! (`Mailbox::post_request`); this thread answers it at once (`Pushed`,
+//! or `Pull` where the receiver's buffer cannot be shared) and hands the
+//! buffer to the leader's thread ([`Forwards`]). It queues nothing on the
+//! GPU for them, so with 2 ranks every copy is on the leader's own stream
+//! and nothing can wait behind anything.
 //!
-//! The server's streams never wait on the GPU. A stream memory wait blocks
-//! the hardware queue its stream is mapped to, and a context has few of
-//! them (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default) which its streams
-//! share: with a waiting stream per ordered pair (12 at 4 ranks) a blocked
-//! wait could sit in front of work queued later on the same queue that its
-//! own release depended on (the leader's own send), the likely cause of a
-//! 4-rank all_to_all hanging in 6 runs of 6 on an H100. So the words the server waits for
-//! live in host memory, in pages of the mailbox segment that every process
-//! registers with CUDA (mapped, pinned): the sender's stream stores its
-//! message k's SREADY there once the message is written, the receiver's
-//! stream its RECV READY once its buffer may be overwritten, and the
-//! server's thread loads them on the host. A request stays pending until
-//! both words have reached k (32-bit, compared wrapping), and a pair's
-//! requests go in their order; the server then queues, on its one stream,
-//! only the copy and the two stores that end the message: the receiver's
-//! READY (the data is in its buffer) and the sender's DONE (its buffer is
-//! free), both in the flag words of the rank whose stream waits for them.
-//! Nothing on the server's stream waits, so it always drains; every stream
-//! that waits (the ranks' own) waits on its own process's flag words,
-//! which a release (see `super::super::stop`) stores.
+//! Where asked (`OXCCL_SHARED_P2P=server`, [`Words::full`]) the thread
+//! also copies the messages between other ranks, on a stream of its own in
+//! the leader's context, so that those ranks only store and wait on words.
+//! That stream shares the context's hardware queues with the leader's
+//! streams, and a stream memory wait blocks its queue: a copy queued here
+//! may sit behind a wait of the leader's stream that the copy itself would
+//! release. Under CUDA_DEVICE_MAX_CONNECTIONS=1 every 2-rank sendrecv and
+//! 4-rank all_to_all hung that way on an H100 (session 14); stream
+//! priorities do not give a stream a queue of its own, and with 8 queues
+//! 16 waiting streams take them all (`core/examples/hw_queues.rs`). A
+//! context of its own would have its own queues, but CUDA IPC maps an
+//! allocation once per process (a second context's open of a handle the
+//! primary has open fails with CUDA_ERROR_INVALID_HANDLE, session 16), the
+//! leader's primary context maps every rank's buffers for the collectives,
+//! and a second context's copy of the primary's memory by address is
+//! ordered after the primary's queues. Hence opt-in.
 //!
-//! Not covered: the leader's own stream (collectives, its receives, its
-//! sends' DONE) still waits in the same context. Should the driver put it
-//! on the server stream's hardware queue (a context's streams share
-//! CUDA_DEVICE_MAX_CONNECTIONS queues; PyTorch's stream pools make many
-//! streams), a wait of it could sit before server work it depends on.
-//! CUDA_DEVICE_MAX_CONNECTIONS=1 in the leader's process forces that: on
-//! the H100 every 2-rank sendrecv and 4-rank all_to_all under it hung,
-//! where 5 of 5 runs with the default 8 queues passed. Hence the thread
-//! runs only where asked (`OXCCL_SHARED_P2P=server`, see `server_wanted`).
+//! The words the copying server waits for live in host memory, in pages of the
+//! mailbox segment that every process registers with CUDA (mapped,
+//! pinned): the sender's stream stores its message k's SREADY there once
+//! the message is written, the receiver's stream its RECV READY once its
+//! buffer may be overwritten, and the server's thread loads them on the
+//! host. A request stays pending until both words have reached k (32-bit,
+//! compared wrapping), and a pair's requests go in their order; the server
+//! then queues, on its one stream, only the copy and the two stores that
+//! end the message: the receiver's READY (the data is in its buffer) and
+//! the sender's DONE (its buffer is free), both in the flag words of the
+//! rank whose stream waits for them. Nothing on the server's stream waits,
+//! so it always drains; every stream that waits (the ranks' own) waits on
+//! its own process's flag words, which a release (see
+//! `super::super::stop`) stores.
 //!
 //! Order. The server adds no wait that the program did not have: message k
 //! of a pair is queued once the sender's stream has reached its k-th send
@@ -52,12 +56,13 @@
 //!
 //! Where the server cannot copy (the receiver's memory is not shareable
 //! through CUDA IPC, the receiver's stream is being captured, or a buffer
-//! cannot be mapped in the leader's process without waiting for the GPU:
-//! the context's streams may wait for requests this thread has yet to
-//! serve, see `ipc::map_kept_now`) it only passes the sender's READY on to
-//! the receiver once the sender's SREADY is seen, and the receiver pulls
-//! with its own kernel as before; the sender's stream does the same in
-//! both cases, so it never needs to know which.
+//! cannot be mapped without waiting for the GPU: see `ipc::map_kept_now`)
+//! it only passes the sender's READY on to the receiver once the sender's
+//! SREADY is seen, and the receiver pulls with its own kernel as before;
+//! the sender's stream does the same in both cases, so it never needs to
+//! know which. The leader, which must know (it pushes, or stores the
+//! READY of the receiver's pull itself), waits on its host for each
+//! receiver's request, as receivers wait for their senders' posts.
 //!
 //! Wake-up and latency. The thread polls the rings and, while requests are
 //! pending, the words: it spins for `SPIN` after its last progress (a
@@ -72,6 +77,7 @@
 //! (the stream's store seen by this thread, then its copy queued), where
 //! the GPU waits it replaces took none.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -83,7 +89,7 @@ use crate::error::{Error, Result};
 
 use super::super::stop::Awaited;
 use super::mailbox::{Mailbox, Request, Served, Src};
-use super::{P2P_DONE, P2P_READY};
+use super::{P2P_DONE, P2P_FREE, P2P_READY, PUSHED};
 
 /// The most ranks the server serves: its words take 16 bytes per ordered
 /// pair in the mailbox segment. Larger groups pull with their own kernels.
@@ -147,9 +153,14 @@ pub(super) struct Words {
     pub flags: Vec<u64>,
     /// The server's words (host memory of the mailbox segment, registered
     /// with CUDA) as this process's streams address them; 0 where there is
-    /// no server (not asked for, or too many ranks): every receiver then pulls.
+    /// no server (`OXCCL_SHARED_P2P=pull`, or too many ranks): every
+    /// receiver then pulls.
     pub srv: u64,
     pub leader: usize,
+    /// The server copies the messages between other ranks too
+    /// (`OXCCL_SHARED_P2P=server`); else it only hands the leader's
+    /// receivers' buffers to the leader, and the others pull.
+    pub full: bool,
 }
 
 impl Words {
@@ -157,10 +168,17 @@ impl Words {
         self.flags.len()
     }
 
-    /// Whether the server serves `r`'s receives (the leader receives with
+    /// Whether `r` posts requests to the server (the leader receives with
     /// its own kernel: it is the leader's context already).
-    pub fn served(&self, r: usize) -> bool {
+    pub fn asks(&self, r: usize) -> bool {
         self.srv != 0 && r != self.leader
+    }
+
+    /// Whether `q`'s messages to `r` go through the server: the leader's
+    /// (which the leader's stream then writes, or the receiver pulls), and
+    /// where it copies, everyone's.
+    pub fn served(&self, q: usize, r: usize) -> bool {
+        self.asks(r) && (self.full || q == self.leader)
     }
 
     /// In `r`'s flags: `q`'s message k is in `r`'s buffer (served), or
@@ -186,9 +204,12 @@ impl Words {
         self.srv + 8 * rready_word(self.nranks(), q, r) as u64
     }
 
-    /// Sender `q`'s stream, where its `k`-th message to `r` is ready.
+    /// Sender `q`'s stream, where its `k`-th message to `r` is ready: the
+    /// server's word where the server copies or relays it, else the
+    /// receiver's (the leader's messages: the leader knows by then that
+    /// the receiver pulls).
     pub fn send<C>(&self, q: usize, r: usize, k: u64) -> Op<C> {
-        let at = if self.served(r) {
+        let at = if self.served(q, r) && q != self.leader {
             self.sready(q, r)
         } else {
             self.ready(q, r)
@@ -208,6 +229,39 @@ impl Words {
         [
             Op::store(self.rready(q, r), value),
             Op::wait(self.ready(q, r), value),
+        ]
+    }
+
+    /// In the leader's flags: `r`'s buffer is free for the leader's
+    /// message k (which the leader's stream pushes).
+    pub fn free(&self, r: usize) -> u64 {
+        self.flags[self.leader] + P2P_FREE + 8 * r as u64
+    }
+
+    /// In `r`'s flags: the leader's message k is in `r`'s buffer.
+    pub fn pushed(&self, r: usize) -> u64 {
+        self.flags[r] + PUSHED
+    }
+
+    /// The leader's stream, for its `k`-th message to `r`, which it writes
+    /// into `r`'s buffer itself: a copy the server queued in the leader's
+    /// context could sit behind the leader's own waits (see the module).
+    pub fn push<C>(&self, r: usize, k: u64, copy: C) -> [Op<C>; 3] {
+        let value = k as u32;
+        [
+            Op::wait(self.free(r), value),
+            Op::Copy(copy),
+            Op::store(self.pushed(r), value),
+        ]
+    }
+
+    /// Receiver `r`'s stream, for the leader's `k`-th message, which the
+    /// leader pushes.
+    pub fn recv_pushed<C>(&self, r: usize, k: u64) -> [Op<C>; 2] {
+        let value = k as u32;
+        [
+            Op::store(self.free(r), value),
+            Op::wait(self.pushed(r), value),
         ]
     }
 
@@ -382,14 +436,17 @@ impl Server {
         mailbox: Arc<Mailbox>,
         words: Arc<Words>,
         stop: Arc<AtomicBool>,
-    ) -> Result<Server> {
+    ) -> Result<(Server, Arc<Forwards>)> {
         let kernels = KernelSet::shared(ctx)?;
         // Loading a module waits for the context's work, which may soon
         // include streams waiting for this server: load the copy now.
-        kernels.prepare_copy()?;
+        if words.full {
+            kernels.prepare_copy()?;
+        }
         let stream = Stream::new(ctx)?;
         let quit = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
+        let forwards = Arc::new(Forwards::default());
         let n = words.nranks();
         let bell = mailbox.clone();
         let mut serving = Serving {
@@ -401,18 +458,20 @@ impl Server {
             stream,
             backlog: Backlog::new(n),
             failed: failed.clone(),
+            forwards: forwards.clone(),
         };
         let q = quit.clone();
         let thread = std::thread::Builder::new()
             .name("oxccl-p2p-server".into())
             .spawn(move || serving.run(&q, &stop))
             .map_err(|e| Error::System(format!("starting the shared-GPU p2p server: {e}")))?;
-        Ok(Server {
+        let server = Server {
             quit,
             thread: Some(thread),
             bell,
             failed,
-        })
+        };
+        Ok((server, forwards))
     }
 
     /// The first request the server answered but could not queue, once.
@@ -443,14 +502,36 @@ impl Drop for Server {
     }
 }
 
-/// What the server copies for a pending request: the buffers to map
-/// (the receiver's, then the sender's where it is another process's),
-/// where the message comes from, and its bytes.
+/// What the server copies for a pending request: the receiver's and the
+/// sender's buffers (both other processes', mapped in the server's
+/// context), and its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Work {
-    bufs: Vec<Exported>,
-    src: Src,
+    bufs: [Exported; 2],
     bytes: usize,
+}
+
+/// The leader's messages that receivers have asked for, handed from the
+/// server thread to the leader's own thread, which writes each into its
+/// receiver's buffer (`Some`: the buffer; `None`: the receiver pulls).
+#[derive(Debug, Default)]
+pub(super) struct Forwards(Mutex<HashMap<(usize, u64), Option<Exported>>>);
+
+impl Forwards {
+    fn put(&self, r: usize, k: u64, dst: Option<Exported>) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((r, k), dst);
+    }
+
+    /// Receiver `r`'s answer for the leader's `k`-th message to it, once.
+    pub fn take(&self, r: usize, k: u64) -> Option<Option<Exported>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(r, k))
+    }
 }
 
 /// The server thread's state.
@@ -465,6 +546,7 @@ struct Serving {
     stream: Stream,
     backlog: Backlog<Option<Work>>,
     failed: Arc<Mutex<Option<String>>>,
+    forwards: Arc<Forwards>,
 }
 
 impl Serving {
@@ -506,7 +588,7 @@ impl Serving {
     fn poll(&mut self) -> bool {
         let mut any = false;
         for r in 0..self.words.nranks() {
-            if !self.words.served(r) {
+            if !self.words.asks(r) {
                 continue;
             }
             while let Some(req) = self.mailbox.poll_request(r, self.next[r]) {
@@ -547,31 +629,45 @@ impl Serving {
                 self.words.nranks()
             ));
         }
-        let work = req.dst.and_then(|dst| {
-            let mut bufs = vec![dst];
-            if let Src::Ipc(e) = req.src {
-                bufs.push(e);
-            }
-            // Letting go of kept mappings synchronizes the context, whose
-            // streams may wait for requests this thread has yet to serve:
-            // where that is needed, the receiver pulls instead. Mapped now
-            // to answer; looked up again when queued (see `queue`).
-            match ipc::map_kept_now(&self.ctx, &bufs) {
-                Ok(Some(_)) => Some(Work {
-                    bufs,
-                    src: req.src,
-                    bytes: req.bytes as usize,
-                }),
-                Ok(None) => {
-                    tracing::debug!(target: "oxccl::coll", "the p2p server would have to wait for the GPU to map rank {q}'s message {k} to rank {r} (kept mappings full, or a freed allocation still mapped): rank {r} pulls it");
-                    None
+        // The leader's own messages: its stream writes them, or stores the
+        // READY of the receiver's pull. Nothing of them is queued here.
+        if matches!(req.src, Src::Leader(_)) {
+            self.forwards.put(r, k, req.dst);
+            return if req.dst.is_some() {
+                Served::Pushed
+            } else {
+                Served::Pull
+            };
+        }
+        if !self.words.full {
+            return Served::Failed(format!(
+                "rank {r} asked the p2p server (rank {leader}) for rank {q}'s message {k}, which it only serves for the leader's messages"
+            ));
+        }
+        let work = match (req.dst, req.src) {
+            (Some(dst), Src::Ipc(src)) => {
+                let bufs = [dst, src];
+                // Letting go of kept mappings synchronizes the context, whose
+                // streams may wait for requests this thread has yet to serve:
+                // where that is needed, the receiver pulls instead. Mapped now
+                // to answer; looked up again when queued (see `queue`).
+                match ipc::map_kept_now(&self.ctx, &bufs) {
+                    Ok(Some(_)) => Some(Work {
+                        bufs,
+                        bytes: req.bytes as usize,
+                    }),
+                    Ok(None) => {
+                        tracing::debug!(target: "oxccl::coll", "the p2p server would have to wait for the GPU to map rank {q}'s message {k} to rank {r} (kept mappings full, or a freed allocation still mapped): rank {r} pulls it");
+                        None
+                    }
+                    Err(e) => {
+                        tracing::debug!(target: "oxccl::coll", "the p2p server cannot map rank {q}'s message {k} to rank {r} ({e}): rank {r} pulls it");
+                        None
+                    }
                 }
-                Err(e) => {
-                    tracing::debug!(target: "oxccl::coll", "the p2p server cannot map rank {q}'s message {k} to rank {r} ({e}): rank {r} pulls it");
-                    None
-                }
             }
-        });
+            _ => None,
+        };
         let copied = work.is_some();
         self.backlog.push(Pending {
             q,
@@ -590,6 +686,10 @@ impl Serving {
     /// Queues a request whose words have reached it.
     fn queue(&mut self, p: Pending<Option<Work>>) {
         let (q, r, k, leader) = (p.q, p.r, p.k, self.words.leader);
+        debug_assert!(
+            q != leader || p.work.is_none(),
+            "the server copies a leader's message"
+        );
         // Another thread of this process may have let go of the kept
         // mappings since the request came (after a synchronize, which did
         // not cover this copy, not yet queued): the addresses are looked up
@@ -599,10 +699,7 @@ impl Serving {
             Some(w) => match ipc::map_kept_now(&self.ctx, &w.bufs) {
                 Ok(Some(a)) => Ok(Some(Move {
                     dst: a[0],
-                    src: match w.src {
-                        Src::Leader(addr) => addr,
-                        Src::Ipc(_) => a[1],
-                    },
+                    src: a[1],
                     bytes: w.bytes,
                 })),
                 Ok(None) => Err(Error::System(
@@ -741,6 +838,7 @@ mod tests {
             flags: (0..n as u64).map(|r| (r + 1) << 20).collect(),
             srv: 1 << 40,
             leader: 0,
+            full: true,
         }
     }
 
@@ -769,19 +867,38 @@ mod tests {
             let name = format!("rank {me}");
             for (sends, recvs) in groups {
                 let (mut frees, mut waits, mut ends) = (Vec::new(), Vec::new(), Vec::new());
+                let mut pushes = Vec::new();
                 for &p in sends {
                     sent[me][p] += 1;
                     let k = sent[me][p];
-                    sim.push(&name, [w.send(me, p, k)]);
-                    ends.push(w.send_end(me, p, k));
+                    if !pushed(w, me, p, pull) {
+                        let store = w.send(me, p, k);
+                        if me == w.leader && p != me && w.served(me, p) {
+                            // Stored once the receiver's answer came.
+                            pushes.push(store);
+                        } else {
+                            sim.push(&name, [store]);
+                        }
+                        ends.push(w.send_end(me, p, k));
+                    } else {
+                        pushes.extend(w.push(p, k, (me, p, k)));
+                    }
                 }
                 for &q in recvs {
                     received[q][me] += 1;
                     let k = received[q][me];
                     msgs.push((q, me, k));
-                    if w.served(me) {
+                    if pushed(w, q, me, pull) {
+                        let [free, landed] = w.recv_pushed(me, k);
+                        frees.push(free);
+                        waits.push(landed);
+                    } else if w.served(q, me) {
                         let pulls = pull.contains(&me);
-                        requests.push((me, q, k, pulls));
+                        // The leader's messages pulled: the leader's
+                        // stream stores their READY, the server nothing.
+                        if q != w.leader {
+                            requests.push((me, q, k, pulls));
+                        }
                         if pulls {
                             waits.extend(w.recv_pull(q, me, k, (q, me, k)));
                         } else {
@@ -795,6 +912,7 @@ mod tests {
                     }
                 }
                 sim.push(&name, frees);
+                sim.push(&name, pushes);
                 sim.push(&name, waits);
                 sim.push(&name, ends);
             }
@@ -831,12 +949,26 @@ mod tests {
         (sim, msgs)
     }
 
+    /// Whether `q`'s messages to `r` are written by `q`'s own stream: the
+    /// leader's, to a served rank whose buffer can be shared (not in
+    /// `pull`), as `Processes::p2p` decides from the receiver's answer.
+    fn pushed(w: &Words, q: usize, r: usize, pull: &[usize]) -> bool {
+        q == w.leader && r != q && w.served(q, r) && !pull.contains(&r)
+    }
+
     /// Each message was copied once both ranks' streams had reached it,
     /// and before either went past it.
     fn check_order(w: &Words, sim: &Sim, msgs: &[Msg], pull: &[usize]) {
         for &(q, r, k) in msgs {
             let (sender, receiver) = (format!("rank {q}"), format!("rank {r}"));
-            let pulls = !w.served(r) || pull.contains(&r);
+            if pushed(w, q, r, pull) {
+                let copy = sim.at(&sender, Op::Copy((q, r, k)));
+                let [free, landed] = w.recv_pushed::<Msg>(r, k);
+                assert!(sim.at(&receiver, free) < copy, "{q}->{r} #{k}");
+                assert!(copy < sim.at(&receiver, landed), "{q}->{r} #{k}");
+                continue;
+            }
+            let pulls = !w.served(q, r) || pull.contains(&r);
             let copier = if pulls {
                 receiver.clone()
             } else {
@@ -855,8 +987,10 @@ mod tests {
 
     #[test]
     fn a_sendrecv_ring_and_an_all_to_all_complete_in_order() {
-        for n in [2, 3, 4] {
-            let w = words(n);
+        for (n, full) in [2, 3, 4].into_iter().flat_map(|n| [(n, true), (n, false)]) {
+            // Without `full` the server copies nothing: the leader's
+            // messages are the leader's stream's, the rest pulled.
+            let w = Words { full, ..words(n) };
             let mut program = vec![Vec::new(); n];
             for (me, groups) in program.iter_mut().enumerate() {
                 for _ in 0..3 {
@@ -871,6 +1005,7 @@ mod tests {
                 let (sim, msgs) = queue(&w, &program, &pull, None);
                 assert_eq!(sim.stuck(), Vec::<String>::new(), "{n} ranks stuck");
                 check_order(&w, &sim, &msgs, &pull);
+                assert!(full || sim.log.iter().all(|(s, _)| s != "server"));
             }
         }
     }
@@ -890,23 +1025,24 @@ mod tests {
 
     #[test]
     fn requests_posted_before_the_ones_they_depend_on_do_not_block_them() {
-        // Rank 2 first receives from the leader, then sends to rank 1.
-        // Rank 1's request for rank 2's message comes to the server before
-        // rank 2's for the leader's: a stream that waited on the GPU for
-        // requests in arrival order would wait for rank 2's send before
-        // the copy rank 2 waits for. The host keeps the first pending and
-        // serves the second.
-        let w = words(3);
+        // Rank 2 first receives from rank 3, then sends to rank 1. Rank
+        // 1's request for rank 2's message comes to the server before rank
+        // 2's for rank 3's: a stream that waited on the GPU for requests in
+        // arrival order would wait for rank 2's send before the copy rank 2
+        // waits for. The host keeps the first pending and serves the
+        // second.
+        let w = words(4);
         let program = vec![
-            vec![(vec![2], vec![])],
+            vec![],
             vec![(vec![], vec![2])],
-            vec![(vec![], vec![0]), (vec![1], vec![])],
+            vec![(vec![], vec![3]), (vec![1], vec![])],
+            vec![(vec![2], vec![])],
         ];
-        let (sim, msgs) = queue(&w, &program, &[], Some(&[(1, 2), (2, 0)]));
+        let (sim, msgs) = queue(&w, &program, &[], Some(&[(1, 2), (2, 3)]));
         assert_eq!(sim.stuck(), Vec::<String>::new());
         check_order(&w, &sim, &msgs, &[]);
         assert!(
-            sim.at("server", Op::Copy((0, 2, 1))) < sim.at("server", Op::Copy((2, 1, 1))),
+            sim.at("server", Op::Copy((3, 2, 1))) < sim.at("server", Op::Copy((2, 1, 1))),
             "served in the order the words came, not posted"
         );
     }
@@ -989,6 +1125,14 @@ mod tests {
                 for op in w.recv_pull(q, r, 1, ()) {
                     mine(r, op);
                 }
+                if q == w.leader {
+                    for op in w.push(r, 1, ()) {
+                        mine(q, op);
+                    }
+                    for op in w.recv_pushed::<()>(r, 1) {
+                        mine(r, op);
+                    }
+                }
                 for op in [w.serve(q, r, 1, Some(())), w.serve(q, r, 1, None)].concat() {
                     assert!(
                         !matches!(op, Op::Mem(MemOp::Wait { .. })),
@@ -999,7 +1143,7 @@ mod tests {
         }
         // Without a server every receiver pulls, and senders signal it.
         let w = Words { srv: 0, ..words(3) };
-        assert!(!w.served(1));
+        assert!(!w.served(2, 1) && !w.served(0, 1));
         assert_eq!(w.send::<()>(2, 1, 5), Op::store(w.ready(2, 1), 5));
     }
 }
