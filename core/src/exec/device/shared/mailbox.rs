@@ -324,11 +324,6 @@ pub(crate) struct Mailbox {
 }
 
 impl Mailbox {
-    /// How long each wait for another rank may take (NCCL_TIMEOUT).
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
     pub fn new(area: Area, me: usize, nranks: usize, timeout: Duration) -> Mailbox {
         Mailbox {
             area,
@@ -391,7 +386,7 @@ impl Mailbox {
 
     /// Waits until `ready`, at most NCCL_TIMEOUT: a stop ends it with the
     /// error of `what` (the wait), the timeout with `late()`.
-    pub(super) fn wait_for(
+    fn wait_for(
         &self,
         what: impl FnOnce() -> String,
         late: impl FnOnce() -> String,

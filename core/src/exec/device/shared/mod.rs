@@ -111,6 +111,21 @@ enum P2pPath {
     Server,
 }
 
+/// How long the leader's send waits on its host for the receiver to ask
+/// for the message before letting it pull (`OXCCL_SHARED_PUSH_WAIT_US`,
+/// 200 us): ranks that call a send/recv together are within it, and a
+/// pull costs about a process switch (~300 us) anyway.
+fn push_wait() -> Duration {
+    static WAIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *WAIT.get_or_init(|| {
+        let us = std::env::var("OXCCL_SHARED_PUSH_WAIT_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(200);
+        Duration::from_micros(us)
+    })
+}
+
 impl P2pPath {
     fn wanted(nranks: usize) -> P2pPath {
         let asked = std::env::var("OXCCL_SHARED_P2P").unwrap_or_default();
@@ -838,13 +853,14 @@ impl Processes {
             ops.extend(words.recv_pull(q, me, k, m));
         }
         // The leader's messages to served ranks: each receiver has asked
-        // for it by now or will once its host reaches the receive.
+        // for it by now, will soon, or pulls it.
         let mut pushed = Vec::with_capacity(3 * pushes.len());
         for (p, k, buf) in pushes {
-            let dst = self.forwarded(p, k, &what)?;
+            let dst = self.forwarded(p, k)?;
             let Some(dst) = dst else {
-                // The receiver pulls (its buffer cannot be shared, or its
-                // stream is being captured): as any other sender.
+                // The receiver pulls (its buffer cannot be shared, its
+                // stream is being captured, or it came late): as any other
+                // sender.
                 pushed.push(words.send(me, p, k));
                 direct.push((p, k));
                 continue;
@@ -869,27 +885,32 @@ impl Processes {
     }
 
     /// The leader: receiver `p`'s answer for the leader's message `k`, as
-    /// the server passed it on: its buffer, or `None` where it pulls.
-    fn forwarded(&self, p: usize, k: u64, what: &str) -> Result<Option<Exported>> {
+    /// the server passed it on: its buffer, or `None` where it pulls. A
+    /// receiver that has not asked within `push_wait` pulls instead: the
+    /// leader's host, unlike NCCL's, would otherwise stay in this send until
+    /// the receiver's host reaches the receive (the program might first
+    /// need this host to do something else).
+    fn forwarded(&self, p: usize, k: u64) -> Result<Option<Exported>> {
         let Some(forwards) = &self.forwards else {
             return Err(Error::Internal("a push without a p2p server".into()));
         };
-        let mut got = None;
-        self.mailbox.wait_for(
-            || format!("send {k} to rank {p} ({what})"),
-            || format!(
-                "rank {p} has not received rank {}'s message {k} ({what}) within {:?} (NCCL_TIMEOUT): it died, hangs, or receives fewer than rank {} sends",
-                self.me,
-                self.mailbox.timeout(),
-                self.me
-            ),
-            || {
-                got = forwards.take(p, k);
-                got.is_some()
-            },
-        )?;
-        self.server_failure()?;
-        Ok(got.flatten())
+        let until = std::time::Instant::now() + push_wait();
+        let mut spins = 0u32;
+        loop {
+            if let Some(dst) = forwards.take(p, k) {
+                self.server_failure()?;
+                return Ok(dst);
+            }
+            if std::time::Instant::now() >= until {
+                return Ok(forwards.give_up(p, k));
+            }
+            spins = spins.wrapping_add(1);
+            if spins < 1024 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
     }
 
     /// Enqueues send/recv's operations on this rank's stream.

@@ -9,8 +9,9 @@
 //! receiver's stream says the buffer is free. A receiver posts a request
 //! for each of the leader's messages into its ring of the host mailbox
 //! (`Mailbox::post_request`); this thread answers it at once (`Pushed`,
-//! or `Pull` where the receiver's buffer cannot be shared) and hands the
-//! buffer to the leader's thread ([`Forwards`]). It queues nothing on the
+//! or `Pull` where the receiver's buffer cannot be shared or the leader
+//! stopped waiting for it) and hands the buffer to the leader's thread
+//! ([`Forwards`]). It queues nothing on the
 //! GPU for them, so with 2 ranks every copy is on the leader's own stream
 //! and nothing can wait behind anything.
 //!
@@ -62,7 +63,8 @@
 //! the sender's stream does the same in both cases, so it never needs to
 //! know which. The leader, which must know (it pushes, or stores the
 //! READY of the receiver's pull itself), waits on its host for each
-//! receiver's request, as receivers wait for their senders' posts.
+//! receiver's request for a moment (`push_wait`, 200 us); a receiver that
+//! asks later is told to pull ([`Forwards::give_up`]).
 //!
 //! Wake-up and latency. The thread polls the rings and, while requests are
 //! pending, the words: it spins for `SPIN` after its last progress (a
@@ -513,24 +515,59 @@ struct Work {
 
 /// The leader's messages that receivers have asked for, handed from the
 /// server thread to the leader's own thread, which writes each into its
-/// receiver's buffer (`Some`: the buffer; `None`: the receiver pulls).
+/// receiver's buffer; or that the leader stopped waiting for, which their
+/// receivers then pull.
 #[derive(Debug, Default)]
-pub(super) struct Forwards(Mutex<HashMap<(usize, u64), Option<Exported>>>);
+pub(super) struct Forwards(Mutex<HashMap<(usize, u64), Forward>>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Forward {
+    /// The receiver asked: its buffer, or `None` where it pulls.
+    Asked(Option<Exported>),
+    /// The leader went on without the receiver's answer: it pulls.
+    GaveUp,
+}
 
 impl Forwards {
-    fn put(&self, r: usize, k: u64, dst: Option<Exported>) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert((r, k), dst);
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(usize, u64), Forward>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Receiver `r`'s answer for the leader's `k`-th message to it, once.
+    /// Receiver `r` asks for the leader's `k`-th message into `dst`;
+    /// whether the leader will push it (else the receiver pulls).
+    fn ask(&self, r: usize, k: u64, dst: Option<Exported>) -> bool {
+        let mut m = self.lock();
+        if m.remove(&(r, k)) == Some(Forward::GaveUp) {
+            return false;
+        }
+        m.insert((r, k), Forward::Asked(dst));
+        dst.is_some()
+    }
+
+    /// Receiver `r`'s answer for the leader's `k`-th message to it, once it
+    /// has come: its buffer, or `None` where it pulls.
     pub fn take(&self, r: usize, k: u64) -> Option<Option<Exported>> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&(r, k))
+        let mut m = self.lock();
+        match m.get(&(r, k)) {
+            Some(&Forward::Asked(dst)) => {
+                m.remove(&(r, k));
+                Some(dst)
+            }
+            _ => None,
+        }
+    }
+
+    /// The leader waits no longer: the answer if it came meanwhile, else
+    /// `None`, and the receiver will be told to pull.
+    pub fn give_up(&self, r: usize, k: u64) -> Option<Exported> {
+        let mut m = self.lock();
+        match m.remove(&(r, k)) {
+            Some(Forward::Asked(dst)) => dst,
+            _ => {
+                m.insert((r, k), Forward::GaveUp);
+                None
+            }
+        }
     }
 }
 
@@ -632,8 +669,7 @@ impl Serving {
         // The leader's own messages: its stream writes them, or stores the
         // READY of the receiver's pull. Nothing of them is queued here.
         if matches!(req.src, Src::Leader(_)) {
-            self.forwards.put(r, k, req.dst);
-            return if req.dst.is_some() {
+            return if self.forwards.ask(r, k, req.dst) {
                 Served::Pushed
             } else {
                 Served::Pull
@@ -1100,6 +1136,30 @@ mod tests {
         assert!(reached(5, u32::MAX - 3), "past the wrap");
         assert!(!reached(u32::MAX - 3, 5));
         assert!(reached(7, 7));
+    }
+
+    #[test]
+    fn a_receiver_that_asks_after_the_leader_gave_up_pulls() {
+        let f = Forwards::default();
+        let e = Exported {
+            handle: crate::cuda::IpcMemHandle([7; 64]),
+            offset: 0,
+            id: 1,
+        };
+        // Asked first: the leader pushes, whether it waits or gives up.
+        assert!(f.ask(1, 1, Some(e)));
+        assert_eq!(f.take(1, 1), Some(Some(e)));
+        assert!(f.ask(1, 2, Some(e)));
+        assert_eq!(f.give_up(1, 2), Some(e));
+        // A receiver whose buffer cannot be shared pulls.
+        assert!(!f.ask(1, 3, None));
+        assert_eq!(f.take(1, 3), Some(None));
+        // Given up first: nothing to take, and the late receiver pulls.
+        assert_eq!(f.give_up(2, 1), None);
+        assert_eq!(f.take(2, 1), None);
+        assert!(!f.ask(2, 1, Some(e)));
+        assert_eq!(f.take(2, 1), None, "the answer is not left behind");
+        assert!(f.lock().is_empty());
     }
 
     #[test]
