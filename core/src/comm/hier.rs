@@ -153,12 +153,9 @@ impl Comm {
         let Some(gpu) = &core.device else {
             return core.execute(ops, api);
         };
-        if colls().next().is_none() {
-            return self.p2p_in_parts(core, ops, (0..ops.len()).collect(), api);
-        }
         // Each rank's collectives are the same, so every rank decides alike;
         // point-to-point messages may differ between ranks and decide nothing.
-        if !colls().all(|(op, _)| splits(op)) {
+        if colls().next().is_none() || !colls().all(|(op, _)| splits(op)) {
             return core.execute(ops, api);
         }
         let Some(hier) = self.hier(gpu, &ops[0].0)? else {
@@ -182,66 +179,8 @@ impl Comm {
         if p2p.is_empty() {
             return Ok(());
         }
-        self.p2p_in_parts(core, ops, p2p, api)
-    }
-
-    /// Runs the point-to-point messages `idx` of a group. Once this
-    /// communicator has split (a collective ran in steps), the messages
-    /// between ranks of one GPU go through that GPU's communicator (the
-    /// shared-GPU path: no process switch where the GPU's first rank sends
-    /// or receives), before the rest, which run on every rank's kernels.
-    /// Every rank of the group runs its GPU's part first, whose messages
-    /// need no other part, so the order adds no wait. Before the split (or
-    /// without one) all of them run on every rank's kernels: the split
-    /// needs every rank, which a send does not have. Both ends of a message
-    /// decide alike: they split at the same collective, and NCCL's rule
-    /// that every rank issues a communicator's operations in one order
-    /// puts the message on the same side of it on both.
-    fn p2p_in_parts(
-        &self,
-        core: &Core,
-        ops: &[(Op, OpBuffers)],
-        idx: Vec<usize>,
-        api: &ApiEvents,
-    ) -> Result<()> {
-        let h = match &*self
-            .shared
-            .hier
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-        {
-            State::Yes(h) => Some(h.clone()),
-            _ => None,
-        };
-        let me = self.user_rank();
-        let (mut on_gpu, mut flat) = (Vec::new(), Vec::new());
-        for i in idx {
-            match h.as_ref().and_then(|h| local_op(&h.gpus, me, &ops[i].0)) {
-                Some(op) => on_gpu.push(op),
-                None => flat.push(i),
-            }
-        }
-        if let (Some(h), false) = (&h, on_gpu.is_empty()) {
-            let c = &h.local;
-            let with_bufs = on_gpu
-                .into_iter()
-                .map(|op| Ok((op, op.validate(c.user_rank(), c.count())?)))
-                .collect::<Result<Vec<_>>>()?;
-            c.core()?
-                .execute(&with_bufs, &ApiEvents::new(None, Handle::NONE))
-                .inspect_err(|e| c.record_failure(e))
-                .map_err(|e| {
-                    e.context(format!(
-                        "rank {me}: send/recv between ranks of its GPU ({:?})",
-                        h.on_my_gpu(me)
-                    ))
-                })?;
-        }
-        if flat.is_empty() {
-            return Ok(());
-        }
-        let rest: Vec<(Op, OpBuffers)> = flat.iter().map(|&i| ops[i]).collect();
-        core.execute(&rest, &api.of(flat))
+        let rest: Vec<(Op, OpBuffers)> = p2p.iter().map(|&i| ops[i]).collect();
+        core.execute(&rest, &api.of(p2p))
     }
 
     /// The split communicators, made at the first call that asks on a
@@ -288,7 +227,7 @@ impl Comm {
             scratch: Mutex::new(None),
         });
         let ngpus = h.gpus.iter().max().map_or(0, |g| g + 1);
-        info!(target: "oxccl::init", "rank {me}: ranks of several processes share GPUs of this {}-rank communicator over {ngpus} GPUs: all_reduce runs as a reduce on each GPU's ranks (this rank's: {:?}, shared-GPU path), an all_reduce among one rank per GPU, and a broadcast on each GPU; broadcast as one on the root's GPU, one among one rank per GPU and one on each other GPU, all_gather as a broadcast per rank, reduce (to a GPU's first rank) and reduce_scatter as reduces on each GPU and among one rank per GPU, reduce_scatter's blocks sent on by each GPU's first rank; from now on send/recv between ranks of one GPU through its GPU's communicator, the others on every rank's kernels (OXCCL_HIER=0: every rank's ring kernels, each step waiting for the GPU to switch processes)", h.gpus.len(), h.on_my_gpu(me));
+        info!(target: "oxccl::init", "rank {me}: ranks of several processes share GPUs of this {}-rank communicator over {ngpus} GPUs: all_reduce runs as a reduce on each GPU's ranks (this rank's: {:?}, shared-GPU path), an all_reduce among one rank per GPU, and a broadcast on each GPU; broadcast as one on the root's GPU, one among one rank per GPU and one on each other GPU, all_gather as a broadcast per rank, reduce (to a GPU's first rank) and reduce_scatter as reduces on each GPU and among one rank per GPU, reduce_scatter's blocks sent on by each GPU's first rank (OXCCL_HIER=0: every rank's ring kernels, each step waiting for the GPU to switch processes)", h.gpus.len(), h.on_my_gpu(me));
         *st = State::Yes(h.clone());
         Ok(Some(h))
     }
@@ -570,28 +509,6 @@ fn run_on(c: &Comm, op: Op) -> Result<()> {
         .inspect_err(|e| c.record_failure(e))
 }
 
-/// `op`, a send or receive of `me` whose peer shares `me`'s GPU, as that
-/// GPU's communicator numbers the peer (its ranks in this one's order);
-/// `None` for anything else.
-fn local_op(gpus: &[usize], me: usize, op: &Op) -> Option<Op> {
-    let (peer, send) = match op.kind {
-        OpKind::Send { peer } => (peer, true),
-        OpKind::Recv { peer } => (peer, false),
-        _ => return None,
-    };
-    let mine = *gpus.get(me)?;
-    if *gpus.get(peer)? != mine {
-        return None;
-    }
-    let peer = gpus[..peer].iter().filter(|&&g| g == mine).count();
-    let kind = if send {
-        OpKind::Send { peer }
-    } else {
-        OpKind::Recv { peer }
-    };
-    Some(Op { kind, ..*op })
-}
-
 /// The state a communicator starts with.
 pub(super) fn new_state() -> Mutex<State> {
     Mutex::new(State::Unknown)
@@ -746,43 +663,6 @@ mod tests {
         &[0, 1, 2, 0, 1, 2, 2],
         &[0, 0, 0, 1],
     ];
-
-    #[test]
-    fn sends_between_ranks_of_one_gpu_name_the_peer_as_that_gpus_communicator_does() {
-        let gpus = [0, 1, 0, 1, 0];
-        let op = |kind| Op {
-            kind,
-            input: std::ptr::null(),
-            output: std::ptr::null_mut(),
-            count: 4,
-            dtype: crate::dtype::DataType::Float32,
-            redop: RedOp::Sum,
-            stream: 7,
-        };
-        let local = |me, kind| local_op(&gpus, me, &op(kind)).map(|o| (o.kind, o.count, o.stream));
-        // Rank 4 is the third rank of GPU 0; rank 2 the second.
-        assert_eq!(
-            local(4, OpKind::Send { peer: 2 }),
-            Some((OpKind::Send { peer: 1 }, 4, 7))
-        );
-        assert_eq!(
-            local(2, OpKind::Recv { peer: 4 }),
-            Some((OpKind::Recv { peer: 2 }, 4, 7))
-        );
-        assert_eq!(
-            local(3, OpKind::Send { peer: 1 }),
-            Some((OpKind::Send { peer: 0 }, 4, 7))
-        );
-        // Itself, on its GPU too.
-        assert_eq!(
-            local(0, OpKind::Send { peer: 0 }),
-            Some((OpKind::Send { peer: 0 }, 4, 7))
-        );
-        // Another GPU, a peer out of range, or a collective: not local.
-        assert_eq!(local(0, OpKind::Send { peer: 1 }), None);
-        assert_eq!(local(0, OpKind::Recv { peer: 9 }), None);
-        assert_eq!(local(0, OpKind::AllReduce), None);
-    }
 
     #[test]
     fn steps_of_every_layout_give_the_collectives_results() {
