@@ -7,7 +7,8 @@
 //! kernels, time-sliced; rank 0 copies its own sends and receives,
 //! `OXCCL_SHARED_P2P=pull` makes each receiver pull, `=server` makes rank
 //! 0's thread copy the others', and the default runs under
-//! `CUDA_DEVICE_MAX_CONNECTIONS=1` too), every collective at sizes that
+//! `CUDA_DEVICE_MAX_CONNECTIONS=1` and with rank 0 not waiting for its
+//! receivers too), every collective at sizes that
 //! cross the channel cap, results checked against a host reference.
 //! Skips, saying why, without a GPU.
 
@@ -66,6 +67,9 @@ fn ranks_share_one_gpu_in_one_and_two_processes() {
         perf(&args, &[("OXCCL_SHARED_P2P", "pull")]);
         perf(&args, &[("OXCCL_SHARED_P2P", "server")]);
         perf(&args, &[("CUDA_DEVICE_MAX_CONNECTIONS", "1")]);
+        // Rank 0 not waiting for its receivers at all: its messages are
+        // pulled unless the receiver asked first, the late path.
+        perf(&args, &[("OXCCL_SHARED_PUSH_WAIT_US", "0")]);
     }
     let kernels = [("OXCCL_SHARED_GPU", "kernels")];
     perf(
