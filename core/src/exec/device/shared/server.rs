@@ -11,9 +11,9 @@
 //! (`Mailbox::post_request`); this thread answers it at once (`Pushed`,
 //! or `Pull` where the receiver's buffer cannot be shared or the leader
 //! stopped waiting for it) and hands the buffer to the leader's thread
-//! ([`Forwards`]). It queues nothing on the
-//! GPU for them, so with 2 ranks every copy is on the leader's own stream
-//! and nothing can wait behind anything.
+//! ([`Forwards`]). It queues nothing on the GPU for them, so with 2 ranks
+//! every copy is on the leader's own stream and nothing can wait behind
+//! anything.
 //!
 //! Where asked (`OXCCL_SHARED_P2P=server`, [`Words::full`]) the thread
 //! also copies the messages between other ranks, on a stream of its own in
@@ -32,8 +32,8 @@
 //! and a second context's copy of the primary's memory by address is
 //! ordered after the primary's queues. Hence opt-in.
 //!
-//! The words the copying server waits for live in host memory, in pages of the
-//! mailbox segment that every process registers with CUDA (mapped,
+//! The words the copying server waits for live in host memory, in pages
+//! of the mailbox segment that every process registers with CUDA (mapped,
 //! pinned): the sender's stream stores its message k's SREADY there once
 //! the message is written, the receiver's stream its RECV READY once its
 //! buffer may be overwritten, and the server's thread loads them on the
