@@ -24,7 +24,8 @@
 //! all-gather one such broadcast per rank; a reduce (to a GPU's first
 //! rank) and a reduce-scatter reduce on each GPU and among one rank per
 //! GPU, the latter into the first rank's scratch, which sends each rank its
-//! block, pulled by the receiver. Reductions split only for sum, product,
+//! block (the first rank's stream pushes it, see the shared-GPU path's
+//! `server`). Reductions split only for sum, product,
 //! min and max (an average or a pre-multiplied sum of partial results
 //! would differ from NCCL's); send/recv, a reduce to another rank, and
 //! groups holding a collective that does not split, run as before; so do
