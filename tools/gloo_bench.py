@@ -6,6 +6,11 @@ on one machine in one run:
 
 Sizes are bytes of float32 per rank (K/M/G suffixes), doubling by 4 from the
 first to the last. Rank 0 prints one row per size.
+
+`oxccl perf` puts its host buffers on transparent huge pages (see
+cli/src/hostmem.rs); PyTorch does the same for CPU tensors of 2 MiB and more
+with THP_MEM_ALLOC_ENABLE=1 (C10_THP_MEM_ALLOC_ENABLE=1 in later versions),
+so compare with those set too. The header says whether they are.
 """
 
 import os
@@ -28,7 +33,9 @@ def main():
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
     if rank == 0:
-        print(f"# gloo all_reduce, {n} ranks, float32, {iters} iterations, host memory")
+        thp = [k for k in ("THP_MEM_ALLOC_ENABLE", "C10_THP_MEM_ALLOC_ENABLE") if os.environ.get(k, "0") != "0"]
+        print(f"# gloo all_reduce, {n} ranks, float32, {iters} iterations, host memory"
+              f" ({'huge pages asked: ' + ', '.join(thp) if thp else 'no huge pages asked'})")
         print(f"# {'size(B)':>12} {'time(us)':>12} {'algbw':>8} {'busbw':>8}")
     size = lo
     while size <= hi:

@@ -2,6 +2,7 @@
 //! launcher, shared with the integration tests.
 
 pub mod check;
+mod hostmem;
 pub mod info;
 pub mod launch;
 pub mod perf;

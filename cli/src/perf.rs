@@ -2,6 +2,7 @@
 //! of sizes, checks every output against a reference on random data, and
 //! prints nccl-tests' columns (and JSON rows on request).
 
+pub use crate::hostmem::HostBuf;
 use std::time::{Duration, Instant};
 
 use oxccl::{Comm, CommConfig, DataType, RedOp};
@@ -222,7 +223,12 @@ fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
     selection(args, n)?;
     let comm =
         Comm::init_rank(n, env.id, rank, &CommConfig::default()).map_err(|e| e.to_string())?;
-    let what = format!("{n} ranks ({}), host memory", env.launcher);
+    let pages = if crate::hostmem::wanted() {
+        "buffers of 2 MiB and more on transparent huge pages (OXCCL_PERF_HUGEPAGES=0: the heap's)"
+    } else {
+        "buffers on the heap"
+    };
+    let what = format!("{n} ranks ({}), host memory, {pages}", env.launcher);
     let wrong = report(args, n, rank == 0, &what, &mut |case| {
         measure(&comm, args, case)
     })?;
@@ -433,13 +439,15 @@ impl Case {
             ^ ((self.size as u64) << 24)
     }
 
-    /// Buffers for the case (for in-place, `output` is the single buffer).
-    pub fn buffers(&self, n: usize) -> (Vec<u8>, Vec<u8>) {
+    /// Buffers for the case (for in-place, `output` is the single buffer),
+    /// on huge pages unless `OXCCL_PERF_HUGEPAGES=0` (see [`HostBuf`]).
+    pub fn buffers(&self, n: usize) -> (HostBuf, HostBuf) {
         let (cin, cout, _) = self.counts(n);
         let es = self.dtype.size();
+        let huge = crate::hostmem::wanted();
         (
-            vec![0u8; cin * es],
-            vec![0u8; cout.max(if self.inplace { cin } else { 0 }) * es],
+            HostBuf::zeroed(cin * es, huge),
+            HostBuf::zeroed(cout.max(if self.inplace { cin } else { 0 }) * es, huge),
         )
     }
 
