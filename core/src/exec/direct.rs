@@ -140,9 +140,11 @@ impl Job {
     }
 
     /// Every rank's input `[src, src+len)` combined into `[dst, dst+len)`
-    /// of this rank's `into` buffer, a chunk at a time: peers' chunks (and
-    /// this rank's own, where it is the output's memory) are read into
-    /// scratch, then combined into the output.
+    /// of this rank's `into` buffer, a chunk at a time: peers' chunks are
+    /// read into scratch, then combined with this rank's own into the
+    /// output, this rank's first and the peers' in rank order. In place
+    /// (the output is this rank's own chunk) the output is the first
+    /// operand as it stands, so nothing is copied aside.
     fn reduce(
         &self,
         src: usize,
@@ -164,22 +166,25 @@ impl Job {
                 Own::Stage => span(&self.stage, Buf::Output, dst + off, l)?,
             };
             let own = span(&self.bufs, Buf::Input, src + off, l)?;
+            let in_place = own.ptr == out.ptr;
             let mut inputs = Vec::with_capacity(n);
+            if !in_place {
+                inputs.push(own);
+            }
             for (p, slot) in scratch.chunks_mut(chunk).take(n).enumerate() {
-                let slot = &mut slot[..l];
                 if p == me {
-                    if own.ptr != out.ptr {
-                        inputs.push(own);
-                        continue;
-                    }
-                    mem::copy(mem::staging(slot), own);
-                } else {
-                    let at = self.pm.posted(p).send + (src + off) as u64;
-                    self.pm.read(p, at, slot)?;
+                    continue;
                 }
+                let slot = &mut slot[..l];
+                let at = self.pm.posted(p).send + (src + off) as u64;
+                self.pm.read(p, at, slot)?;
                 inputs.push(mem::staging(slot));
             }
-            mem::reduce_all(&self.reducer, out, &inputs);
+            if in_place {
+                mem::reduce_into_own(&self.reducer, out, &inputs);
+            } else {
+                mem::reduce_all(&self.reducer, out, &inputs);
+            }
             off += l;
         }
         Ok(())

@@ -230,6 +230,38 @@ pub(crate) fn reduce_all(r: &Reducer, dst: Span, inputs: &[Span]) {
     }
 }
 
+/// `dst = dst (op) inputs[0] (op) inputs[1] ...`, where `dst` holds this
+/// rank's own data (scaled on entry) and every input a peer's; the result
+/// final. No input may be `dst`.
+pub(crate) fn reduce_into_own(r: &Reducer, dst: Span, inputs: &[Span]) {
+    let len = dst.len;
+    // SAFETY: `dst` is this rank's own output range (bounds-checked by
+    // `OpBuffers::span`), which no other thread of the operation touches.
+    let d = unsafe { std::slice::from_raw_parts_mut(dst.ptr, len) };
+    if inputs.is_empty() {
+        if r.changes(true, true) {
+            let own = d.to_vec();
+            r.copy(d, &own, true, true);
+        }
+        return;
+    }
+    for (i, x) in inputs.iter().enumerate() {
+        assert!(
+            x.len >= len && x.ptr != dst.ptr,
+            "an input aliases the output"
+        );
+        // SAFETY: as in `reduce_all`: a bounds-checked span of a live
+        // buffer, not `dst` (asserted).
+        let x = unsafe { std::slice::from_raw_parts(x.ptr, len) };
+        let st = Stage {
+            pre_a: i == 0,
+            pre_b: true,
+            post: i + 1 == inputs.len(),
+        };
+        r.combine_into(d, x, st);
+    }
+}
+
 /// Copies `src` into `dst` (same length); nothing when they are the same memory.
 pub(crate) fn copy(dst: Span, src: Span) {
     if std::ptr::eq(dst.ptr, src.ptr) || dst.len == 0 {
@@ -259,4 +291,46 @@ pub(crate) fn view<T>(src: Span, see: impl FnOnce(&[u8]) -> T) -> T {
     }
     // SAFETY: as the contract above says; the slice does not outlive the call.
     see(unsafe { std::slice::from_raw_parts(src.ptr, src.len) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::{DataType, RedOp};
+
+    /// In place (the output holds this rank's own data) gives what the
+    /// reduction into a separate output gives, bit for bit, with the own
+    /// data first: random floats, every op, including the scaled ones.
+    #[test]
+    fn reducing_into_the_own_chunk_matches_reducing_into_another_buffer() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % 20_000) as f32 / 7.0 - 1000.0
+        };
+        let len = 1000;
+        for n in [1usize, 2, 3, 8] {
+            for op in [
+                RedOp::Sum,
+                RedOp::Prod,
+                RedOp::Max,
+                RedOp::Avg,
+                RedOp::PreMulSum(0.37),
+            ] {
+                let r = Reducer::new(DataType::Float32, op, n);
+                let mut data: Vec<Vec<u8>> = (0..n)
+                    .map(|_| (0..len).flat_map(|_| next().to_ne_bytes()).collect())
+                    .collect();
+                let mut out = vec![0u8; len * 4];
+                let all: Vec<Span> = data.iter_mut().map(|d| staging(d)).collect();
+                reduce_all(&r, staging(&mut out), &all);
+                let (own, peers) = data.split_first_mut().expect("n >= 1");
+                let peers: Vec<Span> = peers.iter_mut().map(|d| staging(d)).collect();
+                reduce_into_own(&r, staging(own), &peers);
+                assert_eq!(*own, out, "{n} ranks, {op:?}");
+            }
+        }
+    }
 }
