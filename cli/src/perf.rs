@@ -2,13 +2,13 @@
 //! of sizes, checks every output against a reference on random data, and
 //! prints nccl-tests' columns (and JSON rows on request).
 
-pub use crate::hostmem::HostBuf;
 use std::time::{Duration, Instant};
 
 use oxccl::{Comm, CommConfig, DataType, RedOp};
 use serde::Serialize;
 
 use crate::check::{self, Coll};
+pub use crate::hostmem::HostBuf;
 use crate::launch::{self, RankEnv};
 
 #[derive(Debug, Clone, clap::Args)]

@@ -197,22 +197,10 @@ pub(crate) fn prefix_into(dst: Span, prefix: &[u8], src: Span) -> Result<Span> {
 /// `dst = inputs[0] (op) inputs[1] (op) ...`, every input a rank's own
 /// data (scaled on entry), the result final. `dst` must not be any input.
 pub(crate) fn reduce_all(r: &Reducer, dst: Span, inputs: &[Span]) {
-    let len = dst.len;
-    let at = |s: &Span| {
-        assert!(
-            s.len >= len && s.ptr != dst.ptr,
-            "an input aliases the output"
-        );
-        // SAFETY: every span was bounds-checked against a live buffer (user
-        // buffers by `OpBuffers::span`, scratch by `staging`, slots of the
-        // direct path's segment by `Area::at`, which their writers leave
-        // alone until this rank's next meeting), and none is `dst`
-        // (asserted): peers' data was copied into scratch first.
-        unsafe { std::slice::from_raw_parts(s.ptr, len) }
-    };
-    // SAFETY: as above; `dst` is this rank's own output range, which no
-    // other thread of the operation writes.
-    let d = unsafe { std::slice::from_raw_parts_mut(dst.ptr, len) };
+    let at = |s: &Span| operand(dst, *s);
+    // SAFETY: `dst` is this rank's own output range (bounds-checked by
+    // `OpBuffers::span`), which no other thread of the operation writes.
+    let d = unsafe { std::slice::from_raw_parts_mut(dst.ptr, dst.len) };
     match inputs {
         [] => {}
         [only] => r.copy(d, at(only), true, true),
@@ -228,6 +216,21 @@ pub(crate) fn reduce_all(r: &Reducer, dst: Span, inputs: &[Span]) {
             }
         }
     }
+}
+
+/// The first `dst.len` bytes of input `s` of a reduction into `dst`, for
+/// as long as the reduction runs.
+fn operand<'a>(dst: Span, s: Span) -> &'a [u8] {
+    assert!(
+        s.len >= dst.len && s.ptr != dst.ptr,
+        "an input aliases the output"
+    );
+    // SAFETY: every span was bounds-checked against a live buffer (user
+    // buffers by `OpBuffers::span`, scratch by `staging`, slots of the
+    // direct path's segment by `Area::at`, which their writers leave alone
+    // until this rank's next meeting), and none is `dst` (asserted): peers'
+    // data was copied into scratch first.
+    unsafe { std::slice::from_raw_parts(s.ptr, dst.len) }
 }
 
 /// `dst = dst (op) inputs[0] (op) inputs[1] ...`, where `dst` holds this
@@ -246,19 +249,12 @@ pub(crate) fn reduce_into_own(r: &Reducer, dst: Span, inputs: &[Span]) {
         return;
     }
     for (i, x) in inputs.iter().enumerate() {
-        assert!(
-            x.len >= len && x.ptr != dst.ptr,
-            "an input aliases the output"
-        );
-        // SAFETY: as in `reduce_all`: a bounds-checked span of a live
-        // buffer, not `dst` (asserted).
-        let x = unsafe { std::slice::from_raw_parts(x.ptr, len) };
         let st = Stage {
             pre_a: i == 0,
             pre_b: true,
             post: i + 1 == inputs.len(),
         };
-        r.combine_into(d, x, st);
+        r.combine_into(d, operand(dst, *x), st);
     }
 }
 
