@@ -103,8 +103,8 @@ fn device_path_reports_kernel_channels_under_their_operations() {
 }
 
 /// Two ranks, each a process, sharing GPU 0 (the shared-GPU path, whose
-/// leader would otherwise run every collective and whose receivers pull
-/// sends with copies): with kernel-channel events asked for, every
+/// leader would otherwise run every collective and copy every send and
+/// receive itself): with kernel-channel events asked for, every
 /// collective and every send and receive still reports one per channel,
 /// with the GPU's times, as on separate GPUs.
 #[test]

@@ -167,27 +167,19 @@ impl Post {
     }
 }
 
-/// Where the leader's server reads a message from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Src {
-    /// Another process's buffer, mapped through CUDA IPC.
-    Ipc(Exported),
-    /// A buffer of the leader's own process, at this address (CUDA IPC
-    /// cannot open a handle in the process that made it).
-    Leader(u64),
-}
-
 /// A receiver's request to the leader's server: copy the `k`-th message
-/// (from 1) of rank `from` to the receiver, `bytes` long, into `dst`; or,
-/// where `dst` is `None` (memory CUDA IPC cannot share, or a stream being
-/// captured), only pass the sender's READY on to the receiver, which pulls
-/// the message with its own kernel.
+/// (from 1) of rank `from` to the receiver, `bytes` long, from `src` (the
+/// sender's buffer) into `dst`; or, where `dst` is `None` (memory CUDA IPC
+/// cannot share, or a stream being captured), only pass the sender's READY
+/// on to the receiver, which pulls the message with its own kernel. For
+/// the leader's own messages the server copies nothing (see
+/// `server::Forwards`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Request {
     pub from: usize,
     pub k: u64,
     pub bytes: u64,
-    pub src: Src,
+    pub src: Exported,
     pub dst: Option<Exported>,
 }
 
@@ -197,16 +189,7 @@ impl Request {
         b.extend_from_slice(&(self.from as u64).to_le_bytes());
         b.extend_from_slice(&self.k.to_le_bytes());
         b.extend_from_slice(&self.bytes.to_le_bytes());
-        match &self.src {
-            Src::Ipc(e) => {
-                b.push(0);
-                put_exported(&mut b, e);
-            }
-            Src::Leader(a) => {
-                b.push(1);
-                b.extend_from_slice(&a.to_le_bytes());
-            }
-        }
+        put_exported(&mut b, &self.src);
         match &self.dst {
             None => b.push(0),
             Some(e) => {
@@ -222,11 +205,7 @@ impl Request {
         let from = usize::try_from(take_u64(rest)?).ok()?;
         let k = take_u64(rest)?;
         let bytes = take_u64(rest)?;
-        let src = match take(rest, 1)?[0] {
-            0 => Src::Ipc(take_exported(rest)?),
-            1 => Src::Leader(take_u64(rest)?),
-            _ => return None,
-        };
+        let src = take_exported(rest)?;
         let dst = match take(rest, 1)?[0] {
             0 => None,
             1 => Some(take_exported(rest)?),
@@ -257,6 +236,10 @@ pub(crate) enum Served {
     /// It could not enqueue the request (the driver's error).
     Failed(String),
 }
+
+/// Bits of a request slot's ANSWER word that hold the [`Served`] code;
+/// the request's number is above them.
+const SERVED_BITS: u32 = 3;
 
 impl Served {
     fn code(&self) -> u64 {
@@ -384,6 +367,12 @@ impl Mailbox {
         self.area.store(at + SRV_WORD * i, u64::from(v));
     }
 
+    /// Waits until `ready`, at most `limit` (or until a stop): whether it
+    /// came, for a wait with somewhere else to go.
+    pub fn wait_briefly(&self, limit: Duration, ready: impl FnMut() -> bool) -> bool {
+        wait_until(Instant::now() + limit, &self.stop, ready) == Waited::Ready
+    }
+
     /// Waits until `ready`, at most NCCL_TIMEOUT: a stop ends it with the
     /// error of `what` (the wait), the timeout with `late()`.
     fn wait_for(
@@ -429,7 +418,7 @@ impl Mailbox {
                     "rank {leader}, whose p2p server copies this GPU's messages, did not answer rank {}'s copy request {earlier} within {:?} (NCCL_TIMEOUT)",
                     self.me, self.timeout
                 ),
-                || self.area.load(slot + ANSWER) >> 3 >= earlier,
+                || self.area.load(slot + ANSWER) >> SERVED_BITS >= earlier,
             )?;
         }
         let body = req.encode();
@@ -495,7 +484,7 @@ impl Mailbox {
             self.area.write_bytes(slot + REQ_BODY, msg);
             self.area.store(slot + LEN, msg.len() as u64);
         }
-        self.area.store(slot + ANSWER, n << 3 | a.code());
+        self.area.store(slot + ANSWER, n << SERVED_BITS | a.code());
     }
 
     /// The server's answer to this rank's `n`-th request.
@@ -507,17 +496,19 @@ impl Mailbox {
                 "rank {leader}, whose p2p server copies this GPU's messages, did not answer rank {}'s copy request {n} ({mine}) within {:?} (NCCL_TIMEOUT)",
                 self.me, self.timeout
             ),
-            || self.area.load(slot + ANSWER) >> 3 == n,
+            || self.area.load(slot + ANSWER) >> SERVED_BITS == n,
         )?;
-        Ok(match self.area.load(slot + ANSWER) & 7 {
-            1 => Served::Copied,
-            2 => Served::Pull,
-            4 => Served::Pushed,
-            _ => {
-                let msg = self.read_body(slot + LEN, slot + REQ_BODY, REQ_SLOT - REQ_BODY);
-                Served::Failed(String::from_utf8_lossy(&msg).into_owned())
-            }
-        })
+        Ok(
+            match self.area.load(slot + ANSWER) & ((1 << SERVED_BITS) - 1) {
+                1 => Served::Copied,
+                2 => Served::Pull,
+                4 => Served::Pushed,
+                _ => {
+                    let msg = self.read_body(slot + LEN, slot + REQ_BODY, REQ_SLOT - REQ_BODY);
+                    Served::Failed(String::from_utf8_lossy(&msg).into_owned())
+                }
+            },
+        )
     }
 
     fn pair(&self, from: usize, to: usize) -> usize {
@@ -777,11 +768,11 @@ mod tests {
             from,
             k,
             bytes: k.wrapping_mul(8),
-            src: Src::Ipc(Exported {
+            src: Exported {
                 handle: IpcMemHandle([from as u8; 64]),
                 offset: k,
                 id: 3,
-            }),
+            },
             dst: Some(Exported {
                 handle: IpcMemHandle([9; 64]),
                 offset: 0,
@@ -794,7 +785,6 @@ mod tests {
     fn requests_survive_the_slot() {
         let mut rs = vec![request(3, 1)];
         rs.push(Request {
-            src: Src::Leader(0x7f00_0000_1000),
             dst: None,
             ..request(0, u64::MAX)
         });
@@ -808,9 +798,10 @@ mod tests {
             long.push(0);
             assert_eq!(Request::decode(&long), None);
         }
+        // After the three words and the source's handle, offset and id.
         let mut bad = request(1, 1).encode();
-        bad[24] = 7;
-        assert_eq!(Request::decode(&bad), None, "an unknown source tag");
+        bad[24 + 64 + 16] = 7;
+        assert_eq!(Request::decode(&bad), None, "an unknown destination tag");
     }
 
     #[test]

@@ -50,7 +50,7 @@ use crate::transport::shm::area::Area;
 
 use super::oob::Oob;
 use super::stop::Awaited;
-use mailbox::{Answer, Buf, Mailbox, Post, Request, Served, Src};
+use mailbox::{Answer, Buf, Mailbox, Post, Request, Served};
 use server::{Forwards, Move, Op, Server, ServerWords, Words};
 use steps::Bufs;
 
@@ -743,11 +743,6 @@ impl Processes {
             Asked(u64),
             Pull,
         }
-        enum Got {
-            Copied,
-            Pushed,
-            Pull,
-        }
         let mut taken = Vec::with_capacity(recvs.len());
         for &(q, buf) in recvs {
             self.received[q] += 1;
@@ -779,11 +774,6 @@ impl Processes {
                         _ => None,
                     }
                 };
-                let src = if q == leader {
-                    Src::Leader(addr)
-                } else {
-                    Src::Ipc(src)
-                };
                 let req = Request {
                     from: q,
                     k,
@@ -805,33 +795,26 @@ impl Processes {
         let mut frees = Vec::with_capacity(taken.len());
         let mut ops = Vec::with_capacity(3 * taken.len() + direct.len());
         for (q, k, buf, src, addr, how) in taken {
-            let copied = match how {
-                How::Pull => Got::Pull,
-                How::Asked(n) => match self.mailbox.wait_served(n, leader, &what)? {
-                    Served::Copied => Got::Copied,
-                    Served::Pushed => Got::Pushed,
-                    Served::Pull => Got::Pull,
-                    Served::Failed(msg) => {
-                        return Err(Error::System(format!(
-                            "rank {me} receives message {k} from rank {q}: {msg}"
-                        )))
-                    }
-                },
+            let served = match how {
+                How::Pull => Served::Pull,
+                How::Asked(n) => self.mailbox.wait_served(n, leader, &what)?,
             };
-            match copied {
-                Got::Copied => {
-                    let [free, landed] = words.recv_copied(q, me, k);
-                    frees.push(free);
-                    ops.push(landed);
-                    continue;
+            let written = match served {
+                Served::Copied => Some(words.recv_copied(q, me, k)),
+                Served::Pushed => Some(words.recv_pushed(me, k)),
+                Served::Pull => None,
+                Served::Failed(msg) => {
+                    return Err(Error::System(format!(
+                        "rank {me} receives message {k} from rank {q}: {msg}"
+                    )))
                 }
-                Got::Pushed => {
-                    let [free, landed] = words.recv_pushed(me, k);
-                    frees.push(free);
-                    ops.push(landed);
-                    continue;
-                }
-                Got::Pull => {}
+            };
+            // Written into this rank's buffer by the server or the leader:
+            // the buffer's FREE goes with the others, then the wait.
+            if let Some([free, landed]) = written {
+                frees.push(free);
+                ops.push(landed);
+                continue;
             }
             // A message to itself is pulled from its own address: CUDA IPC
             // cannot open a handle in the process that made it.
@@ -894,23 +877,15 @@ impl Processes {
         let Some(forwards) = &self.forwards else {
             return Err(Error::Internal("a push without a p2p server".into()));
         };
-        let until = std::time::Instant::now() + push_wait();
-        let mut spins = 0u32;
-        loop {
-            if let Some(dst) = forwards.take(p, k) {
-                self.server_failure()?;
-                return Ok(dst);
-            }
-            if std::time::Instant::now() >= until {
-                return Ok(forwards.give_up(p, k));
-            }
-            spins = spins.wrapping_add(1);
-            if spins < 1024 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
+        let mut got = None;
+        if !self.mailbox.wait_briefly(push_wait(), || {
+            got = forwards.take(p, k);
+            got.is_some()
+        }) {
+            return Ok(forwards.give_up(p, k));
         }
+        self.server_failure()?;
+        Ok(got.flatten())
     }
 
     /// Enqueues send/recv's operations on this rank's stream.

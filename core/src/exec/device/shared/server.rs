@@ -90,7 +90,7 @@ use crate::cuda::{ipc, Context, HostMapping, KernelSet, MemOp, RawStream, Stream
 use crate::error::{Error, Result};
 
 use super::super::stop::Awaited;
-use super::mailbox::{Mailbox, Request, Served, Src};
+use super::mailbox::{Mailbox, Request, Served};
 use super::{P2P_DONE, P2P_FREE, P2P_READY, PUSHED};
 
 /// The most ranks the server serves: its words take 16 bytes per ordered
@@ -439,13 +439,16 @@ impl Server {
         words: Arc<Words>,
         stop: Arc<AtomicBool>,
     ) -> Result<(Server, Arc<Forwards>)> {
-        let kernels = KernelSet::shared(ctx)?;
-        // Loading a module waits for the context's work, which may soon
-        // include streams waiting for this server: load the copy now.
-        if words.full {
+        // Only a server that copies needs a stream and the copy kernel.
+        let copier = if words.full {
+            let kernels = KernelSet::shared(ctx)?;
+            // Loading a module waits for the context's work, which may soon
+            // include streams waiting for this server: load the copy now.
             kernels.prepare_copy()?;
-        }
-        let stream = Stream::new(ctx)?;
+            Some((kernels, Stream::new(ctx)?))
+        } else {
+            None
+        };
         let quit = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
         let forwards = Arc::new(Forwards::default());
@@ -453,11 +456,10 @@ impl Server {
         let bell = mailbox.clone();
         let mut serving = Serving {
             ctx: ctx.clone(),
-            kernels,
             mailbox,
             next: vec![1; n],
             words,
-            stream,
+            copier,
             backlog: Backlog::new(n),
             failed: failed.clone(),
             forwards: forwards.clone(),
@@ -574,13 +576,13 @@ impl Forwards {
 /// The server thread's state.
 struct Serving {
     ctx: Arc<Context>,
-    kernels: Arc<KernelSet>,
     mailbox: Arc<Mailbox>,
     words: Arc<Words>,
     /// Each rank's next request.
     next: Vec<u64>,
-    /// Its one stream, which never waits.
-    stream: Stream,
+    /// The copy kernel and its one stream, which never waits; only where
+    /// the server copies ([`Words::full`]), the only case that queues.
+    copier: Option<(Arc<KernelSet>, Stream)>,
     backlog: Backlog<Option<Work>>,
     failed: Arc<Mutex<Option<String>>>,
     forwards: Arc<Forwards>,
@@ -668,7 +670,7 @@ impl Serving {
         }
         // The leader's own messages: its stream writes them, or stores the
         // READY of the receiver's pull. Nothing of them is queued here.
-        if matches!(req.src, Src::Leader(_)) {
+        if q == leader {
             return if self.forwards.ask(r, k, req.dst) {
                 Served::Pushed
             } else {
@@ -680,9 +682,9 @@ impl Serving {
                 "rank {r} asked the p2p server (rank {leader}) for rank {q}'s message {k}, which it only serves for the leader's messages"
             ));
         }
-        let work = match (req.dst, req.src) {
-            (Some(dst), Src::Ipc(src)) => {
-                let bufs = [dst, src];
+        let work = match req.dst {
+            Some(dst) => {
+                let bufs = [dst, req.src];
                 // Letting go of kept mappings synchronizes the context, whose
                 // streams may wait for requests this thread has yet to serve:
                 // where that is needed, the receiver pulls instead. Mapped now
@@ -702,7 +704,7 @@ impl Serving {
                     }
                 }
             }
-            _ => None,
+            None => None,
         };
         let copied = work.is_some();
         self.backlog.push(Pending {
@@ -755,16 +757,21 @@ impl Serving {
                 (ops, Some(e))
             }
         };
-        #[allow(unsafe_code)]
-        // SAFETY: the stores go to every rank's flags, device memory mapped
-        // here until the leader's `Processes` goes, which stops this thread
-        // first and synchronizes the context before freeing them (the
-        // window's drop); the copy's buffers are the ranks' (valid for the
-        // message by the send/recv contract), mapped through the process's
-        // kept table, which lets a mapping go only after a synchronize;
-        // the sender and receiver touch them again only after this
-        // stream's stores. No op waits.
-        let queued = unsafe { enqueue(&ops, self.stream.handle(), &self.kernels, None) };
+        let queued = match &self.copier {
+            #[allow(unsafe_code)]
+            // SAFETY: the stores go to every rank's flags, device memory
+            // mapped here until the leader's `Processes` goes, which stops
+            // this thread first and synchronizes the context before freeing
+            // them (the window's drop); the copy's buffers are the ranks'
+            // (valid for the message by the send/recv contract), mapped
+            // through the process's kept table, which lets a mapping go only
+            // after a synchronize; the sender and receiver touch them again
+            // only after this stream's stores. No op waits.
+            Some((kernels, stream)) => unsafe { enqueue(&ops, stream.handle(), kernels, None) },
+            None => Err(Error::Internal(
+                "a message pending at a p2p server that copies nothing".into(),
+            )),
+        };
         if let Some(e) = failure.or(queued.err()) {
             let msg = format!(
                 "the p2p server (rank {leader}) could not copy rank {q}'s message {k} to rank {r}: {e}"
