@@ -165,10 +165,35 @@ fn pieces(lo: usize, hi: usize, threads: usize, elem: usize) -> Vec<(usize, usiz
         .collect()
 }
 
+/// How many slices an all-reduce takes its parts through, `part` bytes
+/// (the largest part, the same on every rank) at most `slice` bytes each
+/// (0: no limit). A peer then pulls each slice of a part right after its
+/// owner wrote it, while it is still in the shared cache, where pulling
+/// whole parts read them back from memory once the buffers outgrow the
+/// cache (8 ranks on 16 cores are bound by memory bandwidth); each slice
+/// costs an announcement and the waits for it.
+pub fn slices(part: usize, slice: usize) -> usize {
+    if slice == 0 {
+        1
+    } else {
+        part.div_ceil(slice).max(1)
+    }
+}
+
 /// Rank `rank`'s plan for `coll` of `count` elements (NCCL's count) of
-/// `elem` bytes on `n` ranks, spread over `threads` threads. Empty tasks
-/// are left out, and so are waits for a peer a thread then reads nothing from.
-pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, threads: usize) -> Plan {
+/// `elem` bytes on `n` ranks, spread over `threads` threads. An
+/// all-reduce whose parts exceed `slice` bytes goes through them a slice
+/// at a time (see [`slices`]). Empty tasks are left out, and so are waits
+/// for a peer a thread then reads nothing from.
+pub fn plan(
+    coll: Coll,
+    rank: usize,
+    n: usize,
+    count: usize,
+    elem: usize,
+    threads: usize,
+    slice: usize,
+) -> Plan {
     let threads = threads.max(1);
     let mut phases: Plan = Vec::new();
     let phase = |end| Phase {
@@ -180,8 +205,7 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
     // Each thread's share of part p, read from owner p's `from` buffer
     // once p has announced it: at the same offset in its output, at the
     // start of its staging area.
-    let pull = |ph: &mut Phase, p: usize, from: Src| {
-        let (lo, hi) = part(p);
+    let pull = |ph: &mut Phase, (lo, hi): (usize, usize), p: usize, from: Src| {
         for (t, (off, len)) in pieces(lo, hi, threads, elem).into_iter().enumerate() {
             if len == 0 {
                 continue;
@@ -202,25 +226,37 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
     };
     match coll {
         Coll::AllReduce => {
-            let mut mine = phase(End::Announce);
-            let (lo, hi) = part(rank);
-            for (t, (off, len)) in pieces(lo, hi, threads, elem).into_iter().enumerate() {
-                mine.tasks[t].push(Task::Reduce {
-                    src: off,
-                    dst: off,
-                    len,
-                    into: Own::Recv,
-                });
+            // Slice j of every part: its owner reduces it in phase j and
+            // announces it, the others pull it in phase j + 1 while its
+            // owner reduces the next. With one slice: reduce, then pull.
+            let k = slices(count.div_ceil(n.max(1)) * elem, slice);
+            let piece = |p: usize, j: usize| {
+                let (lo, hi) = part(p);
+                split(lo, hi, k, j)
+            };
+            for j in 0..=k {
+                let mut ph = phase(if j == k { End::Barrier } else { End::Announce });
+                if j < k {
+                    let (lo, hi) = piece(rank, j);
+                    for (t, (off, len)) in pieces(lo, hi, threads, elem).into_iter().enumerate() {
+                        ph.tasks[t].push(Task::Reduce {
+                            src: off,
+                            dst: off,
+                            len,
+                            into: Own::Recv,
+                        });
+                    }
+                }
+                // The next rank's part first, so that the ranks spread
+                // their reads over the owners (and the first owners they
+                // wait for are different ranks).
+                if j > 0 {
+                    for p in (1..n).map(|d| (rank + d) % n) {
+                        pull(&mut ph, piece(p, j - 1), p, Src::Recv);
+                    }
+                }
+                phases.push(ph);
             }
-            // The next rank's part first, so that the ranks spread their
-            // reads over the owners (and the first owners they wait for
-            // are different ranks).
-            let mut others = phase(End::Barrier);
-            for p in (1..n).map(|k| (rank + k) % n) {
-                pull(&mut others, p, Src::Recv);
-            }
-            phases.push(mine);
-            phases.push(others);
         }
         Coll::ReduceScatter => {
             let mut rs = phase(End::Barrier);
@@ -303,7 +339,7 @@ pub fn plan(coll: Coll, rank: usize, n: usize, count: usize, elem: usize, thread
             let mut gather = phase(End::Barrier);
             if rank == root {
                 for p in (1..n).map(|k| (rank + k) % n) {
-                    pull(&mut gather, p, Src::Stage);
+                    pull(&mut gather, part(p), p, Src::Stage);
                 }
             }
             phases.push(mine);
@@ -576,12 +612,13 @@ mod tests {
     }
 
     /// Runs every rank's plan in `order` and checks each rank's output.
-    fn simulate(coll: Coll, n: usize, count: usize, threads: usize, order: Order) {
+    fn simulate(coll: Coll, n: usize, count: usize, threads: usize, slice: usize, order: Order) {
         let plans: Vec<Plan> = (0..n)
-            .map(|r| plan(coll, r, n, count, 8, threads))
+            .map(|r| plan(coll, r, n, count, 8, threads, slice))
             .collect();
         let mut b = bufs(coll, n, count, &plans);
-        let case = format!("{coll:?} n={n} count={count} threads={threads} {order:?}");
+        let case =
+            format!("{coll:?} n={n} count={count} threads={threads} slice={slice} {order:?}");
         if let Err(e) = run(&plans, &mut b, order) {
             panic!("{case}: {e}");
         }
@@ -627,8 +664,11 @@ mod tests {
                         Coll::Reduce { root: 0 },
                         Coll::Reduce { root: n - 1 },
                     ] {
-                        for order in orders() {
-                            simulate(coll, n, count, threads, order);
+                        // Slices of 1 and 3 elements, and none.
+                        for slice in [0, 8, 24] {
+                            for order in orders() {
+                                simulate(coll, n, count, threads, slice, order);
+                            }
                         }
                     }
                 }
@@ -650,7 +690,7 @@ mod tests {
                     Coll::Reduce { root: n - 1 },
                 ] {
                     for rank in 0..n {
-                        let p = plan(coll, rank, n, 1000, 4, threads);
+                        let p = plan(coll, rank, n, 1000, 4, threads, 400);
                         for (k, ph) in p.iter().enumerate() {
                             let after_barrier = k > 0 && p[k - 1].end == End::Barrier;
                             for list in &ph.tasks {
@@ -685,7 +725,7 @@ mod tests {
         for coll in [Coll::AllReduce, Coll::Reduce { root: 1 }] {
             let plans: Vec<Plan> = (0..n)
                 .map(|r| {
-                    let mut p = plan(coll, r, n, count, 8, 2);
+                    let mut p = plan(coll, r, n, count, 8, 2, 0);
                     for ph in &mut p {
                         for list in &mut ph.tasks {
                             list.retain(|t| !matches!(t, Task::Wait { .. }));
@@ -735,7 +775,7 @@ mod tests {
     #[test]
     fn an_all_reduce_reduces_its_own_part_then_pulls_the_others() {
         let (n, count, elem) = (4, 1000, 4);
-        let p = plan(Coll::AllReduce, 1, n, count, elem, 3);
+        let p = plan(Coll::AllReduce, 1, n, count, elem, 3, 0);
         let (lo, hi) = split(0, count, n, 1);
         let own = (hi - lo) * elem;
         assert_eq!(volumes(&p), [(own, 0, 0), (0, 0, count * elem - own)]);
@@ -755,11 +795,38 @@ mod tests {
         assert_eq!(awaited(&p[1]), [0, 2, 3]);
     }
 
+    /// In slices, phase j reduces slice j of the rank's part and pulls
+    /// slice j - 1 of every other part; the whole moves the same bytes.
+    #[test]
+    fn a_sliced_all_reduce_pulls_each_slice_one_phase_after_its_reduction() {
+        let (n, count, elem) = (4, 1000, 4);
+        // Parts of 250 elements (1000 bytes) in slices of 300 bytes: 4.
+        let p = plan(Coll::AllReduce, 1, n, count, elem, 2, 300);
+        assert_eq!(slices(1000, 300), 4);
+        assert_eq!(p.len(), 5);
+        let mut ends_want = vec![End::Announce; 4];
+        ends_want.push(End::Barrier);
+        assert_eq!(ends(&p), ends_want);
+        let v = volumes(&p);
+        let (lo, hi) = split(0, count, n, 1);
+        let own: usize = v.iter().map(|x| x.0).sum();
+        let read: usize = v.iter().map(|x| x.2).sum();
+        assert_eq!((own, read), ((hi - lo) * elem, (count - (hi - lo)) * elem));
+        assert_eq!(v[0].2, 0, "nothing to pull before the first slice");
+        assert_eq!(v[4].0, 0, "nothing left to reduce in the last phase");
+        for ph in &p[1..] {
+            assert_eq!(awaited(ph), [0, 2, 3]);
+        }
+        // With no limit, or a slice as large as a part: one slice.
+        assert_eq!(plan(Coll::AllReduce, 1, n, count, elem, 2, 0).len(), 2);
+        assert_eq!(plan(Coll::AllReduce, 1, n, count, elem, 2, 1000).len(), 2);
+    }
+
     #[test]
     fn a_reduce_stages_its_part_and_the_root_pulls_them() {
         let (n, count, elem, root) = (4, 1000, 8, 2);
         for rank in 0..n {
-            let p = plan(Coll::Reduce { root }, rank, n, count, elem, 2);
+            let p = plan(Coll::Reduce { root }, rank, n, count, elem, 2, 0);
             let (lo, hi) = split(0, count, n, rank);
             let own = (hi - lo) * elem;
             assert_eq!(ends(&p), [End::Announce, End::Barrier]);
@@ -789,7 +856,7 @@ mod tests {
             .collect();
         assert_eq!(owners.len(), 2);
         for rank in 0..4 {
-            let p = plan(Coll::AllReduce, rank, 4, 2, 4, 3);
+            let p = plan(Coll::AllReduce, rank, 4, 2, 4, 3, 0);
             let read: Vec<usize> = owners.iter().copied().filter(|&q| q != rank).collect();
             assert_eq!(awaited(&p[1]), read, "rank {rank}");
         }

@@ -798,7 +798,7 @@ impl Core {
         let r = match route {
             Route::Inline => d.run_inline(coll, op.count, elem, post, bufs, reducer, &ctx),
             Route::Threads(_) => {
-                let plan = algo::direct::plan(coll, self.rank, n, op.count, elem, threads);
+                let plan = algo::direct::plan(coll, self.rank, n, op.count, elem, threads, d.slice);
                 d.run(plan, threads, post, bufs, reducer, elem, &ctx)
             }
         };

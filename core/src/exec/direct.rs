@@ -251,6 +251,9 @@ pub struct Direct {
     /// The largest message sent on this path; larger ones take the rings.
     pub p2p_max: usize,
     pub threads: Threads,
+    /// Bytes of its part an all-reduce reduces per phase (0: the whole
+    /// part at once), see [`crate::algo::direct::slices`].
+    pub slice: usize,
     /// Started by the first call that runs on threads: a communicator
     /// that never moves a large buffer (most of a job's splits) starts none.
     pool: OnceLock<Pool>,
@@ -322,6 +325,7 @@ impl Direct {
             rooted_min,
             p2p_max: p2p_max(threads),
             threads,
+            slice: slice(),
             pool: OnceLock::new(),
             scratch: Mutex::default(),
             stage: Mutex::default(),
@@ -577,6 +581,20 @@ impl Direct {
         }
     }
 }
+
+/// Bytes of its part an all-reduce takes per phase
+/// (`OXCCL_HOST_DIRECT_SLICE`, 0 for whole parts; default DEFAULT_SLICE).
+fn slice() -> usize {
+    std::env::var("OXCCL_HOST_DIRECT_SLICE")
+        .ok()
+        .and_then(|v| crate::config::parse_size(&v))
+        .map_or(DEFAULT_SLICE, |v| v as usize)
+}
+
+/// Off: on the 16-core H200 host, 8 ranks at 256 MiB took 6.1-6.6 GB/s
+/// busbw in slices of 256 KiB-4 MiB against 5.7-6.4 in whole parts, as
+/// far apart as two runs of either (docs/PERF.md, session 17).
+const DEFAULT_SLICE: usize = 0;
 
 /// The largest point-to-point message the direct path carries
 /// (`OXCCL_HOST_DIRECT_P2P_MAX`). By default every message where a rank
