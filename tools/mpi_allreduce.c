@@ -27,7 +27,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   size_t bytes = argc > 1 ? strtoull(argv[1], NULL, 10) : (64u << 20);
-  int iters = argc > 2 ? atoi(argv[2]) : 20, warm = 5;
+  int iters = argc > 2 ? atoi(argv[2]) : 20, warm = argc > 3 ? atoi(argv[3]) : 5;
   size_t count = bytes / sizeof(float);
   float *in = buffer(count * sizeof(float) + 4), *out = buffer(count * sizeof(float) + 4);
   for (size_t i = 0; i < count; i++) in[i] = (float)(rank + i % 7);
