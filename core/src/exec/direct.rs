@@ -584,11 +584,16 @@ impl Direct {
 
 /// Bytes of its part an all-reduce takes per phase
 /// (`OXCCL_HOST_DIRECT_SLICE`, 0 for whole parts; default DEFAULT_SLICE).
+/// A smaller slice than one reduction chunk per thread is raised to it: each
+/// slice costs an announcement and the waits for it.
 fn slice() -> usize {
     std::env::var("OXCCL_HOST_DIRECT_SLICE")
         .ok()
         .and_then(|v| crate::config::parse_size(&v))
-        .map_or(DEFAULT_SLICE, |v| v as usize)
+        .map_or(DEFAULT_SLICE, |v| match v as usize {
+            0 => 0,
+            v => v.max(CHUNK),
+        })
 }
 
 /// Off: on the 16-core H200 host, 8 ranks at 256 MiB took 6.1-6.6 GB/s

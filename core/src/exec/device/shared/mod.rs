@@ -423,7 +423,7 @@ impl Processes {
     pub(crate) fn p2p_path(&self) -> &'static str {
         match (self.words.srv != 0, self.words.full) {
             (false, _) => "each receiver pulls with its own kernel, so the GPU switches processes at each message (OXCCL_SHARED_P2P=pull)",
-            (true, false) => "rank 0 copies its own messages on its stream, the other ranks pull theirs with their own kernels (OXCCL_SHARED_P2P=server: a thread of rank 0 copies those too, see README)",
+            (true, false) => "rank 0 copies its own messages on its stream, the other ranks pull theirs with their own kernels, each message between two of them waiting for the GPU to switch processes (hundreds of microseconds; under MPS every rank's kernels run together; OXCCL_SHARED_P2P=server: a thread of rank 0 copies those too; see README)",
             (true, true) => "a thread of rank 0 copies each message in rank 0's context (rank 0 copies its own on its stream), the others only signal (OXCCL_SHARED_P2P=server)",
         }
     }
