@@ -81,8 +81,9 @@ fn ranks_share_one_gpu_in_one_and_two_processes() {
 /// Four processes on two GPUs (rank i on GPU i % 2): all-reduce runs in
 /// steps on split communicators (a reduce on each GPU's ranks, an
 /// all-reduce between the two GPUs, a broadcast on each), broadcast too
-/// (from roots 0 and 3), every other collective and send/recv as before; every result checked, and the
-/// INFO line names the path. Skips, saying so, with fewer than 2 GPUs.
+/// (from roots 0 and 3), send/recv between ranks of one GPU through that GPU's communicator (also as
+/// a job's first operations), the rest as before; every result checked, and the INFO line names the
+/// path. Skips, saying so, with fewer than 2 GPUs.
 #[test]
 fn ranks_of_several_processes_share_each_of_two_gpus() {
     let n = oxccl::cuda::device_count().unwrap_or(0);
@@ -92,6 +93,8 @@ fn ranks_of_several_processes_share_each_of_two_gpus() {
     }
     // Root 3 is the second rank of GPU 1: its broadcast starts on its GPU.
     for (ops, env, root) in [
+        // Messages before any collective: the split is there from the start.
+        ("sendrecv,all_to_all", "1", "0"),
         ("all", "1", "0"),
         ("broadcast", "1", "3"),
         ("all_reduce", "0", "0"),
@@ -108,6 +111,9 @@ fn ranks_of_several_processes_share_each_of_two_gpus() {
         let text = common::checked(&mut cmd, &format!("mixed layout, OXCCL_HIER={env}"));
         let stepped = text.contains("all_reduce runs as a reduce on each GPU's ranks");
         assert_eq!(stepped, env == "1", "OXCCL_HIER={env}:\n{text}");
+        let routed =
+            text.contains("send/recv between ranks of one GPU through its GPU's communicator");
+        assert_eq!(routed, env == "1", "OXCCL_HIER={env}:\n{text}");
         eprintln!(
             "oxccl perf --ranks 4 on 2 GPUs, --op {ops}, OXCCL_HIER={env}: #wrong 0 in {:?}",
             t.elapsed()

@@ -169,7 +169,7 @@ impl Comm {
             share: core.shrink_share && mode == ShrinkMode::Default && !revoked && !failed,
             despite_failures: true,
         };
-        let made = self.make_child(&core, child, config)?;
+        let made = Comm::make_child(&core, self.user_rank(), child, config)?;
         if failed {
             self.settle_failed_parent(core);
         }
@@ -342,6 +342,10 @@ impl Comm {
             Some(gpu) => {
                 super::on_device::resume(gpu, &core.bootstrap)
                     .map_err(|e| self.failed_midway(call, e))?;
+                // Split again before the first operation, as at creation.
+                let split = super::hier::made(&core, self.user_rank())
+                    .map_err(|e| self.failed_midway(call, e))?;
+                *self.shared.hier.lock().unwrap_or_else(|p| p.into_inner()) = split;
                 core.suspended.store(false, SeqCst);
                 "resumed: device window allocated and exchanged again".to_string()
             }

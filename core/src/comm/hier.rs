@@ -14,11 +14,13 @@
 //!    communicator.
 //!
 //! The steps run on the caller's stream one after the other. The two
-//! communicators are split from this one at its first such call outside a
-//! CUDA graph capture (every rank reaches it, as it reaches every
-//! collective; a capture forbids the split's allocations, so a call being
-//! captured before then takes every rank's kernels) and live as long as it
-//! does; a suspend lets them go, a revoke ends their work. The other
+//! communicators are split from this one while it is made (and again at a
+//! resume), before any operation, and live as long as it does; a suspend
+//! lets them go, a revoke ends their work. Send/recv between ranks of one
+//! GPU go through that GPU's communicator too, so both ends of every
+//! message must know the split is there: splitting at the first
+//! collective instead let a send grouped with that collective and its
+//! receive issued after it take different ways, and hang. The other
 //! collectives take the same communicators (see [`plan`]): a broadcast on
 //! the root's GPU, among one rank per GPU, then on each other GPU; an
 //! all-gather one such broadcast per rank; a reduce (to a GPU's first
@@ -27,10 +29,10 @@
 //! block (the first rank's stream pushes it, see the shared-GPU path's
 //! `server`). Reductions split only for sum, product,
 //! min and max (an average or a pre-multiplied sum of partial results
-//! would differ from NCCL's); send/recv, a reduce to another rank, and
-//! groups holding a collective that does not split, run as before; so do
-//! layouts where a process holds several ranks (see `mixed_groups` in the
-//! device window).
+//! would differ from NCCL's); send/recv between ranks of different GPUs,
+//! a reduce to another rank, and groups holding a collective that does not
+//! split, run as before; so do layouts where a process holds several ranks
+//! (see `mixed_groups` in the device window).
 //! OXCCL_HIER=0 turns it off. Profiler events of the steps are the split
 //! communicators' own.
 
@@ -52,7 +54,7 @@ use super::{Comm, CommConfig, SPLIT_NOCOLOR};
 /// A communicator's split communicators, once asked for.
 #[derive(Default)]
 pub(super) enum State {
-    /// Not decided yet: decided at the first collective that could use it.
+    /// Not decided yet: the communicator is being made or resumed.
     #[default]
     Unknown,
     /// The layout does not call for it (or it was let go).
@@ -154,12 +156,18 @@ impl Comm {
         let Some(gpu) = &core.device else {
             return core.execute(ops, api);
         };
+        if colls().next().is_none() {
+            return match self.hier() {
+                Some(_) => self.p2p_in_parts(core, ops, (0..ops.len()).collect(), api),
+                None => core.execute(ops, api),
+            };
+        }
         // Each rank's collectives are the same, so every rank decides alike;
         // point-to-point messages may differ between ranks and decide nothing.
-        if colls().next().is_none() || !colls().all(|(op, _)| splits(op)) {
+        if !colls().all(|(op, _)| splits(op)) {
             return core.execute(ops, api);
         }
-        let Some(hier) = self.hier(gpu, &ops[0].0)? else {
+        let Some(hier) = self.hier() else {
             return core.execute(ops, api);
         };
         let me = self.user_rank();
@@ -180,57 +188,68 @@ impl Comm {
         if p2p.is_empty() {
             return Ok(());
         }
-        let rest: Vec<(Op, OpBuffers)> = p2p.iter().map(|&i| ops[i]).collect();
-        core.execute(&rest, &api.of(p2p))
+        self.p2p_in_parts(core, ops, p2p, api)
     }
 
-    /// The split communicators, made at the first call that asks on a
-    /// layout that calls for them; `None` where it does not, and while
-    /// `op`'s stream is being captured into a CUDA graph before they are
-    /// made (making them allocates device memory, which a capture forbids:
-    /// that call runs on every rank's kernels, and a later one splits).
-    fn hier(&self, gpu: &GpuPath, op: &Op) -> Result<Option<Arc<Hier>>> {
-        let mut st = self
+    /// Runs the point-to-point messages `idx` of a group: those between
+    /// ranks of one GPU go through that GPU's communicator (the shared-GPU
+    /// path: no process switch where the GPU's first rank sends or
+    /// receives), before the rest, which run on every rank's kernels. Every
+    /// rank of the group runs its GPU's part first, whose messages need no
+    /// other part, so the order adds no wait. Both ends of a message decide
+    /// alike: the split communicators exist from the communicator's
+    /// creation (and its resume) on, on every rank or on none.
+    fn p2p_in_parts(
+        &self,
+        core: &Core,
+        ops: &[(Op, OpBuffers)],
+        idx: Vec<usize>,
+        api: &ApiEvents,
+    ) -> Result<()> {
+        let h = self.hier();
+        let me = self.user_rank();
+        let (mut on_gpu, mut flat) = (Vec::new(), Vec::new());
+        for i in idx {
+            match h.as_ref().and_then(|h| local_op(&h.gpus, me, &ops[i].0)) {
+                Some(op) => on_gpu.push(op),
+                None => flat.push(i),
+            }
+        }
+        if let (Some(h), false) = (&h, on_gpu.is_empty()) {
+            let c = &h.local;
+            let with_bufs = on_gpu
+                .into_iter()
+                .map(|op| Ok((op, op.validate(c.user_rank(), c.count())?)))
+                .collect::<Result<Vec<_>>>()?;
+            c.core()?
+                .execute(&with_bufs, &ApiEvents::new(None, Handle::NONE))
+                .inspect_err(|e| c.record_failure(e))
+                .map_err(|e| {
+                    e.context(format!(
+                        "rank {me}: send/recv between ranks of its GPU ({:?})",
+                        h.on_my_gpu(me)
+                    ))
+                })?;
+        }
+        if flat.is_empty() {
+            return Ok(());
+        }
+        let rest: Vec<(Op, OpBuffers)> = flat.iter().map(|&i| ops[i]).collect();
+        core.execute(&rest, &api.of(flat))
+    }
+
+    /// The split communicators, where the layout called for them when this
+    /// communicator was made (or last resumed).
+    fn hier(&self) -> Option<Arc<Hier>> {
+        match &*self
             .shared
             .hier
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match &*st {
-            State::No => return Ok(None),
-            State::Yes(h) => return Ok(Some(h.clone())),
-            State::Unknown => {}
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            State::Yes(h) => Some(h.clone()),
+            _ => None,
         }
-        let gpus = if wanted() {
-            lock(gpu)?.mixed_gpus().map(<[usize]>::to_vec)
-        } else {
-            None
-        };
-        let Some(gpus) = gpus else {
-            *st = State::No;
-            return Ok(None);
-        };
-        if stream(op).is_capturing()? {
-            return Ok(None);
-        }
-        let me = self.user_rank();
-        let mine = gpus[me];
-        let leader = gpus.iter().position(|&g| g == mine) == Some(me);
-        let cfg = CommConfig::default();
-        let key = me as i32;
-        let local = self
-            .split(mine as i32, key, &cfg)?
-            .ok_or_else(|| Error::Internal("no communicator for this rank's GPU".into()))?;
-        let leaders = self.split(if leader { 0 } else { SPLIT_NOCOLOR }, key, &cfg)?;
-        let h = Arc::new(Hier {
-            local,
-            leaders,
-            gpus,
-            scratch: Mutex::new(None),
-        });
-        let ngpus = h.gpus.iter().max().map_or(0, |g| g + 1);
-        info!(target: "oxccl::init", "rank {me}: ranks of several processes share GPUs of this {}-rank communicator over {ngpus} GPUs: all_reduce runs as a reduce on each GPU's ranks (this rank's: {:?}, shared-GPU path), an all_reduce among one rank per GPU, and a broadcast on each GPU; broadcast as one on the root's GPU, one among one rank per GPU and one on each other GPU, all_gather as a broadcast per rank, reduce (to a GPU's first rank) and reduce_scatter as reduces on each GPU and among one rank per GPU, reduce_scatter's blocks sent on by each GPU's first rank (OXCCL_HIER=0: every rank's ring kernels, each step waiting for the GPU to switch processes)", h.gpus.len(), h.on_my_gpu(me));
-        *st = State::Yes(h.clone());
-        Ok(Some(h))
     }
 
     /// Runs `op` in `steps` (this rank's [`plan`] for it).
@@ -510,6 +529,70 @@ fn run_on(c: &Comm, op: Op) -> Result<()> {
         .inspect_err(|e| c.record_failure(e))
 }
 
+/// The split communicators of a communicator made (or resumed) on `core`,
+/// whose rank `me` is, where ranks of several processes share its GPUs:
+/// every rank calls this at the same point of its creation or resume, so
+/// that all of them agree from the first operation on (a send and its
+/// receive take the same way, see `p2p_in_parts`).
+pub(super) fn made(core: &Arc<Core>, me: usize) -> Result<State> {
+    let Some(gpu) = &core.device else {
+        return Ok(State::No);
+    };
+    let gpus = if wanted() {
+        lock(gpu)?.mixed_gpus().map(<[usize]>::to_vec)
+    } else {
+        None
+    };
+    let Some(gpus) = gpus else {
+        return Ok(State::No);
+    };
+    let mine = gpus[me];
+    let leader = gpus.iter().position(|&g| g == mine) == Some(me);
+    let cfg = CommConfig::default();
+    let key = me as i32;
+    let local = Comm::split_core(core, me, false, mine as i32, key, &cfg)?
+        .ok_or_else(|| Error::Internal("no communicator for this rank's GPU".into()))?;
+    let leaders = Comm::split_core(
+        core,
+        me,
+        false,
+        if leader { 0 } else { SPLIT_NOCOLOR },
+        key,
+        &cfg,
+    )?;
+    let h = Arc::new(Hier {
+        local,
+        leaders,
+        gpus,
+        scratch: Mutex::new(None),
+    });
+    let ngpus = h.gpus.iter().max().map_or(0, |g| g + 1);
+    info!(target: "oxccl::init", "rank {me}: ranks of several processes share GPUs of this {}-rank communicator over {ngpus} GPUs: all_reduce runs as a reduce on each GPU's ranks (this rank's: {:?}, shared-GPU path), an all_reduce among one rank per GPU, and a broadcast on each GPU; broadcast as one on the root's GPU, one among one rank per GPU and one on each other GPU, all_gather as a broadcast per rank, reduce (to a GPU's first rank) and reduce_scatter as reduces on each GPU and among one rank per GPU, reduce_scatter's blocks sent on by each GPU's first rank; send/recv between ranks of one GPU through its GPU's communicator, the others on every rank's kernels (OXCCL_HIER=0: every rank's ring kernels, each step waiting for the GPU to switch processes)", h.gpus.len(), h.on_my_gpu(me));
+    Ok(State::Yes(h))
+}
+
+/// `op`, a send or receive of `me` whose peer shares `me`'s GPU, as that
+/// GPU's communicator numbers the peer (its ranks in this one's order);
+/// `None` for anything else.
+fn local_op(gpus: &[usize], me: usize, op: &Op) -> Option<Op> {
+    let (peer, send) = match op.kind {
+        OpKind::Send { peer } => (peer, true),
+        OpKind::Recv { peer } => (peer, false),
+        _ => return None,
+    };
+    let mine = *gpus.get(me)?;
+    if *gpus.get(peer)? != mine {
+        return None;
+    }
+    let peer = gpus[..peer].iter().filter(|&&g| g == mine).count();
+    let kind = if send {
+        OpKind::Send { peer }
+    } else {
+        OpKind::Recv { peer }
+    };
+    Some(Op { kind, ..*op })
+}
+
 /// The state a communicator starts with.
 pub(super) fn new_state() -> Mutex<State> {
     Mutex::new(State::Unknown)
@@ -664,6 +747,43 @@ mod tests {
         &[0, 1, 2, 0, 1, 2, 2],
         &[0, 0, 0, 1],
     ];
+
+    #[test]
+    fn sends_between_ranks_of_one_gpu_name_the_peer_as_that_gpus_communicator_does() {
+        let gpus = [0, 1, 0, 1, 0];
+        let op = |kind| Op {
+            kind,
+            input: std::ptr::null(),
+            output: std::ptr::null_mut(),
+            count: 4,
+            dtype: crate::dtype::DataType::Float32,
+            redop: RedOp::Sum,
+            stream: 7,
+        };
+        let local = |me, kind| local_op(&gpus, me, &op(kind)).map(|o| (o.kind, o.count, o.stream));
+        // Rank 4 is the third rank of GPU 0; rank 2 the second.
+        assert_eq!(
+            local(4, OpKind::Send { peer: 2 }),
+            Some((OpKind::Send { peer: 1 }, 4, 7))
+        );
+        assert_eq!(
+            local(2, OpKind::Recv { peer: 4 }),
+            Some((OpKind::Recv { peer: 2 }, 4, 7))
+        );
+        assert_eq!(
+            local(3, OpKind::Send { peer: 1 }),
+            Some((OpKind::Send { peer: 0 }, 4, 7))
+        );
+        // Itself, on its GPU too.
+        assert_eq!(
+            local(0, OpKind::Send { peer: 0 }),
+            Some((OpKind::Send { peer: 0 }, 4, 7))
+        );
+        // Another GPU, a peer out of range, or a collective: not local.
+        assert_eq!(local(0, OpKind::Send { peer: 1 }), None);
+        assert_eq!(local(0, OpKind::Recv { peer: 9 }), None);
+        assert_eq!(local(0, OpKind::AllReduce), None);
+    }
 
     #[test]
     fn steps_of_every_layout_give_the_collectives_results() {

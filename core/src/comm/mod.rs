@@ -415,16 +415,22 @@ impl Comm {
         };
         let device = config.device;
         let work = move || {
-            let r =
-                Comm::build(nranks, &id, rank, cfg, device, comm_hash, parent).map(|mut core| {
+            let r = Comm::build(nranks, &id, rank, cfg, device, comm_hash, parent).and_then(
+                |mut core| {
                     core.split_share = split_share;
                     core.shrink_share = shrink_share;
-                    core
-                });
+                    let core = Arc::new(core);
+                    // Before anyone can use it, so that every rank's first
+                    // operation already agrees on the layout's splits.
+                    let split = hier::made(&core, rank)?;
+                    *shared.hier.lock().unwrap_or_else(|p| p.into_inner()) = split;
+                    Ok(core)
+                },
+            );
             let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
             if let Status::Initializing = *st {
                 *st = match r {
-                    Ok(core) => Status::Ready(Arc::new(core)),
+                    Ok(core) => Status::Ready(core),
                     Err(e) => Status::Failed(e, None),
                 };
             }
@@ -723,6 +729,19 @@ impl Comm {
             )));
         }
         let (core, revoked) = self.core_for_split()?;
+        Comm::split_core(&core, self.user_rank(), revoked, color, key, config)
+    }
+
+    /// [`Comm::split`] on `core`, whose rank `me` is: also before the
+    /// communicator is ready (its own hidden splits, see `hier`).
+    pub(super) fn split_core(
+        core: &Arc<Core>,
+        me: usize,
+        revoked: bool,
+        color: i32,
+        key: i32,
+        config: &CommConfig,
+    ) -> Result<Option<Comm>> {
         let mut mine = Vec::with_capacity(8);
         mine.extend_from_slice(&color.to_le_bytes());
         mine.extend_from_slice(&key.to_le_bytes());
@@ -751,7 +770,7 @@ impl Comm {
             share,
             despite_failures: false,
         };
-        self.make_child(&core, child, config).map(Some)
+        Comm::make_child(core, me, child, config).map(Some)
     }
 
     /// The core a split works on: a ready communicator's, or a revoked
@@ -774,11 +793,16 @@ impl Comm {
     /// communicator's bootstrap, so nothing goes through a rank outside
     /// the members. The child inherits this communicator's resolved
     /// settings below `config`'s, and its GPU.
-    fn make_child(&self, core: &Arc<Core>, child: Child<'_>, config: &CommConfig) -> Result<Comm> {
+    fn make_child(
+        core: &Arc<Core>,
+        me: usize,
+        child: Child<'_>,
+        config: &CommConfig,
+    ) -> Result<Comm> {
         let members = child.members;
         let new_rank = members
             .iter()
-            .position(|&r| r == self.user_rank())
+            .position(|&r| r == me)
             .ok_or_else(|| Error::Internal("a rank is not among its own child's members".into()))?;
         let tag = crate::transport::TAG_CONN * 2 + child.split_no;
         let id = if new_rank == 0 {
