@@ -48,9 +48,8 @@ impl HostBuf {
             return HostBuf::Heap(vec![0; len]);
         }
         let map_len = len + HUGE;
-        let Some(size) = NonZeroUsize::new(map_len) else {
-            return HostBuf::Heap(Vec::new());
-        };
+        // At least HUGE bytes: never zero.
+        let size = NonZeroUsize::MIN.saturating_add(map_len - 1);
         #[allow(unsafe_code)]
         // SAFETY: a new private anonymous mapping at an address the kernel
         // picks; nothing else refers to it.

@@ -518,7 +518,6 @@ pub mod fp8 {
 }
 
 /// Reads element `i` of a buffer of `dtype` as f64 (for references and checks).
-#[inline]
 pub fn load_f64(dtype: DataType, buf: &[u8], i: usize) -> f64 {
     let s = dtype.size();
     let b = &buf[i * s..(i + 1) * s];
@@ -539,7 +538,6 @@ pub fn load_f64(dtype: DataType, buf: &[u8], i: usize) -> f64 {
 }
 
 /// Writes `v` (rounded to the type) as element `i`.
-#[inline]
 pub fn store_f64(dtype: DataType, buf: &mut [u8], i: usize, v: f64) {
     let s = dtype.size();
     let b = &mut buf[i * s..(i + 1) * s];

@@ -153,23 +153,17 @@ impl Comm {
         api: &ApiEvents,
     ) -> Result<()> {
         let colls = || ops.iter().filter(|(op, _)| op.kind.coll().is_some());
-        let Some(gpu) = &core.device else {
+        let (Some(gpu), Some(hier)) = (&core.device, self.hier()) else {
             return core.execute(ops, api);
         };
         if colls().next().is_none() {
-            return match self.hier() {
-                Some(_) => self.p2p_in_parts(core, ops, (0..ops.len()).collect(), api),
-                None => core.execute(ops, api),
-            };
+            return self.p2p_in_parts(core, &hier, ops, (0..ops.len()).collect(), api);
         }
         // Each rank's collectives are the same, so every rank decides alike;
         // point-to-point messages may differ between ranks and decide nothing.
         if !colls().all(|(op, _)| splits(op)) {
             return core.execute(ops, api);
         }
-        let Some(hier) = self.hier() else {
-            return core.execute(ops, api);
-        };
         let me = self.user_rank();
         let plans: Option<Vec<(&Op, Vec<Step>)>> = colls()
             .map(|(op, _)| Some((op, plan(op.kind, me, &hier.gpus)?)))
@@ -188,7 +182,7 @@ impl Comm {
         if p2p.is_empty() {
             return Ok(());
         }
-        self.p2p_in_parts(core, ops, p2p, api)
+        self.p2p_in_parts(core, &hier, ops, p2p, api)
     }
 
     /// Runs the point-to-point messages `idx` of a group: those between
@@ -202,20 +196,20 @@ impl Comm {
     fn p2p_in_parts(
         &self,
         core: &Core,
+        h: &Hier,
         ops: &[(Op, OpBuffers)],
         idx: Vec<usize>,
         api: &ApiEvents,
     ) -> Result<()> {
-        let h = self.hier();
         let me = self.user_rank();
         let (mut on_gpu, mut flat) = (Vec::new(), Vec::new());
         for i in idx {
-            match h.as_ref().and_then(|h| local_op(&h.gpus, me, &ops[i].0)) {
+            match local_op(&h.gpus, me, &ops[i].0) {
                 Some(op) => on_gpu.push(op),
                 None => flat.push(i),
             }
         }
-        if let (Some(h), false) = (&h, on_gpu.is_empty()) {
+        if !on_gpu.is_empty() {
             let c = &h.local;
             let with_bufs = on_gpu
                 .into_iter()

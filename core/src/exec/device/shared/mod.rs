@@ -129,20 +129,23 @@ fn push_wait() -> Duration {
 impl P2pPath {
     fn wanted(nranks: usize) -> P2pPath {
         let asked = std::env::var("OXCCL_SHARED_P2P").unwrap_or_default();
+        let queues = || {
+            std::env::var("CUDA_DEVICE_MAX_CONNECTIONS")
+                .ok()
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        };
         match asked.trim() {
-            "pull" => return P2pPath::Pull,
-            "server" if nranks <= server::MAX_SERVED => {}
-            _ if nranks <= server::MAX_SERVED => return P2pPath::Leader,
-            _ => return P2pPath::Pull,
+            _ if nranks > server::MAX_SERVED => P2pPath::Pull,
+            "pull" => P2pPath::Pull,
+            "server" => match queues() {
+                Some(q) if q < 2 => {
+                    tracing::warn!(target: "oxccl::init", "OXCCL_SHARED_P2P=server is ignored under CUDA_DEVICE_MAX_CONNECTIONS={q}: the copy thread's stream would share rank 0's waiting stream's hardware queue and hang; rank 0 copies its own messages, the other ranks pull theirs");
+                    P2pPath::Leader
+                }
+                _ => P2pPath::Server,
+            },
+            _ => P2pPath::Leader,
         }
-        let queues = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS")
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok());
-        if queues.is_some_and(|q| q < 2) {
-            tracing::warn!(target: "oxccl::init", "OXCCL_SHARED_P2P=server is ignored under CUDA_DEVICE_MAX_CONNECTIONS={}: the copy thread's stream would share rank 0's waiting stream's hardware queue and hang; rank 0 copies its own messages, the other ranks pull theirs", queues.unwrap_or(0));
-            return P2pPath::Leader;
-        }
-        P2pPath::Server
     }
 
     fn code(self) -> u8 {
