@@ -798,7 +798,10 @@ impl Core {
         let r = match route {
             Route::Inline => d.run_inline(coll, op.count, elem, post, bufs, reducer, &ctx),
             Route::Threads(_) => {
-                let plan = algo::direct::plan(coll, self.rank, n, op.count, elem, threads, d.slice);
+                let slice = d
+                    .slice
+                    .for_call(n, algo::direct::bytes(coll, op.count, elem, n));
+                let plan = algo::direct::plan(coll, self.rank, n, op.count, elem, threads, slice);
                 d.run(plan, threads, post, bufs, reducer, elem, &ctx)
             }
         };

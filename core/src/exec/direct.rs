@@ -251,9 +251,8 @@ pub struct Direct {
     /// The largest message sent on this path; larger ones take the rings.
     pub p2p_max: usize,
     pub threads: Threads,
-    /// Bytes of its part an all-reduce reduces per phase (0: the whole
-    /// part at once), see [`crate::algo::direct::slices`].
-    pub slice: usize,
+    /// How an all-reduce cuts its parts, see [`Slice::for_call`].
+    pub slice: Slice,
     /// Started by the first call that runs on threads: a communicator
     /// that never moves a large buffer (most of a job's splits) starts none.
     pool: OnceLock<Pool>,
@@ -325,7 +324,7 @@ impl Direct {
             rooted_min,
             p2p_max: p2p_max(threads),
             threads,
-            slice: slice(),
+            slice: Slice::from_env(),
             pool: OnceLock::new(),
             scratch: Mutex::default(),
             stage: Mutex::default(),
@@ -582,24 +581,75 @@ impl Direct {
     }
 }
 
-/// Bytes of its part an all-reduce takes per phase
-/// (`OXCCL_HOST_DIRECT_SLICE`, 0 for whole parts; default DEFAULT_SLICE).
-/// A smaller slice than one reduction chunk per thread is raised to it: each
-/// slice costs an announcement and the waits for it.
-fn slice() -> usize {
-    std::env::var("OXCCL_HOST_DIRECT_SLICE")
-        .ok()
-        .and_then(|v| crate::config::parse_size(&v))
-        .map_or(DEFAULT_SLICE, |v| match v as usize {
-            0 => 0,
-            v => v.max(CHUNK),
-        })
+/// How an all-reduce cuts its parts into slices ([`crate::algo::direct::slices`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slice {
+    /// `OXCCL_HOST_DIRECT_SLICE`: these bytes per slice, 0 for whole parts.
+    Fixed(usize),
+    /// [`SLICE`]-byte slices once the ranks' inputs outgrow the host's
+    /// last-level cache (`cache` bytes) twice over, whole parts below.
+    Auto { cache: usize },
 }
 
-/// Off: on the 16-core H200 host, 8 ranks at 256 MiB took 6.1-6.6 GB/s
-/// busbw in slices of 256 KiB-4 MiB against 5.7-6.4 in whole parts, as
-/// far apart as two runs of either (docs/PERF.md, session 17).
-const DEFAULT_SLICE: usize = 0;
+impl Slice {
+    /// From `OXCCL_HOST_DIRECT_SLICE`, else by the size of the cache. A
+    /// smaller slice than one reduction chunk is raised to it: each slice
+    /// costs an announcement and the waits for it.
+    fn from_env() -> Slice {
+        std::env::var("OXCCL_HOST_DIRECT_SLICE")
+            .ok()
+            .and_then(|v| crate::config::parse_size(&v))
+            .map_or(
+                Slice::Auto {
+                    cache: last_level_cache(),
+                },
+                |v| match v as usize {
+                    0 => Slice::Fixed(0),
+                    v => Slice::Fixed(v.max(CHUNK)),
+                },
+            )
+    }
+
+    /// Bytes per slice of a call moving `bytes` per rank on `n` ranks (0:
+    /// whole parts). Every rank of a host comes to the same answer, which
+    /// the plans' phases rely on.
+    pub fn for_call(self, n: usize, bytes: usize) -> usize {
+        match self {
+            Slice::Fixed(s) => s,
+            Slice::Auto { cache } if n.saturating_mul(bytes) > cache.saturating_mul(2) => SLICE,
+            Slice::Auto { .. } => 0,
+        }
+    }
+}
+
+/// 1 MiB. Once the ranks' buffers outgrow the cache, pulling whole parts
+/// reads them back from memory, and 8 ranks on the 16-core H200 host
+/// (300 MiB of L3) are bound by its memory bandwidth (16 threads copy
+/// 78.6 GB/s of traffic there). 8 ranks at 256 MiB, busbw in 1 MiB slices
+/// against whole parts, three alternating rounds: 6.58/6.36, 5.94/5.78,
+/// 6.05/6.26 against 5.63/5.70, 5.25/6.07, 5.41/6.01 GB/s. Where the
+/// buffers still fit, slices only add phases: 4 ranks at 16 MiB, 14.8/16.3
+/// and 16.8/18.6 against 20.3/20.2; 64 MiB (8 ranks) and 256 MiB (4
+/// ranks) were within noise (docs/PERF.md, session 18).
+pub const SLICE: usize = 1 << 20;
+
+/// Bytes of the host's largest CPU cache as Linux describes cpu0's
+/// (`/sys/devices/system/cpu/cpu0/cache`); 32 MiB where it says nothing.
+fn last_level_cache() -> usize {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let level: u32 = read(e.path().join("level"))?.trim().parse().ok()?;
+            let size = crate::config::parse_size(&read(e.path().join("size"))?)?;
+            Some((level, size as usize))
+        })
+        .max()
+        .map_or(32 << 20, |(_, size)| size)
+}
 
 /// The largest point-to-point message the direct path carries
 /// (`OXCCL_HOST_DIRECT_P2P_MAX`). By default every message where a rank
@@ -681,5 +731,24 @@ impl Threads {
         match self {
             Threads::Fixed(t) | Threads::Auto(t) => t,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_start_where_the_inputs_outgrow_the_cache_twice_over() {
+        let auto = Slice::Auto { cache: 300 << 20 };
+        // 8 ranks: 64 MiB (512 MiB of inputs) stays whole, 256 MiB is sliced.
+        assert_eq!(auto.for_call(8, 64 << 20), 0);
+        assert_eq!(auto.for_call(8, 256 << 20), SLICE);
+        // 4 ranks at 16 MiB, where slices only added phases.
+        assert_eq!(auto.for_call(4, 16 << 20), 0);
+        assert_eq!(Slice::Fixed(0).for_call(8, 1 << 30), 0);
+        assert_eq!(Slice::Fixed(4 << 20).for_call(2, 8), 4 << 20);
+        assert_eq!(auto.for_call(usize::MAX, usize::MAX), SLICE);
+        assert!(last_level_cache() >= 64 << 10);
     }
 }
