@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # oxccl perf (through shared memory, and with NCCL_SHM_DISABLE=1 through the
 # socket network) against OpenMPI's MPI_Allreduce over TCP loopback and over
-# its shared-memory transport (vader), in one run, plus a raw TCP stream
-# (iperf3) for the machine's loopback limit.
+# its shared-memory transport (vader), in one run, plus the kernel's floor for
+# an 8-byte exchange over loopback TCP (tools/tcp_exchange.c: one connection,
+# and one each way as NCCL's net ABI has them) in every 8 B round and a raw TCP stream (iperf3) for the machine's loopback limit.
 # Needs: apt-get install openmpi-bin libopenmpi-dev iperf3
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,7 @@ ranks=${RANKS:-2}
 cargo build --release -q -p oxccl-cli
 bin=${CARGO_TARGET_DIR:-target}/release
 mpicc -O2 -o "$bin/mpi_allreduce" tools/mpi_allreduce.c
+cc -O2 -o "$bin/tcp_exchange" tools/tcp_exchange.c
 mpi() { mpirun --allow-run-as-root --oversubscribe -np "$ranks" --mca btl tcp,self --mca btl_tcp_if_include lo \
   --mca pml ob1 "$bin/mpi_allreduce" "$@" | sed 's/^/mpi-tcp /'; }
 mpi_shm() { mpirun --allow-run-as-root --oversubscribe -np "$ranks" --mca btl vader,self \
@@ -25,6 +27,10 @@ for size in 8 67108864; do
     NCCL_SHM_DISABLE=1 "$bin/oxccl" perf --ranks "$ranks" --op all_reduce -b "$size" -e "$size" -n "$iters" -w "$warm" | grep -v '^#' | sed 's/^/oxccl-net /'
     mpi "$size" "$iters" "$warm"
     mpi_shm "$size" "$iters" "$warm"
+    if [ "$size" -le 8 ]; then
+      "$bin/tcp_exchange" "$iters" "$warm" | sed 's/^/tcp-floor /'
+      "$bin/tcp_exchange" "$iters" "$warm" oneway | sed 's/^/tcp-floor /'
+    fi
   done
 done
 if command -v iperf3 >/dev/null; then

@@ -587,7 +587,7 @@ pub enum Slice {
     /// `OXCCL_HOST_DIRECT_SLICE`: these bytes per slice, 0 for whole parts.
     Fixed(usize),
     /// [`SLICE`]-byte slices once the ranks' inputs outgrow the host's
-    /// last-level cache (`cache` bytes) twice over, whole parts below.
+    /// last-level cache (`cache` bytes) four times over, whole parts below.
     Auto { cache: usize },
 }
 
@@ -616,7 +616,7 @@ impl Slice {
     pub fn for_call(self, n: usize, bytes: usize) -> usize {
         match self {
             Slice::Fixed(s) => s,
-            Slice::Auto { cache } if n.saturating_mul(bytes) > cache.saturating_mul(2) => SLICE,
+            Slice::Auto { cache } if n.saturating_mul(bytes) > cache.saturating_mul(4) => SLICE,
             Slice::Auto { .. } => 0,
         }
     }
@@ -629,8 +629,10 @@ impl Slice {
 /// against whole parts, three alternating rounds: 6.58/6.36, 5.94/5.78,
 /// 6.05/6.26 against 5.63/5.70, 5.25/6.07, 5.41/6.01 GB/s. Where the
 /// buffers still fit, slices only add phases: 4 ranks at 16 MiB, 14.8/16.3
-/// and 16.8/18.6 against 20.3/20.2; 64 MiB (8 ranks) and 256 MiB (4
-/// ranks) were within noise (docs/PERF.md, session 18).
+/// and 16.8/18.6 against 20.3/20.2. Inputs of 1.7-3.4 times the cache
+/// (64 MiB on 8 ranks, 256 MiB on 4 there; 64 MiB on 2 ranks on a 2-core
+/// VM with 32 MiB) were within noise, at 6.8 times (8 x 256 MiB) slices
+/// gain; hence four times (docs/PERF.md, session 18).
 pub const SLICE: usize = 1 << 20;
 
 /// Bytes of the host's largest CPU cache as Linux describes cpu0's
@@ -739,9 +741,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slices_start_where_the_inputs_outgrow_the_cache_twice_over() {
+    fn slices_start_where_the_inputs_outgrow_the_cache_four_times_over() {
         let auto = Slice::Auto { cache: 300 << 20 };
-        // 8 ranks: 64 MiB (512 MiB of inputs) stays whole, 256 MiB is sliced.
+        // 8 ranks: 64 MiB (512 MiB of inputs) stays whole, 256 MiB is sliced;
+        // so do 4 ranks at 256 MiB (1 GiB).
+        assert_eq!(auto.for_call(4, 256 << 20), 0);
         assert_eq!(auto.for_call(8, 64 << 20), 0);
         assert_eq!(auto.for_call(8, 256 << 20), SLICE);
         // 4 ranks at 16 MiB, where slices only added phases.
