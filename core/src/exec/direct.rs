@@ -743,11 +743,11 @@ mod tests {
     #[test]
     fn slices_start_where_the_inputs_outgrow_the_cache_four_times_over() {
         let auto = Slice::Auto { cache: 300 << 20 };
-        // 8 ranks: 64 MiB (512 MiB of inputs) stays whole, 256 MiB is sliced;
-        // so do 4 ranks at 256 MiB (1 GiB).
-        assert_eq!(auto.for_call(4, 256 << 20), 0);
+        // 8 ranks: 64 MiB (512 MiB of inputs) stays whole, 256 MiB is sliced.
         assert_eq!(auto.for_call(8, 64 << 20), 0);
         assert_eq!(auto.for_call(8, 256 << 20), SLICE);
+        // 4 ranks at 256 MiB (1 GiB of inputs) stays whole too.
+        assert_eq!(auto.for_call(4, 256 << 20), 0);
         // 4 ranks at 16 MiB, where slices only added phases.
         assert_eq!(auto.for_call(4, 16 << 20), 0);
         assert_eq!(Slice::Fixed(0).for_call(8, 1 << 30), 0);
