@@ -151,7 +151,15 @@ fn collectives_8_ranks() {
 /// every collective it takes, from the first byte, on several threads
 /// (counts of several 64 KiB reduction chunks included). Where the kernel
 /// refuses cross-process reads, the log says so and the rings ran instead.
-fn direct(name: &str, n: usize, threads: &str, p2p_max: &str, counts: &'static [usize]) {
+/// `more` adds settings.
+fn direct(
+    name: &str,
+    n: usize,
+    threads: &str,
+    p2p_max: &str,
+    counts: &'static [usize],
+    more: &[(&str, &str)],
+) {
     let child = |r| {
         oxccl::log::init();
         exercise(r, &[], counts)
@@ -159,13 +167,14 @@ fn direct(name: &str, n: usize, threads: &str, p2p_max: &str, counts: &'static [
     if as_child(name, child) {
         return;
     }
-    let env = [
+    let mut env = vec![
         ("OXCCL_HOST_DIRECT_MIN", "1"),
         ("OXCCL_HOST_DIRECT_THREADS", threads),
         ("OXCCL_HOST_DIRECT_P2P_MAX", p2p_max),
         ("NCCL_DEBUG", "INFO"),
         ("NCCL_DEBUG_SUBSYS", "INIT"),
     ];
+    env.extend_from_slice(more);
     let done = spawn(name, n, &env, std::time::Duration::from_secs(240));
     assert_all_ok(&done);
     for f in &done {
@@ -190,6 +199,7 @@ fn collectives_3_ranks_direct() {
         "2",
         "1M",
         &[1, 1009, 70_001],
+        &[],
     );
 }
 
@@ -197,5 +207,24 @@ fn collectives_3_ranks_direct() {
 /// mailboxes with the small ones (all_to_all's 5003 floats to each peer).
 #[test]
 fn collectives_5_ranks_direct() {
-    direct("collectives_5_ranks_direct", 5, "4", "4K", &[1, 5003]);
+    direct("collectives_5_ranks_direct", 5, "4", "4K", &[1, 5003], &[]);
+}
+
+/// The all-reduce in 128 KiB slices and every read of 64 KiB or more
+/// through scratch and streaming stores, as both are taken by default only
+/// on large hosts: 1M floats give 1 MiB parts, 8 slices each, and reads of
+/// 64 KiB per thread.
+#[test]
+fn collectives_4_ranks_direct_sliced_and_streamed() {
+    direct(
+        "collectives_4_ranks_direct_sliced_and_streamed",
+        4,
+        "2",
+        "1M",
+        &[1, 1009, 1_000_003],
+        &[
+            ("OXCCL_HOST_DIRECT_SLICE", "128K"),
+            ("OXCCL_HOST_DIRECT_STREAM", "1"),
+        ],
+    );
 }

@@ -42,6 +42,9 @@ struct Job {
     stage: OpBuffers,
     reducer: Reducer,
     elem: usize,
+    /// Reads of a chunk or more go through the thread's scratch and
+    /// [`mem::copy_streaming`] (see [`Direct::stream`]).
+    stream: bool,
     /// The call's threads meet here after each phase's tasks, and again
     /// once the caller's thread has met the other ranks.
     local: Barrier,
@@ -128,7 +131,21 @@ impl Job {
                     Src::Stage => p.stage,
                 };
                 let out = span(b, Buf::Output, dst, len)?;
-                mem::fill(out, |d| self.pm.read(peer, base + src as u64, d))
+                let at = base + src as u64;
+                if !self.stream || len < CHUNK {
+                    return mem::fill(out, |d| self.pm.read(peer, at, d));
+                }
+                if scratch.len() < CHUNK {
+                    scratch.resize(CHUNK, 0);
+                }
+                mem::fill(out, |d| {
+                    d.chunks_mut(CHUNK).enumerate().try_for_each(|(k, piece)| {
+                        let s = &mut scratch[..piece.len()];
+                        self.pm.read(peer, at + (k * CHUNK) as u64, s)?;
+                        mem::copy_streaming(piece, s);
+                        Ok(())
+                    })
+                })
             }
             Task::Reduce {
                 src,
@@ -253,6 +270,9 @@ pub struct Direct {
     pub threads: Threads,
     /// How an all-reduce cuts its parts, see [`Slice::for_call`].
     pub slice: Slice,
+    /// Whether a call's large reads land through scratch and streaming
+    /// stores, see [`Stream::for_call`].
+    stream: Stream,
     /// Started by the first call that runs on threads: a communicator
     /// that never moves a large buffer (most of a job's splits) starts none.
     pool: OnceLock<Pool>,
@@ -325,6 +345,7 @@ impl Direct {
             p2p_max: p2p_max(threads),
             threads,
             slice: Slice::from_env(),
+            stream: Stream::from_env(),
             pool: OnceLock::new(),
             scratch: Mutex::default(),
             stage: Mutex::default(),
@@ -523,6 +544,9 @@ impl Direct {
             stage,
             reducer,
             elem,
+            stream: self
+                .stream
+                .for_call(pm.nranks(), bufs.in_bytes.max(bufs.out_bytes), threads),
             local: Barrier::new(threads),
             announced: AtomicU64::new(0),
             failed: AtomicBool::new(false),
@@ -634,6 +658,50 @@ impl Slice {
 /// VM with 32 MiB) were within noise, at 6.8 times (8 x 256 MiB) slices
 /// gain; hence four times (docs/PERF.md, session 18).
 pub const SLICE: usize = 1 << 20;
+
+/// Whether a call's reads of a chunk or more go through the thread's
+/// scratch and [`mem::copy_streaming`] instead of straight into the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    /// `OXCCL_HOST_DIRECT_STREAM`: 1 always, 0 never.
+    Fixed(bool),
+    /// Once the ranks' buffers outgrow the host's last-level cache
+    /// (`cache` bytes), on 4 ranks or more copying on 8 threads or more.
+    Auto { cache: usize },
+}
+
+impl Stream {
+    fn from_env() -> Stream {
+        match std::env::var("OXCCL_HOST_DIRECT_STREAM").as_deref() {
+            Ok("1") => Stream::Fixed(true),
+            Ok("0") => Stream::Fixed(false),
+            _ => Stream::Auto {
+                cache: last_level_cache(),
+            },
+        }
+    }
+
+    /// For a call whose largest buffer is `bytes` per rank, on `n` ranks of
+    /// `threads` threads each. The kernel's copy reads a fresh destination
+    /// for ownership before writing it; streaming stores do not, at the
+    /// price of a second pass from scratch. On the 16-core H200 host (8
+    /// ranks x 2 threads, busbw out of place, two calls of three
+    /// alternating rounds) that gains once the buffers leave the cache:
+    /// all_reduce 256 MiB 6.95-7.36 against 5.89-6.38, all_gather 64 MiB
+    /// 7.40-7.82 against 5.51-6.07; 4 ranks, all_reduce 256 MiB 9.90-10.91
+    /// against 8.47-10.12. Where they fit it loses (8 ranks, all_gather 16
+    /// MiB, 6.62-8.18 against 8.95-10.26), and so it did for 2 ranks there
+    /// (all_reduce 256 MiB 11.31/13.50 against 12.96/17.65, one round) and
+    /// with few threads, where the copy binds rather than memory (a 2-core
+    /// VM's 2 ranks lost a fifth to a half at 64 and 256 MiB); docs/PERF.md,
+    /// session 18.
+    pub fn for_call(self, n: usize, bytes: usize, threads: usize) -> bool {
+        match self {
+            Stream::Fixed(on) => on,
+            Stream::Auto { cache } => n >= 4 && n * threads >= 8 && n.saturating_mul(bytes) > cache,
+        }
+    }
+}
 
 /// Bytes of the host's largest CPU cache as Linux describes cpu0's
 /// (`/sys/devices/system/cpu/cpu0/cache`); 32 MiB where it says nothing.
@@ -754,5 +822,22 @@ mod tests {
         assert_eq!(Slice::Fixed(4 << 20).for_call(2, 8), 4 << 20);
         assert_eq!(auto.for_call(usize::MAX, usize::MAX), SLICE);
         assert!(last_level_cache() >= 64 << 10);
+    }
+
+    #[test]
+    fn streaming_stores_start_past_the_cache_on_four_ranks_and_eight_threads() {
+        let auto = Stream::Auto { cache: 300 << 20 };
+        // 8 ranks x 2 threads: all_reduce 64 MiB and all_gather 64 MiB (the
+        // output) stream, 16 MiB (128 MiB in all) does not.
+        assert!(auto.for_call(8, 64 << 20, 2));
+        assert!(!auto.for_call(8, 16 << 20, 2));
+        // 2 ranks: never, with one thread each (a 2-core host) or eight.
+        assert!(!Stream::Auto { cache: 32 << 20 }.for_call(2, 256 << 20, 1));
+        assert!(!auto.for_call(2, 1 << 30, 8));
+        // 4 ranks of one thread each (a 4-core host): the copy binds.
+        assert!(!Stream::Auto { cache: 32 << 20 }.for_call(4, 256 << 20, 1));
+        assert!(auto.for_call(4, 256 << 20, 4));
+        assert!(Stream::Fixed(true).for_call(2, 8, 1));
+        assert!(!Stream::Fixed(false).for_call(8, 1 << 30, 8));
     }
 }

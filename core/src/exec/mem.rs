@@ -269,6 +269,47 @@ pub(crate) fn copy(dst: Span, src: Span) {
     unsafe { std::ptr::copy(src.ptr, dst.ptr, dst.len) }
 }
 
+/// Copies `src` into `dst` (of the same length) with stores that bypass
+/// the cache, where the target has them (SSE2's, part of every x86_64):
+/// a destination written once and not read here soon (a peer's part of
+/// an all-gather, pulled into scratch by the kernel first) is then not
+/// read from memory for ownership before it is written. Ends with a
+/// store fence, so that a flag stored after it is seen after the data.
+pub(crate) fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(
+        dst.len(),
+        src.len(),
+        "copy between slices of different lengths"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        // The body whose destination is 16-byte aligned goes through the
+        // stream; the bytes before and after it are copied plainly.
+        let head = dst.as_ptr().align_offset(16).min(dst.len());
+        let body = (dst.len() - head) / 16 * 16;
+        let (d_head, d_rest) = dst.split_at_mut(head);
+        let (s_head, s_rest) = src.split_at(head);
+        d_head.copy_from_slice(s_head);
+        let (d_body, d_tail) = d_rest.split_at_mut(body);
+        let (s_body, s_tail) = s_rest.split_at(body);
+        for (d, s) in d_body.chunks_exact_mut(16).zip(s_body.chunks_exact(16)) {
+            // SAFETY: `s` and `d` are 16 readable / writable bytes of the
+            // two slices; the load takes any alignment, and `d` starts at a
+            // multiple of 16 (`head` above). SSE2 is baseline on x86_64.
+            unsafe {
+                let v = _mm_loadu_si128(s.as_ptr().cast::<__m128i>());
+                _mm_stream_si128(d.as_mut_ptr().cast::<__m128i>(), v);
+            }
+        }
+        d_tail.copy_from_slice(s_tail);
+        // SAFETY: a fence has no operands; SSE is baseline on x86_64.
+        unsafe { _mm_sfence() };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    dst.copy_from_slice(src);
+}
+
 /// Lets `fill` write the bytes of `dst` (a bounds-checked span of a live
 /// buffer that only this thread writes now).
 pub(crate) fn fill<T>(dst: Span, fill: impl FnOnce(&mut [u8]) -> T) -> T {
@@ -292,6 +333,21 @@ pub(crate) fn view<T>(src: Span, see: impl FnOnce(&[u8]) -> T) -> T {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_streaming_copy_gives_the_bytes_at_every_alignment_and_length() {
+        let src: Vec<u8> = (0..4096u32).map(|i| (i * 131 % 251) as u8).collect();
+        let mut dst = vec![0u8; 4200];
+        for off in 0..17 {
+            for len in [0, 1, 15, 16, 17, 63, 64, 65, 1000, 4000] {
+                dst.fill(0);
+                copy_streaming(&mut dst[off..off + len], &src[3..3 + len]);
+                assert_eq!(&dst[off..off + len], &src[3..3 + len]);
+                assert!(dst[..off].iter().all(|&b| b == 0));
+                assert!(dst[off + len..].iter().all(|&b| b == 0));
+            }
+        }
+    }
     use crate::dtype::{DataType, RedOp};
 
     /// In place (the output holds this rank's own data) gives what the

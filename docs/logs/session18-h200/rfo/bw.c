@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <time.h>
+#include <emmintrin.h>
+static void ntcopy(char*d,const char*s,size_t n){ for(size_t i=0;i<n;i+=64){ __m128i a=_mm_load_si128((const __m128i*)(s+i)),b=_mm_load_si128((const __m128i*)(s+i+16)),c=_mm_load_si128((const __m128i*)(s+i+32)),e=_mm_load_si128((const __m128i*)(s+i+48)); _mm_stream_si128((__m128i*)(d+i),a);_mm_stream_si128((__m128i*)(d+i+16),b);_mm_stream_si128((__m128i*)(d+i+32),c);_mm_stream_si128((__m128i*)(d+i+48),e);} _mm_sfence(); }
 static double now(){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec+t.tv_nsec*1e-9;}
 static size_t SZ; static int HUGE; static size_t CALL;
 static char* alloc(size_t n, int shared){
@@ -23,7 +25,8 @@ static void* th(void*v){Arg*a=v; pthread_barrier_wait(&bar); double t0=now();
   for(int r=0;r<a->reps;r++){
     if(a->mode==0) memcpy(a->dst,a->src,SZ);
     else if(a->mode==1){volatile long s=0; long*q=(long*)a->src; for(size_t i=0;i<SZ/8;i+=8)s+=q[i];}
-    else for(size_t o=0;o<SZ;o+=CALL){struct iovec l={a->dst+o,CALL},rm={a->src+o,CALL}; if(process_vm_readv(a->pid,&l,1,&rm,1,0)!=(ssize_t)CALL){perror("readv");exit(1);}}
+    else if(a->mode==2) for(size_t o=0;o<SZ;o+=CALL){struct iovec l={a->dst+o,CALL},rm={a->src+o,CALL}; if(process_vm_readv(a->pid,&l,1,&rm,1,0)!=(ssize_t)CALL){perror("readv");exit(1);}}
+    else { static __thread char*scr; if(!scr) scr=aligned_alloc(4096,CALL); for(size_t o=0;o<SZ;o+=CALL){struct iovec l={scr,CALL},rm={a->src+o,CALL}; if(process_vm_readv(a->pid,&l,1,&rm,1,0)!=(ssize_t)CALL){perror("readv");exit(1);} ntcopy(a->dst+o,scr,CALL);} }
   }
   a->t=now()-t0; return 0;}
 int main(int argc,char**argv){
@@ -33,7 +36,7 @@ int main(int argc,char**argv){
   char**srcs=malloc(T*sizeof(char*)); pid_t child=0; int pfd[2]; pipe(pfd);
   // sources: for readv they live in a child process (same addresses after fork)
   for(int i=0;i<T;i++) srcs[i]=alloc(SZ,0);
-  if(mode==2){ child=fork(); if(child==0){char c; read(pfd[0],&c,1); _exit(0);} }
+  if(mode>=2){ child=fork(); if(child==0){char c; read(pfd[0],&c,1); _exit(0);} }
   for(int i=0;i<T;i++){a[i]=(Arg){i,child,srcs[i],alloc(SZ,0),reps,mode,0};}
   // warm
   for(int i=0;i<T;i++){a[i].reps=1;pthread_create(&t[i],0,th,&a[i]);} for(int i=0;i<T;i++)pthread_join(t[i],0);
@@ -41,6 +44,6 @@ int main(int argc,char**argv){
   for(int i=0;i<T;i++){pthread_join(t[i],0); if(a[i].t>mx)mx=a[i].t;}
   double bytes=(double)SZ*reps*T*(mode==1?1:2);
   printf("mode %s threads %2d size %4zu MiB %s call %zu KiB: %.1f GB/s traffic (%.1f GB/s copied)\n",
-    mode==0?"memcpy":mode==1?"read  ":"readv ",T,SZ>>20,HUGE?"huge ":"small",CALL>>10,bytes/mx/1e9,(double)SZ*reps*T/mx/1e9);
+    mode==0?"memcpy":mode==1?"read  ":mode==2?"readv ":"readv+nt",T,SZ>>20,HUGE?"huge ":"small",CALL>>10,bytes/mx/1e9,(double)SZ*reps*T/mx/1e9);
   if(child){write(pfd[1],"x",1); waitpid(child,0,0);}
   return 0;}

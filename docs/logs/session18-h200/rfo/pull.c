@@ -15,6 +15,9 @@
 #include <time.h>
 #include <stdatomic.h>
 #include <sched.h>
+#include <emmintrin.h>
+static int G;
+static void ntcopy(char*d,const char*s,size_t n){ size_t i=0; while(i<n && ((size_t)(d+i)&15)){d[i]=s[i];i++;} for(;i+64<=n;i+=64){ __m128i a=_mm_loadu_si128((const __m128i*)(s+i)),b=_mm_loadu_si128((const __m128i*)(s+i+16)),c=_mm_loadu_si128((const __m128i*)(s+i+32)),e=_mm_loadu_si128((const __m128i*)(s+i+48)); _mm_stream_si128((__m128i*)(d+i),a);_mm_stream_si128((__m128i*)(d+i+16),b);_mm_stream_si128((__m128i*)(d+i+32),c);_mm_stream_si128((__m128i*)(d+i+48),e);} for(;i<n;i++)d[i]=s[i]; _mm_sfence(); }
 static double now(){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec+t.tv_nsec*1e-9;}
 static int P,T,ITERS,me; static size_t S,SL; 
 typedef struct{_Atomic long red; _Atomic long pulled; char pad[48];} Lane;
@@ -37,11 +40,11 @@ static void* lane(void*v){ int t=(long)v; char*scr=aligned_alloc(4096,(size_t)P*
       if(W){ if(j>=NS) for(int p=0;p<P;p++) if(p!=me) wt(&lanes[p*T+t].pulled,base+j-NS+1); memcpy(WIN(me,t,j%NS),(char*)out+lo,hi-lo); }
       atomic_store_explicit(&lanes[me*T+t].red,base+j+1,memory_order_release);
     }
-    if(j>0) for(int q=1;q<P;q++){ int p=(me+q)%P; size_t lo,hi; piece(p,t,j-1,&lo,&hi); wt(&lanes[p*T+t].red,base+j); if(W) memcpy((char*)out+lo,WIN(p,t,(j-1)%NS),hi-lo); else rd(p,(char*)out+lo,(char*)ranks[p].out+lo,hi-lo); }
+    if(j>0) for(int q=1;q<P;q++){ int p=(me+q)%P; size_t lo,hi; piece(p,t,j-1,&lo,&hi); wt(&lanes[p*T+t].red,base+j); if(W) memcpy((char*)out+lo,WIN(p,t,(j-1)%NS),hi-lo); else if(G){ for(size_t o=lo;o<hi;o+=CH){ size_t l=CH<hi-o?CH:hi-o; rd(p,scr,(char*)ranks[p].out+o,l); ntcopy((char*)out+o,scr,l);} } else rd(p,(char*)out+lo,(char*)ranks[p].out+lo,hi-lo); }
     if(W&&j>0) atomic_store_explicit(&lanes[me*T+t].pulled,base+j,memory_order_release);
   }
   free(scr); return 0; }
-int main(int argc,char**argv){ P=atoi(argv[1]);T=atoi(argv[2]);S=(size_t)atoi(argv[3])<<20;SL=(size_t)atoi(argv[4])<<10;ITERS=atoi(argv[5]); W=argc>6?atoi(argv[6]):0;
+int main(int argc,char**argv){ P=atoi(argv[1]);T=atoi(argv[2]);S=(size_t)atoi(argv[3])<<20;SL=(size_t)atoi(argv[4])<<10;ITERS=atoi(argv[5]); W=argc>6?atoi(argv[6]):0; G=argc>7?atoi(argv[7]):0;
   lanes=mmap(0,(size_t)P*T*64,PROT_READ|PROT_WRITE,MAP_SHARED|MAP_ANONYMOUS,-1,0);
   ranks=mmap(0,4096,PROT_READ|PROT_WRITE,MAP_SHARED|MAP_ANONYMOUS,-1,0);
   _Atomic long*bar=(_Atomic long*)mmap(0,4096,PROT_READ|PROT_WRITE,MAP_SHARED|MAP_ANONYMOUS,-1,0);
@@ -62,6 +65,6 @@ int main(int argc,char**argv){ P=atoi(argv[1]);T=atoi(argv[2]);S=(size_t)atoi(ar
   }
   long bad=0; for(size_t i=0;i<S/4;i++){ float want=0; for(int r=0;r<P;r++) want+=(float)((i+r)%7); if(out[i]!=want) bad++; }
   double avg=sum/ITERS;
-  if(me==0) printf("%s P %d T %d size %4zu MiB slice %5zu KiB (%ld slices): avg %.2f ms busbw %.2f GB/s (best %.2f) wrong %ld\n",W?"win ":"pull",P,T,S>>20,SL>>10,K,avg*1e3,2.0*(P-1)/P*S/avg/1e9,2.0*(P-1)/P*S/best/1e9,bad);
+  if(me==0) printf("%s P %d T %d size %4zu MiB slice %5zu KiB (%ld slices): avg %.2f ms busbw %.2f GB/s (best %.2f) wrong %ld\n",W?"win ":G?"pull+nt":"pull",P,T,S>>20,SL>>10,K,avg*1e3,2.0*(P-1)/P*S/avg/1e9,2.0*(P-1)/P*S/best/1e9,bad);
   else if(bad) printf("rank %d wrong %ld\n",me,bad);
   while(wait(0)>0); return 0; }
