@@ -546,7 +546,7 @@ impl Direct {
             elem,
             stream: self
                 .stream
-                .for_call(pm.nranks(), bufs.in_bytes.max(bufs.out_bytes), threads),
+                .for_call(pm.nranks(), span_bytes(&bufs), threads),
             local: Barrier::new(threads),
             announced: AtomicU64::new(0),
             failed: AtomicBool::new(false),
@@ -665,7 +665,7 @@ pub const SLICE: usize = 1 << 20;
 pub enum Stream {
     /// `OXCCL_HOST_DIRECT_STREAM`: 1 always, 0 never.
     Fixed(bool),
-    /// Once the ranks' buffers outgrow the host's last-level cache
+    /// Once the ranks' buffers outgrow half the host's last-level cache
     /// (`cache` bytes), on 4 ranks or more copying on 8 threads or more.
     Auto { cache: usize },
 }
@@ -681,25 +681,41 @@ impl Stream {
         }
     }
 
-    /// For a call whose largest buffer is `bytes` per rank, on `n` ranks of
-    /// `threads` threads each. The kernel's copy reads a fresh destination
-    /// for ownership before writing it; streaming stores do not, at the
-    /// price of a second pass from scratch. On the 16-core H200 host (8
-    /// ranks x 2 threads, busbw out of place, two calls of three
-    /// alternating rounds) that gains once the buffers leave the cache:
-    /// all_reduce 256 MiB 6.95-7.36 against 5.89-6.38, all_gather 64 MiB
-    /// 7.40-7.82 against 5.51-6.07; 4 ranks, all_reduce 256 MiB 9.90-10.91
-    /// against 8.47-10.12. Where they fit it loses (8 ranks, all_gather 16
-    /// MiB, 6.62-8.18 against 8.95-10.26), and so it did for 2 ranks there
-    /// (all_reduce 256 MiB 11.31/13.50 against 12.96/17.65, one round) and
-    /// with few threads, where the copy binds rather than memory (a 2-core
-    /// VM's 2 ranks lost a fifth to a half at 64 and 256 MiB); docs/PERF.md,
-    /// session 18.
+    /// For a call whose buffers span `bytes` per rank (input and output, or
+    /// one of them where they overlap), on `n` ranks of `threads` threads
+    /// each. The kernel's copy reads a fresh destination for ownership
+    /// before writing it; streaming stores do not, at the price of a
+    /// second pass from scratch. On the 16-core H200 host (300 MiB of L3;
+    /// busbw out of place, alternating rounds in three calls) that gains
+    /// once the buffers leave the cache: 8 ranks, all_reduce 256 MiB
+    /// 6.22-7.80 against 5.64-6.38, all_gather 64 MiB 7.40-8.01 against
+    /// 5.48-6.07; 4 ranks, all_gather 64 MiB 11.61-11.62 against 8.91-9.52.
+    /// Where they fit it loses: 8 ranks, all_gather 16 MiB (144 MiB of
+    /// buffers in all) 6.62-8.18 against 8.95-10.26, all_reduce 16 MiB in
+    /// place (128 MiB) 6.27-6.88 against 7.39-8.31, while out of place (256
+    /// MiB) it gained, 6.14-7.33 against 5.78-6.90; hence half the cache.
+    /// It lost for 2 ranks there (all_reduce 256 MiB 11.31/13.50 against
+    /// 12.96/17.65, one round) and with few threads, where the copy binds
+    /// rather than memory (a 2-core VM's 2 ranks lost a fifth to a half at
+    /// 64 and 256 MiB); docs/PERF.md, session 18.
     pub fn for_call(self, n: usize, bytes: usize, threads: usize) -> bool {
         match self {
             Stream::Fixed(on) => on,
-            Stream::Auto { cache } => n >= 4 && n * threads >= 8 && n.saturating_mul(bytes) > cache,
+            Stream::Auto { cache } => {
+                n >= 4 && n * threads >= 8 && n.saturating_mul(bytes) > cache / 2
+            }
         }
+    }
+}
+
+/// The bytes a call's buffers cover: input and output, or the larger of
+/// the two where they overlap (in place).
+fn span_bytes(b: &OpBuffers) -> usize {
+    let (i, o) = (b.input as usize, b.output as usize);
+    if i < o + b.out_bytes && o < i + b.in_bytes {
+        b.in_bytes.max(b.out_bytes)
+    } else {
+        b.in_bytes + b.out_bytes
     }
 }
 
@@ -827,10 +843,13 @@ mod tests {
     #[test]
     fn streaming_stores_start_past_the_cache_on_four_ranks_and_eight_threads() {
         let auto = Stream::Auto { cache: 300 << 20 };
-        // 8 ranks x 2 threads: all_reduce 64 MiB and all_gather 64 MiB (the
-        // output) stream, 16 MiB (128 MiB in all) does not.
-        assert!(auto.for_call(8, 64 << 20, 2));
+        // 8 ranks x 2 threads: all_reduce of 16 MiB streams out of place (input
+        // and output, 256 MiB in all), not in place (128 MiB); an all_gather
+        // of 16 MiB (2 MiB inputs) does not either way.
+        assert!(auto.for_call(8, 32 << 20, 2));
         assert!(!auto.for_call(8, 16 << 20, 2));
+        assert!(!auto.for_call(8, 18 << 20, 2));
+        assert!(auto.for_call(8, 64 << 20, 2));
         // 2 ranks: never, with one thread each (a 2-core host) or eight.
         assert!(!Stream::Auto { cache: 32 << 20 }.for_call(2, 256 << 20, 1));
         assert!(!auto.for_call(2, 1 << 30, 8));
@@ -839,5 +858,21 @@ mod tests {
         assert!(auto.for_call(4, 256 << 20, 4));
         assert!(Stream::Fixed(true).for_call(2, 8, 1));
         assert!(!Stream::Fixed(false).for_call(8, 1 << 30, 8));
+    }
+
+    #[test]
+    fn a_call_spans_both_buffers_unless_they_overlap() {
+        let v = vec![0u8; 100];
+        let w = vec![0u8; 40];
+        let bufs = |i: usize, il: usize, o: &Vec<u8>, ol: usize| OpBuffers {
+            input: v[i..].as_ptr(),
+            in_bytes: il,
+            output: o.as_ptr().cast_mut(),
+            out_bytes: ol,
+        };
+        assert_eq!(span_bytes(&bufs(0, 40, &w, 40)), 80);
+        // In place, and an all_gather's input inside its output.
+        assert_eq!(span_bytes(&bufs(0, 100, &v, 100)), 100);
+        assert_eq!(span_bytes(&bufs(50, 25, &v, 100)), 100);
     }
 }
