@@ -3,7 +3,8 @@
 # socket network) against OpenMPI's MPI_Allreduce over TCP loopback and over
 # its shared-memory transport (vader), in one run, plus the kernel's floor for
 # an 8-byte exchange over loopback TCP (tools/tcp_exchange.c: one connection,
-# and one each way as NCCL's net ABI has them) in every 8 B round and a raw TCP stream (iperf3) for the machine's loopback limit.
+# and one each way as NCCL's net ABI has them) in every 8 B round, and a raw
+# TCP stream (iperf3) for the machine's loopback limit.
 # Needs: apt-get install openmpi-bin libopenmpi-dev iperf3
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -529,13 +529,9 @@ fn run_on(c: &Comm, op: Op) -> Result<()> {
 /// that all of them agree from the first operation on (a send and its
 /// receive take the same way, see `p2p_in_parts`).
 pub(super) fn made(core: &Arc<Core>, me: usize) -> Result<State> {
-    let Some(gpu) = &core.device else {
-        return Ok(State::No);
-    };
-    let gpus = if wanted() {
-        lock(gpu)?.mixed_gpus().map(<[usize]>::to_vec)
-    } else {
-        None
+    let gpus = match &core.device {
+        Some(gpu) if wanted() => lock(gpu)?.mixed_gpus().map(<[usize]>::to_vec),
+        _ => None,
     };
     let Some(gpus) = gpus else {
         return Ok(State::No);

@@ -721,20 +721,24 @@ fn span_bytes(b: &OpBuffers) -> usize {
 
 /// Bytes of the host's largest CPU cache as Linux describes cpu0's
 /// (`/sys/devices/system/cpu/cpu0/cache`); 32 MiB where it says nothing.
+/// Read once per process: every communicator's direct path asks twice.
 fn last_level_cache() -> usize {
-    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
-    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let level: u32 = read(e.path().join("level"))?.trim().parse().ok()?;
-            let size = crate::config::parse_size(&read(e.path().join("size"))?)?;
-            Some((level, size as usize))
-        })
-        .max()
-        .map_or(32 << 20, |(_, size)| size)
+    static CACHE: OnceLock<usize> = OnceLock::new();
+    *CACHE.get_or_init(|| {
+        let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+        let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let level: u32 = read(e.path().join("level"))?.trim().parse().ok()?;
+                let size = crate::config::parse_size(&read(e.path().join("size"))?)?;
+                Some((level, size as usize))
+            })
+            .max()
+            .map_or(32 << 20, |(_, size)| size)
+    })
 }
 
 /// The largest point-to-point message the direct path carries

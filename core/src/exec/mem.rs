@@ -333,21 +333,6 @@ pub(crate) fn view<T>(src: Span, see: impl FnOnce(&[u8]) -> T) -> T {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_streaming_copy_gives_the_bytes_at_every_alignment_and_length() {
-        let src: Vec<u8> = (0..4096u32).map(|i| (i * 131 % 251) as u8).collect();
-        let mut dst = vec![0u8; 4200];
-        for off in 0..17 {
-            for len in [0, 1, 15, 16, 17, 63, 64, 65, 1000, 4000] {
-                dst.fill(0);
-                copy_streaming(&mut dst[off..off + len], &src[3..3 + len]);
-                assert_eq!(&dst[off..off + len], &src[3..3 + len]);
-                assert!(dst[..off].iter().all(|&b| b == 0));
-                assert!(dst[off + len..].iter().all(|&b| b == 0));
-            }
-        }
-    }
     use crate::dtype::{DataType, RedOp};
 
     /// In place (the output holds this rank's own data) gives what the
@@ -382,6 +367,21 @@ mod tests {
                 let peers: Vec<Span> = peers.iter_mut().map(|d| staging(d)).collect();
                 reduce_into_own(&r, staging(own), &peers);
                 assert_eq!(*own, out, "{n} ranks, {op:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_streaming_copy_gives_the_bytes_at_every_alignment_and_length() {
+        let src: Vec<u8> = (0..4096u32).map(|i| (i * 131 % 251) as u8).collect();
+        let mut dst = vec![0u8; 4200];
+        for off in 0..17 {
+            for len in [0, 1, 15, 16, 17, 63, 64, 65, 1000, 4000] {
+                dst.fill(0);
+                copy_streaming(&mut dst[off..off + len], &src[3..3 + len]);
+                assert_eq!(&dst[off..off + len], &src[3..3 + len]);
+                assert!(dst[..off].iter().all(|&b| b == 0));
+                assert!(dst[off + len..].iter().all(|&b| b == 0));
             }
         }
     }
