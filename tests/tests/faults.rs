@@ -328,3 +328,84 @@ fn a_silent_receiver_of_a_send_is_named_at_the_timeout() {
     survivors_ok(&done, 1);
     eprintln!("rank 0: {}", done[0].stderr.trim());
 }
+
+/// 2 ranks of the direct host path whose `var` differs (rank 1 has
+/// `other`): both take rank 0's setting, rank 1 says so in a warning
+/// naming the variable, and an all-reduce of 100 000 floats (4 slices of
+/// 64 KiB per part on rank 0's terms) is right on both. Before the ranks
+/// agreed, different slices finished at once with no error and different
+/// thresholds waited for each other until NCCL_TIMEOUT.
+fn direct_setting_differs(name: &str, var: &str, mine: &str, other: &str) {
+    if as_child(name, |r| {
+        // The child is single-threaded until its communicator starts, below.
+        std::env::set_var(var, if r.rank == 1 { other } else { mine });
+        oxccl::log::init();
+        let comm = r.comm(&[]);
+        let start = Instant::now();
+        let x: Vec<f32> = (0..100_000).map(|i| (i % 97) as f32).collect();
+        let mut b: Vec<u8> = x.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        comm.all_reduce(None, &mut b, DataType::Float32, RedOp::Sum)
+            .unwrap();
+        let wrong = b
+            .chunks_exact(4)
+            .zip(&x)
+            .filter(|(got, v)| f32::from_ne_bytes((*got).try_into().unwrap()) != 2.0 * **v)
+            .count();
+        eprintln!("rank {}: {wrong} wrong after {:?}", r.rank, start.elapsed());
+        assert_eq!(wrong, 0, "rank {}", r.rank);
+        comm.destroy().unwrap();
+    }) {
+        return;
+    }
+    let done = spawn(
+        name,
+        2,
+        &[
+            ("NCCL_TIMEOUT", "8"),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "INIT"),
+            ("OXCCL_HOST_DIRECT_THREADS", "1"),
+        ],
+        Duration::from_secs(60),
+    );
+    survivors_ok(&done, usize::MAX);
+    for f in &done {
+        let log = format!("{}{}", f.stdout, f.stderr);
+        if log.contains("may not read rank") {
+            eprintln!("rank {}: the direct path was refused here: {log}", f.rank);
+            return;
+        }
+        assert!(
+            log.contains("read peers' buffers directly"),
+            "rank {} did not take the direct path:\n{log}",
+            f.rank
+        );
+        let warned = log
+            .lines()
+            .find(|l| l.contains(&format!("{var}: {other} here")));
+        assert_eq!(warned.is_some(), f.rank == 1, "rank {}:\n{log}", f.rank);
+        if let Some(w) = warned {
+            eprintln!("rank {}: {w}", f.rank);
+        }
+    }
+}
+
+#[test]
+fn direct_slices_that_differ_take_rank_0s() {
+    direct_setting_differs(
+        "direct_slices_that_differ_take_rank_0s",
+        "OXCCL_HOST_DIRECT_SLICE",
+        "65536",
+        "0",
+    );
+}
+
+#[test]
+fn direct_thresholds_that_differ_take_rank_0s() {
+    direct_setting_differs(
+        "direct_thresholds_that_differ_take_rank_0s",
+        "OXCCL_HOST_DIRECT_MIN",
+        "1",
+        "1073741824",
+    );
+}

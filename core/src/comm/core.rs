@@ -40,11 +40,28 @@ pub(crate) fn setup_direct(
     if n < 2 || !one_host || !loc.shm_disabled.is_empty() {
         return Ok(None);
     }
+    let threads = exec::direct::settings(n).2;
+    let mine = exec::direct::Terms::from_env(n, threads);
     let mut why = String::new();
-    let pm = PeerMem::setup(loc.rank, n, &|b| bootstrap.allgather(b), &mut why)?;
+    let pm = PeerMem::setup(
+        loc.rank,
+        n,
+        &|b| bootstrap.allgather(b),
+        &mine.encode(),
+        &mut why,
+    )?;
     match pm {
-        Some(pm) => {
-            let d = exec::direct::Direct::new(pm, n);
+        Some((pm, terms)) => {
+            let first = terms
+                .first()
+                .and_then(|t| exec::direct::Terms::decode(t))
+                .ok_or_else(|| Error::Remote("rank 0 sent malformed direct-path terms".into()))?;
+            let differ = mine.differences(&first);
+            if !differ.is_empty() {
+                warn!(target: "oxccl::init",
+                    "The direct host path's settings must be the same on every rank; this rank takes rank 0's: {}", differ.join("; "));
+            }
+            let d = exec::direct::Direct::new(pm, n, first, threads);
             info!(target: "oxccl::init",
                 "Host collectives of {} bytes and more (broadcast and reduce: {}) read peers' buffers directly (SHM/direct/CMA, up to {} threads per rank; OXCCL_HOST_DIRECT=0 turns it off)", d.min, d.rooted_min, d.threads.most());
             Ok(Some(d))

@@ -335,16 +335,103 @@ impl Drop for Pool {
     }
 }
 
-impl Direct {
-    pub fn new(pm: PeerMem, n: usize) -> Direct {
-        let (min, rooted_min, threads) = settings(n);
-        Direct {
-            pm: Arc::new(pm),
+/// What every rank's direct path must set alike: which calls take it (a
+/// rank on the rings and one here would wait for each other until
+/// NCCL_TIMEOUT) and how an all-reduce is sliced (ranks that cut their
+/// parts differently would read each other's slices before they are
+/// written, and finish with wrong results and no error). Each rank reads
+/// them from its own environment; all take rank 0's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Terms {
+    pub min: usize,
+    pub rooted_min: usize,
+    pub p2p_max: usize,
+    pub slice: Slice,
+}
+
+impl Terms {
+    /// This rank's, for `n` ranks on `threads` threads each.
+    pub fn from_env(n: usize, threads: Threads) -> Terms {
+        let (min, rooted_min, _) = settings(n);
+        Terms {
             min,
             rooted_min,
             p2p_max: p2p_max(threads),
-            threads,
             slice: Slice::from_env(),
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let (tag, slice) = match self.slice {
+            Slice::Fixed(s) => (0u64, s),
+            Slice::Auto { cache } => (1, cache),
+        };
+        [self.min, self.rooted_min, self.p2p_max]
+            .map(|v| v as u64)
+            .into_iter()
+            .chain([tag, slice as u64])
+            .flat_map(u64::to_le_bytes)
+            .collect()
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Terms> {
+        let w = |i: usize| -> Option<usize> {
+            Some(u64::from_le_bytes(b.get(8 * i..8 * i + 8)?.try_into().ok()?) as usize)
+        };
+        let slice = match (w(3)?, w(4)?) {
+            (0, s) => Slice::Fixed(s),
+            (1, cache) => Slice::Auto { cache },
+            _ => return None,
+        };
+        (b.len() == 40).then_some(Terms {
+            min: w(0)?,
+            rooted_min: w(1)?,
+            p2p_max: w(2)?,
+            slice,
+        })
+    }
+
+    /// Where `self` (this rank's) differs from `first` (rank 0's), each
+    /// difference as the variable that sets it and both values.
+    pub fn differences(&self, first: &Terms) -> Vec<String> {
+        let slice = |s: Slice| match s {
+            Slice::Fixed(b) => b.to_string(),
+            Slice::Auto { cache } => format!("unset (last-level cache {cache} bytes)"),
+        };
+        [
+            ("OXCCL_HOST_DIRECT_MIN", self.min, first.min),
+            (
+                "OXCCL_HOST_DIRECT_MIN (broadcast, reduce)",
+                self.rooted_min,
+                first.rooted_min,
+            ),
+            ("OXCCL_HOST_DIRECT_P2P_MAX", self.p2p_max, first.p2p_max),
+        ]
+        .into_iter()
+        .filter(|(_, a, b)| a != b)
+        .map(|(var, a, b)| format!("{var}: {a} here, {b} on rank 0"))
+        .chain((self.slice != first.slice).then(|| {
+            format!(
+                "OXCCL_HOST_DIRECT_SLICE: {} here, {} on rank 0",
+                slice(self.slice),
+                slice(first.slice)
+            )
+        }))
+        .collect()
+    }
+}
+
+impl Direct {
+    /// The direct path on `pm` for `n` ranks, each call's route and slices
+    /// by `terms` (rank 0's), on up to `threads` threads.
+    pub fn new(pm: PeerMem, n: usize, terms: Terms, threads: Threads) -> Direct {
+        Direct {
+            pm: Arc::new(pm),
+            min: terms.min,
+            rooted_min: terms.rooted_min,
+            p2p_max: terms.p2p_max,
+            threads,
+            slice: terms.slice,
             stream: Stream::from_env(),
             pool: OnceLock::new(),
             scratch: Mutex::default(),
@@ -827,6 +914,30 @@ impl Threads {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn terms_survive_their_bytes_and_name_what_differs() {
+        let a = Terms {
+            min: 1,
+            rooted_min: 512 << 10,
+            p2p_max: usize::MAX,
+            slice: Slice::Auto { cache: 300 << 20 },
+        };
+        let b = Terms {
+            min: 1 << 30,
+            slice: Slice::Fixed(0),
+            ..a
+        };
+        for t in [a, b] {
+            assert_eq!(Terms::decode(&t.encode()), Some(t));
+        }
+        assert_eq!(Terms::decode(&a.encode()[..39]), None);
+        assert!(a.differences(&a).is_empty());
+        let d = b.differences(&a);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(d[0].starts_with("OXCCL_HOST_DIRECT_MIN: 1073741824 here, 1 on rank 0"));
+        assert!(d[1].contains("OXCCL_HOST_DIRECT_SLICE: 0 here, unset (last-level cache"));
+    }
 
     #[test]
     fn slices_start_where_the_inputs_outgrow_the_cache_four_times_over() {
