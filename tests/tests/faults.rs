@@ -409,3 +409,102 @@ fn direct_thresholds_that_differ_take_rank_0s() {
         "1073741824",
     );
 }
+
+/// 2 ranks on host memory, rank 1 with NCCL_ALGO=`b`, rank 0 with `a`
+/// (None: unset); all-reduces of 2, 1000 and 300 000 floats (the last
+/// one past the direct path's threshold). Each rank prints what each call
+/// gave, for the caller to assert on.
+fn algo_differs(name: &str, a: Option<&str>, b: &str) -> Vec<oxccl_cli::launch::Finished> {
+    if as_child(name, |r| {
+        // The child is single-threaded until its communicator starts, below.
+        match (r.rank, a) {
+            (1, _) => std::env::set_var("NCCL_ALGO", b),
+            (_, Some(a)) => std::env::set_var("NCCL_ALGO", a),
+            (_, None) => std::env::remove_var("NCCL_ALGO"),
+        }
+        oxccl::log::init();
+        let comm = r.comm(&[]);
+        for count in [2usize, 1000, 300_000] {
+            let start = Instant::now();
+            let x: Vec<f32> = (0..count).map(|i| (i % 97) as f32).collect();
+            let mut buf: Vec<u8> = x.iter().flat_map(|v| v.to_ne_bytes()).collect();
+            let got = comm.all_reduce(None, &mut buf, DataType::Float32, RedOp::Sum);
+            let wrong = buf
+                .chunks_exact(4)
+                .zip(&x)
+                .filter(|(g, v)| f32::from_ne_bytes((*g).try_into().unwrap()) != 2.0 * **v)
+                .count();
+            let took = start.elapsed();
+            assert!(took < Duration::from_secs(3), "count {count}: {took:?}");
+            match got {
+                Ok(()) => eprintln!("count {count}: ok, {wrong} wrong"),
+                Err(e) => {
+                    eprintln!("count {count}: error: {e}");
+                    return;
+                }
+            }
+        }
+    }) {
+        return Vec::new();
+    }
+    let done = spawn(
+        name,
+        2,
+        &[
+            ("NCCL_TIMEOUT", "8"),
+            ("NCCL_DEBUG", "WARN"),
+            ("OXCCL_HOST_DIRECT_THREADS", "1"),
+        ],
+        Duration::from_secs(60),
+    );
+    survivors_ok(&done, usize::MAX);
+    done
+}
+
+/// A rank that forces an algorithm keeps its collectives off the direct
+/// path; the others now do too (before, the one past the threshold went
+/// direct on rank 0 and onto the rings on rank 1, and both waited for each
+/// other until NCCL_TIMEOUT). Rank 0's automatic choice is the tree row's
+/// here, so every call is right; rank 0 warns, naming rank 1.
+#[test]
+fn a_rank_forcing_an_algorithm_keeps_every_rank_off_the_direct_path() {
+    let done = algo_differs(
+        "a_rank_forcing_an_algorithm_keeps_every_rank_off_the_direct_path",
+        None,
+        "Tree",
+    );
+    for f in &done {
+        for count in [2, 1000, 300_000] {
+            assert!(
+                f.stderr.contains(&format!("count {count}: ok, 0 wrong")),
+                "rank {}:\n{}",
+                f.rank,
+                f.stderr
+            );
+        }
+        let warned = f
+            .stderr
+            .contains("Ranks [1] force an algorithm (NCCL_ALGO)");
+        assert_eq!(warned, f.rank == 0, "rank {}:\n{}", f.rank, f.stderr);
+    }
+}
+
+/// Ranks that force different algorithms fail their first call at once,
+/// each naming both algorithms and NCCL_ALGO (before: "rank 1 sent 40
+/// bytes where 36 were expected").
+#[test]
+fn ranks_forcing_different_algorithms_are_told_so() {
+    let done = algo_differs(
+        "ranks_forcing_different_algorithms_are_told_so",
+        Some("Ring"),
+        "Tree",
+    );
+    for f in &done {
+        let line = f.stderr.lines().find(|l| l.starts_with("count 2: error"));
+        let ok = line.is_some_and(|l| {
+            // NCCL_ALGO=Tree admits the tree row, recursive doubling included.
+            l.contains("mismatched algorithms") && l.contains("by Ring") && l.contains("NCCL_ALGO")
+        });
+        assert!(ok, "rank {}:\n{}", f.rank, f.stderr);
+    }
+}

@@ -28,6 +28,15 @@ impl Default for LinkModel {
 }
 
 impl LinkModel {
+    /// The slower of two links in both respects: what ranks that see
+    /// different links plan with.
+    pub fn worse(self, other: LinkModel) -> LinkModel {
+        LinkModel {
+            latency_s: self.latency_s.max(other.latency_s),
+            bandwidth: self.bandwidth.min(other.bandwidth),
+        }
+    }
+
     /// Ranks of one host through a ring in shared memory: a cache line's
     /// hand-off between cores, and memcpy speed for each of the two copies.
     pub const SHM: LinkModel = LinkModel {
@@ -340,6 +349,22 @@ mod tests {
     /// The device table costs the communicator's own links: the ring over
     /// two nodes through the network costs more than over NVLink, which a
     /// tuner sees; two ranks still take doubling, whatever the links.
+    #[test]
+    fn the_worse_of_two_links_is_slower_in_both_respects() {
+        let nic = LinkModel {
+            latency_s: 5e-6,
+            bandwidth: 25e9,
+        };
+        let slow = LinkModel {
+            latency_s: 2e-6,
+            bandwidth: 1e9,
+        };
+        let w = nic.worse(slow);
+        assert_eq!((w.latency_s, w.bandwidth), (5e-6, 1e9));
+        let w2 = slow.worse(nic);
+        assert_eq!((w2.latency_s, w2.bandwidth), (5e-6, 1e9));
+    }
+
     #[test]
     fn device_table_costs_the_links_it_crosses() {
         let ring = nccl_cell(Algo::Ring);

@@ -143,6 +143,18 @@ pub(crate) struct Ident {
     pub nnodes: usize,
 }
 
+/// What a communicator's ranks told each other at creation
+/// ([`super::ident::exchange`]) that the core plans with alike.
+pub(crate) struct Agreed {
+    pub ident: Ident,
+    /// The slowest network link any rank's net plugin reported.
+    pub inter: cost::LinkModel,
+    /// Ranks that force an algorithm (NCCL_ALGO) or ask a tuner plugin:
+    /// either keeps that rank's collectives on the rings and trees, so
+    /// every rank's do.
+    pub rings_only: Vec<usize>,
+}
+
 /// The ids this rank made for growing its communicator (NCCL's
 /// ncclCommGetUniqueId), each good for one grow.
 #[derive(Default)]
@@ -182,6 +194,9 @@ pub(crate) struct Core {
     /// The last host collective's plan, for the next one of the same shape.
     plan: Mutex<Option<Plan>>,
     forced_algo: Option<Algo>,
+    /// Whether collectives may take the direct path: no rank forces an
+    /// algorithm or asks a tuner plugin.
+    direct_colls: bool,
     /// The ranks in ring order (the ring and trees are built over it).
     ring: Vec<usize>,
     /// The links collectives cross, for the cost model.
@@ -218,6 +233,7 @@ fn header_of(op: &Op, seq: u64) -> OpHeader {
         redop: redop_code(op.redop),
         root: op.kind.root() as u32,
         count: op.count as u64,
+        plan: None,
     }
 }
 
@@ -232,20 +248,13 @@ fn redop_code(op: RedOp) -> u8 {
     }
 }
 
-/// The links this rank's collectives cross, for the cost model: between
-/// ranks of a host, shared memory where every pair of the host uses it,
-/// else the network; between hosts, the net plugin's first device as it
-/// describes itself.
-fn fabric_of(local: &Locality, net: &dyn Net, nodes: usize) -> cost::Fabric {
-    let inter = net_link(net);
-    let me = local.rank;
-    let same_host: Vec<usize> = (0..local.hosts.len())
-        .filter(|&r| r != me && local.hosts[r] == local.hosts[me])
-        .collect();
-    let intra = if same_host
-        .iter()
-        .all(|&r| local.transport(r) == Transport::Shm)
-    {
+/// The links collectives cross, for the cost model, as every rank sees
+/// them: between ranks of a host, shared memory where every pair of every
+/// host uses it, else the network; between hosts, `inter` (the slowest any
+/// rank reported). A rank judging only its own host would plan from other
+/// links than its peers on another host, and choose another algorithm.
+fn fabric_of(local: &Locality, inter: cost::LinkModel, nodes: usize) -> cost::Fabric {
+    let intra = if local.shm_on_every_host() {
         cost::LinkModel::SHM
     } else {
         inter
@@ -281,10 +290,11 @@ impl Core {
         bootstrap: Bootstrap,
         net: Arc<dyn Net>,
         device: Option<GpuPath>,
-        ident: Ident,
+        agreed: Agreed,
         locality: Locality,
         direct: Option<exec::direct::Direct>,
     ) -> Result<Core> {
+        let ident = agreed.ident;
         let (rank, nranks) = (locality.rank, locality.hosts.len());
         let forced_algo = match cfg.algo.as_deref() {
             None => None,
@@ -305,7 +315,12 @@ impl Core {
             }
         }
         let ring = algo::ring_order(&locality.hosts);
-        let fabric = fabric_of(&locality, net.as_ref(), ident.nnodes);
+        let fabric = fabric_of(&locality, agreed.inter, ident.nnodes);
+        let direct_colls = agreed.rings_only.is_empty();
+        if direct.is_some() && !direct_colls && !agreed.rings_only.contains(&rank) {
+            warn!(target: "oxccl::init",
+                "Ranks {:?} force an algorithm (NCCL_ALGO) or ask a tuner plugin, which keeps their collectives on the rings and trees: this rank's collectives take them too instead of reading peers' buffers directly (set NCCL_ALGO and NCCL_TUNER_PLUGIN alike on every rank)", agreed.rings_only);
+        }
         log_rings(&ring, cfg.max_nchannels.max(1) as usize);
         let conns = Connections::new(net.clone(), ShmNet::new(cfg.buffsize), locality.clone());
         Ok(Core {
@@ -325,6 +340,7 @@ impl Core {
             staging: Mutex::default(),
             plan: Mutex::default(),
             forced_algo,
+            direct_colls,
             ring,
             fabric,
             device,
@@ -644,7 +660,7 @@ impl Core {
         let bytes = op.count * op.dtype.size();
         // A forced algorithm or a tuner plugin chooses among the ring and
         // trees, which NCCL's tables know; the direct path is ours.
-        if self.forced_algo.is_none() && self.tuner.is_none() {
+        if self.direct_colls {
             if let Some(d) = &self.direct {
                 // Decided from the call alone, as every rank sees it alike
                 // (a broadcast's non-roots pass no input).
@@ -691,7 +707,10 @@ impl Core {
         };
         let what = || format!("{} #{seq}", op.describe());
         debug!(target: "oxccl::coll", rank = self.rank, "{}: {} on {nch} channel(s)", what(), algo.name());
-        let header = header_of(op, seq);
+        let header = OpHeader {
+            plan: Some((algo, nch as u32)),
+            ..header_of(op, seq)
+        };
         let reducer = Reducer::new(op.dtype, op.redop, n);
         let key = (algo, coll, op.count, nch);
         let kept = self
@@ -1001,6 +1020,7 @@ impl Core {
                 redop: 0,
                 root: 0,
                 count: total as u64,
+                plan: None,
             };
             *seq += 1;
             let dir = if send { "send to" } else { "recv from" };

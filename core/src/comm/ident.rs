@@ -6,6 +6,7 @@
 //! The hashes are FNV-1a, computed the same in every process and build so
 //! that ranks agree; none of them is a security boundary.
 
+use crate::algo::cost::LinkModel;
 use crate::bootstrap::{Bootstrap, UniqueId};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -62,7 +63,7 @@ pub fn distinct(hashes: &[u64]) -> usize {
 }
 
 /// What the ranks of a communicator learn of each other at creation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Peers {
     /// Distinct host hashes among the ranks.
     pub nnodes: usize,
@@ -76,6 +77,12 @@ pub struct Peers {
     pub devices: Vec<i32>,
     /// Each rank's /dev/shm device ([`shm_dev`]).
     pub shm_devs: Vec<u64>,
+    /// The slowest network link any rank's net plugin reported: every
+    /// rank's cost model prices the network alike, else ranks on
+    /// different hardware would choose different algorithms for one call.
+    pub net_link: LinkModel,
+    /// Ranks that force an algorithm or ask a tuner plugin.
+    pub rings_only: Vec<usize>,
 }
 
 /// What one rank tells the others.
@@ -86,9 +93,14 @@ pub struct Facts {
     pub shm_disable: bool,
     pub device: Option<usize>,
     pub shm_dev: u64,
+    /// The network between hosts as this rank's net plugin describes its
+    /// first device.
+    pub net_link: LinkModel,
+    /// This rank forces an algorithm (NCCL_ALGO) or asks a tuner plugin.
+    pub rings_only: bool,
 }
 
-const FACT_BYTES: usize = 22;
+const FACT_BYTES: usize = 39;
 
 /// The device of this process's /dev/shm (0 where there is none): containers
 /// of one host share shared memory only if it is the same (NCCL's shmDev).
@@ -107,6 +119,9 @@ impl Facts {
             .map_or(-1, |d| i32::try_from(d).unwrap_or(i32::MAX));
         b.extend_from_slice(&dev.to_le_bytes());
         b.extend_from_slice(&self.shm_dev.to_le_bytes());
+        b.extend_from_slice(&self.net_link.latency_s.to_le_bytes());
+        b.extend_from_slice(&self.net_link.bandwidth.to_le_bytes());
+        b.push(u8::from(self.rings_only));
         debug_assert_eq!(b.len(), FACT_BYTES);
         b
     }
@@ -122,6 +137,8 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
         shm_disabled: Vec::new(),
         devices: Vec::with_capacity(all.len()),
         shm_devs: Vec::with_capacity(all.len()),
+        net_link: mine.net_link,
+        rings_only: Vec::new(),
     };
     for (r, b) in all.iter().enumerate() {
         if b.len() != FACT_BYTES {
@@ -145,6 +162,14 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
         peers
             .shm_devs
             .push(u64::from_le_bytes(b[14..22].try_into().expect("8 bytes")));
+        let f = |at: usize| f64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+        peers.net_link = peers.net_link.worse(LinkModel {
+            latency_s: f(22),
+            bandwidth: f(30),
+        });
+        if b[38] == 1 {
+            peers.rings_only.push(r);
+        }
     }
     peers.nnodes = distinct(&peers.hosts);
     Ok(peers)

@@ -484,6 +484,11 @@ impl Comm {
                 shm_disable: cfg.shm_disable,
                 device,
                 shm_dev: ident::shm_dev(),
+                net_link: core::net_link(net.as_ref()),
+                // The tuner as the core will load it: NCCL_TUNER_PLUGIN, a
+                // default name or the net plugin's library.
+                rings_only: cfg.algo.is_some()
+                    || crate::plugin::tuner::shared(cfg.tuner_plugin.as_deref())?.is_some(),
             },
         )?;
         let nnodes = peers.nnodes;
@@ -518,7 +523,11 @@ impl Comm {
             bootstrap,
             net,
             dc,
-            core::Ident { comm_hash, nnodes },
+            core::Agreed {
+                ident: core::Ident { comm_hash, nnodes },
+                inter: peers.net_link,
+                rings_only: peers.rings_only,
+            },
             locality,
             direct,
         )

@@ -103,7 +103,7 @@ pub(crate) fn open(
         .ok()
         .flatten()
         .is_some();
-    let inter = super::core::net_link(&**net);
+    let inter = peers.net_link;
     let tr = Transports {
         routes,
         connect: Box::new(connect),

@@ -2,6 +2,7 @@
 //! operation, so that ranks that called different collectives, counts or
 //! types fail with a message saying so instead of exchanging garbage.
 
+use crate::algo::Algo;
 use crate::error::{Error, Result};
 
 pub const HEADER_BYTES: usize = 32;
@@ -17,7 +18,14 @@ pub struct OpHeader {
     pub redop: u8,
     pub root: u32,
     pub count: u64,
+    /// The algorithm and channels a collective on the rings runs with;
+    /// ranks that chose differently (NCCL_ALGO or a tuner plugin set apart)
+    /// would cut the data differently, so it travels with the rest. None
+    /// for send/recv and the direct path.
+    pub plan: Option<(Algo, u32)>,
 }
+
+const ALGOS: [Algo; 3] = [Algo::Ring, Algo::RecDoubling, Algo::Tree];
 
 pub const KIND_NAMES: [&str; 7] = [
     "all_reduce",
@@ -36,6 +44,10 @@ impl OpHeader {
         b[4] = self.kind;
         b[5] = self.dtype;
         b[6] = self.redop;
+        if let Some((algo, channels)) = self.plan {
+            b[7] = 1 + ALGOS.iter().position(|&a| a == algo).unwrap_or(0) as u8;
+            b[28..32].copy_from_slice(&channels.to_le_bytes());
+        }
         b[8..12].copy_from_slice(&self.root.to_le_bytes());
         b[12..20].copy_from_slice(&self.seq.to_le_bytes());
         b[20..28].copy_from_slice(&self.count.to_le_bytes());
@@ -53,6 +65,13 @@ impl OpHeader {
             root: u32::from_le_bytes(b[8..12].try_into().ok()?),
             seq: u64::from_le_bytes(b[12..20].try_into().ok()?),
             count: u64::from_le_bytes(b[20..28].try_into().ok()?),
+            plan: match b[7] {
+                0 => None,
+                k => Some((
+                    *ALGOS.get(k as usize - 1)?,
+                    u32::from_le_bytes(b[28..32].try_into().ok()?),
+                )),
+            },
         })
     }
 
@@ -61,8 +80,12 @@ impl OpHeader {
         let dtype = crate::DataType::from_raw(self.dtype as i32)
             .map(|d| d.name())
             .unwrap_or("?");
+        let plan = match self.plan {
+            Some((algo, ch)) => format!(" by {} on {ch} channel(s)", algo.name()),
+            None => String::new(),
+        };
         format!(
-            "{kind} #{} (count {}, {dtype}, op {}, root {})",
+            "{kind} #{} (count {}, {dtype}, op {}, root {}){plan}",
             self.seq, self.count, self.redop, self.root
         )
     }
@@ -76,6 +99,17 @@ impl OpHeader {
                 self.describe()
             )));
         };
+        let same_call = OpHeader {
+            plan: theirs.plan,
+            ..*self
+        } == theirs;
+        if same_call && theirs.plan != self.plan {
+            return Err(Error::InvalidUsage(format!(
+                "mismatched algorithms: rank {peer} runs {} while rank {rank} runs {}; NCCL_ALGO and a tuner plugin must choose alike on every rank",
+                theirs.describe(),
+                self.describe()
+            )));
+        }
         if theirs != *self {
             return Err(Error::InvalidUsage(format!(
                 "mismatched operations: rank {peer} called {} while rank {rank} called {}; every rank must call the same collectives in the same order with the same count, type and op",
@@ -100,6 +134,7 @@ mod tests {
             redop: 0,
             root: 0,
             count: 100,
+            plan: None,
         };
         assert_eq!(OpHeader::decode(&h.encode()), Some(h));
         let other = OpHeader { count: 200, ..h };
@@ -112,5 +147,37 @@ mod tests {
             "{e}"
         );
         assert!(h.check(&[0; 8], 3, 1).is_err());
+    }
+
+    #[test]
+    fn a_different_algorithm_is_named_as_such() {
+        let h = OpHeader {
+            seq: 0,
+            kind: 0,
+            dtype: 7,
+            redop: 0,
+            root: 0,
+            count: 2,
+            plan: Some((Algo::Ring, 1)),
+        };
+        let tree = OpHeader {
+            plan: Some((Algo::Tree, 2)),
+            ..h
+        };
+        for x in [h, tree] {
+            assert_eq!(OpHeader::decode(&x.encode()), Some(x));
+        }
+        let e = h.check(&tree.encode(), 1, 0).unwrap_err().to_string();
+        assert!(
+            e.contains("mismatched algorithms")
+                && e.contains("by Tree on 2 channel(s)")
+                && e.contains("by Ring on 1 channel(s)")
+                && e.contains("NCCL_ALGO"),
+            "{e}"
+        );
+        // A different count is still named as that, whatever the plan.
+        let more = OpHeader { count: 3, ..tree };
+        let e = h.check(&more.encode(), 1, 0).unwrap_err().to_string();
+        assert!(e.contains("mismatched operations"), "{e}");
     }
 }

@@ -75,6 +75,16 @@ impl Locality {
         self.transport_between(self.rank, peer)
     }
 
+    /// Whether every pair of ranks on one host, on every host, uses shared
+    /// memory (the same answer on every rank).
+    pub fn shm_on_every_host(&self) -> bool {
+        let mut first: std::collections::HashMap<u64, usize> = Default::default();
+        (0..self.hosts.len()).all(|r| {
+            let a = *first.entry(self.hosts[r]).or_insert(r);
+            a == r || self.transport_between(a, r) == Transport::Shm
+        })
+    }
+
     /// The transport between ranks `a` and `b`, as either sees it.
     fn transport_between(&self, a: usize, b: usize) -> Transport {
         let same_host =
@@ -374,6 +384,32 @@ mod tests {
             shm_disabled: shm_disabled.to_vec(),
             devices: vec![-1, 0, 1],
         }
+    }
+
+    /// Every rank gives the same answer, from the whole layout: a rank
+    /// alone on its host (2) judging only its own host would say yes
+    /// where its peers on host 7 say no.
+    #[test]
+    fn shared_memory_on_every_host_is_judged_alike_everywhere() {
+        for (disabled, want) in [
+            (&[][..], true),
+            (&[2], true),
+            (&[1], false),
+            (&[0, 1], false),
+        ] {
+            for r in 0..3 {
+                assert_eq!(
+                    at(r, disabled).shm_on_every_host(),
+                    want,
+                    "{disabled:?} at {r}"
+                );
+            }
+        }
+        let containers = Locality {
+            shm_devs: vec![5, 6, 5],
+            ..at(2, &[])
+        };
+        assert!(!containers.shm_on_every_host());
     }
 
     /// Ranks 0 and 1 share a host, rank 2 is alone; whatever is disabled
