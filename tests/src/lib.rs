@@ -158,3 +158,21 @@ pub fn trace_events(dir: &std::path::Path, rank: usize) -> Vec<serde_json::Value
         .cloned()
         .collect()
 }
+
+/// Whether rank `f` took the direct host path, as its INIT log says
+/// (`NCCL_DEBUG=INFO`, `NCCL_DEBUG_SUBSYS=INIT`): false, said on stderr,
+/// where the kernel refused cross-process reads on this machine; a panic
+/// where it took the rings for any other reason.
+pub fn took_direct_path(f: &Finished) -> bool {
+    let log = format!("{}{}", f.stdout, f.stderr);
+    if log.contains("may not read rank") {
+        eprintln!("rank {}: the direct path was refused here: {log}", f.rank);
+        return false;
+    }
+    assert!(
+        log.contains("read peers' buffers directly"),
+        "rank {} did not take the direct path:\n{log}",
+        f.rank
+    );
+    true
+}
