@@ -344,13 +344,14 @@ fn summed_on_2_ranks(comm: &Comm, count: usize) -> (oxccl::Result<()>, usize) {
     (got, wrong)
 }
 
-/// 2 ranks of the direct host path whose `var` differs (rank 1 has
-/// `other`): both take rank 0's setting, rank 1 says so in a warning
-/// naming the variable, and an all-reduce of 100 000 floats (4 slices of
-/// 64 KiB per part on rank 0's terms) is right on both. Before the ranks
-/// agreed, different slices finished at once with no error and different
-/// thresholds waited for each other until NCCL_TIMEOUT.
-fn direct_setting_differs(name: &str, var: &str, mine: &str, other: &str) {
+/// 2 ranks whose `var` differs (rank 1 has `other`), on the direct host
+/// path or (`direct` false) on the rings: both take rank 0's setting, rank
+/// 1 says so in a warning naming the variable, and an all-reduce of 100
+/// 000 floats is right on both. Before the ranks agreed, different slices
+/// finished at once with no error, different direct-path thresholds or
+/// minimum channels waited for each other until NCCL_TIMEOUT, and
+/// different chunk sizes failed with a truncated message.
+fn setting_differs(name: &str, var: &str, mine: &str, other: &str, direct: bool) {
     if as_child(name, |r| {
         // The child is single-threaded until its communicator starts, below.
         std::env::set_var(var, if r.rank == 1 { other } else { mine });
@@ -373,12 +374,13 @@ fn direct_setting_differs(name: &str, var: &str, mine: &str, other: &str) {
             ("NCCL_DEBUG", "INFO"),
             ("NCCL_DEBUG_SUBSYS", "INIT"),
             ("OXCCL_HOST_DIRECT_THREADS", "1"),
+            ("OXCCL_HOST_DIRECT", if direct { "1" } else { "0" }),
         ],
         Duration::from_secs(60),
     );
     survivors_ok(&done, usize::MAX);
     for f in &done {
-        if !took_direct_path(f) {
+        if direct && !took_direct_path(f) {
             return;
         }
         let log = format!("{}{}", f.stdout, f.stderr);
@@ -394,21 +396,45 @@ fn direct_setting_differs(name: &str, var: &str, mine: &str, other: &str) {
 
 #[test]
 fn direct_slices_that_differ_take_rank_0s() {
-    direct_setting_differs(
+    setting_differs(
         "direct_slices_that_differ_take_rank_0s",
         "OXCCL_HOST_DIRECT_SLICE",
         "65536",
         "0",
+        true,
     );
 }
 
 #[test]
 fn direct_thresholds_that_differ_take_rank_0s() {
-    direct_setting_differs(
+    setting_differs(
         "direct_thresholds_that_differ_take_rank_0s",
         "OXCCL_HOST_DIRECT_MIN",
         "1",
         "1073741824",
+        true,
+    );
+}
+
+#[test]
+fn chunk_sizes_that_differ_take_rank_0s() {
+    setting_differs(
+        "chunk_sizes_that_differ_take_rank_0s",
+        "NCCL_CHUNK_SIZE",
+        "131072",
+        "1048576",
+        false,
+    );
+}
+
+#[test]
+fn minimum_channels_that_differ_take_rank_0s() {
+    setting_differs(
+        "minimum_channels_that_differ_take_rank_0s",
+        "NCCL_MIN_NCHANNELS",
+        "1",
+        "4",
+        false,
     );
 }
 

@@ -83,6 +83,8 @@ pub struct Peers {
     pub net_link: LinkModel,
     /// Ranks that force an algorithm or ask a tuner plugin.
     pub rings_only: Vec<usize>,
+    /// Rank 0's [`SHAPING`] settings.
+    pub shaping: [u64; 3],
 }
 
 /// What one rank tells the others.
@@ -98,9 +100,21 @@ pub struct Facts {
     pub net_link: LinkModel,
     /// This rank forces an algorithm (NCCL_ALGO) or asks a tuner plugin.
     pub rings_only: bool,
+    /// Its settings that shape every collective's plan, in [`SHAPING`]'s order.
+    pub shaping: [u64; 3],
 }
 
-const FACT_BYTES: usize = 39;
+/// The settings that shape every collective's plan: ranks that differ
+/// cut the data into different messages (a truncation error) or wait for
+/// channels the others never connect (until NCCL_TIMEOUT). Every rank
+/// takes rank 0's.
+pub const SHAPING: [&str; 3] = [
+    "NCCL_CHUNK_SIZE",
+    "NCCL_MIN_NCHANNELS",
+    "NCCL_MAX_NCHANNELS",
+];
+
+const FACT_BYTES: usize = 63;
 
 /// The device of this process's /dev/shm (0 where there is none): containers
 /// of one host share shared memory only if it is the same (NCCL's shmDev).
@@ -122,6 +136,9 @@ impl Facts {
         b.extend_from_slice(&self.net_link.latency_s.to_le_bytes());
         b.extend_from_slice(&self.net_link.bandwidth.to_le_bytes());
         b.push(u8::from(self.rings_only));
+        for v in self.shaping {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
         debug_assert_eq!(b.len(), FACT_BYTES);
         b
     }
@@ -139,6 +156,7 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
         shm_devs: Vec::with_capacity(all.len()),
         net_link: mine.net_link,
         rings_only: Vec::new(),
+        shaping: mine.shaping,
     };
     for (r, b) in all.iter().enumerate() {
         if b.len() != FACT_BYTES {
@@ -169,6 +187,11 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
         });
         if b[38] == 1 {
             peers.rings_only.push(r);
+        }
+        if r == 0 {
+            peers.shaping = std::array::from_fn(|i| {
+                u64::from_le_bytes(b[39 + 8 * i..47 + 8 * i].try_into().expect("8 bytes"))
+            });
         }
     }
     peers.nnodes = distinct(&peers.hosts);

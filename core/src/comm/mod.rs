@@ -476,6 +476,8 @@ impl Comm {
             None => comm_net(&cfg, comm_hash)?,
         };
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
+        let mut cfg = cfg;
+        let shaping = [cfg.chunk_size, cfg.min_nchannels, cfg.max_nchannels];
         let peers = ident::exchange(
             &bootstrap,
             ident::Facts {
@@ -489,8 +491,20 @@ impl Comm {
                 // default name or the net plugin's library.
                 rings_only: cfg.algo.is_some()
                     || crate::plugin::tuner::shared(cfg.tuner_plugin.as_deref())?.is_some(),
+                shaping,
             },
         )?;
+        if peers.shaping != shaping {
+            let differ: Vec<String> = ident::SHAPING
+                .iter()
+                .zip(shaping.iter().zip(peers.shaping))
+                .filter(|(_, (a, b))| *a != b)
+                .map(|(var, (a, b))| format!("{var}: {a} here, {b} on rank 0"))
+                .collect();
+            warn!(target: "oxccl::init",
+                "Settings that shape every collective must be the same on every rank; this rank takes rank 0's: {}", differ.join("; "));
+            [cfg.chunk_size, cfg.min_nchannels, cfg.max_nchannels] = peers.shaping;
+        }
         let nnodes = peers.nnodes;
         let locality = crate::transport::Locality {
             rank,
