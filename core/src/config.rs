@@ -23,6 +23,9 @@ pub enum Source {
     EnvPlugin(String),
     File(PathBuf),
     Default,
+    /// Rank 0's value, taken at a communicator's creation where this
+    /// rank's differed (a setting every rank must share).
+    Rank0,
 }
 
 impl fmt::Display for Source {
@@ -33,6 +36,7 @@ impl fmt::Display for Source {
             Source::EnvPlugin(name) => write!(f, "env plugin {name}"),
             Source::File(p) => write!(f, "file {}", p.display()),
             Source::Default => write!(f, "default"),
+            Source::Rank0 => write!(f, "rank 0"),
         }
     }
 }
@@ -279,10 +283,40 @@ impl Config {
         self.entries.get(key).map(|e| &e.source)
     }
 
+    /// Whether `key` was set anywhere rather than left at its default.
+    pub fn is_set(&self, key: &str) -> bool {
+        self.source(key).is_some_and(|s| *s != Source::Default)
+    }
+
+    /// Takes rank 0's value of a setting every rank must share: `value`,
+    /// set by rank 0 (`set`) or its default there. Only the settings that
+    /// shape every collective ([`SHAPING`]); false for any other key.
+    pub fn adopt(&mut self, key: &str, value: u64, set: bool) -> bool {
+        let field = match key {
+            "CHUNK_SIZE" => &mut self.chunk_size,
+            "MIN_NCHANNELS" => &mut self.min_nchannels,
+            "MAX_NCHANNELS" => &mut self.max_nchannels,
+            _ => return false,
+        };
+        *field = value;
+        if let Some(e) = self.entries.get_mut(key) {
+            e.value = value.to_string();
+            e.source = if set { Source::Rank0 } else { Source::Default };
+        }
+        true
+    }
+
     pub fn timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs_f64(self.timeout_s.max(0.001))
     }
 }
+
+/// The settings that shape every collective's messages and channels (keys
+/// without `NCCL_`): ranks that differ cut the data into different
+/// messages (a truncation error) or wait for channels the others never
+/// connect (until NCCL_TIMEOUT), so every rank takes rank 0's
+/// ([`Config::adopt`]).
+pub const SHAPING: [&str; 3] = ["CHUNK_SIZE", "MIN_NCHANNELS", "MAX_NCHANNELS"];
 
 /// The value of an `NCCL_*` variable as NCCL reads it (`ncclGetEnv`):
 /// through the env plugin when one is in use, else from the process
@@ -337,6 +371,19 @@ pub(crate) fn parse_conf(text: &str) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn adopting_rank_0s_value_takes_whether_it_was_set_too() {
+        let mut c = Config::load_with(&[("MAX_NCHANNELS", "8")]).unwrap();
+        assert!(c.is_set("MAX_NCHANNELS"));
+        assert!(c.adopt("MAX_NCHANNELS", 2, false));
+        assert_eq!(c.max_nchannels, 2);
+        assert!(!c.is_set("MAX_NCHANNELS"));
+        assert!(c.adopt("CHUNK_SIZE", 4096, true));
+        assert_eq!(c.chunk_size, 4096);
+        assert_eq!(c.source("CHUNK_SIZE"), Some(&Source::Rank0));
+        assert!(!c.adopt("TIMEOUT", 1, true));
+    }
 
     #[test]
     fn defaults_parse() {

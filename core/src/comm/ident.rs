@@ -83,8 +83,8 @@ pub struct Peers {
     pub net_link: LinkModel,
     /// Ranks that force an algorithm or ask a tuner plugin.
     pub rings_only: Vec<usize>,
-    /// Rank 0's [`SHAPING`] settings.
-    pub shaping: [u64; 3],
+    /// Rank 0's [`Shaping`].
+    pub shaping: Shaping,
 }
 
 /// What one rank tells the others.
@@ -100,21 +100,22 @@ pub struct Facts {
     pub net_link: LinkModel,
     /// This rank forces an algorithm (NCCL_ALGO) or asks a tuner plugin.
     pub rings_only: bool,
-    /// Its settings that shape every collective's plan, in [`SHAPING`]'s order.
-    pub shaping: [u64; 3],
+    /// Its values of [`crate::config::SHAPING`], in that order, each with
+    /// whether it was set (the device path treats an unset maximum of
+    /// channels as its own choice).
+    pub shaping: Shaping,
 }
 
-/// The settings that shape every collective's plan: ranks that differ
-/// cut the data into different messages (a truncation error) or wait for
-/// channels the others never connect (until NCCL_TIMEOUT). Every rank
-/// takes rank 0's.
-pub const SHAPING: [&str; 3] = [
-    "NCCL_CHUNK_SIZE",
-    "NCCL_MIN_NCHANNELS",
-    "NCCL_MAX_NCHANNELS",
-];
+/// Values of [`crate::config::SHAPING`] and whether each was set.
+pub type Shaping = [(u64, bool); 3];
 
-const FACT_BYTES: usize = 63;
+/// This rank's [`Shaping`].
+pub fn shaping(cfg: &Config) -> Shaping {
+    let v = [cfg.chunk_size, cfg.min_nchannels, cfg.max_nchannels];
+    std::array::from_fn(|i| (v[i], cfg.is_set(crate::config::SHAPING[i])))
+}
+
+const FACT_BYTES: usize = 66;
 
 /// The device of this process's /dev/shm (0 where there is none): containers
 /// of one host share shared memory only if it is the same (NCCL's shmDev).
@@ -136,8 +137,9 @@ impl Facts {
         b.extend_from_slice(&self.net_link.latency_s.to_le_bytes());
         b.extend_from_slice(&self.net_link.bandwidth.to_le_bytes());
         b.push(u8::from(self.rings_only));
-        for v in self.shaping {
+        for (v, set) in self.shaping {
             b.extend_from_slice(&v.to_le_bytes());
+            b.push(u8::from(set));
         }
         debug_assert_eq!(b.len(), FACT_BYTES);
         b
@@ -190,7 +192,9 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
         }
         if r == 0 {
             peers.shaping = std::array::from_fn(|i| {
-                u64::from_le_bytes(b[39 + 8 * i..47 + 8 * i].try_into().expect("8 bytes"))
+                let at = 39 + 9 * i;
+                let v = u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+                (v, b[at + 8] == 1)
             });
         }
     }

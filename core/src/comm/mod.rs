@@ -477,7 +477,7 @@ impl Comm {
         };
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
         let mut cfg = cfg;
-        let shaping = [cfg.chunk_size, cfg.min_nchannels, cfg.max_nchannels];
+        let shaping = ident::shaping(&cfg);
         let peers = ident::exchange(
             &bootstrap,
             ident::Facts {
@@ -494,16 +494,29 @@ impl Comm {
                 shaping,
             },
         )?;
-        if peers.shaping != shaping {
-            let differ: Vec<String> = ident::SHAPING
-                .iter()
-                .zip(shaping.iter().zip(peers.shaping))
-                .filter(|(_, (a, b))| *a != b)
-                .map(|(var, (a, b))| format!("{var}: {a} here, {b} on rank 0"))
-                .collect();
+        let mut differ = Vec::new();
+        for (key, (mine, first)) in crate::config::SHAPING
+            .iter()
+            .zip(shaping.into_iter().zip(peers.shaping))
+            .filter(|(_, (a, b))| a != b)
+        {
+            let said = |(v, set): (u64, bool)| {
+                if set {
+                    v.to_string()
+                } else {
+                    format!("unset ({v})")
+                }
+            };
+            differ.push(format!(
+                "NCCL_{key}: {} here, {} on rank 0",
+                said(mine),
+                said(first)
+            ));
+            cfg.adopt(key, first.0, first.1);
+        }
+        if !differ.is_empty() {
             warn!(target: "oxccl::init",
                 "Settings that shape every collective must be the same on every rank; this rank takes rank 0's: {}", differ.join("; "));
-            [cfg.chunk_size, cfg.min_nchannels, cfg.max_nchannels] = peers.shaping;
         }
         let nnodes = peers.nnodes;
         let locality = crate::transport::Locality {
