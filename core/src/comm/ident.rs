@@ -115,6 +115,31 @@ pub fn shaping(cfg: &Config) -> Shaping {
     std::array::from_fn(|i| (v[i], cfg.is_set(crate::config::SHAPING[i])))
 }
 
+/// Takes rank 0's `first` into `cfg` where this rank's differs: each
+/// difference, with both values, for the caller's warning.
+pub fn adopt_shaping(cfg: &mut Config, first: Shaping) -> Vec<String> {
+    let said = |(v, set): (u64, bool)| {
+        if set {
+            v.to_string()
+        } else {
+            format!("unset ({v})")
+        }
+    };
+    let mine = shaping(cfg);
+    let mut differ = Vec::new();
+    for (i, key) in crate::config::SHAPING.iter().enumerate() {
+        if mine[i] != first[i] {
+            differ.push(format!(
+                "NCCL_{key}: {} here, {} on rank 0",
+                said(mine[i]),
+                said(first[i])
+            ));
+            cfg.adopt(key, first[i].0, first[i].1);
+        }
+    }
+    differ
+}
+
 const FACT_BYTES: usize = 66;
 
 /// The device of this process's /dev/shm (0 where there is none): containers
@@ -213,6 +238,26 @@ mod tests {
         assert_ne!(base, split_hash(2, 0, 0));
         assert_ne!(base, split_hash(1, 1, 0));
         assert_ne!(base, split_hash(1, 0, 1));
+    }
+
+    #[test]
+    fn rank_0s_shaping_is_taken_and_what_differed_is_said() {
+        let mut cfg = Config::load_with(&[("CHUNK_SIZE", "128K"), ("MAX_NCHANNELS", "2")]).unwrap();
+        let first = [
+            (1 << 20, false),
+            (cfg.min_nchannels, cfg.is_set("MIN_NCHANNELS")),
+            (2, false),
+        ];
+        let said = adopt_shaping(&mut cfg, first);
+        assert_eq!(
+            said,
+            [
+                "NCCL_CHUNK_SIZE: 131072 here, unset (1048576) on rank 0",
+                "NCCL_MAX_NCHANNELS: 2 here, unset (2) on rank 0"
+            ]
+        );
+        assert_eq!(shaping(&cfg), first);
+        assert!(adopt_shaping(&mut cfg, first).is_empty());
     }
 
     #[test]

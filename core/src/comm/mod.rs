@@ -477,7 +477,6 @@ impl Comm {
         };
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
         let mut cfg = cfg;
-        let shaping = ident::shaping(&cfg);
         let peers = ident::exchange(
             &bootstrap,
             ident::Facts {
@@ -491,29 +490,10 @@ impl Comm {
                 // default name or the net plugin's library.
                 rings_only: cfg.algo.is_some()
                     || crate::plugin::tuner::shared(cfg.tuner_plugin.as_deref())?.is_some(),
-                shaping,
+                shaping: ident::shaping(&cfg),
             },
         )?;
-        let mut differ = Vec::new();
-        for (key, (mine, first)) in crate::config::SHAPING
-            .iter()
-            .zip(shaping.into_iter().zip(peers.shaping))
-            .filter(|(_, (a, b))| a != b)
-        {
-            let said = |(v, set): (u64, bool)| {
-                if set {
-                    v.to_string()
-                } else {
-                    format!("unset ({v})")
-                }
-            };
-            differ.push(format!(
-                "NCCL_{key}: {} here, {} on rank 0",
-                said(mine),
-                said(first)
-            ));
-            cfg.adopt(key, first.0, first.1);
-        }
+        let differ = ident::adopt_shaping(&mut cfg, peers.shaping);
         if !differ.is_empty() {
             warn!(target: "oxccl::init",
                 "Settings that shape every collective must be the same on every rank; this rank takes rank 0's: {}", differ.join("; "));
