@@ -288,6 +288,19 @@ impl Config {
         self.source(key).is_some_and(|s| *s != Source::Default)
     }
 
+    /// Takes rank 0's NCCL_ALGO (None: unset there).
+    pub fn adopt_algo(&mut self, name: Option<&str>) {
+        self.algo = name.map(str::to_string);
+        if let Some(e) = self.entries.get_mut("ALGO") {
+            e.value = name.unwrap_or_default().to_string();
+            e.source = if name.is_some() {
+                Source::Rank0
+            } else {
+                Source::Default
+            };
+        }
+    }
+
     /// Takes rank 0's value of a setting every rank must share: `value`,
     /// set by rank 0 (`set`) or its default there. Only the settings that
     /// shape every collective ([`SHAPING`]); false for any other key.

@@ -149,10 +149,9 @@ pub(crate) struct Agreed {
     pub ident: Ident,
     /// The slowest network link any rank's net plugin reported.
     pub inter: cost::LinkModel,
-    /// Ranks that force an algorithm (NCCL_ALGO) or ask a tuner plugin:
-    /// either keeps that rank's collectives on the rings and trees, so
-    /// every rank's do.
-    pub rings_only: Vec<usize>,
+    /// Ranks with a tuner plugin loaded: it keeps that rank's collectives
+    /// on the rings and trees, so every rank's stay there.
+    pub tuned: Vec<usize>,
 }
 
 /// The ids this rank made for growing its communicator (NCCL's
@@ -194,8 +193,8 @@ pub(crate) struct Core {
     /// The last host collective's plan, for the next one of the same shape.
     plan: Mutex<Option<Plan>>,
     forced_algo: Option<Algo>,
-    /// Whether collectives may take the direct path: no rank forces an
-    /// algorithm or asks a tuner plugin.
+    /// Whether collectives may take the direct path: no algorithm is
+    /// forced and no rank has a tuner plugin loaded.
     direct_colls: bool,
     /// The ranks in ring order (the ring and trees are built over it).
     ring: Vec<usize>,
@@ -316,10 +315,11 @@ impl Core {
         }
         let ring = algo::ring_order(&locality.hosts);
         let fabric = fabric_of(&locality, agreed.inter, ident.nnodes);
-        let direct_colls = agreed.rings_only.is_empty();
-        if direct.is_some() && !direct_colls && !agreed.rings_only.contains(&rank) {
+        // NCCL_ALGO is rank 0's on every rank by now.
+        let direct_colls = agreed.tuned.is_empty() && forced_algo.is_none();
+        if direct.is_some() && !agreed.tuned.is_empty() && !agreed.tuned.contains(&rank) {
             warn!(target: "oxccl::init",
-                "Ranks {:?} force an algorithm (NCCL_ALGO) or ask a tuner plugin, which keeps their collectives on the rings and trees: this rank's collectives take them too instead of reading peers' buffers directly (set NCCL_ALGO and NCCL_TUNER_PLUGIN alike on every rank)", agreed.rings_only);
+                "Ranks {:?} have a tuner plugin loaded, which keeps their collectives on the rings and trees: this rank's collectives take them too instead of reading peers' buffers directly (set NCCL_TUNER_PLUGIN alike on every rank)", agreed.tuned);
         }
         log_rings(&ring, cfg.max_nchannels.max(1) as usize);
         let conns = Connections::new(net.clone(), ShmNet::new(cfg.buffsize), locality.clone());

@@ -7,6 +7,7 @@
 //! that ranks agree; none of them is a security boundary.
 
 use crate::algo::cost::LinkModel;
+use crate::algo::Algo;
 use crate::bootstrap::{Bootstrap, UniqueId};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -81,8 +82,10 @@ pub struct Peers {
     /// rank's cost model prices the network alike, else ranks on
     /// different hardware would choose different algorithms for one call.
     pub net_link: LinkModel,
-    /// Ranks that force an algorithm or ask a tuner plugin.
-    pub rings_only: Vec<usize>,
+    /// Ranks with a tuner plugin loaded.
+    pub tuned: Vec<usize>,
+    /// Rank 0's NCCL_ALGO ([`algo_code`]).
+    pub algo: u8,
     /// Rank 0's [`Shaping`].
     pub shaping: Shaping,
 }
@@ -98,8 +101,10 @@ pub struct Facts {
     /// The network between hosts as this rank's net plugin describes its
     /// first device.
     pub net_link: LinkModel,
-    /// This rank forces an algorithm (NCCL_ALGO) or asks a tuner plugin.
-    pub rings_only: bool,
+    /// This rank has a tuner plugin loaded.
+    pub tuned: bool,
+    /// Its NCCL_ALGO ([`algo_code`]).
+    pub algo: u8,
     /// Its values of [`crate::config::SHAPING`], in that order, each with
     /// whether it was set (the device path treats an unset maximum of
     /// channels as its own choice).
@@ -115,9 +120,13 @@ pub fn shaping(cfg: &Config) -> Shaping {
     std::array::from_fn(|i| (v[i], cfg.is_set(crate::config::SHAPING[i])))
 }
 
-/// Takes rank 0's `first` into `cfg` where this rank's differs: each
-/// difference, with both values, for the caller's warning.
-pub fn adopt_shaping(cfg: &mut Config, first: Shaping) -> Vec<String> {
+/// Takes rank 0's `first` settings and NCCL_ALGO (`algo`, its
+/// [`algo_code`]) into `cfg` where this rank's differ: each difference,
+/// with both values, for the caller's warning. Ranks that forced
+/// different algorithms would cut the data differently: on the device
+/// path, whose steps carry no header to compare, that gave wrong results
+/// and then a failed kernel launch.
+pub fn adopt_shaping(cfg: &mut Config, first: Shaping, algo: u8) -> Vec<String> {
     let said = |(v, set): (u64, bool)| {
         if set {
             v.to_string()
@@ -137,10 +146,41 @@ pub fn adopt_shaping(cfg: &mut Config, first: Shaping) -> Vec<String> {
             cfg.adopt(key, first[i].0, first[i].1);
         }
     }
+    let mine = algo_code(cfg);
+    if mine != algo && algo != 255 {
+        let said = |c: u8| algo_name(c).unwrap_or("unset");
+        differ.push(format!(
+            "NCCL_ALGO: {} here, {} on rank 0",
+            if mine == 255 {
+                cfg.algo.as_deref().unwrap_or("?")
+            } else {
+                said(mine)
+            },
+            said(algo)
+        ));
+        cfg.adopt_algo(algo_name(algo));
+    }
     differ
 }
 
-const FACT_BYTES: usize = 66;
+/// NCCL_ALGO as one byte: 0 unset, 255 a name no algorithm has (the
+/// communicator's creation refuses it), else 1 + its place in
+/// [`Algo::ALL`].
+pub fn algo_code(cfg: &Config) -> u8 {
+    match cfg.algo.as_deref().map(Algo::parse) {
+        None => 0,
+        Some(None) => 255,
+        Some(Some(a)) => 1 + Algo::ALL.iter().position(|&b| b == a).unwrap_or(0) as u8,
+    }
+}
+
+fn algo_name(code: u8) -> Option<&'static str> {
+    Algo::ALL
+        .get((code as usize).checked_sub(1)?)
+        .map(|a| a.name())
+}
+
+const FACT_BYTES: usize = 67;
 
 /// The device of this process's /dev/shm (0 where there is none): containers
 /// of one host share shared memory only if it is the same (NCCL's shmDev).
@@ -161,7 +201,8 @@ impl Facts {
         b.extend_from_slice(&self.shm_dev.to_le_bytes());
         b.extend_from_slice(&self.net_link.latency_s.to_le_bytes());
         b.extend_from_slice(&self.net_link.bandwidth.to_le_bytes());
-        b.push(u8::from(self.rings_only));
+        b.push(u8::from(self.tuned));
+        b.push(self.algo);
         for (v, set) in self.shaping {
             b.extend_from_slice(&v.to_le_bytes());
             b.push(u8::from(set));
@@ -182,7 +223,8 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
         devices: Vec::with_capacity(all.len()),
         shm_devs: Vec::with_capacity(all.len()),
         net_link: mine.net_link,
-        rings_only: Vec::new(),
+        tuned: Vec::new(),
+        algo: mine.algo,
         shaping: mine.shaping,
     };
     for (r, b) in all.iter().enumerate() {
@@ -213,11 +255,12 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
             bandwidth: f(30),
         });
         if b[38] == 1 {
-            peers.rings_only.push(r);
+            peers.tuned.push(r);
         }
         if r == 0 {
+            peers.algo = b[39];
             peers.shaping = std::array::from_fn(|i| {
-                let at = 39 + 9 * i;
+                let at = 40 + 9 * i;
                 let v = u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
                 (v, b[at + 8] == 1)
             });
@@ -248,7 +291,8 @@ mod tests {
             (cfg.min_nchannels, cfg.is_set("MIN_NCHANNELS")),
             (2, false),
         ];
-        let said = adopt_shaping(&mut cfg, first);
+        let algo = algo_code(&cfg);
+        let said = adopt_shaping(&mut cfg, first, algo);
         assert_eq!(
             said,
             [
@@ -257,7 +301,14 @@ mod tests {
             ]
         );
         assert_eq!(shaping(&cfg), first);
-        assert!(adopt_shaping(&mut cfg, first).is_empty());
+        assert!(adopt_shaping(&mut cfg, first, 0).is_empty());
+        let said = adopt_shaping(&mut cfg, first, 1);
+        assert_eq!(said, ["NCCL_ALGO: unset here, Ring on rank 0"]);
+        assert_eq!(cfg.algo.as_deref(), Some("Ring"));
+        assert_eq!(algo_code(&cfg), 1);
+        let said = adopt_shaping(&mut cfg, first, 0);
+        assert_eq!(said, ["NCCL_ALGO: Ring here, unset on rank 0"]);
+        assert_eq!(cfg.algo, None);
     }
 
     #[test]

@@ -488,12 +488,12 @@ impl Comm {
                 net_link: core::net_link(net.as_ref()),
                 // The tuner as the core will load it: NCCL_TUNER_PLUGIN, a
                 // default name or the net plugin's library.
-                rings_only: cfg.algo.is_some()
-                    || crate::plugin::tuner::shared(cfg.tuner_plugin.as_deref())?.is_some(),
+                tuned: crate::plugin::tuner::shared(cfg.tuner_plugin.as_deref())?.is_some(),
+                algo: ident::algo_code(&cfg),
                 shaping: ident::shaping(&cfg),
             },
         )?;
-        let differ = ident::adopt_shaping(&mut cfg, peers.shaping);
+        let differ = ident::adopt_shaping(&mut cfg, peers.shaping, peers.algo);
         if !differ.is_empty() {
             warn!(target: "oxccl::init",
                 "Settings that shape every collective must be the same on every rank; this rank takes rank 0's: {}", differ.join("; "));
@@ -533,7 +533,7 @@ impl Comm {
             core::Agreed {
                 ident: core::Ident { comm_hash, nnodes },
                 inter: peers.net_link,
-                rings_only: peers.rings_only,
+                tuned: peers.tuned,
             },
             locality,
             direct,

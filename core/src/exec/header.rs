@@ -25,8 +25,6 @@ pub struct OpHeader {
     pub plan: Option<(Algo, u32)>,
 }
 
-const ALGOS: [Algo; 3] = [Algo::Ring, Algo::RecDoubling, Algo::Tree];
-
 pub const KIND_NAMES: [&str; 7] = [
     "all_reduce",
     "broadcast",
@@ -45,7 +43,7 @@ impl OpHeader {
         b[5] = self.dtype;
         b[6] = self.redop;
         if let Some((algo, channels)) = self.plan {
-            b[7] = 1 + ALGOS.iter().position(|&a| a == algo).unwrap_or(0) as u8;
+            b[7] = 1 + Algo::ALL.iter().position(|&a| a == algo).unwrap_or(0) as u8;
             b[28..32].copy_from_slice(&channels.to_le_bytes());
         }
         b[8..12].copy_from_slice(&self.root.to_le_bytes());
@@ -68,7 +66,7 @@ impl OpHeader {
             plan: match b[7] {
                 0 => None,
                 k => Some((
-                    *ALGOS.get(k as usize - 1)?,
+                    *Algo::ALL.get(k as usize - 1)?,
                     u32::from_le_bytes(b[28..32].try_into().ok()?),
                 )),
             },
