@@ -169,6 +169,17 @@ impl Algo {
 
     /// Every algorithm, in the order the cost model tries them.
     pub const ALL: [Algo; 3] = [Algo::Ring, Algo::RecDoubling, Algo::Tree];
+
+    /// One byte on the wire (operation headers, rank facts): 1 + its place
+    /// in [`Algo::ALL`]; 0 is left for "none".
+    pub fn code(self) -> u8 {
+        1 + Algo::ALL.iter().position(|&a| a == self).unwrap_or(0) as u8
+    }
+
+    /// The algorithm of [`Algo::code`] `c`, if any.
+    pub fn from_code(c: u8) -> Option<Algo> {
+        Algo::ALL.get((c as usize).checked_sub(1)?).copied()
+    }
 }
 
 /// The steps of `rank` for the part `[lo, hi)` of each rank's block, with

@@ -29,10 +29,13 @@ use crate::transport::{ConnKey, Connections, Locality, Transport, P2P_CHANNEL};
 /// place. Every rank calls it at creation: a host-memory communicator whose
 /// ranks all share this host (and its /dev/shm) and none of which
 /// disabled shared memory gets the direct path if every rank may read
-/// every other's memory. The INFO log says which way it went.
+/// every other's memory. The INFO log says which way it went. `terms` are
+/// rank 0's (every rank's came with the rank facts), `threads` this rank's.
 pub(crate) fn setup_direct(
     bootstrap: &Bootstrap,
     loc: &Locality,
+    terms: exec::direct::Terms,
+    threads: exec::direct::Threads,
 ) -> Result<Option<exec::direct::Direct>> {
     let n = loc.hosts.len();
     let one_host = loc.hosts.iter().all(|h| *h == loc.hosts[0])
@@ -40,30 +43,13 @@ pub(crate) fn setup_direct(
     if n < 2 || !one_host || !loc.shm_disabled.is_empty() {
         return Ok(None);
     }
-    let threads = exec::direct::settings(n).2;
-    let mine = exec::direct::Terms::from_env(n, threads);
     let mut why = String::new();
-    let pm = PeerMem::setup(
-        loc.rank,
-        n,
-        &|b| bootstrap.allgather(b),
-        &mine.encode(),
-        &mut why,
-    )?;
+    let pm = PeerMem::setup(loc.rank, n, &|b| bootstrap.allgather(b), &mut why)?;
     match pm {
-        Some((pm, terms)) => {
-            let first = terms
-                .first()
-                .and_then(|t| exec::direct::Terms::decode(t))
-                .ok_or_else(|| Error::Remote("rank 0 sent malformed direct-path terms".into()))?;
-            let differ = mine.differences(&first);
-            if !differ.is_empty() {
-                warn!(target: "oxccl::init",
-                    "The direct host path's settings must be the same on every rank; this rank takes rank 0's: {}", differ.join("; "));
-            }
-            let d = exec::direct::Direct::new(pm, n, first, threads);
+        Some(pm) => {
+            let d = exec::direct::Direct::new(pm, n, terms, threads);
             info!(target: "oxccl::init",
-                "Host collectives of {} bytes and more (broadcast and reduce: {}) read peers' buffers directly (SHM/direct/CMA, up to {} threads per rank; OXCCL_HOST_DIRECT=0 turns it off)", d.min, d.rooted_min, d.threads.most());
+                "Host collectives of {} bytes and more (broadcast and reduce: {}) read peers' buffers directly (SHM/direct/CMA, up to {} threads per rank; OXCCL_HOST_DIRECT=0 turns it off)", d.terms.min, d.terms.rooted_min, d.threads.most());
             Ok(Some(d))
         }
         None => {
@@ -835,6 +821,7 @@ impl Core {
             Route::Inline => d.run_inline(coll, op.count, elem, post, bufs, reducer, &ctx),
             Route::Threads(_) => {
                 let slice = d
+                    .terms
                     .slice
                     .for_call(n, algo::direct::bytes(coll, op.count, elem, n));
                 let plan = algo::direct::plan(coll, self.rank, n, op.count, elem, threads, slice);
@@ -1069,7 +1056,7 @@ impl Core {
                 peer,
                 send,
                 span: bufs.span(region, 0, bytes, 1)?,
-                ring: send && bytes > d.p2p_max,
+                ring: send && bytes > d.terms.p2p_max,
             });
             places.push(i);
         }

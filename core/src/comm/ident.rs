@@ -11,6 +11,7 @@ use crate::algo::Algo;
 use crate::bootstrap::{Bootstrap, UniqueId};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::exec::direct::TERMS_BYTES;
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {
     parts
@@ -88,6 +89,8 @@ pub struct Peers {
     pub algo: u8,
     /// Rank 0's [`Shaping`].
     pub shaping: Shaping,
+    /// Rank 0's direct-path terms ([`crate::exec::direct::Terms::encode`]).
+    pub direct: [u8; TERMS_BYTES],
 }
 
 /// What one rank tells the others.
@@ -109,6 +112,8 @@ pub struct Facts {
     /// whether it was set (the device path treats an unset maximum of
     /// channels as its own choice).
     pub shaping: Shaping,
+    /// Its direct host path's terms ([`crate::exec::direct::Terms`]).
+    pub direct: [u8; TERMS_BYTES],
 }
 
 /// Values of [`crate::config::SHAPING`] and whether each was set.
@@ -164,23 +169,20 @@ pub fn adopt_shaping(cfg: &mut Config, first: Shaping, algo: u8) -> Vec<String> 
 }
 
 /// NCCL_ALGO as one byte: 0 unset, 255 a name no algorithm has (the
-/// communicator's creation refuses it), else 1 + its place in
-/// [`Algo::ALL`].
+/// communicator's creation refuses it), else its [`Algo::code`].
 pub fn algo_code(cfg: &Config) -> u8 {
     match cfg.algo.as_deref().map(Algo::parse) {
         None => 0,
         Some(None) => 255,
-        Some(Some(a)) => 1 + Algo::ALL.iter().position(|&b| b == a).unwrap_or(0) as u8,
+        Some(Some(a)) => a.code(),
     }
 }
 
 fn algo_name(code: u8) -> Option<&'static str> {
-    Algo::ALL
-        .get((code as usize).checked_sub(1)?)
-        .map(|a| a.name())
+    Algo::from_code(code).map(Algo::name)
 }
 
-const FACT_BYTES: usize = 67;
+const FACT_BYTES: usize = 67 + TERMS_BYTES;
 
 /// The device of this process's /dev/shm (0 where there is none): containers
 /// of one host share shared memory only if it is the same (NCCL's shmDev).
@@ -207,6 +209,7 @@ impl Facts {
             b.extend_from_slice(&v.to_le_bytes());
             b.push(u8::from(set));
         }
+        b.extend_from_slice(&self.direct);
         debug_assert_eq!(b.len(), FACT_BYTES);
         b
     }
@@ -226,6 +229,7 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
         tuned: Vec::new(),
         algo: mine.algo,
         shaping: mine.shaping,
+        direct: mine.direct,
     };
     for (r, b) in all.iter().enumerate() {
         if b.len() != FACT_BYTES {
@@ -264,6 +268,7 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
                 let v = u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
                 (v, b[at + 8] == 1)
             });
+            peers.direct.copy_from_slice(&b[67..FACT_BYTES]);
         }
     }
     peers.nnodes = distinct(&peers.hosts);

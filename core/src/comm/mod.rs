@@ -477,6 +477,7 @@ impl Comm {
         };
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
         let mut cfg = cfg;
+        let (terms, threads) = crate::exec::direct::Terms::from_env(nranks);
         let peers = ident::exchange(
             &bootstrap,
             ident::Facts {
@@ -491,12 +492,18 @@ impl Comm {
                 tuned: crate::plugin::tuner::shared(cfg.tuner_plugin.as_deref())?.is_some(),
                 algo: ident::algo_code(&cfg),
                 shaping: ident::shaping(&cfg),
+                direct: terms.encode(),
             },
         )?;
-        let differ = ident::adopt_shaping(&mut cfg, peers.shaping, peers.algo);
+        let mut differ = ident::adopt_shaping(&mut cfg, peers.shaping, peers.algo);
+        let first = crate::exec::direct::Terms::decode(&peers.direct)
+            .ok_or_else(|| Error::Remote("rank 0 sent malformed direct-path terms".into()))?;
+        if device.is_none() {
+            differ.extend(terms.differences(&first));
+        }
         if !differ.is_empty() {
             warn!(target: "oxccl::init",
-                "Settings that shape every collective must be the same on every rank; this rank takes rank 0's: {}", differ.join("; "));
+                "Settings that must be the same on every rank differ here; this rank takes rank 0's: {}", differ.join("; "));
         }
         let nnodes = peers.nnodes;
         let locality = crate::transport::Locality {
@@ -522,7 +529,7 @@ impl Comm {
             "ncclCommInitRank comm {comm_hash:#018x} rank {rank} nranks {nranks} cudaDev {} nNodes {nnodes} - Init COMPLETE (on {on}, network {})",
             device.map_or(-1, |d| d as i64), net.name());
         let direct = match device {
-            None => core::setup_direct(&bootstrap, &locality)?,
+            None => core::setup_direct(&bootstrap, &locality, first, threads)?,
             Some(_) => None,
         };
         Core::new(

@@ -261,15 +261,9 @@ pub enum Route {
 /// The direct path of one communicator: its peer memory and its threads.
 pub struct Direct {
     pm: Arc<PeerMem>,
-    pub min: usize,
-    /// The same for broadcast and reduce, whose chains beat the direct
-    /// path below 512 KiB even with fewer cores than ranks.
-    pub rooted_min: usize,
-    /// The largest message sent on this path; larger ones take the rings.
-    pub p2p_max: usize,
+    /// Rank 0's: which calls take this path and how they are sliced.
+    pub terms: Terms,
     pub threads: Threads,
-    /// How an all-reduce cuts its parts, see [`Slice::for_call`].
-    pub slice: Slice,
     /// Whether a call's large reads land through scratch and streaming
     /// stores, see [`Stream::for_call`].
     stream: Stream,
@@ -343,35 +337,48 @@ impl Drop for Pool {
 /// them from its own environment; all take rank 0's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Terms {
+    /// The smallest collective that takes the path.
     pub min: usize,
+    /// The same for broadcast and reduce, whose chains beat the direct
+    /// path below 512 KiB even with fewer cores than ranks.
     pub rooted_min: usize,
+    /// The largest message sent on this path; larger ones take the rings.
     pub p2p_max: usize,
+    /// How an all-reduce cuts its parts, see [`Slice::for_call`].
     pub slice: Slice,
 }
 
+/// Bytes of [`Terms::encode`].
+pub const TERMS_BYTES: usize = 40;
+
 impl Terms {
-    /// This rank's, for `n` ranks on `threads` threads each.
-    pub fn from_env(n: usize, threads: Threads) -> Terms {
-        let (min, rooted_min, _) = settings(n);
-        Terms {
+    /// This rank's, for `n` ranks, and the threads it runs a call on
+    /// (each rank's own).
+    pub fn from_env(n: usize) -> (Terms, Threads) {
+        let (min, rooted_min, threads) = settings(n);
+        let terms = Terms {
             min,
             rooted_min,
             p2p_max: p2p_max(threads),
             slice: Slice::from_env(),
-        }
+        };
+        (terms, threads)
     }
 
-    pub fn encode(&self) -> Vec<u8> {
+    pub fn encode(&self) -> [u8; TERMS_BYTES] {
         let (tag, slice) = match self.slice {
             Slice::Fixed(s) => (0u64, s),
             Slice::Auto { cache } => (1, cache),
         };
-        [self.min, self.rooted_min, self.p2p_max]
+        let words = [self.min, self.rooted_min, self.p2p_max]
             .map(|v| v as u64)
             .into_iter()
-            .chain([tag, slice as u64])
-            .flat_map(u64::to_le_bytes)
-            .collect()
+            .chain([tag, slice as u64]);
+        let mut b = [0u8; TERMS_BYTES];
+        for (i, w) in words.enumerate() {
+            b[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        b
     }
 
     pub fn decode(b: &[u8]) -> Option<Terms> {
@@ -383,7 +390,7 @@ impl Terms {
             (1, cache) => Slice::Auto { cache },
             _ => return None,
         };
-        (b.len() == 40).then_some(Terms {
+        (b.len() == TERMS_BYTES).then_some(Terms {
             min: w(0)?,
             rooted_min: w(1)?,
             p2p_max: w(2)?,
@@ -427,11 +434,8 @@ impl Direct {
     pub fn new(pm: PeerMem, n: usize, terms: Terms, threads: Threads) -> Direct {
         Direct {
             pm: Arc::new(pm),
-            min: terms.min,
-            rooted_min: terms.rooted_min,
-            p2p_max: terms.p2p_max,
+            terms,
             threads,
-            slice: terms.slice,
             stream: Stream::from_env(),
             pool: OnceLock::new(),
             scratch: Mutex::default(),
@@ -512,8 +516,8 @@ impl Direct {
     /// largest input fits a slot, else (between the two) on the rings.
     pub fn route(&self, coll: Coll, bytes: usize) -> Option<Route> {
         let min = match coll {
-            Coll::Broadcast { .. } | Coll::Reduce { .. } => self.rooted_min,
-            _ => self.min,
+            Coll::Broadcast { .. } | Coll::Reduce { .. } => self.terms.rooted_min,
+            _ => self.terms.min,
         };
         if bytes >= min {
             Some(Route::Threads(self.threads.for_bytes(bytes)))

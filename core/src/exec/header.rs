@@ -19,9 +19,9 @@ pub struct OpHeader {
     pub root: u32,
     pub count: u64,
     /// The algorithm and channels a collective on the rings runs with;
-    /// ranks that chose differently (NCCL_ALGO or a tuner plugin set apart)
-    /// would cut the data differently, so it travels with the rest. None
-    /// for send/recv and the direct path.
+    /// ranks that chose differently (tuner plugins that disagree; NCCL_ALGO
+    /// is rank 0's on every rank) would cut the data differently, so it
+    /// travels with the rest. None for send/recv and the direct path.
     pub plan: Option<(Algo, u32)>,
 }
 
@@ -43,7 +43,7 @@ impl OpHeader {
         b[5] = self.dtype;
         b[6] = self.redop;
         if let Some((algo, channels)) = self.plan {
-            b[7] = 1 + Algo::ALL.iter().position(|&a| a == algo).unwrap_or(0) as u8;
+            b[7] = algo.code();
             b[28..32].copy_from_slice(&channels.to_le_bytes());
         }
         b[8..12].copy_from_slice(&self.root.to_le_bytes());
@@ -66,7 +66,7 @@ impl OpHeader {
             plan: match b[7] {
                 0 => None,
                 k => Some((
-                    *Algo::ALL.get(k as usize - 1)?,
+                    Algo::from_code(k)?,
                     u32::from_le_bytes(b[28..32].try_into().ok()?),
                 )),
             },
@@ -103,7 +103,7 @@ impl OpHeader {
         } == theirs;
         if same_call && theirs.plan != self.plan {
             return Err(Error::InvalidUsage(format!(
-                "mismatched algorithms: rank {peer} runs {} while rank {rank} runs {}; NCCL_ALGO and a tuner plugin must choose alike on every rank",
+                "mismatched algorithms: rank {peer} runs {} while rank {rank} runs {}; a tuner plugin must choose alike on every rank (NCCL_ALGO is rank 0's on every rank)",
                 theirs.describe(),
                 self.describe()
             )));

@@ -231,47 +231,39 @@ fn spins_for(n: usize) -> u32 {
     }
 }
 
-/// How one rank's setup went, sent to every other: its pid, the address
-/// of its probe word, its caller's terms (length first) and, from rank 0,
-/// the segment's name.
-fn encode(pid: i32, probe: u64, terms: &[u8], name: &str) -> Vec<u8> {
-    let mut b = Vec::with_capacity(16 + terms.len() + name.len());
+/// How one rank's setup went, sent to every other.
+fn encode(pid: i32, probe: u64, name: &str) -> Vec<u8> {
+    let mut b = Vec::with_capacity(12 + name.len());
     b.extend_from_slice(&pid.to_le_bytes());
     b.extend_from_slice(&probe.to_le_bytes());
-    b.extend_from_slice(&(terms.len() as u32).to_le_bytes());
-    b.extend_from_slice(terms);
     b.extend_from_slice(name.as_bytes());
     b
 }
 
-/// One rank's setup: pid, probe address, terms, segment name.
-type Setup = (i32, u64, Vec<u8>, String);
-
-fn decode(p: usize, b: &[u8]) -> Result<Setup> {
+fn decode(p: usize, b: &[u8]) -> Result<(i32, u64, String)> {
     let bad = || Error::Remote(format!("rank {p} sent a malformed peer-memory setup"));
-    let field = |lo: usize, hi: usize| b.get(lo..hi).ok_or_else(bad);
-    let pid = i32::from_le_bytes(field(0, 4)?.try_into().map_err(|_| bad())?);
-    let probe = u64::from_le_bytes(field(4, 12)?.try_into().map_err(|_| bad())?);
-    let len = u32::from_le_bytes(field(12, 16)?.try_into().map_err(|_| bad())?) as usize;
-    let terms = field(16, 16 + len)?.to_vec();
-    let name = std::str::from_utf8(&b[16 + len..]).map_err(|_| bad())?;
-    Ok((pid, probe, terms, name.to_string()))
+    let pid = i32::from_le_bytes(b.get(..4).ok_or_else(bad)?.try_into().map_err(|_| bad())?);
+    let probe = u64::from_le_bytes(
+        b.get(4..12)
+            .ok_or_else(bad)?
+            .try_into()
+            .map_err(|_| bad())?,
+    );
+    let name = std::str::from_utf8(&b[12..]).map_err(|_| bad())?;
+    Ok((pid, probe, name.to_string()))
 }
 
 impl PeerMem {
     /// Every rank of a communicator whose ranks all share this host calls
     /// it, in the same order as its other exchanges (`allgather` is the
     /// bootstrap's). `Ok(None)`: some rank cannot read some peer (or did
-    /// not want to), said in `why`. `terms` travel with the setup, for
-    /// the caller's own agreement: it gets every rank's back, in rank
-    /// order, at no extra exchange.
+    /// not want to), said in `why`.
     pub fn setup(
         me: usize,
         n: usize,
         allgather: &AllGather<'_>,
-        terms: &[u8],
         why: &mut String,
-    ) -> Result<Option<(PeerMem, Vec<Vec<u8>>)>> {
+    ) -> Result<Option<PeerMem>> {
         let want = wanted();
         let mut verdict = String::new();
         if want {
@@ -295,7 +287,7 @@ impl PeerMem {
         } else {
             0
         };
-        let first = allgather(&encode(pid, probe, terms, if me == 0 { &name } else { "" }))?;
+        let first = allgather(&encode(pid, probe, if me == 0 { &name } else { "" }))?;
         let peers = first
             .iter()
             .enumerate()
@@ -303,11 +295,11 @@ impl PeerMem {
             .collect::<Result<Vec<_>>>()?;
         let area = match area {
             Some(a) => a,
-            None => Area::open_shared(&peers[0].3, segment_bytes(n))?,
+            None => Area::open_shared(&peers[0].2, segment_bytes(n))?,
         };
         // Every rank reads one word of every other: the kernel's verdict,
         // given before any collective relies on it.
-        for (p, (pid, addr, _, _)) in peers.iter().enumerate() {
+        for (p, (pid, addr, _)) in peers.iter().enumerate() {
             if p == me || !verdict.is_empty() {
                 continue;
             }
@@ -334,14 +326,13 @@ impl PeerMem {
             *why = String::from_utf8_lossy(v).into_owned();
             return Ok(None);
         }
-        let pm = PeerMem {
+        Ok(Some(PeerMem {
             area,
             me,
             pids: peers.iter().map(|p| p.0).collect(),
             epoch: AtomicU64::new(0),
             spins: spins_for(n),
-        };
-        Ok(Some((pm, peers.into_iter().map(|p| p.2).collect())))
+        }))
     }
 
     pub fn nranks(&self) -> usize {
@@ -619,10 +610,7 @@ pub(crate) mod tests {
                         Ok(all)
                     };
                     let mut why = String::new();
-                    let (pm, terms) = PeerMem::setup(me, n, &ag, &[me as u8], &mut why)
-                        .unwrap()
-                        .expect(&why);
-                    assert_eq!(terms, (0..n).map(|p| vec![p as u8]).collect::<Vec<_>>());
+                    let pm = PeerMem::setup(me, n, &ag, &mut why).unwrap().expect(&why);
                     f(pm);
                 })
             })
