@@ -438,18 +438,13 @@ fn minimum_channels_that_differ_take_rank_0s() {
     );
 }
 
-/// 2 ranks on host memory, rank 1 with NCCL_ALGO=`b`, rank 0 with `a`
-/// (None: unset); all-reduces of 2, 1000 and 300 000 floats (the last
-/// one past the direct path's threshold). Each rank prints what each call
-/// gave, for the caller to assert on.
-fn algo_differs(name: &str, a: Option<&str>, b: &str) -> Vec<oxccl_cli::launch::Finished> {
+/// 2 ranks on host memory, each set up by `setup(rank)` before its
+/// communicator starts; all-reduces of 2, 1000 and 300 000 floats (the
+/// last one past the direct path's threshold). Each rank prints what each
+/// call gave, for the caller to assert on.
+fn calls_on_2_ranks(name: &str, setup: impl FnOnce(usize)) -> Vec<oxccl_cli::launch::Finished> {
     if as_child(name, |r| {
-        // The child is single-threaded until its communicator starts, below.
-        match (r.rank, a) {
-            (1, _) => std::env::set_var("NCCL_ALGO", b),
-            (_, Some(a)) => std::env::set_var("NCCL_ALGO", a),
-            (_, None) => std::env::remove_var("NCCL_ALGO"),
-        }
+        setup(r.rank);
         oxccl::log::init();
         let comm = r.comm(&[]);
         for count in [2usize, 1000, 300_000] {
@@ -482,6 +477,39 @@ fn algo_differs(name: &str, a: Option<&str>, b: &str) -> Vec<oxccl_cli::launch::
     done
 }
 
+/// Every call of [`calls_on_2_ranks`] was right on every rank, and each
+/// of `said` is in every rank's log.
+fn all_right_and_said(done: &[oxccl_cli::launch::Finished], said: &[&str]) {
+    for f in done {
+        for count in [2, 1000, 300_000] {
+            assert!(
+                f.stderr.contains(&format!("count {count}: ok, 0 wrong")),
+                "rank {}:\n{}",
+                f.rank,
+                f.stderr
+            );
+        }
+        for s in said {
+            let line = f.stderr.lines().find(|l| l.contains(s));
+            assert!(line.is_some(), "rank {}: no {s:?} in\n{}", f.rank, f.stderr);
+            eprintln!("rank {}: {}", f.rank, line.unwrap_or_default());
+        }
+    }
+}
+
+/// 2 ranks on host memory, rank 1 with NCCL_ALGO=`b`, rank 0 with `a`
+/// (None: unset).
+fn algo_differs(name: &str, a: Option<&str>, b: &str) -> Vec<oxccl_cli::launch::Finished> {
+    calls_on_2_ranks(name, |rank| {
+        // The child is single-threaded until its communicator starts.
+        match (rank, a) {
+            (1, _) => std::env::set_var("NCCL_ALGO", b),
+            (_, Some(a)) => std::env::set_var("NCCL_ALGO", a),
+            (_, None) => std::env::remove_var("NCCL_ALGO"),
+        }
+    })
+}
+
 /// A rank whose NCCL_ALGO differs from rank 0's takes rank 0's and warns,
 /// naming both; every call is right. Before, a rank forcing Tree alone
 /// went onto the rings where the others read peers' buffers directly, and
@@ -495,15 +523,8 @@ fn algo_takes_rank_0s(name: &str, first: Option<&str>) {
         "NCCL_ALGO: Tree here, {} on rank 0",
         first.unwrap_or("unset")
     );
+    all_right_and_said(&done, &[]);
     for f in &done {
-        for count in [2, 1000, 300_000] {
-            assert!(
-                f.stderr.contains(&format!("count {count}: ok, 0 wrong")),
-                "rank {}:\n{}",
-                f.rank,
-                f.stderr
-            );
-        }
         assert_eq!(
             f.stderr.contains(&said),
             f.rank == 1,
@@ -525,4 +546,60 @@ fn ranks_forcing_different_algorithms_take_rank_0s() {
         "ranks_forcing_different_algorithms_take_rank_0s",
         Some("Ring"),
     );
+}
+
+/// What every rank says when the ranks' tuners cannot be followed.
+const NO_TUNER: &str = "Every rank runs without its tuner";
+
+/// A tuner plugin loaded on one rank of two is left off on both, and both
+/// say why; every call is right. Before, rank 1 ran the ring its tuner
+/// chose where rank 0 ran recursive doubling, and both failed their first
+/// call with "mismatched algorithms"; on the device path, whose steps carry
+/// no header, ranks choosing apart gave wrong results (as NCCL_ALGO on one
+/// rank did, docs/PERF.md session 19).
+#[test]
+fn a_tuner_on_one_rank_only_is_left_off_on_every_rank() {
+    let name = "a_tuner_on_one_rank_only_is_left_off_on_every_rank";
+    let done = calls_on_2_ranks(name, |rank| {
+        let lib = format!("{}/libtuner_ring.so", env!("OXCCL_FIXTURES"));
+        std::env::set_var("NCCL_TUNER_PLUGIN", if rank == 1 { &lib } else { "none" });
+    });
+    let said = "ranks [1] have a tuner plugin and ranks [0] none";
+    all_right_and_said(&done, &[said, NO_TUNER]);
+}
+
+/// The same tuner library on both ranks with a rules file on rank 0 only:
+/// their choices differ from the first question on, and both ranks name it
+/// and leave the tuner off; every call is right.
+#[test]
+fn tuners_configured_apart_are_left_off_on_every_rank() {
+    let name = "tuners_configured_apart_are_left_off_on_every_rank";
+    let done = calls_on_2_ranks(name, |rank| {
+        let lib = oxccl_tests::built_library("liboxccl_tuner.so")
+            .expect("liboxccl_tuner.so next to the test binary (a dev-dependency builds it)");
+        std::env::set_var("NCCL_TUNER_PLUGIN", lib);
+        std::env::remove_var("NCCL_TUNER_CONFIG_FILE");
+        if rank == 0 {
+            let rules =
+                std::env::temp_dir().join(format!("oxccl-{name}-{}.toml", std::process::id()));
+            std::fs::write(
+                &rules,
+                "[[rule]]\ncollective = \"all_reduce\"\nalgorithm = \"ring\"\nprotocol = \"simple\"\n",
+            )
+            .unwrap();
+            std::env::set_var("OXCCL_TUNER_CONFIG", &rules);
+        } else {
+            std::env::remove_var("OXCCL_TUNER_CONFIG");
+        }
+    });
+    for f in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
+        if f.file_name()
+            .to_string_lossy()
+            .starts_with(&format!("oxccl-{name}-"))
+        {
+            let _ = std::fs::remove_file(f.path());
+        }
+    }
+    let said = "rank 1's tuner chooses tree/ll on 1 channel(s) for all_reduce of 8 B, rank 0's ring/simple on 1 channel(s)";
+    all_right_and_said(&done, &[said, NO_TUNER]);
 }

@@ -20,6 +20,7 @@ use crate::exec::mem::OpBuffers;
 use crate::exec::{self, ExecCtx, Lane, ProxyProfiler, Stop, StopReason};
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{ApiEvents, Event, Handle, ProfilerComm, PROXY_OP_BITS};
+use crate::plugin::tuner::TunerComm;
 use crate::reduce::Reducer;
 use crate::transport::cma::{PeerMem, Post};
 use crate::transport::shm::ShmNet;
@@ -135,8 +136,8 @@ pub(crate) struct Agreed {
     pub ident: Ident,
     /// The slowest network link any rank's net plugin reported.
     pub inter: cost::LinkModel,
-    /// Ranks with a tuner plugin loaded: it keeps that rank's collectives
-    /// on the rings and trees, so every rank's stay there.
+    /// Ranks with a tuner plugin library: unless every rank's tuner
+    /// chooses alike ([`super::tuning`]), none is used.
     pub tuned: Vec<usize>,
 }
 
@@ -180,7 +181,8 @@ pub(crate) struct Core {
     plan: Mutex<Option<Plan>>,
     forced_algo: Option<Algo>,
     /// Whether collectives may take the direct path: no algorithm is
-    /// forced and no rank has a tuner plugin loaded.
+    /// forced and no tuner plugin chooses (NCCL's tables know only the
+    /// rings and trees).
     direct_colls: bool,
     /// The ranks in ring order (the ring and trees are built over it).
     ring: Vec<usize>,
@@ -189,7 +191,7 @@ pub(crate) struct Core {
     /// The GPU this rank is bound to, when it was created on one: its
     /// operations take device memory.
     pub device: Option<GpuPath>,
-    tuner: Option<crate::plugin::tuner::TunerComm>,
+    tuner: Option<TunerComm>,
     /// Shared with the thread that reports the device path's kernel-channel
     /// events.
     profiler: Option<Arc<ProfilerComm>>,
@@ -301,12 +303,25 @@ impl Core {
         }
         let ring = algo::ring_order(&locality.hosts);
         let fabric = fabric_of(&locality, agreed.inter, ident.nnodes);
-        // NCCL_ALGO is rank 0's on every rank by now.
-        let direct_colls = agreed.tuned.is_empty() && forced_algo.is_none();
-        if direct.is_some() && !agreed.tuned.is_empty() && !agreed.tuned.contains(&rank) {
-            warn!(target: "oxccl::init",
-                "Ranks {:?} have a tuner plugin loaded, which keeps their collectives on the rings and trees: this rank's collectives take them too instead of reading peers' buffers directly (set NCCL_TUNER_PLUGIN alike on every rank)", agreed.tuned);
+        let mut tuner = crate::plugin::tuner::shared(cfg_tuner.as_deref())?
+            .and_then(|t| TunerComm::new(t, ident.comm_hash, nranks, ident.nnodes));
+        if !agreed.tuned.is_empty() {
+            // Every rank takes part: some rank has a tuner library.
+            let mine = tuner.as_ref().map(|t| {
+                super::tuning::answers(
+                    |c, b| cost::cost_table(c, b, nranks, fabric, forced_algo),
+                    |c, b, table, nch| t.tune(c, b, table, nch),
+                )
+            });
+            if let Some(why) = super::tuning::agree(&bootstrap, mine.as_deref())? {
+                warn!(target: "oxccl::init|tuning",
+                    "Every rank must choose alike for each collective, and the ranks' tuner plugins do not: {why}. Every rank runs without its tuner (load the same tuner with the same configuration on every rank)");
+                tuner = None;
+            }
         }
+        // NCCL_ALGO is rank 0's on every rank by now, and the tuner is on
+        // every rank or on none.
+        let direct_colls = tuner.is_none() && forced_algo.is_none();
         log_rings(&ring, cfg.max_nchannels.max(1) as usize);
         let conns = Connections::new(net.clone(), ShmNet::new(cfg.buffsize), locality.clone());
         Ok(Core {
@@ -330,9 +345,7 @@ impl Core {
             ring,
             fabric,
             device,
-            tuner: crate::plugin::tuner::shared(cfg_tuner.as_deref())?.and_then(|t| {
-                crate::plugin::tuner::TunerComm::new(t, ident.comm_hash, nranks, ident.nnodes)
-            }),
+            tuner,
             profiler,
             kernel_events: std::sync::OnceLock::new(),
             ident,
