@@ -271,13 +271,24 @@ pub const DEVICE_REC_DOUBLING_MAX: usize = 8;
 
 /// Whether the device kernels run `algo` for `coll` on `n` ranks: the ring
 /// (chain) for everything; recursive doubling for all-reduce up to
-/// [`DEVICE_REC_DOUBLING_MAX`] ranks; no tree yet.
+/// [`DEVICE_REC_DOUBLING_MAX`] ranks; the tree for all-reduce, one binary
+/// tree on every channel (a launch takes one template for all its
+/// channels, so not NCCL's pair of trees; see [`device_tree`]).
 pub fn device_runs(algo: Algo, coll: Coll, n: usize) -> bool {
     match algo {
         Algo::Ring => true,
         Algo::RecDoubling => coll == Coll::AllReduce && n <= DEVICE_REC_DOUBLING_MAX,
-        Algo::Tree => false,
+        Algo::Tree => coll == Coll::AllReduce,
     }
+}
+
+/// Predicted seconds for the device's tree all-reduce: one tree where
+/// [`predict`] prices NCCL's two, so its busiest rank (two children and a
+/// parent) moves three buffers each way instead of two.
+pub fn device_tree(coll: Coll, bytes: usize, n: usize, fabric: Fabric) -> Option<f64> {
+    let slow = fabric.slowest();
+    predict(Algo::Tree, coll, bytes, n, fabric)
+        .map(|t| t + bytes as f64 / (TREE_EFFICIENCY * slow.bandwidth))
 }
 
 /// The cost table of the device path: the cells its kernels run for this
@@ -305,13 +316,22 @@ pub fn device_table(
     // slower than the ring under PyTorch (60-62 against 54-58 us), whose
     // calls come one by one; docs/PERF.md, session 14.
     let doubling_offered = n <= 2 || forced.is_some();
+    // The tree where NCCL takes it, across nodes (inside one it is not
+    // measured against the ring), or where NCCL_ALGO asks for its row.
+    let tree_offered = fabric.nodes > 1 || forced.is_some();
     for (r, cells) in t.iter_mut().enumerate() {
         for (p, c) in cells.iter_mut().enumerate() {
             let runs = algo_at(r, p).is_some_and(|a| {
-                device_runs(a, coll, n) && (a != Algo::RecDoubling || doubling_offered)
+                device_runs(a, coll, n)
+                    && (a != Algo::RecDoubling || doubling_offered)
+                    && (a != Algo::Tree || tree_offered)
             });
             if !runs {
                 *c = NCCL_ALGO_PROTO_IGNORE;
+            } else if algo_at(r, p) == Some(Algo::Tree) && *c >= 0.0 {
+                if let Some(s) = device_tree(coll, bytes, n, fabric) {
+                    *c = (s * 1e6) as f32;
+                }
             }
         }
     }
@@ -426,8 +446,9 @@ mod tests {
 
     /// The device runs recursive doubling for all-reduce: on two ranks the
     /// model's choice at every size, on up to 8 ranks where NCCL_ALGO asks
-    /// for it, beyond that never, even when NCCL_ALGO asks; other
-    /// collectives only on the ring.
+    /// for it (its row), beyond that never, the row's tree instead; other
+    /// collectives only on the ring. Inside one node the tree runs only
+    /// where NCCL_ALGO asks for it.
     #[test]
     fn device_table_offers_what_the_kernels_run() {
         let algo = |coll, bytes, n, forced| {
@@ -445,9 +466,10 @@ mod tests {
                 algo(Coll::AllReduce, bytes, 4, Some(Algo::RecDoubling)),
                 Algo::RecDoubling
             );
+            // Past 8 ranks the row runs its other cell, the tree.
             assert_eq!(
                 algo(Coll::AllReduce, bytes, 16, Some(Algo::RecDoubling)),
-                Algo::Ring
+                Algo::Tree
             );
             assert_eq!(algo(Coll::AllGather, bytes, 2, None), Algo::Ring);
         }
@@ -458,6 +480,12 @@ mod tests {
         }
         let t = device_table(Coll::AllReduce, 8, 16, NVL.into(), None);
         assert!(t[nccl_row(Algo::RecDoubling)].iter().all(|c| *c < 0.0));
+        for bytes in [8, 1 << 20, 1 << 30] {
+            assert_eq!(
+                algo(Coll::AllReduce, bytes, 16, Some(Algo::Tree)),
+                Algo::Tree
+            );
+        }
         // One rank: the ring, always runnable.
         assert_eq!(algo(Coll::AllReduce, 8, 1, None), Algo::Ring);
     }
@@ -482,5 +510,42 @@ mod tests {
         assert_eq!(choose(Coll::AllReduce, 1 << 20, 128, f, None), Algo::Tree);
         assert_eq!(choose(Coll::AllReduce, 1 << 30, 128, f, None), Algo::Ring);
         assert_eq!(choose(Coll::AllGather, 1 << 20, 128, f, None), Algo::Ring);
+    }
+
+    /// Across nodes the device offers its tree, priced as one tree (three
+    /// buffers through the busiest rank), and takes it for mid-sized
+    /// all-reduces at scale; at 4 nodes the ring's latency is no worse, so
+    /// the ring keeps every size there.
+    #[test]
+    fn the_device_takes_its_tree_across_many_nodes() {
+        let across = |nodes| Fabric {
+            intra: LinkModel::NVLINK,
+            inter: LinkModel {
+                latency_s: 5e-6,
+                bandwidth: 25e9,
+            },
+            nodes,
+        };
+        let algo = |bytes, n, f| {
+            pick(
+                &device_table(Coll::AllReduce, bytes, n, f, None),
+                Coll::AllReduce,
+            )
+            .unwrap()
+            .0
+        };
+        assert_eq!(algo(64 << 10, 16, across(16)), Algo::Tree);
+        assert_eq!(algo(1 << 30, 16, across(16)), Algo::Ring);
+        for bytes in [8, 64 << 10, 1 << 30] {
+            assert_eq!(algo(bytes, 4, across(4)), Algo::Ring, "{bytes} B");
+        }
+        let t = device_table(Coll::AllReduce, 1 << 20, 16, across(16), None);
+        let (r, p) = nccl_cell(Algo::Tree);
+        let double = predict(Algo::Tree, Coll::AllReduce, 1 << 20, 16, across(16)).unwrap();
+        assert!(
+            f64::from(t[r][p]) > double * 1e6 * 1.2,
+            "one tree costs more than two"
+        );
+        assert!(device_table(Coll::AllGather, 1 << 20, 16, across(16), None)[r][p] < 0.0);
     }
 }

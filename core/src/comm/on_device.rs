@@ -339,6 +339,7 @@ pub(crate) fn execute(
     for (at, (op, _)) in colls {
         let coll = op.kind.coll().expect("a collective");
         let choice = choose(&dc, &tuning, coll, op.count, op.dtype);
+        debug!(target: "oxccl::coll", "{}: {} on {} channel(s)", op.describe(), choice.algo.name(), choice.channels);
         let event = match (p, &group) {
             (Some(p), Some(g)) => {
                 let (algo, nch) = (choice.algo, choice.channels);

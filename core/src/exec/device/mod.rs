@@ -505,7 +505,7 @@ impl DeviceComm {
         let choice = choice.unwrap_or_else(|| self.default_choice(coll, count, dtype, None));
         if !cost::device_runs(choice.algo, coll, self.nranks) {
             return Err(Error::InvalidUsage(format!(
-                "{what} on {} ranks: the device kernels do not run {} for it (they run Ring, and RecDoubling for all_reduce on up to {} ranks)",
+                "{what} on {} ranks: the device kernels do not run {} for it (they run Ring, and for all_reduce Tree, and RecDoubling on up to {} ranks)",
                 self.nranks,
                 choice.algo.name(),
                 cost::DEVICE_REC_DOUBLING_MAX,

@@ -335,6 +335,31 @@ mod tests {
         assert_eq!(s.flags, STEP_SEND_LOCAL | STEP_FINALIZE);
     }
 
+    /// The tree all-reduce: every step moves the channel's whole range; a
+    /// leaf sends up, then receives the result; the root (rank 1 of 3)
+    /// folds both children and sends the result to each.
+    #[test]
+    fn the_tree_has_a_template() {
+        for n in 1..=9 {
+            for rank in 0..n {
+                let t = template(Algo::Tree, Coll::AllReduce, rank, n).unwrap();
+                assert!(t.steps[..t.nsteps as usize]
+                    .iter()
+                    .all(|s| s.chunk == CHUNK_WHOLE));
+            }
+        }
+        let leaf = template(Algo::Tree, Coll::AllReduce, 0, 3).unwrap();
+        let sr: Vec<(i16, i16)> = leaf.steps[..2].iter().map(|s| (s.recv, s.send)).collect();
+        assert_eq!((leaf.nsteps, sr), (2, vec![(-1, 1), (1, -1)]));
+        let root = template(Algo::Tree, Coll::AllReduce, 1, 3).unwrap();
+        let sr: Vec<(i16, i16)> = root.steps[..4].iter().map(|s| (s.recv, s.send)).collect();
+        assert_eq!(
+            (root.nsteps, sr),
+            (4, vec![(0, -1), (2, -1), (-1, 0), (-1, 2)])
+        );
+        assert_eq!(root.steps[1].flags, STEP_FINALIZE);
+    }
+
     #[test]
     fn too_many_ranks_for_the_kernel_is_an_error() {
         assert!(template(Algo::Ring, Coll::AllReduce, 0, 40).is_err());
@@ -417,8 +442,8 @@ mod tests {
         let slots = 8;
         for n in 2..=9 {
             for coll in colls(n) {
-                for algo in [Algo::Ring, Algo::RecDoubling] {
-                    if algo == Algo::RecDoubling && coll != Coll::AllReduce {
+                for algo in [Algo::Ring, Algo::RecDoubling, Algo::Tree] {
+                    if algo != Algo::Ring && coll != Coll::AllReduce {
                         continue;
                     }
                     let ts: Vec<Template> = (0..n)
@@ -499,6 +524,8 @@ mod tests {
             let rank = rng.random_range(0..n);
             let algo = if n == 2 && rng.random_bool(0.3) {
                 Algo::RecDoubling
+            } else if rng.random_bool(0.2) {
+                Algo::Tree
             } else {
                 Algo::Ring
             };
