@@ -33,6 +33,10 @@
 
 #define OXCCL_STEP_SEND_LOCAL 1
 #define OXCCL_STEP_FINALIZE 2
+// Steps of one of the double binary tree's two trees: run by the even
+// (resp. odd) channels only.
+#define OXCCL_STEP_EVEN_CH 4
+#define OXCCL_STEP_ODD_CH 8
 
 // Layout and peers of a window; at offset 0 of every window. Mirrored by
 // `WinHeader` in core/src/cuda/abi.rs.
@@ -372,6 +376,7 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
       bool any = false;
       for (u32 s = 0; s < a.nsteps; s++) {
         const DevStep& d = a.steps[s];
+        if (d.flags & ((c.ch & 1) ? OXCCL_STEP_EVEN_CH : OXCCL_STEP_ODD_CH)) continue;
         u64 clo, chi;
         oxccl_chunk(lo, hi, a.nchunks, d.chunk, V, &clo, &chi);
         const u64 g0 = clo + j * G;

@@ -271,24 +271,14 @@ pub const DEVICE_REC_DOUBLING_MAX: usize = 8;
 
 /// Whether the device kernels run `algo` for `coll` on `n` ranks: the ring
 /// (chain) for everything; recursive doubling for all-reduce up to
-/// [`DEVICE_REC_DOUBLING_MAX`] ranks; the tree for all-reduce, one binary
-/// tree on every channel (a launch takes one template for all its
-/// channels, so not NCCL's pair of trees; see [`device_tree`]).
+/// [`DEVICE_REC_DOUBLING_MAX`] ranks; the double binary tree for
+/// all-reduce (even channels on one tree, odd ones on the other).
 pub fn device_runs(algo: Algo, coll: Coll, n: usize) -> bool {
     match algo {
         Algo::Ring => true,
         Algo::RecDoubling => coll == Coll::AllReduce && n <= DEVICE_REC_DOUBLING_MAX,
         Algo::Tree => coll == Coll::AllReduce,
     }
-}
-
-/// Predicted seconds for the device's tree all-reduce: one tree where
-/// [`predict`] prices NCCL's two, so its busiest rank (two children and a
-/// parent) moves three buffers each way instead of two.
-pub fn device_tree(coll: Coll, bytes: usize, n: usize, fabric: Fabric) -> Option<f64> {
-    let slow = fabric.slowest();
-    predict(Algo::Tree, coll, bytes, n, fabric)
-        .map(|t| t + bytes as f64 / (TREE_EFFICIENCY * slow.bandwidth))
 }
 
 /// The cost table of the device path: the cells its kernels run for this
@@ -328,10 +318,6 @@ pub fn device_table(
             });
             if !runs {
                 *c = NCCL_ALGO_PROTO_IGNORE;
-            } else if algo_at(r, p) == Some(Algo::Tree) && *c >= 0.0 {
-                if let Some(s) = device_tree(coll, bytes, n, fabric) {
-                    *c = (s * 1e6) as f32;
-                }
             }
         }
     }
@@ -512,8 +498,7 @@ mod tests {
         assert_eq!(choose(Coll::AllGather, 1 << 20, 128, f, None), Algo::Ring);
     }
 
-    /// Across nodes the device offers its tree, priced as one tree (three
-    /// buffers through the busiest rank), and takes it for mid-sized
+    /// Across nodes the device offers its tree and takes it for mid-sized
     /// all-reduces at scale; at 4 nodes the ring's latency is no worse, so
     /// the ring keeps every size there.
     #[test]
@@ -539,13 +524,7 @@ mod tests {
         for bytes in [8, 64 << 10, 1 << 30] {
             assert_eq!(algo(bytes, 4, across(4)), Algo::Ring, "{bytes} B");
         }
-        let t = device_table(Coll::AllReduce, 1 << 20, 16, across(16), None);
         let (r, p) = nccl_cell(Algo::Tree);
-        let double = predict(Algo::Tree, Coll::AllReduce, 1 << 20, 16, across(16)).unwrap();
-        assert!(
-            f64::from(t[r][p]) > double * 1e6 * 1.2,
-            "one tree costs more than two"
-        );
         assert!(device_table(Coll::AllGather, 1 << 20, 16, across(16), None)[r][p] < 0.0);
     }
 }

@@ -284,7 +284,7 @@ fn choose(dc: &DeviceComm, t: &Tuning<'_>, coll: Coll, count: usize, dtype: Data
             tuner.name(), algo.name(), coll.name(), model.name());
         model
     };
-    Choice { algo, channels }
+    Choice::new(algo, channels)
 }
 
 /// Enqueues one group's operations of this communicator: collectives in

@@ -14,6 +14,20 @@ pub const CHUNK_WHOLE: u8 = 0xff;
 /// `OXCCL_STEP_*`.
 pub const STEP_SEND_LOCAL: u8 = 1;
 pub const STEP_FINALIZE: u8 = 2;
+/// Steps of one of the double binary tree's trees, run by the even (odd)
+/// channels only.
+pub const STEP_EVEN_CH: u8 = 4;
+pub const STEP_ODD_CH: u8 = 8;
+
+/// Whether a step with `flags` runs on channel `ch`.
+pub fn runs_on_channel(flags: u8, ch: usize) -> bool {
+    let other = if ch % 2 == 1 {
+        STEP_EVEN_CH
+    } else {
+        STEP_ODD_CH
+    };
+    flags & other == 0
+}
 /// `OXCCL_F_*` of the reduce kernel.
 pub const F_PRE_A: u32 = 1;
 pub const F_PRE_B: u32 = 2;

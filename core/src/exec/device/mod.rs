@@ -147,6 +147,19 @@ pub struct Choice {
     pub channels: usize,
 }
 
+impl Choice {
+    /// `channels` as asked, but at least two for the tree: the double
+    /// binary tree runs its trees on channels of each parity, and on one
+    /// channel only the first would carry data.
+    pub fn new(algo: Algo, channels: usize) -> Choice {
+        let channels = match algo {
+            Algo::Tree => channels.max(2),
+            _ => channels,
+        };
+        Choice { algo, channels }
+    }
+}
+
 /// A launch whose blocks write their start and end times into a slot of
 /// [`Stamps`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,10 +321,10 @@ impl DeviceComm {
     ) -> Choice {
         let bytes = count * dtype.size();
         let table = cost::device_table(coll, bytes, self.nranks, self.fabric, forced);
-        Choice {
-            algo: cost::pick(&table, coll).map_or(Algo::Ring, |(a, _)| a),
-            channels: self.channels_for(bytes),
-        }
+        Choice::new(
+            cost::pick(&table, coll).map_or(Algo::Ring, |(a, _)| a),
+            self.channels_for(bytes),
+        )
     }
 
     /// The links its cost table prices.

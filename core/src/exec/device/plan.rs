@@ -13,7 +13,8 @@ use oxccl_kernels::MAX_STEPS;
 use super::config::DeviceConfig;
 use crate::algo::{self, Algo, Buf, Coll, Region, Step};
 use crate::cuda::abi::{
-    DevStep, BUF_INPUT, BUF_NONE, BUF_OUTPUT, CHUNK_WHOLE, STEP_FINALIZE, STEP_SEND_LOCAL,
+    runs_on_channel, DevStep, BUF_INPUT, BUF_NONE, BUF_OUTPUT, CHUNK_WHOLE, STEP_EVEN_CH,
+    STEP_FINALIZE, STEP_ODD_CH, STEP_SEND_LOCAL,
 };
 use crate::error::{Error, Result};
 
@@ -72,10 +73,12 @@ impl Template {
         Template::new(&[s], 1).expect("one step fits")
     }
 
-    /// The steps the host would run for `[lo, hi)`, split as `algo` splits.
-    fn expand(&self, count: usize, lo: usize, hi: usize) -> Vec<Step> {
+    /// The steps the host would run for `[lo, hi)` on channel `ch`, split
+    /// as `algo` splits.
+    fn expand(&self, count: usize, lo: usize, hi: usize, ch: usize) -> Vec<Step> {
         self.steps[..self.nsteps as usize]
             .iter()
+            .filter(|d| runs_on_channel(d.flags, ch))
             .map(|d| {
                 let (a, b) = if d.chunk == CHUNK_WHOLE {
                     (lo, hi)
@@ -104,13 +107,14 @@ impl Template {
     }
 }
 
-/// The device form of `rank`'s schedule of `coll` among `n` ranks.
+/// The device form of `rank`'s schedule of `coll` among `n` ranks. The
+/// tree's two trees (channels of each parity, as on the host) go in one
+/// template, each step marked with the channels that run it.
 pub(crate) fn template(algo: Algo, coll: Coll, rank: usize, n: usize) -> Result<Template> {
-    // A probe: chunks of S elements in a range of n*S, blocks C apart with C
-    // far above the range, so that every offset reads back as block*C + j*S.
-    const S: usize = 1 << 20;
-    const C: usize = 1 << 40;
-    let len = n * S;
+    let order: Vec<usize> = (0..n).collect();
+    let schedule = |ch: usize, count: usize, lo: usize, hi: usize| {
+        algo::schedule_on(algo, coll, rank, &order, ch, count, lo, hi)
+    };
     let unfit = |why: String| {
         Error::Internal(format!(
             "{} on {n} ranks (rank {rank}, {}) does not fit the device kernel: {why}",
@@ -118,7 +122,47 @@ pub(crate) fn template(algo: Algo, coll: Coll, rank: usize, n: usize) -> Result<
             algo.name()
         ))
     };
-    let probe = algo::schedule(algo, coll, rank, n, C, 0, len);
+    let parities: &[(usize, u8)] = if algo == Algo::Tree && n > 1 {
+        &[(0, STEP_EVEN_CH), (1, STEP_ODD_CH)]
+    } else {
+        &[(0, 0)]
+    };
+    let mut steps = Vec::new();
+    let mut chunked = false;
+    for &(ch, only) in parities {
+        let (s, c) = device_steps(&|count, lo, hi| schedule(ch, count, lo, hi), n, &unfit)?;
+        steps.extend(s.into_iter().map(|d| DevStep {
+            flags: d.flags | only,
+            ..d
+        }));
+        chunked |= c;
+    }
+    let t = Template::new(&steps, if chunked { n as u32 } else { 1 })?;
+    for &(ch, _) in parities {
+        for (count, lo, hi) in [(1009, 3, 1000), (5 * n + 3, 0, 5 * n + 3), (64, 7, 8)] {
+            if t.expand(count, lo, hi, ch) != schedule(ch, count, lo, hi) {
+                return Err(unfit(format!(
+                    "expansion differs on [{lo}, {hi}) of {count}, channel {ch}"
+                )));
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// The steps of one schedule (`schedule(count, lo, hi)`) in device form,
+/// and whether any addresses a chunk.
+fn device_steps(
+    schedule: &dyn Fn(usize, usize, usize) -> Vec<Step>,
+    n: usize,
+    unfit: &dyn Fn(String) -> Error,
+) -> Result<(Vec<DevStep>, bool)> {
+    // A probe: chunks of S elements in a range of n*S, blocks C apart with C
+    // far above the range, so that every offset reads back as block*C + j*S.
+    const S: usize = 1 << 20;
+    const C: usize = 1 << 40;
+    let len = n * S;
+    let probe = schedule(C, 0, len);
     let mut steps = Vec::with_capacity(probe.len());
     let mut chunked = false;
     for st in &probe {
@@ -174,15 +218,7 @@ pub(crate) fn template(algo: Algo, coll: Coll, rank: usize, n: usize) -> Result<
             pad: 0,
         });
     }
-    let t = Template::new(&steps, if chunked { n as u32 } else { 1 })?;
-    for (count, lo, hi) in [(1009, 3, 1000), (5 * n + 3, 0, 5 * n + 3), (64, 7, 8)] {
-        if t.expand(count, lo, hi) != algo::schedule(algo, coll, rank, n, count, lo, hi) {
-            return Err(unfit(format!(
-                "expansion differs on [{lo}, {hi}) of {count}"
-            )));
-        }
-    }
-    Ok(t)
+    Ok((steps, chunked))
 }
 
 /// How a collective is laid over thread blocks and FIFO slots.
@@ -261,6 +297,9 @@ pub(crate) fn slice_runs(
     let chunks: Vec<(u64, u64)> = t.steps[..t.nsteps as usize]
         .iter()
         .map(|d| {
+            if !runs_on_channel(d.flags, ch) {
+                return (lo, lo);
+            }
             if d.chunk == CHUNK_WHOLE {
                 return (lo, hi);
             }
@@ -335,29 +374,37 @@ mod tests {
         assert_eq!(s.flags, STEP_SEND_LOCAL | STEP_FINALIZE);
     }
 
-    /// The tree all-reduce: every step moves the channel's whole range; a
-    /// leaf sends up, then receives the result; the root (rank 1 of 3)
-    /// folds both children and sends the result to each.
+    /// The tree all-reduce: every step moves the channel's whole range and
+    /// belongs to one of the two trees (even or odd channels). In tree 0 of
+    /// 3 ranks rank 0 is a leaf (send up, then receive the result) and rank
+    /// 1 the root, which folds both children and sends the result to each;
+    /// in tree 1, shifted by one position, rank 2 is the root.
     #[test]
     fn the_tree_has_a_template() {
-        for n in 1..=9 {
+        for n in 2..=9 {
             for rank in 0..n {
                 let t = template(Algo::Tree, Coll::AllReduce, rank, n).unwrap();
-                assert!(t.steps[..t.nsteps as usize]
+                let steps = &t.steps[..t.nsteps as usize];
+                assert!(steps.iter().all(|s| s.chunk == CHUNK_WHOLE));
+                assert!(steps
                     .iter()
-                    .all(|s| s.chunk == CHUNK_WHOLE));
+                    .all(|s| (s.flags & (STEP_EVEN_CH | STEP_ODD_CH)).count_ones() == 1));
             }
         }
-        let leaf = template(Algo::Tree, Coll::AllReduce, 0, 3).unwrap();
-        let sr: Vec<(i16, i16)> = leaf.steps[..2].iter().map(|s| (s.recv, s.send)).collect();
-        assert_eq!((leaf.nsteps, sr), (2, vec![(-1, 1), (1, -1)]));
+        let of = |rank, ch| {
+            let t = template(Algo::Tree, Coll::AllReduce, rank, 3).unwrap();
+            t.steps[..t.nsteps as usize]
+                .iter()
+                .filter(|s| runs_on_channel(s.flags, ch))
+                .map(|s| (s.recv, s.send))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of(0, 0), vec![(-1, 1), (1, -1)]);
+        assert_eq!(of(1, 0), vec![(0, -1), (2, -1), (-1, 0), (-1, 2)]);
+        assert_eq!(of(1, 2), of(1, 0));
+        assert_eq!(of(2, 1).len(), 4, "the root of tree 1");
         let root = template(Algo::Tree, Coll::AllReduce, 1, 3).unwrap();
-        let sr: Vec<(i16, i16)> = root.steps[..4].iter().map(|s| (s.recv, s.send)).collect();
-        assert_eq!(
-            (root.nsteps, sr),
-            (4, vec![(0, -1), (2, -1), (-1, 0), (-1, 2)])
-        );
-        assert_eq!(root.steps[1].flags, STEP_FINALIZE);
+        assert_eq!(root.steps[1].flags, STEP_FINALIZE | STEP_EVEN_CH);
     }
 
     #[test]
@@ -368,7 +415,13 @@ mod tests {
     /// The kernel's slice order for one channel of `count` elements (the
     /// generic loop of coll.cu's `oxccl_coll_body`): per slice, the peer it
     /// waits on and the peer it sends to.
-    fn kernel_order(t: &Template, count: u64, slice: u64, group: u64) -> Vec<(i16, i16)> {
+    fn kernel_order(
+        t: &Template,
+        count: u64,
+        slice: u64,
+        group: u64,
+        ch: usize,
+    ) -> Vec<(i16, i16)> {
         const V: u64 = 4;
         let chunk = |c: u8| -> (u64, u64) {
             if c == CHUNK_WHOLE {
@@ -383,6 +436,9 @@ mod tests {
         for j in 0.. {
             let mut any = false;
             for d in &t.steps[..t.nsteps as usize] {
+                if !runs_on_channel(d.flags, ch) {
+                    continue;
+                }
                 let (clo, chi) = chunk(d.chunk);
                 let g0 = clo + j * group * slice;
                 if g0 >= chi {
@@ -450,14 +506,17 @@ mod tests {
                         .map(|r| template(algo, coll, r, n).unwrap())
                         .collect();
                     for (count, slice) in [(4u64, 4u64), (1000, 16), (100_000, 256), (4096, 4)] {
-                        for group in [1, 2, slots as u64 / 2] {
+                        for (group, ch) in [1, 2, slots as u64 / 2]
+                            .into_iter()
+                            .flat_map(|g| [(g, 0), (g, 1)])
+                        {
                             let orders: Vec<_> = ts
                                 .iter()
-                                .map(|t| kernel_order(t, count, slice, group))
+                                .map(|t| kernel_order(t, count, slice, group, ch))
                                 .collect();
                             assert!(
                                 completes(&orders, slots),
-                                "{} {} n={n} count={count} slice={slice} group={group} deadlocks",
+                                "{} {} n={n} count={count} slice={slice} group={group} channel {ch} deadlocks",
                                 algo.name(),
                                 coll.name()
                             );
@@ -480,7 +539,7 @@ mod tests {
                             .map(|p| Template::recv(p).steps[0]),
                     );
                     let t = Template::from_steps(&steps).unwrap();
-                    kernel_order(&t, 100_000, 256, slots as u64 / 2)
+                    kernel_order(&t, 100_000, 256, slots as u64 / 2, 0)
                 })
                 .collect();
             assert!(
@@ -538,12 +597,19 @@ mod tests {
             let count = rng.random_range(1..5000u64);
             let slice = 4 * rng.random_range(1..40u64);
             let group = rng.random_range(1..4u64);
+            // Two channels: the tree's odd channels run its second tree.
             let shape = Shape {
-                channels: 1,
+                channels: 2,
                 slice_elems: slice as u32,
             };
-            let want = kernel_order(&t, count, slice, group);
-            let runs = slice_runs(&t, count as usize, 4, shape, group as usize, 0, true);
+            let ch = rng.random_range(0..2usize);
+            let per = count.div_ceil(2).next_multiple_of(4);
+            let (lo, hi) = (
+                (ch as u64 * per).min(count),
+                ((ch as u64 + 1) * per).min(count),
+            );
+            let want = kernel_order(&t, hi - lo, slice, group, ch);
+            let runs = slice_runs(&t, count as usize, 4, shape, group as usize, ch, true);
             let mut got = Vec::new();
             for &(i, k) in &runs {
                 let d = t.steps[i];
@@ -569,7 +635,7 @@ mod tests {
                     "{t:?} {count} {slice}"
                 );
             }
-            let totals = slice_runs(&t, count as usize, 4, shape, group as usize, 0, false);
+            let totals = slice_runs(&t, count as usize, 4, shape, group as usize, ch, false);
             for i in 0..t.nsteps as usize {
                 let a: u64 = runs.iter().filter(|r| r.0 == i).map(|r| r.1).sum();
                 let b: u64 = totals.iter().filter(|r| r.0 == i).map(|r| r.1).sum();
