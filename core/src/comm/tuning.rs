@@ -13,7 +13,8 @@
 //! on some, and one configured differently per rank (another rules file).
 //! A tuner whose replies drift apart later (its file edited on one host
 //! during the run) is not caught here; on the host path each operation's
-//! header still does.
+//! header still does. The questions are ordinary getCollInfo calls: a
+//! tuner that logs its decisions logs these at creation too.
 
 use oxccl_plugin::{Algorithm, Protocol};
 
