@@ -203,6 +203,8 @@ params! {
     p2p_disable: bool = "P2P_DISABLE", "0";
     /// Farthest PCIe path between a GPU and a NIC over which the network reads and writes GPU memory (GPUDirect): LOC, PIX, PXB, PHB or SYS; unset: PXB. Needs a plugin reporting CUDA pointer support.
     net_gdr_level: Option<String> = "NET_GDR_LEVEL", "";
+    /// 0: GPUDirect never registers GPU memory as a dma-buf (regMrDmaBuf), even where the network reports NCCL_PTR_DMABUF and the GPU can export one.
+    dmabuf_enable: bool = "DMABUF_ENABLE", "1";
     /// 1: no shared-memory transport: ranks of one host connect through the network. Set on either rank of a pair, it holds for the pair.
     shm_disable: bool = "SHM_DISABLE", "0";
     /// Bytes of a shared-memory connection's ring: 8 slots (NCCL_STEPS) of BUFFSIZE/8 bytes.

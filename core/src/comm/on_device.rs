@@ -28,7 +28,7 @@ use crate::topo::{BusId, PciNode};
 use crate::transport::gdr;
 use crate::transport::shm::ShmNet;
 use crate::transport::{ConnKey, Connections, Locality, Transport};
-use oxccl_plugin::Net;
+use oxccl_plugin::{Net, PtrType};
 
 /// The bootstrap as the device executor's out-of-band exchange.
 struct BootstrapOob<'a> {
@@ -86,7 +86,14 @@ pub(crate) fn open(
         rank,
         nranks,
     };
-    let gdr = routes.contains(&Transport::Net) && gpu_direct(&**net, device, cfg)?;
+    let gdr = match routes.contains(&Transport::Net) {
+        true => gpu_direct(&**net, device, cfg)?,
+        false => gdr::Decision {
+            on: false,
+            dmabuf: false,
+            why: String::new(),
+        },
+    };
     let mut conns = Connections::new(net.clone(), ShmNet::new(cfg.buffsize), locality.clone());
     let timeout = cfg.timeout();
     let connect = move |peers: &[usize], channels: usize| {
@@ -107,7 +114,8 @@ pub(crate) fn open(
     let tr = Transports {
         routes,
         connect: Box::new(connect),
-        gdr,
+        gdr: gdr.on,
+        dmabuf: gdr.on && gdr.dmabuf,
         profiled,
         fabric: device_fabric(locality, &peers.p2p_disabled, inter, peers.nnodes),
     };
@@ -115,7 +123,11 @@ pub(crate) fn open(
         .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
     if hosted {
         info!(target: "oxccl::init", "rank {rank} on GPU {device}: {} MiB of host memory registered for peers reached through it{}", dc.host_bytes() >> 20,
-            if gdr { "; net peers' step slots in GPU memory (GPUDirect)" } else { "" });
+        match (gdr.on, gdr.dmabuf) {
+            (true, true) => "; net peers' step slots in GPU memory (GPUDirect), registered as dma-buf",
+            (true, false) => "; net peers' step slots in GPU memory (GPUDirect)",
+            _ => "",
+        });
     }
     let stop = dc.stopper();
     Ok(GpuPath(Mutex::new(dc), stop))
@@ -152,9 +164,10 @@ pub(super) fn lock(gpu: &GpuPath) -> Result<std::sync::MutexGuard<'_, DeviceComm
         .map_err(|_| Error::Internal("device communicator poisoned by an earlier panic".into()))
 }
 
-/// Whether the network reads and writes this GPU's memory itself (see
-/// [`gdr::decide`]), said once per communicator in NCCL's words.
-fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<bool> {
+/// Whether the network reads and writes this GPU's memory itself, and
+/// through what registration (see [`gdr::decide`]), said once per
+/// communicator in NCCL's words.
+fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<gdr::Decision> {
     let sys = std::path::Path::new("/sys");
     let props = (0..net.devices()?.max(1))
         .map(|d| net.properties(d))
@@ -164,18 +177,34 @@ fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<bool> {
         .ok()
         .and_then(|b| b.parse::<BusId>().ok())
         .and_then(|b| PciNode::read(sys, b).ok());
-    let mut d = gdr::decide(&props, gpu.as_ref(), cfg.net_gdr_level.as_deref(), sys)?;
+    // As NCCL, only for a network that takes dma-buf (a C plugin's only
+    // with a regMrDmaBuf entry, see plugin::net).
+    let takes_dmabuf = props
+        .iter()
+        .any(|p| p.ptr_support & PtrType::Dmabuf as i32 != 0);
+    let dmabuf = cfg.dmabuf_enable && takes_dmabuf && Device::get(device)?.dma_buf_supported();
+    if dmabuf {
+        info!(target: "oxccl::init", "DMA-BUF is available on GPU device {device}");
+    }
+    let mut d = gdr::decide(
+        &props,
+        gpu.as_ref(),
+        cfg.net_gdr_level.as_deref(),
+        sys,
+        dmabuf,
+    )?;
     let cc = Device::get(device)?.compute_capability()?;
     if d.on && cc.0 < 9 {
         // NCCL flushes GPUDirect receives there (iflush); the proxy does not.
         d = gdr::Decision {
             on: false,
+            dmabuf: false,
             why: format!("sm_{}{} needs a flush after each GPUDirect receive, which is not built (Hopper and later need none)", cc.0, cc.1),
         };
     }
     info!(target: "oxccl::init", "NET/{} : GPU Direct RDMA {} for GPU {device}: {}", net.name(),
         if d.on { "Enabled" } else { "Disabled" }, d.why);
-    Ok(d.on)
+    Ok(d)
 }
 
 /// The links the device path's cost table prices: inside a node the

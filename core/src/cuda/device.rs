@@ -198,6 +198,24 @@ impl Device {
         Ok(self.multiprocessors()? * per_sm as usize)
     }
 
+    /// Whether the driver can export this GPU's memory as a dma-buf
+    /// (NCCL's dmaBufSupported): a driver of CUDA 11.7 or later with
+    /// `cuMemGetHandleForAddressRange`, and the GPU's
+    /// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`.
+    pub fn dma_buf_supported(&self) -> bool {
+        if !driver_version().is_ok_and(|v| v >= (11, 7)) {
+            return false;
+        }
+        // SAFETY: the library is loaded (driver_version succeeded); `get`
+        // only looks a name up.
+        let found =
+            unsafe { sys::culib().get::<*const ()>(b"cuMemGetHandleForAddressRange") }.is_ok();
+        found
+            && self
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)
+                .is_ok_and(|v| v == 1)
+    }
+
     pub fn multiprocessors(&self) -> Result<usize> {
         let v =
             self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;

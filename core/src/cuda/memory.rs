@@ -239,3 +239,40 @@ pub unsafe fn read_raw(ptr: u64, out: &mut [u8]) -> Result<()> {
         "cuMemcpyDtoH",
     )
 }
+
+/// `bytes` of device memory from `ptr` (page-aligned, inside one
+/// allocation) exported as a dma-buf file descriptor, for a network's
+/// `regMrDmaBuf`; the length is rounded up to whole pages as NCCL does.
+/// Only after [`super::Device::dma_buf_supported`] said yes.
+pub fn export_dma_buf(ptr: u64, bytes: usize) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let page = 4096u64;
+    if !ptr.is_multiple_of(page) {
+        return Err(Error::InvalidArgument(format!(
+            "device memory at {ptr:#x} is not page-aligned: a dma-buf cannot start there"
+        )));
+    }
+    let len = (bytes as u64).next_multiple_of(page) as usize;
+    let mut fd: std::ffi::c_int = -1;
+    check(
+        // SAFETY: `fd` is a valid out-pointer for the descriptor; the range
+        // is the caller's device memory.
+        unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                ptr,
+                len,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        },
+        "cuMemGetHandleForAddressRange",
+    )?;
+    if fd < 0 {
+        return Err(Error::System(
+            "cuMemGetHandleForAddressRange gave no file descriptor".into(),
+        ));
+    }
+    // SAFETY: the driver just opened `fd` for us; nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}

@@ -27,6 +27,8 @@ pub use device::{device_count, driver, Device, P2p};
 pub use event::Event;
 pub use ipc::{IpcMapping, IpcMemHandle};
 pub use kernels::{FillPattern, KernelSet};
-pub use memory::{alloc_raw, free_raw, pointer_kind, read_raw, DeviceBuffer, PtrKind};
+pub use memory::{
+    alloc_raw, export_dma_buf, free_raw, pointer_kind, read_raw, DeviceBuffer, PtrKind,
+};
 pub use pinned::{HostFlag, HostMapping, PinnedHost, Registered};
 pub use stream::{MemOp, RawStream, Stream};

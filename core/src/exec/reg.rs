@@ -10,7 +10,7 @@
 //! they are released with the connection that made them and before it is
 //! closed, whoever drops it.
 
-use oxccl_plugin::{MrHandle, NetResult, PtrType, RecvComm, SendComm};
+use oxccl_plugin::{DmaBuf, MrHandle, NetResult, PtrType, RecvComm, SendComm};
 use tracing::warn;
 
 use super::mem::Span;
@@ -44,12 +44,30 @@ struct Entry {
 /// The registration calls of one end of a connection.
 pub trait Registrar {
     fn register(&mut self, ptr: *mut u8, len: usize, ty: PtrType) -> NetResult<MrHandle>;
+    /// `regMrDmaBuf`: `len` bytes at `ptr`, which start at `d.offset` of the
+    /// dma-buf `d.fd`.
+    fn register_dmabuf(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        ty: PtrType,
+        d: DmaBuf,
+    ) -> NetResult<MrHandle>;
     fn deregister(&mut self, mr: MrHandle) -> NetResult<()>;
 }
 
 impl Registrar for dyn SendComm {
     fn register(&mut self, ptr: *mut u8, len: usize, ty: PtrType) -> NetResult<MrHandle> {
         self.reg_mr(ptr, len, ty)
+    }
+    fn register_dmabuf(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        ty: PtrType,
+        d: DmaBuf,
+    ) -> NetResult<MrHandle> {
+        self.reg_mr_dma_buf(ptr, len, ty, d)
     }
     fn deregister(&mut self, mr: MrHandle) -> NetResult<()> {
         self.dereg_mr(mr)
@@ -59,6 +77,15 @@ impl Registrar for dyn SendComm {
 impl Registrar for dyn RecvComm {
     fn register(&mut self, ptr: *mut u8, len: usize, ty: PtrType) -> NetResult<MrHandle> {
         self.reg_mr(ptr, len, ty)
+    }
+    fn register_dmabuf(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        ty: PtrType,
+        d: DmaBuf,
+    ) -> NetResult<MrHandle> {
+        self.reg_mr_dma_buf(ptr, len, ty, d)
     }
     fn deregister(&mut self, mr: MrHandle) -> NetResult<()> {
         self.dereg_mr(mr)
@@ -110,6 +137,30 @@ impl<C: ?Sized + Registrar> Conn<C> {
         scope: Scope,
         ty: PtrType,
     ) -> NetResult<MrHandle> {
+        self.mr_with(span, whole, scope, |c| c.register(whole.ptr, whole.len, ty))
+    }
+
+    /// As [`Conn::mr_as`] for device memory registered through a dma-buf
+    /// of it (`regMrDmaBuf`), `d.offset` being where `whole` starts in it.
+    pub fn mr_dmabuf(
+        &mut self,
+        span: Span,
+        whole: Span,
+        scope: Scope,
+        d: DmaBuf,
+    ) -> NetResult<MrHandle> {
+        self.mr_with(span, whole, scope, |c| {
+            c.register_dmabuf(whole.ptr, whole.len, PtrType::Cuda, d)
+        })
+    }
+
+    fn mr_with(
+        &mut self,
+        span: Span,
+        whole: Span,
+        scope: Scope,
+        register: impl FnOnce(&mut C) -> NetResult<MrHandle>,
+    ) -> NetResult<MrHandle> {
         let (lo, hi) = (span.ptr as usize, span.ptr as usize + span.len);
         // A few entries per connection (staging slots and the operation's
         // buffers): a scan is cheaper than any index.
@@ -120,7 +171,7 @@ impl<C: ?Sized + Registrar> Conn<C> {
         {
             return Ok(e.mr);
         }
-        let mr = self.comm.register(whole.ptr, whole.len, ty)?;
+        let mr = register(&mut self.comm)?;
         self.regs.push(Entry {
             base: whole.ptr as usize,
             len: whole.len,
@@ -196,6 +247,20 @@ mod tests {
         fn register(&mut self, ptr: *mut u8, len: usize, _ty: PtrType) -> NetResult<MrHandle> {
             self.next += 1;
             self.log.lock().unwrap().push(("reg", ptr as usize, len));
+            Ok(MrHandle(self.next))
+        }
+        fn register_dmabuf(
+            &mut self,
+            ptr: *mut u8,
+            len: usize,
+            _ty: PtrType,
+            d: DmaBuf,
+        ) -> NetResult<MrHandle> {
+            self.next += 1;
+            self.log
+                .lock()
+                .unwrap()
+                .push(("regdmabuf", ptr as usize, d.offset as usize + len));
             Ok(MrHandle(self.next))
         }
         fn deregister(&mut self, mr: MrHandle) -> NetResult<()> {

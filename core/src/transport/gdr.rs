@@ -1,9 +1,13 @@
 //! GPUDirect for the net transport: whether the network reads and writes
 //! the GPU's step slots itself, as NCCL decides it. The plugin must report
-//! CUDA pointers in its devices' `ptr_support`, and the PCIe path between
-//! the GPU and each NIC must be no longer than NCCL_NET_GDR_LEVEL allows
-//! (PXB by default: GPU and NIC under one PCIe switch tree, never through
-//! the CPU). Otherwise the slots stay in host memory the GPU maps.
+//! CUDA pointers in its devices' `ptr_support`, or dma-buf where the GPU
+//! can export its memory as one (NCCL_DMABUF_ENABLE, on by default), and
+//! the PCIe path between the GPU and each NIC must be no longer than
+//! NCCL_NET_GDR_LEVEL allows (PXB by default: GPU and NIC under one PCIe
+//! switch tree, never through the CPU). Otherwise the slots stay in host
+//! memory the GPU maps. Where every device reports dma-buf and the GPU can
+//! export, the slots are registered through `regMrDmaBuf` with a dma-buf
+//! of them, as NCCL prefers; else through `regMr` as CUDA memory.
 
 use std::path::Path;
 
@@ -57,6 +61,8 @@ impl Level {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub on: bool,
+    /// Registered through `regMrDmaBuf` (when `on`).
+    pub dmabuf: bool,
     pub why: String,
 }
 
@@ -70,23 +76,39 @@ fn nic_node(sys: &Path, pci_path: &str) -> Option<PciNode> {
 
 /// GPUDirect for the devices `props` of a network, for a GPU at `gpu` in
 /// the PCIe tree (None: unknown), under `level` (NCCL_NET_GDR_LEVEL, None:
-/// unset). Every device must qualify, since channels take the devices in
-/// turn. A NIC whose place in the tree is unknown counts as SYS.
+/// unset); `dmabuf`: the GPU can export dma-bufs and NCCL_DMABUF_ENABLE
+/// allows them. Every device must qualify, since channels take the devices
+/// in turn. A NIC whose place in the tree is unknown counts as SYS.
 pub fn decide(
     props: &[NetProperties],
     gpu: Option<&PciNode>,
     level: Option<&str>,
     sys: &Path,
+    dmabuf: bool,
 ) -> Result<Decision> {
     let limit = level.map(Level::parse).transpose()?.unwrap_or(Level::Pxb);
-    let off = |why: String| Ok(Decision { on: false, why });
+    let off = |why: String| {
+        Ok(Decision {
+            on: false,
+            dmabuf: false,
+            why,
+        })
+    };
     if props.is_empty() {
         return off("the network has no device".into());
     }
+    let takes = |p: &NetProperties, t: PtrType| p.ptr_support & t as i32 != 0;
+    let via_dmabuf = dmabuf && props.iter().all(|p| takes(p, PtrType::Dmabuf));
     for (d, p) in props.iter().enumerate() {
-        if p.ptr_support & PtrType::Cuda as i32 == 0 {
+        let usable = takes(p, PtrType::Cuda) || (dmabuf && takes(p, PtrType::Dmabuf));
+        if !usable {
+            let also = if takes(p, PtrType::Dmabuf) {
+                " (it takes dma-buf, which this GPU or NCCL_DMABUF_ENABLE=0 rules out)"
+            } else {
+                ""
+            };
             return off(format!(
-                "device {d} ({}) does not take CUDA pointers",
+                "device {d} ({}) does not take CUDA pointers{also}",
                 p.name
             ));
         }
@@ -103,7 +125,12 @@ pub fn decide(
     }
     Ok(Decision {
         on: true,
-        why: format!("every device takes CUDA pointers within NCCL_NET_GDR_LEVEL {limit:?}"),
+        dmabuf: via_dmabuf,
+        why: if via_dmabuf {
+            format!("every device takes dma-buf within NCCL_NET_GDR_LEVEL {limit:?}: slots registered through regMrDmaBuf")
+        } else {
+            format!("every device takes CUDA pointers within NCCL_NET_GDR_LEVEL {limit:?}")
+        },
     })
 }
 
@@ -143,20 +170,50 @@ mod tests {
         let none = Path::new("/nonexistent");
         let host = props(PtrType::Host as i32, "");
         let cuda = props(PtrType::Host as i32 | PtrType::Cuda as i32, "");
-        let d = decide(&[host], None, Some("SYS"), none).unwrap();
+        let d = decide(&[host], None, Some("SYS"), none, true).unwrap();
         assert!(!d.on && d.why.contains("CUDA pointers"), "{d:?}");
         // A virtual device (no PCI path) is SYS away: off by default, on
         // when the level allows SYS.
-        let d = decide(std::slice::from_ref(&cuda), None, None, none).unwrap();
+        let d = decide(std::slice::from_ref(&cuda), None, None, none, false).unwrap();
         assert!(!d.on && d.why.contains("Sys"), "{d:?}");
         assert!(
-            decide(std::slice::from_ref(&cuda), None, Some("SYS"), none)
+            decide(std::slice::from_ref(&cuda), None, Some("SYS"), none, false)
                 .unwrap()
                 .on
         );
-        let d = decide(&[cuda.clone(), props(1, "")], None, Some("SYS"), none).unwrap();
+        let d = decide(
+            &[cuda.clone(), props(1, "")],
+            None,
+            Some("SYS"),
+            none,
+            false,
+        )
+        .unwrap();
         assert!(!d.on && d.why.contains("device 1"), "{d:?}");
-        assert!(decide(&[], None, Some("SYS"), none).is_ok_and(|d| !d.on));
-        assert!(decide(&[cuda], None, Some("x"), none).is_err());
+        assert!(decide(&[], None, Some("SYS"), none, true).is_ok_and(|d| !d.on));
+        assert!(decide(&[cuda], None, Some("x"), none, false).is_err());
+    }
+
+    /// A device that takes dma-buf qualifies where the GPU can export one
+    /// (and NCCL_DMABUF_ENABLE allows), and then registers through it, as
+    /// NCCL prefers, even where it also takes CUDA pointers.
+    #[test]
+    fn dma_buf_takes_the_place_of_cuda_pointers_where_the_gpu_exports() {
+        let none = Path::new("/nonexistent");
+        let h = PtrType::Host as i32;
+        let dma = props(h | PtrType::Dmabuf as i32, "");
+        let both = props(h | PtrType::Dmabuf as i32 | PtrType::Cuda as i32, "");
+        let cuda = props(h | PtrType::Cuda as i32, "");
+        let d = decide(std::slice::from_ref(&dma), None, Some("SYS"), none, true).unwrap();
+        assert!(d.on && d.dmabuf && d.why.contains("regMrDmaBuf"), "{d:?}");
+        let d = decide(std::slice::from_ref(&dma), None, Some("SYS"), none, false).unwrap();
+        assert!(!d.on && d.why.contains("dma-buf"), "{d:?}");
+        let d = decide(std::slice::from_ref(&both), None, Some("SYS"), none, true).unwrap();
+        assert!(d.on && d.dmabuf, "{d:?}");
+        let d = decide(std::slice::from_ref(&both), None, Some("SYS"), none, false).unwrap();
+        assert!(d.on && !d.dmabuf, "{d:?}");
+        // One device without dma-buf: every slot through regMr as CUDA memory.
+        let d = decide(&[both, cuda], None, Some("SYS"), none, true).unwrap();
+        assert!(d.on && !d.dmabuf, "{d:?}");
     }
 }

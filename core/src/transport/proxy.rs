@@ -38,7 +38,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use oxccl_plugin::{MrHandle, PtrType, Request};
+use std::os::fd::AsRawFd;
+
+use oxccl_plugin::{DmaBuf, MrHandle, PtrType, Request};
 
 use super::layout::Layout;
 use super::shm::area::Area;
@@ -201,6 +203,10 @@ pub struct Areas {
     pub mirror: Arc<dyn HostArea>,
     /// The slots of `mine` and of `mirror`.
     pub slots: [Slots; 2],
+    /// Dma-bufs of those slots (GPU memory), through which they are
+    /// registered (`regMrDmaBuf`); closed once every connection has
+    /// registered, as NCCL closes them.
+    pub dmabufs: Option<[std::os::fd::OwnedFd; 2]>,
     /// Bound on the proxy thread, as NCCL's proxy sets its device: a
     /// plugin may call CUDA.
     pub ctx: Option<Arc<Context>>,
@@ -224,6 +230,7 @@ impl Areas {
     ) -> Areas {
         Areas {
             slots: [Slots::host(&mine, &layout), Slots::host(&mirror, &layout)],
+            dmabufs: None,
             mine,
             mirror,
             ctx: None,
@@ -288,16 +295,25 @@ impl Driven {
             ))
         };
         let [mine, mirror] = a.slots;
+        // A cell's place in its slots' dma-buf, which starts at their base.
+        let dmabuf = |i: usize, slots: Slots, span: Span| {
+            a.dmabufs.as_ref().map(|fds| DmaBuf {
+                fd: fds[i].as_raw_fd(),
+                offset: (span.ptr as usize - slots.base) as u64,
+            })
+        };
         let s = mirror.span(l, out);
-        let send_mr = link
-            .send
-            .mr_as(s, s, Scope::Kept, mirror.ty)
-            .map_err(|e| what("send", e))?;
+        let send_mr = match dmabuf(1, mirror, s) {
+            Some(d) => link.send.mr_dmabuf(s, s, Scope::Kept, d),
+            None => link.send.mr_as(s, s, Scope::Kept, mirror.ty),
+        }
+        .map_err(|e| what("send", e))?;
         let r = mine.span(l, inc);
-        let recv_mr = link
-            .recv
-            .mr_as(r, r, Scope::Kept, mine.ty)
-            .map_err(|e| what("receive", e))?;
+        let recv_mr = match dmabuf(0, mine, r) {
+            Some(d) => link.recv.mr_dmabuf(r, r, Scope::Kept, d),
+            None => link.recv.mr_as(r, r, Scope::Kept, mine.ty),
+        }
+        .map_err(|e| what("receive", e))?;
         Ok(Driven {
             link,
             out,
@@ -521,11 +537,12 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    pub fn start(links: Vec<Link>, areas: Areas) -> Result<Proxy> {
+    pub fn start(links: Vec<Link>, mut areas: Areas) -> Result<Proxy> {
         let driven = links
             .into_iter()
             .map(|l| Driven::new(l, &areas))
             .collect::<Result<Vec<_>>>()?;
+        areas.dmabufs = None;
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
         let gone = Arc::new(Mutex::new(None));

@@ -39,6 +39,9 @@ pub struct Transports<'a> {
     /// The network reads and writes device memory (GPUDirect): net peers'
     /// step slots go in GPU memory rather than host memory.
     pub gdr: bool,
+    /// With `gdr`: those slots are registered with the network as a dma-buf
+    /// of them (`regMrDmaBuf`) rather than as CUDA memory (`regMr`).
+    pub dmabuf: bool,
     /// A profiler plugin is loaded, which the communicator will attach
     /// (or say it did not): see `Areas::profiled`.
     pub profiled: bool,
@@ -53,6 +56,7 @@ impl Transports<'_> {
             routes: vec![Transport::P2p; n],
             connect: Box::new(|_, _| Ok(Vec::new())),
             gdr: false,
+            dmabuf: false,
             profiled: false,
             fabric: crate::algo::cost::LinkModel::NVLINK.into(),
         }
@@ -598,6 +602,18 @@ impl Window {
             a.mem().unlink();
         }
         let links = (tr.connect)(&net_peers, layout.maxch)?;
+        // The network registers the GPU slots through dma-bufs of them.
+        let dmabufs = match &gdr_slots {
+            Some([ms, rs]) if tr.dmabuf && !links.is_empty() => {
+                let export = |b: &DeviceBuffer| {
+                    crate::cuda::export_dma_buf(b.ptr(), b.len()).map_err(|e| {
+                        e.context("exporting the net peers' GPU step slots as a dma-buf")
+                    })
+                };
+                Some([export(ms)?, export(rs)?])
+            }
+            _ => None,
+        };
         let proxy = match (&area, &mirror) {
             (Some(a), Some(m)) if !links.is_empty() => Some(Proxy::start(
                 links,
@@ -611,6 +627,7 @@ impl Window {
                         }),
                         None => [Slots::host(a.mem(), &layout), Slots::host(m.mem(), &layout)],
                     },
+                    dmabufs,
                     ctx: Some(ctx.clone()),
                     layout,
                     rank,

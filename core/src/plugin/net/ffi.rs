@@ -15,8 +15,8 @@ use oxccl_plugin::ffi::net::{
 };
 use oxccl_plugin::ffi::*;
 use oxccl_plugin::{
-    ListenComm, MrHandle, Net, NetError, NetHandle, NetProf, NetProperties, NetResult, PtrType,
-    RecvComm, Request, SendComm, NET_HANDLE_MAXSIZE,
+    DmaBuf, ListenComm, MrHandle, Net, NetError, NetHandle, NetProf, NetProperties, NetResult,
+    PtrType, RecvComm, Request, SendComm, NET_HANDLE_MAXSIZE,
 };
 
 use crate::plugin::loader::Lib;
@@ -340,7 +340,11 @@ impl Net for CNet {
             name: cstr(p.name),
             pci_path: cstr(p.pci_path),
             guid: p.guid,
-            ptr_support: p.ptr_support,
+            // NCCL takes dma-buf only from a plugin with regMrDmaBuf.
+            ptr_support: match self.vt().same.reg_mr_dma_buf {
+                Some(_) => p.ptr_support,
+                None => p.ptr_support & !(PtrType::Dmabuf as i32),
+            },
             reg_is_global: p.reg_is_global != 0,
             speed_mbps: p.speed,
             port: p.port,
@@ -436,6 +440,35 @@ impl CComm {
         Ok(MrHandle(mh as usize))
     }
 
+    fn reg_dmabuf(
+        &mut self,
+        ptr: *mut u8,
+        size: usize,
+        t: PtrType,
+        d: DmaBuf,
+    ) -> NetResult<MrHandle> {
+        let f = self
+            .vt
+            .same
+            .reg_mr_dma_buf
+            .ok_or_else(|| missing("regMrDmaBuf"))?;
+        let mut mh = null_mut();
+        // SAFETY: our comm, the caller's device memory and the dma-buf the
+        // driver exported of it (open for the call), a valid out-pointer.
+        check("regMrDmaBuf", unsafe {
+            f(
+                self.c,
+                ptr as *mut c_void,
+                size,
+                t as c_int,
+                d.offset,
+                d.fd,
+                &mut mh,
+            )
+        })?;
+        Ok(MrHandle(mh as usize))
+    }
+
     fn dereg(&mut self, m: MrHandle) -> NetResult<()> {
         let f = self.vt.same.dereg_mr.ok_or_else(|| missing("deregMr"))?;
         // SAFETY: our comm and a handle its regMr returned.
@@ -481,6 +514,15 @@ impl SendComm for CComm {
     fn reg_mr(&mut self, ptr: *mut u8, size: usize, t: PtrType) -> NetResult<MrHandle> {
         self.reg(ptr, size, t)
     }
+    fn reg_mr_dma_buf(
+        &mut self,
+        ptr: *mut u8,
+        size: usize,
+        t: PtrType,
+        d: DmaBuf,
+    ) -> NetResult<MrHandle> {
+        self.reg_dmabuf(ptr, size, t, d)
+    }
     fn dereg_mr(&mut self, m: MrHandle) -> NetResult<()> {
         self.dereg(m)
     }
@@ -518,6 +560,15 @@ impl SendComm for CComm {
 impl RecvComm for CComm {
     fn reg_mr(&mut self, ptr: *mut u8, size: usize, t: PtrType) -> NetResult<MrHandle> {
         self.reg(ptr, size, t)
+    }
+    fn reg_mr_dma_buf(
+        &mut self,
+        ptr: *mut u8,
+        size: usize,
+        t: PtrType,
+        d: DmaBuf,
+    ) -> NetResult<MrHandle> {
+        self.reg_dmabuf(ptr, size, t, d)
     }
     fn dereg_mr(&mut self, m: MrHandle) -> NetResult<()> {
         self.dereg(m)
@@ -686,8 +737,8 @@ mod tests {
         use oxccl_plugin::ffi::export::{self, Exported, Provider};
         use oxccl_plugin::ffi::net::{v10, v11, v12, v8, v9};
         use oxccl_plugin::{
-            ListenComm, MrHandle, Net, NetError, NetHandle, NetProperties, NetResult, PtrType,
-            RecvComm, Request, SendComm,
+            DmaBuf, ListenComm, MrHandle, Net, NetError, NetHandle, NetProperties, NetResult,
+            PtrType, RecvComm, Request, SendComm,
         };
 
         use crate::plugin::loader::Lib;
@@ -714,7 +765,9 @@ mod tests {
                 self.0.devices()
             }
             fn properties(&self, dev: usize) -> NetResult<NetProperties> {
-                self.0.properties(dev)
+                let mut p = self.0.properties(dev)?;
+                p.ptr_support |= PtrType::Dmabuf as i32;
+                Ok(p)
             }
             fn listen(&self, dev: usize) -> NetResult<(NetHandle, Box<dyn ListenComm>)> {
                 let (h, l) = self.0.listen(dev)?;
@@ -751,9 +804,26 @@ mod tests {
             mark(call, m.map_or(0, |m| m.0));
         }
 
+        /// (fd, offset, bytes, pointer type) of each regMrDmaBuf, in order.
+        pub static DMABUFS: Mutex<Vec<(i32, u64, usize, i32)>> = Mutex::new(Vec::new());
+
+        fn reg_dmabuf(n: usize, t: PtrType, d: DmaBuf) -> MrHandle {
+            DMABUFS.lock().unwrap().push((d.fd, d.offset, n, t as i32));
+            reg()
+        }
+
         impl SendComm for Send {
             fn reg_mr(&mut self, _: *mut u8, _: usize, _: PtrType) -> NetResult<MrHandle> {
                 Ok(reg())
+            }
+            fn reg_mr_dma_buf(
+                &mut self,
+                _: *mut u8,
+                n: usize,
+                t: PtrType,
+                d: DmaBuf,
+            ) -> NetResult<MrHandle> {
+                Ok(reg_dmabuf(n, t, d))
             }
             fn dereg_mr(&mut self, m: MrHandle) -> NetResult<()> {
                 seen("deregMr", Some(m));
@@ -775,6 +845,15 @@ mod tests {
         impl RecvComm for Recv {
             fn reg_mr(&mut self, _: *mut u8, _: usize, _: PtrType) -> NetResult<MrHandle> {
                 Ok(reg())
+            }
+            fn reg_mr_dma_buf(
+                &mut self,
+                _: *mut u8,
+                n: usize,
+                t: PtrType,
+                d: DmaBuf,
+            ) -> NetResult<MrHandle> {
+                Ok(reg_dmabuf(n, t, d))
             }
             fn dereg_mr(&mut self, m: MrHandle) -> NetResult<()> {
                 seen("deregMr", Some(m));
@@ -813,14 +892,22 @@ mod tests {
         static V10: Exported<v10::NetV10> = Exported(v10::exported::<P>());
         static V11: Exported<v11::NetV11> = Exported(v11::exported::<P>());
         static V12: Exported<v12::NetV12> = Exported(export::vtable::<P>());
+        /// v12 as a plugin without regMrDmaBuf exports it.
+        static V12_NO_DMABUF: Exported<v12::NetV12> = Exported(v12::NetV12 {
+            reg_mr_dma_buf: None,
+            ..export::vtable::<P>()
+        });
+        /// [`only`]'s version for [`V12_NO_DMABUF`].
+        pub const NO_DMABUF: u32 = 112;
         static WANT: AtomicU32 = AtomicU32::new(0);
 
         fn symbols(name: &str) -> Option<*const c_void> {
             let v = WANT.load(Ordering::SeqCst);
-            if name != format!("ncclNetPlugin_v{v}") {
+            if name != format!("ncclNetPlugin_v{}", if v == NO_DMABUF { 12 } else { v }) {
                 return None;
             }
             Some(match v {
+                NO_DMABUF => std::ptr::addr_of!(V12_NO_DMABUF).cast(),
                 8 => std::ptr::addr_of!(V8).cast(),
                 9 => std::ptr::addr_of!(V9).cast(),
                 10 => std::ptr::addr_of!(V10).cast(),
@@ -842,6 +929,70 @@ mod tests {
         }
     }
 
+    /// A send and a receive comm of `net`'s device 0, connected to each other.
+    fn connected(net: &CNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
+        let (mut h, mut l) = net.listen(0).unwrap();
+        let (mut s, mut r) = (None, None);
+        while s.is_none() || r.is_none() {
+            if s.is_none() {
+                s = net.connect(0, &mut h).unwrap();
+            }
+            if r.is_none() {
+                r = l.accept().unwrap();
+            }
+        }
+        (s.unwrap(), r.unwrap())
+    }
+
+    /// regMrDmaBuf reaches the plugin with the descriptor, offset, size and
+    /// pointer type given, from both ends and in every version that has it
+    /// (v8 on), and its handle is the plugin's; a plugin whose vtable has
+    /// no regMrDmaBuf is not taken to accept dma-buf, whatever it reports
+    /// (NCCL's dmaBufSupported needs the entry).
+    #[test]
+    fn dma_buf_registrations_cross_the_abi() {
+        let dmabuf = |net: &CNet| net.properties(0).unwrap().ptr_support & PtrType::Dmabuf as i32;
+        for v in [8u32, 9, 10, 11, 12] {
+            let net = marked::only(v).open(0).unwrap();
+            assert_ne!(dmabuf(&net), 0, "v{v}");
+            let (mut s, mut r) = connected(&net);
+            let mut buf = vec![0u8; 8192];
+            let d = DmaBuf {
+                fd: 40 + v as i32,
+                offset: 4096,
+            };
+            let start = marked::DMABUFS.lock().unwrap().len();
+            let sm = s
+                .reg_mr_dma_buf(buf.as_mut_ptr(), 100, PtrType::Cuda, d)
+                .unwrap();
+            let rm = r
+                .reg_mr_dma_buf(buf.as_mut_ptr(), 200, PtrType::Cuda, d)
+                .unwrap();
+            let seen = marked::DMABUFS.lock().unwrap()[start..].to_vec();
+            let cuda = PtrType::Cuda as i32;
+            assert_eq!(
+                seen,
+                vec![(d.fd, 4096, 100, cuda), (d.fd, 4096, 200, cuda)],
+                "v{v}"
+            );
+            assert_ne!((sm.0, rm.0), (0, 0), "v{v}");
+            s.dereg_mr(sm).unwrap();
+            r.dereg_mr(rm).unwrap();
+        }
+        let net = marked::only(marked::NO_DMABUF).open(0).unwrap();
+        assert_eq!(dmabuf(&net), 0);
+        let (mut s, _r) = connected(&net);
+        let e = s
+            .reg_mr_dma_buf(
+                std::ptr::null_mut(),
+                1,
+                PtrType::Cuda,
+                DmaBuf { fd: 3, offset: 0 },
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("regMrDmaBuf"), "{e}");
+    }
+
     /// The `mhandle` the adapter passes to isend, irecv and deregMr is
     /// exactly what the plugin's regMr wrote, and the handle the adapter
     /// returns from regMr is that value too, in every version (no boxing
@@ -850,17 +1001,7 @@ mod tests {
     fn transfers_carry_the_handle_reg_mr_made() {
         for v in [8u32, 9, 10, 11, 12] {
             let net = marked::only(v).open(0).unwrap();
-            let (mut h, mut l) = net.listen(0).unwrap();
-            let (mut s, mut r) = (None, None);
-            while s.is_none() || r.is_none() {
-                if s.is_none() {
-                    s = net.connect(0, &mut h).unwrap();
-                }
-                if r.is_none() {
-                    r = l.accept().unwrap();
-                }
-            }
-            let (mut s, mut r) = (s.unwrap(), r.unwrap());
+            let (mut s, mut r) = connected(&net);
             let msg = vec![v as u8; 64];
             let mut got = vec![0u8; 64];
             let start = marked::MARKS.lock().unwrap().len();
