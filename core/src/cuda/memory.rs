@@ -246,7 +246,11 @@ pub unsafe fn read_raw(ptr: u64, out: &mut [u8]) -> Result<()> {
 /// Only after [`super::Device::dma_buf_supported`] said yes.
 pub fn export_dma_buf(ptr: u64, bytes: usize) -> Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
-    let page = 4096u64;
+    // The host's page (64 KiB on some Arm hosts), as NCCL rounds to it.
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .map_or(4096, |p| p.max(1) as u64);
     if !ptr.is_multiple_of(page) {
         return Err(Error::InvalidArgument(format!(
             "device memory at {ptr:#x} is not page-aligned: a dma-buf cannot start there"

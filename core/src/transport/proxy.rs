@@ -33,12 +33,11 @@
 mod track;
 
 use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-use std::os::fd::AsRawFd;
 
 use oxccl_plugin::{DmaBuf, MrHandle, PtrType, Request};
 
