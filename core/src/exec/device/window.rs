@@ -428,6 +428,13 @@ impl Window {
         };
         let gdr_slots = if tr.gdr && has(Transport::Net) {
             let bytes = layout.bytes - layout.off_fifo;
+            // A dma-buf starts on a page: the driver places allocations of
+            // whole 2 MiB granules on granule boundaries.
+            let bytes = if tr.dmabuf {
+                bytes.next_multiple_of(2 << 20)
+            } else {
+                bytes
+            };
             Some([
                 DeviceBuffer::alloc(ctx, bytes)?,
                 DeviceBuffer::alloc(ctx, bytes)?,
