@@ -352,9 +352,6 @@ mod tests {
 
     const NVL: LinkModel = LinkModel::NVLINK;
 
-    /// The device table costs the communicator's own links: the ring over
-    /// two nodes through the network costs more than over NVLink, which a
-    /// tuner sees; two ranks still take doubling, whatever the links.
     #[test]
     fn the_worse_of_two_links_is_slower_in_both_respects() {
         let nic = LinkModel {
@@ -371,6 +368,9 @@ mod tests {
         assert_eq!((w2.latency_s, w2.bandwidth), (5e-6, 1e9));
     }
 
+    /// The device table costs the communicator's own links: the ring over
+    /// two nodes through the network costs more than over NVLink, which a
+    /// tuner sees; two ranks still take doubling, whatever the links.
     #[test]
     fn device_table_costs_the_links_it_crosses() {
         let ring = nccl_cell(Algo::Ring);

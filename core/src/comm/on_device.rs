@@ -88,11 +88,7 @@ pub(crate) fn open(
     };
     let gdr = match routes.contains(&Transport::Net) {
         true => gpu_direct(&**net, device, cfg)?,
-        false => gdr::Decision {
-            on: false,
-            dmabuf: false,
-            why: String::new(),
-        },
+        false => gdr::Decision::off(String::new()),
     };
     let mut conns = Connections::new(net.clone(), ShmNet::new(cfg.buffsize), locality.clone());
     let timeout = cfg.timeout();
@@ -115,7 +111,7 @@ pub(crate) fn open(
         routes,
         connect: Box::new(connect),
         gdr: gdr.on,
-        dmabuf: gdr.on && gdr.dmabuf,
+        dmabuf: gdr.dmabuf,
         profiled,
         fabric: device_fabric(locality, &peers.p2p_disabled, inter, peers.nnodes),
     };
@@ -172,8 +168,9 @@ fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<gdr::Decisio
     let props = (0..net.devices()?.max(1))
         .map(|d| net.properties(d))
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let gpu = Device::get(device)
-        .and_then(|d| d.pci_bus_id())
+    let dev = Device::get(device)?;
+    let gpu = dev
+        .pci_bus_id()
         .ok()
         .and_then(|b| b.parse::<BusId>().ok())
         .and_then(|b| PciNode::read(sys, b).ok());
@@ -182,7 +179,7 @@ fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<gdr::Decisio
     let takes_dmabuf = props
         .iter()
         .any(|p| p.ptr_support & PtrType::Dmabuf as i32 != 0);
-    let dmabuf = cfg.dmabuf_enable && takes_dmabuf && Device::get(device)?.dma_buf_supported();
+    let dmabuf = cfg.dmabuf_enable && takes_dmabuf && dev.dma_buf_supported();
     if dmabuf {
         info!(target: "oxccl::init", "DMA-BUF is available on GPU device {device}");
     }
@@ -193,14 +190,10 @@ fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<gdr::Decisio
         sys,
         dmabuf,
     )?;
-    let cc = Device::get(device)?.compute_capability()?;
+    let cc = dev.compute_capability()?;
     if d.on && cc.0 < 9 {
         // NCCL flushes GPUDirect receives there (iflush); the proxy does not.
-        d = gdr::Decision {
-            on: false,
-            dmabuf: false,
-            why: format!("sm_{}{} needs a flush after each GPUDirect receive, which is not built (Hopper and later need none)", cc.0, cc.1),
-        };
+        d = gdr::Decision::off(format!("sm_{}{} needs a flush after each GPUDirect receive, which is not built (Hopper and later need none)", cc.0, cc.1));
     }
     info!(target: "oxccl::init", "NET/{} : GPU Direct RDMA {} for GPU {device}: {}", net.name(),
         if d.on { "Enabled" } else { "Disabled" }, d.why);

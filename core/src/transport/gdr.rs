@@ -61,9 +61,20 @@ impl Level {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub on: bool,
-    /// Registered through `regMrDmaBuf` (when `on`).
+    /// Registered through `regMrDmaBuf` (only ever with `on`).
     pub dmabuf: bool,
     pub why: String,
+}
+
+impl Decision {
+    /// No GPUDirect, for `why`.
+    pub fn off(why: String) -> Decision {
+        Decision {
+            on: false,
+            dmabuf: false,
+            why,
+        }
+    }
 }
 
 /// The PCIe node of a NIC from the plugin's `pci_path` (a sysfs path whose
@@ -87,13 +98,7 @@ pub fn decide(
     dmabuf: bool,
 ) -> Result<Decision> {
     let limit = level.map(Level::parse).transpose()?.unwrap_or(Level::Pxb);
-    let off = |why: String| {
-        Ok(Decision {
-            on: false,
-            dmabuf: false,
-            why,
-        })
-    };
+    let off = |why: String| Ok(Decision::off(why));
     if props.is_empty() {
         return off("the network has no device".into());
     }

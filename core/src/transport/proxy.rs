@@ -33,7 +33,7 @@
 mod track;
 
 use std::collections::VecDeque;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
@@ -46,7 +46,7 @@ use super::shm::area::Area;
 use crate::cuda::{Context, Registered};
 use crate::error::{Error, Result};
 use crate::exec::mem::Span;
-use crate::exec::reg::{RecvConn, Scope, SendConn};
+use crate::exec::reg::{Conn, RecvConn, Registrar, Scope, SendConn};
 use crate::plugin::profiler::{ProfilerComm, ProxyCtrl};
 pub use track::{ConnSteps, Launch};
 use track::{Notice, Notices, Track};
@@ -194,6 +194,27 @@ impl Slots {
     }
 }
 
+/// Registers one connection's `cell` of `slots` with it: through the
+/// slots' dma-buf `fd` where there is one (the cell's offset in it), else
+/// as memory of the slots' type.
+fn register_cell<C: ?Sized + Registrar>(
+    conn: &mut Conn<C>,
+    slots: Slots,
+    fd: Option<&OwnedFd>,
+    cell: Span,
+) -> oxccl_plugin::NetResult<MrHandle> {
+    match fd {
+        Some(fd) => {
+            let d = DmaBuf {
+                fd: fd.as_raw_fd(),
+                offset: (cell.ptr as usize - slots.base) as u64,
+            };
+            conn.mr_dmabuf(cell, cell, Scope::Kept, d)
+        }
+        None => conn.mr_as(cell, cell, Scope::Kept, slots.ty),
+    }
+}
+
 /// The memory the proxy works in: this rank's receive area and its send
 /// mirror (their counters always; their slots unless `slots` say
 /// otherwise).
@@ -205,7 +226,7 @@ pub struct Areas {
     /// Dma-bufs of those slots (GPU memory), through which they are
     /// registered (`regMrDmaBuf`); closed once every connection has
     /// registered, as NCCL closes them.
-    pub dmabufs: Option<[std::os::fd::OwnedFd; 2]>,
+    pub dmabufs: Option<[OwnedFd; 2]>,
     /// Bound on the proxy thread, as NCCL's proxy sets its device: a
     /// plugin may call CUDA.
     pub ctx: Option<Arc<Context>>,
@@ -294,25 +315,16 @@ impl Driven {
             ))
         };
         let [mine, mirror] = a.slots;
-        // A cell's place in its slots' dma-buf, which starts at their base.
-        let dmabuf = |i: usize, slots: Slots, span: Span| {
-            a.dmabufs.as_ref().map(|fds| DmaBuf {
-                fd: fds[i].as_raw_fd(),
-                offset: (span.ptr as usize - slots.base) as u64,
-            })
+        let [mine_fd, mirror_fd] = match &a.dmabufs {
+            Some([m, r]) => [Some(m), Some(r)],
+            None => [None, None],
         };
         let s = mirror.span(l, out);
-        let send_mr = match dmabuf(1, mirror, s) {
-            Some(d) => link.send.mr_dmabuf(s, s, Scope::Kept, d),
-            None => link.send.mr_as(s, s, Scope::Kept, mirror.ty),
-        }
-        .map_err(|e| what("send", e))?;
+        let send_mr =
+            register_cell(&mut link.send, mirror, mirror_fd, s).map_err(|e| what("send", e))?;
         let r = mine.span(l, inc);
-        let recv_mr = match dmabuf(0, mine, r) {
-            Some(d) => link.recv.mr_dmabuf(r, r, Scope::Kept, d),
-            None => link.recv.mr_as(r, r, Scope::Kept, mine.ty),
-        }
-        .map_err(|e| what("receive", e))?;
+        let recv_mr =
+            register_cell(&mut link.recv, mine, mine_fd, r).map_err(|e| what("receive", e))?;
         Ok(Driven {
             link,
             out,

@@ -6,20 +6,19 @@ use std::time::{Duration, Instant};
 
 use oxccl_plugin::{ListenComm, Net, NetHandle, RecvComm, SendComm};
 
-use crate::SocketNet;
-
 const LIMIT: Duration = Duration::from_secs(30);
 
-/// A connected pair on device 0 of `net`. Neither call may block, or this
-/// would never finish.
-pub fn pair(net: &SocketNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
+/// A connected pair on device 0 of `net` (this network, or any other, such
+/// as one reached through the C ABI). Neither call may block, or this would
+/// never finish.
+pub fn pair(net: &dyn Net) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
     let (h, mut l) = net.listen(0).unwrap();
     connect_accept(net, h, l.as_mut())
 }
 
 /// Polls connect and accept on one listener until both ends exist.
 pub fn connect_accept(
-    net: &SocketNet,
+    net: &dyn Net,
     mut h: NetHandle,
     l: &mut dyn ListenComm,
 ) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {

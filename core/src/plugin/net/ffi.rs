@@ -648,6 +648,7 @@ impl Request for CRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oxccl_net_socket::testing::pair;
 
     /// The socket network's exported vtable of one version only, as a
     /// library exporting just that version would be.
@@ -682,17 +683,7 @@ mod tests {
     /// Connects `net`'s device 0 to itself, sends `msg` into a receive of
     /// `capacity` bytes; returns the sizes the receive reported and its buffer.
     fn round_trip(net: &CNet, msg: &[u8], capacity: usize) -> (Vec<usize>, Vec<u8>) {
-        let (mut h, mut l) = net.listen(0).unwrap();
-        let (mut s, mut r) = (None, None);
-        while s.is_none() || r.is_none() {
-            if s.is_none() {
-                s = net.connect(0, &mut h).unwrap();
-            }
-            if r.is_none() {
-                r = l.accept().unwrap();
-            }
-        }
-        let (mut s, mut r) = (s.unwrap(), r.unwrap());
+        let (mut s, mut r) = pair(net);
         let mut got = vec![0u8; capacity];
         let mut rq = loop {
             // SAFETY: both buffers outlive their requests (polled to completion below).
@@ -929,21 +920,6 @@ mod tests {
         }
     }
 
-    /// A send and a receive comm of `net`'s device 0, connected to each other.
-    fn connected(net: &CNet) -> (Box<dyn SendComm>, Box<dyn RecvComm>) {
-        let (mut h, mut l) = net.listen(0).unwrap();
-        let (mut s, mut r) = (None, None);
-        while s.is_none() || r.is_none() {
-            if s.is_none() {
-                s = net.connect(0, &mut h).unwrap();
-            }
-            if r.is_none() {
-                r = l.accept().unwrap();
-            }
-        }
-        (s.unwrap(), r.unwrap())
-    }
-
     /// regMrDmaBuf reaches the plugin with the descriptor, offset, size and
     /// pointer type given, from both ends and in every version that has it
     /// (v8 on), and its handle is the plugin's; a plugin whose vtable has
@@ -955,7 +931,7 @@ mod tests {
         for v in [8u32, 9, 10, 11, 12] {
             let net = marked::only(v).open(0).unwrap();
             assert_ne!(dmabuf(&net), 0, "v{v}");
-            let (mut s, mut r) = connected(&net);
+            let (mut s, mut r) = pair(&net);
             let mut buf = vec![0u8; 8192];
             let d = DmaBuf {
                 fd: 40 + v as i32,
@@ -981,7 +957,7 @@ mod tests {
         }
         let net = marked::only(marked::NO_DMABUF).open(0).unwrap();
         assert_eq!(dmabuf(&net), 0);
-        let (mut s, _r) = connected(&net);
+        let (mut s, _r) = pair(&net);
         let e = s
             .reg_mr_dma_buf(
                 std::ptr::null_mut(),
@@ -1001,7 +977,7 @@ mod tests {
     fn transfers_carry_the_handle_reg_mr_made() {
         for v in [8u32, 9, 10, 11, 12] {
             let net = marked::only(v).open(0).unwrap();
-            let (mut s, mut r) = connected(&net);
+            let (mut s, mut r) = pair(&net);
             let msg = vec![v as u8; 64];
             let mut got = vec![0u8; 64];
             let start = marked::MARKS.lock().unwrap().len();
