@@ -9,7 +9,7 @@
 
 mod bounce;
 
-use bounce::{run, CUDA, LOG};
+use bounce::{run, transfers, CUDA, LOG};
 use oxccl::cuda::Device;
 
 #[test]
@@ -26,14 +26,14 @@ fn step_slots_registered_as_dma_bufs_with_a_network_that_takes_them() {
     for (enable, gdr) in [("1", exports), ("0", false)] {
         LOG.lock().unwrap().clear();
         CUDA.lock().unwrap().clear();
-        let wrong = run("DmaBufBounce", "SYS", enable);
+        let wrong = run("DmaBufBounce", "SYS", enable, "");
         let log = LOG.lock().unwrap().clone();
         let count = |call: &str| log.iter().filter(|e| e.0 == call).count();
         let (live, dead, plain) = (count("regMrDmaBuf+"), count("regMrDmaBuf-"), count("regMr"));
-        let moves: Vec<_> = log
-            .iter()
-            .filter(|e| !e.0.starts_with("regMr") && e.2 > 0)
-            .collect();
+        // The LL slots (host memory) see only the receives posted ahead
+        // into them: every operation here runs Simple.
+        let (moves, ll) = transfers(&log);
+        assert!(ll.iter().all(|e| e.0 == "irecv"), "{ll:?}");
         let device = moves.iter().filter(|e| e.4).count();
         println!(
             "NCCL_DMABUF_ENABLE={enable}: {wrong} wrong; {live} regMrDmaBuf with a live dma-buf, \
@@ -44,9 +44,10 @@ fn step_slots_registered_as_dma_bufs_with_a_network_that_takes_them() {
         assert_eq!(dead, 0, "every dma-buf descriptor open and a dma-buf");
         assert!(!moves.is_empty());
         if gdr {
+            // The LL slots are host memory, registered through regMr.
             assert!(
-                live > 0 && plain == 0,
-                "every slot registered through regMrDmaBuf"
+                live > 0 && plain == live,
+                "every simple slot registered through regMrDmaBuf, every LL slot through regMr"
             );
             assert_eq!(device, moves.len(), "every transfer from/into GPU memory");
         } else {

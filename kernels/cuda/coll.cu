@@ -21,6 +21,15 @@
 // `fifo_mine[p]` and `fifo_peer[p]`, in the same areas, or in device
 // memory that the network reads and writes itself (GPUDirect), the counters
 // staying in host memory for the proxy.
+//
+// A launch of few bytes goes through each connection's second FIFO, the
+// LL one (NCCL's low-latency protocol), with counters of its own: every
+// 16-byte line of a slot holds 8 bytes of data and, twice, a flag naming
+// the step, stored in one access. The receiver polls its lines until both
+// flags are the step's, so it reads the data as it lands, without a flag
+// read first; the sender needs no fence, and records the slot's size only
+// for a proxy, which sends the slot once every line carries the flag. The
+// LL slots are always in the areas (host memory for the network).
 
 #define OXCCL_MAX_RANKS 64
 #define OXCCL_MAX_STEPS 64
@@ -38,6 +47,9 @@
 #define OXCCL_STEP_EVEN_CH 4
 #define OXCCL_STEP_ODD_CH 8
 
+#define OXCCL_PROTO_SIMPLE 0
+#define OXCCL_PROTO_LL 1
+
 // Layout and peers of a window; at offset 0 of every window. Mirrored by
 // `WinHeader` in core/src/cuda/abi.rs.
 struct WinHeader {
@@ -51,6 +63,11 @@ struct WinHeader {
   u32 maxch;
   u32 rank;
   u32 nranks;
+  u64 off_tail_ll;  // the LL FIFO's parts, as the simple one's
+  u64 off_head_ll;
+  u64 off_size_ll;
+  u64 off_fifo_ll;  // in the area itself: peer[p] / mine[p] + off_fifo_ll
+  u64 ll_slot_bytes;
   u64 peer[OXCCL_MAX_RANKS];  // the area each rank receives from this one in, as this process addresses it
   u64 mine[OXCCL_MAX_RANKS];  // the area this rank receives from each rank in
   u64 fifo_peer[OXCCL_MAX_RANKS];  // slot 0 of cell 0 of peer[p]'s slots: in the area, or device memory (GPUDirect)
@@ -84,7 +101,7 @@ struct CollArgs {
   u32 slice_elems;  // elements per FIFO slot use, a multiple of 16 bytes
   u32 nchannels;
   u32 group;  // slices a step moves before the next step moves (a chunk); 0 or 1: one
-  u32 pad;
+  u32 proto;  // OXCCL_PROTO_*: the FIFO every slice of the launch goes through
   // Where each block writes its globaltimer at start and end (two u64 per
   // channel, in mapped host memory), for the profiler's KernelCh events; 0:
   // not timed.
@@ -118,22 +135,28 @@ __device__ __forceinline__ bool oxccl_aborted(u64 abort) {
   return abort != 0 && oxccl_ld_acquire_sys((const volatile u64*)abort) != 0;
 }
 
+// One spin of a wait: false once the host set the abort word. A peer that
+// never comes would hang the GPU for good; past the timeout the kernel
+// traps, which the host sees as an error. The abort word is read with the
+// clock, every 1024 spins: a host read costs about a microsecond, and a
+// revoke waits at most that much longer.
+__device__ __forceinline__ bool oxccl_keep_waiting(u32& spins, u64& t0, u64 timeout_ns, u64 abort) {
+  if (++spins < 1024) return true;
+  spins = 0;
+  if (oxccl_aborted(abort)) return false;
+  const u64 now = oxccl_globaltimer();
+  if (t0 == 0) t0 = now;
+  else if (now - t0 > timeout_ns) __trap();
+  return true;
+}
+
 // Spins until *p >= v (true), or until the host sets the abort word
-// (false). A peer that never comes would hang the GPU for good; past the
-// timeout the kernel traps, which the host sees as an error. The abort word
-// is read with the clock, every 1024 spins: a host read costs about a
-// microsecond, and a revoke waits at most that much longer.
+// (false).
 __device__ __forceinline__ bool oxccl_wait_geq(const volatile u64* p, u64 v, u64 timeout_ns, u64 abort) {
   u32 spins = 0;
   u64 t0 = 0;
   while (oxccl_ld_acquire_sys(p) < v) {
-    if (++spins == 1024) {
-      spins = 0;
-      if (oxccl_aborted(abort)) return false;
-      const u64 now = oxccl_globaltimer();
-      if (t0 == 0) t0 = now;
-      else if (now - t0 > timeout_ns) __trap();
-    }
+    if (!oxccl_keep_waiting(spins, t0, timeout_ns, abort)) return false;
   }
   return true;
 }
@@ -141,39 +164,55 @@ __device__ __forceinline__ bool oxccl_wait_geq(const volatile u64* p, u64 v, u64
 // Index of peer p among rank r's n-1 peers.
 __device__ __forceinline__ u32 oxccl_pidx(u32 p, u32 r, u32 n) { return (p + n - r - 1) % n; }
 
+// One channel's view of its connections, through the launch's FIFO: the
+// simple one's parts or the LL one's (`ll`), which differ in offsets, slot
+// size, counters and where the slots are.
 struct OxChan {
   char* win;
   const WinHeader* h;
   u32 me, n, maxch, nslots, ch;
+  bool ll;
   u64 slot_bytes, timeout_ns, abort;
+  u64 off_tail, off_head, off_size;
 
+  __device__ __forceinline__ void init(const WinHeader* hdr, bool use_ll) {
+    h = hdr;
+    ll = use_ll;
+    slot_bytes = ll ? h->ll_slot_bytes : h->slot_bytes;
+    off_tail = ll ? h->off_tail_ll : h->off_tail;
+    off_head = ll ? h->off_head_ll : h->off_head;
+    off_size = ll ? h->off_size_ll : h->off_size;
+  }
   __device__ __forceinline__ u64 cell(u32 q) const { return (u64)q * maxch + ch; }
   // In my area for p: data from p, p's posts, p's acks; my counters
   // towards p are in my window.
   __device__ __forceinline__ char* fifo_from(u32 p, u64 step) const {
-    return (char*)h->fifo_mine[p] + (cell(oxccl_pidx(p, me, n)) * nslots + step % nslots) * slot_bytes;
+    const char* base = ll ? (char*)h->mine[p] + h->off_fifo_ll : (char*)h->fifo_mine[p];
+    return (char*)base + (cell(oxccl_pidx(p, me, n)) * nslots + step % nslots) * slot_bytes;
   }
   __device__ __forceinline__ volatile u64* tail_from(u32 p) const {
-    return (volatile u64*)((char*)h->mine[p] + h->off_tail + cell(oxccl_pidx(p, me, n)) * OXCCL_FLAG_BYTES);
+    return (volatile u64*)((char*)h->mine[p] + off_tail + cell(oxccl_pidx(p, me, n)) * OXCCL_FLAG_BYTES);
   }
   __device__ __forceinline__ volatile u64* head_from(u32 p) const {
-    return (volatile u64*)((char*)h->mine[p] + h->off_head + cell(oxccl_pidx(p, me, n)) * OXCCL_FLAG_BYTES);
+    return (volatile u64*)((char*)h->mine[p] + off_head + cell(oxccl_pidx(p, me, n)) * OXCCL_FLAG_BYTES);
   }
+  // The send and receive counters of the simple FIFO, then the LL one's.
   __device__ __forceinline__ u64* state(u32 p) const {
-    return (u64*)(win + h->off_state) + cell(oxccl_pidx(p, me, n)) * 2;
+    return (u64*)(win + h->off_state) + cell(oxccl_pidx(p, me, n)) * 4 + (ll ? 2 : 0);
   }
   // In p's window (same layout): my data for p, my posts, my acks.
   __device__ __forceinline__ char* fifo_at(u32 p, u64 step) const {
-    return (char*)h->fifo_peer[p] + (cell(oxccl_pidx(me, p, n)) * nslots + step % nslots) * slot_bytes;
+    const char* base = ll ? (char*)h->peer[p] + h->off_fifo_ll : (char*)h->fifo_peer[p];
+    return (char*)base + (cell(oxccl_pidx(me, p, n)) * nslots + step % nslots) * slot_bytes;
   }
   __device__ __forceinline__ volatile u64* tail_at(u32 p) const {
-    return (volatile u64*)((char*)h->peer[p] + h->off_tail + cell(oxccl_pidx(me, p, n)) * OXCCL_FLAG_BYTES);
+    return (volatile u64*)((char*)h->peer[p] + off_tail + cell(oxccl_pidx(me, p, n)) * OXCCL_FLAG_BYTES);
   }
   __device__ __forceinline__ volatile u64* head_at(u32 p) const {
-    return (volatile u64*)((char*)h->peer[p] + h->off_head + cell(oxccl_pidx(me, p, n)) * OXCCL_FLAG_BYTES);
+    return (volatile u64*)((char*)h->peer[p] + off_head + cell(oxccl_pidx(me, p, n)) * OXCCL_FLAG_BYTES);
   }
   __device__ __forceinline__ volatile u64* size_at(u32 p, u64 step) const {
-    return (volatile u64*)((char*)h->peer[p] + h->off_size) + cell(oxccl_pidx(me, p, n)) * nslots + step % nslots;
+    return (volatile u64*)((char*)h->peer[p] + off_size) + cell(oxccl_pidx(me, p, n)) * nslots + step % nslots;
   }
   // Makes a slice stored into p's slot `step` (`bytes` long) visible, then
   // posts it: the size first (a proxy sends that many bytes), then `tail`.
@@ -239,6 +278,118 @@ __device__ __forceinline__ bool oxccl_slice(const OxChan& c, OxShared& sh, int r
     if (recv >= 0) oxccl_st_relaxed_sys(c.head_at(recv), ++sh.recvd[recv]);
   }
   return true;
+}
+
+// The flag of an LL line of `step`: never 0 (fresh memory), never that of
+// the steps that used the slot before (core/src/transport/layout.rs'
+// `ll_flag`).
+__device__ __forceinline__ u32 oxccl_ll_flag(u64 step) {
+  const u32 f = (u32)step + 1;
+  return f ? f : 1;
+}
+
+__device__ __forceinline__ void oxccl_st_ll(char* p, u64 v, u32 flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"((u32)v), "r"(flag),
+               "r"((u32)(v >> 32)), "r"(flag)
+               : "memory");
+}
+
+// Polls one line until both its flags are `flag`, as oxccl_wait_geq waits;
+// false when aborted.
+__device__ __forceinline__ bool oxccl_wait_ll(const char* p, u32 flag, u64* v, u64 timeout_ns, u64 abort) {
+  u32 spins = 0;
+  u64 t0 = 0;
+  for (;;) {
+    u32 a, f1, b, f2;
+    asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(a), "=r"(f1), "=r"(b), "=r"(f2)
+                 : "l"(p)
+                 : "memory");
+    if (f1 == flag && f2 == flag) {
+      *v = (u64)a | ((u64)b << 32);
+      return true;
+    }
+    if (!oxccl_keep_waiting(spins, t0, timeout_ns, abort)) return false;
+  }
+}
+
+template <typename T> union OxLine {
+  u64 u;
+  T e[8 / sizeof(T)];
+};
+
+// oxccl_slice through the LL FIFO: each thread moves whole lines (8 bytes
+// of data, the last one maybe part used), waiting on each line it receives
+// by itself; only the slot's reuse (`head`) is waited for by thread 0.
+// A plain copy moves the bits as they are, as oxccl_copy_loop does.
+template <typename T, typename Op>
+__device__ __noinline__ bool oxccl_slice_ll(const OxChan& c, OxShared& sh, int recv, int send, const T* src, T* dst,
+                                            u64 n, u32 flags, const Scalars& sc) {
+  const u32 E = 8 / sizeof(T);
+  const u64 lines = (n + E - 1) / E;
+  if (threadIdx.x == 0) {
+    bool ok = true;
+    if (send >= 0) {
+      const u64 s = sh.sent[send];
+      if (s + 1 > c.nslots) ok = oxccl_wait_geq(c.head_from(send), s + 1 - c.nslots, c.timeout_ns, c.abort);
+      sh.sbuf = c.fifo_at(send, s);
+    }
+    if (recv >= 0) sh.rbuf = c.fifo_from(recv, sh.recvd[recv]);
+    if (!ok) sh.aborted = 1;
+  }
+  __syncthreads();
+  if (sh.aborted) return false;
+  const bool transform = (Op::PRE && (flags & (OXCCL_F_PRE_S | OXCCL_F_PRE_R))) || (Op::POST && (flags & OXCCL_F_POST));
+  const u32 rflag = recv >= 0 ? oxccl_ll_flag(sh.recvd[recv]) : 0;
+  const u32 sflag = send >= 0 ? oxccl_ll_flag(sh.sent[send]) : 0;
+  for (u64 i = threadIdx.x; i < lines; i += blockDim.x) {
+    const u64 e0 = i * E;
+    const u32 m = (u32)min((u64)E, n - e0);
+    OxLine<T> a, b, r;
+    a.u = 0;
+    b.u = 0;
+    if (src)
+      for (u32 k = 0; k < m; k++) a.e[k] = src[e0 + k];
+    if (recv >= 0 && !oxccl_wait_ll(sh.rbuf + i * 16, rflag, &b.u, c.timeout_ns, c.abort)) {
+      sh.aborted = 1;
+      break;
+    }
+    if (src && recv >= 0) {
+      r.u = 0;
+      for (u32 k = 0; k < m; k++) r.e[k] = oxccl_elem<T, Op, true, true>(a.e[k], b.e[k], flags, sc);
+    } else if (!transform) {
+      r.u = src ? a.u : b.u;
+    } else if (src) {
+      r.u = 0;
+      for (u32 k = 0; k < m; k++) r.e[k] = oxccl_elem<T, Op, true, false>(a.e[k], b.e[k], flags, sc);
+    } else {
+      r.u = 0;
+      for (u32 k = 0; k < m; k++) r.e[k] = oxccl_elem<T, Op, false, true>(a.e[k], b.e[k], flags, sc);
+    }
+    if (dst)
+      for (u32 k = 0; k < m; k++) dst[e0 + k] = r.e[k];
+    if (send >= 0) oxccl_st_ll(sh.sbuf + i * 16, r.u, sflag);
+  }
+  __syncthreads();
+  if (sh.aborted) return false;
+  if (threadIdx.x == 0) {
+    if (send >= 0) {
+      // For a proxy only: it sends the slot once every line has its flag,
+      // and clears the word again when it has.
+      oxccl_st_relaxed_sys(c.size_at(send, sh.sent[send]), lines * 16);
+      sh.sent[send]++;
+    }
+    if (recv >= 0) oxccl_st_relaxed_sys(c.head_at(recv), ++sh.recvd[recv]);
+  }
+  return true;
+}
+
+// One slice through the launch's FIFO.
+template <typename T, typename Op>
+__device__ __forceinline__ bool oxccl_move(const OxChan& c, OxShared& sh, int recv, int send, const T* src, T* dst,
+                                           u64 n, u32 flags, const Scalars& sc) {
+  if (c.ll) return oxccl_slice_ll<T, Op>(c, sh, recv, send, src, dst, n, flags, sc);
+  return oxccl_slice<T, Op>(c, sh, recv, send, src, dst, n, flags, sc);
 }
 
 __device__ __forceinline__ void oxccl_chunk(u64 lo, u64 hi, u32 nchunks, u32 chunk, u64 align, u64* clo, u64* chi) {
@@ -329,12 +480,11 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
   __shared__ OxShared sh;
   OxChan c;
   c.win = (char*)a.comm;
-  c.h = (const WinHeader*)a.comm;
+  c.init((const WinHeader*)a.comm, a.proto == OXCCL_PROTO_LL);
   c.me = c.h->rank;
   c.n = c.h->nranks;
   c.maxch = c.h->maxch;
   c.nslots = c.h->nslots;
-  c.slot_bytes = c.h->slot_bytes;
   c.timeout_ns = a.timeout_ns;
   c.abort = a.abort;
   c.ch = blockIdx.x;
@@ -362,7 +512,9 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
   __syncthreads();
 
   const u64 S = a.slice_elems;
-  if (a.nsteps == 1 && (a.steps[0].flags & OXCCL_STEP_SEND_LOCAL)) {
+  // LL slices take the general loop: its exchange sends a group, then
+  // receives it, with no fence for the sending warps to hide.
+  if (!c.ll && a.nsteps == 1 && (a.steps[0].flags & OXCCL_STEP_SEND_LOCAL)) {
     oxccl_exchange<T, Op>(a, c, sh, lo, hi);
   } else {
     // Group-major order, as NCCL's loops: every step advances `group`
@@ -387,17 +539,17 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
         const u32 fin = (d.flags & OXCCL_STEP_FINALIZE) ? OXCCL_F_POST : 0;
         if (d.flags & OXCCL_STEP_SEND_LOCAL) {
           for (u64 e0 = g0; e0 < g1; e0 += S)
-            if (!oxccl_slice<T, Op>(c, sh, -1, d.send, oxccl_buf<T>(a, d.src_buf, d.src_block, e0), 0, min(S, g1 - e0),
+            if (!oxccl_move<T, Op>(c, sh, -1, d.send, oxccl_buf<T>(a, d.src_buf, d.src_block, e0), 0, min(S, g1 - e0),
                                     pre, a.sc))
               return;
           for (u64 e0 = g0; e0 < g1; e0 += S)
-            if (!oxccl_slice<T, Op>(c, sh, d.recv, -1, oxccl_buf<T>(a, d.src_buf, d.src_block, e0),
+            if (!oxccl_move<T, Op>(c, sh, d.recv, -1, oxccl_buf<T>(a, d.src_buf, d.src_block, e0),
                                     oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0), min(S, g1 - e0),
                                     pre | fin | OXCCL_F_ROUND, a.sc))
               return;
         } else {
           for (u64 e0 = g0; e0 < g1; e0 += S)
-            if (!oxccl_slice<T, Op>(c, sh, d.recv, d.send, oxccl_buf<T>(a, d.src_buf, d.src_block, e0),
+            if (!oxccl_move<T, Op>(c, sh, d.recv, d.send, oxccl_buf<T>(a, d.src_buf, d.src_block, e0),
                                     oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0), min(S, g1 - e0), pre | fin, a.sc))
               return;
         }

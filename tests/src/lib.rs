@@ -109,7 +109,9 @@ pub fn run(name: &str, n: usize, body: impl FnOnce(Rank)) {
     if as_child(name, body) {
         return;
     }
-    let done = spawn(name, n, &[], Duration::from_secs(120));
+    // On a 2-core machine, 7 ranks with the tree forced took 82 s alone and
+    // over 120 s beside the other tests of their binary.
+    let done = spawn(name, n, &[], Duration::from_secs(240));
     assert_all_ok(&done);
 }
 

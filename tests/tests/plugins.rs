@@ -1430,7 +1430,7 @@ mod device_proxy {
         let prof = Arc::new(ProfilerComm::new(p.expect("the fixture loads"), 7, 2, 0, 1).unwrap());
         let mask = prof.mask();
         let net = SocketNet::new(Some("lo"), oxccl_netif::Family::V4, 0, 1).unwrap();
-        let layout = Layout::new(2, CHANNELS, 4, 4096);
+        let layout = Layout::new(2, CHANNELS, 4, 4096, 0);
         let mut kernels = [Kernel::new(0, layout), Kernel::new(1, layout)];
         let mut proxies = Vec::new();
         let mut sends: [Vec<Box<dyn SendComm>>; 2] = Default::default();
@@ -1460,7 +1460,7 @@ mod device_proxy {
                 })
                 .collect();
             let areas = Areas::on_host(k.mine.clone(), k.mirror.clone(), layout, rank, rank == 0);
-            let proxy = Proxy::start(links, areas).unwrap();
+            let proxy = Proxy::start(links, Vec::new(), areas).unwrap();
             let tracked = proxy.set_profiler((rank == 0).then(|| prof.clone()));
             assert_eq!(tracked, rank == 0);
             proxies.push(proxy);

@@ -78,7 +78,9 @@ pub(crate) fn open(
         // Either every rank has a peer over the network or none has (a
         // pair goes there between hosts, where each rank has one, or with a
         // rank's NCCL_SHM_DISABLE, which every rank then reaches so).
-        dcfg = dcfg.through_host(cfg, routes.contains(&Transport::Net));
+        dcfg = dcfg
+            .through_host(cfg, routes.contains(&Transport::Net))
+            .with_protocols(cfg.proto.as_deref())?;
         log_routes(locality, &routes, dcfg.channels);
     }
     let oob = BootstrapOob {
@@ -92,13 +94,13 @@ pub(crate) fn open(
     };
     let mut conns = Connections::new(net.clone(), ShmNet::new(cfg.buffsize), locality.clone());
     let timeout = cfg.timeout();
-    let connect = move |peers: &[usize], channels: usize| {
+    let connect = move |peers: &[usize], channels: usize, first: usize| {
         let keys: Vec<ConnKey> = peers
             .iter()
-            .flat_map(|&p| (0..channels).map(move |c| (c, p)))
+            .flat_map(|&p| (first..first + channels).map(move |c| (c, p)))
             .collect();
         conns.ensure(bootstrap, &keys, &keys, timeout, &|| None)?;
-        conns.take_links(peers, channels)
+        conns.take_links(peers, channels, first)
     };
     // The communicator attaches the profiler after this; a proxy that may
     // report to it waits to know (see `Areas::profiled`).
@@ -118,11 +120,17 @@ pub(crate) fn open(
     let dc = DeviceComm::with_transports(&oob, device, dcfg, tr)
         .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
     if hosted {
-        info!(target: "oxccl::init", "rank {rank} on GPU {device}: {} MiB of host memory registered for peers reached through it{}", dc.host_bytes() >> 20,
+        info!(target: "oxccl::init", "rank {rank} on GPU {device}: {} MiB of host memory registered for peers reached through it{}{}", dc.host_bytes() >> 20,
         match (gdr.on, gdr.dmabuf) {
             (true, true) => "; net peers' step slots in GPU memory (GPUDirect), registered as dma-buf",
             (true, false) => "; net peers' step slots in GPU memory (GPUDirect)",
             _ => "",
+        },
+        match dc.ll_bound() {
+            Some(0) => "; LL protocol off (NCCL_PROTO)".to_string(),
+            Some(usize::MAX) => "; LL protocol at every size (NCCL_PROTO)".to_string(),
+            Some(b) => format!("; LL protocol up to {b} B per rank"),
+            None => String::new(),
         });
     }
     let stop = dc.stopper();
@@ -361,7 +369,7 @@ pub(crate) fn execute(
     for (at, (op, _)) in colls {
         let coll = op.kind.coll().expect("a collective");
         let choice = choose(&dc, &tuning, coll, op.count, op.dtype);
-        debug!(target: "oxccl::coll", "{}: {} on {} channel(s)", op.describe(), choice.algo.name(), choice.channels);
+        debug!(target: "oxccl::coll", "{}: {} on {} channel(s), {}", op.describe(), choice.algo.name(), choice.channels, dc.protocol(op.count * op.dtype.size()));
         let event = match (p, &group) {
             (Some(p), Some(g)) => {
                 let (algo, nch) = (choice.algo, choice.channels);

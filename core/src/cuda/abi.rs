@@ -28,6 +28,9 @@ pub fn runs_on_channel(flags: u8, ch: usize) -> bool {
     };
     flags & other == 0
 }
+/// `OXCCL_PROTO_*`.
+pub const PROTO_SIMPLE: u32 = 0;
+pub const PROTO_LL: u32 = 1;
 /// `OXCCL_F_*` of the reduce kernel.
 pub const F_PRE_A: u32 = 1;
 pub const F_PRE_B: u32 = 2;
@@ -73,7 +76,9 @@ pub struct CollArgs {
     pub nchannels: u32,
     /// Slices a step moves before the next step moves (a chunk).
     pub group: u32,
-    pub pad: u32,
+    /// Which FIFO the launch moves its slices through: [`PROTO_SIMPLE`] or
+    /// [`PROTO_LL`].
+    pub proto: u32,
     /// Mapped host address of the launch's (start, end) globaltimer pairs,
     /// one per channel; 0 when the launch is not timed.
     pub stamps: u64,
@@ -141,6 +146,12 @@ pub struct WinHeader {
     pub maxch: u32,
     pub rank: u32,
     pub nranks: u32,
+    /// The LL FIFO's parts (see `transport::layout`), in the same areas.
+    pub off_tail_ll: u64,
+    pub off_head_ll: u64,
+    pub off_size_ll: u64,
+    pub off_fifo_ll: u64,
+    pub ll_slot_bytes: u64,
     /// The area each rank receives this rank's slices in.
     pub peer: [u64; MAX_RANKS],
     /// The area this rank receives each rank's slices in.
@@ -154,7 +165,7 @@ pub struct WinHeader {
 }
 
 impl WinHeader {
-    pub const BYTES: usize = 64 + 32 * MAX_RANKS;
+    pub const BYTES: usize = 104 + 32 * MAX_RANKS;
 
     /// The bytes the device reads (little-endian, as every CUDA GPU).
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -170,6 +181,15 @@ impl WinHeader {
             b.extend_from_slice(&v.to_le_bytes());
         }
         for v in [self.nslots, self.maxch, self.rank, self.nranks] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [
+            self.off_tail_ll,
+            self.off_head_ll,
+            self.off_size_ll,
+            self.off_fifo_ll,
+            self.ll_slot_bytes,
+        ] {
             b.extend_from_slice(&v.to_le_bytes());
         }
         for v in self
@@ -210,6 +230,7 @@ mod tests {
         assert_eq!(size_of::<ReduceArgs>(), 184);
         assert_eq!(size_of::<CopyArgs>(), 24);
         assert_eq!(size_of::<FillArgs>(), 40);
-        assert_eq!(WinHeader::BYTES, 2112);
+        assert_eq!(offset_of!(CollArgs, proto), 92);
+        assert_eq!(WinHeader::BYTES, 2152);
     }
 }

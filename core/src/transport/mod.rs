@@ -245,17 +245,24 @@ impl Connections {
         }
     }
 
-    /// Takes the connections of `peers` on channels `0..channels` out, both
-    /// directions of each pair together (the device path's proxy drives
-    /// them from then on).
-    pub fn take_links(&mut self, peers: &[usize], channels: usize) -> Result<Vec<proxy::Link>> {
+    /// Takes the connections of `peers` on channels `first..first + channels`
+    /// out (numbered from 0 in the links), both directions of each pair
+    /// together (the device path's proxy drives them from then on).
+    pub fn take_links(
+        &mut self,
+        peers: &[usize],
+        channels: usize,
+        first: usize,
+    ) -> Result<Vec<proxy::Link>> {
         let mut links = Vec::new();
         for &peer in peers {
             for chan in 0..channels {
-                let (send, recv) = (self.send.take((chan, peer)), self.recv.take((chan, peer)));
+                let key = (first + chan, peer);
+                let (send, recv) = (self.send.take(key), self.recv.take(key));
                 let (Some(send), Some(recv)) = (send, recv) else {
                     return Err(Error::Internal(format!(
-                        "no connection to rank {peer} on channel {chan}"
+                        "no connection to rank {peer} on channel {}",
+                        first + chan
                     )));
                 };
                 links.push(proxy::Link {

@@ -24,6 +24,11 @@
 //! carry goodbyes; once one of its receives completes that way, the proxy
 //! closes without them, as NCCL does.
 //!
+//! Each connection's LL FIFO (see [`super::layout`]) has its own pair of
+//! net connections, driven alike, except that a kernel posts an LL slot by
+//! its size word alone, without a fence: the proxy sends it once every
+//! line of it carries the step's flag, and clears the word.
+//!
 //! [`SendSteps`] and [`RecvSteps`] are the per-connection state machines,
 //! without sockets or GPUs; [`Proxy`] is the thread that feeds them the
 //! counters it reads and performs what they answer. With a profiler, the
@@ -41,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use oxccl_plugin::{DmaBuf, MrHandle, PtrType, Request};
 
-use super::layout::Layout;
+use super::layout::{ll_flag, Fifo, Layout, Proto, LL_LINE};
 use super::shm::area::Area;
 use crate::cuda::{Context, Registered};
 use crate::error::{Error, Result};
@@ -173,22 +178,22 @@ pub struct Slots {
 }
 
 impl Slots {
-    /// The slots inside a host area.
-    pub fn host(a: &Area, l: &Layout) -> Slots {
+    /// The slots of FIFO `f` inside a host area.
+    pub fn host(a: &Area, f: &Fifo) -> Slots {
         Slots {
-            base: a.at(l.off_fifo, 0) as usize,
+            base: a.at(f.off_fifo, 0) as usize,
             ty: PtrType::Host,
         }
     }
 
-    fn at(&self, l: &Layout, cell: usize, step: u64) -> *mut u8 {
-        (self.base + l.slot(cell, step) - l.off_fifo) as *mut u8
+    fn at(&self, f: &Fifo, cell: usize, step: u64) -> *mut u8 {
+        (self.base + f.slot(cell, step) - f.off_fifo) as *mut u8
     }
 
-    fn span(&self, l: &Layout, cell: usize) -> Span {
-        let (off, len) = l.slots(cell);
+    fn span(&self, f: &Fifo, cell: usize) -> Span {
+        let (off, len) = f.slots(cell);
         Span {
-            ptr: (self.base + off - l.off_fifo) as *mut u8,
+            ptr: (self.base + off - f.off_fifo) as *mut u8,
             len,
         }
     }
@@ -249,7 +254,10 @@ impl Areas {
         profiled: bool,
     ) -> Areas {
         Areas {
-            slots: [Slots::host(&mine, &layout), Slots::host(&mirror, &layout)],
+            slots: [
+                Slots::host(&mine, &layout.fifo(Proto::Simple)),
+                Slots::host(&mirror, &layout.fifo(Proto::Simple)),
+            ],
             dmabufs: None,
             mine,
             mirror,
@@ -278,8 +286,22 @@ pub struct Link {
     pub recv: RecvConn,
 }
 
+/// Whether every line of an LL slot of `bytes` at `off` in `a` carries
+/// the flag of `step`: the kernel stored it all.
+fn ll_stored(a: &Area, off: usize, bytes: usize, step: u64) -> bool {
+    let flag = u64::from(ll_flag(step));
+    (0..bytes / LL_LINE).all(|i| {
+        let line = off + i * LL_LINE;
+        a.load(line) >> 32 == flag && a.load(line + 8) >> 32 == flag
+    })
+}
+
 struct Driven {
     link: Link,
+    /// The FIFO of the connection this link carries.
+    fifo: Fifo,
+    /// Its slots in the receive area and the mirror.
+    slots: [Slots; 2],
     /// Cell of this rank's data for the peer, in the mirror.
     out: usize,
     /// Cell of the peer's data for this rank, in the receive area.
@@ -304,8 +326,11 @@ struct Driven {
 }
 
 impl Driven {
-    fn new(mut link: Link, a: &Areas) -> Result<Driven> {
+    /// A link of `proto`'s FIFO: the simple one's slots are where `a` says,
+    /// the LL one's always in the host areas.
+    fn new(mut link: Link, a: &Areas, proto: Proto) -> Result<Driven> {
         let l = &a.layout;
+        let fifo = l.fifo(proto);
         let out = l.cell(a.rank, link.peer, link.chan);
         let inc = l.cell(link.peer, a.rank, link.chan);
         let what = |dir: &str, e| {
@@ -314,19 +339,28 @@ impl Driven {
                 link.chan, link.peer
             ))
         };
-        let [mine, mirror] = a.slots;
-        let [mine_fd, mirror_fd] = match &a.dmabufs {
-            Some([m, r]) => [Some(m), Some(r)],
-            None => [None, None],
+        let (slots, [mine_fd, mirror_fd]) = match (proto, &a.dmabufs) {
+            (Proto::Ll, _) => (
+                [
+                    Slots::host(a.mine.area(), &fifo),
+                    Slots::host(a.mirror.area(), &fifo),
+                ],
+                [None, None],
+            ),
+            (Proto::Simple, Some([m, r])) => (a.slots, [Some(m), Some(r)]),
+            (Proto::Simple, None) => (a.slots, [None, None]),
         };
-        let s = mirror.span(l, out);
+        let [mine, mirror] = slots;
+        let s = mirror.span(&fifo, out);
         let send_mr =
             register_cell(&mut link.send, mirror, mirror_fd, s).map_err(|e| what("send", e))?;
-        let r = mine.span(l, inc);
+        let r = mine.span(&fifo, inc);
         let recv_mr =
             register_cell(&mut link.recv, mine, mine_fd, r).map_err(|e| what("receive", e))?;
         Ok(Driven {
             link,
+            fifo,
+            slots,
             out,
             inc,
             send_mr,
@@ -343,20 +377,40 @@ impl Driven {
         })
     }
 
+    /// The kernel's `tail` for the sends: for the LL FIFO, one past the
+    /// next step once its slot is wholly stored.
+    fn posted_tail(&self, mirror: &Area) -> u64 {
+        let f = &self.fifo;
+        if f.proto == Proto::Simple {
+            return mirror.load(f.tail(self.out));
+        }
+        let step = self.sends.completed() + self.sends.in_flight();
+        let bytes = mirror.load(f.size(self.out, step)) as usize;
+        // An oversized word goes on to the size check, which fails it.
+        let ready = bytes > 0
+            && (bytes > f.slot_bytes || ll_stored(mirror, f.slot(self.out, step), bytes, step));
+        step + u64::from(ready)
+    }
+
     /// Posts and completes what it can; whether anything moved.
     fn progress(&mut self, a: &Areas, gate: Gate<'_>) -> Result<bool> {
-        let (l, mine, mirror) = (&a.layout, a.mine.area(), a.mirror.area());
+        let (l, mine, mirror) = (self.fifo, a.mine.area(), a.mirror.area());
+        // The LL FIFOs' steps are not announced: nothing to report.
+        let gate = match (self.fifo.proto, gate) {
+            (Proto::Ll, _) => Gate::Free,
+            (Proto::Simple, g) => g,
+        };
         let (peer, chan) = (self.link.peer, self.link.chan);
         let fail = |what: &str, e| {
             Error::from(e).context(format!("{what} on channel {chan} with rank {peer}"))
         };
-        let mut moved = self.goodbye(a, false).map_err(|e| fail("goodbye", e))?;
+        let mut moved = self.goodbye(false).map_err(|e| fail("goodbye", e))?;
         if let Gate::Track(c) = gate {
             // Slots the kernel may store into now: their steps wait for it.
             let free = self.sends.completed() + l.nslots as u64;
             self.tracks[0].open_sends(c, free);
         }
-        while let Some(step) = self.sends.next(mirror.load(l.tail(self.out))) {
+        while let Some(step) = self.sends.next(self.posted_tail(mirror)) {
             let bytes = mirror.load(l.size(self.out, step)) as usize;
             if bytes > l.slot_bytes {
                 return Err(Error::Internal(format!(
@@ -373,7 +427,7 @@ impl Driven {
                 Gate::Track(c) => self.tracks[0].send_try(c, step, bytes),
                 _ => None,
             };
-            let data = a.slots[1].at(l, self.out, step);
+            let data = self.slots[1].at(&l, self.out, step);
             // SAFETY: the slot lies in the mirror's slots (the layout's
             // bounds), which outlive every request (the proxy joins before
             // the areas go); the kernel does not store into it again until
@@ -389,6 +443,12 @@ impl Driven {
             }
             .map_err(|e| fail("isend", e))?;
             let Some(req) = req else { break };
+            if l.proto == Proto::Ll {
+                // The step is taken: the kernel stores its slot's word again
+                // only after `head` freed the slot, which this send's
+                // completion does.
+                mirror.store(l.size(self.out, step), 0);
+            }
             self.send_q.push_back(req);
             self.sends.posted();
             if let Gate::Track(c) = gate {
@@ -420,7 +480,7 @@ impl Driven {
                 Gate::Track(_) if !self.tracks[1].covers(step) => break,
                 Gate::Track(c) => self.tracks[1].recv_try(c, step, l.slot_bytes),
             };
-            let data = a.slots[0].at(l, self.inc, step);
+            let data = self.slots[0].at(&l, self.inc, step);
             // SAFETY: the slot lies in the receive slots, which outlive the
             // request; the kernel has consumed the step that used it last
             // and reads it again only after `tail` says this one arrived.
@@ -457,7 +517,7 @@ impl Driven {
                 // are dropped with the connection. The peer waits for our
                 // answer before it closes.
                 self.heard_bye = true;
-                self.goodbye(a, false).map_err(|e| fail("goodbye", e))?;
+                self.goodbye(false).map_err(|e| fail("goodbye", e))?;
                 break;
             }
             if let Gate::Track(c) = gate {
@@ -480,10 +540,10 @@ impl Driven {
 
     /// Says goodbye where it is due (leaving, or answering the peer's) and
     /// not said yet, and completes it; whether anything moved.
-    fn goodbye(&mut self, a: &Areas, leaving: bool) -> oxccl_plugin::NetResult<bool> {
+    fn goodbye(&mut self, leaving: bool) -> oxccl_plugin::NetResult<bool> {
         let mut moved = false;
         if (leaving || self.heard_bye) && !self.said_bye && self.bye.is_none() {
-            let at = a.slots[1].at(&a.layout, self.out, 0);
+            let at = self.slots[1].at(&self.fifo, self.out, 0);
             // SAFETY: a 0-byte send reads nothing; the pointer lies in the
             // registered slots, which outlive the request.
             #[allow(unsafe_code)]
@@ -505,7 +565,7 @@ impl Driven {
     /// Whether both are done. Errors end it quietly: the peer may be gone.
     fn farewell(&mut self, a: &Areas) -> bool {
         let mut step = || -> Result<()> {
-            self.goodbye(a, true)?;
+            self.goodbye(true)?;
             if !self.heard_bye {
                 self.progress(a, Gate::Free)?;
             }
@@ -548,10 +608,17 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    pub fn start(links: Vec<Link>, mut areas: Areas) -> Result<Proxy> {
+    /// Drives `links` (the simple FIFOs) and `ll_links` (the LL ones; none
+    /// where the layout has no LL FIFO).
+    pub fn start(links: Vec<Link>, ll_links: Vec<Link>, mut areas: Areas) -> Result<Proxy> {
         let driven = links
             .into_iter()
-            .map(|l| Driven::new(l, &areas))
+            .map(|l| Driven::new(l, &areas, Proto::Simple))
+            .chain(
+                ll_links
+                    .into_iter()
+                    .map(|l| Driven::new(l, &areas, Proto::Ll)),
+            )
             .collect::<Result<Vec<_>>>()?;
         areas.dmabufs = None;
         let stop = Arc::new(AtomicBool::new(false));
@@ -648,10 +715,9 @@ struct Shared {
 fn take_on(driven: &mut [Driven], c: &Arc<ProfilerComm>, l: &Launch) -> usize {
     let mut ops = 0;
     for cs in &l.conns {
-        if let Some(d) = driven
-            .iter_mut()
-            .find(|d| d.link.peer == cs.peer && d.link.chan == cs.chan)
-        {
+        if let Some(d) = driven.iter_mut().find(|d| {
+            d.fifo.proto == Proto::Simple && d.link.peer == cs.peer && d.link.chan == cs.chan
+        }) {
             ops += usize::from(d.tracks[usize::from(!cs.send)].add(c, l.mask, cs));
         }
     }
@@ -898,70 +964,125 @@ mod over_sockets {
 
     const LIMIT: Duration = Duration::from_secs(30);
 
-    /// One rank's kernel: sends `steps` random slices of random size to its
-    /// peer and receives as many, in the FIFO protocol the kernels use.
+    /// One rank's kernel on one FIFO: sends `steps` random slices of
+    /// random size to its peer and receives as many, in the protocol the
+    /// kernels use on it. Through the LL FIFO it stores a slot's size word
+    /// a poll before its lines, as a GPU's unfenced stores may land, and
+    /// polls the lines' flags rather than `tail`.
     struct Kernel {
         mine: Arc<Area>,
         mirror: Arc<Area>,
-        layout: Layout,
+        fifo: Fifo,
         out: usize,
         inc: usize,
         sent: u64,
         recvd: u64,
+        /// An LL slot whose size word is stored and whose lines are not.
+        pending: Option<Vec<u8>>,
         rng: rand::rngs::StdRng,
     }
 
-    /// Slice `step` from rank `from`: its size and bytes, known to both sides.
-    fn slice(from: usize, step: u64, slot: usize) -> Vec<u8> {
-        let mut r = rand::rngs::StdRng::seed_from_u64(((from as u64) << 32) | step);
-        let len = r.random_range(1..=slot);
+    /// Slice `step` from rank `from` through `proto`: its size and bytes,
+    /// known to both sides (whole lines' data through LL).
+    fn slice(from: usize, proto: Proto, step: u64, slot: usize) -> Vec<u8> {
+        let seed = ((from as u64) << 40) | (u64::from(proto == Proto::Ll) << 39) | step;
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        let len = match proto {
+            Proto::Simple => r.random_range(1..=slot),
+            Proto::Ll => r.random_range(1..=slot / LL_LINE) * 8,
+        };
         (0..len).map(|_| r.random()).collect()
     }
 
     impl Kernel {
-        fn new(rank: usize, peer: usize, layout: Layout) -> Kernel {
+        fn new(
+            rank: usize,
+            peer: usize,
+            layout: Layout,
+            areas: [&Arc<Area>; 2],
+            proto: Proto,
+        ) -> Kernel {
             Kernel {
-                mine: Arc::new(Area::private(layout.bytes).unwrap()),
-                mirror: Arc::new(Area::private(layout.bytes).unwrap()),
+                mine: areas[0].clone(),
+                mirror: areas[1].clone(),
+                fifo: layout.fifo(proto),
                 out: layout.cell(rank, peer, 0),
                 inc: layout.cell(peer, rank, 0),
-                layout,
                 sent: 0,
                 recvd: 0,
-                rng: rand::rngs::StdRng::seed_from_u64(rank as u64),
+                pending: None,
+                rng: rand::rngs::StdRng::seed_from_u64(
+                    rank as u64 * 2 + u64::from(proto == Proto::Ll),
+                ),
             }
         }
 
         /// One poll: a send where a slot is free, a receive where a slice
         /// arrived (checked against the sender's bytes).
         fn poll(&mut self, rank: usize, peer: usize, steps: u64) {
-            let l = &self.layout;
+            let l = self.fifo;
+            let ll = l.proto == Proto::Ll;
+            if let Some(data) = self.pending.take() {
+                let off = l.slot(self.out, self.sent);
+                let flag = u64::from(ll_flag(self.sent));
+                for (i, w) in data.chunks(8).enumerate() {
+                    let w = u64::from_le_bytes(w.try_into().unwrap());
+                    self.mirror
+                        .store(off + i * LL_LINE, (w & 0xffff_ffff) | flag << 32);
+                    self.mirror
+                        .store(off + i * LL_LINE + 8, (w >> 32) | flag << 32);
+                }
+                self.sent += 1;
+            }
             let free = self.mine.load(l.head(self.inc)) + l.nslots as u64;
             if self.sent < steps && self.sent < free && self.rng.random_bool(0.5) {
-                let data = slice(rank, self.sent, l.slot_bytes);
-                let at = self.mirror.at(l.slot(self.out, self.sent), data.len());
-                // SAFETY: `at` is inside the mirror, which the proxy only
-                // reads between this slot's post and its `head`.
-                #[allow(unsafe_code)]
-                unsafe {
-                    std::ptr::copy_nonoverlapping(data.as_ptr(), at, data.len())
-                };
-                self.mirror
-                    .store(l.size(self.out, self.sent), data.len() as u64);
-                self.sent += 1;
-                self.mirror.store(l.tail(self.out), self.sent);
+                let data = slice(rank, l.proto, self.sent, l.slot_bytes);
+                if ll {
+                    self.mirror
+                        .store(l.size(self.out, self.sent), (data.len() * 2) as u64);
+                    self.pending = Some(data);
+                } else {
+                    self.mirror.write_bytes(l.slot(self.out, self.sent), &data);
+                    self.mirror
+                        .store(l.size(self.out, self.sent), data.len() as u64);
+                    self.sent += 1;
+                    self.mirror.store(l.tail(self.out), self.sent);
+                }
             }
-            if self.recvd < self.mine.load(l.tail(self.inc)) {
-                let want = slice(peer, self.recvd, l.slot_bytes);
-                let at = self.mine.at(l.slot(self.inc, self.recvd), want.len());
-                // SAFETY: the proxy wrote this slot before it bumped `tail`,
-                // and posts no receive into it until `head` passes it.
-                #[allow(unsafe_code)]
-                let got = unsafe { std::slice::from_raw_parts(at, want.len()) };
-                assert_eq!(got, &want[..], "slice {} from rank {peer}", self.recvd);
-                self.recvd += 1;
-                self.mirror.store(l.head(self.out), self.recvd);
+            if self.recvd >= steps {
+                return;
             }
+            let want = slice(peer, l.proto, self.recvd, l.slot_bytes);
+            let off = l.slot(self.inc, self.recvd);
+            let got = if ll {
+                let flag = u64::from(ll_flag(self.recvd));
+                let mut got = Vec::with_capacity(want.len());
+                for i in 0..want.len() / 8 {
+                    let (a, b) = (
+                        self.mine.load(off + i * LL_LINE),
+                        self.mine.load(off + i * LL_LINE + 8),
+                    );
+                    if a >> 32 != flag || b >> 32 != flag {
+                        return;
+                    }
+                    got.extend_from_slice(&((a & 0xffff_ffff) | b << 32).to_le_bytes());
+                }
+                got
+            } else {
+                if self.recvd >= self.mine.load(l.tail(self.inc)) {
+                    return;
+                }
+                let mut got = vec![0; want.len()];
+                self.mine.read_bytes(off, &mut got);
+                got
+            };
+            assert_eq!(
+                got, want,
+                "{:?} slice {} from rank {peer}",
+                l.proto, self.recvd
+            );
+            self.recvd += 1;
+            self.mirror.store(l.head(self.out), self.recvd);
         }
     }
 
@@ -975,34 +1096,49 @@ mod over_sockets {
 
     fn goodbye_after_random_slices(threads: usize, socks: usize) {
         let net = SocketNet::new(Some("lo"), oxccl_netif::Family::V4, threads, socks).unwrap();
-        let layout = Layout::new(2, 1, 4, 4096);
+        // Both FIFOs of one connection at once, each over links of its own.
+        let layout = Layout::new(2, 1, 4, 4096, 1024);
+        let areas: Vec<[Arc<Area>; 2]> = (0..2)
+            .map(|_| [(); 2].map(|()| Arc::new(Area::private(layout.bytes).unwrap())))
+            .collect();
+        let mut kernels: Vec<(usize, Kernel)> = (0..2)
+            .flat_map(|r| {
+                let [m, o] = &areas[r];
+                [Proto::Simple, Proto::Ll].map(|p| (r, Kernel::new(r, 1 - r, layout, [m, o], p)))
+            })
+            .collect();
         let (s01, r01) = pair(&net);
         let (s10, r10) = pair(&net);
-        let mut kernels = [Kernel::new(0, 1, layout), Kernel::new(1, 0, layout)];
-        let start = |rank: usize, k: &Kernel, send, recv| {
-            let link = Link {
+        let (ls01, lr01) = pair(&net);
+        let (ls10, lr10) = pair(&net);
+        let start = |rank: usize, send, recv, ll_send, ll_recv| {
+            let link = |send, recv| Link {
                 peer: 1 - rank,
                 chan: 0,
                 send: SendConn::new(send),
                 recv: RecvConn::new(recv),
             };
-            let areas = Areas::on_host(k.mine.clone(), k.mirror.clone(), layout, rank, false);
-            Proxy::start(vec![link], areas).unwrap()
+            let [m, o] = &areas[rank];
+            let a = Areas::on_host(m.clone(), o.clone(), layout, rank, false);
+            Proxy::start(vec![link(send, recv)], vec![link(ll_send, ll_recv)], a).unwrap()
         };
-        let p0 = start(0, &kernels[0], s01, r10);
-        let p1 = start(1, &kernels[1], s10, r01);
+        let p0 = start(0, s01, r10, ls01, lr10);
+        let p1 = start(1, s10, r01, ls10, lr01);
         const STEPS: u64 = 300;
         let t = Instant::now();
-        while kernels.iter().any(|k| k.recvd < STEPS || k.sent < STEPS) {
-            for (r, k) in kernels.iter_mut().enumerate() {
-                k.poll(r, 1 - r, STEPS);
+        while kernels
+            .iter()
+            .any(|(_, k)| k.recvd < STEPS || k.sent < STEPS)
+        {
+            for (r, k) in kernels.iter_mut() {
+                k.poll(*r, 1 - *r, STEPS);
             }
             assert!(
                 t.elapsed() < LIMIT,
                 "stalled at {:?}",
                 kernels
                     .iter()
-                    .map(|k| (k.sent, k.recvd))
+                    .map(|(_, k)| (k.sent, k.recvd))
                     .collect::<Vec<_>>()
             );
             assert!(p0.failure().is_none() && p1.failure().is_none());

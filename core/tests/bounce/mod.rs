@@ -318,6 +318,21 @@ oxccl_plugin::inventory::submit! {
 pub const COUNT: usize = (3 << 20) + 5;
 pub const NRANKS: usize = 2;
 
+/// The transfers of `log` (sizes above 0), apart: those of the simple
+/// slots, and those of the LL slots, which are the host memory registered
+/// through `regMr` beside GPU slots.
+pub fn transfers(log: &[Entry]) -> (Vec<Entry>, Vec<Entry>) {
+    let ll: Vec<(usize, usize)> = log
+        .iter()
+        .filter(|e| e.0 == "regMr" && e.3 == 1)
+        .map(|e| (e.1, e.2))
+        .collect();
+    let gpu_slots = log.iter().any(|e| e.0.starts_with("regMr") && e.3 != 1);
+    log.iter()
+        .filter(|e| !e.0.starts_with("regMr") && e.2 > 0)
+        .partition(|e| !(gpu_slots && ll.iter().any(|&(b, n)| b <= e.1 && e.1 < b + n)))
+}
+
 fn pattern(rank: usize) -> FillPattern {
     FillPattern {
         seed: rank as u64 + 3,
@@ -339,9 +354,11 @@ fn op(kind: OpKind, input: u64, output: u64, stream: &Stream) -> Op {
 }
 
 /// all_reduce then all_gather of its result, two ranks on GPU 0, every
-/// byte through the network `net`; returns the wrong elements.
-pub fn run(net: &str, level: &str, dmabuf_enable: &str) -> usize {
+/// byte through the network `net`, with NCCL_PROTO `proto` (empty: unset);
+/// returns the wrong elements.
+pub fn run(net: &str, level: &str, dmabuf_enable: &str, proto: &str) -> usize {
     let cfg = CommConfig::default()
+        .with("PROTO", proto)
         .with("P2P_DISABLE", "1")
         .with("SHM_DISABLE", "1")
         .with("NET", net)

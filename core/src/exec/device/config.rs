@@ -71,6 +71,62 @@ pub struct DeviceConfig {
     /// A kernel waiting longer than this for a peer traps, so that a dead
     /// peer ends in an error rather than a hung GPU. `OXCCL_DEV_TIMEOUT_S`.
     pub timeout: Duration,
+    /// Bytes per slot of each connection's LL FIFO (16-byte lines, half of
+    /// them data); 0: none. Windows with net peers have one
+    /// ([`DeviceConfig::through_host`]). `OXCCL_DEV_LL_SLOT_BYTES`.
+    pub ll_slot_bytes: usize,
+    /// Operations of at most this many bytes per rank take the LL FIFO
+    /// where the window has one (NCCL_PROTO: 0 with `Simple` alone or
+    /// `^LL`, every size with `LL` alone). `OXCCL_DEV_LL_BYTES`.
+    pub ll_max_bytes: usize,
+}
+
+/// LL slot bytes of a window with net peers: 4 KiB of data per slice.
+pub const LL_SLOT_BYTES: usize = 8 << 10;
+
+/// Largest operation (bytes per rank) that takes LL by default. On 2 H200
+/// through the socket network (nccl-tests `-g 2`, P2P and SHM off), LL
+/// took 2-4 us off Simple's 22-26 us up to 2 KiB, was level at 4 KiB
+/// (all_gather 2-3 us faster, all_reduce up to 2 us slower) and slower from
+/// 8 KiB (16 KiB all_reduce: 62 us against 27), where each LL slot of 4 KiB
+/// of data is a message of its own, twice the data's bytes.
+pub const LL_MAX_BYTES: usize = 4 << 10;
+
+/// Which protocols NCCL_PROTO allows (LL, Simple), NCCL's syntax: a
+/// comma-separated list of LL, LL128 and Simple, case-insensitive, or
+/// `^` and the ones to leave out. Unset or empty: both.
+pub fn protocols(proto: Option<&str>) -> Result<(bool, bool)> {
+    let Some(s) = proto.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok((true, true));
+    };
+    let (exclude, list) = match s.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, s),
+    };
+    let (mut ll, mut simple) = (false, false);
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match name.to_ascii_lowercase().as_str() {
+            "ll" => ll = true,
+            "simple" => simple = true,
+            "ll128" => {}
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "NCCL_PROTO={s:?}: {name:?} is no protocol (LL, LL128, Simple)"
+                )))
+            }
+        }
+    }
+    let (ll, simple) = if exclude {
+        (!ll, !simple)
+    } else {
+        (ll, simple)
+    };
+    if !ll && !simple {
+        return Err(Error::InvalidArgument(format!(
+            "NCCL_PROTO={s:?} leaves neither LL nor Simple, the protocols oxccl's kernels run"
+        )));
+    }
+    Ok((ll, simple))
 }
 
 impl Default for DeviceConfig {
@@ -85,6 +141,8 @@ impl Default for DeviceConfig {
             channel_bytes: 32 << 10,
             min_slice_bytes: 64 << 10,
             timeout: Duration::from_secs(120),
+            ll_slot_bytes: 0,
+            ll_max_bytes: LL_MAX_BYTES,
         }
     }
 }
@@ -129,6 +187,9 @@ impl DeviceConfig {
         }
         if let Some(v) = get("OXCCL_DEV_TIMEOUT_S")? {
             c.timeout = Duration::from_secs(v);
+        }
+        if let Some(v) = get("OXCCL_DEV_LL_BYTES")? {
+            c.ll_max_bytes = v as usize;
         }
         c.validate()?;
         Ok(c)
@@ -180,7 +241,28 @@ impl DeviceConfig {
         }
         self.slot_bytes = ((cfg.buffsize as usize / 8) & !15).clamp(4 << 10, 64 << 20);
         self.min_slice_bytes = self.min_slice_bytes.min(self.slot_bytes);
+        if net {
+            self.ll_slot_bytes = match std::env::var("OXCCL_DEV_LL_SLOT_BYTES") {
+                Ok(v) => parse_size(&v).map_or(LL_SLOT_BYTES, |b| b as usize & !15),
+                Err(_) => LL_SLOT_BYTES,
+            };
+        }
         self
+    }
+
+    /// Applies NCCL_PROTO (rank 0's, so that every rank cuts alike).
+    pub fn with_protocols(mut self, proto: Option<&str>) -> Result<DeviceConfig> {
+        match protocols(proto)? {
+            (true, true) => {}
+            (false, _) => self.ll_max_bytes = 0,
+            (true, false) => self.ll_max_bytes = usize::MAX,
+        }
+        Ok(self)
+    }
+
+    /// Whether an operation of `bytes` per rank takes the LL FIFO.
+    pub fn takes_ll(&self, bytes: usize) -> bool {
+        self.ll_slot_bytes > 0 && bytes <= self.ll_max_bytes
     }
 
     /// The count for a link that asks for `wanted` channels (None: not
@@ -231,6 +313,12 @@ impl DeviceConfig {
         if self.channel_bytes == 0 {
             return bad("channel bytes 0".into());
         }
+        if !self.ll_slot_bytes.is_multiple_of(16) || self.ll_slot_bytes > 1 << 20 {
+            return bad(format!(
+                "LL slot bytes {} not a multiple of 16 up to 1 MiB",
+                self.ll_slot_bytes
+            ));
+        }
         Ok(())
     }
 }
@@ -250,6 +338,29 @@ mod tests {
             ..DeviceConfig::default()
         };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn nccl_proto_as_nccl_reads_it() {
+        assert_eq!(protocols(None).unwrap(), (true, true));
+        assert_eq!(protocols(Some("")).unwrap(), (true, true));
+        assert_eq!(protocols(Some("Simple")).unwrap(), (false, true));
+        assert_eq!(protocols(Some("ll")).unwrap(), (true, false));
+        assert_eq!(protocols(Some("LL,Simple")).unwrap(), (true, true));
+        assert_eq!(protocols(Some("^LL")).unwrap(), (false, true));
+        assert_eq!(protocols(Some("^LL128")).unwrap(), (true, true));
+        assert!(protocols(Some("LL128")).is_err(), "nothing oxccl runs");
+        assert!(protocols(Some("Fast")).is_err());
+        let c = DeviceConfig {
+            ll_slot_bytes: LL_SLOT_BYTES,
+            ..DeviceConfig::default()
+        };
+        assert!(c.takes_ll(8) && c.takes_ll(LL_MAX_BYTES) && !c.takes_ll(LL_MAX_BYTES + 1));
+        let s = c.clone().with_protocols(Some("Simple")).unwrap();
+        assert!(!s.takes_ll(8));
+        let l = c.with_protocols(Some("LL")).unwrap();
+        assert!(l.takes_ll(1 << 30));
+        assert!(!DeviceConfig::default().takes_ll(8), "no LL FIFO, no LL");
     }
 
     #[test]

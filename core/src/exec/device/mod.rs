@@ -35,7 +35,7 @@ pub use stamps::Stamps;
 pub use stop::DeviceStop;
 
 use crate::algo::{cost, Algo, Coll};
-use crate::cuda::abi::CollArgs;
+use crate::cuda::abi::{CollArgs, PROTO_LL, PROTO_SIMPLE};
 use crate::cuda::kernels::kernel_op;
 use crate::cuda::{Context, Device, Event, KernelSet, RawStream};
 use crate::dtype::{DataType, RedOp};
@@ -735,6 +735,26 @@ impl DeviceComm {
         Ok(t)
     }
 
+    /// The protocol an operation of `bytes` per rank runs with (NCCL's
+    /// names): LL where the window has an LL FIFO and the size is within
+    /// rank 0's bound, else Simple.
+    pub fn protocol(&self, bytes: usize) -> &'static str {
+        if self.window.layout.has_ll() && bytes <= self.window.ll_max_bytes {
+            "LL"
+        } else {
+            "Simple"
+        }
+    }
+
+    /// Operations of at most this many bytes per rank run LL (`None`:
+    /// the window has no LL FIFO).
+    pub fn ll_bound(&self) -> Option<usize> {
+        self.window
+            .layout
+            .has_ll()
+            .then_some(self.window.ll_max_bytes)
+    }
+
     /// `channels`: thread blocks, at most the window's (`cfg.channels`).
     #[allow(clippy::too_many_arguments)] // one kernel launch's whole description
     fn launch(
@@ -754,7 +774,15 @@ impl DeviceComm {
         self.window.check_active()?;
         let (kop, sc) = kernel_op(dtype, op, self.nranks);
         let kernel = self.kernels.coll(dtype, kop)?;
-        let shape = plan::shape(&self.cfg, count, dtype.size(), t.nchunks as usize, channels);
+        // Small operations go through the LL FIFO where the window has one
+        // (net peers): the receiver polls the data itself, the sender posts
+        // without a fence. NCCL_PROTO decides alike on every rank (rank 0's).
+        let ll = self.protocol(count * dtype.size()) == "LL";
+        let shape = if ll {
+            plan::shape_ll(&self.cfg, count, dtype.size(), t.nchunks as usize, channels)
+        } else {
+            plan::shape(&self.cfg, count, dtype.size(), t.nchunks as usize, channels)
+        };
         self.order_after_last(stream)?;
         let nch = shape.channels as usize;
         let timed = match &self.stamps {
@@ -773,7 +801,7 @@ impl DeviceComm {
             slice_elems: shape.slice_elems,
             nchannels: shape.channels,
             group: self.cfg.group as u32,
-            pad: 0,
+            proto: if ll { PROTO_LL } else { PROTO_SIMPLE },
             stamps: match (&self.stamps, timed) {
                 (Some(st), Some(slot)) => st.device_addr(slot),
                 _ => 0,
@@ -792,7 +820,9 @@ impl DeviceComm {
                 "the communicator was told to end its operations (revoke, abort or NCCL_SHRINK_ABORT): no launch runs on it".into(),
             ));
         }
-        if self.announce {
+        // The proxy reports no events for the LL FIFOs' steps: it follows
+        // their connections without announcements.
+        if self.announce && !ll {
             // A captured launch runs whenever the graph is replayed, never
             // announced: the proxy can no longer number its steps.
             if self.capturing() {

@@ -22,13 +22,14 @@ use super::shared::{self, SharedGpu};
 use crate::cuda::abi::WinHeader;
 use crate::cuda::{Context, Device, DeviceBuffer, IpcMapping, IpcMemHandle, Registered};
 use crate::error::{Error, Result};
-use crate::transport::layout::Layout;
+use crate::transport::layout::{Layout, Proto};
 use crate::transport::proxy::{Areas, Link, Proxy, Slots};
 use crate::transport::shm::area::Area;
 use crate::transport::Transport;
 
-/// Connects to the given peers on channels `0..channels`, both directions.
-pub type Connect<'a> = Box<dyn FnOnce(&[usize], usize) -> Result<Vec<Link>> + 'a>;
+/// Connects to `peers` on `channels` channels numbered from `first` (both
+/// directions); the links are numbered from 0.
+pub type Connect<'a> = Box<dyn FnMut(&[usize], usize, usize) -> Result<Vec<Link>> + 'a>;
 
 /// How this rank reaches the others, and how its net connections are made.
 pub struct Transports<'a> {
@@ -54,7 +55,7 @@ impl Transports<'_> {
     pub fn all_p2p(n: usize) -> Transports<'static> {
         Transports {
             routes: vec![Transport::P2p; n],
-            connect: Box::new(|_, _| Ok(Vec::new())),
+            connect: Box::new(|_, _, _| Ok(Vec::new())),
             gdr: false,
             dmabuf: false,
             profiled: false,
@@ -85,11 +86,17 @@ struct PeerInfo {
     /// window so that a suspend can release them and keep the window.
     fifo: u64,
     fifo_ipc: Option<IpcMemHandle>,
+    /// Its LL FIFO's slot bytes (part of the layout, which must match) and
+    /// the largest operation it would run through LL (NCCL_PROTO: rank 0's
+    /// is taken).
+    ll_slot_bytes: u64,
+    ll_max_bytes: u64,
 }
 
-const MAGIC: u64 = 0x6f78_6363_6c57_6e33; // "oxcclWn3"
+const MAGIC: u64 = 0x6f78_6363_6c57_6e34; // "oxcclWn4"
 const NAME_BYTES: usize = 64;
-const INFO_BYTES: usize = 8 + 4 + 8 + 4 + 4 + 4 + 8 + 8 + 1 + 64 + NAME_BYTES + 8 + 4 + 8 + 1 + 64;
+const INFO_BYTES: usize =
+    8 + 4 + 8 + 4 + 4 + 4 + 8 + 8 + 1 + 64 + NAME_BYTES + 8 + 4 + 8 + 1 + 64 + 8 + 8;
 
 impl PeerInfo {
     fn encode(&self) -> Vec<u8> {
@@ -112,6 +119,8 @@ impl PeerInfo {
         b.extend_from_slice(&self.fifo.to_le_bytes());
         b.push(self.fifo_ipc.is_some() as u8);
         b.extend_from_slice(&self.fifo_ipc.map_or([0; 64], |h| h.0));
+        b.extend_from_slice(&self.ll_slot_bytes.to_le_bytes());
+        b.extend_from_slice(&self.ll_max_bytes.to_le_bytes());
         b
     }
 
@@ -143,6 +152,8 @@ impl PeerInfo {
             fifo: u64_at(125 + NAME_BYTES),
             fifo_ipc: (b[133 + NAME_BYTES] != 0)
                 .then(|| IpcMemHandle(b[134 + NAME_BYTES..198 + NAME_BYTES].try_into().unwrap())),
+            ll_slot_bytes: u64_at(198 + NAME_BYTES),
+            ll_max_bytes: u64_at(206 + NAME_BYTES),
         })
     }
 }
@@ -303,6 +314,9 @@ pub(crate) struct Window {
     /// Channels a launch may use (see `shared_gpus`), the same on every
     /// rank; the layout has room for more.
     pub launch_channels: usize,
+    /// Operations of at most this many bytes per rank take the LL FIFO
+    /// (rank 0's setting; 0 where the layout has none).
+    pub ll_max_bytes: usize,
     /// Every rank on this one GPU, each in its own process, without MPS:
     /// the all-reduce that runs no kernel on the other ranks.
     pub shared: Option<SharedGpu>,
@@ -375,7 +389,7 @@ impl Window {
         ctx: &Arc<Context>,
         oob: &dyn Oob,
         cfg: &DeviceConfig,
-        tr: Transports<'_>,
+        mut tr: Transports<'_>,
         stop: &super::DeviceStop,
     ) -> Result<Window> {
         let (rank, n) = (oob.rank(), oob.nranks());
@@ -399,7 +413,13 @@ impl Window {
         };
         let has = |t: Transport| (0..n).any(|p| route(p) == t);
         let p2p = (0..n).any(|p| p != rank && route(p) == Transport::P2p);
-        let layout = Layout::new(n, cfg.channels, cfg.slots, cfg.slot_bytes);
+        let layout = Layout::new(
+            n,
+            cfg.channels,
+            cfg.slots,
+            cfg.slot_bytes,
+            cfg.ll_slot_bytes,
+        );
         let buf = DeviceBuffer::alloc(ctx, layout.off_fifo)?;
         buf.fill_bytes(0)?;
         let fifo = if p2p {
@@ -465,6 +485,8 @@ impl Window {
                 .min(u32::MAX as usize) as u32,
             fifo: fifo.as_ref().map_or(0, DeviceBuffer::ptr),
             fifo_ipc: fifo.as_ref().and_then(|f| f.ipc_handle().ok()),
+            ll_slot_bytes: layout.ll_slot_bytes as u64,
+            ll_max_bytes: cfg.ll_max_bytes.min(u64::MAX as usize) as u64,
         };
         let all = oob.allgather(&me.encode())?;
         if all.len() != n {
@@ -495,11 +517,17 @@ impl Window {
         let mut fifo_mine = vec![0u64; n];
         let mut maps = Vec::with_capacity(n);
         let mut net_peers = Vec::new();
+        let ll_max_bytes = infos[0].ll_max_bytes.min(usize::MAX as u64) as usize;
+        if ll_max_bytes != cfg.ll_max_bytes {
+            tracing::warn!(target: "oxccl::init", "rank {rank}: operations of up to {} bytes take the LL protocol here (NCCL_PROTO, OXCCL_DEV_LL_BYTES), up to {ll_max_bytes} on rank 0: every rank takes rank 0's", cfg.ll_max_bytes);
+        }
         for (p, info) in infos.into_iter().enumerate() {
-            if (info.maxch, info.nslots, info.slot_bytes) != (me.maxch, me.nslots, me.slot_bytes) {
+            if (info.maxch, info.nslots, info.slot_bytes, info.ll_slot_bytes)
+                != (me.maxch, me.nslots, me.slot_bytes, me.ll_slot_bytes)
+            {
                 return Err(Error::InvalidUsage(format!(
-                    "rank {p} uses {} channels x {} slots x {} bytes, rank {rank} {} x {} x {}: every rank needs the same device config",
-                    info.maxch, info.nslots, info.slot_bytes, me.maxch, me.nslots, me.slot_bytes
+                    "rank {p} uses {} channels x {} slots x {} bytes ({} per LL slot), rank {rank} {} x {} x {} ({}): every rank needs the same device config",
+                    info.maxch, info.nslots, info.slot_bytes, info.ll_slot_bytes, me.maxch, me.nslots, me.slot_bytes, me.ll_slot_bytes
                 )));
             }
             let host_area = || area.as_ref().map_or(0, |a| a.device_ptr());
@@ -608,7 +636,15 @@ impl Window {
         if let Some(a) = &area {
             a.mem().unlink();
         }
-        let links = (tr.connect)(&net_peers, layout.maxch)?;
+        let links = (tr.connect)(&net_peers, layout.maxch, 0)?;
+        // The LL FIFOs have connections of their own, on channels numbered
+        // after the simple ones': a receive is posted before its step is
+        // known, so each FIFO needs its own stream of messages.
+        let ll_links = if layout.has_ll() {
+            (tr.connect)(&net_peers, layout.maxch, layout.maxch)?
+        } else {
+            Vec::new()
+        };
         // The network registers the GPU slots through dma-bufs of them.
         let dmabufs = match &gdr_slots {
             Some([ms, rs]) if tr.dmabuf && !links.is_empty() => {
@@ -624,6 +660,7 @@ impl Window {
         let proxy = match (&area, &mirror) {
             (Some(a), Some(m)) if !links.is_empty() => Some(Proxy::start(
                 links,
+                ll_links,
                 Areas {
                     mine: a.clone(),
                     mirror: m.clone(),
@@ -632,7 +669,10 @@ impl Window {
                             base: b.ptr() as usize,
                             ty: PtrType::Cuda,
                         }),
-                        None => [Slots::host(a.mem(), &layout), Slots::host(m.mem(), &layout)],
+                        None => [
+                            Slots::host(a.mem(), &layout.fifo(Proto::Simple)),
+                            Slots::host(m.mem(), &layout.fifo(Proto::Simple)),
+                        ],
                     },
                     dmabufs,
                     ctx: Some(ctx.clone()),
@@ -662,6 +702,7 @@ impl Window {
             mirror,
             gdr_slots,
             launch_channels,
+            ll_max_bytes: if layout.has_ll() { ll_max_bytes } else { 0 },
             shared,
             shared_setup,
             mixed,
@@ -691,6 +732,11 @@ impl Window {
             maxch: layout.maxch as u32,
             rank: self.rank as u32,
             nranks: n as u32,
+            off_tail_ll: layout.off_tail_ll as u64,
+            off_head_ll: layout.off_head_ll as u64,
+            off_size_ll: layout.off_size_ll as u64,
+            off_fifo_ll: layout.off_fifo_ll as u64,
+            ll_slot_bytes: layout.ll_slot_bytes as u64,
             peer: table(&self.peers),
             mine: table(&self.mine),
             fifo_peer: table(&self.fifo_peer),
@@ -943,6 +989,8 @@ mod tests {
             resident: 264,
             fifo: 0x7f01_0000_0000,
             fifo_ipc: Some(IpcMemHandle([5; 64])),
+            ll_slot_bytes: 8192,
+            ll_max_bytes: u64::MAX,
         };
         assert_eq!(PeerInfo::decode(&i.encode()), Some(i.clone()));
         let none = PeerInfo {
@@ -972,6 +1020,8 @@ mod tests {
             resident: 264,
             fifo: 0,
             fifo_ipc: None,
+            ll_slot_bytes: 0,
+            ll_max_bytes: 0,
         };
         // Four ranks on one GPU: 264 resident blocks, 66 each.
         let one: Vec<_> = (0..4).map(|p| info(p, 7)).collect();
