@@ -44,9 +44,10 @@ fn step_slots_registered_as_dma_bufs_with_a_network_that_takes_them() {
         assert_eq!(dead, 0, "every dma-buf descriptor open and a dma-buf");
         assert!(!moves.is_empty());
         if gdr {
-            // The LL slots are host memory, registered through regMr.
+            // The LL slots (on the channels LL launches use) are host
+            // memory, registered through regMr.
             assert!(
-                live > 0 && plain == live,
+                live > 0 && plain > 0 && plain <= live,
                 "every simple slot registered through regMrDmaBuf, every LL slot through regMr"
             );
             assert_eq!(device, moves.len(), "every transfer from/into GPU memory");

@@ -323,6 +323,8 @@ struct Driven {
     sizeless: bool,
     /// The profiler's view of the sends and of the receives.
     tracks: [Track; 2],
+    /// When a pass of the thread last moved something here.
+    moved: Instant,
 }
 
 impl Driven {
@@ -374,6 +376,7 @@ impl Driven {
             said_bye: false,
             sizeless: false,
             tracks: Default::default(),
+            moved: Instant::now(),
         })
     }
 
@@ -392,8 +395,9 @@ impl Driven {
         step + u64::from(ready)
     }
 
-    /// Posts and completes what it can; whether anything moved.
-    fn progress(&mut self, a: &Areas, gate: Gate<'_>) -> Result<bool> {
+    /// Posts and completes what it can, testing the receives posted only
+    /// where `test_recvs`; whether anything moved.
+    fn progress(&mut self, a: &Areas, gate: Gate<'_>, test_recvs: bool) -> Result<bool> {
         let (l, mine, mirror) = (self.fifo, a.mine.area(), a.mirror.area());
         // The LL FIFOs' steps are not announced: nothing to report.
         let gate = match (self.fifo.proto, gate) {
@@ -505,7 +509,11 @@ impl Driven {
             }
             moved = true;
         }
-        while let Some(r) = self.recv_q.front_mut().filter(|_| !self.heard_bye) {
+        while let Some(r) = self
+            .recv_q
+            .front_mut()
+            .filter(|_| test_recvs && !self.heard_bye)
+        {
             let Some(size) = r.test_first().map_err(|e| fail("receive", e))? else {
                 break;
             };
@@ -567,7 +575,7 @@ impl Driven {
         let mut step = || -> Result<()> {
             self.goodbye(true)?;
             if !self.heard_bye {
-                self.progress(a, Gate::Free)?;
+                self.progress(a, Gate::Free, true)?;
             }
             Ok(())
         };
@@ -586,6 +594,20 @@ impl Driven {
 /// nap of latency).
 const SPIN: Duration = Duration::from_millis(20);
 const NAP: Duration = Duration::from_micros(200);
+
+/// A simple FIFO's connection that moved nothing for this long has its
+/// posted receives tested on every `QUIET_EVERY`-th pass only: each test is
+/// a system call with the socket net (0.4 us on a 2-core VM), and the LL
+/// connections, tested on every pass, carry the small operations whose
+/// latency it would add to.
+const QUIET_AFTER: Duration = Duration::from_millis(1);
+const QUIET_EVERY: u32 = 4;
+
+/// Whether a connection of `proto`'s FIFO that moved nothing for `quiet`
+/// has its receives tested on pass `pass` (`woke`: the first after a nap).
+fn recvs_due(proto: Proto, woke: bool, pass: u32, quiet: Duration) -> bool {
+    woke || proto == Proto::Ll || pass.is_multiple_of(QUIET_EVERY) || quiet < QUIET_AFTER
+}
 
 /// How long a departing proxy waits for its peers' goodbyes: peers that
 /// are being destroyed at the same moment answer within it; the others say
@@ -741,6 +763,9 @@ fn run(mut driven: Vec<Driven>, areas: Areas, sh: &Shared) {
         }
     }
     let mut last = Instant::now();
+    let mut pass = 0u32;
+    // After a nap every receive is tested at once: a pass is a nap apart.
+    let mut woke = true;
     while !sh.stop.load(Ordering::Acquire) {
         if !ctrl.has_profiler() {
             if let Some(p) = sh.prof.get() {
@@ -771,11 +796,17 @@ fn run(mut driven: Vec<Driven>, areas: Areas, sh: &Shared) {
             }
         }
         let mut moved = false;
+        pass = pass.wrapping_add(1);
+        let now = Instant::now();
         for d in &mut driven {
             let heard = d.heard_bye;
-            match d.progress(&areas, gate) {
+            let due = recvs_due(d.fifo.proto, woke, pass, now.duration_since(d.moved));
+            match d.progress(&areas, gate, due) {
                 Ok(m) => {
                     moved |= m;
+                    if m {
+                        d.moved = now;
+                    }
                     if d.heard_bye && !heard {
                         tracing::debug!(target: "oxccl::net", "rank {}: rank {} said goodbye on channel {}", areas.rank, d.link.peer, d.link.chan);
                         if let Ok(mut g) = sh.gone.lock() {
@@ -801,10 +832,12 @@ fn run(mut driven: Vec<Driven>, areas: Areas, sh: &Shared) {
             }
         }
         ctrl.pass(moved);
+        woke = false;
         if moved {
             last = Instant::now();
         } else if last.elapsed() > SPIN {
             ctrl.sleep(|| std::thread::park_timeout(NAP));
+            woke = true;
             // A launch unparks: spin again from here.
             last = Instant::now() - SPIN + NAP;
         } else {
@@ -862,6 +895,24 @@ mod tests {
         assert_eq!(s.done(), 2);
         assert_eq!(s.in_flight(), 0);
         assert_eq!(s.next(3), Some(2));
+    }
+
+    #[test]
+    fn quiet_simple_connections_are_tested_every_few_passes() {
+        let quiet = QUIET_AFTER * 2;
+        let due: Vec<bool> = (1..=8)
+            .map(|p| recvs_due(Proto::Simple, false, p, quiet))
+            .collect();
+        assert_eq!(due.iter().filter(|d| **d).count(), 8 / QUIET_EVERY as usize);
+        assert!(
+            (1..=8).all(|p| recvs_due(Proto::Ll, false, p, quiet)),
+            "LL: every pass"
+        );
+        assert!(
+            (1..=8).all(|p| recvs_due(Proto::Simple, false, p, Duration::ZERO)),
+            "busy"
+        );
+        assert!(recvs_due(Proto::Simple, true, 1, quiet), "after a nap");
     }
 
     #[test]

@@ -84,6 +84,10 @@ pub struct DeviceConfig {
 /// LL slot bytes of a window with net peers: 4 KiB of data per slice.
 pub const LL_SLOT_BYTES: usize = 8 << 10;
 
+/// Channels an LL launch uses at most: two, for the double binary tree's
+/// two trees; an operation of up to [`LL_MAX_BYTES`] fills one otherwise.
+pub const LL_CHANNELS: usize = 2;
+
 /// Largest operation (bytes per rank) that takes LL by default. On 2 H200
 /// through the socket network (nccl-tests `-g 2`, P2P and SHM off), LL
 /// took 2-4 us off Simple's 22-26 us up to 2 KiB, was level at 4 KiB

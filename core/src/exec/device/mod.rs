@@ -779,6 +779,7 @@ impl DeviceComm {
         // without a fence. NCCL_PROTO decides alike on every rank (rank 0's).
         let ll = self.protocol(count * dtype.size()) == "LL";
         let shape = if ll {
+            let channels = channels.min(self.window.ll_channels);
             plan::shape_ll(&self.cfg, count, dtype.size(), t.nchunks as usize, channels)
         } else {
             plan::shape(&self.cfg, count, dtype.size(), t.nchunks as usize, channels)

@@ -16,7 +16,7 @@ use oxccl_kernels::MAX_RANKS;
 
 use oxccl_plugin::PtrType;
 
-use super::config::DeviceConfig;
+use super::config::{DeviceConfig, LL_CHANNELS};
 use super::oob::Oob;
 use super::shared::{self, SharedGpu};
 use crate::cuda::abi::WinHeader;
@@ -317,6 +317,8 @@ pub(crate) struct Window {
     /// Operations of at most this many bytes per rank take the LL FIFO
     /// (rank 0's setting; 0 where the layout has none).
     pub ll_max_bytes: usize,
+    /// Channels an LL launch uses at most (those with LL net connections).
+    pub ll_channels: usize,
     /// Every rank on this one GPU, each in its own process, without MPS:
     /// the all-reduce that runs no kernel on the other ranks.
     pub shared: Option<SharedGpu>,
@@ -639,9 +641,12 @@ impl Window {
         let links = (tr.connect)(&net_peers, layout.maxch, 0)?;
         // The LL FIFOs have connections of their own, on channels numbered
         // after the simple ones': a receive is posted before its step is
-        // known, so each FIFO needs its own stream of messages.
+        // known, so each FIFO needs its own stream of messages. Only the
+        // channels LL launches use have them: the proxy tests every posted
+        // receive on every pass, a system call each with the socket net.
+        let ll_channels = layout.maxch.min(LL_CHANNELS);
         let ll_links = if layout.has_ll() {
-            (tr.connect)(&net_peers, layout.maxch, layout.maxch)?
+            (tr.connect)(&net_peers, ll_channels, layout.maxch)?
         } else {
             Vec::new()
         };
@@ -703,6 +708,7 @@ impl Window {
             gdr_slots,
             launch_channels,
             ll_max_bytes: if layout.has_ll() { ll_max_bytes } else { 0 },
+            ll_channels,
             shared,
             shared_setup,
             mixed,
