@@ -79,7 +79,7 @@ pub(crate) fn open(
         // pair goes there between hosts, where each rank has one, or with a
         // rank's NCCL_SHM_DISABLE, which every rank then reaches so).
         dcfg = dcfg
-            .through_host(cfg, routes.contains(&Transport::Net))
+            .through_host(cfg, routes.contains(&Transport::Net))?
             .with_protocols(cfg.proto.as_deref())?;
         log_routes(locality, &routes, dcfg.channels);
     }

@@ -230,7 +230,9 @@ impl DeviceConfig {
     /// few blocks: [`HOST_CHANNELS`] where some peers are over the network
     /// (`net`), [`SHM_CHANNELS`] where all are in shared memory.
     /// NCCL_MAX_NCHANNELS, where set, gives the count.
-    pub fn through_host(mut self, cfg: &crate::config::Config, net: bool) -> DeviceConfig {
+    /// With net peers the window also has an LL FIFO
+    /// ([`LL_SLOT_BYTES`] per slot, `OXCCL_DEV_LL_SLOT_BYTES`; 0: none).
+    pub fn through_host(mut self, cfg: &crate::config::Config, net: bool) -> Result<DeviceConfig> {
         use crate::config::Source;
         let wanted = if net { HOST_CHANNELS } else { SHM_CHANNELS };
         let mut channels = wanted.min(self.channels);
@@ -247,11 +249,14 @@ impl DeviceConfig {
         self.min_slice_bytes = self.min_slice_bytes.min(self.slot_bytes);
         if net {
             self.ll_slot_bytes = match std::env::var("OXCCL_DEV_LL_SLOT_BYTES") {
-                Ok(v) => parse_size(&v).map_or(LL_SLOT_BYTES, |b| b as usize & !15),
+                Ok(v) => parse_size(&v).map(|b| b as usize).ok_or_else(|| {
+                    Error::InvalidArgument(format!("OXCCL_DEV_LL_SLOT_BYTES={v:?} is not a number"))
+                })?,
                 Err(_) => LL_SLOT_BYTES,
             };
         }
-        self
+        self.validate()?;
+        Ok(self)
     }
 
     /// Applies NCCL_PROTO (rank 0's, so that every rank cuts alike).
@@ -317,10 +322,11 @@ impl DeviceConfig {
         if self.channel_bytes == 0 {
             return bad("channel bytes 0".into());
         }
-        if !self.ll_slot_bytes.is_multiple_of(16) || self.ll_slot_bytes > 1 << 20 {
+        // An LL slot carries half its bytes of data, in whole 16-byte units.
+        let ll = self.ll_slot_bytes;
+        if !ll.is_multiple_of(16) || ll > 1 << 20 || (ll > 0 && ll < 32) {
             return bad(format!(
-                "LL slot bytes {} not a multiple of 16 up to 1 MiB",
-                self.ll_slot_bytes
+                "LL slot bytes {ll} not 0 or a multiple of 16 from 32 up to 1 MiB"
             ));
         }
         Ok(())
@@ -342,6 +348,18 @@ mod tests {
             ..DeviceConfig::default()
         };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn only_windows_with_net_peers_have_an_ll_fifo() {
+        let cfg = crate::config::Config::load_with(&[]).unwrap();
+        let net = DeviceConfig::default().through_host(&cfg, true).unwrap();
+        assert_eq!(net.ll_slot_bytes, LL_SLOT_BYTES);
+        assert!(net.takes_ll(8));
+        let shm = DeviceConfig::default().through_host(&cfg, false).unwrap();
+        assert_eq!(shm.ll_slot_bytes, 0);
+        assert!(!shm.takes_ll(8));
+        assert!(!DeviceConfig::default().takes_ll(8), "all P2P: none");
     }
 
     #[test]
