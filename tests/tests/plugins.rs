@@ -1493,6 +1493,7 @@ mod device_proxy {
                         steps: steps(l, chan),
                         parent,
                         chunk_bytes: 1000,
+                        ll: false,
                     });
                 }
             }

@@ -399,11 +399,6 @@ impl Driven {
     /// where `test_recvs`; whether anything moved.
     fn progress(&mut self, a: &Areas, gate: Gate<'_>, test_recvs: bool) -> Result<bool> {
         let (l, mine, mirror) = (self.fifo, a.mine.area(), a.mirror.area());
-        // The LL FIFOs' steps are not announced: nothing to report.
-        let gate = match (self.fifo.proto, gate) {
-            (Proto::Ll, _) => Gate::Free,
-            (Proto::Simple, g) => g,
-        };
         let (peer, chan) = (self.link.peer, self.link.chan);
         let fail = |what: &str, e| {
             Error::from(e).context(format!("{what} on channel {chan} with rank {peer}"))
@@ -737,9 +732,11 @@ struct Shared {
 fn take_on(driven: &mut [Driven], c: &Arc<ProfilerComm>, l: &Launch) -> usize {
     let mut ops = 0;
     for cs in &l.conns {
-        if let Some(d) = driven.iter_mut().find(|d| {
-            d.fifo.proto == Proto::Simple && d.link.peer == cs.peer && d.link.chan == cs.chan
-        }) {
+        let proto = if cs.ll { Proto::Ll } else { Proto::Simple };
+        if let Some(d) = driven
+            .iter_mut()
+            .find(|d| d.fifo.proto == proto && d.link.peer == cs.peer && d.link.chan == cs.chan)
+        {
             ops += usize::from(d.tracks[usize::from(!cs.send)].add(c, l.mask, cs));
         }
     }

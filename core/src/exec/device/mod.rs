@@ -821,16 +821,14 @@ impl DeviceComm {
                 "the communicator was told to end its operations (revoke, abort or NCCL_SHRINK_ABORT): no launch runs on it".into(),
             ));
         }
-        // The proxy reports no events for the LL FIFOs' steps: it follows
-        // their connections without announcements.
-        if self.announce && !ll {
+        if self.announce {
             // A captured launch runs whenever the graph is replayed, never
             // announced: the proxy can no longer number its steps.
             if self.capturing() {
                 self.announce = false;
                 self.window.lost();
             } else {
-                let l = self.launch_steps(&t, count, dtype.size(), shape);
+                let l = self.launch_steps(&t, count, dtype.size(), shape, ll);
                 self.window.announce(l);
             }
         }
@@ -855,7 +853,16 @@ impl DeviceComm {
     /// The steps a launch moves on each net connection, in the kernel's
     /// order, each run with the event of the operation it belongs to when
     /// the group's mask asks for proxy events.
-    fn launch_steps(&mut self, t: &Template, count: usize, esize: usize, shape: Shape) -> Launch {
+    /// `ll`: the launch goes through the LL FIFOs, whose connections are
+    /// the proxy's LL links.
+    fn launch_steps(
+        &mut self,
+        t: &Template,
+        count: usize,
+        esize: usize,
+        shape: Shape,
+        ll: bool,
+    ) -> Launch {
         let steps = &t.steps[..t.nsteps as usize];
         let mut parents = self
             .parents
@@ -912,6 +919,7 @@ impl DeviceComm {
                             steps: n,
                             parent: of_step[i],
                             chunk_bytes,
+                            ll,
                         }),
                     }
                 }

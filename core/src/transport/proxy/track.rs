@@ -39,6 +39,8 @@ pub struct ConnSteps {
     pub parent: Option<Handle>,
     /// Bytes per step at most.
     pub chunk_bytes: usize,
+    /// The steps go through the connection's LL FIFO (its own links).
+    pub ll: bool,
 }
 
 /// One launch's announcement.
