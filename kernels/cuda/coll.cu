@@ -245,6 +245,15 @@ struct OxShared {
 // __syncthreads), so that two warp groups synchronise independently.
 __device__ __forceinline__ void oxccl_bar(u32 id, u32 n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
+// Waits until the next slot towards p is free (its step `nslots` back was
+// consumed) and points sh.sbuf at it; false when aborted. Thread 0 only.
+__device__ __forceinline__ bool oxccl_claim_send(const OxChan& c, OxShared& sh, u32 p) {
+  const u64 s = sh.sent[p];
+  const bool ok = s + 1 <= c.nslots || oxccl_wait_geq(c.head_from(p), s + 1 - c.nslots, c.timeout_ns, c.abort);
+  sh.sbuf = c.fifo_at(p, s);
+  return ok;
+}
+
 // Thread 0 waits until the slices are there / the slots are free; then the
 // block moves the data; then thread 0 publishes. The fence after the
 // barrier orders every thread's stores to the peer before the flag. False
@@ -258,11 +267,7 @@ __device__ __forceinline__ bool oxccl_slice(const OxChan& c, OxShared& sh, int r
       ok = oxccl_wait_geq(c.tail_from(recv), sh.recvd[recv] + 1, c.timeout_ns, c.abort);
       sh.rbuf = c.fifo_from(recv, sh.recvd[recv]);
     }
-    if (ok && send >= 0) {
-      const u64 s = sh.sent[send];
-      if (s + 1 > c.nslots) ok = oxccl_wait_geq(c.head_from(send), s + 1 - c.nslots, c.timeout_ns, c.abort);
-      sh.sbuf = c.fifo_at(send, s);
-    }
+    if (ok && send >= 0) ok = oxccl_claim_send(c, sh, send);
     if (!ok) sh.aborted = 1;
   }
   __syncthreads();
@@ -328,12 +333,7 @@ __device__ __noinline__ bool oxccl_slice_ll(const OxChan& c, OxShared& sh, int r
   const u32 E = 8 / sizeof(T);
   const u64 lines = (n + E - 1) / E;
   if (threadIdx.x == 0) {
-    bool ok = true;
-    if (send >= 0) {
-      const u64 s = sh.sent[send];
-      if (s + 1 > c.nslots) ok = oxccl_wait_geq(c.head_from(send), s + 1 - c.nslots, c.timeout_ns, c.abort);
-      sh.sbuf = c.fifo_at(send, s);
-    }
+    const bool ok = send < 0 || oxccl_claim_send(c, sh, send);
     if (recv >= 0) sh.rbuf = c.fifo_from(recv, sh.recvd[recv]);
     if (!ok) sh.aborted = 1;
   }
@@ -434,12 +434,7 @@ __device__ __forceinline__ void oxccl_exchange(const CollArgs& a, const OxChan& 
     for (u64 j = 0; j < ns; j++) {
       const u64 e0 = lo + j * S;
       const u64 ne = min(S, hi - e0);
-      if (tid == 0) {
-        const u64 s = sh.sent[peer];
-        if (s + 1 > c.nslots && !oxccl_wait_geq(c.head_from(peer), s + 1 - c.nslots, c.timeout_ns, c.abort))
-          sh.aborted = 1;
-        sh.sbuf = c.fifo_at(peer, s);
-      }
+      if (tid == 0 && !oxccl_claim_send(c, sh, peer)) sh.aborted = 1;
       oxccl_bar(1, nthr);
       if (sh.aborted) break;
       oxccl_reduce_copy<T, Op>(oxccl_buf<T>(a, d.src_buf, d.src_block, e0), 0, 0, (T*)sh.sbuf, ne, pre, a.sc, tid,

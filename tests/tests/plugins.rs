@@ -1352,7 +1352,7 @@ mod device_proxy {
 
     use oxccl::exec::reg::{RecvConn, SendConn};
     use oxccl::plugin::profiler::{Handle, ProfilerComm};
-    use oxccl::transport::layout::Layout;
+    use oxccl::transport::layout::{Layout, Proto};
     use oxccl::transport::proxy::{Areas, ConnSteps, Launch, Link, Proxy};
     use oxccl::transport::shm::area::Area;
     use oxccl::{DataType, Op, OpKind, RedOp};
@@ -1393,9 +1393,13 @@ mod device_proxy {
         }
 
         fn poll(&mut self, upto: [u64; CHANNELS]) {
-            let (l, peer) = (&self.layout, 1 - self.rank);
+            let (layout, peer) = (&self.layout, 1 - self.rank);
+            let l = layout.fifo(Proto::Simple);
             for (ch, &up) in upto.iter().enumerate() {
-                let (out, inc) = (l.cell(self.rank, peer, ch), l.cell(peer, self.rank, ch));
+                let (out, inc) = (
+                    layout.cell(self.rank, peer, ch),
+                    layout.cell(peer, self.rank, ch),
+                );
                 let free = self.mine.load(l.head(inc)) + l.nslots as u64;
                 if self.sent[ch] < up && self.sent[ch] < free {
                     let step = self.sent[ch];
@@ -1493,7 +1497,7 @@ mod device_proxy {
                         steps: steps(l, chan),
                         parent,
                         chunk_bytes: 1000,
-                        ll: false,
+                        proto: Proto::Simple,
                     });
                 }
             }

@@ -94,13 +94,13 @@ pub(crate) fn open(
     };
     let mut conns = Connections::new(net.clone(), ShmNet::new(cfg.buffsize), locality.clone());
     let timeout = cfg.timeout();
-    let connect = move |peers: &[usize], channels: usize, first: usize| {
+    let connect = move |peers: &[usize], chans: &[usize]| {
         let keys: Vec<ConnKey> = peers
             .iter()
-            .flat_map(|&p| (first..first + channels).map(move |c| (c, p)))
+            .flat_map(|&p| chans.iter().map(move |&c| (c, p)))
             .collect();
         conns.ensure(bootstrap, &keys, &keys, timeout, &|| None)?;
-        conns.take_links(peers, channels, first)
+        conns.take_links(peers, chans)
     };
     // The communicator attaches the profiler after this; a proxy that may
     // report to it waits to know (see `Areas::profiled`).
@@ -369,7 +369,7 @@ pub(crate) fn execute(
     for (at, (op, _)) in colls {
         let coll = op.kind.coll().expect("a collective");
         let choice = choose(&dc, &tuning, coll, op.count, op.dtype);
-        debug!(target: "oxccl::coll", "{}: {} on {} channel(s), {}", op.describe(), choice.algo.name(), choice.channels, dc.protocol(op.count * op.dtype.size()));
+        debug!(target: "oxccl::coll", "{}: {} on {} channel(s), {}", op.describe(), choice.algo.name(), choice.channels, dc.protocol(op.count * op.dtype.size()).name());
         let event = match (p, &group) {
             (Some(p), Some(g)) => {
                 let (algo, nch) = (choice.algo, choice.channels);

@@ -40,11 +40,21 @@ pub struct Layout {
     pub off_fifo_ll: usize,
 }
 
-/// Which of a connection's FIFOs.
+/// Which of a connection's FIFOs: the protocol a launch runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proto {
     Simple,
     Ll,
+}
+
+impl Proto {
+    /// NCCL's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Simple => "Simple",
+            Proto::Ll => "LL",
+        }
+    }
 }
 
 /// One FIFO's offsets in an area: what the proxy needs of a connection.
@@ -171,27 +181,6 @@ impl Layout {
         let pidx = (from + n - to - 1) % n;
         pidx * self.maxch + chan
     }
-
-    /// The simple FIFO's parts (see [`Fifo`]).
-    pub fn tail(&self, cell: usize) -> usize {
-        self.fifo(Proto::Simple).tail(cell)
-    }
-
-    pub fn head(&self, cell: usize) -> usize {
-        self.fifo(Proto::Simple).head(cell)
-    }
-
-    pub fn size(&self, cell: usize, step: u64) -> usize {
-        self.fifo(Proto::Simple).size(cell, step)
-    }
-
-    pub fn slot(&self, cell: usize, step: u64) -> usize {
-        self.fifo(Proto::Simple).slot(cell, step)
-    }
-
-    pub fn slots(&self, cell: usize) -> (usize, usize) {
-        self.fifo(Proto::Simple).slots(cell)
-    }
 }
 
 #[cfg(test)]
@@ -202,19 +191,20 @@ mod tests {
     fn parts_do_not_overlap() {
         let l = Layout::new(3, 4, 8, 1 << 16, 0);
         let cells = 2 * 4;
+        let f = l.fifo(Proto::Simple);
         assert!(l.off_tail >= WinHeader::BYTES);
         assert_eq!(l.off_head - l.off_tail, cells * FLAG_BYTES);
         assert!(l.off_size >= l.off_state + cells * 32);
-        assert!(l.off_fifo >= l.size(cells - 1, 7) + 8);
+        assert!(l.off_fifo >= f.size(cells - 1, 7) + 8);
         assert!(!l.has_ll());
         assert_eq!(l.off_fifo % PAGE, 0);
-        assert_eq!(l.bytes, l.slot(cells - 1, 7) + l.slot_bytes);
+        assert_eq!(l.bytes, f.slot(cells - 1, 7) + l.slot_bytes);
         // Rank 2 -> 0 and 1 -> 0 land in different cells of 0's area, as
         // 0 -> 1 and 2 -> 1 in 1's.
         assert_ne!(l.cell(2, 0, 1), l.cell(1, 0, 1));
         assert_ne!(l.cell(0, 1, 3), l.cell(2, 1, 3));
         assert!(l.cell(1, 0, 3) < cells);
-        assert_eq!(l.slots(5), (l.slot(5, 0), 8 << 16));
+        assert_eq!(f.slots(5), (f.slot(5, 0), 8 << 16));
     }
 
     #[test]
@@ -223,13 +213,13 @@ mod tests {
         let cells = 2 * 4;
         let ll = l.fifo(Proto::Ll);
         assert!(l.has_ll());
-        assert!(ll.tail(0) >= l.size(cells - 1, 7) + 8);
+        assert!(ll.tail(0) >= l.fifo(Proto::Simple).size(cells - 1, 7) + 8);
         assert!(ll.head(0) >= ll.tail(cells - 1) + FLAG_BYTES);
         assert!(ll.size(0, 0) >= ll.head(cells - 1) + FLAG_BYTES);
         assert!(ll.slot(0, 0) >= ll.size(cells - 1, 7) + 8);
         assert!(l.off_fifo >= ll.slot(cells - 1, 7) + 4096);
         assert_eq!(ll.slots(3), (ll.slot(3, 0), 8 * 4096));
-        assert_eq!(l.fifo(Proto::Simple).slot(2, 9), l.slot(2, 9));
+        assert_eq!(l.fifo(Proto::Simple).off_fifo, l.off_fifo);
         assert_eq!(ll_flag(0), 1);
         assert_ne!(ll_flag(u32::MAX as u64), 0);
         assert_ne!(ll_flag(5), ll_flag(5 + 8));

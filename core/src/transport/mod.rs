@@ -245,24 +245,17 @@ impl Connections {
         }
     }
 
-    /// Takes the connections of `peers` on channels `first..first + channels`
-    /// out (numbered from 0 in the links), both directions of each pair
-    /// together (the device path's proxy drives them from then on).
-    pub fn take_links(
-        &mut self,
-        peers: &[usize],
-        channels: usize,
-        first: usize,
-    ) -> Result<Vec<proxy::Link>> {
+    /// Takes the connections of `peers` on channels `chans` out, both
+    /// directions of each pair together (the device path's proxy drives
+    /// them from then on).
+    pub fn take_links(&mut self, peers: &[usize], chans: &[usize]) -> Result<Vec<proxy::Link>> {
         let mut links = Vec::new();
         for &peer in peers {
-            for chan in 0..channels {
-                let key = (first + chan, peer);
-                let (send, recv) = (self.send.take(key), self.recv.take(key));
+            for &chan in chans {
+                let (send, recv) = (self.send.take((chan, peer)), self.recv.take((chan, peer)));
                 let (Some(send), Some(recv)) = (send, recv) else {
                     return Err(Error::Internal(format!(
-                        "no connection to rank {peer} on channel {}",
-                        first + chan
+                        "no connection to rank {peer} on channel {chan}"
                     )));
                 };
                 links.push(proxy::Link {

@@ -732,10 +732,9 @@ struct Shared {
 fn take_on(driven: &mut [Driven], c: &Arc<ProfilerComm>, l: &Launch) -> usize {
     let mut ops = 0;
     for cs in &l.conns {
-        let proto = if cs.ll { Proto::Ll } else { Proto::Simple };
         if let Some(d) = driven
             .iter_mut()
-            .find(|d| d.fifo.proto == proto && d.link.peer == cs.peer && d.link.chan == cs.chan)
+            .find(|d| d.fifo.proto == cs.proto && d.link.peer == cs.peer && d.link.chan == cs.chan)
         {
             ops += usize::from(d.tracks[usize::from(!cs.send)].add(c, l.mask, cs));
         }

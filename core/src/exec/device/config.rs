@@ -269,11 +269,6 @@ impl DeviceConfig {
         Ok(self)
     }
 
-    /// Whether an operation of `bytes` per rank takes the LL FIFO.
-    pub fn takes_ll(&self, bytes: usize) -> bool {
-        self.ll_slot_bytes > 0 && bytes <= self.ll_max_bytes
-    }
-
     /// The count for a link that asks for `wanted` channels (None: not
     /// known), within the bounds; `channels` itself when fixed.
     pub fn channels_for(&self, wanted: Option<usize>) -> usize {
@@ -355,11 +350,10 @@ mod tests {
         let cfg = crate::config::Config::load_with(&[]).unwrap();
         let net = DeviceConfig::default().through_host(&cfg, true).unwrap();
         assert_eq!(net.ll_slot_bytes, LL_SLOT_BYTES);
-        assert!(net.takes_ll(8));
+        assert_eq!(net.ll_max_bytes, LL_MAX_BYTES);
         let shm = DeviceConfig::default().through_host(&cfg, false).unwrap();
         assert_eq!(shm.ll_slot_bytes, 0);
-        assert!(!shm.takes_ll(8));
-        assert!(!DeviceConfig::default().takes_ll(8), "all P2P: none");
+        assert_eq!(DeviceConfig::default().ll_slot_bytes, 0, "all P2P: none");
     }
 
     #[test]
@@ -373,16 +367,15 @@ mod tests {
         assert_eq!(protocols(Some("^LL128")).unwrap(), (true, true));
         assert!(protocols(Some("LL128")).is_err(), "nothing oxccl runs");
         assert!(protocols(Some("Fast")).is_err());
-        let c = DeviceConfig {
-            ll_slot_bytes: LL_SLOT_BYTES,
-            ..DeviceConfig::default()
-        };
-        assert!(c.takes_ll(8) && c.takes_ll(LL_MAX_BYTES) && !c.takes_ll(LL_MAX_BYTES + 1));
+        let c = DeviceConfig::default();
+        assert_eq!(
+            c.clone().with_protocols(None).unwrap().ll_max_bytes,
+            LL_MAX_BYTES
+        );
         let s = c.clone().with_protocols(Some("Simple")).unwrap();
-        assert!(!s.takes_ll(8));
+        assert_eq!(s.ll_max_bytes, 0);
         let l = c.with_protocols(Some("LL")).unwrap();
-        assert!(l.takes_ll(1 << 30));
-        assert!(!DeviceConfig::default().takes_ll(8), "no LL FIFO, no LL");
+        assert_eq!(l.ll_max_bytes, usize::MAX);
     }
 
     #[test]

@@ -42,6 +42,7 @@ use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::plugin::profiler::{Handle, ProxyProfiler};
 use crate::topo::BusId;
+use crate::transport::layout::Proto;
 use crate::transport::proxy::{ConnSteps, Launch};
 use plan::{Shape, Template};
 pub use window::Transports;
@@ -735,24 +736,19 @@ impl DeviceComm {
         Ok(t)
     }
 
-    /// The protocol an operation of `bytes` per rank runs with (NCCL's
-    /// names): LL where the window has an LL FIFO and the size is within
-    /// rank 0's bound, else Simple.
-    pub fn protocol(&self, bytes: usize) -> &'static str {
-        if self.window.layout.has_ll() && bytes <= self.window.ll_max_bytes {
-            "LL"
-        } else {
-            "Simple"
+    /// The protocol an operation of `bytes` per rank runs with: LL where
+    /// the window has an LL FIFO and the size is within rank 0's bound.
+    pub fn protocol(&self, bytes: usize) -> Proto {
+        match self.window.ll_max_bytes {
+            Some(max) if bytes <= max => Proto::Ll,
+            _ => Proto::Simple,
         }
     }
 
     /// Operations of at most this many bytes per rank run LL (`None`:
     /// the window has no LL FIFO).
     pub fn ll_bound(&self) -> Option<usize> {
-        self.window
-            .layout
-            .has_ll()
-            .then_some(self.window.ll_max_bytes)
+        self.window.ll_max_bytes
     }
 
     /// `channels`: thread blocks, at most the window's (`cfg.channels`).
@@ -777,7 +773,8 @@ impl DeviceComm {
         // Small operations go through the LL FIFO where the window has one
         // (net peers): the receiver polls the data itself, the sender posts
         // without a fence. NCCL_PROTO decides alike on every rank (rank 0's).
-        let ll = self.protocol(count * dtype.size()) == "LL";
+        let proto = self.protocol(count * dtype.size());
+        let ll = proto == Proto::Ll;
         let shape = if ll {
             let channels = channels.min(self.window.ll_channels);
             plan::shape_ll(&self.cfg, count, dtype.size(), t.nchunks as usize, channels)
@@ -828,7 +825,7 @@ impl DeviceComm {
                 self.announce = false;
                 self.window.lost();
             } else {
-                let l = self.launch_steps(&t, count, dtype.size(), shape, ll);
+                let l = self.launch_steps(&t, count, dtype.size(), shape, proto);
                 self.window.announce(l);
             }
         }
@@ -853,15 +850,15 @@ impl DeviceComm {
     /// The steps a launch moves on each net connection, in the kernel's
     /// order, each run with the event of the operation it belongs to when
     /// the group's mask asks for proxy events.
-    /// `ll`: the launch goes through the LL FIFOs, whose connections are
-    /// the proxy's LL links.
+    /// `proto`: the FIFOs the launch goes through (the LL ones have links
+    /// of their own).
     fn launch_steps(
         &mut self,
         t: &Template,
         count: usize,
         esize: usize,
         shape: Shape,
-        ll: bool,
+        proto: Proto,
     ) -> Launch {
         let steps = &t.steps[..t.nsteps as usize];
         let mut parents = self
@@ -919,7 +916,7 @@ impl DeviceComm {
                             steps: n,
                             parent: of_step[i],
                             chunk_bytes,
-                            ll,
+                            proto,
                         }),
                     }
                 }

@@ -27,9 +27,9 @@ use crate::transport::proxy::{Areas, Link, Proxy, Slots};
 use crate::transport::shm::area::Area;
 use crate::transport::Transport;
 
-/// Connects to `peers` on `channels` channels numbered from `first` (both
-/// directions); the links are numbered from 0.
-pub type Connect<'a> = Box<dyn FnMut(&[usize], usize, usize) -> Result<Vec<Link>> + 'a>;
+/// Connects to `peers` on the given channels, both directions, in one
+/// exchange; each link carries its channel's number.
+pub type Connect<'a> = Box<dyn FnOnce(&[usize], &[usize]) -> Result<Vec<Link>> + 'a>;
 
 /// How this rank reaches the others, and how its net connections are made.
 pub struct Transports<'a> {
@@ -55,7 +55,7 @@ impl Transports<'_> {
     pub fn all_p2p(n: usize) -> Transports<'static> {
         Transports {
             routes: vec![Transport::P2p; n],
-            connect: Box::new(|_, _, _| Ok(Vec::new())),
+            connect: Box::new(|_, _| Ok(Vec::new())),
             gdr: false,
             dmabuf: false,
             profiled: false,
@@ -315,8 +315,8 @@ pub(crate) struct Window {
     /// rank; the layout has room for more.
     pub launch_channels: usize,
     /// Operations of at most this many bytes per rank take the LL FIFO
-    /// (rank 0's setting; 0 where the layout has none).
-    pub ll_max_bytes: usize,
+    /// (rank 0's setting); `None` where the layout has none.
+    pub ll_max_bytes: Option<usize>,
     /// Channels an LL launch uses at most (those with LL net connections).
     pub ll_channels: usize,
     /// Every rank on this one GPU, each in its own process, without MPS:
@@ -391,7 +391,7 @@ impl Window {
         ctx: &Arc<Context>,
         oob: &dyn Oob,
         cfg: &DeviceConfig,
-        mut tr: Transports<'_>,
+        tr: Transports<'_>,
         stop: &super::DeviceStop,
     ) -> Result<Window> {
         let (rank, n) = (oob.rank(), oob.nranks());
@@ -638,18 +638,24 @@ impl Window {
         if let Some(a) = &area {
             a.mem().unlink();
         }
-        let links = (tr.connect)(&net_peers, layout.maxch, 0)?;
         // The LL FIFOs have connections of their own, on channels numbered
         // after the simple ones': a receive is posted before its step is
         // known, so each FIFO needs its own stream of messages. Only the
         // channels LL launches use have them: the proxy tests every posted
         // receive on every pass, a system call each with the socket net.
-        let ll_channels = layout.maxch.min(LL_CHANNELS);
-        let ll_links = if layout.has_ll() {
-            (tr.connect)(&net_peers, ll_channels, layout.maxch)?
+        let maxch = layout.maxch;
+        let ll_channels = if layout.has_ll() {
+            maxch.min(LL_CHANNELS)
         } else {
-            Vec::new()
+            0
         };
+        let chans: Vec<usize> = (0..maxch + ll_channels).collect();
+        let (links, mut ll_links): (Vec<Link>, Vec<Link>) = (tr.connect)(&net_peers, &chans)?
+            .into_iter()
+            .partition(|l| l.chan < maxch);
+        for l in &mut ll_links {
+            l.chan -= maxch;
+        }
         // The network registers the GPU slots through dma-bufs of them.
         let dmabufs = match &gdr_slots {
             Some([ms, rs]) if tr.dmabuf && !links.is_empty() => {
@@ -707,7 +713,7 @@ impl Window {
             mirror,
             gdr_slots,
             launch_channels,
-            ll_max_bytes: if layout.has_ll() { ll_max_bytes } else { 0 },
+            ll_max_bytes: layout.has_ll().then_some(ll_max_bytes),
             ll_channels,
             shared,
             shared_setup,

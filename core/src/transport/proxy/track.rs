@@ -24,6 +24,8 @@ use std::sync::{Arc, Mutex};
 
 use oxccl_plugin::NetProf;
 
+use crate::transport::layout::Proto;
+
 use crate::plugin::profiler::{Handle, NetParent, OpDescr, OpEvents, ProfilerComm, ProxyProfiler};
 
 /// The steps one launch moves on one connection, one direction.
@@ -39,8 +41,8 @@ pub struct ConnSteps {
     pub parent: Option<Handle>,
     /// Bytes per step at most.
     pub chunk_bytes: usize,
-    /// The steps go through the connection's LL FIFO (its own links).
-    pub ll: bool,
+    /// The FIFO the steps go through (the LL one has links of its own).
+    pub proto: Proto,
 }
 
 /// One launch's announcement.
