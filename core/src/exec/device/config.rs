@@ -72,8 +72,9 @@ pub struct DeviceConfig {
     /// peer ends in an error rather than a hung GPU. `OXCCL_DEV_TIMEOUT_S`.
     pub timeout: Duration,
     /// Bytes per slot of each connection's LL FIFO (16-byte lines, half of
-    /// them data); 0: none. Windows with net peers have one
-    /// ([`DeviceConfig::through_host`]). `OXCCL_DEV_LL_SLOT_BYTES`.
+    /// them data); 0: none. Windows with peers through host memory (SHM or
+    /// the network) have one ([`DeviceConfig::through_host`]).
+    /// `OXCCL_DEV_LL_SLOT_BYTES`.
     pub ll_slot_bytes: usize,
     /// Operations of at most this many bytes per rank take the LL FIFO
     /// where the window has one (NCCL_PROTO: 0 with `Simple` alone or
@@ -81,7 +82,7 @@ pub struct DeviceConfig {
     pub ll_max_bytes: usize,
 }
 
-/// LL slot bytes of a window with net peers: 4 KiB of data per slice.
+/// LL slot bytes: 4 KiB of data per slice.
 pub const LL_SLOT_BYTES: usize = 8 << 10;
 
 /// Channels an LL launch uses at most: two, for the double binary tree's
@@ -93,7 +94,9 @@ pub const LL_CHANNELS: usize = 2;
 /// took 2-4 us off Simple's 22-26 us up to 2 KiB, was level at 4 KiB
 /// (all_gather 2-3 us faster, all_reduce up to 2 us slower) and slower from
 /// 8 KiB (16 KiB all_reduce: 62 us against 27), where each LL slot of 4 KiB
-/// of data is a message of its own, twice the data's bytes.
+/// of data is a message of its own, twice the data's bytes. Through
+/// shared memory too, LL was slower from 8 KiB (all_reduce 16 us against
+/// Simple's 13.6).
 pub const LL_MAX_BYTES: usize = 4 << 10;
 
 /// Which protocols NCCL_PROTO allows (LL, Simple), NCCL's syntax: a
@@ -230,8 +233,12 @@ impl DeviceConfig {
     /// few blocks: [`HOST_CHANNELS`] where some peers are over the network
     /// (`net`), [`SHM_CHANNELS`] where all are in shared memory.
     /// NCCL_MAX_NCHANNELS, where set, gives the count.
-    /// With net peers the window also has an LL FIFO
-    /// ([`LL_SLOT_BYTES`] per slot, `OXCCL_DEV_LL_SLOT_BYTES`; 0: none).
+    /// The window also has an LL FIFO ([`LL_SLOT_BYTES`] per slot,
+    /// `OXCCL_DEV_LL_SLOT_BYTES`; 0: none), through shared memory as
+    /// through the network: on 2 H200 with P2P off, LL took 1-1.7 us off
+    /// shared memory's 11-12 us all_reduce up to 2 KiB. Slots of NCCL's LL
+    /// step (64 KiB, 8 lines a thread, read together) did not pay: from
+    /// 32 KiB LL was still slower than Simple (docs/PERF.md, session 22).
     pub fn through_host(mut self, cfg: &crate::config::Config, net: bool) -> Result<DeviceConfig> {
         use crate::config::Source;
         let wanted = if net { HOST_CHANNELS } else { SHM_CHANNELS };
@@ -247,14 +254,12 @@ impl DeviceConfig {
         }
         self.slot_bytes = ((cfg.buffsize as usize / 8) & !15).clamp(4 << 10, 64 << 20);
         self.min_slice_bytes = self.min_slice_bytes.min(self.slot_bytes);
-        if net {
-            self.ll_slot_bytes = match std::env::var("OXCCL_DEV_LL_SLOT_BYTES") {
-                Ok(v) => parse_size(&v).map(|b| b as usize).ok_or_else(|| {
-                    Error::InvalidArgument(format!("OXCCL_DEV_LL_SLOT_BYTES={v:?} is not a number"))
-                })?,
-                Err(_) => LL_SLOT_BYTES,
-            };
-        }
+        self.ll_slot_bytes = match std::env::var("OXCCL_DEV_LL_SLOT_BYTES") {
+            Ok(v) => parse_size(&v).map(|b| b as usize).ok_or_else(|| {
+                Error::InvalidArgument(format!("OXCCL_DEV_LL_SLOT_BYTES={v:?} is not a number"))
+            })?,
+            Err(_) => LL_SLOT_BYTES,
+        };
         self.validate()?;
         Ok(self)
     }
@@ -346,13 +351,13 @@ mod tests {
     }
 
     #[test]
-    fn only_windows_with_net_peers_have_an_ll_fifo() {
+    fn windows_through_host_memory_have_an_ll_fifo() {
         let cfg = crate::config::Config::load_with(&[]).unwrap();
-        let net = DeviceConfig::default().through_host(&cfg, true).unwrap();
-        assert_eq!(net.ll_slot_bytes, LL_SLOT_BYTES);
-        assert_eq!(net.ll_max_bytes, LL_MAX_BYTES);
-        let shm = DeviceConfig::default().through_host(&cfg, false).unwrap();
-        assert_eq!(shm.ll_slot_bytes, 0);
+        for net in [true, false] {
+            let c = DeviceConfig::default().through_host(&cfg, net).unwrap();
+            assert_eq!(c.ll_slot_bytes, LL_SLOT_BYTES);
+            assert_eq!(c.ll_max_bytes, LL_MAX_BYTES);
+        }
         assert_eq!(DeviceConfig::default().ll_slot_bytes, 0, "all P2P: none");
     }
 
