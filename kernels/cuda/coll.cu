@@ -55,7 +55,7 @@
 struct WinHeader {
   u64 off_tail;   // in an area: u64 per (peer index, channel), OXCCL_FLAG_BYTES apart: slices a peer posted here
   u64 off_head;   // same shape: slices a peer consumed of ours
-  u64 off_state;  // in the window: 2 u64 per (peer index, channel): our send and receive counters
+  u64 off_state;  // in the window: 8 u64 per (peer index, channel): oxccl_state's, for each FIFO
   u64 off_fifo;   // in an area: nslots slots per (peer index, channel)
   u64 off_size;   // in an area: a u64 per slot of the fifo: the bytes the sender stored there
   u64 slot_bytes;
@@ -150,15 +150,20 @@ __device__ __forceinline__ bool oxccl_keep_waiting(u32& spins, u64& t0, u64 time
   return true;
 }
 
-// Spins until *p >= v (true), or until the host sets the abort word
-// (false).
-__device__ __forceinline__ bool oxccl_wait_geq(const volatile u64* p, u64 v, u64 timeout_ns, u64 abort) {
+// Spins until *p >= v (true; the value read in *seen where given), or
+// until the host sets the abort word (false).
+__device__ __forceinline__ bool oxccl_wait_geq(const volatile u64* p, u64 v, u64 timeout_ns, u64 abort,
+                                               u64* seen = 0) {
   u32 spins = 0;
   u64 t0 = 0;
-  while (oxccl_ld_acquire_sys(p) < v) {
+  for (;;) {
+    const u64 x = oxccl_ld_acquire_sys(p);
+    if (x >= v) {
+      if (seen) *seen = x;
+      return true;
+    }
     if (!oxccl_keep_waiting(spins, t0, timeout_ns, abort)) return false;
   }
-  return true;
 }
 
 // Index of peer p among rank r's n-1 peers.
@@ -196,9 +201,10 @@ struct OxChan {
   __device__ __forceinline__ volatile u64* head_from(u32 p) const {
     return (volatile u64*)((char*)h->mine[p] + off_head + cell(oxccl_pidx(p, me, n)) * OXCCL_FLAG_BYTES);
   }
-  // The send and receive counters of the simple FIFO, then the LL one's.
+  // The simple FIFO's counters towards p (OxShared's sent, recvd, head,
+  // tail), then the LL one's.
   __device__ __forceinline__ u64* state(u32 p) const {
-    return (u64*)(win + h->off_state) + cell(oxccl_pidx(p, me, n)) * 4 + (ll ? 2 : 0);
+    return (u64*)(win + h->off_state) + cell(oxccl_pidx(p, me, n)) * 8 + (ll ? 4 : 0);
   }
   // In p's window (same layout): my data for p, my posts, my acks.
   __device__ __forceinline__ char* fifo_at(u32 p, u64 step) const {
@@ -228,6 +234,13 @@ struct OxChan {
 struct OxShared {
   u64 sent[OXCCL_MAX_RANKS];
   u64 recvd[OXCCL_MAX_RANKS];
+  // The highest head and tail each peer was seen to have posted. Both
+  // counters live in this rank's area, which for shared-memory and net
+  // peers is host memory, a PCIe round trip per read: a slot below
+  // head + nslots is free, and a slice below tail is there, without another.
+  // Kept across launches with the counters (as NCCL's step caches are).
+  u64 head[OXCCL_MAX_RANKS];
+  u64 tail[OXCCL_MAX_RANKS];
   char* rbuf;
   char* sbuf;
   // Exchange: slices whose source the sending warps have read, so that the
@@ -249,8 +262,19 @@ __device__ __forceinline__ void oxccl_bar(u32 id, u32 n) { asm volatile("bar.syn
 // consumed) and points sh.sbuf at it; false when aborted. Thread 0 only.
 __device__ __forceinline__ bool oxccl_claim_send(const OxChan& c, OxShared& sh, u32 p) {
   const u64 s = sh.sent[p];
-  const bool ok = s + 1 <= c.nslots || oxccl_wait_geq(c.head_from(p), s + 1 - c.nslots, c.timeout_ns, c.abort);
+  const bool ok = s + 1 <= sh.head[p] + c.nslots ||
+                  oxccl_wait_geq(c.head_from(p), s + 1 - c.nslots, c.timeout_ns, c.abort, &sh.head[p]);
   sh.sbuf = c.fifo_at(p, s);
+  return ok;
+}
+
+// Waits until the next slice from p is posted and points sh.rbuf at it;
+// false when aborted. Thread 0 only; the barrier after it orders the
+// block's reads of the slice after the acquiring read of the tail.
+__device__ __forceinline__ bool oxccl_claim_recv(const OxChan& c, OxShared& sh, u32 p) {
+  const u64 r = sh.recvd[p];
+  const bool ok = r < sh.tail[p] || oxccl_wait_geq(c.tail_from(p), r + 1, c.timeout_ns, c.abort, &sh.tail[p]);
+  sh.rbuf = c.fifo_from(p, r);
   return ok;
 }
 
@@ -263,10 +287,7 @@ __device__ __forceinline__ bool oxccl_slice(const OxChan& c, OxShared& sh, int r
                                             u64 n, u32 flags, const Scalars& sc) {
   if (threadIdx.x == 0) {
     bool ok = true;
-    if (recv >= 0) {
-      ok = oxccl_wait_geq(c.tail_from(recv), sh.recvd[recv] + 1, c.timeout_ns, c.abort);
-      sh.rbuf = c.fifo_from(recv, sh.recvd[recv]);
-    }
+    if (recv >= 0) ok = oxccl_claim_recv(c, sh, recv);
     if (ok && send >= 0) ok = oxccl_claim_send(c, sh, send);
     if (!ok) sh.aborted = 1;
   }
@@ -452,8 +473,7 @@ __device__ __forceinline__ void oxccl_exchange(const CollArgs& a, const OxChan& 
       const u64 e0 = lo + j * S;
       const u64 ne = min(S, hi - e0);
       if (tid == 0) {
-        bool ok = oxccl_wait_geq(c.tail_from(peer), sh.recvd[peer] + 1, c.timeout_ns, c.abort);
-        sh.rbuf = c.fifo_from(peer, sh.recvd[peer]);
+        bool ok = oxccl_claim_recv(c, sh, peer);
         // Senders that left never get further.
         while (ok && sh.local_done <= j) {
           if (sh.aborted) ok = false;
@@ -498,6 +518,8 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
     const u64* st = c.state(p);
     sh.sent[p] = st[0];
     sh.recvd[p] = st[1];
+    sh.head[p] = st[2];
+    sh.tail[p] = st[3];
   }
   if (threadIdx.x == 0) {
     sh.local_done = 0;
@@ -562,6 +584,8 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
     u64* st = c.state(p);
     st[0] = sh.sent[p];
     st[1] = sh.recvd[p];
+    st[2] = sh.head[p];
+    st[3] = sh.tail[p];
   }
 }
 

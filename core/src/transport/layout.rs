@@ -19,6 +19,9 @@ use crate::cuda::abi::WinHeader;
 
 const PAGE: usize = 4096;
 
+/// The kernel's counters per (peer, channel): 4 u64 for each FIFO.
+const STATE_BYTES: usize = 64;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     pub nranks: usize,
@@ -118,9 +121,10 @@ impl Layout {
         let off_tail = WinHeader::BYTES.next_multiple_of(PAGE);
         let off_head = off_tail + cells * FLAG_BYTES;
         let off_state = off_head + cells * FLAG_BYTES;
-        // Per cell: the simple FIFO's send and receive counters, then the
-        // LL FIFO's.
-        let off_size = off_state + cells * 32;
+        // Per cell, the kernel's: the simple FIFO's send and receive
+        // counters and the highest head and tail it has read, then the LL
+        // FIFO's.
+        let off_size = off_state + cells * STATE_BYTES;
         let off_tail_ll = off_size + cells * slots * 8;
         let ll_cells = if ll_slot_bytes > 0 { cells } else { 0 };
         let off_head_ll = off_tail_ll + ll_cells * FLAG_BYTES;
@@ -194,7 +198,7 @@ mod tests {
         let f = l.fifo(Proto::Simple);
         assert!(l.off_tail >= WinHeader::BYTES);
         assert_eq!(l.off_head - l.off_tail, cells * FLAG_BYTES);
-        assert!(l.off_size >= l.off_state + cells * 32);
+        assert!(l.off_size >= l.off_state + cells * STATE_BYTES);
         assert!(l.off_fifo >= f.size(cells - 1, 7) + 8);
         assert!(!l.has_ll());
         assert_eq!(l.off_fifo % PAGE, 0);
