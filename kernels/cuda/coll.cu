@@ -55,7 +55,7 @@
 struct WinHeader {
   u64 off_tail;   // in an area: u64 per (peer index, channel), OXCCL_FLAG_BYTES apart: slices a peer posted here
   u64 off_head;   // same shape: slices a peer consumed of ours
-  u64 off_state;  // in the window: 8 u64 per (peer index, channel): oxccl_state's, for each FIFO
+  u64 off_state;  // in the window: 8 u64 per (peer index, channel): OxChan::state, 4 for each FIFO
   u64 off_fifo;   // in an area: nslots slots per (peer index, channel)
   u64 off_size;   // in an area: a u64 per slot of the fifo: the bytes the sender stored there
   u64 slot_bytes;
