@@ -193,7 +193,7 @@ params! {
     debug_file: Option<String> = "DEBUG_FILE", "";
     /// Algorithm for collectives: Ring or Tree (recursive doubling); empty lets the cost model choose.
     algo: Option<String> = "ALGO", "";
-    /// Protocols the device path may use: LL and Simple (NCCL's list syntax, `^` excludes); unset: LL for operations of up to 4 KiB per rank where some peer is over the network, Simple otherwise. Rank 0's is taken.
+    /// Protocols the device path may use: LL and Simple (NCCL's list syntax, `^` excludes); unset: LL for operations of up to 4 KiB per rank where some peer is reached through host memory (network or shared memory), Simple otherwise. Rank 0's is taken.
     proto: Option<String> = "PROTO", "";
     /// Network plugin library: a name (`foo` loads libnccl-net-foo.so), a path, or `none`; unset tries libnccl-net.so.
     net_plugin: Option<String> = "NET_PLUGIN", "";

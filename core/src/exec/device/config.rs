@@ -136,6 +136,16 @@ pub fn protocols(proto: Option<&str>) -> Result<(bool, bool)> {
     Ok((ll, simple))
 }
 
+/// A size from the environment (K, M, G suffixes); None where unset or blank.
+fn env_size(k: &str) -> Result<Option<u64>> {
+    match std::env::var(k) {
+        Ok(v) if !v.trim().is_empty() => parse_size(&v)
+            .map(Some)
+            .ok_or_else(|| Error::InvalidArgument(format!("{k}={v:?} is not a number"))),
+        _ => Ok(None),
+    }
+}
+
 impl Default for DeviceConfig {
     fn default() -> Self {
         DeviceConfig {
@@ -158,44 +168,36 @@ impl DeviceConfig {
     /// The defaults with the environment's overrides.
     pub fn from_env() -> Result<DeviceConfig> {
         let mut c = DeviceConfig::default();
-        let get = |k: &str| -> Result<Option<u64>> {
-            match std::env::var(k) {
-                Ok(v) if !v.trim().is_empty() => parse_size(&v)
-                    .map(Some)
-                    .ok_or_else(|| Error::InvalidArgument(format!("{k}={v:?} is not a number"))),
-                _ => Ok(None),
-            }
-        };
         if std::env::var("OXCCL_DEV_CHANNELS").is_ok_and(|v| v.trim() == "auto") {
             c.choice = ChannelChoice::Topology {
                 min: 1,
                 max: MAX_CHANNELS,
             };
-        } else if let Some(v) = get("OXCCL_DEV_CHANNELS")? {
+        } else if let Some(v) = env_size("OXCCL_DEV_CHANNELS")? {
             c.channels = v as usize;
         }
-        if let Some(v) = get("OXCCL_DEV_THREADS")? {
+        if let Some(v) = env_size("OXCCL_DEV_THREADS")? {
             c.threads = v as u32;
         }
-        if let Some(v) = get("OXCCL_DEV_SLOTS")? {
+        if let Some(v) = env_size("OXCCL_DEV_SLOTS")? {
             c.slots = v as usize;
         }
-        if let Some(v) = get("OXCCL_DEV_SLOT_BYTES")? {
+        if let Some(v) = env_size("OXCCL_DEV_SLOT_BYTES")? {
             c.slot_bytes = v as usize;
         }
-        if let Some(v) = get("OXCCL_DEV_GROUP")? {
+        if let Some(v) = env_size("OXCCL_DEV_GROUP")? {
             c.group = v as usize;
         }
-        if let Some(v) = get("OXCCL_DEV_CHANNEL_BYTES")? {
+        if let Some(v) = env_size("OXCCL_DEV_CHANNEL_BYTES")? {
             c.channel_bytes = v as usize;
         }
-        if let Some(v) = get("OXCCL_DEV_MIN_SLICE_BYTES")? {
+        if let Some(v) = env_size("OXCCL_DEV_MIN_SLICE_BYTES")? {
             c.min_slice_bytes = v as usize;
         }
-        if let Some(v) = get("OXCCL_DEV_TIMEOUT_S")? {
+        if let Some(v) = env_size("OXCCL_DEV_TIMEOUT_S")? {
             c.timeout = Duration::from_secs(v);
         }
-        if let Some(v) = get("OXCCL_DEV_LL_BYTES")? {
+        if let Some(v) = env_size("OXCCL_DEV_LL_BYTES")? {
             c.ll_max_bytes = v as usize;
         }
         c.validate()?;
@@ -254,12 +256,8 @@ impl DeviceConfig {
         }
         self.slot_bytes = ((cfg.buffsize as usize / 8) & !15).clamp(4 << 10, 64 << 20);
         self.min_slice_bytes = self.min_slice_bytes.min(self.slot_bytes);
-        self.ll_slot_bytes = match std::env::var("OXCCL_DEV_LL_SLOT_BYTES") {
-            Ok(v) => parse_size(&v).map(|b| b as usize).ok_or_else(|| {
-                Error::InvalidArgument(format!("OXCCL_DEV_LL_SLOT_BYTES={v:?} is not a number"))
-            })?,
-            Err(_) => LL_SLOT_BYTES,
-        };
+        self.ll_slot_bytes =
+            env_size("OXCCL_DEV_LL_SLOT_BYTES")?.map_or(LL_SLOT_BYTES, |v| v as usize);
         self.validate()?;
         Ok(self)
     }

@@ -771,8 +771,9 @@ impl DeviceComm {
         let (kop, sc) = kernel_op(dtype, op, self.nranks);
         let kernel = self.kernels.coll(dtype, kop)?;
         // Small operations go through the LL FIFO where the window has one
-        // (net peers): the receiver polls the data itself, the sender posts
-        // without a fence. NCCL_PROTO decides alike on every rank (rank 0's).
+        // (peers through host memory): the receiver polls the data itself,
+        // the sender posts without a fence. NCCL_PROTO decides alike on
+        // every rank (rank 0's).
         let proto = self.protocol(count * dtype.size());
         let ll = proto == Proto::Ll;
         let shape = if ll {

@@ -24,9 +24,8 @@ use std::sync::{Arc, Mutex};
 
 use oxccl_plugin::NetProf;
 
-use crate::transport::layout::Proto;
-
 use crate::plugin::profiler::{Handle, NetParent, OpDescr, OpEvents, ProfilerComm, ProxyProfiler};
+use crate::transport::layout::Proto;
 
 /// The steps one launch moves on one connection, one direction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
