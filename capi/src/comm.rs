@@ -90,7 +90,99 @@ fn read_config(config: *const ncclConfig_t) -> Result<CommConfig, Error> {
     if has(std::mem::offset_of!(ncclConfig_t, shrinkShare) + 4) && c.shrinkShare != undef {
         cc.shrink_share = Some(flag(c.shrinkShare, "shrinkShare")?);
     }
+    let int = |off: usize, v: c_int| (has(off + 4) && v != undef).then_some(v);
+    use std::mem::offset_of;
+    // The CTA fields become settings, which the environment replaces where
+    // set (NCCL's envConfigOverride: "Comm config minCTAs reset to
+    // NCCL_MIN_CTAS").
+    let min = int(offset_of!(ncclConfig_t, minCTAs), c.minCTAs);
+    let max = int(offset_of!(ncclConfig_t, maxCTAs), c.maxCTAs);
+    for (v, field) in [(min, "minCTAs"), (max, "maxCTAs")] {
+        if v.is_some_and(|v| v <= 0) {
+            return Err(Error::InvalidArgument(format!(
+                "config {field} is {}: it must be at least 1 (or left at NCCL_CONFIG_UNDEF_INT)",
+                v.unwrap_or_default()
+            )));
+        }
+    }
+    if let (Some(lo), Some(hi)) = (min, max) {
+        if lo > hi {
+            return Err(Error::InvalidArgument(format!(
+                "config minCTAs {lo} is above maxCTAs {hi}"
+            )));
+        }
+    }
+    let cluster = int(offset_of!(ncclConfig_t, cgaClusterSize), c.cgaClusterSize);
+    if cluster.is_some_and(|v| v < 0) {
+        return Err(Error::InvalidArgument(format!(
+            "config cgaClusterSize is {}: it must be 0 or more",
+            cluster.unwrap_or_default()
+        )));
+    }
+    let policy = int(offset_of!(ncclConfig_t, CTAPolicy), c.CTAPolicy);
+    if policy.is_some_and(|p| p & !(NCCL_CTA_POLICY_EFFICIENCY | NCCL_CTA_POLICY_ZERO) != 0) {
+        return Err(Error::InvalidArgument(format!(
+            "config CTAPolicy is {}: NCCL_CTA_POLICY_DEFAULT (0), _EFFICIENCY (1) or _ZERO (2)",
+            policy.unwrap_or_default()
+        )));
+    }
+    for (v, key) in [
+        (min, "MIN_CTAS"),
+        (max, "MAX_CTAS"),
+        (cluster, "CGA_CLUSTER_SIZE"),
+        (policy, "CTA_POLICY"),
+    ] {
+        let Some(v) = v else { continue };
+        let var = format!("NCCL_{key}");
+        match oxccl::config::var(&var) {
+            Some(e) if !e.trim().is_empty() => {
+                tracing::info!(target: "oxccl::env", "Comm config {key} {v} reset to {var}={e}")
+            }
+            _ => cc.settings.push((key.into(), v.to_string())),
+        }
+    }
+    if has(offset_of!(ncclConfig_t, commName) + 8) {
+        cc.name = c_str(c.commName);
+    }
+    cc.traffic_class = int(offset_of!(ncclConfig_t, trafficClass), c.trafficClass);
+    // Fields oxccl has no use for: refused where they ask for something it
+    // would silently not do, named in a WARN where running without them
+    // gives the same results.
+    if let Some(v) = int(offset_of!(ncclConfig_t, collnetEnable), c.collnetEnable) {
+        match v {
+            0 => {}
+            1 => unused(
+                "collnetEnable",
+                1,
+                "oxccl runs no CollNet algorithm; collectives run on rings and trees",
+            ),
+            v => {
+                return Err(Error::InvalidArgument(format!(
+                    "config collnetEnable is {v}: 0 or 1"
+                )))
+            }
+        }
+    }
+    let warn_if_set = [
+        (offset_of!(ncclConfig_t, nvlsCTAs), c.nvlsCTAs, "nvlsCTAs", "oxccl runs no NVLS (NVLink SHARP) algorithm"),
+        (offset_of!(ncclConfig_t, nChannelsPerNetPeer), c.nChannelsPerNetPeer, "nChannelsPerNetPeer", "send/recv to a net peer runs on the communicator's channels (NCCL_MAX_CTAS bounds them)"),
+        (offset_of!(ncclConfig_t, nvlinkCentricSched), c.nvlinkCentricSched, "nvlinkCentricSched", "oxccl has one schedule per algorithm"),
+        (offset_of!(ncclConfig_t, graphUsageMode), c.graphUsageMode, "graphUsageMode", "CUDA graphs and eager launches share one path"),
+        (offset_of!(ncclConfig_t, numRmaCtx), c.numRmaCtx, "numRmaCtx", "oxccl has no one-sided (RMA) contexts yet"),
+        (offset_of!(ncclConfig_t, maxP2pPeers), c.maxP2pPeers, "maxP2pPeers", "every peer is connected at creation"),
+        (offset_of!(ncclConfig_t, graphStreamOrdering), c.graphStreamOrdering, "graphStreamOrdering", "captured work is always ordered on its stream"),
+    ];
+    for (off, v, field, why) in warn_if_set {
+        if let Some(v) = int(off, v) {
+            unused(field, v, why);
+        }
+    }
     Ok(cc)
+}
+
+/// One WARN for a config field that oxccl accepts but does not act on.
+fn unused(field: &str, value: c_int, why: &str) {
+    tracing::warn!(target: "oxccl::init", "config {field}={value} is not implemented by oxccl and is ignored: {why}");
 }
 
 /// Set to 1, communicators made through the C API run on host memory even

@@ -80,6 +80,15 @@ impl ParamValue for f64 {
     }
 }
 
+impl ParamValue for Option<u64> {
+    fn parse(s: &str) -> std::result::Result<Self, String> {
+        if s.trim().is_empty() {
+            return Ok(None);
+        }
+        u64::parse(s).map(Some)
+    }
+}
+
 impl ParamValue for Option<bool> {
     fn parse(s: &str) -> std::result::Result<Self, String> {
         if s.trim().is_empty() {
@@ -225,6 +234,16 @@ params! {
     hostid: Option<String> = "HOSTID", "";
     /// 1: a communicator's splits share its network context (NCCL's splitShare); 0: each split makes its own. Replaces the config's split_share where set, as in NCCL; unset: the config's, else 0.
     comm_split_share_resources: Option<bool> = "COMM_SPLIT_SHARE_RESOURCES", "";
+    /// Fewest CTAs (thread blocks, channels) a GPU communicator runs its collectives on: its channel count is raised to it (small operations still take fewer, as NCCL's). Replaces the config's minCTAs where set, as in NCCL. Unset: 1.
+    min_ctas: Option<u64> = "MIN_CTAS", "";
+    /// Most CTAs any launch of a GPU communicator takes, on every path (P2P, shared memory, network, ranks sharing a GPU). Replaces the config's maxCTAs where set, as in NCCL. Unset: 128, oxccl's channel limit (NCCL's is 64).
+    max_ctas: Option<u64> = "MAX_CTAS", "";
+    /// Threads per CTA of the device kernels: a multiple of 32 from 64 to 1024. Unset: 512.
+    nthreads: Option<u64> = "NTHREADS", "";
+    /// NCCL's thread-block cluster size for its kernels. oxccl's kernels share nothing between blocks and launch without clusters: a value is accepted and reported once in a WARN.
+    cga_cluster_size: Option<u64> = "CGA_CLUSTER_SIZE", "";
+    /// NCCL's CTA policy: DEFAULT, EFFICIENCY, ZERO (or 0, 1, 2; `|` joins them). oxccl runs every policy as DEFAULT and says so in a WARN for the others. Replaces the config's CTAPolicy where set.
+    cta_policy: Option<String> = "CTA_POLICY", "";
     /// 1: a communicator's shrinks (NCCL_SHRINK_DEFAULT, not revoked) share its network context (NCCL's shrinkShare); 0: each makes its own. Replaces the config's shrink_share where set; unset: the config's, else 0.
     comm_shrink_share_resources: Option<bool> = "COMM_SHRINK_SHARE_RESOURCES", "";
 }

@@ -1431,7 +1431,8 @@ mod device_proxy {
     pub fn drive() {
         let lib = std::env::var("NCCL_PROFILER_PLUGIN").unwrap();
         let (p, _) = oxccl::plugin::profiler::load(Some(&lib)).unwrap();
-        let prof = Arc::new(ProfilerComm::new(p.expect("the fixture loads"), 7, 2, 0, 1).unwrap());
+        let prof =
+            Arc::new(ProfilerComm::new(p.expect("the fixture loads"), 7, None, 2, 0, 1).unwrap());
         let mask = prof.mask();
         let net = SocketNet::new(Some("lo"), oxccl_netif::Family::V4, 0, 1).unwrap();
         let layout = Layout::new(2, CHANNELS, 4, 4096, 0);

@@ -139,6 +139,9 @@ pub(crate) struct Agreed {
     /// Ranks with a tuner plugin library: unless every rank's tuner
     /// chooses alike ([`super::tuning`]), none is used.
     pub tuned: Vec<usize>,
+    /// This rank's commName (its config's; not compared across ranks), for
+    /// the profiler plugin.
+    pub name: Option<String>,
 }
 
 /// The ids this rank made for growing its communicator (NCCL's
@@ -293,7 +296,10 @@ impl Core {
         };
         let cfg_tuner = cfg.tuner_plugin.clone();
         let profiler = crate::plugin::profiler::shared(cfg.profiler_plugin.as_deref())?
-            .and_then(|p| ProfilerComm::new(p, ident.comm_hash, nranks, rank, ident.nnodes))
+            .and_then(|p| {
+                let name = agreed.name.as_deref();
+                ProfilerComm::new(p, ident.comm_hash, name, nranks, rank, ident.nnodes)
+            })
             .map(Arc::new);
         // Told either way: a proxy set up for a profiler waits to know.
         if let Some(GpuPath(dc, _)) = &device {

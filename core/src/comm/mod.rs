@@ -50,6 +50,12 @@ pub struct CommConfig {
     /// communicator that is not revoked; `NCCL_COMM_SHRINK_SHARE_RESOURCES`
     /// overrides it.
     pub shrink_share: Option<bool>,
+    /// NCCL's `commName`: named in this communicator's log lines and
+    /// handed to the profiler plugin's `init`.
+    pub name: Option<String>,
+    /// NCCL's `trafficClass`: handed to the net plugin with the
+    /// communicator's context (net v11+); `None` leaves it to the plugin.
+    pub traffic_class: Option<i32>,
 }
 
 impl Default for CommConfig {
@@ -60,6 +66,8 @@ impl Default for CommConfig {
             device: None,
             split_share: None,
             shrink_share: None,
+            name: None,
+            traffic_class: None,
         }
     }
 }
@@ -255,17 +263,17 @@ impl std::fmt::Debug for Comm {
 /// The network of the communicator `comm_hash`, with its context (v11+).
 /// The process chooses the network once, with its first communicator; each
 /// later one takes its own view of it ([`Network::for_comm`]).
-fn comm_net(cfg: &Config, comm_hash: u64) -> Result<Arc<dyn Net>> {
+fn comm_net(cfg: &Config, comm_hash: u64, traffic_class: Option<i32>) -> Result<Arc<dyn Net>> {
     static NET: Mutex<Option<Network>> = Mutex::new(None);
     let mut slot = NET
         .lock()
         .map_err(|_| Error::Internal("network table poisoned".into()))?;
     if let Some(n) = slot.clone() {
         drop(slot);
-        return Ok(n.for_comm(comm_hash)?);
+        return Ok(n.for_comm(comm_hash, traffic_class)?);
     }
     // Held while choosing: communicators created meanwhile wait for the choice.
-    let (chosen, mine) = choose_network(cfg, comm_hash)?;
+    let (chosen, mine) = choose_network(cfg, comm_hash, traffic_class)?;
     *slot = Some(chosen);
     Ok(mine)
 }
@@ -274,8 +282,14 @@ fn comm_net(cfg: &Config, comm_hash: u64) -> Result<Arc<dyn Net>> {
 /// first communicator's context, then `devices()` once. A network that fails
 /// either or has no device is not used; the context made for it is
 /// finalized (dropped) here, as NCCL finalizes it.
-fn first_use(net: &Network, comm_hash: u64) -> std::result::Result<Arc<dyn Net>, FirstUse> {
-    let mine = net.for_comm(comm_hash).map_err(FirstUse::Init)?;
+fn first_use(
+    net: &Network,
+    comm_hash: u64,
+    traffic_class: Option<i32>,
+) -> std::result::Result<Arc<dyn Net>, FirstUse> {
+    let mine = net
+        .for_comm(comm_hash, traffic_class)
+        .map_err(FirstUse::Init)?;
     match mine.devices() {
         Ok(n) if n > 0 => Ok(mine),
         Ok(_) => Err(FirstUse::NoDevices),
@@ -293,7 +307,11 @@ enum FirstUse {
 /// Chooses the process's network for its first communicator: the plugin
 /// library, else the first built-in with devices (or the one `NCCL_NET`
 /// names). Returns the network and that communicator's view of it.
-fn choose_network(cfg: &Config, comm_hash: u64) -> Result<(Network, Arc<dyn Net>)> {
+fn choose_network(
+    cfg: &Config,
+    comm_hash: u64,
+    traffic_class: Option<i32>,
+) -> Result<(Network, Arc<dyn Net>)> {
     let (plugin, outcome) = crate::plugin::net::load(cfg.net_plugin.as_deref())?;
     if let (Some(net), crate::plugin::net::Outcome::Loaded { library, .. }) = (plugin, outcome) {
         // NCCL inits only a network whose name NCCL_NET allows.
@@ -304,7 +322,7 @@ fn choose_network(cfg: &Config, comm_hash: u64) -> Result<(Network, Arc<dyn Net>
         if !wanted {
             info!(target: "oxccl::init|net", "net plugin {} not used: NCCL_NET={:?}", net.name(), cfg.net);
         } else {
-            match first_use(&net, comm_hash) {
+            match first_use(&net, comm_hash, traffic_class) {
                 Ok(mine) => {
                     info!(target: "oxccl::init|net", "Using network {} (a plugin library, {} device(s))",
                         net.name(), mine.devices().unwrap_or_default());
@@ -338,7 +356,7 @@ fn choose_network(cfg: &Config, comm_hash: u64) -> Result<(Network, Arc<dyn Net>
                 continue;
             }
         };
-        match first_use(&net, comm_hash) {
+        match first_use(&net, comm_hash, traffic_class) {
             Ok(mine) => {
                 info!(target: "oxccl::init|net", "Using network {} (built in, {} device(s))",
                     b.name, mine.devices().unwrap_or_default());
@@ -414,9 +432,9 @@ impl Comm {
         let comm = Comm {
             shared: shared.clone(),
         };
-        let device = config.device;
+        let asked = config.clone();
         let work = move || {
-            let r = Comm::build(nranks, &id, rank, cfg, device, comm_hash, parent).and_then(
+            let r = Comm::build(nranks, &id, rank, cfg, &asked, comm_hash, parent).and_then(
                 |mut core| {
                     core.split_share = split_share;
                     core.shrink_share = shrink_share;
@@ -454,10 +472,11 @@ impl Comm {
         id: &UniqueId,
         rank: usize,
         cfg: Config,
-        device: Option<usize>,
+        asked: &CommConfig,
         comm_hash: u64,
         parent: Option<FromParent>,
     ) -> Result<Core> {
+        let (device, name) = (asked.device, &asked.name);
         // The network is the process's; its context (v11+) is this
         // communicator's, made with the commHash every rank of it shares,
         // or the parent's for a split that shares it (NCCL's
@@ -474,7 +493,7 @@ impl Comm {
                 }
                 p.net
             }
-            None => comm_net(&cfg, comm_hash)?,
+            None => comm_net(&cfg, comm_hash, asked.traffic_class)?,
         };
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
         let mut cfg = cfg;
@@ -526,8 +545,11 @@ impl Comm {
         // NCCL's closing line of a communicator's creation, which scripts
         // wait for, with where oxccl runs it.
         let on = device.map_or("host memory".to_string(), |d| format!("GPU {d}"));
+        let named = name
+            .as_deref()
+            .map_or(String::new(), |n| format!(" commName {n}"));
         info!(target: "oxccl::init",
-            "ncclCommInitRank comm {comm_hash:#018x} rank {rank} nranks {nranks} cudaDev {} nNodes {nnodes} - Init COMPLETE (on {on}, network {})",
+            "ncclCommInitRank comm {comm_hash:#018x}{named} rank {rank} nranks {nranks} cudaDev {} nNodes {nnodes} - Init COMPLETE (on {on}, network {})",
             device.map_or(-1, |d| d as i64), net.name());
         let direct = match device {
             None => core::setup_direct(&bootstrap, &locality, first, threads)?,
@@ -542,6 +564,7 @@ impl Comm {
                 ident: core::Ident { comm_hash, nnodes },
                 inter: peers.net_link,
                 tuned: peers.tuned,
+                name: name.clone(),
             },
             locality,
             direct,

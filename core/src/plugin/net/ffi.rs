@@ -199,7 +199,7 @@ impl CPlugin {
             devices: std::sync::Mutex::new(None),
         };
         if !abi.has_context() {
-            init(vt, 0).map_err(|e| refuse(plugin.init_failed(&e)))?;
+            init(vt, 0, None).map_err(|e| refuse(plugin.init_failed(&e)))?;
         }
         Ok(plugin)
     }
@@ -208,9 +208,13 @@ impl CPlugin {
     /// `init(&ctx, comm_hash, …)` here, and that context is finalized once
     /// the returned value and every comm made through it are gone. Before
     /// v11 there is no context: the process's one `init` serves.
-    pub fn open(self: &std::sync::Arc<Self>, comm_hash: u64) -> NetResult<CNet> {
+    pub fn open(
+        self: &std::sync::Arc<Self>,
+        comm_hash: u64,
+        traffic_class: Option<i32>,
+    ) -> NetResult<CNet> {
         let vt = if self.vt.abi.has_context() {
-            init(self.vt, comm_hash)?
+            init(self.vt, comm_hash, traffic_class)?
         } else {
             self.vt
         };
@@ -269,12 +273,13 @@ impl CNet {
 
 /// Runs `init` with the core's logger; v11+ also returns a context, made
 /// for the communicator `comm_id` (0: a context made only to look at the
-/// devices before any communicator exists, finalized right after).
-fn init(vt: Vt, comm_id: u64) -> NetResult<Vt> {
+/// devices before any communicator exists, finalized right after), with
+/// its config's traffic class (None: NCCL's undefined value).
+fn init(vt: Vt, comm_id: u64, traffic_class: Option<i32>) -> NetResult<Vt> {
     let log = crate::plugin::ffi_log::logger();
     let mut ctx = null_mut();
     let mut cfg = v12::CommConfigV12 {
-        traffic_class: NCCL_NET_TRAFFIC_CLASS_UNDEF,
+        traffic_class: traffic_class.unwrap_or(NCCL_NET_TRAFFIC_CLASS_UNDEF),
     };
     // The profiler callback, as NCCL gives it to every net plugin: events
     // the plugin reports under an operation's handle reach the profiler
@@ -929,7 +934,7 @@ mod tests {
     fn dma_buf_registrations_cross_the_abi() {
         let dmabuf = |net: &CNet| net.properties(0).unwrap().ptr_support & PtrType::Dmabuf as i32;
         for v in [8u32, 9, 10, 11, 12] {
-            let net = marked::only(v).open(0).unwrap();
+            let net = marked::only(v).open(0, None).unwrap();
             assert_ne!(dmabuf(&net), 0, "v{v}");
             let (mut s, mut r) = pair(&net);
             let mut buf = vec![0u8; 8192];
@@ -955,7 +960,7 @@ mod tests {
             s.dereg_mr(sm).unwrap();
             r.dereg_mr(rm).unwrap();
         }
-        let net = marked::only(marked::NO_DMABUF).open(0).unwrap();
+        let net = marked::only(marked::NO_DMABUF).open(0, None).unwrap();
         assert_eq!(dmabuf(&net), 0);
         let (mut s, _r) = pair(&net);
         let e = s
@@ -976,7 +981,7 @@ mod tests {
     #[test]
     fn transfers_carry_the_handle_reg_mr_made() {
         for v in [8u32, 9, 10, 11, 12] {
-            let net = marked::only(v).open(0).unwrap();
+            let net = marked::only(v).open(0, None).unwrap();
             let (mut s, mut r) = pair(&net);
             let msg = vec![v as u8; 64];
             let mut got = vec![0u8; 64];
@@ -1041,21 +1046,21 @@ mod tests {
     fn contexts_per_communicator_coexist() {
         for v in [11u32, 12] {
             let plugin = negotiate_only(v);
-            let a = plugin.open(1).unwrap();
-            let b = plugin.open(2).unwrap();
+            let a = plugin.open(1, None).unwrap();
+            let b = plugin.open(2, None).unwrap();
             assert!(a.has_context() && b.has_context(), "v{v}");
             echo(&a, 1);
             echo(&b, 2);
             drop(a);
             echo(&b, 3);
-            let c = plugin.open(3).unwrap();
+            let c = plugin.open(3, None).unwrap();
             echo(&c, 4);
             drop(b);
             echo(&c, 5);
         }
         for v in [8u32, 9, 10] {
             let plugin = negotiate_only(v);
-            let a = plugin.open(1).unwrap();
+            let a = plugin.open(1, None).unwrap();
             assert!(!a.has_context(), "v{v}");
             echo(&a, 6);
         }
@@ -1068,7 +1073,7 @@ mod tests {
         for v in [8u32, 9, 10, 11, 12] {
             let plugin = negotiate_only(v);
             assert_eq!(plugin.version(), format!("v{v}"));
-            let net = plugin.open(0).unwrap();
+            let net = plugin.open(0, None).unwrap();
             assert!(net.properties(0).unwrap().max_p2p_bytes > 0);
             let msg: Vec<u8> = (0..1000u32).map(|i| (i * v) as u8).collect();
             let (rd, got) = round_trip(&net, &msg, 4096);

@@ -56,9 +56,11 @@ impl Network {
     /// when it and every connection made through it are dropped. The
     /// library and vtable stay shared. Older versions and native networks
     /// have no context: every communicator shares the process's `init`.
-    pub fn for_comm(&self, comm_hash: u64) -> NetResult<Arc<dyn Net>> {
+    /// `traffic_class`: the communicator's config's (NCCL's
+    /// `trafficClass`), which the v11+ context carries to the plugin.
+    pub fn for_comm(&self, comm_hash: u64, traffic_class: Option<i32>) -> NetResult<Arc<dyn Net>> {
         match &self.0 {
-            Kind::C(p) => Ok(Arc::new(p.open(comm_hash)?)),
+            Kind::C(p) => Ok(Arc::new(p.open(comm_hash, traffic_class)?)),
             Kind::Native(n) => Ok(n.clone()),
         }
     }
@@ -67,7 +69,7 @@ impl Network {
     /// (`oxccl info`): v11+ makes a context for it (commId 0), finalized as
     /// soon as the returned value is dropped, so drop it right after use.
     pub fn probe(&self) -> NetResult<Arc<dyn Net>> {
-        self.for_comm(0)
+        self.for_comm(0, None)
     }
 
     /// The WARN line for a network whose `init` failed `e`, in the form of

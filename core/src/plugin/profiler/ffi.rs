@@ -523,10 +523,12 @@ impl CProfiler {
         })
     }
 
-    /// `init` for one communicator; sets [`MASK`].
+    /// `init` for one communicator; sets [`MASK`]. `comm_name`: the
+    /// config's commName, else a name made from the hash.
     pub fn init(
         &self,
         comm_id: u64,
+        comm_name: Option<&str>,
         nranks: usize,
         rank: usize,
         nnodes: usize,
@@ -534,7 +536,8 @@ impl CProfiler {
         let log = crate::plugin::ffi_log::logger();
         let mut ctx = null_mut();
         let mask = MASK.as_ptr();
-        let name = CString::new(format!("oxccl-{comm_id:x}")).unwrap_or_default();
+        let name = comm_name.map_or_else(|| format!("oxccl-{comm_id:x}"), str::to_string);
+        let name = CString::new(name.replace('\0', " ")).unwrap_or_default();
         let comm_name = name.as_ptr();
         let (n, r, nn) = (nranks as c_int, rank as c_int, nnodes as c_int);
         // SAFETY: entries checked non-null at load; the mask is a

@@ -146,11 +146,12 @@ impl ProfilerComm {
     pub fn new(
         p: Arc<ffi::CProfiler>,
         comm_id: u64,
+        comm_name: Option<&str>,
         nranks: usize,
         rank: usize,
         nnodes: usize,
     ) -> Option<ProfilerComm> {
-        match p.init(comm_id, nranks, rank, nnodes) {
+        match p.init(comm_id, comm_name, nranks, rank, nnodes) {
             Ok(ctx) => Some(ProfilerComm {
                 p,
                 ctx,
