@@ -55,7 +55,8 @@ fn kernels_before_and_after_a_collective_see_its_order() {
             .all_reduce(input.ptr(), output.ptr(), COUNT, dtype, RedOp::Sum, s)
             .unwrap();
         let k = r.comm.kernels();
-        k.copy(check.ptr(), output.ptr(), bytes, s).unwrap();
+        k.copy(check.ptr(), output.ptr(), bytes, usize::MAX, s)
+            .unwrap();
         // The next collective on another stream must still follow the first.
         let o = other.handle();
         r.comm
@@ -63,7 +64,7 @@ fn kernels_before_and_after_a_collective_see_its_order() {
             .unwrap();
         r.comm
             .kernels()
-            .copy(check2.ptr(), gathered.ptr(), bytes * NRANKS, o)
+            .copy(check2.ptr(), gathered.ptr(), bytes * NRANKS, usize::MAX, o)
             .unwrap();
         r.stream.synchronize().unwrap();
         other.synchronize().unwrap();
@@ -128,7 +129,8 @@ fn local_reduce_and_copy_kernels() {
             let k = r.comm.kernels();
             // The second output is an input too, as for a peer in place.
             let (d2, ins) = ([d.ptr(), b.ptr()], [a.ptr(), b.ptr()]);
-            k.reduce(&d2, &ins, n, dtype, RedOp::Min, 2, 0, s).unwrap();
+            k.reduce(&d2, &ins, n, dtype, RedOp::Min, 2, 0, usize::MAX, s)
+                .unwrap();
             r.stream.synchronize().unwrap();
             let mut out = vec![0u8; n * es];
             let mut out2 = vec![0u8; n * es];
@@ -147,7 +149,8 @@ fn local_reduce_and_copy_kernels() {
                 })
                 .sum::<usize>();
             let k = r.comm.kernels();
-            k.copy(d.ptr() + 1, a.ptr() + 3, n * es - 3, s).unwrap();
+            k.copy(d.ptr() + 1, a.ptr() + 3, n * es - 3, usize::MAX, s)
+                .unwrap();
             r.stream.synchronize().unwrap();
             d.read(0, &mut out).unwrap();
             let wc = (0..n * es - 3).filter(|&i| out[i + 1] != ha[i + 3]).count();

@@ -71,7 +71,9 @@ fn staged_collectives_keep_stream_order_without_blocking() {
             kernels
                 .fill(warm.ptr(), 8, DataType::Float32, pattern(0), s0)
                 .unwrap();
-            kernels.copy(warm.ptr() + 32, warm.ptr(), 32, s0).unwrap();
+            kernels
+                .copy(warm.ptr() + 32, warm.ptr(), 32, usize::MAX, s0)
+                .unwrap();
             ctx.synchronize().unwrap();
             let alloc = |n| {
                 let b = DeviceBuffer::alloc(&ctx, n).unwrap();
@@ -109,7 +111,7 @@ fn staged_collectives_keep_stream_order_without_blocking() {
         // alive until the streams are synchronised below.
         unsafe { d.comm.enqueue(ar) }.unwrap();
         d.kernels
-            .copy(d.check.ptr(), d.output.ptr(), bytes, s)
+            .copy(d.check.ptr(), d.output.ptr(), bytes, usize::MAX, s)
             .unwrap();
         // On another stream: must still follow the all-reduce.
         let ag = op(
@@ -126,6 +128,7 @@ fn staged_collectives_keep_stream_order_without_blocking() {
                 d.check2.ptr(),
                 d.gathered.ptr(),
                 bytes * NRANKS,
+                usize::MAX,
                 d.other.handle(),
             )
             .unwrap();

@@ -275,7 +275,7 @@ impl Comm {
             let (c, kind) = match s.act {
                 Act::Copy => {
                     let bytes = count * op.dtype.size();
-                    lock(gpu)?.kernels().copy(to, from, bytes, stream(op))?;
+                    lock(gpu)?.copy(to, from, bytes, stream(op))?;
                     continue;
                 }
                 Act::On(On::Local, kind) => (&h.local, kind),

@@ -69,19 +69,16 @@ pub(crate) fn open(
     let routes: Vec<Transport> = (0..nranks)
         .map(|p| locality.device_transport(p, &peers.p2p_disabled))
         .collect();
-    let mut dcfg = DeviceConfig::from_env()?.with_nccl_bounds(cfg);
+    let mut dcfg = DeviceConfig::from_env()?.with_nccl_bounds(cfg)?;
     // Either every rank has a peer through host memory or none has (a rank
     // whose peers are all P2P shares a host with every rank, none of which
     // disabled P2P): the window's layout stays the same on every rank.
     let hosted = (0..nranks).any(|p| p != rank && routes[p] != Transport::P2p);
     if hosted {
-        // Either every rank has a peer over the network or none has (a
-        // pair goes there between hosts, where each rank has one, or with a
-        // rank's NCCL_SHM_DISABLE, which every rank then reaches so).
         dcfg = dcfg
-            .through_host(cfg, routes.contains(&Transport::Net))?
+            .through_host(cfg)?
             .with_protocols(cfg.proto.as_deref())?;
-        log_routes(locality, &routes, dcfg.channels);
+        log_routes(locality, &routes, dcfg.channels_for(None));
     }
     let oob = BootstrapOob {
         bootstrap,

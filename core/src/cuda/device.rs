@@ -39,6 +39,7 @@ const SYMBOLS: &[&str] = &[
     "cuMemHostUnregister",
     "cuMemsetD8Async",
     "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoDAsync_v2",
     "cuStreamWriteValue32_v2",
     "cuStreamWaitValue32_v2",
     "cuMemcpyDtoH_v2",

@@ -297,6 +297,12 @@ impl KernelSet {
         Ok(k)
     }
 
+    /// Blocks a local launch may take: the caller's budget, and never more
+    /// than two per multiprocessor.
+    fn cap(&self, max_blocks: usize) -> usize {
+        max_blocks.clamp(1, self.sms * 2)
+    }
+
     /// Compiles (or loads) a datatype's kernels now rather than on first use.
     pub fn prepare(&self, dtype: DataType) -> Result<()> {
         self.dtype(dtype).map(|_| ())
@@ -328,14 +334,22 @@ impl KernelSet {
         self.copy_kernel().map(|_| ())
     }
 
-    /// Copies `bytes` from `src` to `dst` (device addresses) on `stream`.
-    pub fn copy(&self, dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<()> {
+    /// Copies `bytes` from `src` to `dst` (device addresses) on `stream`,
+    /// on at most `max_blocks` blocks (the communicator's CTA budget).
+    pub fn copy(
+        &self,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+        max_blocks: usize,
+        stream: RawStream,
+    ) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
         let k = self.copy_kernel()?;
         let per_block = LOCAL_THREADS as usize * 16 * 4;
-        let grid = bytes.div_ceil(per_block).clamp(1, self.sms * 2) as u32;
+        let grid = bytes.div_ceil(per_block).clamp(1, self.cap(max_blocks)) as u32;
         k.launch(
             grid,
             LOCAL_THREADS,
@@ -392,7 +406,8 @@ impl KernelSet {
     /// pre and post steps apply is given by `flags` (`abi::F_*`, `F_PRE_B`
     /// for every input after the first); `nranks` sets the average's
     /// divisor or scale. One input: a copy to every output. An output may
-    /// be an input only if no later input is an output.
+    /// be an input only if no later input is an output. At most
+    /// `max_blocks` blocks (the communicator's CTA budget).
     #[allow(clippy::too_many_arguments)] // NCCL-shaped: buffers, count, type, op, stream
     pub fn reduce(
         &self,
@@ -403,6 +418,7 @@ impl KernelSet {
         op: RedOp,
         nranks: usize,
         flags: u32,
+        max_blocks: usize,
         stream: RawStream,
     ) -> Result<()> {
         if count == 0 || outputs.is_empty() {
@@ -423,7 +439,7 @@ impl KernelSet {
             .cloned()
             .ok_or_else(|| Error::Internal(format!("no {kop:?} reduce kernel")))?;
         let per_block = LOCAL_THREADS as usize * 16 * 4 / dtype.size();
-        let grid = count.div_ceil(per_block).clamp(1, self.sms * 2) as u32;
+        let grid = count.div_ceil(per_block).clamp(1, self.cap(max_blocks)) as u32;
         let mut args = ReduceArgs {
             inputs: [0; LOCAL_MAX],
             outputs: [0; LOCAL_MAX],

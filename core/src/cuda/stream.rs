@@ -156,6 +156,22 @@ impl RawStream {
         Ok(())
     }
 
+    /// Enqueues a copy of `bytes` from `src` to `dst` (device addresses of
+    /// the stream's context) on the copy engine, which takes no SM: what
+    /// NCCL does for a communicator of one rank.
+    ///
+    /// # Safety
+    /// Both ranges are device memory valid until the stream has run the
+    /// copy, and they do not overlap.
+    pub unsafe fn copy_device(self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        check(
+            // SAFETY: the caller's contract; the handle is valid by the
+            // contract of `from_raw`.
+            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.sys()) },
+            "cuMemcpyDtoDAsync",
+        )
+    }
+
     /// Whether everything enqueued on the stream is done, without waiting
     /// (a caller that must also watch for a peer's failure polls this, as
     /// nccl-tests polls `cudaStreamQuery`).

@@ -47,11 +47,12 @@ pub fn nvlink_gbps(cc: (i32, i32)) -> f64 {
 /// PCIe of unknown width and speed: NCCL's default, Gen3 x16.
 const PCIE_DEFAULT_GBPS: f64 = 12.0;
 
-/// What one block of the device kernels carries where the link is the
-/// limit. Measured on two H200 over NV18 (370 GB/s by NCCL's figure): 128
-/// blocks reached 364 GB/s all-reduce bus bandwidth, 64 reached 345 and 32
-/// reached 291, so a link is kept busy once there is a block per 2.85 GB/s.
-const GBPS_PER_CHANNEL: f64 = 2.85;
+/// The link bandwidth each channel stands for: NCCL 2.28.9 gives two H200
+/// on NV18 (370.8 GB/s by its figures) 24 channels, 15.45 GB/s each, and
+/// oxccl takes no more SMs than NCCL for the same link. (oxccl's kernels
+/// reached 364 GB/s all-reduce busbw there on 128 blocks, 291 on 32: at
+/// NCCL's count the kernel, not the count, has to catch up.)
+const GBPS_PER_CHANNEL: f64 = 15.5;
 
 /// Fewest channels the topology asks for: even a slow link is driven by
 /// more than one block, so that one block's stall does not idle it.
@@ -86,18 +87,18 @@ mod tests {
     const H100: (i32, i32) = (9, 0);
 
     #[test]
-    fn nv18_on_hopper_fills_every_channel() {
-        assert_eq!(channels(Link::NvLink { links: 18 }, H100), Some(128));
-        // Blackwell's links are twice as fast: still the cap.
-        assert_eq!(channels(Link::NvLink { links: 18 }, (10, 0)), Some(128));
+    fn nv18_on_hopper_takes_nccls_24() {
+        assert_eq!(channels(Link::NvLink { links: 18 }, H100), Some(24));
+        // Blackwell's links are twice as fast.
+        assert_eq!(channels(Link::NvLink { links: 18 }, (10, 0)), Some(47));
     }
 
     #[test]
     fn fewer_links_fewer_channels() {
         let n = |links| channels(Link::NvLink { links }, H100).unwrap();
-        assert_eq!(n(1), 8);
-        assert_eq!(n(4), 29);
-        assert_eq!(n(12), 87);
+        assert_eq!(n(1), 2);
+        assert_eq!(n(4), 6);
+        assert_eq!(n(12), 16);
         assert!(n(1) < n(4) && n(4) < n(12) && n(12) <= n(18));
         // A link that is down counts as none.
         assert_eq!(n(0), MIN_TOPO_CHANNELS);
@@ -117,9 +118,9 @@ mod tests {
             path: PciPath::Phb,
             gbps: None,
         };
-        assert_eq!(channels(gen5, H100), Some(17));
-        assert_eq!(channels(gen4, H100), Some(9));
-        assert_eq!(channels(unknown_width, H100), Some(5));
+        assert_eq!(channels(gen5, H100), Some(4));
+        assert_eq!(channels(gen4, H100), Some(2));
+        assert_eq!(channels(unknown_width, H100), Some(MIN_TOPO_CHANNELS));
         assert!(channels(gen5, H100) < channels(Link::NvLink { links: 4 }, H100));
         assert_eq!(channels(Link::Unknown, H100), None);
     }

@@ -340,7 +340,7 @@ mod tests {
                 gbps: Some(48.0)
             }
         );
-        assert_eq!(n, 17);
+        assert_eq!(n, 4);
         let ring = [id("0000:03:00.0"), id("0000:04:00.0"), id("0000:81:00.0")];
         let (n3, _) = ring_channels(&ring, (9, 0), f.root()).unwrap();
         assert!(n3 <= n);

@@ -1,15 +1,19 @@
-//! Settings of the device data path. Defaults are what measured fastest on
-//! two H200 over NVLink (NV18): 128 channels reached 364 GB/s all-reduce
-//! busbw at 1 GiB where 64 reached 345 and 32 291; 256 KiB slots beat 128
-//! KiB and matched 512 KiB; a channel per 32 KiB and slices of at least 64
-//! KiB kept 64 KiB..4 MiB at their best. Each can be overridden from the
-//! environment (`OXCCL_DEV_*`) for tuning. `OXCCL_DEV_CHANNELS=auto` takes
-//! the channel count from the link between the ranks' GPUs
-//! (`crate::topo::channels`), so that a pair on PCIe or on few NVLinks does
-//! not hold a window sized for NV18. It is not the default: on the 2 x H200
-//! VM NVML reported no NVLinks, the count fell to PCIe's 17 and all-reduce
-//! at 1 GiB from 363 to 267 GB/s, and the send/recv tests that rely on a
-//! FIFO of 128 channels stalled.
+//! Settings of the device data path.
+//!
+//! The CTAs (thread blocks, channels) a collective takes are SMs that the
+//! application's kernels lose while they overlap, so a communicator holds
+//! as many as NCCL would and no more: on P2P the count comes from the link
+//! between the ranks' GPUs, calibrated so that a pair of H200 on NV18 gets
+//! NCCL 2.28.9's 24 (`crate::topo::channels`); through host memory (shared
+//! memory or the network) NCCL's 2. The communicator's bounds (NCCL's
+//! minCTAs and maxCTAs, NCCL_MIN_CTAS and NCCL_MAX_CTAS, and the older
+//! NCCL_MIN_NCHANNELS and NCCL_MAX_NCHANNELS) hold on every path, and every
+//! rank takes the smallest count any rank proposes, since the window layout
+//! must match. Slot sizes are what measured fastest on two H200 over
+//! NVLink: 256 KiB slots beat 128 KiB and matched 512 KiB; a channel per 32
+//! KiB and slices of at least 64 KiB kept 64 KiB..4 MiB at their best. Each
+//! can be overridden from the environment (`OXCCL_DEV_*`) for tuning;
+//! `OXCCL_DEV_CHANNELS=N` fixes the count (still within maxCTAs).
 
 use std::time::Duration;
 
@@ -19,16 +23,18 @@ use crate::error::{Error, Result};
 /// Thread blocks a collective may use at most (one per multiprocessor of an H100/H200, roughly).
 pub const MAX_CHANNELS: usize = 128;
 
-/// Channels of a window whose peers are reached through host memory, some
-/// of them over the network (each channel is a connection the proxy
-/// drives).
-pub const HOST_CHANNELS: usize = 4;
+/// CTAs of a P2P communicator whose GPUs' link is not known (ranks
+/// sharing one GPU, no sysfs): NCCL 2.28.9's count for two H200 on NV18
+/// ("24 coll channels" in its INFO log).
+pub const DEFAULT_P2P_CTAS: usize = 24;
 
-/// Channels of a window whose host-memory peers are all in shared memory:
-/// on 2 H200 through shared memory, all_reduce of 128 MiB reached 29.1-29.7
-/// GB/s busbw on 8 against 23.9-24.7 on 4 (NCCL 2.28.9: 27.8), for 32 MiB
-/// of pinned host memory per peer instead of 16 (docs/PERF.md, session 14).
-pub const SHM_CHANNELS: usize = 8;
+/// CTAs of a window whose peers are reached through host memory (shared
+/// memory or the network): NCCL 2.28.9 ran 2 between two H200 as two
+/// hosts through its socket transport ("2 coll channels"), and its graph
+/// search gives a ring through the CPU two channels. Each channel is a
+/// connection the proxy drives; NCCL_MAX_NCHANNELS, where set, gives the
+/// count.
+pub const HOST_CTAS: usize = 2;
 
 /// How a communicator settles its channel count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,21 +42,24 @@ pub enum ChannelChoice {
     /// `channels` as given (`OXCCL_DEV_CHANNELS`, or a program's own).
     Fixed,
     /// From the slowest link of the ring of the ranks' GPUs, kept within
-    /// `min..=max` (NCCL_MIN_NCHANNELS and NCCL_MAX_NCHANNELS where set);
-    /// `channels` stands where no link is known (one rank, no sysfs).
+    /// `min..=max` (the communicator's CTA bounds); `channels` stands where
+    /// no link is known (one rank, ranks sharing a GPU, no sysfs).
     Topology { min: usize, max: usize },
+    /// `channels`, the path's count (through host memory), within
+    /// `min..=max`; no link is consulted.
+    Path { min: usize, max: usize },
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceConfig {
     /// Most thread blocks (channels) a collective uses; also how many
     /// channels each window has room for (the window holds
-    /// `channels * slots * slot_bytes` per peer: 256 MiB by default).
+    /// `channels * slots * slot_bytes` per peer: 48 MiB at 24 channels).
     /// `OXCCL_DEV_CHANNELS`.
     pub channels: usize,
     /// Whether `channels` is final or replaced at setup from the topology.
     pub choice: ChannelChoice,
-    /// Threads per block. `OXCCL_DEV_THREADS`.
+    /// Threads per block. `NCCL_NTHREADS`, else `OXCCL_DEV_THREADS`.
     pub threads: u32,
     /// FIFO slots per connection and channel. `OXCCL_DEV_SLOTS`.
     pub slots: usize,
@@ -146,11 +155,63 @@ fn env_size(k: &str) -> Result<Option<u64>> {
     }
 }
 
+/// The communicator's CTA bounds: NCCL_MIN_CTAS / NCCL_MAX_CTAS (the
+/// config's minCTAs / maxCTAs arrive as the same keys), tightened by
+/// NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS where those are set, within
+/// 1..=[`MAX_CHANNELS`]; a minimum above the maximum yields to it (NCCL's
+/// rule). Zero is refused with the variable's name.
+pub fn cta_bounds(cfg: &crate::config::Config) -> Result<(usize, usize)> {
+    use crate::config::Source;
+    let positive = |v: Option<u64>, name: &str| match v {
+        Some(0) => Err(Error::InvalidArgument(format!(
+            "{name}=0: a communicator needs at least one CTA (1 to {MAX_CHANNELS})"
+        ))),
+        Some(n) => Ok(Some(n.min(MAX_CHANNELS as u64) as usize)),
+        None => Ok(None),
+    };
+    let mut min = positive(cfg.min_ctas, "NCCL_MIN_CTAS (minCTAs)")?.unwrap_or(1);
+    let mut max = positive(cfg.max_ctas, "NCCL_MAX_CTAS (maxCTAs)")?.unwrap_or(MAX_CHANNELS);
+    if cfg.source("MIN_NCHANNELS") != Some(&Source::Default) {
+        min = min.max((cfg.min_nchannels as usize).clamp(1, MAX_CHANNELS));
+    }
+    if cfg.source("MAX_NCHANNELS") != Some(&Source::Default) {
+        max = max.min((cfg.max_nchannels as usize).clamp(1, MAX_CHANNELS));
+    }
+    Ok((min.min(max), max))
+}
+
+/// NCCL_CTA_POLICY as NCCL reads it: DEFAULT, EFFICIENCY and ZERO, or
+/// their numbers (0, 1, 2), joined by `|`; ZERO over EFFICIENCY, as NCCL
+/// keeps ZERO where both are set.
+pub fn cta_policy(s: Option<&str>) -> Result<u32> {
+    let Some(s) = s.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(0);
+    };
+    let mut bits = 0u32;
+    for t in s.split('|').map(str::trim) {
+        bits |= match t.to_ascii_uppercase().as_str() {
+            "DEFAULT" | "0" => 0,
+            "EFFICIENCY" | "1" => 1,
+            "ZERO" | "2" => 2,
+            "3" => 3,
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "NCCL_CTA_POLICY={s:?}: {t:?} is no policy (DEFAULT, EFFICIENCY, ZERO, or 0-3; `|` joins them)"
+                )))
+            }
+        };
+    }
+    Ok(if bits & 2 != 0 { 2 } else { bits })
+}
+
 impl Default for DeviceConfig {
     fn default() -> Self {
         DeviceConfig {
-            channels: 128,
-            choice: ChannelChoice::Fixed,
+            channels: DEFAULT_P2P_CTAS,
+            choice: ChannelChoice::Topology {
+                min: 1,
+                max: MAX_CHANNELS,
+            },
             threads: 512,
             slots: 8,
             slot_bytes: 256 << 10,
@@ -168,13 +229,12 @@ impl DeviceConfig {
     /// The defaults with the environment's overrides.
     pub fn from_env() -> Result<DeviceConfig> {
         let mut c = DeviceConfig::default();
-        if std::env::var("OXCCL_DEV_CHANNELS").is_ok_and(|v| v.trim() == "auto") {
-            c.choice = ChannelChoice::Topology {
-                min: 1,
-                max: MAX_CHANNELS,
-            };
-        } else if let Some(v) = env_size("OXCCL_DEV_CHANNELS")? {
-            c.channels = v as usize;
+        // `auto` is the default, the link's count.
+        if std::env::var("OXCCL_DEV_CHANNELS").is_ok_and(|v| v.trim() != "auto") {
+            if let Some(v) = env_size("OXCCL_DEV_CHANNELS")? {
+                c.channels = v as usize;
+                c.choice = ChannelChoice::Fixed;
+            }
         }
         if let Some(v) = env_size("OXCCL_DEV_THREADS")? {
             c.threads = v as u32;
@@ -204,11 +264,14 @@ impl DeviceConfig {
         Ok(c)
     }
 
-    /// Takes NCCL_MIN_NCHANNELS and NCCL_MAX_NCHANNELS from `cfg` as the
-    /// bounds of a topology-chosen count, where they were set (their
-    /// defaults are the host path's, not meant for a GPU); a fixed count
-    /// stays as it is.
-    pub fn with_nccl_bounds(mut self, cfg: &crate::config::Config) -> DeviceConfig {
+    /// Takes the communicator's CTA bounds from `cfg`: NCCL_MIN_CTAS and
+    /// NCCL_MAX_CTAS (or the config's minCTAs and maxCTAs), and the older
+    /// NCCL_MIN_NCHANNELS and NCCL_MAX_NCHANNELS where set (their defaults
+    /// are the host path's, not meant for a GPU); the tighter of each pair
+    /// holds, and a minimum above the maximum yields to it, as in NCCL. A
+    /// fixed count is only capped by the maximum. NCCL_NTHREADS sets the
+    /// threads per block.
+    pub fn with_nccl_bounds(mut self, cfg: &crate::config::Config) -> Result<DeviceConfig> {
         use crate::config::Source;
         // A user who set NCCL_TIMEOUT expects every wait on a peer to end
         // then, the kernels' and the shared-GPU path's included.
@@ -217,39 +280,61 @@ impl DeviceConfig {
         {
             self.timeout = cfg.timeout();
         }
-        if let ChannelChoice::Topology { min, max } = &mut self.choice {
-            if cfg.source("MIN_NCHANNELS") != Some(&Source::Default) {
-                *min = (cfg.min_nchannels as usize).clamp(1, MAX_CHANNELS);
+        if let Some(t) = cfg.nthreads {
+            if !(64..=1024).contains(&t) || t % 32 != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "NCCL_NTHREADS={t}: threads per CTA must be a multiple of 32 from 64 to 1024 (NCCL takes 64, 128, 256 or 512)"
+                )));
             }
-            if cfg.source("MAX_NCHANNELS") != Some(&Source::Default) {
-                *max = (cfg.max_nchannels as usize).clamp(1, MAX_CHANNELS);
+            self.threads = t as u32;
+        }
+        if let Some(n) = cfg.cga_cluster_size.filter(|&n| n > 1) {
+            tracing::warn!(target: "oxccl::init", "NCCL_CGA_CLUSTER_SIZE (cgaClusterSize) {n} is not implemented by oxccl and is ignored: its kernels share nothing between blocks and launch without clusters");
+        }
+        let policy = cta_policy(cfg.cta_policy.as_deref())?;
+        if policy != 0 {
+            tracing::warn!(target: "oxccl::init", "NCCL_CTA_POLICY (CTAPolicy) {policy} is not implemented by oxccl and runs as DEFAULT: the CTA count is NCCL's default one, within minCTAs and maxCTAs; no zero-CTA (copy-engine) collectives yet");
+        }
+        let (min, max) = cta_bounds(cfg)?;
+        match &mut self.choice {
+            ChannelChoice::Fixed => self.channels = self.channels.min(max),
+            ChannelChoice::Topology { min: lo, max: hi }
+            | ChannelChoice::Path { min: lo, max: hi } => {
+                (*lo, *hi) = (min, max);
             }
         }
-        self
+        self.validate()?;
+        Ok(self)
     }
 
     /// The window of a communicator some of whose peers are reached
     /// through host memory (SHM or the network): NCCL's step slots
     /// (NCCL_STEPS = 8 of NCCL_BUFFSIZE / 8 bytes) on a few channels, since
     /// host memory is pinned per peer and a PCIe link or a NIC is fed by
-    /// few blocks: [`HOST_CHANNELS`] where some peers are over the network
-    /// (`net`), [`SHM_CHANNELS`] where all are in shared memory.
-    /// NCCL_MAX_NCHANNELS, where set, gives the count.
+    /// few blocks: [`HOST_CTAS`], NCCL's count there, whether some peers
+    /// are over the network or all in shared memory, within the
+    /// communicator's CTA bounds. NCCL_MAX_NCHANNELS, where set, gives the count.
     /// The window also has an LL FIFO ([`LL_SLOT_BYTES`] per slot,
     /// `OXCCL_DEV_LL_SLOT_BYTES`; 0: none), through shared memory as
     /// through the network: on 2 H200 with P2P off, LL took 1-1.7 us off
     /// shared memory's 11-12 us all_reduce up to 2 KiB. Slots of NCCL's LL
     /// step (64 KiB, 8 lines a thread, read together) did not pay: from
     /// 32 KiB LL was still slower than Simple (docs/PERF.md, session 22).
-    pub fn through_host(mut self, cfg: &crate::config::Config, net: bool) -> Result<DeviceConfig> {
+    pub fn through_host(mut self, cfg: &crate::config::Config) -> Result<DeviceConfig> {
         use crate::config::Source;
-        let wanted = if net { HOST_CHANNELS } else { SHM_CHANNELS };
-        let mut channels = wanted.min(self.channels);
-        if cfg.source("MAX_NCHANNELS") != Some(&Source::Default) {
-            channels = (cfg.max_nchannels as usize).clamp(1, MAX_CHANNELS);
+        let set = cfg.source("MAX_NCHANNELS") != Some(&Source::Default);
+        let wanted = if set {
+            (cfg.max_nchannels as usize).clamp(1, MAX_CHANNELS)
+        } else {
+            HOST_CTAS
+        };
+        match self.choice {
+            ChannelChoice::Fixed => self.channels = wanted.min(self.channels),
+            ChannelChoice::Topology { min, max } | ChannelChoice::Path { min, max } => {
+                self.channels = wanted;
+                self.choice = ChannelChoice::Path { min, max };
+            }
         }
-        self.channels = channels;
-        self.choice = ChannelChoice::Fixed;
         self.slots = 8;
         if std::env::var_os("OXCCL_DEV_GROUP").is_none() {
             self.group = self.slots / 2;
@@ -273,7 +358,8 @@ impl DeviceConfig {
     }
 
     /// The count for a link that asks for `wanted` channels (None: not
-    /// known), within the bounds; `channels` itself when fixed.
+    /// known), within the bounds; `channels` itself when fixed, and the
+    /// path's `channels` where no link is consulted.
     pub fn channels_for(&self, wanted: Option<usize>) -> usize {
         match self.choice {
             ChannelChoice::Fixed => self.channels,
@@ -282,7 +368,15 @@ impl DeviceConfig {
                 // A minimum above the maximum: NCCL lets the maximum win.
                 n.max(min).min(max).clamp(1, MAX_CHANNELS)
             }
+            ChannelChoice::Path { min, max } => {
+                self.channels.max(min).min(max).clamp(1, MAX_CHANNELS)
+            }
         }
+    }
+
+    /// Whether the count is settled by asking the link between the GPUs.
+    pub fn asks_link(&self) -> bool {
+        matches!(self.choice, ChannelChoice::Topology { .. })
     }
 
     /// Checks the ranges the kernels and the window layout rely on.
@@ -351,11 +445,9 @@ mod tests {
     #[test]
     fn windows_through_host_memory_have_an_ll_fifo() {
         let cfg = crate::config::Config::load_with(&[]).unwrap();
-        for net in [true, false] {
-            let c = DeviceConfig::default().through_host(&cfg, net).unwrap();
-            assert_eq!(c.ll_slot_bytes, LL_SLOT_BYTES);
-            assert_eq!(c.ll_max_bytes, LL_MAX_BYTES);
-        }
+        let c = DeviceConfig::default().through_host(&cfg).unwrap();
+        assert_eq!(c.ll_slot_bytes, LL_SLOT_BYTES);
+        assert_eq!(c.ll_max_bytes, LL_MAX_BYTES);
         assert_eq!(DeviceConfig::default().ll_slot_bytes, 0, "all P2P: none");
     }
 
@@ -383,38 +475,96 @@ mod tests {
 
     #[test]
     fn topology_count_within_nccl_bounds() {
-        let c = DeviceConfig {
-            choice: ChannelChoice::Topology {
-                min: 1,
-                max: MAX_CHANNELS,
-            },
-            ..DeviceConfig::default()
-        };
+        let c = DeviceConfig::default();
         assert_eq!(c.channels_for(Some(128)), 128);
         assert_eq!(c.channels_for(Some(17)), 17);
-        // Unknown link: the default stands.
-        assert_eq!(c.channels_for(None), c.channels);
+        // Unknown link: NCCL's count for NV18 stands.
+        assert_eq!(c.channels_for(None), DEFAULT_P2P_CTAS);
         let cfg = crate::config::Config::load_with(&[
             ("NCCL_MIN_NCHANNELS", "32"),
             ("NCCL_MAX_NCHANNELS", "64"),
         ])
         .unwrap();
-        let b = c.clone().with_nccl_bounds(&cfg);
+        let b = c.clone().with_nccl_bounds(&cfg).unwrap();
         assert_eq!(b.choice, ChannelChoice::Topology { min: 32, max: 64 });
         assert_eq!(b.channels_for(Some(17)), 32);
         assert_eq!(b.channels_for(Some(128)), 64);
         // Only the maximum set: the minimum stays 1, not the host's default.
         let cfg = crate::config::Config::load_with(&[("NCCL_MAX_NCHANNELS", "1000")]).unwrap();
-        let b = c.clone().with_nccl_bounds(&cfg);
+        let b = c.clone().with_nccl_bounds(&cfg).unwrap();
         assert_eq!(b.channels_for(Some(2)), 2);
         assert_eq!(b.channels_for(Some(128)), MAX_CHANNELS);
-        // A fixed count ignores both.
+        // A fixed count is only capped.
         let f = DeviceConfig {
             channels: 8,
             choice: ChannelChoice::Fixed,
             ..DeviceConfig::default()
         }
-        .with_nccl_bounds(&cfg);
+        .with_nccl_bounds(&cfg)
+        .unwrap();
         assert_eq!(f.channels_for(Some(128)), 8);
+    }
+
+    #[test]
+    fn cta_bounds_hold_on_every_path() {
+        let load = |kv: &[(&str, &str)]| crate::config::Config::load_with(kv).unwrap();
+        let cfg = load(&[("MAX_CTAS", "8")]);
+        let p2p = DeviceConfig::default().with_nccl_bounds(&cfg).unwrap();
+        assert_eq!(p2p.channels_for(Some(24)), 8);
+        assert_eq!(p2p.channels_for(None), 8);
+        let host = p2p.clone().through_host(&cfg).unwrap();
+        assert_eq!(host.channels_for(None), HOST_CTAS);
+        let fixed = DeviceConfig {
+            channels: 128,
+            choice: ChannelChoice::Fixed,
+            ..DeviceConfig::default()
+        }
+        .with_nccl_bounds(&cfg)
+        .unwrap();
+        assert_eq!(
+            fixed.channels_for(None),
+            8,
+            "OXCCL_DEV_CHANNELS stays under maxCTAs"
+        );
+        // minCTAs raises the count on every path, up to the maximum.
+        let cfg = load(&[("MIN_CTAS", "16")]);
+        let p2p = DeviceConfig::default().with_nccl_bounds(&cfg).unwrap();
+        assert_eq!(p2p.channels_for(Some(2)), 16);
+        let host = p2p.through_host(&cfg).unwrap();
+        assert_eq!(host.channels_for(None), 16);
+        let cfg = load(&[("MIN_CTAS", "64"), ("MAX_CTAS", "4")]);
+        assert_eq!(
+            cta_bounds(&cfg).unwrap(),
+            (4, 4),
+            "the maximum wins, as NCCL's"
+        );
+        // The older names tighten the newer ones.
+        let cfg = load(&[("MAX_CTAS", "16"), ("MAX_NCHANNELS", "4")]);
+        assert_eq!(cta_bounds(&cfg).unwrap(), (1, 4));
+        let e = cta_bounds(&load(&[("MAX_CTAS", "0")])).unwrap_err();
+        assert!(e.to_string().contains("NCCL_MAX_CTAS"), "{e}");
+        let cfg = load(&[("NTHREADS", "256")]);
+        let t = DeviceConfig::default().with_nccl_bounds(&cfg).unwrap();
+        assert_eq!(t.threads, 256);
+        let bad = DeviceConfig::default().with_nccl_bounds(&load(&[("NTHREADS", "100")]));
+        let e = bad.unwrap_err().to_string();
+        assert!(e.contains("NCCL_NTHREADS=100"), "{e}");
+    }
+
+    #[test]
+    fn cta_policy_as_nccl_reads_it() {
+        assert_eq!(cta_policy(None).unwrap(), 0);
+        assert_eq!(cta_policy(Some("efficiency")).unwrap(), 1);
+        assert_eq!(cta_policy(Some("ZERO|EFFICIENCY")).unwrap(), 2);
+        assert_eq!(cta_policy(Some("1")).unwrap(), 1);
+        let e = cta_policy(Some("fast")).unwrap_err().to_string();
+        assert!(e.contains("NCCL_CTA_POLICY"), "{e}");
+    }
+
+    #[test]
+    fn default_is_nccls_count() {
+        let c = DeviceConfig::default();
+        assert_eq!(c.channels, DEFAULT_P2P_CTAS);
+        assert!(c.asks_link());
     }
 }

@@ -61,7 +61,7 @@ fn topology_channels(oob: &dyn Oob, dev: &Device, cfg: &DeviceConfig) -> Result<
         .iter()
         .map(|b| std::str::from_utf8(b).ok()?.parse().ok())
         .collect();
-    let found = ring.and_then(|r| {
+    let found = ring.filter(|_| cfg.asks_link()).and_then(|r| {
         crate::topo::ring_channels(&r, dev.compute_capability().ok()?, Path::new("/sys"))
     });
     let proposal = cfg.channels_for(found.map(|(n, _)| n)) as u32;
@@ -82,8 +82,11 @@ fn topology_channels(oob: &dyn Oob, dev: &Device, cfg: &DeviceConfig) -> Result<
         Some((n, link)) => {
             tracing::info!(target: "oxccl::init", "rank {}: {agreed} channels (the ring's slowest link is {link}, which asks for {n}; this rank proposed {proposal})", oob.rank())
         }
-        None => {
+        None if cfg.asks_link() => {
             tracing::info!(target: "oxccl::init", "rank {}: {agreed} channels (no link between the ranks' GPUs known; this rank proposed {proposal})", oob.rank())
+        }
+        None => {
+            tracing::info!(target: "oxccl::init", "rank {}: {agreed} channels (peers through host memory; this rank proposed {proposal})", oob.rank())
         }
     }
     Ok(agreed)
@@ -186,7 +189,7 @@ impl DeviceComm {
     ) -> Result<DeviceComm> {
         cfg.validate()?;
         let dev = Device::get(device)?;
-        if let ChannelChoice::Topology { .. } = cfg.choice {
+        if cfg.choice != ChannelChoice::Fixed {
             cfg.channels = topology_channels(oob, &dev, &cfg)?;
             cfg.choice = ChannelChoice::Fixed;
         }
@@ -283,6 +286,13 @@ impl DeviceComm {
     /// This GPU's kernels, for copies, fills and local reductions.
     pub fn kernels(&self) -> &KernelSet {
         &self.kernels
+    }
+
+    /// Copies `bytes` between device buffers on `stream` with the copy
+    /// kernel, on at most this communicator's CTA budget.
+    pub fn copy(&self, dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<()> {
+        self.kernels
+            .copy(dst, src, bytes, self.cfg.channels, stream)
     }
 
     /// Each rank's GPU as an index where ranks of several processes share
@@ -516,6 +526,24 @@ impl DeviceComm {
             _ => vec![send, recv],
         };
         self.check(what, count, dtype, &bufs)?;
+        // One rank: every collective is a copy (a pre-multiplied sum
+        // scales, which takes a kernel), done by the copy engine as NCCL
+        // does it, with no SM taken from the application.
+        if self.nranks == 1 && count > 0 && !matches!(op, RedOp::PreMulSum(_)) {
+            self.order_after_last(stream)?;
+            if send != recv {
+                #[allow(unsafe_code)]
+                // SAFETY: both buffers passed `check` for `count` elements
+                // of `dtype` (device memory of this context); the caller
+                // keeps them until the stream has run the operation, and
+                // NCCL's API has the input and output either the same
+                // buffer or apart.
+                unsafe {
+                    stream.copy_device(recv, send, count * dtype.size())?
+                };
+            }
+            return self.mark();
+        }
         let choice = choice.unwrap_or_else(|| self.default_choice(coll, count, dtype, None));
         if !cost::device_runs(choice.algo, coll, self.nranks) {
             return Err(Error::InvalidUsage(format!(
@@ -638,7 +666,8 @@ impl DeviceComm {
         let mut recvs: Vec<(usize, u64)> = recvs.to_vec();
         if !routes_self {
             for (s, r) in self_sends.iter().zip(&self_recvs) {
-                self.kernels.copy(*r, *s, bytes, stream)?;
+                self.kernels
+                    .copy(*r, *s, bytes, self.cfg.channels, stream)?;
             }
             sends.retain(|s| s.0 != me);
             recvs.retain(|r| r.0 != me);
@@ -660,7 +689,8 @@ impl DeviceComm {
             let left_s: Vec<u64> = sends.iter().filter(|s| s.0 == me).map(|s| s.1).collect();
             let left_r: Vec<u64> = recvs.iter().filter(|r| r.0 == me).map(|r| r.1).collect();
             for (s, r) in left_s.iter().zip(&left_r) {
-                self.kernels.copy(*r, *s, bytes, stream)?;
+                self.kernels
+                    .copy(*r, *s, bytes, self.cfg.channels, stream)?;
             }
             sends.retain(|s| s.0 != me);
             recvs.retain(|r| r.0 != me);

@@ -623,6 +623,7 @@ impl Window {
                     local,
                     cfg.timeout,
                     stop.clone(),
+                    cfg.channels,
                 )?);
                 shared_setup = Some((local, cfg.timeout, stop));
             }
@@ -873,6 +874,7 @@ impl Window {
                 *local,
                 *timeout,
                 stop.clone(),
+                self.launch_channels,
             )?);
         }
         self.suspended = false;

@@ -172,6 +172,8 @@ struct Rendezvous {
 static SETTING_UP: Mutex<Option<HashMap<u64, Weak<Rendezvous>>>> = Mutex::new(None);
 
 pub(crate) struct LocalGpu {
+    /// Blocks a fused launch takes at most: the communicator's CTA budget.
+    max_blocks: usize,
     ctx: Arc<Context>,
     me: usize,
     nranks: usize,
@@ -189,7 +191,7 @@ fn poisoned() -> Error {
 impl LocalGpu {
     /// Every rank calls it, each on its own thread (or together through
     /// `oob`'s exchange).
-    pub fn setup(ctx: &Arc<Context>, oob: &dyn Oob) -> Result<LocalGpu> {
+    pub fn setup(ctx: &Arc<Context>, oob: &dyn Oob, max_blocks: usize) -> Result<LocalGpu> {
         let (me, nranks) = (oob.rank(), oob.nranks());
         let own = DeviceBuffer::alloc(ctx, FLAG_BYTES)?;
         own.fill_bytes(0)?;
@@ -234,6 +236,7 @@ impl LocalGpu {
             }
         }
         Ok(LocalGpu {
+            max_blocks,
             ctx: ctx.clone(),
             me,
             nranks,
@@ -353,7 +356,8 @@ impl LocalGpu {
                 let r = (|| {
                     for s in steps::steps(coll, &bufs, count, dtype.size(), self.me) {
                         let (o, i) = (&s.outputs, &s.inputs);
-                        kernels.reduce(o, i, count, dtype, op, self.nranks, s.flags, stream)?;
+                        let nb = self.max_blocks;
+                        kernels.reduce(o, i, count, dtype, op, self.nranks, s.flags, nb, stream)?;
                     }
                     Ok(())
                 })();

@@ -181,11 +181,13 @@ impl SharedGpu {
         local: bool,
         timeout: Duration,
         stop: Arc<std::sync::atomic::AtomicBool>,
+        max_blocks: usize,
     ) -> Result<SharedGpu> {
         Ok(if local {
-            SharedGpu::Local(local::LocalGpu::setup(ctx, oob)?)
+            SharedGpu::Local(local::LocalGpu::setup(ctx, oob, max_blocks)?)
         } else {
-            SharedGpu::Processes(Box::new(Processes::setup(ctx, oob, timeout, stop)?))
+            let p = Processes::setup(ctx, oob, timeout, stop, max_blocks)?;
+            SharedGpu::Processes(Box::new(p))
         })
     }
 
@@ -306,6 +308,9 @@ pub(crate) struct Processes {
     /// This process's registration of the server's words (host memory of
     /// the mailbox segment) with CUDA, where there is a server.
     _srv_words: Option<Registered<ServerWords>>,
+    /// Blocks a fused launch or a copy takes at most: the communicator's
+    /// CTA budget.
+    max_blocks: usize,
 }
 
 impl Drop for Processes {
@@ -324,6 +329,7 @@ impl Processes {
         oob: &dyn Oob,
         timeout: Duration,
         stop: Arc<std::sync::atomic::AtomicBool>,
+        max_blocks: usize,
     ) -> Result<Processes> {
         let (me, nranks, leader) = (oob.rank(), oob.nranks(), 0);
         let own = DeviceBuffer::alloc(ctx, FLAG_BYTES)?;
@@ -397,7 +403,7 @@ impl Processes {
         });
         let (server, forwards) = match &srv_words {
             Some(_) if me == leader => {
-                let (s, f) = Server::start(ctx, mailbox.clone(), words.clone(), stop)?;
+                let (s, f) = Server::start(ctx, mailbox.clone(), words.clone(), stop, max_blocks)?;
                 (Some(s), Some(f))
             }
             _ => (None, None),
@@ -419,6 +425,7 @@ impl Processes {
             server,
             forwards,
             _srv_words: srv_words,
+            max_blocks,
         })
     }
 
@@ -666,7 +673,8 @@ impl Processes {
             }
             for s in steps::steps(coll, &bufs, count, dtype.size(), self.leader) {
                 let (o, i) = (&s.outputs, &s.inputs);
-                kernels.reduce(o, i, count, dtype, op, self.nranks, s.flags, stream)?;
+                let nb = self.max_blocks;
+                kernels.reduce(o, i, count, dtype, op, self.nranks, s.flags, nb, stream)?;
             }
             stream.write_all(others.map(|r| self.words.flags[r] + DONE), flag)?;
         }
@@ -903,7 +911,7 @@ impl Processes {
         // only after this rank's DONE.
         unsafe {
             let mine = Some((self.words.flags[self.me], &mut self.awaited));
-            server::enqueue(ops, stream, kernels, mine)
+            server::enqueue(ops, stream, kernels, self.max_blocks, mine)
         }
     }
 }

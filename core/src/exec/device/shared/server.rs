@@ -367,6 +367,7 @@ pub(super) unsafe fn enqueue(
     ops: &[Op<Move>],
     stream: RawStream,
     kernels: &KernelSet,
+    max_blocks: usize,
     mut awaited: Option<(u64, &mut Awaited)>,
 ) -> Result<()> {
     // Stores and waits between two copies go in one driver call.
@@ -397,7 +398,7 @@ pub(super) unsafe fn enqueue(
             Op::Mem(m @ MemOp::Write { .. }) => batch.push(m),
             Op::Copy(m) => {
                 flush(&mut batch)?;
-                kernels.copy(m.dst, m.src, m.bytes, stream)?;
+                kernels.copy(m.dst, m.src, m.bytes, max_blocks, stream)?;
             }
         }
     }
@@ -438,6 +439,7 @@ impl Server {
         mailbox: Arc<Mailbox>,
         words: Arc<Words>,
         stop: Arc<AtomicBool>,
+        max_blocks: usize,
     ) -> Result<(Server, Arc<Forwards>)> {
         // Only a server that copies needs a stream and the copy kernel.
         let copier = if words.full {
@@ -460,6 +462,7 @@ impl Server {
             next: vec![1; n],
             words,
             copier,
+            max_blocks,
             backlog: Backlog::new(n),
             failed: failed.clone(),
             forwards: forwards.clone(),
@@ -583,6 +586,8 @@ struct Serving {
     /// The copy kernel and its one stream, which never waits; only where
     /// the server copies ([`Words::full`]), the only case that queues.
     copier: Option<(Arc<KernelSet>, Stream)>,
+    /// Blocks a copy takes at most: the communicator's CTA budget.
+    max_blocks: usize,
     backlog: Backlog<Option<Work>>,
     failed: Arc<Mutex<Option<String>>>,
     forwards: Arc<Forwards>,
@@ -767,7 +772,9 @@ impl Serving {
             // through the process's kept table, which lets a mapping go only
             // after a synchronize; the sender and receiver touch them again
             // only after this stream's stores. No op waits.
-            Some((kernels, stream)) => unsafe { enqueue(&ops, stream.handle(), kernels, None) },
+            Some((kernels, stream)) => unsafe {
+                enqueue(&ops, stream.handle(), kernels, self.max_blocks, None)
+            },
             None => Err(Error::Internal(
                 "a message pending at a p2p server that copies nothing".into(),
             )),
