@@ -27,7 +27,7 @@ pub const HOST_CHANNELS: usize = 4;
 /// Channels of a window whose host-memory peers are all in shared memory:
 /// on 2 H200 through shared memory, all_reduce of 128 MiB reached 29.1-29.7
 /// GB/s busbw on 8 against 23.9-24.7 on 4 (NCCL 2.28.9: 27.8), for 32 MiB
-/// of pinned host memory per peer instead of 16 (docs/PERF.md, session 14).
+/// of pinned host memory per peer instead of 16 (2026-11-27, 43cd0e0).
 pub const SHM_CHANNELS: usize = 8;
 
 /// How a communicator settles its channel count.
@@ -240,7 +240,7 @@ impl DeviceConfig {
     /// through the network: on 2 H200 with P2P off, LL took 1-1.7 us off
     /// shared memory's 11-12 us all_reduce up to 2 KiB. Slots of NCCL's LL
     /// step (64 KiB, 8 lines a thread, read together) did not pay: from
-    /// 32 KiB LL was still slower than Simple (docs/PERF.md, session 22).
+    /// 32 KiB LL was still slower than Simple (2026-11-27, a9abdf9).
     pub fn through_host(mut self, cfg: &crate::config::Config, net: bool) -> Result<DeviceConfig> {
         use crate::config::Source;
         let wanted = if net { HOST_CHANNELS } else { SHM_CHANNELS };
