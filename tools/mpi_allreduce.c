@@ -1,4 +1,4 @@
-/* The peer figure for docs/PERF.md: MPI_Allreduce of float sums over
+/* The peer figure for docs/performance.md: MPI_Allreduce of float sums over
  * OpenMPI's TCP transport, timed as oxccl perf times (warm-up, then the mean
  * of timed iterations, averaged over ranks), busbw = bytes/time * 2(n-1)/n.
  * Buffers of 2 MiB and more are on transparent huge pages, as oxccl perf's

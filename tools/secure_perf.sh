@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Encrypted against clear socket traffic on this machine, in one command
-# (issue 18; docs/PERF.md, "Encrypted socket traffic"): two ranks in two
+# (issue 18; docs/performance.md, "Encrypted traffic"): two ranks in two
 # network namespaces joined by veth (tools/netns_run.sh; needs root and
 # iproute2), all_reduce of SIZE on host memory over the socket network,
 # clear and with NCCL_SOCKET_KEY_FILE, alternated ROUNDS times; beside it
@@ -16,7 +16,7 @@
 # both runs; THREADS="0x1 2x2 4x2" also runs each NTHREADSxNSOCKS setting
 # in turn ("default" is the socket network's own choice, which differs:
 # from 8 cores 2x2 in clear and 4x2 with a key). Prints a Markdown table
-# for docs/PERF.md.
+# for docs/performance.md.
 #
 # Without cargo (the GPU machine), carry release builds and name them:
 #   OXCCL=.dev/bin/oxccl STREAM=.dev/bin/stream SEAL_SPEED=.dev/bin/seal_speed \

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-# Probe for issue 17 (docs/PERF.md): two processes on one GPU ping-pong a flag
-# with stream memory operations; which work in either process makes each round
-# trip wait for a context switch. Run: /opt/torch/.venv/bin/python tools/shared_gpu_probe.py
+# Probe for issue 17 (docs/performance.md, "Ranks sharing one GPU"): two
+# processes on one GPU ping-pong a flag with stream memory operations; which
+# work in either process makes each round trip wait for a context switch.
+# Run: /opt/torch/.venv/bin/python tools/shared_gpu_probe.py
 # Which work in the second process makes a cross-process round trip cost a
 # context switch? rank 0 may run a kernel; rank 1 may run a copy-engine copy.
 import ctypes, os, sys, time

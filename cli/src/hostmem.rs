@@ -5,8 +5,8 @@
 //! peers' buffers (`process_vm_readv`), and the kernel pins each source page
 //! for the copy: with 4 KiB pages a good part of every copy is page walks.
 //! On this repo's 2-core VM, 2 ranks, all_reduce 16-64 MiB: 2.0-4.1 GB/s
-//! busbw from malloc's memory, 3.5-5.9 from huge pages (docs/PERF.md,
-//! session 16). PyTorch gives its CPU tensors the same with
+//! busbw from malloc's memory, 3.5-5.9 from huge pages (2026-11-27,
+//! 14651a1). PyTorch gives its CPU tensors the same with
 //! `THP_MEM_ALLOC_ENABLE=1` (`C10_THP_MEM_ALLOC_ENABLE=1` in later versions).
 //! `OXCCL_PERF_HUGEPAGES=0` takes plain heap memory instead.
 

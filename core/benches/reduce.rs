@@ -3,7 +3,7 @@
 //! as it runs (a pass over the whole result per input, the result staying
 //! in L2), against taking one L1-sized block of the result at a time
 //! through every input (each input read once), which was tried and is
-//! slower on the CPUs measured (docs/PERF.md, session 16).
+//! slower on the CPUs measured (docs/performance.md, "Tried and not kept").
 //! `cargo bench -p oxccl --bench reduce`.
 
 use std::hint::black_box;

@@ -1,8 +1,8 @@
 //! The cipher's speed on one core, the limit for one encrypted connection
-//! (docs/PERF.md): ring's AES-256-GCM sealing and opening in place, and a
-//! session's records end to end (the copy into the send buffer included;
-//! received records open where they land, as a socket read would leave
-//! them). `cargo run --release -p oxccl-secure --example seal_speed [MiB]`.
+//! (docs/performance.md, "Encrypted traffic"): ring's AES-256-GCM sealing
+//! and opening in place, and a session's records end to end (the copy into
+//! the send buffer included; received records open where they land, as a
+//! socket read would leave them). `cargo run --release -p oxccl-secure --example seal_speed [MiB]`.
 
 use std::io::Read;
 use std::time::Instant;

@@ -556,7 +556,7 @@ const NO_TUNER: &str = "Every rank runs without its tuner";
 /// chose where rank 0 ran recursive doubling, and both failed their first
 /// call with "mismatched algorithms"; on the device path, whose steps carry
 /// no header, ranks choosing apart gave wrong results (as NCCL_ALGO on one
-/// rank did, docs/PERF.md session 19).
+/// rank did at 94edbd1, 2026-11-27).
 #[test]
 fn a_tuner_on_one_rank_only_is_left_off_on_every_rank() {
     let name = "a_tuner_on_one_rank_only_is_left_off_on_every_rank";

@@ -1039,7 +1039,7 @@ fn profiler_v5_proxy_events_follow_nccl() {
 /// each a child of the proxy step that posted the operation, on the same
 /// rank, started and stopped inside it. Every step has at least one. With
 /// the mask lacking the bit there are none. Returns (steps, net events)
-/// per rank for the counts in docs/PERF.md.
+/// per rank, the counts recorded on 2026-11-25 (3bc2679).
 fn net_plugin_events(name: &str, env: &[(&str, &str)], mask: i32) -> Vec<(usize, usize)> {
     let (mask_s, lib) = (mask.to_string(), fixture("profiler_tree"));
     let mut vars: Vec<(&str, &str)> = vec![

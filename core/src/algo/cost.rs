@@ -71,7 +71,7 @@ impl LinkModel {
 
     /// GPUs of one node through step slots in shared host memory (one GPU
     /// writes over PCIe, the other reads): two H200 moved ~25 GB/s busbw
-    /// this way and an 8-byte step took ~10 us (docs/PERF.md, session 14).
+    /// this way and an 8-byte step took ~10 us (2026-11-27, e50db39).
     pub const SHM_DEVICE: LinkModel = LinkModel {
         latency_s: 10e-6,
         bandwidth: 25e9,
@@ -304,7 +304,7 @@ pub fn device_table(
     // for it (its row): on 4 H200 as two nodes of two it halved an 8-byte
     // all_reduce under `oxccl perf` (30 against 50-63 us) but was 5 us
     // slower than the ring under PyTorch (60-62 against 54-58 us), whose
-    // calls come one by one; docs/PERF.md, session 14.
+    // calls come one by one; 2026-11-27, 1abda1b.
     let doubling_offered = n <= 2 || forced.is_some();
     // The tree where NCCL takes it, across nodes (inside one it is not
     // measured against the ring), or where NCCL_ALGO asks for its row.

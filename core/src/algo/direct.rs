@@ -23,8 +23,8 @@
 //! n-1 other parts back from their owners' outputs, (n-1)/n more: 2.5
 //! bytes per byte at 2 ranks (a quarter more), 2.75 at 4, 2.875 at 8, on
 //! machines where memory bandwidth bounds the call (eight ranks on sixteen
-//! cores). Correctness under stop-and-resume comes first; docs/PERF.md
-//! ("Direct host path without remote writes") has the measured cost. The
+//! cores). Correctness under stop-and-resume comes first; docs/performance.md
+//! ("Tried and not kept") has the measured cost. The
 //! ring moves each byte 2·(n-1) times through shared slots, each with a
 //! copy in and a copy out.
 //!
@@ -35,7 +35,7 @@
 //! whose result it is about to read: a barrier of every rank between the
 //! two phases would make each rank wait for the last one to be scheduled,
 //! though it needs only one owner at a time (on the loaded 2-core VM the
-//! two measured alike, docs/PERF.md). The last phase ends with a barrier,
+//! two measured alike, 2026-11-26, 60e39d7). The last phase ends with a barrier,
 //! which keeps each rank's buffers in place until no peer reads them.
 //! Plans are pure data, so the simulation below checks them without
 //! processes, in many orders of the ranks' steps.

@@ -2,7 +2,7 @@
 //! collective on its own, and on the device path the steps carry no header:
 //! two ranks that choose different algorithms for one call give wrong
 //! results and then a failed launch (as NCCL_ALGO set on one rank did
-//! before the rank facts carried it, docs/PERF.md session 19). NCCL_ALGO
+//! before the rank facts carried it, 94edbd1 on 2026-11-27). NCCL_ALGO
 //! and the settings that shape a plan travel with the rank facts
 //! ([`super::ident`]); a tuner's choices cannot, so at creation every rank
 //! asks its tuner the same questions ([`answers`]) and the ranks compare

@@ -747,7 +747,7 @@ impl Slice {
 /// and 16.8/18.6 against 20.3/20.2. Inputs of 1.7-3.4 times the cache
 /// (64 MiB on 8 ranks, 256 MiB on 4 there; 64 MiB on 2 ranks on a 2-core
 /// VM with 32 MiB) were within noise, at 6.8 times (8 x 256 MiB) slices
-/// gain; hence four times (docs/PERF.md, session 18).
+/// gain; hence four times (2026-11-27, f567255).
 pub const SLICE: usize = 1 << 20;
 
 /// Whether a call's reads of a chunk or more go through the thread's
@@ -788,7 +788,7 @@ impl Stream {
     /// It lost for 2 ranks there (all_reduce 256 MiB 11.31/13.50 against
     /// 12.96/17.65, one round) and with few threads, where the copy binds
     /// rather than memory (a 2-core VM's 2 ranks lost a fifth to a half at
-    /// 64 and 256 MiB); docs/PERF.md, session 18.
+    /// 64 and 256 MiB); measured 2026-11-27, 728d081 and 55d985c.
     pub fn for_call(self, n: usize, bytes: usize, threads: usize) -> bool {
         match self {
             Stream::Fixed(on) => on,

@@ -76,7 +76,7 @@ fn env_num(name: &str, default: usize) -> Result<usize, NetError> {
 /// moves half the bytes it moves in clear, and a message's stripes wait on
 /// the thread's earlier ones: on the 16-core GPU machine, 4 x 2 encrypted
 /// reached 0.86 of the clear default at 64 MiB all_reduce where 2 x 2 reached
-/// 0.73 (docs/PERF.md, "Encrypted socket traffic on the GPU machine").
+/// 0.73 (2026-11-25, 5fe7d50).
 fn default_threads(cores: usize, keyed: bool) -> (usize, usize) {
     match (cores >= 8, keyed) {
         (false, _) => (0, 1),
@@ -91,8 +91,8 @@ impl SocketNet {
     /// NCCL_SOCKET_IFNAME, NCCL_SOCKET_FAMILY, NCCL_SOCKET_NTHREADS and
     /// NCCL_NSOCKS_PERTHREAD (default 2 x 2 on 8 or more cores, 4 x 2 there
     /// with a key; below 8 cores 0 threads: the caller's thread moves the
-    /// data, fastest on 2 cores per docs/PERF.md), and NCCL_SOCKET_KEY_FILE
-    /// (encryption).
+    /// data, fastest on 2 cores: docs/performance.md, "Tried and not
+    /// kept"), and NCCL_SOCKET_KEY_FILE (encryption).
     pub fn from_env() -> NetResult<SocketNet> {
         let key = Key::from_env().map_err(|e| NetError::InvalidArgument(e.to_string()))?;
         let ifname = std::env::var("NCCL_SOCKET_IFNAME").ok();

@@ -319,7 +319,7 @@ impl DeviceConfig {
     /// through the network: on 2 H200 with P2P off, LL took 1-1.7 us off
     /// shared memory's 11-12 us all_reduce up to 2 KiB. Slots of NCCL's LL
     /// step (64 KiB, 8 lines a thread, read together) did not pay: from
-    /// 32 KiB LL was still slower than Simple (docs/PERF.md, session 22).
+    /// 32 KiB LL was still slower than Simple (2026-11-27, a9abdf9).
     pub fn through_host(mut self, cfg: &crate::config::Config) -> Result<DeviceConfig> {
         use crate::config::Source;
         let set = cfg.source("MAX_NCHANNELS") != Some(&Source::Default);

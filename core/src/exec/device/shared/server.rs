@@ -22,12 +22,12 @@
 //! streams, and a stream memory wait blocks its queue: a copy queued here
 //! may sit behind a wait of the leader's stream that the copy itself would
 //! release. Under CUDA_DEVICE_MAX_CONNECTIONS=1 every 2-rank sendrecv and
-//! 4-rank all_to_all hung that way on an H100 (session 14); stream
+//! 4-rank all_to_all hung that way on an H100 (2026-11-27, f6c02c3); stream
 //! priorities do not give a stream a queue of its own, and with 8 queues
 //! 16 waiting streams take them all (`core/examples/hw_queues.rs`). A
 //! context of its own would have its own queues, but CUDA IPC maps an
 //! allocation once per process (a second context's open of a handle the
-//! primary has open fails with CUDA_ERROR_INVALID_HANDLE, session 16), the
+//! primary has open fails with CUDA_ERROR_INVALID_HANDLE, 2026-11-27, f2cc9e8), the
 //! leader's primary context maps every rank's buffers for the collectives,
 //! and a second context's copy of the primary's memory by address is
 //! ordered after the primary's queues. Hence opt-in.
