@@ -4,12 +4,12 @@ then a 2-rank all_reduce of float32 between two processes, checked.
     oxccl-run -- python3 host_allreduce.py [COUNT]
 
 Under oxccl-run, libnccl.so.2 is already mapped (LD_PRELOAD) and
-ctypes.CDLL("libnccl.so.2") returns it; without oxccl-run the script opens
-oxccl.library() itself. Rank 0 makes the unique id and hands it to rank 1
-through a pipe. OXCCL_HOST_MEMORY=1 keeps the communicators on host
-memory where a GPU exists: there, NCCL's calls take host pointers and have
-finished with the buffers when they return (the stream argument is
-ignored, NULL here).
+ctypes.CDLL("libnccl.so.2") returns it; without oxccl-run the script
+opens oxccl.library() where the oxccl package is installed. Rank 0 makes
+the unique id and hands it to rank 1 through a pipe. OXCCL_HOST_MEMORY=1
+keeps the communicators on host memory where a GPU exists: there, NCCL's
+calls take host pointers and have finished with the buffers when they
+return (the stream argument is ignored, NULL here).
 """
 
 import ctypes
@@ -28,12 +28,17 @@ class UniqueId(ctypes.Structure):
 
 
 def open_nccl():
-    try:
-        lib = ctypes.CDLL("libnccl.so.2")
-    except OSError:
-        import oxccl
+    """The preloaded libnccl.so.2 (oxccl-run), else the oxccl wheel's,
+    else whichever the loader finds."""
+    path = "libnccl.so.2"
+    if "libnccl.so.2" not in os.environ.get("LD_PRELOAD", ""):
+        try:
+            import oxccl
 
-        lib = ctypes.CDLL(oxccl.library())
+            path = oxccl.library()
+        except ImportError:
+            pass
+    lib = ctypes.CDLL(path)
     lib.ncclGetErrorString.restype = ctypes.c_char_p
     lib.ncclGetLastError.restype = ctypes.c_char_p
     lib.ncclCommInitRank.argtypes = [
