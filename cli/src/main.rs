@@ -1,8 +1,22 @@
 use clap::{Parser, Subcommand};
 
-/// oxccl: collective communication for GPUs, with NCCL-ABI plugins.
+/// oxccl: collective communication for GPUs, with NCCL's C API and plugins.
 #[derive(Parser)]
-#[command(name = "oxccl", version)]
+#[command(
+    name = "oxccl",
+    version,
+    long_about = "oxccl: collective communication for GPUs (all_reduce, broadcast, reduce, \
+                  all_gather, reduce_scatter, send/recv, all_to_all), with NCCL's C API and plugin \
+                  ABI. This command benchmarks and checks it as nccl-tests does, and shows its \
+                  settings.\n\n\
+                  Example: oxccl perf --ranks 2 -b 8 -e 128M -f 2",
+    after_help = "\
+Examples:
+  oxccl perf --ranks 2 -b 8 -e 128M -f 2     # all_reduce, 2 processes, host memory
+  oxccl perf -g 2 -b 8 -e 1G -f 2 --op all   # every collective, 2 GPUs, one process
+  oxccl info                                 # every setting, its value and its source
+  oxccl perf --help                          # the benchmark's flags (nccl-tests' names)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -10,14 +24,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Benchmark and check collectives (nccl-tests' columns).
+    /// Benchmark and check collectives: nccl-tests' flags and columns.
     Perf(Box<oxccl_cli::perf::PerfArgs>),
     /// Time to recover from a lost rank (detect + shrink), on host memory.
     Recover(oxccl_cli::recover::RecoverArgs),
     /// Resolved settings, networks and interfaces.
     Info,
-    /// Prints a fresh random key for NCCL_SOCKET_KEY_FILE (64 hex digits):
-    /// `oxccl keygen > key && chmod 600 key`, then give every rank the file.
+    /// Print a random key for NCCL_SOCKET_KEY_FILE: `oxccl keygen > key && chmod 600 key`.
+    #[command(
+        long_about = "Print a fresh random key for NCCL_SOCKET_KEY_FILE (64 hex digits). Give \
+                      every rank the same file; bootstrap and socket traffic is then \
+                      authenticated and encrypted.\n\n\
+                      Example: oxccl keygen > key && chmod 600 key"
+    )]
     Keygen,
 }
 

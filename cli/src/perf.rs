@@ -11,62 +11,106 @@ use crate::check::{self, Coll};
 pub use crate::hostmem::HostBuf;
 use crate::launch::{self, RankEnv};
 
+/// `oxccl perf`'s flags: nccl-tests' short and long names first, in its
+/// order, then oxccl's own; one line of help each, as nccl-tests' usage.
 #[derive(Debug, Clone, clap::Args)]
+// No long_about: clap would then print every flag's help on a line of its
+// own under `--help`; the prose and examples are in the text after the flags.
+#[command(after_help = PERF_AFTER_HELP)]
 pub struct PerfArgs {
-    /// Start this many local ranks as processes (otherwise join a job
-    /// launched by torchrun, mpirun or Slurm).
-    #[arg(long)]
-    pub ranks: Option<usize>,
-    /// Smallest size in bytes (K, M, G suffixes).
-    #[arg(short = 'b', long = "minbytes", default_value = "32M", value_parser = parse_bytes)]
+    /// GPUs driven by this one process, one rank each, device memory (implies --device cuda)
+    #[arg(short = 'g', long = "ngpus", value_name = "N")]
+    pub gpus: Option<usize>,
+    /// Smallest size in bytes, with K, M, G suffixes
+    #[arg(short = 'b', long = "minbytes", value_name = "SIZE", default_value = "32M", value_parser = parse_bytes)]
     pub min_bytes: usize,
-    /// Largest size in bytes.
-    #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = parse_bytes)]
+    /// Largest size in bytes
+    #[arg(short = 'e', long = "maxbytes", value_name = "SIZE", default_value = "32M", value_parser = parse_bytes)]
     pub max_bytes: usize,
-    /// Multiplication factor between sizes.
-    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    /// Step between sizes in bytes, in place of -f
+    #[arg(short = 'i', long = "stepbytes", value_name = "SIZE", value_parser = parse_bytes, conflicts_with = "step_factor")]
+    pub step_bytes: Option<usize>,
+    /// Multiplication factor between sizes
+    #[arg(
+        short = 'f',
+        long = "stepfactor",
+        value_name = "FACTOR",
+        default_value_t = 2
+    )]
     pub step_factor: usize,
-    /// Timed iterations per size.
-    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    /// Timed iterations per size
+    #[arg(short = 'n', long = "iters", value_name = "N", default_value_t = 20)]
     pub iters: usize,
-    /// Warm-up iterations per size.
-    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    /// Warm-up iterations per size
+    #[arg(
+        short = 'w',
+        long = "warmup_iters",
+        value_name = "N",
+        default_value_t = 5
+    )]
     pub warmup: usize,
-    /// Datatype (nccl-tests names: float, half, bfloat16, int8, f8e4m3, ...) or `all`.
-    #[arg(short = 'd', long = "datatype", default_value = "float")]
-    pub dtype: String,
-    /// Reduction op (sum, prod, max, min, avg, premulsum) or `all`.
-    #[arg(short = 'o', long = "redop", default_value = "sum")]
-    pub redop: String,
-    /// Root of broadcast and reduce.
-    #[arg(short = 'r', long = "root", default_value_t = 0)]
-    pub root: usize,
-    /// Check results (1) or not (0).
-    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    /// Check each result on fresh random data after the timed loop (1) or not (0)
+    #[arg(short = 'c', long = "check", value_name = "0/1", default_value_t = 1)]
     pub check: u8,
-    /// Collective: all_reduce, broadcast, reduce, all_gather, reduce_scatter, sendrecv, all_to_all, or all.
+    /// Reduction op: sum, prod, max, min, avg, premulsum, or all (nccl-tests' -o, --op)
+    #[arg(short = 'o', long = "redop", value_name = "OP", default_value = "sum")]
+    pub redop: String,
+    /// Datatype (nccl-tests' names: float, half, bfloat16, double, int8, int32, f8e4m3, ...) or all
+    #[arg(
+        short = 'd',
+        long = "datatype",
+        value_name = "TYPE",
+        default_value = "float"
+    )]
+    pub dtype: String,
+    /// Root rank of broadcast and reduce
+    #[arg(short = 'r', long = "root", value_name = "RANK", default_value_t = 0)]
+    pub root: usize,
+    /// Seconds a --ranks run may take before its ranks are stopped
+    #[arg(
+        short = 'T',
+        long = "time-limit",
+        visible_alias = "timeout",
+        value_name = "SECONDS",
+        default_value_t = 3600
+    )]
+    pub time_limit: u64,
+    /// Collective: all_reduce, broadcast, reduce, all_gather, reduce_scatter, sendrecv, all_to_all, or all
     #[arg(
         long = "op",
         visible_aliases = ["coll", "collective"],
+        value_name = "COLL",
         default_value = "all_reduce"
     )]
     pub coll: String,
-    /// Write one JSON object per row to this file.
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
-    /// Memory the buffers live in: `host`, or `cuda` (device memory, one GPU
-    /// per rank, operations on a CUDA stream).
-    #[arg(long, default_value = "host", value_parser = ["host", "cuda"])]
+    /// Start N local ranks as processes; without it, join a job of torchrun, mpirun or srun
+    #[arg(long, value_name = "N")]
+    pub ranks: Option<usize>,
+    /// Memory of the buffers: host, or cuda (one GPU per rank, operations on a CUDA stream)
+    #[arg(long, value_name = "MEM", default_value = "host", value_parser = ["host", "cuda"])]
     pub device: String,
-    /// GPUs driven by this one process (nccl-tests' -g): as many ranks,
-    /// one thread, device memory (`-g 1` is a one-rank run on GPU 0).
-    /// Implies `--device cuda`.
-    #[arg(short = 'g', long = "ngpus")]
-    pub gpus: Option<usize>,
-    /// Seconds a local run may take before its ranks are stopped.
-    #[arg(long, default_value_t = 3600)]
-    pub time_limit: u64,
+    /// Also write every row as a JSON object to FILE
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<std::path::PathBuf>,
 }
+
+/// What it does, examples, and which of nccl-tests' flags are not here.
+const PERF_AFTER_HELP: &str = "\
+Times -n iterations of each size from -b to -e, after -w warm-up ones, and prints nccl-tests'
+columns (time, algbw, busbw, #wrong), out of place and in place; with -c 1 it then checks
+each result on fresh random data (#wrong: elements that differ, summed over ranks).
+
+Examples:
+  oxccl perf --ranks 2 -b 8 -e 128M -f 2             # all_reduce, 2 processes, host memory
+  oxccl perf -g 2 -b 8 -e 1G -f 2 --op all           # every collective, 2 GPUs, one process
+  oxccl perf --ranks 2 --device cuda -d all -o all   # every datatype and op, a GPU per process
+  torchrun --nproc-per-node 8 --no-python oxccl perf -b 1M -e 1G   # in a torchrun job
+  NCCL_COMM_ID=node0:29500 srun -n 16 oxccl perf -b 1M -e 1G       # in srun's (or mpirun's)
+
+nccl-tests picks the collective by binary (all_reduce_perf, ...): here --op does, and the
+reduction op is -o/--redop (nccl-tests' -o/--op). Times are the mean over ranks (nccl-tests'
+-a 1). Not taken: -t, -m, -N, -p, -z, -y, -G, -C, -S, -a, -J (see --json), -R, -x, -D, -V,
+-M, -u, -I, -K.";
 
 fn parse_bytes(s: &str) -> Result<usize, String> {
     let t = s.trim();
@@ -198,7 +242,14 @@ type Selection = (Vec<Coll>, Vec<DataType>, Vec<RedOp>);
 
 pub(crate) fn selection(args: &PerfArgs, n: usize) -> Result<Selection, String> {
     let colls = list(&args.coll, &Coll::ALL, |s| {
-        Coll::parse(s).ok_or_else(|| format!("unknown collective {s:?}"))
+        Coll::parse(s).ok_or_else(|| {
+            let hint = if RedOp::parse(s).is_ok() {
+                " (--op picks the collective here; the reduction op is -o/--redop, nccl-tests' -o/--op)"
+            } else {
+                ""
+            };
+            format!("unknown collective {s:?}{hint}")
+        })
     })?;
     let dtypes = list(&args.dtype, &DataType::ALL, |s| {
         DataType::parse(s).map_err(|e| e.to_string())
@@ -209,8 +260,14 @@ pub(crate) fn selection(args: &PerfArgs, n: usize) -> Result<Selection, String> 
     if args.root >= n {
         return Err(format!("root {} is out of range for {n} ranks", args.root));
     }
-    if args.step_factor < 2 && args.min_bytes != args.max_bytes {
-        return Err("-f must be at least 2".into());
+    match args.step_bytes {
+        Some(0) if args.min_bytes != args.max_bytes => {
+            return Err("-i must be at least 1 byte".into())
+        }
+        None if args.step_factor < 2 && args.min_bytes != args.max_bytes => {
+            return Err("-f must be at least 2 (or step by bytes with -i)".into());
+        }
+        _ => {}
     }
     Ok((colls, dtypes, ops))
 }
@@ -375,7 +432,7 @@ pub(crate) fn report(
                     if size >= args.max_bytes {
                         break;
                     }
-                    size = (size * args.step_factor.max(2)).min(args.max_bytes);
+                    size = next_size(args, size);
                 }
             }
         }
@@ -400,6 +457,15 @@ pub(crate) fn report(
         }
     }
     Ok(total_wrong)
+}
+
+/// The size after `size`: plus -i bytes where given, else times -f; at most -e.
+fn next_size(args: &PerfArgs, size: usize) -> usize {
+    match args.step_bytes {
+        Some(step) => size + step.max(1),
+        None => size * args.step_factor.max(2),
+    }
+    .min(args.max_bytes)
 }
 
 /// One benchmark or test case: a collective on one size, type and op.
@@ -606,5 +672,82 @@ impl Stats {
         let f =
             |r: std::ops::Range<usize>| f64::from_ne_bytes(self.0[r].try_into().expect("8 bytes"));
         (f(0..8) / n as f64, f(8..16) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Args, Command, FromArgMatches};
+
+    fn command() -> Command {
+        PerfArgs::augment_args(Command::new("perf"))
+    }
+
+    fn parse(args: &[&str]) -> Result<PerfArgs, clap::Error> {
+        let m =
+            command().try_get_matches_from(std::iter::once("perf").chain(args.iter().copied()))?;
+        PerfArgs::from_arg_matches(&m)
+    }
+
+    #[test]
+    fn takes_nccl_tests_short_and_long_names() {
+        // nccl-tests' src/common.cu usage text, for the flags perf takes.
+        let names = [
+            ('g', "ngpus"),
+            ('b', "minbytes"),
+            ('e', "maxbytes"),
+            ('i', "stepbytes"),
+            ('f', "stepfactor"),
+            ('n', "iters"),
+            ('w', "warmup_iters"),
+            ('c', "check"),
+            ('d', "datatype"),
+            ('r', "root"),
+            ('T', "timeout"),
+        ];
+        let cmd = command();
+        for (short, long) in names {
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_short() == Some(short))
+                .unwrap_or_else(|| panic!("no -{short}"));
+            let longs: Vec<&str> = arg
+                .get_long()
+                .into_iter()
+                .chain(arg.get_all_aliases().unwrap_or_default())
+                .collect();
+            assert!(longs.contains(&long), "-{short} is not --{long}: {longs:?}");
+            let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+            assert!(
+                !help.is_empty() && !help.contains('\n'),
+                "-{short}: {help:?}"
+            );
+        }
+        let a = parse(&[
+            "-b", "8", "-e", "1M", "-f", "4", "-n", "3", "-w", "1", "-T", "9",
+        ])
+        .unwrap();
+        assert_eq!((a.min_bytes, a.max_bytes, a.step_factor), (8, 1 << 20, 4));
+        assert_eq!((a.iters, a.warmup, a.time_limit), (3, 1, 9));
+    }
+
+    #[test]
+    fn sizes_step_by_bytes_or_factor() {
+        let sizes = |a: &PerfArgs| {
+            let mut v = vec![a.min_bytes];
+            while *v.last().unwrap() < a.max_bytes {
+                v.push(next_size(a, *v.last().unwrap()));
+            }
+            v
+        };
+        let a = parse(&["-b", "8", "-e", "64", "-i", "24"]).unwrap();
+        assert_eq!(sizes(&a), [8, 32, 56, 64]);
+        let a = parse(&["-b", "1K", "-e", "5K", "-f", "4"]).unwrap();
+        assert_eq!(sizes(&a), [1024, 4096, 5120]);
+        assert!(
+            parse(&["-i", "8", "-f", "4"]).is_err(),
+            "-i and -f together"
+        );
     }
 }
