@@ -6,11 +6,17 @@ Each rank takes GPU LOCAL_RANK (modulo the GPUs there are: with one GPU
 both ranks share it, which oxccl allows). Sizes from 1 to 16M float32
 elements; rank r holds (r + 1) * (i % 1000), so the sum is
 (1 + ... + world) * (i % 1000), exact in float32. Rank 0 prints one line:
-#wrong over all ranks, torch.cuda.nccl.version() (oxccl's is 2.30.7) and
-the libnccl this process mapped. Where LD_PRELOAD names a libnccl.so.2,
-only that one may be mapped. Exit code 0 when all is right.
+#wrong over all ranks, the libnccl files this process mapped and which one
+the process's NCCL symbols bind to. torch maps its own libnccl.so.2 by path
+as well (torch/__init__.py preloads its CUDA libraries), and
+torch.cuda.nccl.version() is the version torch was built against, so
+neither tells which library runs: where LD_PRELOAD names a libnccl.so.2,
+ncclGetVersion as the process's global scope resolves it (the lookup
+libtorch's calls go through) must be that library's. Exit code 0 when all
+is right.
 """
 
+import ctypes
 import os
 import sys
 
@@ -21,6 +27,19 @@ import torch.distributed as dist
 def mapped_nccl():
     with open("/proc/self/maps") as f:
         return sorted({l.split()[-1] for l in f if "libnccl" in l})
+
+
+def bound_to(path):
+    """Whether the process's global ncclGetVersion is the one in `path`."""
+    glob = ctypes.cast(ctypes.CDLL(None).ncclGetVersion, ctypes.c_void_p).value
+    mine = ctypes.cast(ctypes.CDLL(path).ncclGetVersion, ctypes.c_void_p).value
+    return glob == mine
+
+
+def global_version():
+    v = ctypes.c_int(0)
+    ctypes.CDLL(None).ncclGetVersion(ctypes.byref(v))
+    return v.value
 
 
 def main():
@@ -41,15 +60,15 @@ def main():
     libs = mapped_nccl()
     preload = [p for p in os.environ.get("LD_PRELOAD", "").replace(" ", ":").split(":")
                if p.endswith("libnccl.so.2")]
-    lib_ok = not preload or libs == [os.path.realpath(preload[0])]
+    lib_ok = not preload or bound_to(preload[0])
     ok = wrong.item() == 0 and lib_ok
     if rank == 0:
         print(
             f"torch all_reduce (nccl backend): {world} ranks on {torch.cuda.device_count()} GPU(s), "
             f"float32 {sizes[0]}..{sizes[-1]} elements, #wrong {wrong.item()}; "
-            f"torch.cuda.nccl.version() {torch.cuda.nccl.version()}; "
-            f"mapped {', '.join(libs) or 'no libnccl'}"
-            f"{'' if lib_ok else ' (not the preloaded one)'}: {'OK' if ok else 'FAILED'}",
+            f"ncclGetVersion {global_version()}; mapped {', '.join(libs) or 'no libnccl'}; "
+            f"NCCL symbols {'bound to the preloaded one' if lib_ok else 'NOT bound to the preloaded one'}: "
+            f"{'OK' if ok else 'FAILED'}",
             flush=True,
         )
     dist.destroy_process_group()
