@@ -1,12 +1,27 @@
-//! Every setting of the library, declared once with its default and its
-//! meaning (UCC's way), resolved once per communicator and passed down.
+//! Every setting of the library, declared once with its default, what it
+//! accepts, its meaning and who reads it (UCC's way), in the one table
+//! below ([`SETTINGS`]); `oxccl info` lists them with their values and
+//! `oxccl info --settings-markdown` prints docs/settings.md from it.
 //!
-//! Precedence, highest first: the API (a communicator's config), the
-//! environment (`NCCL_<KEY>`, read through the env plugin when one is in use:
-//! [`var`]), oxccl's TOML file (`OXCCL_CONFIG`, its `[env]` table), the
-//! configuration file (`NCCL_CONF_FILE`, else `~/.nccl.conf`, then
-//! `/etc/nccl.conf`, in NCCL's `KEY=VALUE` form), the default. `oxccl info`
-//! prints [`Config::entries`].
+//! Three kinds of rows:
+//! - `NCCL_` settings of the core, resolved once per communicator into
+//!   [`Config`] and passed down. Precedence, highest first: the API (a
+//!   communicator's config), the environment (`NCCL_<KEY>`, read through the
+//!   env plugin when one is in use: [`var`]), oxccl's TOML file
+//!   (`OXCCL_CONFIG`, its `[env]` table), the configuration file
+//!   (`NCCL_CONF_FILE`, else `~/.nccl.conf`, then `/etc/nccl.conf`, in
+//!   NCCL's `KEY=VALUE` form), the default.
+//! - `OXCCL_` settings the core (or the C API, or the CLI) reads from the
+//!   process environment only, through [`ox`]; every [`Config::load`] checks
+//!   them all, so a bad value fails a communicator's creation.
+//! - Settings of crates that cannot link the core (the plugins, the
+//!   network-interface and key crates): declared here for the docs and
+//!   `oxccl info`, read and checked strictly where they are used.
+//!
+//! A value that does not parse, or is out of range, is an
+//! [`Error::InvalidArgument`] naming the variable and what it accepts; never
+//! a silent default. A blank value means unset. [`TOOL_VARIABLES`] lists the
+//! variables tests and tools read, which are not settings.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -41,61 +56,78 @@ impl fmt::Display for Source {
     }
 }
 
-/// A value type a parameter can have.
+/// A value type a setting can have.
 pub trait ParamValue: Sized {
-    fn parse(s: &str) -> std::result::Result<Self, String>;
+    /// What a value must look like, for messages and the docs.
+    const EXPECTS: &'static str;
+    /// `None`: not a value of this type.
+    fn parse(s: &str) -> Option<Self>;
 }
 
 impl ParamValue for String {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
-        Ok(s.to_string())
+    const EXPECTS: &'static str = "text";
+    fn parse(s: &str) -> Option<Self> {
+        Some(s.to_string())
     }
 }
 
-impl ParamValue for Option<String> {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
-        Ok((!s.is_empty()).then(|| s.to_string()))
+/// Blank is `None` (unset: the setting's own default behaviour).
+impl<T: ParamValue> ParamValue for Option<T> {
+    const EXPECTS: &'static str = T::EXPECTS;
+    fn parse(s: &str) -> Option<Self> {
+        if s.trim().is_empty() {
+            return Some(None);
+        }
+        T::parse(s).map(Some)
     }
 }
 
 impl ParamValue for u64 {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
-        parse_size(s).ok_or_else(|| {
-            format!("expected a non-negative integer (K/M/G suffixes allowed), got {s:?}")
-        })
+    const EXPECTS: &'static str = "a whole number (K, M, G: times 1024, 1024^2, 1024^3)";
+    fn parse(s: &str) -> Option<Self> {
+        parse_size(s)
     }
 }
 
 impl ParamValue for usize {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
-        u64::parse(s).map(|v| v as usize)
+    const EXPECTS: &'static str = u64::EXPECTS;
+    fn parse(s: &str) -> Option<Self> {
+        u64::parse(s).and_then(|v| usize::try_from(v).ok())
     }
 }
 
 impl ParamValue for f64 {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
-        s.trim()
-            .parse()
-            .map_err(|_| format!("expected a number, got {s:?}"))
-    }
-}
-
-impl ParamValue for Option<bool> {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
-        if s.trim().is_empty() {
-            return Ok(None);
-        }
-        bool::parse(s).map(Some)
+    const EXPECTS: &'static str = "a number";
+    fn parse(s: &str) -> Option<Self> {
+        s.trim().parse().ok()
     }
 }
 
 impl ParamValue for bool {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
+    const EXPECTS: &'static str = "0 or 1";
+    fn parse(s: &str) -> Option<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
-            "1" | "true" | "yes" | "on" => Ok(true),
-            "0" | "false" | "no" | "off" | "" => Ok(false),
-            _ => Err(format!("expected 0 or 1, got {s:?}")),
+            "1" | "true" | "yes" | "on" => Some(true),
+            "0" | "false" | "no" | "off" | "" => Some(false),
+            _ => None,
         }
+    }
+}
+
+/// `auto` or a count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoOr {
+    Auto,
+    Count(u64),
+}
+
+impl ParamValue for AutoOr {
+    const EXPECTS: &'static str = "auto, or a whole number";
+    fn parse(s: &str) -> Option<Self> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            return Some(AutoOr::Auto);
+        }
+        parse_size(s).map(AutoOr::Count)
     }
 }
 
@@ -111,22 +143,183 @@ pub(crate) fn parse_size(s: &str) -> Option<u64> {
     num.trim().parse::<u64>().ok()?.checked_mul(mult)
 }
 
-/// One declared parameter, as `oxccl info` lists it.
+/// A range or a form a parsed value must also meet; `expects` replaces the
+/// type's [`ParamValue::EXPECTS`] in messages and the docs.
+pub struct Check<T: 'static> {
+    pub expects: &'static str,
+    pub test: fn(&T) -> std::result::Result<(), String>,
+}
+
+const FAMILY: Check<Option<String>> = Check {
+    expects: "AF_INET or AF_INET6",
+    test: |v| match v.as_deref().map(str::trim) {
+        None | Some("AF_INET" | "AF_INET6") => Ok(()),
+        Some(_) => Err("no such family".into()),
+    },
+};
+
+const THREADS: Check<Option<u64>> = Check {
+    expects: "a whole number from 1 to 256",
+    test: |v| match v {
+        Some(1..=256) | None => Ok(()),
+        Some(_) => Err("out of range".into()),
+    },
+};
+
+const SHARED_GPU: Check<Option<String>> = Check {
+    expects: "leader or kernels",
+    test: |v| match v.as_deref().map(str::trim) {
+        None | Some("leader" | "kernels") => Ok(()),
+        Some(_) => Err("no such path".into()),
+    },
+};
+
+const SHARED_P2P: Check<Option<String>> = Check {
+    expects: "pull, leader or server",
+    test: |v| match v.as_deref().map(str::trim) {
+        None | Some("pull" | "leader" | "server") => Ok(()),
+        Some(_) => Err("no such path".into()),
+    },
+};
+
+const DEV_TIMEOUT: Check<Option<u64>> = Check {
+    expects: "whole seconds from 1 to 31536000 (365 days)",
+    test: |v| match v {
+        Some(1..=31_536_000) | None => Ok(()),
+        Some(_) => Err("out of range".into()),
+    },
+};
+
+/// Which protocols NCCL_PROTO allows (LL, Simple), NCCL's syntax: a
+/// comma-separated list of LL, LL128 and Simple, case-insensitive, or
+/// `^` and the ones to leave out. Unset or empty: both.
+pub fn protocols(proto: Option<&str>) -> Result<(bool, bool)> {
+    let s = proto.unwrap_or("");
+    parse_protocols(s).map_err(|why| Error::InvalidArgument(format!("NCCL_PROTO={s:?}: {why}")))
+}
+
+fn parse_protocols(s: &str) -> std::result::Result<(bool, bool), String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok((true, true));
+    }
+    let (exclude, list) = match s.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, s),
+    };
+    let (mut ll, mut simple) = (false, false);
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match name.to_ascii_lowercase().as_str() {
+            "ll" => ll = true,
+            "simple" => simple = true,
+            "ll128" => {}
+            _ => return Err(format!("{name:?} is no protocol (LL, LL128, Simple)")),
+        }
+    }
+    let (ll, simple) = if exclude {
+        (!ll, !simple)
+    } else {
+        (ll, simple)
+    };
+    if !ll && !simple {
+        return Err("it leaves neither LL nor Simple, the protocols oxccl's kernels run".into());
+    }
+    Ok((ll, simple))
+}
+
+/// How a setting is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// By the core into [`Config`], per communicator, with NCCL's precedence.
+    Config,
+    /// From the process environment through [`ox`]; checked by every
+    /// [`Config::load`].
+    Env,
+    /// From the process environment by a crate that cannot link the core,
+    /// which checks it itself.
+    Own,
+}
+
+/// What a setting is about: one section of docs/settings.md each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Subject {
+    Bootstrap,
+    Logging,
+    Collectives,
+    Transports,
+    Plugins,
+    SocketNet,
+    IbNet,
+    HostPath,
+    DevicePath,
+    SharedGpu,
+    Tuner,
+    Profiler,
+    Cli,
+}
+
+impl Subject {
+    pub const ALL: [Subject; 13] = [
+        Subject::Bootstrap,
+        Subject::Logging,
+        Subject::Collectives,
+        Subject::Transports,
+        Subject::Plugins,
+        Subject::SocketNet,
+        Subject::IbNet,
+        Subject::HostPath,
+        Subject::DevicePath,
+        Subject::SharedGpu,
+        Subject::Tuner,
+        Subject::Profiler,
+        Subject::Cli,
+    ];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Subject::Bootstrap => "Bootstrap, sockets and time limits",
+            Subject::Logging => "Logging",
+            Subject::Collectives => "Algorithms, protocols and channels",
+            Subject::Transports => "Transports between ranks",
+            Subject::Plugins => "Plugins and configuration files",
+            Subject::SocketNet => "Socket network (oxccl-net-socket)",
+            Subject::IbNet => "InfiniBand and RoCE network (oxccl-net-ib)",
+            Subject::HostPath => "Host memory: the direct path",
+            Subject::DevicePath => "GPU memory: the device path",
+            Subject::SharedGpu => "Ranks sharing a GPU",
+            Subject::Tuner => "Tuner plugin (oxccl-tuner)",
+            Subject::Profiler => "Profiler plugin (oxccl-profiler)",
+            Subject::Cli => "The oxccl command",
+        }
+    }
+}
+
+/// One declared setting.
 #[derive(Debug, Clone, Copy)]
 pub struct ParamDef {
-    /// Key without prefix; the environment variable is `NCCL_<key>`.
+    /// The key [`Config`] knows it by: without `NCCL_` for the NCCL_
+    /// settings of the core, else the whole name.
     pub key: &'static str,
+    /// The environment variable.
+    pub name: &'static str,
+    /// The value when unset (`""`: unset, the doc says what that means).
     pub default: &'static str,
     pub doc: &'static str,
+    /// What a value must be.
+    pub expects: &'static str,
+    pub read: Read,
+    /// The crates that read it.
+    pub by: &'static str,
+    pub subject: Subject,
 }
 
 impl ParamDef {
     pub fn env_name(&self) -> String {
-        format!("NCCL_{}", self.key)
+        self.name.to_string()
     }
 }
 
-/// One resolved parameter.
+/// One resolved setting.
 #[derive(Debug, Clone)]
 pub struct Entry {
     pub def: ParamDef,
@@ -134,104 +327,429 @@ pub struct Entry {
     pub source: Source,
 }
 
-macro_rules! params {
-    ($( $(#[doc = $doc:literal])* $field:ident : $ty:ty = $key:literal, $default:literal; )*) => {
-        /// Every parameter oxccl reads.
-        pub const PARAMS: &[ParamDef] = &[
-            $( ParamDef { key: $key, default: $default, doc: concat!($($doc),*) }, )*
+const fn pick(over: &[&'static str], default: &'static str) -> &'static str {
+    if over.is_empty() {
+        default
+    } else {
+        over[0]
+    }
+}
+
+/// Parses `value` of `def` (`source`: where it came from, for the message)
+/// with its type's parser and its checks.
+fn resolve<T: ParamValue>(
+    def: &ParamDef,
+    value: &str,
+    source: &Source,
+    checks: &[&Check<T>],
+) -> Result<T> {
+    let fail = |why: Option<String>| {
+        let why = why.map(|w| format!("{w}; ")).unwrap_or_default();
+        Error::InvalidArgument(format!(
+            "{}={value:?} (from {source}): {why}expected {}",
+            def.name, def.expects
+        ))
+    };
+    let v = T::parse(value).ok_or_else(|| fail(None))?;
+    for c in checks {
+        (c.test)(&v).map_err(|why| fail(Some(why)))?;
+    }
+    Ok(v)
+}
+
+/// The value of an `OXCCL_` setting from `get` (the process environment, or
+/// a test's); where unset or blank, `unset` parsed: the row's default, not
+/// the value it shows (`""`, None, for a row whose default lives with its
+/// reader, as DeviceConfig's), and the shown default as its text.
+fn from_env<T: ParamValue>(
+    def: &ParamDef,
+    unset: &str,
+    get: &dyn Fn(&str) -> std::result::Result<String, std::env::VarError>,
+    checks: &[&Check<T>],
+) -> Result<(T, String, Source)> {
+    match get(def.name) {
+        Ok(v) if !v.trim().is_empty() => {
+            resolve(def, &v, &Source::Env, checks).map(|t| (t, v, Source::Env))
+        }
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::InvalidArgument(format!(
+            "{}={v:?} (from env): not UTF-8; expected {}",
+            def.name, def.expects
+        ))),
+        _ => resolve(def, unset, &Source::Default, checks)
+            .map(|t| (t, def.default.to_string(), Source::Default)),
+    }
+}
+
+macro_rules! settings {
+    (
+        config {
+            $( $(#[doc = $cdoc:literal])*
+               $cfield:ident : $cty:ty = $ckey:literal, $cdefault:literal in $csubject:ident
+               $(, check $ccheck:expr)? $(, by $cby:literal)? ; )*
+        }
+        env {
+            $( $(#[doc = $edoc:literal])*
+               $efield:ident : $ety:ty = $ename:literal, $edefault:literal in $esubject:ident
+               $(, shown $eshown:literal)? $(, check $echeck:expr)? $(, by $eby:literal)? ; )*
+        }
+        own {
+            $( $(#[doc = $odoc:literal])*
+               $oname:literal = $odefault:literal in $osubject:ident,
+               expects $oexpects:literal, by $oby:literal ; )*
+        }
+    ) => {
+        /// Every setting: the core's NCCL_ ones ([`PARAMS`]), then the
+        /// OXCCL_ ones read through [`ox`], then those read by crates that
+        /// cannot link the core.
+        pub const SETTINGS: &[ParamDef] = &[
+            $( ParamDef {
+                key: $ckey,
+                name: concat!("NCCL_", $ckey),
+                default: $cdefault,
+                doc: concat!($($cdoc),*),
+                expects: pick(&[$($ccheck.expects)?], <$cty as ParamValue>::EXPECTS),
+                read: Read::Config,
+                by: pick(&[$($cby)?], "oxccl"),
+                subject: Subject::$csubject,
+            }, )*
+            $( ParamDef {
+                key: $ename,
+                name: $ename,
+                default: pick(&[$($eshown)?], $edefault),
+                doc: concat!($($edoc),*),
+                expects: pick(&[$($echeck.expects)?], <$ety as ParamValue>::EXPECTS),
+                read: Read::Env,
+                by: pick(&[$($eby)?], "oxccl"),
+                subject: Subject::$esubject,
+            }, )*
+            $( ParamDef {
+                key: $oname,
+                name: $oname,
+                default: $odefault,
+                doc: concat!($($odoc),*),
+                expects: $oexpects,
+                read: Read::Own,
+                by: $oby,
+                subject: Subject::$osubject,
+            }, )*
         ];
+
+        /// The NCCL_ settings of the core, resolved into [`Config`] (and
+        /// NCCL's parameter API in the C API).
+        pub const PARAMS: &[ParamDef] = SETTINGS.split_at([$($ckey),*].len()).0;
 
         /// The resolved settings of one communicator.
         #[derive(Debug, Clone)]
         pub struct Config {
-            $( $(#[doc = $doc])* pub $field: $ty, )*
+            $( $(#[doc = $cdoc])* pub $cfield: $cty, )*
             entries: BTreeMap<&'static str, Entry>,
+            /// The OXCCL_ settings, as [`Config::load`] found them.
+            env: Vec<Entry>,
         }
 
         impl Config {
             fn from_raw(raw: &BTreeMap<&'static str, (String, Source)>) -> Result<Config> {
                 let mut entries = BTreeMap::new();
                 $(
-                    let def = ParamDef { key: $key, default: $default, doc: concat!($($doc),*) };
+                    let def = *lookup($ckey).expect("declared");
                     let (value, source) = raw
-                        .get($key)
+                        .get($ckey)
                         .cloned()
-                        .unwrap_or_else(|| ($default.to_string(), Source::Default));
-                    let $field = <$ty as ParamValue>::parse(&value).map_err(|why| {
-                        Error::InvalidArgument(format!(
-                            "NCCL_{} (from {}): {}", $key, source, why
-                        ))
-                    })?;
-                    entries.insert($key, Entry { def, value, source });
+                        .unwrap_or_else(|| ($cdefault.to_string(), Source::Default));
+                    let $cfield = resolve::<$cty>(&def, &value, &source, &[$(&$ccheck)?])?;
+                    entries.insert($ckey, Entry { def, value, source });
                 )*
-                Ok(Config { $( $field, )* entries })
+                Ok(Config { $( $cfield, )* entries, env: Vec::new() })
+            }
+        }
+
+        /// The OXCCL_ settings read by the core, the C API and the CLI, each
+        /// from the process environment (never the env plugin or a file),
+        /// its default where unset or blank, and an
+        /// [`Error::InvalidArgument`] naming it where its value does not
+        /// parse.
+        pub mod ox {
+            use super::*;
+
+            $(
+                $(#[doc = $edoc])*
+                pub fn $efield() -> Result<$ety> {
+                    read::$efield(&|k| std::env::var(k)).map(|(v, _, _)| v)
+                }
+            )*
+
+            /// Each setting from a given environment (tests), with its
+            /// text and source.
+            pub(super) mod read {
+                use super::super::*;
+                pub type Get<'a> = &'a dyn Fn(&str) -> std::result::Result<String, std::env::VarError>;
+                $(
+                    pub fn $efield(get: Get<'_>) -> Result<($ety, String, Source)> {
+                        from_env::<$ety>(
+                            setting($ename).expect("declared"),
+                            $edefault,
+                            get,
+                            &[$(&$echeck)?],
+                        )
+                    }
+                )*
+            }
+
+            /// Every one of them, checked, as `oxccl info` lists them.
+            pub(super) fn entries(get: read::Get<'_>) -> Result<Vec<Entry>> {
+                let mut all = Vec::new();
+                $(
+                    let (_, value, source) = read::$efield(get)?;
+                    all.push(Entry { def: *setting($ename).expect("declared"), value, source });
+                )*
+                Ok(all)
             }
         }
     };
 }
 
-params! {
-    /// host:port of the bootstrap root, replacing the address in the unique id.
-    comm_id: Option<String> = "COMM_ID", "";
-    /// Interfaces to use: prefix list, `^` to exclude, `=` for exact names.
-    socket_ifname: Option<String> = "SOCKET_IFNAME", "";
-    /// Address family of the interfaces: AF_INET, AF_INET6 or empty for either.
-    socket_family: Option<String> = "SOCKET_FAMILY", "";
-    /// Sockets per helper thread of the socket network (read by the network itself; unset: 2 on 8+ cores, else 1).
-    nsocks_perthread: Option<String> = "NSOCKS_PERTHREAD", "";
-    /// Helper threads per connection of the socket network (unset: 2 on 8+ cores, else 0: the caller's thread moves the data).
-    socket_nthreads: Option<String> = "SOCKET_NTHREADS", "";
-    /// File holding a 256-bit key as 64 hex digits (`oxccl keygen`): every bootstrap and socket-network connection is then authenticated with it and encrypted (Noise NNpsk0, AES-128-GCM records); peers without it are refused. Environment only. Unset: traffic in clear.
-    socket_key_file: Option<String> = "SOCKET_KEY_FILE", "";
-    /// Seconds an operation or the bootstrap may wait on a peer before failing with the ranks it waited for.
-    timeout_s: f64 = "TIMEOUT", "300";
-    /// Logging: VERSION, WARN, INFO, TRACE (NCCL's levels).
-    debug: Option<String> = "DEBUG", "";
-    /// Subsystems logged: INIT,COLL,P2P,NET,BOOTSTRAP,ENV,ALL; `^` excludes.
-    debug_subsys: Option<String> = "DEBUG_SUBSYS", "";
-    /// File the log goes to instead of stderr; %h is the host name, %p the process id, %% a percent sign.
-    debug_file: Option<String> = "DEBUG_FILE", "";
-    /// Algorithm for collectives: Ring or Tree (recursive doubling); empty lets the cost model choose.
-    algo: Option<String> = "ALGO", "";
-    /// Protocols the device path may use: LL and Simple (NCCL's list syntax, `^` excludes); unset: LL for operations of up to 4 KiB per rank where some peer is reached through host memory (network or shared memory), Simple otherwise. Rank 0's is taken.
-    proto: Option<String> = "PROTO", "";
-    /// Network plugin library: a name (`foo` loads libnccl-net-foo.so), a path, or `none`; unset tries libnccl-net.so.
-    net_plugin: Option<String> = "NET_PLUGIN", "";
-    /// Tuner plugin library: a name (`foo` loads libnccl-tuner-foo.so), a path, or `none`; unset tries libnccl-tuner.so, then the net plugin library.
-    tuner_plugin: Option<String> = "TUNER_PLUGIN", "";
-    /// Profiler plugin library: a name (`foo` loads libnccl-profiler-foo.so), a path, or `none`; unset tries libnccl-profiler.so.
-    profiler_plugin: Option<String> = "PROFILER_PLUGIN", "";
-    /// 1: GPUs never map each other's memory; the kernels reach peers of this host through shared host memory (or the network with SHM_DISABLE).
-    p2p_disable: bool = "P2P_DISABLE", "0";
-    /// Farthest PCIe path between a GPU and a NIC over which the network reads and writes GPU memory (GPUDirect): LOC, PIX, PXB, PHB or SYS; unset: PXB. Needs a plugin reporting CUDA pointer support.
-    net_gdr_level: Option<String> = "NET_GDR_LEVEL", "";
-    /// 0: GPUDirect never registers GPU memory as a dma-buf (regMrDmaBuf), even where the network reports NCCL_PTR_DMABUF and the GPU can export one.
-    dmabuf_enable: bool = "DMABUF_ENABLE", "1";
-    /// 1: no shared-memory transport: ranks of one host connect through the network. Set on either rank of a pair, it holds for the pair.
-    shm_disable: bool = "SHM_DISABLE", "0";
-    /// Bytes of a shared-memory connection's ring: 8 slots (NCCL_STEPS) of BUFFSIZE/8 bytes.
-    buffsize: u64 = "BUFFSIZE", "4M";
-    /// Network to use by name (e.g. Socket); empty takes the first that has devices.
-    net: Option<String> = "NET", "";
-    /// Smallest number of channels (parallel lanes per collective).
-    min_nchannels: u64 = "MIN_NCHANNELS", "1";
-    /// Largest number of channels.
-    max_nchannels: u64 = "MAX_NCHANNELS", "2";
-    /// Bytes of one pipelined slice on the network.
-    chunk_size: u64 = "CHUNK_SIZE", "1M";
-    /// Configuration file in KEY=VALUE form (replaces ~/.nccl.conf and /etc/nccl.conf).
-    conf_file: Option<String> = "CONF_FILE", "";
-    /// This host's identity when counting nodes (ranks with the same one are on one node); empty: host name and boot id.
-    hostid: Option<String> = "HOSTID", "";
-    /// 1: a communicator's splits share its network context (NCCL's splitShare); 0: each split makes its own. Replaces the config's split_share where set, as in NCCL; unset: the config's, else 0.
-    comm_split_share_resources: Option<bool> = "COMM_SPLIT_SHARE_RESOURCES", "";
-    /// 1: a communicator's shrinks (NCCL_SHRINK_DEFAULT, not revoked) share its network context (NCCL's shrinkShare); 0: each makes its own. Replaces the config's shrink_share where set; unset: the config's, else 0.
-    comm_shrink_share_resources: Option<bool> = "COMM_SHRINK_SHARE_RESOURCES", "";
+settings! {
+    config {
+        /// host:port of the bootstrap root, replacing the address in the unique id.
+        comm_id: Option<String> = "COMM_ID", "" in Bootstrap;
+        /// Interfaces to use: prefix list, `^` to exclude, `=` for exact names.
+        socket_ifname: Option<String> = "SOCKET_IFNAME", "" in Bootstrap,
+            by "oxccl, oxccl-net-socket, oxccl-net-ib (through oxccl-netif)";
+        /// Address family of the interfaces: AF_INET, AF_INET6 or empty for either.
+        socket_family: Option<String> = "SOCKET_FAMILY", "" in Bootstrap, check FAMILY,
+            by "oxccl, oxccl-net-socket, oxccl-net-ib (through oxccl-netif)";
+        /// Sockets per helper thread of the socket network (read by the network itself, from the process environment; unset: 2 on 8+ cores, else 1).
+        nsocks_perthread: Option<String> = "NSOCKS_PERTHREAD", "" in SocketNet, by "oxccl-net-socket";
+        /// Helper threads per connection of the socket network (read by the network itself, from the process environment; unset: 2 on 8+ cores, 4 there with NCCL_SOCKET_KEY_FILE, else 0: the caller's thread moves the data).
+        socket_nthreads: Option<String> = "SOCKET_NTHREADS", "" in SocketNet, by "oxccl-net-socket";
+        /// File holding a 256-bit key as 64 hex digits (`oxccl keygen`): every bootstrap and socket-network connection is then authenticated with it and encrypted (Noise NNpsk0, AES-128-GCM records); peers without it are refused. Environment only. Unset: traffic in clear.
+        socket_key_file: Option<String> = "SOCKET_KEY_FILE", "" in Bootstrap,
+            by "oxccl, oxccl-net-socket (through oxccl-secure)";
+        /// Seconds an operation or the bootstrap may wait on a peer before failing with the ranks it waited for; where set, also the kernels' wait (OXCCL_DEV_TIMEOUT_S). oxccl's own: NCCL has no such setting.
+        timeout_s: f64 = "TIMEOUT", "300" in Bootstrap;
+        /// Logging: VERSION, WARN, INFO, TRACE (NCCL's levels).
+        debug: Option<String> = "DEBUG", "" in Logging;
+        /// Subsystems logged: INIT,COLL,P2P,NET,BOOTSTRAP,ENV,ALL; `^` excludes.
+        debug_subsys: Option<String> = "DEBUG_SUBSYS", "" in Logging;
+        /// File the log goes to instead of stderr; %h is the host name, %p the process id, %% a percent sign.
+        debug_file: Option<String> = "DEBUG_FILE", "" in Logging;
+        /// Algorithm for collectives: Ring or Tree (recursive doubling); empty lets the cost model choose.
+        algo: Option<String> = "ALGO", "" in Collectives;
+        /// Protocols the device path may use: LL and Simple (NCCL's list syntax, `^` excludes); unset: LL for operations of up to 4 KiB per rank where some peer is reached through host memory (network or shared memory), Simple otherwise. Rank 0's is taken.
+        proto: Option<String> = "PROTO", "" in Collectives;
+        /// Network plugin library: a name (`foo` loads libnccl-net-foo.so), a path, or `none`; unset tries libnccl-net.so.
+        net_plugin: Option<String> = "NET_PLUGIN", "" in Plugins;
+        /// Tuner plugin library: a name (`foo` loads libnccl-tuner-foo.so), a path, or `none`; unset tries libnccl-tuner.so, then the net plugin library.
+        tuner_plugin: Option<String> = "TUNER_PLUGIN", "" in Plugins;
+        /// Profiler plugin library: a name (`foo` loads libnccl-profiler-foo.so), a path, or `none`; unset tries libnccl-profiler.so.
+        profiler_plugin: Option<String> = "PROFILER_PLUGIN", "" in Plugins;
+        /// 1: GPUs never map each other's memory; the kernels reach peers of this host through shared host memory (or the network with SHM_DISABLE).
+        p2p_disable: bool = "P2P_DISABLE", "0" in Transports;
+        /// Farthest PCIe path between a GPU and a NIC over which the network reads and writes GPU memory (GPUDirect): LOC, PIX, PXB, PHB or SYS; unset: PXB. Needs a plugin reporting CUDA pointer support.
+        net_gdr_level: Option<String> = "NET_GDR_LEVEL", "" in Transports;
+        /// 0: GPUDirect never registers GPU memory as a dma-buf (regMrDmaBuf), even where the network reports NCCL_PTR_DMABUF and the GPU can export one.
+        dmabuf_enable: bool = "DMABUF_ENABLE", "1" in Transports;
+        /// 1: no shared-memory transport: ranks of one host connect through the network. Set on either rank of a pair, it holds for the pair.
+        shm_disable: bool = "SHM_DISABLE", "0" in Transports;
+        /// Bytes of a connection's ring through host memory (shared memory or the network): 8 slots (NCCL_STEPS) of BUFFSIZE/8 bytes.
+        buffsize: u64 = "BUFFSIZE", "4M" in Collectives;
+        /// Network to use by name (e.g. Socket); empty takes the first that has devices.
+        net: Option<String> = "NET", "" in Transports;
+        /// Smallest number of channels (parallel lanes per collective).
+        min_nchannels: u64 = "MIN_NCHANNELS", "1" in Collectives;
+        /// Largest number of channels.
+        max_nchannels: u64 = "MAX_NCHANNELS", "2" in Collectives;
+        /// Bytes of one pipelined slice on the network.
+        chunk_size: u64 = "CHUNK_SIZE", "1M" in Collectives;
+        /// Configuration file in KEY=VALUE form (replaces ~/.nccl.conf and /etc/nccl.conf); read from the process environment only, as NCCL does.
+        conf_file: Option<String> = "CONF_FILE", "" in Plugins;
+        /// This host's identity when counting nodes (ranks with the same one are on one node); empty: host name and boot id.
+        hostid: Option<String> = "HOSTID", "" in Bootstrap;
+        /// 1: a communicator's splits share its network context (NCCL's splitShare); 0: each split makes its own. Replaces the config's split_share where set, as in NCCL; unset: the config's, else 0.
+        comm_split_share_resources: Option<bool> = "COMM_SPLIT_SHARE_RESOURCES", "" in Transports;
+        /// 1: a communicator's shrinks (NCCL_SHRINK_DEFAULT, not revoked) share its network context (NCCL's shrinkShare); 0: each makes its own. Replaces the config's shrink_share where set; unset: the config's, else 0.
+        comm_shrink_share_resources: Option<bool> = "COMM_SHRINK_SHARE_RESOURCES", "" in Transports;
+    }
+    env {
+        /// 1: communicators made through the C API run on host memory even where GPUs exist (NCCL has no such mode); 0: on the GPU the CUDA runtime would use, host memory only where there is none.
+        host_memory: bool = "OXCCL_HOST_MEMORY", "0" in Transports, by "oxccl-capi";
+        /// 0: host-memory collectives between processes of one host never read each other's buffers directly (process_vm_readv), only through the shared-memory rings. Any rank's 0 turns it off for all.
+        host_direct: bool = "OXCCL_HOST_DIRECT", "1" in HostPath;
+        /// Smallest collective (bytes) the direct path takes, broadcast's and reduce's included; unset: 512K, or everything above the inline size where the host has fewer cores than ranks (broadcast and reduce: 512K). Rank 0's is taken.
+        host_direct_min: Option<u64> = "OXCCL_HOST_DIRECT_MIN", "" in HostPath;
+        /// Threads each rank copies with on the direct path; unset: the host's cores shared among its ranks, at most 8, fewer for small calls.
+        host_direct_threads: Option<u64> = "OXCCL_HOST_DIRECT_THREADS", "" in HostPath, check THREADS;
+        /// Bytes per slice of a direct all_reduce (0: whole parts; less than one reduction chunk is raised to it); unset: 1M slices once the ranks' inputs outgrow four times the last-level cache, whole parts below. Rank 0's is taken.
+        host_direct_slice: Option<u64> = "OXCCL_HOST_DIRECT_SLICE", "" in HostPath;
+        /// 1: the direct path's reads go through a thread's scratch with streaming stores; 0: never; unset: once the ranks' buffers outgrow half the last-level cache, on 4 ranks or more with 8 threads or more.
+        host_direct_stream: Option<bool> = "OXCCL_HOST_DIRECT_STREAM", "" in HostPath;
+        /// Largest point-to-point message (bytes) the direct path carries; larger ones take the rings. Unset: every message where a rank has 2 threads or more, else up to 1M. Rank 0's is taken.
+        host_direct_p2p_max: Option<u64> = "OXCCL_HOST_DIRECT_P2P_MAX", "" in HostPath;
+        /// Channels of a window (the most thread blocks a collective uses): a count, or `auto` for the link between the ranks' GPUs (within NCCL_MIN_NCHANNELS and NCCL_MAX_NCHANNELS where set). Windows with peers through host memory take 4 (network) or 8 (shared memory), or NCCL_MAX_NCHANNELS.
+        dev_channels: Option<AutoOr> = "OXCCL_DEV_CHANNELS", "" in DevicePath, shown "128";
+        /// Threads per block: a multiple of 32 from 64 to 1024.
+        dev_threads: Option<u64> = "OXCCL_DEV_THREADS", "" in DevicePath, shown "512";
+        /// FIFO slots per connection and channel, 1 to 64 (windows with peers through host memory: 8, NCCL_STEPS).
+        dev_slots: Option<u64> = "OXCCL_DEV_SLOTS", "" in DevicePath, shown "8";
+        /// Bytes per FIFO slot, the most one slice carries: a multiple of 16 up to 64M (windows with peers through host memory: NCCL_BUFFSIZE / 8).
+        dev_slot_bytes: Option<u64> = "OXCCL_DEV_SLOT_BYTES", "" in DevicePath, shown "256K";
+        /// Slices each step of a channel moves before the next step moves: 1, or at most half the slots (windows with peers through host memory: half the slots).
+        dev_group: Option<u64> = "OXCCL_DEV_GROUP", "" in DevicePath, shown "1";
+        /// A channel is added per this many bytes of data, so that small operations use few blocks.
+        dev_channel_bytes: Option<u64> = "OXCCL_DEV_CHANNEL_BYTES", "" in DevicePath, shown "32K";
+        /// Smallest slice (bytes) worth a FIFO round (flags, fences), unless the data is smaller.
+        dev_min_slice_bytes: Option<u64> = "OXCCL_DEV_MIN_SLICE_BYTES", "" in DevicePath, shown "64K";
+        /// Seconds a kernel waits for a peer before it traps, so that a dead peer ends in an error rather than a hung GPU; unset: NCCL_TIMEOUT where that is set, else 120.
+        dev_timeout_s: Option<u64> = "OXCCL_DEV_TIMEOUT_S", "" in DevicePath, shown "120", check DEV_TIMEOUT;
+        /// Operations of at most this many bytes per rank take the LL protocol where the window has an LL FIFO (NCCL_PROTO: 0 with Simple alone, every size with LL alone; rank 0's is taken).
+        dev_ll_bytes: Option<u64> = "OXCCL_DEV_LL_BYTES", "" in DevicePath, shown "4K";
+        /// Bytes per slot of the LL FIFO of windows with peers through host memory (16-byte lines, half of them data): 0 (none) or a multiple of 16 from 32 to 1M.
+        dev_ll_slot_bytes: Option<u64> = "OXCCL_DEV_LL_SLOT_BYTES", "" in DevicePath, shown "8K";
+        /// Directory of compiled kernels, or `none` for no cache; unset: $XDG_CACHE_HOME/oxccl/kernels, else ~/.cache/oxccl/kernels.
+        cache_dir: Option<String> = "OXCCL_CACHE_DIR", "" in DevicePath;
+        /// Where all ranks share one GPU from several processes: `leader` runs each collective as one launch of rank 0's over every rank's buffers, `kernels` runs every rank's ring kernels; unset: leader, but under MPS (whose kernels run together) kernels. Ranks of one process always take leader.
+        shared_gpu: Option<String> = "OXCCL_SHARED_GPU", "" in SharedGpu, check SHARED_GPU;
+        /// Send/recv between processes sharing a GPU: `pull` (each receiver pulls with its own kernel), `leader` (rank 0's stream carries its own messages, the others pull), `server` (a thread of rank 0 also copies the others' messages; refused under CUDA_DEVICE_MAX_CONNECTIONS=1); unset: leader. Rank 0's is taken.
+        shared_p2p: Option<String> = "OXCCL_SHARED_P2P", "" in SharedGpu, check SHARED_P2P;
+        /// Microseconds rank 0's send waits for the receiver to ask for a message before letting it pull.
+        shared_push_wait_us: u64 = "OXCCL_SHARED_PUSH_WAIT_US", "200" in SharedGpu;
+        /// 0: where ranks of several processes share GPUs, collectives run on every rank's ring kernels instead of in steps (a reduce on each GPU, one rank per GPU among GPUs, a broadcast on each GPU).
+        hier: bool = "OXCCL_HIER", "1" in SharedGpu;
+        /// 0: `oxccl perf`'s host buffers come from the heap instead of transparent huge pages (2 MiB and larger buffers).
+        perf_hugepages: bool = "OXCCL_PERF_HUGEPAGES", "1" in Cli, by "oxccl-cli";
+    }
+    own {
+        /// The environment plugin library: a name (`foo` loads libnccl-env-foo.so), a path, or `none`. Read with getenv before any plugin, as NCCL does.
+        "NCCL_ENV_PLUGIN" = "" in Plugins, expects "a library name, a path, or none", by "oxccl";
+        /// oxccl's TOML configuration file; its `[env]` table gives NCCL_ settings below the environment and above NCCL_CONF_FILE, and our env plugin serves it to NCCL. Environment only.
+        "OXCCL_CONFIG" = "" in Plugins, expects "a path to a TOML file",
+            by "oxccl, oxccl-env (through oxccl-plugin)";
+        /// 1: the IB network offers no device.
+        "NCCL_IB_DISABLE" = "0" in IbNet, expects "0 or 1", by "oxccl-net-ib";
+        /// HCAs and ports to use: `mlx5_0:1,mlx5_1`, `^` to exclude, `=` for exact names; unset: every active port.
+        "NCCL_IB_HCA" = "" in IbNet, expects "a list of HCA[:port], with ^ or = in front", by "oxccl-net-ib";
+        /// GID index of RoCE ports; -1 or unset: chosen per port (RoCE v2, IPv4 first).
+        "NCCL_IB_GID_INDEX" = "-1" in IbNet, expects "a whole number from -1 to 255", by "oxccl-net-ib";
+        /// Traffic class of RoCE packets.
+        "NCCL_IB_TC" = "0" in IbNet, expects "a whole number from -1 to 255", by "oxccl-net-ib";
+        /// InfiniBand service level.
+        "NCCL_IB_SL" = "0" in IbNet, expects "a whole number from -1 to 15", by "oxccl-net-ib";
+        /// ACK timeout: 4.096 us x 2^value.
+        "NCCL_IB_TIMEOUT" = "20" in IbNet, expects "a whole number from 1 to 31", by "oxccl-net-ib";
+        /// Retransmissions before a send fails.
+        "NCCL_IB_RETRY_CNT" = "7" in IbNet, expects "a whole number from 0 to 7", by "oxccl-net-ib";
+        /// QPs one connection spreads its requests over.
+        "NCCL_IB_QPS_PER_CONNECTION" = "1" in IbNet, expects "a whole number from 1 to 16", by "oxccl-net-ib";
+        /// 0: ports of one NIC are separate devices.
+        "NCCL_IB_MERGE_NICS" = "1" in IbNet, expects "0 or 1", by "oxccl-net-ib";
+        /// Partition key index.
+        "NCCL_IB_PKEY" = "0" in IbNet, expects "a whole number from 0 to 65535", by "oxccl-net-ib";
+        /// 1: receives into GPU memory are not flushed.
+        "NCCL_GDR_FLUSH_DISABLE" = "0" in IbNet, expects "0 or 1", by "oxccl-net-ib";
+        /// Seconds connect and accept wait for the peer's side of the set-up before failing (NCCL has no bound of its own there).
+        "OXCCL_IB_CONNECT_TIMEOUT" = "60" in IbNet, expects "a whole number from 1 to 3600", by "oxccl-net-ib";
+        /// The tuner's rules file; unset: NCCL_TUNER_CONFIG_FILE, else no rules (the cost model decides).
+        "OXCCL_TUNER_CONFIG" = "" in Tuner, expects "a path to a TOML rules file", by "oxccl-tuner";
+        /// The tuner's rules file where OXCCL_TUNER_CONFIG is unset (NCCL's example tuner's name for it).
+        "NCCL_TUNER_CONFIG_FILE" = "" in Tuner, expects "a path to a TOML rules file", by "oxccl-tuner";
+        /// Events recorded, as NCCL_PROFILE_* bits (decimal or 0x hex); 7: groups, collectives and send/recv.
+        "NCCL_PROFILE_EVENT_MASK" = "7" in Profiler, expects "a number, decimal or 0x hex", by "oxccl-profiler";
+        /// Directory of the Chrome traces, `oxccl-trace-<host>-<pid>-rank<r>.json`; unset: NCCL_PROFILE_DUMP_FILE, else the current directory.
+        "OXCCL_PROFILER_DIR" = "" in Profiler, expects "a directory", by "oxccl-profiler";
+        /// Traces go to `<prefix>-<rank>.json`, as NCCL's example profiler's (where OXCCL_PROFILER_DIR is unset).
+        "NCCL_PROFILE_DUMP_FILE" = "" in Profiler, expects "a path prefix", by "oxccl-profiler";
+    }
 }
 
+/// The declared setting named `name` (the whole variable name).
+pub fn setting(name: &str) -> Option<&'static ParamDef> {
+    SETTINGS.iter().find(|d| d.name == name)
+}
+
+/// Whether the OXCCL_ setting `name` is set (not blank) in the process
+/// environment; its value is checked by [`ox`].
+pub fn env_is_set(name: &str) -> bool {
+    debug_assert!(setting(name).is_some(), "{name} is not declared");
+    std::env::var_os(name).is_some_and(|v| !v.to_string_lossy().trim().is_empty())
+}
+
+/// Variables that tests, tools and oxccl's own launchers read: not settings
+/// of the library, each with why it exists.
+pub const TOOL_VARIABLES: &[(&str, &str)] = &[
+    ("OXCCL_RANK", "set by `oxccl perf --ranks N` and `oxccl recover` for each rank they start: its rank"),
+    ("OXCCL_NRANKS", "set by the same launchers: the number of ranks"),
+    ("OXCCL_UNIQUE_ID", "set by the same launchers: the communicator's unique id in hex"),
+    ("OXCCL_RECOVER_MARK", "set by `oxccl recover` for its ranks: the file a rank marks its progress in"),
+    ("OXCCL_TEST_CHILD", "marks a test's own child process (tests/src)"),
+    ("OXCCL_NETNS_CHILD", "marks a multi-host test's child inside a network namespace"),
+    ("OXCCL_FAKE_VERBS_CHILD", "marks net-ib's fake-verbs test child"),
+    ("OXCCL_NET_IB_DLOPEN_CHILD", "marks net-ib's dlopen test child"),
+    ("OXCCL_NVTX_TEST_CHILD", "marks the profiler's NVTX test child"),
+    ("OXCCL_TEST_IPC_PORT", "marks the CUDA IPC test's child and gives it the parent's port"),
+    ("OXCCL_TEST_MARK", "a multi-host test's progress file"),
+    ("OXCCL_TEST_SHRINK", "which shrink a multi-host test's child runs"),
+    ("OXCCL_TEST_RANK", "the C API test programs' rank"),
+    ("OXCCL_TEST_NRANKS", "the C API test programs' number of ranks"),
+    ("OXCCL_TEST_SEED", "the C API test programs' random seed"),
+    ("OXCCL_FIXTURES", "set at build time by tests/build.rs: the directory of the C fixtures"),
+    ("OXCCL_NCCL_SRC", "an NCCL source tree or git dir the third-party tests build from"),
+    ("OXCCL_OFI_SRC", "an aws-ofi-nccl source tree or git dir its test builds from"),
+    ("OXCCL_FASTSOCKET_SRC", "a nccl-fastsocket source tree or git dir its test builds from"),
+    ("NCCL_SRC", "passed to third-party plugins' builds: the NCCL headers they compile against"),
+    ("OXCCL_BLESS_HEADER", "1: the header test rewrites capi/include/nccl.h instead of comparing"),
+    ("OXCCL_KEEP_TRACES", "set: profiler tests keep their traces to open in a viewer"),
+    ("OXCCL_BIN", "the `oxccl` binary GPU tests run where they run on another machine than they were built on"),
+    ("OXCCL_EXPECT_NVLINK", "NVLinks the topology test expects between two GPUs"),
+    ("OXCCL_NVTX_LOG", "the file the stand-in NVTX tool of the profiler's tests logs to"),
+];
+
+/// Quoted names that are not variables oxccl reads, each with why it is
+/// quoted. A name ending in `_` is a prefix (of names built with format!).
+pub const NOT_VARIABLES: &[(&str, &str)] = &[
+    (
+        "NCCL_PTR_HOST",
+        "NCCL's pointer-support flag, named in messages",
+    ),
+    (
+        "NCCL_PTR_DMABUF",
+        "NCCL's pointer-support flag, named in messages",
+    ),
+    (
+        "NCCL_NVLS_ENABLE",
+        "NCCL's own setting, set for NCCL in comparisons",
+    ),
+    (
+        "NCCL_INSPECTOR_ENABLE",
+        "NCCL's inspector plugin's, set in its test",
+    ),
+    (
+        "NCCL_INSPECTOR_DUMP_DIR",
+        "NCCL's inspector plugin's, set in its test",
+    ),
+    (
+        "NCCL_PROFILE_PROXY_CTRL_POOL_SIZE",
+        "NCCL's example profiler's, set in its test",
+    ),
+    (
+        "NCCL_PROFILE_",
+        "NCCL_PROFILE_<EVENT>_POOL_SIZE: NCCL's example profiler's, set in its test",
+    ),
+    ("NCCL_A", "made up by the env plugin's tests"),
+    ("NCCL_B", "made up by the env plugin's tests"),
+    ("NCCL_PANIC", "made up by the env plugin's tests"),
+    ("NCCL_X", "made up by tests of bad values"),
+    ("NCCL_NO_SUCH_THING", "made up by the parameter API's tests"),
+    ("NCCL_NOT_SET_ANYWHERE", "made up by the env plugin's tests"),
+    ("OXCCL_MAX_RANKS", "a macro of the CUDA source"),
+    ("OXCCL_MAX_STEPS", "a macro of the CUDA source"),
+    ("OXCCL_FLAG_BYTES", "a macro of the CUDA source"),
+    ("OXCCL_OP", "a macro of the CUDA source"),
+];
+
 impl Config {
-    /// Resolves every parameter from the environment, the configuration file
-    /// and the defaults.
+    /// Resolves every NCCL_ setting of the core from the environment, the
+    /// configuration files and the defaults, and checks every OXCCL_ one
+    /// ([`ox`]).
     pub fn load() -> Result<Config> {
         Config::load_with(&[])
     }
@@ -275,16 +793,24 @@ impl Config {
             })?;
             raw.insert(def.key, (value.to_string(), Source::Api));
         }
-        Config::from_raw(&raw)
+        let mut cfg = Config::from_raw(&raw)?;
+        cfg.env = ox::entries(&|k| std::env::var(k))?;
+        Ok(cfg)
     }
 
-    /// Every parameter with its resolved value and where it came from.
+    /// Every setting the core reads with its resolved value and where it
+    /// came from: the NCCL_ ones, then the OXCCL_ ones.
     pub fn entries(&self) -> impl Iterator<Item = &Entry> {
-        self.entries.values()
+        self.entries.values().chain(&self.env)
     }
 
+    /// Where the setting `key` came from: a key of [`PARAMS`] (no `NCCL_`)
+    /// or an OXCCL_ variable's name.
     pub fn source(&self, key: &str) -> Option<&Source> {
-        self.entries.get(key).map(|e| &e.source)
+        self.entries
+            .get(key)
+            .or_else(|| self.env.iter().find(|e| e.def.key == key))
+            .map(|e| &e.source)
     }
 
     /// Whether `key` was set anywhere rather than left at its default.
@@ -458,10 +984,12 @@ mod tests {
                     .chars()
                     .take_while(|c| c.is_ascii_uppercase() || *c == '_' || c.is_ascii_digit())
                     .collect();
-                // Read with getenv, as NCCL does, not as settings.
-                let raw_env = ["CONF_FILE", "ENV_PLUGIN"];
-                if !name.is_empty() && lookup(&name).is_none() && !raw_env.contains(&name.as_str())
-                {
+                let full = format!("NCCL_{name}");
+                let listed = TOOL_VARIABLES
+                    .iter()
+                    .chain(NOT_VARIABLES)
+                    .any(|(n, _)| *n == full);
+                if !name.is_empty() && setting(&full).is_none() && !listed {
                     undeclared.push(name);
                 }
             }

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use crate::config::parse_size;
+use crate::config::{ox, AutoOr};
 use crate::error::{Error, Result};
 
 /// Thread blocks a collective may use at most (one per multiprocessor of an H100/H200, roughly).
@@ -99,52 +99,8 @@ pub const LL_CHANNELS: usize = 2;
 /// Simple's 13.6).
 pub const LL_MAX_BYTES: usize = 4 << 10;
 
-/// Which protocols NCCL_PROTO allows (LL, Simple), NCCL's syntax: a
-/// comma-separated list of LL, LL128 and Simple, case-insensitive, or
-/// `^` and the ones to leave out. Unset or empty: both.
-pub fn protocols(proto: Option<&str>) -> Result<(bool, bool)> {
-    let Some(s) = proto.map(str::trim).filter(|s| !s.is_empty()) else {
-        return Ok((true, true));
-    };
-    let (exclude, list) = match s.strip_prefix('^') {
-        Some(rest) => (true, rest),
-        None => (false, s),
-    };
-    let (mut ll, mut simple) = (false, false);
-    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        match name.to_ascii_lowercase().as_str() {
-            "ll" => ll = true,
-            "simple" => simple = true,
-            "ll128" => {}
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "NCCL_PROTO={s:?}: {name:?} is no protocol (LL, LL128, Simple)"
-                )))
-            }
-        }
-    }
-    let (ll, simple) = if exclude {
-        (!ll, !simple)
-    } else {
-        (ll, simple)
-    };
-    if !ll && !simple {
-        return Err(Error::InvalidArgument(format!(
-            "NCCL_PROTO={s:?} leaves neither LL nor Simple, the protocols oxccl's kernels run"
-        )));
-    }
-    Ok((ll, simple))
-}
-
-/// A size from the environment (K, M, G suffixes); None where unset or blank.
-fn env_size(k: &str) -> Result<Option<u64>> {
-    match std::env::var(k) {
-        Ok(v) if !v.trim().is_empty() => parse_size(&v)
-            .map(Some)
-            .ok_or_else(|| Error::InvalidArgument(format!("{k}={v:?} is not a number"))),
-        _ => Ok(None),
-    }
-}
+/// NCCL_PROTO's parser, beside the setting's declaration.
+pub use crate::config::protocols;
 
 impl Default for DeviceConfig {
     fn default() -> Self {
@@ -168,36 +124,38 @@ impl DeviceConfig {
     /// The defaults with the environment's overrides.
     pub fn from_env() -> Result<DeviceConfig> {
         let mut c = DeviceConfig::default();
-        if std::env::var("OXCCL_DEV_CHANNELS").is_ok_and(|v| v.trim() == "auto") {
-            c.choice = ChannelChoice::Topology {
-                min: 1,
-                max: MAX_CHANNELS,
-            };
-        } else if let Some(v) = env_size("OXCCL_DEV_CHANNELS")? {
-            c.channels = v as usize;
+        match ox::dev_channels()? {
+            Some(AutoOr::Auto) => {
+                c.choice = ChannelChoice::Topology {
+                    min: 1,
+                    max: MAX_CHANNELS,
+                }
+            }
+            Some(AutoOr::Count(v)) => c.channels = v as usize,
+            None => {}
         }
-        if let Some(v) = env_size("OXCCL_DEV_THREADS")? {
-            c.threads = v as u32;
+        if let Some(v) = ox::dev_threads()? {
+            c.threads = u32::try_from(v).unwrap_or(u32::MAX);
         }
-        if let Some(v) = env_size("OXCCL_DEV_SLOTS")? {
+        if let Some(v) = ox::dev_slots()? {
             c.slots = v as usize;
         }
-        if let Some(v) = env_size("OXCCL_DEV_SLOT_BYTES")? {
+        if let Some(v) = ox::dev_slot_bytes()? {
             c.slot_bytes = v as usize;
         }
-        if let Some(v) = env_size("OXCCL_DEV_GROUP")? {
+        if let Some(v) = ox::dev_group()? {
             c.group = v as usize;
         }
-        if let Some(v) = env_size("OXCCL_DEV_CHANNEL_BYTES")? {
+        if let Some(v) = ox::dev_channel_bytes()? {
             c.channel_bytes = v as usize;
         }
-        if let Some(v) = env_size("OXCCL_DEV_MIN_SLICE_BYTES")? {
+        if let Some(v) = ox::dev_min_slice_bytes()? {
             c.min_slice_bytes = v as usize;
         }
-        if let Some(v) = env_size("OXCCL_DEV_TIMEOUT_S")? {
+        if let Some(v) = ox::dev_timeout_s()? {
             c.timeout = Duration::from_secs(v);
         }
-        if let Some(v) = env_size("OXCCL_DEV_LL_BYTES")? {
+        if let Some(v) = ox::dev_ll_bytes()? {
             c.ll_max_bytes = v as usize;
         }
         c.validate()?;
@@ -213,7 +171,7 @@ impl DeviceConfig {
         // A user who set NCCL_TIMEOUT expects every wait on a peer to end
         // then, the kernels' and the shared-GPU path's included.
         if cfg.source("TIMEOUT") != Some(&Source::Default)
-            && std::env::var_os("OXCCL_DEV_TIMEOUT_S").is_none()
+            && !crate::config::env_is_set("OXCCL_DEV_TIMEOUT_S")
         {
             self.timeout = cfg.timeout();
         }
@@ -251,13 +209,12 @@ impl DeviceConfig {
         self.channels = channels;
         self.choice = ChannelChoice::Fixed;
         self.slots = 8;
-        if std::env::var_os("OXCCL_DEV_GROUP").is_none() {
+        if ox::dev_group()?.is_none() {
             self.group = self.slots / 2;
         }
         self.slot_bytes = ((cfg.buffsize as usize / 8) & !15).clamp(4 << 10, 64 << 20);
         self.min_slice_bytes = self.min_slice_bytes.min(self.slot_bytes);
-        self.ll_slot_bytes =
-            env_size("OXCCL_DEV_LL_SLOT_BYTES")?.map_or(LL_SLOT_BYTES, |v| v as usize);
+        self.ll_slot_bytes = ox::dev_ll_slot_bytes()?.map_or(LL_SLOT_BYTES, |v| v as usize);
         self.validate()?;
         Ok(self)
     }
@@ -290,41 +247,44 @@ impl DeviceConfig {
         let bad = |m: String| Err(Error::InvalidArgument(format!("device config: {m}")));
         if !(1..=MAX_CHANNELS).contains(&self.channels) {
             return bad(format!(
-                "channels {} not in 1..={MAX_CHANNELS}",
+                "channels {} not in 1..={MAX_CHANNELS} (OXCCL_DEV_CHANNELS)",
                 self.channels
             ));
         }
         // Two warp groups at least: an exchange sends with one, reduces with the other.
         if !(64..=1024).contains(&self.threads) || !self.threads.is_multiple_of(32) {
             return bad(format!(
-                "threads {} not a multiple of 32 in 64..=1024",
+                "threads {} not a multiple of 32 in 64..=1024 (OXCCL_DEV_THREADS)",
                 self.threads
             ));
         }
         if !(1..=64).contains(&self.slots) {
-            return bad(format!("slots {} not in 1..=64", self.slots));
+            return bad(format!(
+                "slots {} not in 1..=64 (OXCCL_DEV_SLOTS)",
+                self.slots
+            ));
         }
         if self.slot_bytes < 16 || !self.slot_bytes.is_multiple_of(16) || self.slot_bytes > 64 << 20
         {
             return bad(format!(
-                "slot bytes {} not a multiple of 16 up to 64 MiB",
+                "slot bytes {} not a multiple of 16 up to 64 MiB (OXCCL_DEV_SLOT_BYTES)",
                 self.slot_bytes
             ));
         }
         if self.group == 0 || (self.group > 1 && 2 * self.group > self.slots) {
             return bad(format!(
-                "group {} not 1 or at most half of {} slots",
+                "group {} not 1 or at most half of {} slots (OXCCL_DEV_GROUP)",
                 self.group, self.slots
             ));
         }
         if self.channel_bytes == 0 {
-            return bad("channel bytes 0".into());
+            return bad("channel bytes 0 (OXCCL_DEV_CHANNEL_BYTES)".into());
         }
         // An LL slot carries half its bytes of data, in whole 16-byte units.
         let ll = self.ll_slot_bytes;
         if !ll.is_multiple_of(16) || ll > 1 << 20 || (ll > 0 && ll < 32) {
             return bad(format!(
-                "LL slot bytes {ll} not 0 or a multiple of 16 from 32 up to 1 MiB"
+                "LL slot bytes {ll} not 0 or a multiple of 16 from 32 up to 1 MiB (OXCCL_DEV_LL_SLOT_BYTES)"
             ));
         }
         Ok(())
@@ -334,6 +294,34 @@ impl DeviceConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::parse_size;
+
+    /// The defaults docs/settings.md shows for OXCCL_DEV_* (the table's
+    /// `shown` values) are the ones this file holds.
+    #[test]
+    fn the_settings_table_shows_these_defaults() {
+        let d = DeviceConfig::default();
+        let want = [
+            ("OXCCL_DEV_CHANNELS", d.channels as u64),
+            ("OXCCL_DEV_THREADS", u64::from(d.threads)),
+            ("OXCCL_DEV_SLOTS", d.slots as u64),
+            ("OXCCL_DEV_SLOT_BYTES", d.slot_bytes as u64),
+            ("OXCCL_DEV_GROUP", d.group as u64),
+            ("OXCCL_DEV_CHANNEL_BYTES", d.channel_bytes as u64),
+            ("OXCCL_DEV_MIN_SLICE_BYTES", d.min_slice_bytes as u64),
+            ("OXCCL_DEV_TIMEOUT_S", d.timeout.as_secs()),
+            ("OXCCL_DEV_LL_BYTES", d.ll_max_bytes as u64),
+            ("OXCCL_DEV_LL_SLOT_BYTES", LL_SLOT_BYTES as u64),
+        ];
+        for (name, value) in want {
+            let shown = crate::config::setting(name).expect("declared").default;
+            assert_eq!(
+                parse_size(shown),
+                Some(value),
+                "{name}: the table in core/src/config.rs shows {shown:?}, DeviceConfig holds {value}; change its `shown`"
+            );
+        }
+    }
 
     #[test]
     fn sizes_and_ranges() {
