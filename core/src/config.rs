@@ -740,6 +740,14 @@ pub const NOT_VARIABLES: &[(&str, &str)] = &[
     ("NCCL_X", "made up by tests of bad values"),
     ("NCCL_NO_SUCH_THING", "made up by the parameter API's tests"),
     ("NCCL_NOT_SET_ANYWHERE", "made up by the env plugin's tests"),
+    (
+        "NCCL_NO_SUCH_PARAM",
+        "made up by the C tests of the parameter API",
+    ),
+    (
+        "NCCL_CONFIG_INITIALIZER",
+        "nccl.h's macro, named in a C test's expected message",
+    ),
     ("OXCCL_MAX_RANKS", "a macro of the CUDA source"),
     ("OXCCL_MAX_STEPS", "a macro of the CUDA source"),
     ("OXCCL_FLAG_BYTES", "a macro of the CUDA source"),
@@ -973,37 +981,88 @@ mod tests {
         assert_eq!(parse_size("x"), None);
     }
 
-    /// Every NCCL_ variable named in the core's sources is declared above.
+    /// Every `"NCCL_...` and `"OXCCL_...` string in the workspace's Rust
+    /// and C sources (every crate, its tests, examples and build scripts,
+    /// the fuzz targets, the C fixtures) names a declared setting, a
+    /// variable of [`TOOL_VARIABLES`] or a name of [`NOT_VARIABLES`]. A
+    /// name ending in `_` is a prefix: one followed by `{` (a name built
+    /// with format!, as `format!("NCCL_PROFILE_{p}_POOL_SIZE")`) must be
+    /// listed itself, any other must begin some declared or listed name;
+    /// bare `NCCL_` and `OXCCL_` (the table's own `concat!` and `format!`)
+    /// pass. Each listed name must still occur somewhere, and no name may be
+    /// both declared and listed.
     #[test]
-    fn every_variable_read_is_declared() {
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+    fn every_variable_named_in_the_workspace_is_declared() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let listed: Vec<&str> = TOOL_VARIABLES
+            .iter()
+            .chain(NOT_VARIABLES)
+            .map(|(n, _)| *n)
+            .collect();
+        let known = |n: &str| setting(n).is_some() || listed.contains(&n);
         let mut undeclared = Vec::new();
-        visit(Path::new(src), &mut |text| {
-            for (i, _) in text.match_indices("\"NCCL_") {
-                let name: String = text[i + 6..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_uppercase() || *c == '_' || c.is_ascii_digit())
-                    .collect();
-                let full = format!("NCCL_{name}");
-                let listed = TOOL_VARIABLES
-                    .iter()
-                    .chain(NOT_VARIABLES)
-                    .any(|(n, _)| *n == full);
-                if !name.is_empty() && setting(&full).is_none() && !listed {
-                    undeclared.push(name);
+        let mut seen = std::collections::BTreeSet::new();
+        let mut files = 0;
+        visit(&root, &mut |path, text| {
+            files += 1;
+            for quote in ["\"NCCL_", "\"OXCCL_"] {
+                for (i, _) in text.match_indices(quote) {
+                    let name: String = text[i + 1..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_uppercase() || *c == '_' || c.is_ascii_digit())
+                        .collect();
+                    let next = text[i + 1 + name.len()..].chars().next();
+                    seen.insert(name.clone());
+                    let ok = match name.as_str() {
+                        "NCCL_" | "OXCCL_" => true,
+                        n if n.ends_with('_') && next == Some('{') => listed.contains(&n),
+                        n if n.ends_with('_') => {
+                            known(n)
+                                || SETTINGS.iter().any(|d| d.name.starts_with(n))
+                                || listed.iter().any(|l| l.starts_with(n))
+                        }
+                        n => known(n),
+                    };
+                    if !ok {
+                        let line = text[..i].lines().count().max(1);
+                        let at = path.strip_prefix(&root).unwrap_or(path);
+                        undeclared.push(format!("{name} ({}:{line})", at.display()));
+                    }
                 }
             }
         });
-        assert!(undeclared.is_empty(), "undeclared: {undeclared:?}");
+        assert!(
+            files > 200,
+            "only {files} files found under {}",
+            root.display()
+        );
+        assert!(
+            undeclared.is_empty(),
+            "not in the table of core/src/config.rs, TOOL_VARIABLES or NOT_VARIABLES: {undeclared:#?}"
+        );
+        let stale: Vec<&&str> = listed.iter().filter(|n| !seen.contains(**n)).collect();
+        assert!(stale.is_empty(), "listed but named nowhere: {stale:?}");
+        let both: Vec<&&str> = listed.iter().filter(|n| setting(n).is_some()).collect();
+        assert!(both.is_empty(), "declared and listed: {both:?}");
     }
 
-    fn visit(dir: &Path, f: &mut dyn FnMut(&str)) {
+    /// Calls `f` with each Rust and C source under `dir` and its text,
+    /// skipping build outputs, git's files, docs and tools/ (scripts).
+    fn visit(dir: &Path, f: &mut dyn FnMut(&Path, &str)) {
         for e in std::fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
             if p.is_dir() {
-                visit(&p, f);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                f(&std::fs::read_to_string(&p).unwrap());
+                let skip = name.starts_with("target")
+                    || name.starts_with('.')
+                    || ["docs", "tools", "node_modules"].contains(&&*name);
+                if !skip {
+                    visit(&p, f);
+                }
+            } else if p.extension().is_some_and(|x| x == "rs" || x == "c") {
+                if let Ok(text) = std::fs::read_to_string(&p) {
+                    f(&p, &text);
+                }
             }
         }
     }
