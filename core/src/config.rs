@@ -385,12 +385,13 @@ macro_rules! settings {
         config {
             $( $(#[doc = $cdoc:literal])*
                $cfield:ident : $cty:ty = $ckey:literal, $cdefault:literal in $csubject:ident
-               $(, check $ccheck:expr)? $(, by $cby:literal)? ; )*
+               $(, check $ccheck:expr)? $(, expects $cexp:literal)? $(, by $cby:literal)? ; )*
         }
         env {
             $( $(#[doc = $edoc:literal])*
                $efield:ident : $ety:ty = $ename:literal, $edefault:literal in $esubject:ident
-               $(, shown $eshown:literal)? $(, check $echeck:expr)? $(, by $eby:literal)? ; )*
+               $(, shown $eshown:literal)? $(, check $echeck:expr)? $(, expects $eexp:literal)?
+               $(, by $eby:literal)? ; )*
         }
         own {
             $( $(#[doc = $odoc:literal])*
@@ -407,7 +408,7 @@ macro_rules! settings {
                 name: concat!("NCCL_", $ckey),
                 default: $cdefault,
                 doc: concat!($($cdoc),*),
-                expects: pick(&[$($ccheck.expects)?], <$cty as ParamValue>::EXPECTS),
+                expects: pick(&[$($cexp,)? $($ccheck.expects,)?], <$cty as ParamValue>::EXPECTS),
                 read: Read::Config,
                 by: pick(&[$($cby)?], "oxccl"),
                 subject: Subject::$csubject,
@@ -417,7 +418,7 @@ macro_rules! settings {
                 name: $ename,
                 default: pick(&[$($eshown)?], $edefault),
                 doc: concat!($($edoc),*),
-                expects: pick(&[$($echeck.expects)?], <$ety as ParamValue>::EXPECTS),
+                expects: pick(&[$($eexp,)? $($echeck.expects,)?], <$ety as ParamValue>::EXPECTS),
                 read: Read::Env,
                 by: pick(&[$($eby)?], "oxccl"),
                 subject: Subject::$esubject,
@@ -511,42 +512,46 @@ macro_rules! settings {
 settings! {
     config {
         /// host:port of the bootstrap root, replacing the address in the unique id.
-        comm_id: Option<String> = "COMM_ID", "" in Bootstrap;
+        comm_id: Option<String> = "COMM_ID", "" in Bootstrap, expects "host:port";
         /// Interfaces to use: prefix list, `^` to exclude, `=` for exact names.
         socket_ifname: Option<String> = "SOCKET_IFNAME", "" in Bootstrap,
+            expects "interface names or prefixes, comma-separated, with ^ (exclude) or = (exact) in front",
             by "oxccl, oxccl-net-socket, oxccl-net-ib (through oxccl-netif)";
         /// Address family of the interfaces: AF_INET, AF_INET6 or empty for either.
         socket_family: Option<String> = "SOCKET_FAMILY", "" in Bootstrap, check FAMILY,
             by "oxccl, oxccl-net-socket, oxccl-net-ib (through oxccl-netif)";
         /// Sockets per helper thread of the socket network (read by the network itself, from the process environment; unset: 2 on 8+ cores, else 1).
-        nsocks_perthread: Option<String> = "NSOCKS_PERTHREAD", "" in SocketNet, by "oxccl-net-socket";
+        nsocks_perthread: Option<String> = "NSOCKS_PERTHREAD", "" in SocketNet, expects "a whole number", by "oxccl-net-socket";
         /// Helper threads per connection of the socket network (read by the network itself, from the process environment; unset: 2 on 8+ cores, 4 there with NCCL_SOCKET_KEY_FILE, else 0: the caller's thread moves the data).
-        socket_nthreads: Option<String> = "SOCKET_NTHREADS", "" in SocketNet, by "oxccl-net-socket";
+        socket_nthreads: Option<String> = "SOCKET_NTHREADS", "" in SocketNet, expects "a whole number", by "oxccl-net-socket";
         /// File holding a 256-bit key as 64 hex digits (`oxccl keygen`): every bootstrap and socket-network connection is then authenticated with it and encrypted (Noise NNpsk0, AES-128-GCM records); peers without it are refused. Environment only. Unset: traffic in clear.
         socket_key_file: Option<String> = "SOCKET_KEY_FILE", "" in Bootstrap,
+            expects "a path to a file of 64 hex digits",
             by "oxccl, oxccl-net-socket (through oxccl-secure)";
         /// Seconds an operation or the bootstrap may wait on a peer before failing with the ranks it waited for; where set, also the kernels' wait (OXCCL_DEV_TIMEOUT_S). oxccl's own: NCCL has no such setting.
         timeout_s: f64 = "TIMEOUT", "300" in Bootstrap;
         /// Logging: VERSION, WARN, INFO, TRACE (NCCL's levels).
-        debug: Option<String> = "DEBUG", "" in Logging;
+        debug: Option<String> = "DEBUG", "" in Logging,
+            expects "VERSION, WARN, INFO or TRACE (as in NCCL, any other value logs warnings only)";
         /// Subsystems logged: INIT,COLL,P2P,NET,BOOTSTRAP,ENV,ALL; `^` excludes.
-        debug_subsys: Option<String> = "DEBUG_SUBSYS", "" in Logging;
+        debug_subsys: Option<String> = "DEBUG_SUBSYS", "" in Logging,
+            expects "a comma-separated list of subsystems, ^ in front to exclude them";
         /// File the log goes to instead of stderr; %h is the host name, %p the process id, %% a percent sign.
-        debug_file: Option<String> = "DEBUG_FILE", "" in Logging;
+        debug_file: Option<String> = "DEBUG_FILE", "" in Logging, expects "a file name, with %h, %p, %%";
         /// Algorithm for collectives: Ring or Tree (recursive doubling); empty lets the cost model choose.
-        algo: Option<String> = "ALGO", "" in Collectives;
+        algo: Option<String> = "ALGO", "" in Collectives, expects "Ring or Tree";
         /// Protocols the device path may use: LL and Simple (NCCL's list syntax, `^` excludes); unset: LL for operations of up to 4 KiB per rank where some peer is reached through host memory (network or shared memory), Simple otherwise. Rank 0's is taken.
         proto: Option<String> = "PROTO", "" in Collectives;
         /// Network plugin library: a name (`foo` loads libnccl-net-foo.so), a path, or `none`; unset tries libnccl-net.so.
-        net_plugin: Option<String> = "NET_PLUGIN", "" in Plugins;
+        net_plugin: Option<String> = "NET_PLUGIN", "" in Plugins, expects "a library name, a path, or none";
         /// Tuner plugin library: a name (`foo` loads libnccl-tuner-foo.so), a path, or `none`; unset tries libnccl-tuner.so, then the net plugin library.
-        tuner_plugin: Option<String> = "TUNER_PLUGIN", "" in Plugins;
+        tuner_plugin: Option<String> = "TUNER_PLUGIN", "" in Plugins, expects "a library name, a path, or none";
         /// Profiler plugin library: a name (`foo` loads libnccl-profiler-foo.so), a path, or `none`; unset tries libnccl-profiler.so.
-        profiler_plugin: Option<String> = "PROFILER_PLUGIN", "" in Plugins;
+        profiler_plugin: Option<String> = "PROFILER_PLUGIN", "" in Plugins, expects "a library name, a path, or none";
         /// 1: GPUs never map each other's memory; the kernels reach peers of this host through shared host memory (or the network with SHM_DISABLE).
         p2p_disable: bool = "P2P_DISABLE", "0" in Transports;
         /// Farthest PCIe path between a GPU and a NIC over which the network reads and writes GPU memory (GPUDirect): LOC, PIX, PXB, PHB or SYS; unset: PXB. Needs a plugin reporting CUDA pointer support.
-        net_gdr_level: Option<String> = "NET_GDR_LEVEL", "" in Transports;
+        net_gdr_level: Option<String> = "NET_GDR_LEVEL", "" in Transports, expects "LOC, PIX, PXB, PHB, SYS or 0-4";
         /// 0: GPUDirect never registers GPU memory as a dma-buf (regMrDmaBuf), even where the network reports NCCL_PTR_DMABUF and the GPU can export one.
         dmabuf_enable: bool = "DMABUF_ENABLE", "1" in Transports;
         /// 1: no shared-memory transport: ranks of one host connect through the network. Set on either rank of a pair, it holds for the pair.
@@ -554,7 +559,7 @@ settings! {
         /// Bytes of a connection's ring through host memory (shared memory or the network): 8 slots (NCCL_STEPS) of BUFFSIZE/8 bytes.
         buffsize: u64 = "BUFFSIZE", "4M" in Collectives;
         /// Network to use by name (e.g. Socket); empty takes the first that has devices.
-        net: Option<String> = "NET", "" in Transports;
+        net: Option<String> = "NET", "" in Transports, expects "a network's name";
         /// Smallest number of channels (parallel lanes per collective).
         min_nchannels: u64 = "MIN_NCHANNELS", "1" in Collectives;
         /// Largest number of channels.
@@ -562,7 +567,7 @@ settings! {
         /// Bytes of one pipelined slice on the network.
         chunk_size: u64 = "CHUNK_SIZE", "1M" in Collectives;
         /// Configuration file in KEY=VALUE form (replaces ~/.nccl.conf and /etc/nccl.conf); read from the process environment only, as NCCL does.
-        conf_file: Option<String> = "CONF_FILE", "" in Plugins;
+        conf_file: Option<String> = "CONF_FILE", "" in Plugins, expects "a path";
         /// This host's identity when counting nodes (ranks with the same one are on one node); empty: host name and boot id.
         hostid: Option<String> = "HOSTID", "" in Bootstrap;
         /// 1: a communicator's splits share its network context (NCCL's splitShare); 0: each split makes its own. Replaces the config's split_share where set, as in NCCL; unset: the config's, else 0.
@@ -606,8 +611,8 @@ settings! {
         /// Bytes per slot of the LL FIFO of windows with peers through host memory (16-byte lines, half of them data): 0 (none) or a multiple of 16 from 32 to 1M.
         dev_ll_slot_bytes: Option<u64> = "OXCCL_DEV_LL_SLOT_BYTES", "" in DevicePath, shown "8K";
         /// Directory of compiled kernels, or `none` for no cache; unset: $XDG_CACHE_HOME/oxccl/kernels, else ~/.cache/oxccl/kernels.
-        cache_dir: Option<String> = "OXCCL_CACHE_DIR", "" in DevicePath;
-        /// Where all ranks share one GPU from several processes: `leader` runs each collective as one launch of rank 0's over every rank's buffers, `kernels` runs every rank's ring kernels; unset: leader, but under MPS (whose kernels run together) kernels. Ranks of one process always take leader.
+        cache_dir: Option<String> = "OXCCL_CACHE_DIR", "" in DevicePath, expects "a directory, or none";
+        /// Where all ranks share one GPU from several processes: `leader` runs each collective as one launch of rank 0's over every rank's buffers, `kernels` runs every rank's ring kernels; unset: leader, but kernels under MPS (whose kernels run together) unless the ranks are threads of one process.
         shared_gpu: Option<String> = "OXCCL_SHARED_GPU", "" in SharedGpu, check SHARED_GPU;
         /// Send/recv between processes sharing a GPU: `pull` (each receiver pulls with its own kernel), `leader` (rank 0's stream carries its own messages, the others pull), `server` (a thread of rank 0 also copies the others' messages; refused under CUDA_DEVICE_MAX_CONNECTIONS=1); unset: leader. Rank 0's is taken.
         shared_p2p: Option<String> = "OXCCL_SHARED_P2P", "" in SharedGpu, check SHARED_P2P;
@@ -673,13 +678,82 @@ pub fn env_is_set(name: &str) -> bool {
     std::env::var_os(name).is_some_and(|v| !v.to_string_lossy().trim().is_empty())
 }
 
+/// The command that prints docs/settings.md.
+pub const MARKDOWN_COMMAND: &str =
+    "cargo run -p oxccl-cli -- info --settings-markdown > docs/settings.md";
+
+/// docs/settings.md: every setting by subject, with its default, what it
+/// accepts and who reads it, and where values come from (`oxccl info
+/// --settings-markdown` prints it).
+pub fn markdown() -> String {
+    let mut m = String::new();
+    let mut line = |s: &str| {
+        m.push_str(s);
+        m.push('\n');
+    };
+    line("# Settings");
+    line("");
+    line(&format!(
+        "<!-- Generated from the table in core/src/config.rs by `{MARKDOWN_COMMAND}`; do not edit by hand (cli/tests/settings_doc.rs fails where this file differs). -->"
+    ));
+    line("");
+    line("Every environment variable oxccl reads, by subject: its default, what it accepts, which crate reads it and what it does. `oxccl info` shows the value each resolves to on this machine and where it came from. Variables that only tests and tools read are listed at the end.");
+    line("");
+    line("## Where values come from");
+    line("");
+    line("- `NCCL_` settings read by the core (`oxccl`), highest first:");
+    line("  1. the API: a communicator's config (`ncclConfig_t` in C, `CommConfig` in Rust);");
+    line("  2. the environment, read through the env plugin when one is loaded (`NCCL_ENV_PLUGIN`), as NCCL reads it;");
+    line("  3. oxccl's TOML file named by `OXCCL_CONFIG`, its `[env]` table;");
+    line("  4. NCCL's configuration file: `NCCL_CONF_FILE`, else `~/.nccl.conf`, else `/etc/nccl.conf` (`KEY=VALUE` lines, `#` starts a comment);");
+    line("  5. the default.");
+    line("- `NCCL_ENV_PLUGIN`, `NCCL_CONF_FILE` and `OXCCL_CONFIG` come from the process environment only (read before any plugin or file), and `NCCL_SOCKET_KEY_FILE` must (the socket network reads only the environment, and both ends of a connection need the key).");
+    line("- `OXCCL_` settings come from the process environment only: never from the env plugin or a file.");
+    line("- Settings read by a plugin or another crate that does not link the core (\"read by\" names it) come from the environment of the process that loads it.");
+    line("- A blank value means unset. A value that does not parse or is out of range is an error naming the variable and what it accepts: the core's refuse to create the communicator (`ncclInvalidArgument`), a plugin's fail its initialisation. Never a silent default.");
+    line("- Where a setting says \"rank 0's is taken\", every rank takes rank 0's value (ranks that differ would cut their data differently), and a rank that differs says so in its log.");
+    for subject in Subject::ALL {
+        line("");
+        line(&format!("## {}", subject.title()));
+        for d in SETTINGS.iter().filter(|d| d.subject == subject) {
+            let default = if d.default.is_empty() {
+                "unset".to_string()
+            } else {
+                format!("`{}`", d.default)
+            };
+            let by = match d.read {
+                Read::Config => format!("{} (per communicator)", d.by),
+                Read::Env | Read::Own => d.by.to_string(),
+            };
+            line("");
+            line(&format!("### `{}`", d.name));
+            line("");
+            line(d.doc.trim());
+            line("");
+            line(&format!(
+                "Default {default}; accepts {}; read by {by}.",
+                d.expects
+            ));
+        }
+    }
+    line("");
+    line("## Variables of tests and tools (not settings)");
+    line("");
+    line("Read by oxccl's tests, its tools and the launchers of `oxccl perf` and `oxccl recover`, never by the library:");
+    line("");
+    for (name, why) in TOOL_VARIABLES {
+        line(&format!("- `{name}`: {why}."));
+    }
+    m
+}
+
 /// Variables that tests, tools and oxccl's own launchers read: not settings
 /// of the library, each with why it exists.
 pub const TOOL_VARIABLES: &[(&str, &str)] = &[
     ("OXCCL_RANK", "set by `oxccl perf --ranks N` and `oxccl recover` for each rank they start: its rank"),
     ("OXCCL_NRANKS", "set by the same launchers: the number of ranks"),
     ("OXCCL_UNIQUE_ID", "set by the same launchers: the communicator's unique id in hex"),
-    ("OXCCL_RECOVER_MARK", "set by `oxccl recover` for its ranks: the file a rank marks its progress in"),
+    ("OXCCL_RECOVER_MARK", "set by `oxccl recover` for its ranks: the file the victim writes the time of its signal to"),
     ("OXCCL_TEST_CHILD", "marks a test's own child process (tests/src)"),
     ("OXCCL_NETNS_CHILD", "marks a multi-host test's child inside a network namespace"),
     ("OXCCL_FAKE_VERBS_CHILD", "marks net-ib's fake-verbs test child"),
