@@ -150,6 +150,22 @@ pub struct Check<T: 'static> {
     pub test: fn(&T) -> std::result::Result<(), String>,
 }
 
+/// The most NCCL_TIMEOUT may say: 365 days. Beyond it a wait is no bound at
+/// all, and Rust's `Duration` (and a deadline past the clock's range) fails
+/// before 10^20 seconds.
+pub const MAX_TIMEOUT_S: f64 = 365.0 * 24.0 * 3600.0;
+
+const TIMEOUT: Check<f64> = Check {
+    expects: "seconds: a finite number from 0.001 to 31536000 (365 days)",
+    test: |v| {
+        if v.is_finite() && (0.001..=MAX_TIMEOUT_S).contains(v) {
+            Ok(())
+        } else {
+            Err("out of range".into())
+        }
+    },
+};
+
 const FAMILY: Check<Option<String>> = Check {
     expects: "AF_INET or AF_INET6",
     test: |v| match v.as_deref().map(str::trim) {
@@ -528,8 +544,8 @@ settings! {
         socket_key_file: Option<String> = "SOCKET_KEY_FILE", "" in Bootstrap,
             expects "a path to a file of 64 hex digits",
             by "oxccl, oxccl-net-socket (through oxccl-secure)";
-        /// Seconds an operation or the bootstrap may wait on a peer before failing with the ranks it waited for; where set, also the kernels' wait (OXCCL_DEV_TIMEOUT_S). oxccl's own: NCCL has no such setting.
-        timeout_s: f64 = "TIMEOUT", "300" in Bootstrap;
+        /// Seconds an operation or the bootstrap may wait on a peer before failing with the ranks it waited for; where set, also the kernels' wait (OXCCL_DEV_TIMEOUT_S). oxccl's own (NCCL waits without a bound): at least 1 ms, at most 365 days, beyond which a wait is no bound at all.
+        timeout_s: f64 = "TIMEOUT", "300" in Bootstrap, check TIMEOUT;
         /// Logging: VERSION, WARN, INFO, TRACE (NCCL's levels).
         debug: Option<String> = "DEBUG", "" in Logging,
             expects "VERSION, WARN, INFO or TRACE (as in NCCL, any other value logs warnings only)";
@@ -754,7 +770,7 @@ pub const TOOL_VARIABLES: &[(&str, &str)] = &[
     ("OXCCL_NRANKS", "set by the same launchers: the number of ranks"),
     ("OXCCL_UNIQUE_ID", "set by the same launchers: the communicator's unique id in hex"),
     ("OXCCL_RECOVER_MARK", "set by `oxccl recover` for its ranks: the file the victim writes the time of its signal to"),
-    ("OXCCL_TEST_CHILD", "marks a test's own child process (tests/src)"),
+    ("OXCCL_TEST_CHILD", "marks a test's own child process (tests/src, capi/tests/bad_settings.rs)"),
     ("OXCCL_NETNS_CHILD", "marks a multi-host test's child inside a network namespace"),
     ("OXCCL_FAKE_VERBS_CHILD", "marks net-ib's fake-verbs test child"),
     ("OXCCL_NET_IB_DLOPEN_CHILD", "marks net-ib's dlopen test child"),
@@ -931,8 +947,10 @@ impl Config {
         true
     }
 
+    /// NCCL_TIMEOUT, within the range its check holds it to (so that no
+    /// conversion overflows).
     pub fn timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_secs_f64(self.timeout_s.max(0.001))
+        std::time::Duration::from_secs_f64(self.timeout_s)
     }
 }
 
@@ -1025,6 +1043,33 @@ mod tests {
         raw.insert("TIMEOUT", ("soon".to_string(), Source::Env));
         let e = Config::from_raw(&raw).unwrap_err();
         assert!(e.to_string().contains("NCCL_TIMEOUT"), "{e}");
+    }
+
+    /// NCCL_TIMEOUT=inf or 1e30 overflowed Duration (a panic in the CLI,
+    /// "internal error" from the C API); 0, -5 and NaN meant 1 ms. Each is
+    /// refused now, naming the variable and the range, from the
+    /// environment's path (from_raw) and from the API alike.
+    #[test]
+    fn nccl_timeout_out_of_range_is_refused() {
+        for bad in [
+            "inf", "1e30", "0", "-5", "NaN", "-inf", "0.0001", "31536001",
+        ] {
+            let mut raw = BTreeMap::new();
+            raw.insert("TIMEOUT", (bad.to_string(), Source::Env));
+            let e = Config::from_raw(&raw).unwrap_err();
+            let m = e.to_string();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{bad}: {e:?}");
+            assert!(
+                m.contains(&format!("NCCL_TIMEOUT={bad:?}")) && m.contains("0.001 to 31536000"),
+                "{bad}: {m}"
+            );
+            let e = Config::load_with(&[("NCCL_TIMEOUT", bad)]).unwrap_err();
+            assert!(e.to_string().contains("NCCL_TIMEOUT"), "{bad}: {e}");
+        }
+        for good in ["0.001", "2.5", "300", "31536000"] {
+            let c = Config::load_with(&[("TIMEOUT", good)]).unwrap();
+            assert_eq!(c.timeout().as_secs_f64(), good.parse::<f64>().unwrap());
+        }
     }
 
     #[test]
