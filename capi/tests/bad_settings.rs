@@ -69,4 +69,7 @@ fn init_refuses_a_bad_setting_naming_it() {
     for v in ["inf", "1e30", "0", "-5", "NaN"] {
         refused("NCCL_TIMEOUT", v, "from 0.001 to 31536000");
     }
+    refused("OXCCL_HOST_MEMORY", "maybe", "expected 0 or 1");
+    refused("NCCL_BUFFSIZE", "1", "from 64K to 512M");
+    refused("NCCL_PROTO", "fast", "is no protocol");
 }

@@ -51,3 +51,29 @@ fn nccl_timeout_out_of_range() {
         refused("NCCL_TIMEOUT", v, "from 0.001 to 31536000");
     }
 }
+
+/// Garbage in the host path's settings was ignored or defaulted, and
+/// NCCL_BUFFSIZE=1 gave 64-byte slots: each now stops `oxccl perf` on host
+/// memory with an error naming the variable.
+#[test]
+fn host_path_settings_refuse_garbage() {
+    let cases = [
+        ("OXCCL_HOST_DIRECT", "maybe", "expected 0 or 1"),
+        ("OXCCL_HOST_DIRECT_MIN", "1Q", "expected a whole number"),
+        ("OXCCL_HOST_DIRECT_THREADS", "0", "from 1 to 256"),
+        ("OXCCL_HOST_DIRECT_SLICE", "big", "expected a whole number"),
+        ("OXCCL_HOST_DIRECT_STREAM", "2", "expected 0 or 1"),
+        (
+            "OXCCL_HOST_DIRECT_P2P_MAX",
+            "1.5M",
+            "expected a whole number",
+        ),
+        ("OXCCL_HOST_MEMORY", "yes please", "expected 0 or 1"),
+        ("OXCCL_PERF_HUGEPAGES", "huge", "expected 0 or 1"),
+        ("NCCL_PROTO", "fast", "is no protocol"),
+        ("NCCL_BUFFSIZE", "1", "from 64K to 512M"),
+    ];
+    for (name, value, says) in cases {
+        refused(name, value, says);
+    }
+}

@@ -166,6 +166,54 @@ const TIMEOUT: Check<f64> = Check {
     },
 };
 
+/// NCCL_BUFFSIZE's floor. NCCL takes any value (src/init.cc,
+/// computeBuffSizes, has no check), and its own defaults are 4 MiB
+/// (Simple) and 512 KiB or more (LL, LL128). oxccl cuts the buffer into 8
+/// slots (NCCL_STEPS) and each slot is one message between the ranks: at
+/// `NCCL_BUFFSIZE=1` the slots were 64 bytes and an 8 MiB reduce_scatter on
+/// host memory took 0.7-2.8 s. 64 KiB gives 8 KiB slots, the size of the
+/// device path's LL slot, where a slot's own costs (a flag, a wake-up) are
+/// small against its bytes.
+pub const MIN_BUFFSIZE: u64 = 64 << 10;
+
+/// NCCL_BUFFSIZE's ceiling: the device path's slots are at most 64 MiB
+/// (NCCL_BUFFSIZE / 8), so a larger value would be cut there.
+pub const MAX_BUFFSIZE: u64 = 512 << 20;
+
+const BUFFSIZE: Check<u64> = Check {
+    expects: "bytes (K, M, G suffixes) from 64K to 512M",
+    test: |v| {
+        if (MIN_BUFFSIZE..=MAX_BUFFSIZE).contains(v) {
+            Ok(())
+        } else {
+            Err("out of range".into())
+        }
+    },
+};
+
+const PROTO: Check<Option<String>> = Check {
+    expects: "a comma-separated list of LL, LL128 and Simple, or ^ and the ones to leave out",
+    test: |v| parse_protocols(v.as_deref().unwrap_or("")).map(|_| ()),
+};
+
+/// NCCL's limits on the socket network's helper threads and sockets
+/// (oxccl-net-socket checks the process environment's values itself).
+const SOCKET_THREADS: Check<Option<u64>> = Check {
+    expects: "a whole number from 0 to 16 (threads x NCCL_NSOCKS_PERTHREAD at most 64)",
+    test: |v| match v {
+        Some(0..=16) | None => Ok(()),
+        Some(_) => Err("out of range".into()),
+    },
+};
+
+const NSOCKS: Check<Option<u64>> = Check {
+    expects: "a whole number from 1 to 64 (NCCL_SOCKET_NTHREADS x this at most 64)",
+    test: |v| match v {
+        Some(1..=64) | None => Ok(()),
+        Some(_) => Err("out of range".into()),
+    },
+};
+
 const FAMILY: Check<Option<String>> = Check {
     expects: "AF_INET or AF_INET6",
     test: |v| match v.as_deref().map(str::trim) {
@@ -537,9 +585,9 @@ settings! {
         socket_family: Option<String> = "SOCKET_FAMILY", "" in Bootstrap, check FAMILY,
             by "oxccl, oxccl-net-socket, oxccl-net-ib (through oxccl-netif)";
         /// Sockets per helper thread of the socket network (read by the network itself, from the process environment; unset: 2 on 8+ cores, else 1).
-        nsocks_perthread: Option<String> = "NSOCKS_PERTHREAD", "" in SocketNet, expects "a whole number", by "oxccl-net-socket";
+        nsocks_perthread: Option<u64> = "NSOCKS_PERTHREAD", "" in SocketNet, check NSOCKS, by "oxccl-net-socket";
         /// Helper threads per connection of the socket network (read by the network itself, from the process environment; unset: 2 on 8+ cores, 4 there with NCCL_SOCKET_KEY_FILE, else 0: the caller's thread moves the data).
-        socket_nthreads: Option<String> = "SOCKET_NTHREADS", "" in SocketNet, expects "a whole number", by "oxccl-net-socket";
+        socket_nthreads: Option<u64> = "SOCKET_NTHREADS", "" in SocketNet, check SOCKET_THREADS, by "oxccl-net-socket";
         /// File holding a 256-bit key as 64 hex digits (`oxccl keygen`): every bootstrap and socket-network connection is then authenticated with it and encrypted (Noise NNpsk0, AES-128-GCM records); peers without it are refused. Environment only. Unset: traffic in clear.
         socket_key_file: Option<String> = "SOCKET_KEY_FILE", "" in Bootstrap,
             expects "a path to a file of 64 hex digits",
@@ -556,8 +604,8 @@ settings! {
         debug_file: Option<String> = "DEBUG_FILE", "" in Logging, expects "a file name, with %h, %p, %%";
         /// Algorithm for collectives: Ring or Tree (recursive doubling); empty lets the cost model choose.
         algo: Option<String> = "ALGO", "" in Collectives, expects "Ring or Tree";
-        /// Protocols the device path may use: LL and Simple (NCCL's list syntax, `^` excludes); unset: LL for operations of up to 4 KiB per rank where some peer is reached through host memory (network or shared memory), Simple otherwise. Rank 0's is taken.
-        proto: Option<String> = "PROTO", "" in Collectives;
+        /// Protocols the device path may use: LL and Simple (NCCL's list syntax, `^` excludes); unset: LL for operations of up to 4 KiB per rank where some peer is reached through host memory (network or shared memory), Simple otherwise. Rank 0's is taken. Checked when any communicator is made, on host memory too.
+        proto: Option<String> = "PROTO", "" in Collectives, check PROTO;
         /// Network plugin library: a name (`foo` loads libnccl-net-foo.so), a path, or `none`; unset tries libnccl-net.so.
         net_plugin: Option<String> = "NET_PLUGIN", "" in Plugins, expects "a library name, a path, or none";
         /// Tuner plugin library: a name (`foo` loads libnccl-tuner-foo.so), a path, or `none`; unset tries libnccl-tuner.so, then the net plugin library.
@@ -572,8 +620,8 @@ settings! {
         dmabuf_enable: bool = "DMABUF_ENABLE", "1" in Transports;
         /// 1: no shared-memory transport: ranks of one host connect through the network. Set on either rank of a pair, it holds for the pair.
         shm_disable: bool = "SHM_DISABLE", "0" in Transports;
-        /// Bytes of a connection's ring through host memory (shared memory or the network): 8 slots (NCCL_STEPS) of BUFFSIZE/8 bytes.
-        buffsize: u64 = "BUFFSIZE", "4M" in Collectives;
+        /// Bytes of a connection's ring through host memory (shared memory or the network): 8 slots (NCCL_STEPS) of BUFFSIZE/8 bytes. NCCL takes any value; oxccl refuses below 64K, where each slot's own costs dominate (at 1 byte the slots were 64 bytes and an 8 MiB reduce_scatter took seconds), and above 512M, which the device path's 64 MiB slots would cut.
+        buffsize: u64 = "BUFFSIZE", "4M" in Collectives, check BUFFSIZE;
         /// Network to use by name (e.g. Socket); empty takes the first that has devices.
         net: Option<String> = "NET", "" in Transports, expects "a network's name";
         /// Smallest number of channels (parallel lanes per collective).
@@ -1069,6 +1117,159 @@ mod tests {
         for good in ["0.001", "2.5", "300", "31536000"] {
             let c = Config::load_with(&[("TIMEOUT", good)]).unwrap();
             assert_eq!(c.timeout().as_secs_f64(), good.parse::<f64>().unwrap());
+        }
+    }
+
+    /// Garbage in any OXCCL_ setting the core, the C API or the CLI reads
+    /// was ignored or defaulted; now each is InvalidArgument naming the
+    /// variable and what it accepts, from every Config::load. Every such
+    /// setting has a case here (OXCCL_CACHE_DIR takes any text: its case
+    /// is a value that is not UTF-8).
+    #[test]
+    fn every_oxccl_setting_refuses_garbage_naming_it() {
+        use std::env::VarError;
+        let bad = [
+            ("OXCCL_HOST_MEMORY", "yes please"),
+            ("OXCCL_HOST_DIRECT", "maybe"),
+            ("OXCCL_HOST_DIRECT", "2"),
+            ("OXCCL_HOST_DIRECT_MIN", "1Q"),
+            ("OXCCL_HOST_DIRECT_MIN", "-1"),
+            ("OXCCL_HOST_DIRECT_THREADS", "0"),
+            ("OXCCL_HOST_DIRECT_THREADS", "257"),
+            ("OXCCL_HOST_DIRECT_THREADS", "four"),
+            ("OXCCL_HOST_DIRECT_SLICE", "big"),
+            ("OXCCL_HOST_DIRECT_STREAM", "2"),
+            ("OXCCL_HOST_DIRECT_P2P_MAX", "1.5M"),
+            ("OXCCL_DEV_CHANNELS", "many"),
+            ("OXCCL_DEV_THREADS", "x"),
+            ("OXCCL_DEV_SLOTS", "8 slots"),
+            ("OXCCL_DEV_SLOT_BYTES", "256KB"),
+            ("OXCCL_DEV_GROUP", "-2"),
+            ("OXCCL_DEV_CHANNEL_BYTES", "32k!"),
+            ("OXCCL_DEV_MIN_SLICE_BYTES", "1e6"),
+            ("OXCCL_DEV_TIMEOUT_S", "0"),
+            ("OXCCL_DEV_TIMEOUT_S", "99999999999"),
+            ("OXCCL_DEV_LL_BYTES", "4 KiB"),
+            ("OXCCL_DEV_LL_SLOT_BYTES", "eight"),
+            ("OXCCL_SHARED_GPU", "gpu"),
+            ("OXCCL_SHARED_P2P", "push"),
+            ("OXCCL_SHARED_PUSH_WAIT_US", "soon"),
+            ("OXCCL_HIER", "2"),
+            ("OXCCL_PERF_HUGEPAGES", "huge"),
+        ];
+        for (name, value) in bad {
+            let get = |k: &str| {
+                if k == name {
+                    Ok(value.to_string())
+                } else {
+                    Err(VarError::NotPresent)
+                }
+            };
+            let e = ox::entries(&get).unwrap_err();
+            let m = e.to_string();
+            assert!(
+                matches!(e, Error::InvalidArgument(_)),
+                "{name}={value}: {e:?}"
+            );
+            let expects = setting(name).unwrap().expects;
+            assert!(
+                m.contains(&format!("{name}={value:?} (from env)")) && m.contains(expects),
+                "{name}={value}: {m}"
+            );
+        }
+        let not_utf8 = |k: &str| {
+            if k == "OXCCL_CACHE_DIR" {
+                Err(VarError::NotUnicode(std::ffi::OsString::from("x")))
+            } else {
+                Err(VarError::NotPresent)
+            }
+        };
+        let e = ox::entries(&not_utf8).unwrap_err().to_string();
+        assert!(
+            e.contains("OXCCL_CACHE_DIR") && e.contains("not UTF-8"),
+            "{e}"
+        );
+        for d in SETTINGS.iter().filter(|d| d.read == Read::Env) {
+            assert!(
+                d.name == "OXCCL_CACHE_DIR" || bad.iter().any(|(n, _)| *n == d.name),
+                "{} has no bad value here",
+                d.name
+            );
+        }
+        // Unset, blank and good values.
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+                    .ok_or(VarError::NotPresent)
+            }
+        };
+        let unset = ox::entries(&env(&[])).unwrap();
+        assert!(unset.iter().all(|e| e.source == Source::Default));
+        // A row that shows its reader's default reads as unset (None), so
+        // that the reader's own default and its "unset" rules stand.
+        let none = env(&[]);
+        assert_eq!(ox::read::dev_group(&none).unwrap().0, None);
+        assert_eq!(ox::read::dev_channels(&none).unwrap().0, None);
+        assert_eq!(ox::read::dev_timeout_s(&none).unwrap().0, None);
+        assert!(ox::read::hier(&none).unwrap().0, "a plain default parses");
+        let good = env(&[
+            ("OXCCL_HOST_DIRECT", " "),
+            ("OXCCL_HOST_DIRECT_SLICE", "1M"),
+            ("OXCCL_HOST_DIRECT_THREADS", "256"),
+            ("OXCCL_HOST_DIRECT_STREAM", "0"),
+            ("OXCCL_DEV_CHANNELS", "auto"),
+            ("OXCCL_SHARED_P2P", "server"),
+        ]);
+        assert!(
+            ox::read::host_direct(&good).unwrap().0,
+            "blank: the default"
+        );
+        assert_eq!(ox::read::host_direct_slice(&good).unwrap().0, Some(1 << 20));
+        assert_eq!(ox::read::host_direct_threads(&good).unwrap().0, Some(256));
+        assert_eq!(ox::read::host_direct_stream(&good).unwrap().0, Some(false));
+        assert_eq!(ox::read::dev_channels(&good).unwrap().0, Some(AutoOr::Auto));
+        let all = ox::entries(&good).unwrap();
+        let slice = all.iter().find(|e| e.def.name == "OXCCL_HOST_DIRECT_SLICE");
+        assert_eq!(
+            slice.map(|e| (&*e.value, &e.source)),
+            Some(("1M", &Source::Env))
+        );
+    }
+
+    /// NCCL_PROTO was parsed by the device path alone: garbage passed on
+    /// host memory. NCCL_BUFFSIZE=1 gave 64-byte slots.
+    #[test]
+    fn nccl_proto_and_buffsize_are_checked_at_load() {
+        for (key, bad, says) in [
+            ("PROTO", "fast", "\"fast\" is no protocol"),
+            ("PROTO", "^LL,Simple", "leaves neither"),
+            ("PROTO", "LL128", "leaves neither"),
+            ("BUFFSIZE", "1", "from 64K to 512M"),
+            ("BUFFSIZE", "65535", "from 64K to 512M"),
+            ("BUFFSIZE", "1G", "from 64K to 512M"),
+            ("BUFFSIZE", "4MB", "from 64K to 512M"),
+        ] {
+            let mut raw = BTreeMap::new();
+            raw.insert(key, (bad.to_string(), Source::Env));
+            let e = Config::from_raw(&raw).unwrap_err();
+            let m = e.to_string();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{key}={bad}: {e:?}");
+            assert!(
+                m.contains(&format!("NCCL_{key}={bad:?}")) && m.contains(says),
+                "{key}={bad}: {m}"
+            );
+        }
+        for (key, good) in [
+            ("PROTO", "Simple"),
+            ("PROTO", "^LL128"),
+            ("PROTO", ""),
+            ("BUFFSIZE", "64K"),
+            ("BUFFSIZE", "512M"),
+        ] {
+            Config::load_with(&[(key, good)]).unwrap_or_else(|e| panic!("{key}={good}: {e}"));
         }
     }
 
