@@ -185,23 +185,22 @@ fn unused(field: &str, value: c_int, why: &str) {
     tracing::warn!(target: "oxccl::init", "config {field}={value} is not implemented by oxccl and is ignored: {why}");
 }
 
-/// Set to 1, communicators made through the C API run on host memory even
-/// where GPUs exist (NCCL has no such mode; oxccl's host path is its own).
-const HOST_MEMORY_ENV: &str = "OXCCL_HOST_MEMORY";
-
 /// As NCCL: a communicator belongs to the GPU the CUDA runtime would use on
 /// the calling thread (cudaGetDevice: device 0 when none was selected),
 /// whether or not a context is current yet. Host memory only where there is
 /// no GPU, or when asked for.
-fn device_for_new_comm() -> Option<usize> {
-    if host_memory_asked() {
-        return None;
+fn device_for_new_comm() -> Result<Option<usize>, Error> {
+    if host_memory_asked()? {
+        return Ok(None);
     }
-    oxccl::cuda::runtime_device()
+    Ok(oxccl::cuda::runtime_device())
 }
 
-fn host_memory_asked() -> bool {
-    std::env::var(HOST_MEMORY_ENV).is_ok_and(|v| v.trim() == "1")
+/// OXCCL_HOST_MEMORY=1: communicators made through the C API run on host
+/// memory even where GPUs exist (NCCL has no such mode; oxccl's host path
+/// is its own).
+fn host_memory_asked() -> Result<bool, Error> {
+    oxccl::config::ox::host_memory()
 }
 
 fn init(
@@ -220,7 +219,7 @@ fn init(
     let r = usize::try_from(rank)
         .map_err(|_| Error::InvalidArgument(format!("rank {rank} is negative")))?;
     let mut cc = read_config(config)?;
-    cc.device = device_for_new_comm();
+    cc.device = device_for_new_comm()?;
     // Inside a group NCCL creates communicators at ncclGroupEnd, so that
     // one thread can create several ranks of one communicator (nccl-tests
     // -g N). Here creation starts at once in the background, and
@@ -373,7 +372,7 @@ pub extern "C" fn ncclCommInitAll(
                 })
                 .collect::<Result<_, _>>()?
         };
-        let gpus = if host_memory_asked() {
+        let gpus = if host_memory_asked()? {
             0
         } else {
             oxccl::cuda::device_count().unwrap_or(0)

@@ -18,9 +18,10 @@ use nix::sys::mman::{madvise, mmap_anonymous, munmap, MapFlags, MmapAdvise, Prot
 
 const HUGE: usize = 2 << 20;
 
-/// Whether perf's host buffers take huge pages (the default).
-pub fn wanted() -> bool {
-    std::env::var("OXCCL_PERF_HUGEPAGES").map_or(true, |v| v.trim() != "0")
+/// Whether perf's host buffers take huge pages (the default):
+/// OXCCL_PERF_HUGEPAGES, declared in oxccl's settings table.
+pub fn wanted() -> Result<bool, String> {
+    oxccl::config::ox::perf_hugepages().map_err(|e| e.to_string())
 }
 
 /// Zeroed bytes of host memory.

@@ -3,11 +3,25 @@
 //! version negotiated or why the library was refused; the networks linked
 //! in with their devices, the interfaces found, and the node's topology
 //! (GPUs, what joins each pair, NICs and their PCIe distance to each GPU).
+//! `--settings-markdown` prints docs/settings.md from the settings table
+//! instead.
 
 use oxccl::config::Config;
 use oxccl::topo::{NicKind, Topology};
 
-pub fn main() -> Result<i32, String> {
+#[derive(clap::Args, Debug, Default)]
+pub struct InfoArgs {
+    /// Print docs/settings.md (every setting, its default and meaning, by
+    /// subject) from the table in core/src/config.rs, and nothing else.
+    #[arg(long)]
+    pub settings_markdown: bool,
+}
+
+pub fn main(args: &InfoArgs) -> Result<i32, String> {
+    if args.settings_markdown {
+        print!("{}", oxccl::config::markdown());
+        return Ok(0);
+    }
     let cfg = Config::load().map_err(|e| e.to_string())?;
     println!("oxccl {} (NCCL API 2.30.7)", env!("CARGO_PKG_VERSION"));
     println!("\n## Settings (value, source)");

@@ -29,7 +29,7 @@ enum Cmd {
     /// Time to recover from a lost rank (detect + shrink), on host memory.
     Recover(oxccl_cli::recover::RecoverArgs),
     /// Resolved settings, networks and interfaces.
-    Info,
+    Info(oxccl_cli::info::InfoArgs),
     /// Print a random key for NCCL_SOCKET_KEY_FILE: `oxccl keygen > key && chmod 600 key`.
     #[command(
         long_about = "Print a fresh random key for NCCL_SOCKET_KEY_FILE (64 hex digits). Give \
@@ -46,7 +46,7 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Perf(a) => oxccl_cli::perf::main(*a),
         Cmd::Recover(a) => oxccl_cli::recover::main(a),
-        Cmd::Info => oxccl_cli::info::main(),
+        Cmd::Info(a) => oxccl_cli::info::main(&a),
         Cmd::Keygen => oxccl_secure::Key::generate()
             .map(|k| {
                 println!("{}", k.to_hex());

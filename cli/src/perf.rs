@@ -280,7 +280,7 @@ fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
     selection(args, n)?;
     let comm =
         Comm::init_rank(n, env.id, rank, &CommConfig::default()).map_err(|e| e.to_string())?;
-    let pages = if crate::hostmem::wanted() {
+    let pages = if crate::hostmem::wanted()? {
         "buffers of 2 MiB and more on transparent huge pages (OXCCL_PERF_HUGEPAGES=0: the heap's)"
     } else {
         "buffers on the heap"
@@ -510,7 +510,9 @@ impl Case {
     pub fn buffers(&self, n: usize) -> (HostBuf, HostBuf) {
         let (cin, cout, _) = self.counts(n);
         let es = self.dtype.size();
-        let huge = crate::hostmem::wanted();
+        // Checked with every setting when the communicator was made (and
+        // by run_rank): an error cannot come here.
+        let huge = crate::hostmem::wanted().unwrap_or(true);
         (
             HostBuf::zeroed(cin * es, huge),
             HostBuf::zeroed(cout.max(if self.inplace { cin } else { 0 }) * es, huge),

@@ -1,12 +1,27 @@
-//! Every setting of the library, declared once with its default and its
-//! meaning (UCC's way), resolved once per communicator and passed down.
+//! Every setting of the library, declared once with its default, what it
+//! accepts, its meaning and who reads it (UCC's way), in the one table
+//! below ([`SETTINGS`]); `oxccl info` lists them with their values and
+//! `oxccl info --settings-markdown` prints docs/settings.md from it.
 //!
-//! Precedence, highest first: the API (a communicator's config), the
-//! environment (`NCCL_<KEY>`, read through the env plugin when one is in use:
-//! [`var`]), oxccl's TOML file (`OXCCL_CONFIG`, its `[env]` table), the
-//! configuration file (`NCCL_CONF_FILE`, else `~/.nccl.conf`, then
-//! `/etc/nccl.conf`, in NCCL's `KEY=VALUE` form), the default. `oxccl info`
-//! prints [`Config::entries`].
+//! Three kinds of rows:
+//! - `NCCL_` settings of the core, resolved once per communicator into
+//!   [`Config`] and passed down. Precedence, highest first: the API (a
+//!   communicator's config), the environment (`NCCL_<KEY>`, read through the
+//!   env plugin when one is in use: [`var`]), oxccl's TOML file
+//!   (`OXCCL_CONFIG`, its `[env]` table), the configuration file
+//!   (`NCCL_CONF_FILE`, else `~/.nccl.conf`, then `/etc/nccl.conf`, in
+//!   NCCL's `KEY=VALUE` form), the default.
+//! - `OXCCL_` settings the core (or the C API, or the CLI) reads from the
+//!   process environment only, through [`ox`]; every [`Config::load`] checks
+//!   them all, so a bad value fails a communicator's creation.
+//! - Settings of crates that cannot link the core (the plugins, the
+//!   network-interface and key crates): declared here for the docs and
+//!   `oxccl info`, read and checked strictly where they are used.
+//!
+//! A value that does not parse, or is out of range, is an
+//! [`Error::InvalidArgument`] naming the variable and what it accepts; never
+//! a silent default. A blank value means unset. [`TOOL_VARIABLES`] lists the
+//! variables tests and tools read, which are not settings.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -41,70 +56,78 @@ impl fmt::Display for Source {
     }
 }
 
-/// A value type a parameter can have.
+/// A value type a setting can have.
 pub trait ParamValue: Sized {
-    fn parse(s: &str) -> std::result::Result<Self, String>;
+    /// What a value must look like, for messages and the docs.
+    const EXPECTS: &'static str;
+    /// `None`: not a value of this type.
+    fn parse(s: &str) -> Option<Self>;
 }
 
 impl ParamValue for String {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
-        Ok(s.to_string())
+    const EXPECTS: &'static str = "text";
+    fn parse(s: &str) -> Option<Self> {
+        Some(s.to_string())
     }
 }
 
-impl ParamValue for Option<String> {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
-        Ok((!s.is_empty()).then(|| s.to_string()))
+/// Blank is `None` (unset: the setting's own default behaviour).
+impl<T: ParamValue> ParamValue for Option<T> {
+    const EXPECTS: &'static str = T::EXPECTS;
+    fn parse(s: &str) -> Option<Self> {
+        if s.trim().is_empty() {
+            return Some(None);
+        }
+        T::parse(s).map(Some)
     }
 }
 
 impl ParamValue for u64 {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
-        parse_size(s).ok_or_else(|| {
-            format!("expected a non-negative integer (K/M/G suffixes allowed), got {s:?}")
-        })
+    const EXPECTS: &'static str = "a whole number (K, M, G: times 1024, 1024^2, 1024^3)";
+    fn parse(s: &str) -> Option<Self> {
+        parse_size(s)
     }
 }
 
 impl ParamValue for usize {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
-        u64::parse(s).map(|v| v as usize)
+    const EXPECTS: &'static str = u64::EXPECTS;
+    fn parse(s: &str) -> Option<Self> {
+        u64::parse(s).and_then(|v| usize::try_from(v).ok())
     }
 }
 
 impl ParamValue for f64 {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
-        s.trim()
-            .parse()
-            .map_err(|_| format!("expected a number, got {s:?}"))
-    }
-}
-
-impl ParamValue for Option<u64> {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
-        if s.trim().is_empty() {
-            return Ok(None);
-        }
-        u64::parse(s).map(Some)
-    }
-}
-
-impl ParamValue for Option<bool> {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
-        if s.trim().is_empty() {
-            return Ok(None);
-        }
-        bool::parse(s).map(Some)
+    const EXPECTS: &'static str = "a number";
+    fn parse(s: &str) -> Option<Self> {
+        s.trim().parse().ok()
     }
 }
 
 impl ParamValue for bool {
-    fn parse(s: &str) -> std::result::Result<Self, String> {
+    const EXPECTS: &'static str = "0 or 1";
+    fn parse(s: &str) -> Option<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
-            "1" | "true" | "yes" | "on" => Ok(true),
-            "0" | "false" | "no" | "off" | "" => Ok(false),
-            _ => Err(format!("expected 0 or 1, got {s:?}")),
+            "1" | "true" | "yes" | "on" => Some(true),
+            "0" | "false" | "no" | "off" | "" => Some(false),
+            _ => None,
         }
+    }
+}
+
+/// `auto` or a count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AutoOr {
+    Auto,
+    Count(u64),
+}
+
+impl ParamValue for AutoOr {
+    const EXPECTS: &'static str = "auto, or a whole number";
+    fn parse(s: &str) -> Option<Self> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            return Some(AutoOr::Auto);
+        }
+        parse_size(s).map(AutoOr::Count)
     }
 }
 
@@ -120,22 +143,289 @@ pub(crate) fn parse_size(s: &str) -> Option<u64> {
     num.trim().parse::<u64>().ok()?.checked_mul(mult)
 }
 
-/// One declared parameter, as `oxccl info` lists it.
+/// A range or a form a parsed value must also meet; `expects` replaces the
+/// type's [`ParamValue::EXPECTS`] in messages and the docs.
+pub struct Check<T: 'static> {
+    pub expects: &'static str,
+    pub test: fn(&T) -> std::result::Result<(), String>,
+}
+
+/// The most NCCL_TIMEOUT may say: 365 days. Beyond it a wait is no bound at
+/// all, and Rust's `Duration` (and a deadline past the clock's range) fails
+/// before 10^20 seconds.
+pub const MAX_TIMEOUT_S: f64 = 365.0 * 24.0 * 3600.0;
+
+const TIMEOUT: Check<f64> = Check {
+    expects: "seconds: a finite number from 0.001 to 31536000 (365 days)",
+    test: |v| {
+        if v.is_finite() && (0.001..=MAX_TIMEOUT_S).contains(v) {
+            Ok(())
+        } else {
+            Err("out of range".into())
+        }
+    },
+};
+
+/// NCCL_BUFFSIZE's floor. NCCL takes any value (src/init.cc,
+/// computeBuffSizes, has no check), and its own defaults are 4 MiB
+/// (Simple) and 512 KiB or more (LL, LL128). oxccl cuts the buffer into 8
+/// slots (NCCL_STEPS) and each slot is one message between the ranks: at
+/// `NCCL_BUFFSIZE=1` the slots were 64 bytes and an 8 MiB reduce_scatter on
+/// host memory took 0.7-2.8 s. 64 KiB gives 8 KiB slots, the size of the
+/// device path's LL slot, where a slot's own costs (a flag, a wake-up) are
+/// small against its bytes.
+pub const MIN_BUFFSIZE: u64 = 64 << 10;
+
+/// NCCL_BUFFSIZE's ceiling: the device path's slots are at most 64 MiB
+/// (NCCL_BUFFSIZE / 8), so a larger value would be cut there.
+pub const MAX_BUFFSIZE: u64 = 512 << 20;
+
+const BUFFSIZE: Check<u64> = Check {
+    expects: "bytes (K, M, G suffixes) from 64K to 512M",
+    test: |v| {
+        if (MIN_BUFFSIZE..=MAX_BUFFSIZE).contains(v) {
+            Ok(())
+        } else {
+            Err("out of range".into())
+        }
+    },
+};
+
+const PROTO: Check<Option<String>> = Check {
+    expects: "a comma-separated list of LL, LL128 and Simple, or ^ and the ones to leave out",
+    test: |v| parse_protocols(v.as_deref().unwrap_or("")).map(|_| ()),
+};
+
+/// NCCL's limits on the socket network's helper threads and sockets
+/// (oxccl-net-socket checks the process environment's values itself).
+const SOCKET_THREADS: Check<Option<u64>> = Check {
+    expects: "a whole number from 0 to 16 (threads x NCCL_NSOCKS_PERTHREAD at most 64)",
+    test: |v| match v {
+        Some(0..=16) | None => Ok(()),
+        Some(_) => Err("out of range".into()),
+    },
+};
+
+const NSOCKS: Check<Option<u64>> = Check {
+    expects: "a whole number from 1 to 64 (NCCL_SOCKET_NTHREADS x this at most 64)",
+    test: |v| match v {
+        Some(1..=64) | None => Ok(()),
+        Some(_) => Err("out of range".into()),
+    },
+};
+
+const FAMILY: Check<Option<String>> = Check {
+    expects: "AF_INET or AF_INET6",
+    test: |v| match v.as_deref().map(str::trim) {
+        None | Some("AF_INET" | "AF_INET6") => Ok(()),
+        Some(_) => Err("no such family".into()),
+    },
+};
+
+const THREADS: Check<Option<u64>> = Check {
+    expects: "a whole number from 1 to 256",
+    test: |v| match v {
+        Some(1..=256) | None => Ok(()),
+        Some(_) => Err("out of range".into()),
+    },
+};
+
+const SHARED_GPU: Check<Option<String>> = Check {
+    expects: "leader or kernels",
+    test: |v| match v.as_deref().map(str::trim) {
+        None | Some("leader" | "kernels") => Ok(()),
+        Some(_) => Err("no such path".into()),
+    },
+};
+
+const SHARED_P2P: Check<Option<String>> = Check {
+    expects: "pull, leader or server",
+    test: |v| match v.as_deref().map(str::trim) {
+        None | Some("pull" | "leader" | "server") => Ok(()),
+        Some(_) => Err("no such path".into()),
+    },
+};
+
+const CTAS: Check<Option<u64>> = Check {
+    expects: "a whole number of CTAs from 1 (above 128 means 128)",
+    test: |v| match v {
+        Some(0) => Err("a communicator needs at least one CTA".into()),
+        _ => Ok(()),
+    },
+};
+
+const NTHREADS: Check<Option<u64>> = Check {
+    expects: "a multiple of 32 from 64 to 1024 (NCCL takes 64, 128, 256 or 512)",
+    test: |v| match v {
+        None => Ok(()),
+        Some(t) if (64..=1024).contains(t) && t % 32 == 0 => Ok(()),
+        Some(_) => Err("out of range".into()),
+    },
+};
+
+const CTA_POLICY: Check<Option<String>> = Check {
+    expects: "DEFAULT, EFFICIENCY or ZERO (or 0, 1, 2), joined by |",
+    test: |v| cta_policy(v.as_deref()).map(|_| ()),
+};
+
+/// NCCL_CTA_POLICY as NCCL reads it: DEFAULT, EFFICIENCY and ZERO, or
+/// their numbers, joined by `|`; ZERO wins over EFFICIENCY where both are
+/// set, as in NCCL. Returns the policy's bits.
+pub fn cta_policy(s: Option<&str>) -> std::result::Result<u32, String> {
+    let Some(s) = s.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(0);
+    };
+    let mut bits = 0u32;
+    for t in s.split('|').map(str::trim) {
+        bits |= match t.to_ascii_uppercase().as_str() {
+            "DEFAULT" | "0" => 0,
+            "EFFICIENCY" | "1" => 1,
+            "ZERO" | "2" => 2,
+            "3" => 3,
+            _ => return Err(format!("{t:?} is no policy")),
+        };
+    }
+    Ok(if bits & 2 != 0 { 2 } else { bits })
+}
+
+const DEV_TIMEOUT: Check<Option<u64>> = Check {
+    expects: "whole seconds from 1 to 31536000 (365 days)",
+    test: |v| match v {
+        Some(1..=31_536_000) | None => Ok(()),
+        Some(_) => Err("out of range".into()),
+    },
+};
+
+/// Which protocols NCCL_PROTO allows (LL, Simple), NCCL's syntax: a
+/// comma-separated list of LL, LL128 and Simple, case-insensitive, or
+/// `^` and the ones to leave out. Unset or empty: both.
+pub fn protocols(proto: Option<&str>) -> Result<(bool, bool)> {
+    let s = proto.unwrap_or("");
+    parse_protocols(s).map_err(|why| Error::InvalidArgument(format!("NCCL_PROTO={s:?}: {why}")))
+}
+
+fn parse_protocols(s: &str) -> std::result::Result<(bool, bool), String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok((true, true));
+    }
+    let (exclude, list) = match s.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, s),
+    };
+    let (mut ll, mut simple) = (false, false);
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match name.to_ascii_lowercase().as_str() {
+            "ll" => ll = true,
+            "simple" => simple = true,
+            "ll128" => {}
+            _ => return Err(format!("{name:?} is no protocol (LL, LL128, Simple)")),
+        }
+    }
+    let (ll, simple) = if exclude {
+        (!ll, !simple)
+    } else {
+        (ll, simple)
+    };
+    if !ll && !simple {
+        return Err("it leaves neither LL nor Simple, the protocols oxccl's kernels run".into());
+    }
+    Ok((ll, simple))
+}
+
+/// How a setting is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// By the core into [`Config`], per communicator, with NCCL's precedence.
+    Config,
+    /// From the process environment through [`ox`]; checked by every
+    /// [`Config::load`].
+    Env,
+    /// From the process environment by a crate that cannot link the core,
+    /// which checks it itself.
+    Own,
+}
+
+/// What a setting is about: one section of docs/settings.md each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Subject {
+    Bootstrap,
+    Logging,
+    Collectives,
+    Transports,
+    Plugins,
+    SocketNet,
+    IbNet,
+    HostPath,
+    DevicePath,
+    SharedGpu,
+    Tuner,
+    Profiler,
+    Cli,
+}
+
+impl Subject {
+    pub const ALL: [Subject; 13] = [
+        Subject::Bootstrap,
+        Subject::Logging,
+        Subject::Collectives,
+        Subject::Transports,
+        Subject::Plugins,
+        Subject::SocketNet,
+        Subject::IbNet,
+        Subject::HostPath,
+        Subject::DevicePath,
+        Subject::SharedGpu,
+        Subject::Tuner,
+        Subject::Profiler,
+        Subject::Cli,
+    ];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Subject::Bootstrap => "Bootstrap, sockets and time limits",
+            Subject::Logging => "Logging",
+            Subject::Collectives => "Algorithms, protocols and channels",
+            Subject::Transports => "Transports between ranks",
+            Subject::Plugins => "Plugins and configuration files",
+            Subject::SocketNet => "Socket network (oxccl-net-socket)",
+            Subject::IbNet => "InfiniBand and RoCE network (oxccl-net-ib)",
+            Subject::HostPath => "Host memory: the direct path",
+            Subject::DevicePath => "GPU memory: the device path",
+            Subject::SharedGpu => "Ranks sharing a GPU",
+            Subject::Tuner => "Tuner plugin (oxccl-tuner)",
+            Subject::Profiler => "Profiler plugin (oxccl-profiler)",
+            Subject::Cli => "The oxccl command",
+        }
+    }
+}
+
+/// One declared setting.
 #[derive(Debug, Clone, Copy)]
 pub struct ParamDef {
-    /// Key without prefix; the environment variable is `NCCL_<key>`.
+    /// The key [`Config`] knows it by: without `NCCL_` for the NCCL_
+    /// settings of the core, else the whole name.
     pub key: &'static str,
+    /// The environment variable.
+    pub name: &'static str,
+    /// The value when unset (`""`: unset, the doc says what that means).
     pub default: &'static str,
     pub doc: &'static str,
+    /// What a value must be.
+    pub expects: &'static str,
+    pub read: Read,
+    /// The crates that read it.
+    pub by: &'static str,
+    pub subject: Subject,
 }
 
 impl ParamDef {
     pub fn env_name(&self) -> String {
-        format!("NCCL_{}", self.key)
+        self.name.to_string()
     }
 }
 
-/// One resolved parameter.
+/// One resolved setting.
 #[derive(Debug, Clone)]
 pub struct Entry {
     pub def: ParamDef,
@@ -143,114 +433,521 @@ pub struct Entry {
     pub source: Source,
 }
 
-macro_rules! params {
-    ($( $(#[doc = $doc:literal])* $field:ident : $ty:ty = $key:literal, $default:literal; )*) => {
-        /// Every parameter oxccl reads.
-        pub const PARAMS: &[ParamDef] = &[
-            $( ParamDef { key: $key, default: $default, doc: concat!($($doc),*) }, )*
+const fn pick(over: &[&'static str], default: &'static str) -> &'static str {
+    if over.is_empty() {
+        default
+    } else {
+        over[0]
+    }
+}
+
+/// Parses `value` of `def` (`source`: where it came from, for the message)
+/// with its type's parser and its checks.
+fn resolve<T: ParamValue>(
+    def: &ParamDef,
+    value: &str,
+    source: &Source,
+    checks: &[&Check<T>],
+) -> Result<T> {
+    let fail = |why: Option<String>| {
+        let why = why.map(|w| format!("{w}; ")).unwrap_or_default();
+        Error::InvalidArgument(format!(
+            "{}={value:?} (from {source}): {why}expected {}",
+            def.name, def.expects
+        ))
+    };
+    let v = T::parse(value).ok_or_else(|| fail(None))?;
+    for c in checks {
+        (c.test)(&v).map_err(|why| fail(Some(why)))?;
+    }
+    Ok(v)
+}
+
+/// The value of an `OXCCL_` setting from `get` (the process environment, or
+/// a test's); where unset or blank, `unset` parsed: the row's default, not
+/// the value it shows (`""`, None, for a row whose default lives with its
+/// reader, as DeviceConfig's), and the shown default as its text.
+fn from_env<T: ParamValue>(
+    def: &ParamDef,
+    unset: &str,
+    get: &dyn Fn(&str) -> std::result::Result<String, std::env::VarError>,
+    checks: &[&Check<T>],
+) -> Result<(T, String, Source)> {
+    match get(def.name) {
+        Ok(v) if !v.trim().is_empty() => {
+            resolve(def, &v, &Source::Env, checks).map(|t| (t, v, Source::Env))
+        }
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::InvalidArgument(format!(
+            "{}={v:?} (from env): not UTF-8; expected {}",
+            def.name, def.expects
+        ))),
+        _ => resolve(def, unset, &Source::Default, checks)
+            .map(|t| (t, def.default.to_string(), Source::Default)),
+    }
+}
+
+macro_rules! settings {
+    (
+        config {
+            $( $(#[doc = $cdoc:literal])*
+               $cfield:ident : $cty:ty = $ckey:literal, $cdefault:literal in $csubject:ident
+               $(, check $ccheck:expr)? $(, expects $cexp:literal)? $(, by $cby:literal)? ; )*
+        }
+        env {
+            $( $(#[doc = $edoc:literal])*
+               $efield:ident : $ety:ty = $ename:literal, $edefault:literal in $esubject:ident
+               $(, shown $eshown:literal)? $(, check $echeck:expr)? $(, expects $eexp:literal)?
+               $(, by $eby:literal)? ; )*
+        }
+        own {
+            $( $(#[doc = $odoc:literal])*
+               $oname:literal = $odefault:literal in $osubject:ident,
+               expects $oexpects:literal, by $oby:literal ; )*
+        }
+    ) => {
+        /// Every setting: the core's NCCL_ ones ([`PARAMS`]), then the
+        /// OXCCL_ ones read through [`ox`], then those read by crates that
+        /// cannot link the core.
+        pub const SETTINGS: &[ParamDef] = &[
+            $( ParamDef {
+                key: $ckey,
+                name: concat!("NCCL_", $ckey),
+                default: $cdefault,
+                doc: concat!($($cdoc),*),
+                expects: pick(&[$($cexp,)? $($ccheck.expects,)?], <$cty as ParamValue>::EXPECTS),
+                read: Read::Config,
+                by: pick(&[$($cby)?], "oxccl"),
+                subject: Subject::$csubject,
+            }, )*
+            $( ParamDef {
+                key: $ename,
+                name: $ename,
+                default: pick(&[$($eshown)?], $edefault),
+                doc: concat!($($edoc),*),
+                expects: pick(&[$($eexp,)? $($echeck.expects,)?], <$ety as ParamValue>::EXPECTS),
+                read: Read::Env,
+                by: pick(&[$($eby)?], "oxccl"),
+                subject: Subject::$esubject,
+            }, )*
+            $( ParamDef {
+                key: $oname,
+                name: $oname,
+                default: $odefault,
+                doc: concat!($($odoc),*),
+                expects: $oexpects,
+                read: Read::Own,
+                by: $oby,
+                subject: Subject::$osubject,
+            }, )*
         ];
+
+        /// The NCCL_ settings of the core, resolved into [`Config`] (and
+        /// NCCL's parameter API in the C API).
+        pub const PARAMS: &[ParamDef] = SETTINGS.split_at([$($ckey),*].len()).0;
 
         /// The resolved settings of one communicator.
         #[derive(Debug, Clone)]
         pub struct Config {
-            $( $(#[doc = $doc])* pub $field: $ty, )*
+            $( $(#[doc = $cdoc])* pub $cfield: $cty, )*
             entries: BTreeMap<&'static str, Entry>,
+            /// The OXCCL_ settings, as [`Config::load`] found them.
+            env: Vec<Entry>,
         }
 
         impl Config {
             fn from_raw(raw: &BTreeMap<&'static str, (String, Source)>) -> Result<Config> {
                 let mut entries = BTreeMap::new();
                 $(
-                    let def = ParamDef { key: $key, default: $default, doc: concat!($($doc),*) };
+                    let def = *lookup($ckey).expect("declared");
                     let (value, source) = raw
-                        .get($key)
+                        .get($ckey)
                         .cloned()
-                        .unwrap_or_else(|| ($default.to_string(), Source::Default));
-                    let $field = <$ty as ParamValue>::parse(&value).map_err(|why| {
-                        Error::InvalidArgument(format!(
-                            "NCCL_{} (from {}): {}", $key, source, why
-                        ))
-                    })?;
-                    entries.insert($key, Entry { def, value, source });
+                        .unwrap_or_else(|| ($cdefault.to_string(), Source::Default));
+                    let $cfield = resolve::<$cty>(&def, &value, &source, &[$(&$ccheck)?])?;
+                    entries.insert($ckey, Entry { def, value, source });
                 )*
-                Ok(Config { $( $field, )* entries })
+                Ok(Config { $( $cfield, )* entries, env: Vec::new() })
+            }
+        }
+
+        /// The OXCCL_ settings read by the core, the C API and the CLI, each
+        /// from the process environment (never the env plugin or a file),
+        /// its default where unset or blank, and an
+        /// [`Error::InvalidArgument`] naming it where its value does not
+        /// parse.
+        pub mod ox {
+            use super::*;
+
+            $(
+                $(#[doc = $edoc])*
+                pub fn $efield() -> Result<$ety> {
+                    read::$efield(&|k| std::env::var(k)).map(|(v, _, _)| v)
+                }
+            )*
+
+            /// Each setting from a given environment (tests), with its
+            /// text and source.
+            pub(super) mod read {
+                use super::super::*;
+                pub type Get<'a> = &'a dyn Fn(&str) -> std::result::Result<String, std::env::VarError>;
+                $(
+                    pub fn $efield(get: Get<'_>) -> Result<($ety, String, Source)> {
+                        from_env::<$ety>(
+                            setting($ename).expect("declared"),
+                            $edefault,
+                            get,
+                            &[$(&$echeck)?],
+                        )
+                    }
+                )*
+            }
+
+            /// Every one of them, checked, as `oxccl info` lists them.
+            pub(super) fn entries(get: read::Get<'_>) -> Result<Vec<Entry>> {
+                let mut all = Vec::new();
+                $(
+                    let (_, value, source) = read::$efield(get)?;
+                    all.push(Entry { def: *setting($ename).expect("declared"), value, source });
+                )*
+                Ok(all)
             }
         }
     };
 }
 
-params! {
-    /// host:port of the bootstrap root, replacing the address in the unique id.
-    comm_id: Option<String> = "COMM_ID", "";
-    /// Interfaces to use: prefix list, `^` to exclude, `=` for exact names.
-    socket_ifname: Option<String> = "SOCKET_IFNAME", "";
-    /// Address family of the interfaces: AF_INET, AF_INET6 or empty for either.
-    socket_family: Option<String> = "SOCKET_FAMILY", "";
-    /// Sockets per helper thread of the socket network (read by the network itself; unset: 2 on 8+ cores, else 1).
-    nsocks_perthread: Option<String> = "NSOCKS_PERTHREAD", "";
-    /// Helper threads per connection of the socket network (unset: 2 on 8+ cores, else 0: the caller's thread moves the data).
-    socket_nthreads: Option<String> = "SOCKET_NTHREADS", "";
-    /// File holding a 256-bit key as 64 hex digits (`oxccl keygen`): every bootstrap and socket-network connection is then authenticated with it and encrypted (Noise NNpsk0, AES-128-GCM records); peers without it are refused. Environment only. Unset: traffic in clear.
-    socket_key_file: Option<String> = "SOCKET_KEY_FILE", "";
-    /// Seconds an operation or the bootstrap may wait on a peer before failing with the ranks it waited for.
-    timeout_s: f64 = "TIMEOUT", "300";
-    /// Logging: VERSION, WARN, INFO, TRACE (NCCL's levels).
-    debug: Option<String> = "DEBUG", "";
-    /// Subsystems logged: INIT,COLL,P2P,NET,BOOTSTRAP,ENV,ALL; `^` excludes.
-    debug_subsys: Option<String> = "DEBUG_SUBSYS", "";
-    /// File the log goes to instead of stderr; %h is the host name, %p the process id, %% a percent sign.
-    debug_file: Option<String> = "DEBUG_FILE", "";
-    /// Algorithm for collectives: Ring or Tree (recursive doubling); empty lets the cost model choose.
-    algo: Option<String> = "ALGO", "";
-    /// Protocols the device path may use: LL and Simple (NCCL's list syntax, `^` excludes); unset: LL for operations of up to 4 KiB per rank where some peer is reached through host memory (network or shared memory), Simple otherwise. Rank 0's is taken.
-    proto: Option<String> = "PROTO", "";
-    /// Network plugin library: a name (`foo` loads libnccl-net-foo.so), a path, or `none`; unset tries libnccl-net.so.
-    net_plugin: Option<String> = "NET_PLUGIN", "";
-    /// Tuner plugin library: a name (`foo` loads libnccl-tuner-foo.so), a path, or `none`; unset tries libnccl-tuner.so, then the net plugin library.
-    tuner_plugin: Option<String> = "TUNER_PLUGIN", "";
-    /// Profiler plugin library: a name (`foo` loads libnccl-profiler-foo.so), a path, or `none`; unset tries libnccl-profiler.so.
-    profiler_plugin: Option<String> = "PROFILER_PLUGIN", "";
-    /// 1: GPUs never map each other's memory; the kernels reach peers of this host through shared host memory (or the network with SHM_DISABLE).
-    p2p_disable: bool = "P2P_DISABLE", "0";
-    /// Farthest PCIe path between a GPU and a NIC over which the network reads and writes GPU memory (GPUDirect): LOC, PIX, PXB, PHB or SYS; unset: PXB. Needs a plugin reporting CUDA pointer support.
-    net_gdr_level: Option<String> = "NET_GDR_LEVEL", "";
-    /// 0: GPUDirect never registers GPU memory as a dma-buf (regMrDmaBuf), even where the network reports NCCL_PTR_DMABUF and the GPU can export one.
-    dmabuf_enable: bool = "DMABUF_ENABLE", "1";
-    /// 1: no shared-memory transport: ranks of one host connect through the network. Set on either rank of a pair, it holds for the pair.
-    shm_disable: bool = "SHM_DISABLE", "0";
-    /// Bytes of a shared-memory connection's ring: 8 slots (NCCL_STEPS) of BUFFSIZE/8 bytes.
-    buffsize: u64 = "BUFFSIZE", "4M";
-    /// Network to use by name (e.g. Socket); empty takes the first that has devices.
-    net: Option<String> = "NET", "";
-    /// Smallest number of channels (parallel lanes per collective).
-    min_nchannels: u64 = "MIN_NCHANNELS", "1";
-    /// Largest number of channels.
-    max_nchannels: u64 = "MAX_NCHANNELS", "2";
-    /// Bytes of one pipelined slice on the network.
-    chunk_size: u64 = "CHUNK_SIZE", "1M";
-    /// Configuration file in KEY=VALUE form (replaces ~/.nccl.conf and /etc/nccl.conf).
-    conf_file: Option<String> = "CONF_FILE", "";
-    /// This host's identity when counting nodes (ranks with the same one are on one node); empty: host name and boot id.
-    hostid: Option<String> = "HOSTID", "";
-    /// 1: a communicator's splits share its network context (NCCL's splitShare); 0: each split makes its own. Replaces the config's split_share where set, as in NCCL; unset: the config's, else 0.
-    comm_split_share_resources: Option<bool> = "COMM_SPLIT_SHARE_RESOURCES", "";
-    /// Fewest CTAs (thread blocks, channels) a GPU communicator runs its collectives on: its channel count is raised to it (small operations still take fewer, as NCCL's). Replaces the config's minCTAs where set, as in NCCL. Unset: 1.
-    min_ctas: Option<u64> = "MIN_CTAS", "";
-    /// Most CTAs any launch of a GPU communicator takes, on every path (P2P, shared memory, network, ranks sharing a GPU). Replaces the config's maxCTAs where set, as in NCCL. Unset: 128, oxccl's channel limit (NCCL's is 64).
-    max_ctas: Option<u64> = "MAX_CTAS", "";
-    /// Threads per CTA of the device kernels: a multiple of 32 from 64 to 1024. Unset: 512.
-    nthreads: Option<u64> = "NTHREADS", "";
-    /// NCCL's thread-block cluster size for its kernels. oxccl's kernels share nothing between blocks and launch without clusters: a value is accepted and reported once in a WARN.
-    cga_cluster_size: Option<u64> = "CGA_CLUSTER_SIZE", "";
-    /// NCCL's CTA policy: DEFAULT, EFFICIENCY, ZERO (or 0, 1, 2; `|` joins them). oxccl runs every policy as DEFAULT and says so in a WARN for the others. Replaces the config's CTAPolicy where set.
-    cta_policy: Option<String> = "CTA_POLICY", "";
-    /// 1: a communicator's shrinks (NCCL_SHRINK_DEFAULT, not revoked) share its network context (NCCL's shrinkShare); 0: each makes its own. Replaces the config's shrink_share where set; unset: the config's, else 0.
-    comm_shrink_share_resources: Option<bool> = "COMM_SHRINK_SHARE_RESOURCES", "";
+settings! {
+    config {
+        /// host:port of the bootstrap root, replacing the address in the unique id.
+        comm_id: Option<String> = "COMM_ID", "" in Bootstrap, expects "host:port";
+        /// Interfaces to use: prefix list, `^` to exclude, `=` for exact names.
+        socket_ifname: Option<String> = "SOCKET_IFNAME", "" in Bootstrap,
+            expects "interface names or prefixes, comma-separated, with ^ (exclude) or = (exact) in front",
+            by "oxccl, oxccl-net-socket, oxccl-net-ib (through oxccl-netif)";
+        /// Address family of the interfaces: AF_INET, AF_INET6 or empty for either.
+        socket_family: Option<String> = "SOCKET_FAMILY", "" in Bootstrap, check FAMILY,
+            by "oxccl, oxccl-net-socket, oxccl-net-ib (through oxccl-netif)";
+        /// Sockets per helper thread of the socket network (read by the network itself, from the process environment; unset: 2 on 8+ cores, else 1).
+        nsocks_perthread: Option<u64> = "NSOCKS_PERTHREAD", "" in SocketNet, check NSOCKS, by "oxccl-net-socket";
+        /// Helper threads per connection of the socket network (read by the network itself, from the process environment; unset: 2 on 8+ cores, 4 there with NCCL_SOCKET_KEY_FILE, else 0: the caller's thread moves the data).
+        socket_nthreads: Option<u64> = "SOCKET_NTHREADS", "" in SocketNet, check SOCKET_THREADS, by "oxccl-net-socket";
+        /// File holding a 256-bit key as 64 hex digits (`oxccl keygen`): every bootstrap and socket-network connection is then authenticated with it and encrypted (Noise NNpsk0, AES-128-GCM records); peers without it are refused. Environment only. Unset: traffic in clear.
+        socket_key_file: Option<String> = "SOCKET_KEY_FILE", "" in Bootstrap,
+            expects "a path to a file of 64 hex digits",
+            by "oxccl, oxccl-net-socket (through oxccl-secure)";
+        /// Seconds an operation or the bootstrap may wait on a peer before failing with the ranks it waited for; where set, also the kernels' wait (OXCCL_DEV_TIMEOUT_S). oxccl's own (NCCL waits without a bound): at least 1 ms, at most 365 days, beyond which a wait is no bound at all.
+        timeout_s: f64 = "TIMEOUT", "300" in Bootstrap, check TIMEOUT;
+        /// Logging: VERSION, WARN, INFO, TRACE (NCCL's levels).
+        debug: Option<String> = "DEBUG", "" in Logging,
+            expects "VERSION, WARN, INFO or TRACE (as in NCCL, any other value logs warnings only)";
+        /// Subsystems logged: INIT,COLL,P2P,NET,BOOTSTRAP,ENV,ALL; `^` excludes.
+        debug_subsys: Option<String> = "DEBUG_SUBSYS", "" in Logging,
+            expects "a comma-separated list of subsystems, ^ in front to exclude them";
+        /// File the log goes to instead of stderr; %h is the host name, %p the process id, %% a percent sign.
+        debug_file: Option<String> = "DEBUG_FILE", "" in Logging, expects "a file name, with %h, %p, %%";
+        /// Algorithm for collectives: Ring or Tree (recursive doubling); empty lets the cost model choose.
+        algo: Option<String> = "ALGO", "" in Collectives, expects "Ring or Tree";
+        /// Protocols the device path may use: LL and Simple (NCCL's list syntax, `^` excludes); unset: LL for operations of up to 4 KiB per rank where some peer is reached through host memory (network or shared memory), Simple otherwise. Rank 0's is taken. Checked when any communicator is made, on host memory too.
+        proto: Option<String> = "PROTO", "" in Collectives, check PROTO;
+        /// Network plugin library: a name (`foo` loads libnccl-net-foo.so), a path, or `none`; unset tries libnccl-net.so.
+        net_plugin: Option<String> = "NET_PLUGIN", "" in Plugins, expects "a library name, a path, or none";
+        /// Tuner plugin library: a name (`foo` loads libnccl-tuner-foo.so), a path, or `none`; unset tries libnccl-tuner.so, then the net plugin library.
+        tuner_plugin: Option<String> = "TUNER_PLUGIN", "" in Plugins, expects "a library name, a path, or none";
+        /// Profiler plugin library: a name (`foo` loads libnccl-profiler-foo.so), a path, or `none`; unset tries libnccl-profiler.so.
+        profiler_plugin: Option<String> = "PROFILER_PLUGIN", "" in Plugins, expects "a library name, a path, or none";
+        /// 1: GPUs never map each other's memory; the kernels reach peers of this host through shared host memory (or the network with SHM_DISABLE).
+        p2p_disable: bool = "P2P_DISABLE", "0" in Transports;
+        /// Farthest PCIe path between a GPU and a NIC over which the network reads and writes GPU memory (GPUDirect): LOC, PIX, PXB, PHB or SYS; unset: PXB. Needs a plugin reporting CUDA pointer support.
+        net_gdr_level: Option<String> = "NET_GDR_LEVEL", "" in Transports, expects "LOC, PIX, PXB, PHB, SYS or 0-4";
+        /// 0: GPUDirect never registers GPU memory as a dma-buf (regMrDmaBuf), even where the network reports NCCL_PTR_DMABUF and the GPU can export one.
+        dmabuf_enable: bool = "DMABUF_ENABLE", "1" in Transports;
+        /// 1: no shared-memory transport: ranks of one host connect through the network. Set on either rank of a pair, it holds for the pair.
+        shm_disable: bool = "SHM_DISABLE", "0" in Transports;
+        /// Bytes of a connection's ring through host memory (shared memory or the network): 8 slots (NCCL_STEPS) of BUFFSIZE/8 bytes. NCCL takes any value; oxccl refuses below 64K, where each slot's own costs dominate (at 1 byte the slots were 64 bytes and an 8 MiB reduce_scatter took seconds), and above 512M, which the device path's 64 MiB slots would cut.
+        buffsize: u64 = "BUFFSIZE", "4M" in Collectives, check BUFFSIZE;
+        /// Network to use by name (e.g. Socket); empty takes the first that has devices.
+        net: Option<String> = "NET", "" in Transports, expects "a network's name";
+        /// Smallest number of channels (parallel lanes per collective).
+        min_nchannels: u64 = "MIN_NCHANNELS", "1" in Collectives;
+        /// Largest number of channels.
+        max_nchannels: u64 = "MAX_NCHANNELS", "2" in Collectives;
+        /// Bytes of one pipelined slice on the network.
+        chunk_size: u64 = "CHUNK_SIZE", "1M" in Collectives;
+        /// Configuration file in KEY=VALUE form (replaces ~/.nccl.conf and /etc/nccl.conf); read from the process environment only, as NCCL does.
+        conf_file: Option<String> = "CONF_FILE", "" in Plugins, expects "a path";
+        /// This host's identity when counting nodes (ranks with the same one are on one node); empty: host name and boot id.
+        hostid: Option<String> = "HOSTID", "" in Bootstrap;
+        /// 1: a communicator's splits share its network context (NCCL's splitShare); 0: each split makes its own. Replaces the config's split_share where set, as in NCCL; unset: the config's, else 0.
+        comm_split_share_resources: Option<bool> = "COMM_SPLIT_SHARE_RESOURCES", "" in Transports;
+        /// Fewest CTAs (thread blocks, channels) a GPU communicator runs its collectives on: its channel count is raised to it (small operations still take fewer, as NCCL's). Replaces the config's minCTAs where set, as in NCCL; values above 128, oxccl's channel limit, mean 128. Unset: 1.
+        min_ctas: Option<u64> = "MIN_CTAS", "" in DevicePath, check CTAS;
+        /// Most CTAs any launch of a GPU communicator takes, on every path (P2P, shared memory, network, ranks sharing a GPU, one rank). Replaces the config's maxCTAs where set, as in NCCL; values above 128 mean 128. Unset: 128 (NCCL's limit is 64); the default count is NCCL's (24 for two H200 on NV18, 2 through host memory).
+        max_ctas: Option<u64> = "MAX_CTAS", "" in DevicePath, check CTAS;
+        /// Threads per CTA of the device kernels. Unset: 512 (or OXCCL_DEV_THREADS).
+        nthreads: Option<u64> = "NTHREADS", "" in DevicePath, check NTHREADS;
+        /// NCCL's thread-block cluster size. oxccl's kernels share nothing between blocks and launch without clusters: a value above 1 is accepted and named in a WARN.
+        cga_cluster_size: Option<u64> = "CGA_CLUSTER_SIZE", "" in DevicePath;
+        /// NCCL's CTA policy. oxccl runs every policy as DEFAULT (NCCL's CTA count within minCTAs and maxCTAs) and names the others in a WARN. Replaces the config's CTAPolicy where set.
+        cta_policy: Option<String> = "CTA_POLICY", "" in DevicePath, check CTA_POLICY;
+        /// 1: a communicator's shrinks (NCCL_SHRINK_DEFAULT, not revoked) share its network context (NCCL's shrinkShare); 0: each makes its own. Replaces the config's shrink_share where set; unset: the config's, else 0.
+        comm_shrink_share_resources: Option<bool> = "COMM_SHRINK_SHARE_RESOURCES", "" in Transports;
+    }
+    env {
+        /// 1: communicators made through the C API run on host memory even where GPUs exist (NCCL has no such mode); 0: on the GPU the CUDA runtime would use, host memory only where there is none.
+        host_memory: bool = "OXCCL_HOST_MEMORY", "0" in Transports, by "oxccl-capi";
+        /// 0: host-memory collectives between processes of one host never read each other's buffers directly (process_vm_readv), only through the shared-memory rings. Any rank's 0 turns it off for all.
+        host_direct: bool = "OXCCL_HOST_DIRECT", "1" in HostPath;
+        /// Smallest collective (bytes) the direct path takes, broadcast's and reduce's included; unset: 512K, or everything above the inline size where the host has fewer cores than ranks (broadcast and reduce: 512K). Rank 0's is taken.
+        host_direct_min: Option<u64> = "OXCCL_HOST_DIRECT_MIN", "" in HostPath;
+        /// Threads each rank copies with on the direct path; unset: the host's cores shared among its ranks, at most 8, fewer for small calls.
+        host_direct_threads: Option<u64> = "OXCCL_HOST_DIRECT_THREADS", "" in HostPath, check THREADS;
+        /// Bytes per slice of a direct all_reduce (0: whole parts; less than one reduction chunk is raised to it); unset: 1M slices once the ranks' inputs outgrow four times the last-level cache, whole parts below. Rank 0's is taken.
+        host_direct_slice: Option<u64> = "OXCCL_HOST_DIRECT_SLICE", "" in HostPath;
+        /// 1: the direct path's reads go through a thread's scratch with streaming stores; 0: never; unset: once the ranks' buffers outgrow half the last-level cache, on 4 ranks or more with 8 threads or more.
+        host_direct_stream: Option<bool> = "OXCCL_HOST_DIRECT_STREAM", "" in HostPath;
+        /// Largest point-to-point message (bytes) the direct path carries; larger ones take the rings. Unset: every message where a rank has 2 threads or more, else up to 1M. Rank 0's is taken.
+        host_direct_p2p_max: Option<u64> = "OXCCL_HOST_DIRECT_P2P_MAX", "" in HostPath;
+        /// Channels of a window (the most thread blocks a collective uses), for tuning: a count fixes it (still within NCCL_MAX_CTAS); `auto`, the default, takes NCCL's count: the link's between the ranks' GPUs (24 for two H200 on NV18), 2 for windows with peers through host memory, within the communicator's CTA bounds.
+        dev_channels: Option<AutoOr> = "OXCCL_DEV_CHANNELS", "" in DevicePath, shown "auto";
+        /// Threads per block: a multiple of 32 from 64 to 1024.
+        dev_threads: Option<u64> = "OXCCL_DEV_THREADS", "" in DevicePath, shown "512";
+        /// FIFO slots per connection and channel, 1 to 64 (windows with peers through host memory: 8, NCCL_STEPS).
+        dev_slots: Option<u64> = "OXCCL_DEV_SLOTS", "" in DevicePath, shown "8";
+        /// Bytes per FIFO slot, the most one slice carries: a multiple of 16 up to 64M (windows with peers through host memory: NCCL_BUFFSIZE / 8).
+        dev_slot_bytes: Option<u64> = "OXCCL_DEV_SLOT_BYTES", "" in DevicePath, shown "256K";
+        /// Slices each step of a channel moves before the next step moves: 1, or at most half the slots (windows with peers through host memory: half the slots).
+        dev_group: Option<u64> = "OXCCL_DEV_GROUP", "" in DevicePath, shown "1";
+        /// A channel is added per this many bytes of data, so that small operations use few blocks.
+        dev_channel_bytes: Option<u64> = "OXCCL_DEV_CHANNEL_BYTES", "" in DevicePath, shown "32K";
+        /// Smallest slice (bytes) worth a FIFO round (flags, fences), unless the data is smaller.
+        dev_min_slice_bytes: Option<u64> = "OXCCL_DEV_MIN_SLICE_BYTES", "" in DevicePath, shown "64K";
+        /// Seconds a kernel waits for a peer before it traps, so that a dead peer ends in an error rather than a hung GPU; unset: NCCL_TIMEOUT where that is set, else 120.
+        dev_timeout_s: Option<u64> = "OXCCL_DEV_TIMEOUT_S", "" in DevicePath, shown "120", check DEV_TIMEOUT;
+        /// Operations of at most this many bytes per rank take the LL protocol where the window has an LL FIFO (NCCL_PROTO: 0 with Simple alone, every size with LL alone; rank 0's is taken).
+        dev_ll_bytes: Option<u64> = "OXCCL_DEV_LL_BYTES", "" in DevicePath, shown "4K";
+        /// Bytes per slot of the LL FIFO of windows with peers through host memory (16-byte lines, half of them data): 0 (none) or a multiple of 16 from 32 to 1M.
+        dev_ll_slot_bytes: Option<u64> = "OXCCL_DEV_LL_SLOT_BYTES", "" in DevicePath, shown "8K";
+        /// Directory of compiled kernels, or `none` for no cache; unset: $XDG_CACHE_HOME/oxccl/kernels, else ~/.cache/oxccl/kernels.
+        cache_dir: Option<String> = "OXCCL_CACHE_DIR", "" in DevicePath, expects "a directory, or none";
+        /// Where all ranks share one GPU from several processes: `leader` runs each collective as one launch of rank 0's over every rank's buffers, `kernels` runs every rank's ring kernels; unset: leader, but kernels under MPS (whose kernels run together) unless the ranks are threads of one process.
+        shared_gpu: Option<String> = "OXCCL_SHARED_GPU", "" in SharedGpu, check SHARED_GPU;
+        /// Send/recv between processes sharing a GPU: `pull` (each receiver pulls with its own kernel), `leader` (rank 0's stream carries its own messages, the others pull), `server` (a thread of rank 0 also copies the others' messages; refused under CUDA_DEVICE_MAX_CONNECTIONS=1); unset: leader. Rank 0's is taken.
+        shared_p2p: Option<String> = "OXCCL_SHARED_P2P", "" in SharedGpu, check SHARED_P2P;
+        /// Microseconds rank 0's send waits for the receiver to ask for a message before letting it pull.
+        shared_push_wait_us: u64 = "OXCCL_SHARED_PUSH_WAIT_US", "200" in SharedGpu;
+        /// 0: where ranks of several processes share GPUs, collectives run on every rank's ring kernels instead of in steps (a reduce on each GPU, one rank per GPU among GPUs, a broadcast on each GPU).
+        hier: bool = "OXCCL_HIER", "1" in SharedGpu;
+        /// 0: `oxccl perf`'s host buffers come from the heap instead of transparent huge pages (2 MiB and larger buffers).
+        perf_hugepages: bool = "OXCCL_PERF_HUGEPAGES", "1" in Cli, by "oxccl-cli";
+    }
+    own {
+        /// The environment plugin library: a name (`foo` loads libnccl-env-foo.so), a path, or `none`. Read with getenv before any plugin, as NCCL does.
+        "NCCL_ENV_PLUGIN" = "" in Plugins, expects "a library name, a path, or none", by "oxccl";
+        /// oxccl's TOML configuration file; its `[env]` table gives NCCL_ settings below the environment and above NCCL_CONF_FILE, and our env plugin serves it to NCCL. Environment only.
+        "OXCCL_CONFIG" = "" in Plugins, expects "a path to a TOML file",
+            by "oxccl, oxccl-env (through oxccl-plugin)";
+        /// 1: the IB network offers no device.
+        "NCCL_IB_DISABLE" = "0" in IbNet, expects "0 or 1", by "oxccl-net-ib";
+        /// HCAs and ports to use: `mlx5_0:1,mlx5_1`, `^` to exclude, `=` for exact names; unset: every active port.
+        "NCCL_IB_HCA" = "" in IbNet, expects "a list of HCA[:port], with ^ or = in front", by "oxccl-net-ib";
+        /// GID index of RoCE ports; -1 or unset: chosen per port (RoCE v2, IPv4 first).
+        "NCCL_IB_GID_INDEX" = "-1" in IbNet, expects "a whole number from -1 to 255", by "oxccl-net-ib";
+        /// Traffic class of RoCE packets.
+        "NCCL_IB_TC" = "0" in IbNet, expects "a whole number from -1 to 255", by "oxccl-net-ib";
+        /// InfiniBand service level.
+        "NCCL_IB_SL" = "0" in IbNet, expects "a whole number from -1 to 15", by "oxccl-net-ib";
+        /// ACK timeout: 4.096 us x 2^value.
+        "NCCL_IB_TIMEOUT" = "20" in IbNet, expects "a whole number from 1 to 31", by "oxccl-net-ib";
+        /// Retransmissions before a send fails.
+        "NCCL_IB_RETRY_CNT" = "7" in IbNet, expects "a whole number from 0 to 7", by "oxccl-net-ib";
+        /// QPs one connection spreads its requests over.
+        "NCCL_IB_QPS_PER_CONNECTION" = "1" in IbNet, expects "a whole number from 1 to 16", by "oxccl-net-ib";
+        /// 0: ports of one NIC are separate devices.
+        "NCCL_IB_MERGE_NICS" = "1" in IbNet, expects "0 or 1", by "oxccl-net-ib";
+        /// Partition key index.
+        "NCCL_IB_PKEY" = "0" in IbNet, expects "a whole number from 0 to 65535", by "oxccl-net-ib";
+        /// 1: receives into GPU memory are not flushed.
+        "NCCL_GDR_FLUSH_DISABLE" = "0" in IbNet, expects "0 or 1", by "oxccl-net-ib";
+        /// Seconds connect and accept wait for the peer's side of the set-up before failing (NCCL has no bound of its own there).
+        "OXCCL_IB_CONNECT_TIMEOUT" = "60" in IbNet, expects "a whole number from 1 to 3600", by "oxccl-net-ib";
+        /// The tuner's rules file; unset: NCCL_TUNER_CONFIG_FILE, else no rules (the cost model decides).
+        "OXCCL_TUNER_CONFIG" = "" in Tuner, expects "a path to a TOML rules file", by "oxccl-tuner";
+        /// The tuner's rules file where OXCCL_TUNER_CONFIG is unset (NCCL's example tuner's name for it).
+        "NCCL_TUNER_CONFIG_FILE" = "" in Tuner, expects "a path to a TOML rules file", by "oxccl-tuner";
+        /// Events recorded, as NCCL_PROFILE_* bits (decimal or 0x hex); 7: groups, collectives and send/recv.
+        "NCCL_PROFILE_EVENT_MASK" = "7" in Profiler, expects "a number, decimal or 0x hex", by "oxccl-profiler";
+        /// Directory of the Chrome traces, `oxccl-trace-<host>-<pid>-rank<r>.json`; unset: NCCL_PROFILE_DUMP_FILE, else the current directory.
+        "OXCCL_PROFILER_DIR" = "" in Profiler, expects "a directory", by "oxccl-profiler";
+        /// Traces go to `<prefix>-<rank>.json`, as NCCL's example profiler's (where OXCCL_PROFILER_DIR is unset).
+        "NCCL_PROFILE_DUMP_FILE" = "" in Profiler, expects "a path prefix", by "oxccl-profiler";
+    }
 }
 
+/// The declared setting named `name` (the whole variable name).
+pub fn setting(name: &str) -> Option<&'static ParamDef> {
+    SETTINGS.iter().find(|d| d.name == name)
+}
+
+/// Whether the OXCCL_ setting `name` is set (not blank) in the process
+/// environment; its value is checked by [`ox`].
+pub fn env_is_set(name: &str) -> bool {
+    debug_assert!(setting(name).is_some(), "{name} is not declared");
+    std::env::var_os(name).is_some_and(|v| !v.to_string_lossy().trim().is_empty())
+}
+
+/// The command that prints docs/settings.md.
+pub const MARKDOWN_COMMAND: &str =
+    "cargo run -p oxccl-cli -- info --settings-markdown > docs/settings.md";
+
+/// docs/settings.md: every setting by subject, with its default, what it
+/// accepts and who reads it, and where values come from (`oxccl info
+/// --settings-markdown` prints it).
+pub fn markdown() -> String {
+    let mut m = String::new();
+    let mut line = |s: &str| {
+        m.push_str(s);
+        m.push('\n');
+    };
+    line("# Settings");
+    line("");
+    line(&format!(
+        "<!-- Generated from the table in core/src/config.rs by `{MARKDOWN_COMMAND}`; do not edit by hand (cli/tests/settings_doc.rs fails where this file differs). -->"
+    ));
+    line("");
+    line("Every environment variable oxccl reads, by subject: its default, what it accepts, which crate reads it and what it does. `oxccl info` shows the value each resolves to on this machine and where it came from. Variables that only tests and tools read are listed at the end.");
+    line("");
+    line("## Where values come from");
+    line("");
+    line("- `NCCL_` settings read by the core (`oxccl`), highest first:");
+    line("  1. the API: a communicator's config (`ncclConfig_t` in C, `CommConfig` in Rust);");
+    line("  2. the environment, read through the env plugin when one is loaded (`NCCL_ENV_PLUGIN`), as NCCL reads it;");
+    line("  3. oxccl's TOML file named by `OXCCL_CONFIG`, its `[env]` table;");
+    line("  4. NCCL's configuration file: `NCCL_CONF_FILE`, else `~/.nccl.conf`, else `/etc/nccl.conf` (`KEY=VALUE` lines, `#` starts a comment);");
+    line("  5. the default.");
+    line("- `NCCL_ENV_PLUGIN`, `NCCL_CONF_FILE` and `OXCCL_CONFIG` come from the process environment only (read before any plugin or file), and `NCCL_SOCKET_KEY_FILE` must (the socket network reads only the environment, and both ends of a connection need the key).");
+    line("- `OXCCL_` settings come from the process environment only: never from the env plugin or a file.");
+    line("- Settings read by a plugin or another crate that does not link the core (\"read by\" names it) come from the environment of the process that loads it.");
+    line("- A blank value means unset. A value that does not parse or is out of range is an error naming the variable and what it accepts: the core's refuse to create the communicator (`ncclInvalidArgument`), a plugin's fail its initialisation. Never a silent default.");
+    line("- Where a setting says \"rank 0's is taken\", every rank takes rank 0's value (ranks that differ would cut their data differently), and a rank that differs says so in its log.");
+    for subject in Subject::ALL {
+        line("");
+        line(&format!("## {}", subject.title()));
+        for d in SETTINGS.iter().filter(|d| d.subject == subject) {
+            let default = if d.default.is_empty() {
+                "unset".to_string()
+            } else {
+                format!("`{}`", d.default)
+            };
+            let by = match d.read {
+                Read::Config => format!("{} (per communicator)", d.by),
+                Read::Env | Read::Own => d.by.to_string(),
+            };
+            line("");
+            line(&format!("### `{}`", d.name));
+            line("");
+            line(d.doc.trim());
+            line("");
+            line(&format!(
+                "Default {default}; accepts {}; read by {by}.",
+                d.expects
+            ));
+        }
+    }
+    line("");
+    line("## Variables of tests and tools (not settings)");
+    line("");
+    line("Read by oxccl's tests, its tools and the launchers of `oxccl perf` and `oxccl recover`, never by the library:");
+    line("");
+    for (name, why) in TOOL_VARIABLES {
+        line(&format!("- `{name}`: {why}."));
+    }
+    m
+}
+
+/// Variables that tests, tools and oxccl's own launchers read: not settings
+/// of the library, each with why it exists.
+pub const TOOL_VARIABLES: &[(&str, &str)] = &[
+    ("OXCCL_RANK", "set by `oxccl perf --ranks N` and `oxccl recover` for each rank they start: its rank"),
+    ("OXCCL_NRANKS", "set by the same launchers: the number of ranks"),
+    ("OXCCL_UNIQUE_ID", "set by the same launchers: the communicator's unique id in hex"),
+    ("OXCCL_RECOVER_MARK", "set by `oxccl recover` for its ranks: the file the victim writes the time of its signal to"),
+    ("OXCCL_TEST_CHILD", "marks a test's own child process (tests/src, capi/tests/bad_settings.rs)"),
+    ("OXCCL_NETNS_CHILD", "marks a multi-host test's child inside a network namespace"),
+    ("OXCCL_FAKE_VERBS_CHILD", "marks net-ib's fake-verbs test child"),
+    ("OXCCL_NET_IB_DLOPEN_CHILD", "marks net-ib's dlopen test child"),
+    ("OXCCL_NVTX_TEST_CHILD", "marks the profiler's NVTX test child"),
+    ("OXCCL_TEST_IPC_PORT", "marks the CUDA IPC test's child and gives it the parent's port"),
+    ("OXCCL_TEST_MARK", "a multi-host test's progress file"),
+    ("OXCCL_TEST_SHRINK", "which shrink a multi-host test's child runs"),
+    ("OXCCL_TEST_RANK", "the C API test programs' rank"),
+    ("OXCCL_TEST_NRANKS", "the C API test programs' number of ranks"),
+    ("OXCCL_TEST_SEED", "the C API test programs' random seed"),
+    ("OXCCL_FIXTURES", "set at build time by tests/build.rs: the directory of the C fixtures"),
+    ("OXCCL_NCCL_SRC", "an NCCL source tree or git dir the third-party tests build from"),
+    ("OXCCL_OFI_SRC", "an aws-ofi-nccl source tree or git dir its test builds from"),
+    ("OXCCL_FASTSOCKET_SRC", "a nccl-fastsocket source tree or git dir its test builds from"),
+    ("NCCL_SRC", "passed to third-party plugins' builds: the NCCL headers they compile against"),
+    ("OXCCL_BLESS_HEADER", "1: the header test rewrites capi/include/nccl.h instead of comparing"),
+    ("OXCCL_KEEP_TRACES", "set: profiler tests keep their traces to open in a viewer"),
+    ("OXCCL_BIN", "the `oxccl` binary GPU tests run where they run on another machine than they were built on"),
+    ("OXCCL_EXPECT_NVLINK", "NVLinks the topology test expects between two GPUs"),
+    ("OXCCL_NVTX_LOG", "the file the stand-in NVTX tool of the profiler's tests logs to"),
+];
+
+/// Quoted names that are not variables oxccl reads, each with why it is
+/// quoted. A name ending in `_` is a prefix (of names built with format!).
+pub const NOT_VARIABLES: &[(&str, &str)] = &[
+    (
+        "NCCL_PTR_HOST",
+        "NCCL's pointer-support flag, named in messages",
+    ),
+    (
+        "NCCL_PTR_DMABUF",
+        "NCCL's pointer-support flag, named in messages",
+    ),
+    (
+        "NCCL_NVLS_ENABLE",
+        "NCCL's own setting, set for NCCL in comparisons",
+    ),
+    (
+        "NCCL_INSPECTOR_ENABLE",
+        "NCCL's inspector plugin's, set in its test",
+    ),
+    (
+        "NCCL_INSPECTOR_DUMP_DIR",
+        "NCCL's inspector plugin's, set in its test",
+    ),
+    (
+        "NCCL_PROFILE_PROXY_CTRL_POOL_SIZE",
+        "NCCL's example profiler's, set in its test",
+    ),
+    (
+        "NCCL_PROFILE_",
+        "NCCL_PROFILE_<EVENT>_POOL_SIZE: NCCL's example profiler's, set in its test",
+    ),
+    ("NCCL_A", "made up by the env plugin's tests"),
+    ("NCCL_B", "made up by the env plugin's tests"),
+    ("NCCL_PANIC", "made up by the env plugin's tests"),
+    ("NCCL_X", "made up by tests of bad values"),
+    ("NCCL_NO_SUCH_THING", "made up by the parameter API's tests"),
+    ("NCCL_NOT_SET_ANYWHERE", "made up by the env plugin's tests"),
+    (
+        "NCCL_NO_SUCH_PARAM",
+        "made up by the C tests of the parameter API",
+    ),
+    (
+        "NCCL_CONFIG_INITIALIZER",
+        "nccl.h's macro, named in a C test's expected message",
+    ),
+    ("OXCCL_MAX_RANKS", "a macro of the CUDA source"),
+    ("OXCCL_MAX_STEPS", "a macro of the CUDA source"),
+    ("OXCCL_FLAG_BYTES", "a macro of the CUDA source"),
+    ("OXCCL_OP", "a macro of the CUDA source"),
+];
+
 impl Config {
-    /// Resolves every parameter from the environment, the configuration file
-    /// and the defaults.
+    /// Resolves every NCCL_ setting of the core from the environment, the
+    /// configuration files and the defaults, and checks every OXCCL_ one
+    /// ([`ox`]).
     pub fn load() -> Result<Config> {
         Config::load_with(&[])
     }
@@ -294,16 +991,24 @@ impl Config {
             })?;
             raw.insert(def.key, (value.to_string(), Source::Api));
         }
-        Config::from_raw(&raw)
+        let mut cfg = Config::from_raw(&raw)?;
+        cfg.env = ox::entries(&|k| std::env::var(k))?;
+        Ok(cfg)
     }
 
-    /// Every parameter with its resolved value and where it came from.
+    /// Every setting the core reads with its resolved value and where it
+    /// came from: the NCCL_ ones, then the OXCCL_ ones.
     pub fn entries(&self) -> impl Iterator<Item = &Entry> {
-        self.entries.values()
+        self.entries.values().chain(&self.env)
     }
 
+    /// Where the setting `key` came from: a key of [`PARAMS`] (no `NCCL_`)
+    /// or an OXCCL_ variable's name.
     pub fn source(&self, key: &str) -> Option<&Source> {
-        self.entries.get(key).map(|e| &e.source)
+        self.entries
+            .get(key)
+            .or_else(|| self.env.iter().find(|e| e.def.key == key))
+            .map(|e| &e.source)
     }
 
     /// Whether `key` was set anywhere rather than left at its default.
@@ -342,8 +1047,10 @@ impl Config {
         true
     }
 
+    /// NCCL_TIMEOUT, within the range its check holds it to (so that no
+    /// conversion overflows).
     pub fn timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_secs_f64(self.timeout_s.max(0.001))
+        std::time::Duration::from_secs_f64(self.timeout_s)
     }
 }
 
@@ -438,6 +1145,186 @@ mod tests {
         assert!(e.to_string().contains("NCCL_TIMEOUT"), "{e}");
     }
 
+    /// NCCL_TIMEOUT=inf or 1e30 overflowed Duration (a panic in the CLI,
+    /// "internal error" from the C API); 0, -5 and NaN meant 1 ms. Each is
+    /// refused now, naming the variable and the range, from the
+    /// environment's path (from_raw) and from the API alike.
+    #[test]
+    fn nccl_timeout_out_of_range_is_refused() {
+        for bad in [
+            "inf", "1e30", "0", "-5", "NaN", "-inf", "0.0001", "31536001",
+        ] {
+            let mut raw = BTreeMap::new();
+            raw.insert("TIMEOUT", (bad.to_string(), Source::Env));
+            let e = Config::from_raw(&raw).unwrap_err();
+            let m = e.to_string();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{bad}: {e:?}");
+            assert!(
+                m.contains(&format!("NCCL_TIMEOUT={bad:?}")) && m.contains("0.001 to 31536000"),
+                "{bad}: {m}"
+            );
+            let e = Config::load_with(&[("NCCL_TIMEOUT", bad)]).unwrap_err();
+            assert!(e.to_string().contains("NCCL_TIMEOUT"), "{bad}: {e}");
+        }
+        for good in ["0.001", "2.5", "300", "31536000"] {
+            let c = Config::load_with(&[("TIMEOUT", good)]).unwrap();
+            assert_eq!(c.timeout().as_secs_f64(), good.parse::<f64>().unwrap());
+        }
+    }
+
+    /// Garbage in any OXCCL_ setting the core, the C API or the CLI reads
+    /// was ignored or defaulted; now each is InvalidArgument naming the
+    /// variable and what it accepts, from every Config::load. Every such
+    /// setting has a case here (OXCCL_CACHE_DIR takes any text: its case
+    /// is a value that is not UTF-8).
+    #[test]
+    fn every_oxccl_setting_refuses_garbage_naming_it() {
+        use std::env::VarError;
+        let bad = [
+            ("OXCCL_HOST_MEMORY", "yes please"),
+            ("OXCCL_HOST_DIRECT", "maybe"),
+            ("OXCCL_HOST_DIRECT", "2"),
+            ("OXCCL_HOST_DIRECT_MIN", "1Q"),
+            ("OXCCL_HOST_DIRECT_MIN", "-1"),
+            ("OXCCL_HOST_DIRECT_THREADS", "0"),
+            ("OXCCL_HOST_DIRECT_THREADS", "257"),
+            ("OXCCL_HOST_DIRECT_THREADS", "four"),
+            ("OXCCL_HOST_DIRECT_SLICE", "big"),
+            ("OXCCL_HOST_DIRECT_STREAM", "2"),
+            ("OXCCL_HOST_DIRECT_P2P_MAX", "1.5M"),
+            ("OXCCL_DEV_CHANNELS", "many"),
+            ("OXCCL_DEV_THREADS", "x"),
+            ("OXCCL_DEV_SLOTS", "8 slots"),
+            ("OXCCL_DEV_SLOT_BYTES", "256KB"),
+            ("OXCCL_DEV_GROUP", "-2"),
+            ("OXCCL_DEV_CHANNEL_BYTES", "32k!"),
+            ("OXCCL_DEV_MIN_SLICE_BYTES", "1e6"),
+            ("OXCCL_DEV_TIMEOUT_S", "0"),
+            ("OXCCL_DEV_TIMEOUT_S", "99999999999"),
+            ("OXCCL_DEV_LL_BYTES", "4 KiB"),
+            ("OXCCL_DEV_LL_SLOT_BYTES", "eight"),
+            ("OXCCL_SHARED_GPU", "gpu"),
+            ("OXCCL_SHARED_P2P", "push"),
+            ("OXCCL_SHARED_PUSH_WAIT_US", "soon"),
+            ("OXCCL_HIER", "2"),
+            ("OXCCL_PERF_HUGEPAGES", "huge"),
+        ];
+        for (name, value) in bad {
+            let get = |k: &str| {
+                if k == name {
+                    Ok(value.to_string())
+                } else {
+                    Err(VarError::NotPresent)
+                }
+            };
+            let e = ox::entries(&get).unwrap_err();
+            let m = e.to_string();
+            assert!(
+                matches!(e, Error::InvalidArgument(_)),
+                "{name}={value}: {e:?}"
+            );
+            let expects = setting(name).unwrap().expects;
+            assert!(
+                m.contains(&format!("{name}={value:?} (from env)")) && m.contains(expects),
+                "{name}={value}: {m}"
+            );
+        }
+        let not_utf8 = |k: &str| {
+            if k == "OXCCL_CACHE_DIR" {
+                Err(VarError::NotUnicode(std::ffi::OsString::from("x")))
+            } else {
+                Err(VarError::NotPresent)
+            }
+        };
+        let e = ox::entries(&not_utf8).unwrap_err().to_string();
+        assert!(
+            e.contains("OXCCL_CACHE_DIR") && e.contains("not UTF-8"),
+            "{e}"
+        );
+        for d in SETTINGS.iter().filter(|d| d.read == Read::Env) {
+            assert!(
+                d.name == "OXCCL_CACHE_DIR" || bad.iter().any(|(n, _)| *n == d.name),
+                "{} has no bad value here",
+                d.name
+            );
+        }
+        // Unset, blank and good values.
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+                    .ok_or(VarError::NotPresent)
+            }
+        };
+        let unset = ox::entries(&env(&[])).unwrap();
+        assert!(unset.iter().all(|e| e.source == Source::Default));
+        // A row that shows its reader's default reads as unset (None), so
+        // that the reader's own default and its "unset" rules stand.
+        let none = env(&[]);
+        assert_eq!(ox::read::dev_group(&none).unwrap().0, None);
+        assert_eq!(ox::read::dev_channels(&none).unwrap().0, None);
+        assert_eq!(ox::read::dev_timeout_s(&none).unwrap().0, None);
+        assert!(ox::read::hier(&none).unwrap().0, "a plain default parses");
+        let good = env(&[
+            ("OXCCL_HOST_DIRECT", " "),
+            ("OXCCL_HOST_DIRECT_SLICE", "1M"),
+            ("OXCCL_HOST_DIRECT_THREADS", "256"),
+            ("OXCCL_HOST_DIRECT_STREAM", "0"),
+            ("OXCCL_DEV_CHANNELS", "auto"),
+            ("OXCCL_SHARED_P2P", "server"),
+        ]);
+        assert!(
+            ox::read::host_direct(&good).unwrap().0,
+            "blank: the default"
+        );
+        assert_eq!(ox::read::host_direct_slice(&good).unwrap().0, Some(1 << 20));
+        assert_eq!(ox::read::host_direct_threads(&good).unwrap().0, Some(256));
+        assert_eq!(ox::read::host_direct_stream(&good).unwrap().0, Some(false));
+        assert_eq!(ox::read::dev_channels(&good).unwrap().0, Some(AutoOr::Auto));
+        let all = ox::entries(&good).unwrap();
+        let slice = all.iter().find(|e| e.def.name == "OXCCL_HOST_DIRECT_SLICE");
+        assert_eq!(
+            slice.map(|e| (&*e.value, &e.source)),
+            Some(("1M", &Source::Env))
+        );
+    }
+
+    /// NCCL_PROTO was parsed by the device path alone: garbage passed on
+    /// host memory. NCCL_BUFFSIZE=1 gave 64-byte slots.
+    #[test]
+    fn nccl_proto_and_buffsize_are_checked_at_load() {
+        for (key, bad, says) in [
+            ("PROTO", "fast", "\"fast\" is no protocol"),
+            ("PROTO", "^LL,Simple", "leaves neither"),
+            ("PROTO", "LL128", "leaves neither"),
+            ("BUFFSIZE", "1", "from 64K to 512M"),
+            ("BUFFSIZE", "65535", "from 64K to 512M"),
+            ("BUFFSIZE", "1G", "from 64K to 512M"),
+            ("BUFFSIZE", "4MB", "from 64K to 512M"),
+        ] {
+            let mut raw = BTreeMap::new();
+            raw.insert(key, (bad.to_string(), Source::Env));
+            let e = Config::from_raw(&raw).unwrap_err();
+            let m = e.to_string();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{key}={bad}: {e:?}");
+            assert!(
+                m.contains(&format!("NCCL_{key}={bad:?}")) && m.contains(says),
+                "{key}={bad}: {m}"
+            );
+        }
+        for (key, good) in [
+            ("PROTO", "Simple"),
+            ("PROTO", "^LL128"),
+            ("PROTO", ""),
+            ("BUFFSIZE", "64K"),
+            ("BUFFSIZE", "512M"),
+        ] {
+            Config::load_with(&[(key, good)]).unwrap_or_else(|e| panic!("{key}={good}: {e}"));
+        }
+    }
+
     #[test]
     fn api_overrides_and_unknown_key_is_named() {
         let c = Config::load_with(&[("NCCL_ALGO", "Ring")]).unwrap();
@@ -466,35 +1353,88 @@ mod tests {
         assert_eq!(parse_size("x"), None);
     }
 
-    /// Every NCCL_ variable named in the core's sources is declared above.
+    /// Every `"NCCL_...` and `"OXCCL_...` string in the workspace's Rust
+    /// and C sources (every crate, its tests, examples and build scripts,
+    /// the fuzz targets, the C fixtures) names a declared setting, a
+    /// variable of [`TOOL_VARIABLES`] or a name of [`NOT_VARIABLES`]. A
+    /// name ending in `_` is a prefix: one followed by `{` (a name built
+    /// with format!, as `format!("NCCL_PROFILE_{p}_POOL_SIZE")`) must be
+    /// listed itself, any other must begin some declared or listed name;
+    /// bare `NCCL_` and `OXCCL_` (the table's own `concat!` and `format!`)
+    /// pass. Each listed name must still occur somewhere, and no name may be
+    /// both declared and listed.
     #[test]
-    fn every_variable_read_is_declared() {
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+    fn every_variable_named_in_the_workspace_is_declared() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let listed: Vec<&str> = TOOL_VARIABLES
+            .iter()
+            .chain(NOT_VARIABLES)
+            .map(|(n, _)| *n)
+            .collect();
+        let known = |n: &str| setting(n).is_some() || listed.contains(&n);
         let mut undeclared = Vec::new();
-        visit(Path::new(src), &mut |text| {
-            for (i, _) in text.match_indices("\"NCCL_") {
-                let name: String = text[i + 6..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_uppercase() || *c == '_' || c.is_ascii_digit())
-                    .collect();
-                // Read with getenv, as NCCL does, not as settings.
-                let raw_env = ["CONF_FILE", "ENV_PLUGIN"];
-                if !name.is_empty() && lookup(&name).is_none() && !raw_env.contains(&name.as_str())
-                {
-                    undeclared.push(name);
+        let mut seen = std::collections::BTreeSet::new();
+        let mut files = 0;
+        visit(&root, &mut |path, text| {
+            files += 1;
+            for quote in ["\"NCCL_", "\"OXCCL_"] {
+                for (i, _) in text.match_indices(quote) {
+                    let name: String = text[i + 1..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_uppercase() || *c == '_' || c.is_ascii_digit())
+                        .collect();
+                    let next = text[i + 1 + name.len()..].chars().next();
+                    seen.insert(name.clone());
+                    let ok = match name.as_str() {
+                        "NCCL_" | "OXCCL_" => true,
+                        n if n.ends_with('_') && next == Some('{') => listed.contains(&n),
+                        n if n.ends_with('_') => {
+                            known(n)
+                                || SETTINGS.iter().any(|d| d.name.starts_with(n))
+                                || listed.iter().any(|l| l.starts_with(n))
+                        }
+                        n => known(n),
+                    };
+                    if !ok {
+                        let line = text[..i].lines().count().max(1);
+                        let at = path.strip_prefix(&root).unwrap_or(path);
+                        undeclared.push(format!("{name} ({}:{line})", at.display()));
+                    }
                 }
             }
         });
-        assert!(undeclared.is_empty(), "undeclared: {undeclared:?}");
+        assert!(
+            files > 200,
+            "only {files} files found under {}",
+            root.display()
+        );
+        assert!(
+            undeclared.is_empty(),
+            "not in the table of core/src/config.rs, TOOL_VARIABLES or NOT_VARIABLES: {undeclared:#?}"
+        );
+        let stale: Vec<&&str> = listed.iter().filter(|n| !seen.contains(**n)).collect();
+        assert!(stale.is_empty(), "listed but named nowhere: {stale:?}");
+        let both: Vec<&&str> = listed.iter().filter(|n| setting(n).is_some()).collect();
+        assert!(both.is_empty(), "declared and listed: {both:?}");
     }
 
-    fn visit(dir: &Path, f: &mut dyn FnMut(&str)) {
+    /// Calls `f` with each Rust and C source under `dir` and its text,
+    /// skipping build outputs, git's files, docs and tools/ (scripts).
+    fn visit(dir: &Path, f: &mut dyn FnMut(&Path, &str)) {
         for e in std::fs::read_dir(dir).unwrap() {
             let p = e.unwrap().path();
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
             if p.is_dir() {
-                visit(&p, f);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                f(&std::fs::read_to_string(&p).unwrap());
+                let skip = name.starts_with("target")
+                    || name.starts_with('.')
+                    || ["docs", "tools", "node_modules"].contains(&&*name);
+                if !skip {
+                    visit(&p, f);
+                }
+            } else if p.extension().is_some_and(|x| x == "rs" || x == "c") {
+                if let Ok(text) = std::fs::read_to_string(&p) {
+                    f(&p, &text);
+                }
             }
         }
     }

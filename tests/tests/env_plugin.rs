@@ -169,7 +169,7 @@ fn our_env_plugin_serves_the_toml_file() {
 fn info_names_the_env_plugin() {
     let name = "info_names_the_env_plugin";
     if as_child(name, |_| {
-        oxccl_cli::info::main().unwrap();
+        oxccl_cli::info::main(&Default::default()).unwrap();
     }) {
         return;
     }

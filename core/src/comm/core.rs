@@ -48,7 +48,7 @@ pub(crate) fn setup_direct(
     let pm = PeerMem::setup(loc.rank, n, &|b| bootstrap.allgather(b), &mut why)?;
     match pm {
         Some(pm) => {
-            let d = exec::direct::Direct::new(pm, n, terms, threads);
+            let d = exec::direct::Direct::new(pm, n, terms, threads)?;
             info!(target: "oxccl::init",
                 "Host collectives of {} bytes and more (broadcast and reduce: {}) read peers' buffers directly (SHM/direct/CMA, up to {} threads per rank; OXCCL_HOST_DIRECT=0 turns it off)", d.terms.min, d.terms.rooted_min, d.threads.most());
             Ok(Some(d))

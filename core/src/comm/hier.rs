@@ -137,8 +137,8 @@ fn splits(op: &Op) -> bool {
         }
 }
 
-fn wanted() -> bool {
-    std::env::var("OXCCL_HIER").map_or(true, |v| v.trim() != "0")
+fn wanted() -> Result<bool> {
+    crate::config::ox::hier()
 }
 
 impl Comm {
@@ -530,7 +530,7 @@ fn run_on(c: &Comm, op: Op) -> Result<()> {
 /// receive take the same way, see `p2p_in_parts`).
 pub(super) fn made(core: &Arc<Core>, me: usize) -> Result<State> {
     let gpus = match &core.device {
-        Some(gpu) if wanted() => lock(gpu)?.mixed_gpus().map(<[usize]>::to_vec),
+        Some(gpu) if wanted()? => lock(gpu)?.mixed_gpus().map(<[usize]>::to_vec),
         _ => None,
     };
     let Some(gpus) = gpus else {

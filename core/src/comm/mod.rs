@@ -157,6 +157,8 @@ fn child_config(core: &Core, config: &CommConfig) -> CommConfig {
     let parent: Vec<(String, String)> = core
         .cfg
         .entries()
+        // OXCCL_ settings come from the environment alone, read again.
+        .filter(|e| e.def.read == crate::config::Read::Config)
         .filter(|e| e.source != crate::config::Source::Default)
         .map(|e| (e.def.key.to_string(), e.value.clone()))
         .collect();
@@ -497,7 +499,7 @@ impl Comm {
         };
         let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
         let mut cfg = cfg;
-        let (terms, threads) = crate::exec::direct::Terms::from_env(nranks);
+        let (terms, threads) = crate::exec::direct::Terms::from_env(nranks)?;
         let peers = ident::exchange(
             &bootstrap,
             ident::Facts {

@@ -17,10 +17,12 @@ use super::nvrtc::Compiled;
 const MAGIC: &[u8; 8] = b"OXCCLK01";
 
 pub(crate) fn dir() -> Option<PathBuf> {
-    match std::env::var_os("OXCCL_CACHE_DIR") {
-        Some(d) if d == "none" => return None,
-        Some(d) if !d.is_empty() => return Some(PathBuf::from(d)),
-        _ => {}
+    // Text: any value parses (`Err` only where it is not UTF-8, which a
+    // communicator's creation has refused already).
+    match crate::config::ox::cache_dir().ok().flatten() {
+        Some(d) if d.trim() == "none" => return None,
+        Some(d) => return Some(PathBuf::from(d)),
+        None => {}
     }
     let base = std::env::var_os("XDG_CACHE_HOME")
         .filter(|d| !d.is_empty())

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use crate::algo::direct::{awaited, stage_bytes, End, Own, Plan, Src, Task};
 use crate::algo::{Buf, Coll, Region};
+use crate::config::ox;
 use crate::error::{Error, Result};
 use crate::reduce::Reducer;
 use crate::transport::cma::{PeerMem, Poll, Post, INLINE};
@@ -354,15 +355,15 @@ pub const TERMS_BYTES: usize = 40;
 impl Terms {
     /// This rank's, for `n` ranks, and the threads it runs a call on
     /// (each rank's own).
-    pub fn from_env(n: usize) -> (Terms, Threads) {
-        let (min, rooted_min, threads) = settings(n);
+    pub fn from_env(n: usize) -> Result<(Terms, Threads)> {
+        let (min, rooted_min, threads) = settings(n)?;
         let terms = Terms {
             min,
             rooted_min,
-            p2p_max: p2p_max(threads),
-            slice: Slice::from_env(),
+            p2p_max: p2p_max(threads)?,
+            slice: Slice::from_env()?,
         };
-        (terms, threads)
+        Ok((terms, threads))
     }
 
     pub fn encode(&self) -> [u8; TERMS_BYTES] {
@@ -431,17 +432,17 @@ impl Terms {
 impl Direct {
     /// The direct path on `pm` for `n` ranks, each call's route and slices
     /// by `terms` (rank 0's), on up to `threads` threads.
-    pub fn new(pm: PeerMem, n: usize, terms: Terms, threads: Threads) -> Direct {
-        Direct {
+    pub fn new(pm: PeerMem, n: usize, terms: Terms, threads: Threads) -> Result<Direct> {
+        Ok(Direct {
             pm: Arc::new(pm),
             terms,
             threads,
-            stream: Stream::from_env(),
+            stream: Stream::from_env()?,
             pool: OnceLock::new(),
             scratch: Mutex::default(),
             stage: Mutex::default(),
             p2p: Mutex::new(vec![(0, 0); n]),
-        }
+        })
     }
 
     /// This rank has given up a call: see [`PeerMem::give_up`].
@@ -710,19 +711,16 @@ impl Slice {
     /// From `OXCCL_HOST_DIRECT_SLICE`, else by the size of the cache. A
     /// smaller slice than one reduction chunk is raised to it: each slice
     /// costs an announcement and the waits for it.
-    fn from_env() -> Slice {
-        std::env::var("OXCCL_HOST_DIRECT_SLICE")
-            .ok()
-            .and_then(|v| crate::config::parse_size(&v))
-            .map_or(
-                Slice::Auto {
-                    cache: last_level_cache(),
-                },
-                |v| match v as usize {
-                    0 => Slice::Fixed(0),
-                    v => Slice::Fixed(v.max(CHUNK)),
-                },
-            )
+    fn from_env() -> Result<Slice> {
+        Ok(ox::host_direct_slice()?.map_or(
+            Slice::Auto {
+                cache: last_level_cache(),
+            },
+            |v| match usize::try_from(v).unwrap_or(usize::MAX) {
+                0 => Slice::Fixed(0),
+                v => Slice::Fixed(v.max(CHUNK)),
+            },
+        ))
     }
 
     /// Bytes per slice of a call moving `bytes` per rank on `n` ranks (0:
@@ -762,14 +760,13 @@ pub enum Stream {
 }
 
 impl Stream {
-    fn from_env() -> Stream {
-        match std::env::var("OXCCL_HOST_DIRECT_STREAM").as_deref() {
-            Ok("1") => Stream::Fixed(true),
-            Ok("0") => Stream::Fixed(false),
-            _ => Stream::Auto {
+    fn from_env() -> Result<Stream> {
+        Ok(match ox::host_direct_stream()? {
+            Some(on) => Stream::Fixed(on),
+            None => Stream::Auto {
                 cache: last_level_cache(),
             },
-        }
+        })
     }
 
     /// For a call whose buffers span `bytes` per rank (input and output, or
@@ -841,16 +838,13 @@ fn last_level_cache() -> usize {
 /// two user-space copies, pipelined on two cores, are as fast or faster
 /// (2-core VM, 2 ranks: 15.3 against 3.9 GB/s at 256 KiB, 9.5 against
 /// 13.7 at 8 MiB).
-fn p2p_max(threads: Threads) -> usize {
+fn p2p_max(threads: Threads) -> Result<usize> {
     let default = if threads.most() >= 2 {
         usize::MAX
     } else {
         1 << 20
     };
-    std::env::var("OXCCL_HOST_DIRECT_P2P_MAX")
-        .ok()
-        .and_then(|v| crate::config::parse_size(&v))
-        .map_or(default, |v| v as usize)
+    Ok(ox::host_direct_p2p_max()?.map_or(default, |v| usize::try_from(v).unwrap_or(usize::MAX)))
 }
 
 /// Bytes a thread is worth: below this, starting it costs more than it saves.
@@ -882,21 +876,17 @@ pub enum Threads {
 /// 8 KiB 17-30 us against 17-70, reduce 27-33 against 40-94). The second
 /// value is broadcast's and reduce's minimum; `OXCCL_HOST_DIRECT_MIN` sets
 /// both.
-pub fn settings(n: usize) -> (usize, usize, Threads) {
-    let var = |k: &str| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| crate::config::parse_size(&v))
-    };
+pub fn settings(n: usize) -> Result<(usize, usize, Threads)> {
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let least = if n > cores { INLINE + 1 } else { 512 << 10 };
-    let set = var("OXCCL_HOST_DIRECT_MIN").map(|v| v as usize);
+    let set = ox::host_direct_min()?.map(|v| usize::try_from(v).unwrap_or(usize::MAX));
     let (min, rooted_min) = (set.unwrap_or(least), set.unwrap_or(512 << 10));
-    let threads = var("OXCCL_HOST_DIRECT_THREADS")
+    // 1 to 256: checked where declared.
+    let threads = ox::host_direct_threads()?
         .map_or(Threads::Auto((cores / n.max(1)).clamp(1, 8)), |t| {
-            Threads::Fixed((t as usize).max(1))
+            Threads::Fixed(t as usize)
         });
-    (min, rooted_min, threads)
+    Ok((min, rooted_min, threads))
 }
 
 impl Threads {

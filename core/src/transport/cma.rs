@@ -132,11 +132,8 @@ impl Post {
 static PROBE: u64 = 0x6f78_6363_6c5f_636d;
 
 /// Whether to try this path at all: `OXCCL_HOST_DIRECT=0` turns it off.
-pub fn wanted() -> bool {
-    !matches!(
-        std::env::var("OXCCL_HOST_DIRECT").as_deref(),
-        Ok("0") | Ok("off") | Ok("no")
-    )
+pub fn wanted() -> Result<bool> {
+    crate::config::ox::host_direct()
 }
 
 /// Lets peers of this user read this process (Yama `ptrace_scope` 1).
@@ -264,7 +261,7 @@ impl PeerMem {
         allgather: &AllGather<'_>,
         why: &mut String,
     ) -> Result<Option<PeerMem>> {
-        let want = wanted();
+        let want = wanted()?;
         let mut verdict = String::new();
         if want {
             allow_peers();

@@ -58,12 +58,37 @@ pub struct SocketNet {
     key: Option<Arc<Key>>,
 }
 
-fn env_num(name: &str, default: usize) -> Result<usize, NetError> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => v
+/// A whole number from the environment within `range` (NCCL's limits);
+/// `default` where unset or blank, an error naming the variable where it
+/// is not a number or out of range (where NCCL cuts it to the limit).
+fn env_num(
+    name: &str,
+    default: usize,
+    range: std::ops::RangeInclusive<usize>,
+) -> Result<usize, NetError> {
+    num_in(name, std::env::var(name).ok(), default, range)
+}
+
+/// [`env_num`] on a given value (`None`: unset).
+fn num_in(
+    name: &str,
+    value: Option<String>,
+    default: usize,
+    range: std::ops::RangeInclusive<usize>,
+) -> Result<usize, NetError> {
+    match value {
+        Some(v) if !v.trim().is_empty() => v
             .trim()
             .parse()
-            .map_err(|_| NetError::InvalidArgument(format!("{name}={v:?} is not a number"))),
+            .ok()
+            .filter(|n| range.contains(n))
+            .ok_or_else(|| {
+                NetError::InvalidArgument(format!(
+                    "{name}={v:?}: expected a whole number from {} to {}",
+                    range.start(),
+                    range.end()
+                ))
+            }),
         _ => Ok(default),
     }
 }
@@ -101,13 +126,15 @@ impl SocketNet {
             Family::parse(fam.as_deref()).map_err(|e| NetError::InvalidArgument(e.to_string()))?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let (threads, socks) = default_threads(cores, key.is_some());
-        SocketNet::new(
-            ifname.as_deref(),
-            family,
-            env_num("NCCL_SOCKET_NTHREADS", threads)?,
-            env_num("NCCL_NSOCKS_PERTHREAD", socks)?,
-        )
-        .map(|n| n.with_key(key.map(Arc::new)))
+        let threads = env_num("NCCL_SOCKET_NTHREADS", threads, 0..=MAX_THREADS)?;
+        let socks = env_num("NCCL_NSOCKS_PERTHREAD", socks, 1..=MAX_SOCKETS)?;
+        if threads * socks > MAX_SOCKETS {
+            return Err(NetError::InvalidArgument(format!(
+                "NCCL_SOCKET_NTHREADS={threads} x NCCL_NSOCKS_PERTHREAD={socks}: at most {MAX_SOCKETS} sockets per connection"
+            )));
+        }
+        SocketNet::new(ifname.as_deref(), family, threads, socks)
+            .map(|n| n.with_key(key.map(Arc::new)))
     }
 
     /// Authenticates and encrypts every connection with `key` (`None`: in

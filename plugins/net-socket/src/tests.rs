@@ -304,6 +304,22 @@ fn thread_and_socket_counts_follow_nccls_limits() {
     assert_eq!((h.nthreads, h.socks_per_thread), (16, 1));
 }
 
+/// NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD out of NCCL's limits
+/// (NCCL cuts them with a warning) or not numbers are errors naming them.
+#[test]
+fn thread_and_socket_settings_are_checked() {
+    let n = |v: &str, range| super::num_in("NCCL_SOCKET_NTHREADS", Some(v.into()), 2, range);
+    assert_eq!(n("", 0..=MAX_THREADS).unwrap(), 2, "blank: the default");
+    assert_eq!(n(" 16 ", 0..=MAX_THREADS).unwrap(), 16);
+    for bad in ["17", "-1", "two", "1.5"] {
+        let e = n(bad, 0..=MAX_THREADS).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("NCCL_SOCKET_NTHREADS={bad:?}")) && e.contains("from 0 to 16"),
+            "{bad}: {e}"
+        );
+    }
+}
+
 /// The exported C vtable, driven as NCCL drives it.
 #[test]
 #[allow(unsafe_code)]

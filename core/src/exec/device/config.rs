@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use crate::config::parse_size;
+use crate::config::{ox, AutoOr};
 use crate::error::{Error, Result};
 
 /// Thread blocks a collective may use at most (one per multiprocessor of an H100/H200, roughly).
@@ -108,52 +108,8 @@ pub const LL_CHANNELS: usize = 2;
 /// Simple's 13.6).
 pub const LL_MAX_BYTES: usize = 4 << 10;
 
-/// Which protocols NCCL_PROTO allows (LL, Simple), NCCL's syntax: a
-/// comma-separated list of LL, LL128 and Simple, case-insensitive, or
-/// `^` and the ones to leave out. Unset or empty: both.
-pub fn protocols(proto: Option<&str>) -> Result<(bool, bool)> {
-    let Some(s) = proto.map(str::trim).filter(|s| !s.is_empty()) else {
-        return Ok((true, true));
-    };
-    let (exclude, list) = match s.strip_prefix('^') {
-        Some(rest) => (true, rest),
-        None => (false, s),
-    };
-    let (mut ll, mut simple) = (false, false);
-    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        match name.to_ascii_lowercase().as_str() {
-            "ll" => ll = true,
-            "simple" => simple = true,
-            "ll128" => {}
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "NCCL_PROTO={s:?}: {name:?} is no protocol (LL, LL128, Simple)"
-                )))
-            }
-        }
-    }
-    let (ll, simple) = if exclude {
-        (!ll, !simple)
-    } else {
-        (ll, simple)
-    };
-    if !ll && !simple {
-        return Err(Error::InvalidArgument(format!(
-            "NCCL_PROTO={s:?} leaves neither LL nor Simple, the protocols oxccl's kernels run"
-        )));
-    }
-    Ok((ll, simple))
-}
-
-/// A size from the environment (K, M, G suffixes); None where unset or blank.
-fn env_size(k: &str) -> Result<Option<u64>> {
-    match std::env::var(k) {
-        Ok(v) if !v.trim().is_empty() => parse_size(&v)
-            .map(Some)
-            .ok_or_else(|| Error::InvalidArgument(format!("{k}={v:?} is not a number"))),
-        _ => Ok(None),
-    }
-}
+/// NCCL_PROTO's parser, beside the setting's declaration.
+pub use crate::config::protocols;
 
 /// The communicator's CTA bounds: NCCL_MIN_CTAS / NCCL_MAX_CTAS (the
 /// config's minCTAs / maxCTAs arrive as the same keys), tightened by
@@ -180,28 +136,10 @@ pub fn cta_bounds(cfg: &crate::config::Config) -> Result<(usize, usize)> {
     Ok((min.min(max), max))
 }
 
-/// NCCL_CTA_POLICY as NCCL reads it: DEFAULT, EFFICIENCY and ZERO, or
-/// their numbers (0, 1, 2), joined by `|`; ZERO over EFFICIENCY, as NCCL
-/// keeps ZERO where both are set.
+/// NCCL_CTA_POLICY's parser, beside the setting's declaration.
 pub fn cta_policy(s: Option<&str>) -> Result<u32> {
-    let Some(s) = s.map(str::trim).filter(|s| !s.is_empty()) else {
-        return Ok(0);
-    };
-    let mut bits = 0u32;
-    for t in s.split('|').map(str::trim) {
-        bits |= match t.to_ascii_uppercase().as_str() {
-            "DEFAULT" | "0" => 0,
-            "EFFICIENCY" | "1" => 1,
-            "ZERO" | "2" => 2,
-            "3" => 3,
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "NCCL_CTA_POLICY={s:?}: {t:?} is no policy (DEFAULT, EFFICIENCY, ZERO, or 0-3; `|` joins them)"
-                )))
-            }
-        };
-    }
-    Ok(if bits & 2 != 0 { 2 } else { bits })
+    crate::config::cta_policy(s)
+        .map_err(|why| Error::InvalidArgument(format!("NCCL_CTA_POLICY={s:?}: {why}")))
 }
 
 impl Default for DeviceConfig {
@@ -229,35 +167,36 @@ impl DeviceConfig {
     /// The defaults with the environment's overrides.
     pub fn from_env() -> Result<DeviceConfig> {
         let mut c = DeviceConfig::default();
-        // `auto` is the default, the link's count.
-        if std::env::var("OXCCL_DEV_CHANNELS").is_ok_and(|v| v.trim() != "auto") {
-            if let Some(v) = env_size("OXCCL_DEV_CHANNELS")? {
+        // `auto`, the default, takes the link's count.
+        match ox::dev_channels()? {
+            Some(AutoOr::Count(v)) => {
                 c.channels = v as usize;
                 c.choice = ChannelChoice::Fixed;
             }
+            Some(AutoOr::Auto) | None => {}
         }
-        if let Some(v) = env_size("OXCCL_DEV_THREADS")? {
-            c.threads = v as u32;
+        if let Some(v) = ox::dev_threads()? {
+            c.threads = u32::try_from(v).unwrap_or(u32::MAX);
         }
-        if let Some(v) = env_size("OXCCL_DEV_SLOTS")? {
+        if let Some(v) = ox::dev_slots()? {
             c.slots = v as usize;
         }
-        if let Some(v) = env_size("OXCCL_DEV_SLOT_BYTES")? {
+        if let Some(v) = ox::dev_slot_bytes()? {
             c.slot_bytes = v as usize;
         }
-        if let Some(v) = env_size("OXCCL_DEV_GROUP")? {
+        if let Some(v) = ox::dev_group()? {
             c.group = v as usize;
         }
-        if let Some(v) = env_size("OXCCL_DEV_CHANNEL_BYTES")? {
+        if let Some(v) = ox::dev_channel_bytes()? {
             c.channel_bytes = v as usize;
         }
-        if let Some(v) = env_size("OXCCL_DEV_MIN_SLICE_BYTES")? {
+        if let Some(v) = ox::dev_min_slice_bytes()? {
             c.min_slice_bytes = v as usize;
         }
-        if let Some(v) = env_size("OXCCL_DEV_TIMEOUT_S")? {
+        if let Some(v) = ox::dev_timeout_s()? {
             c.timeout = Duration::from_secs(v);
         }
-        if let Some(v) = env_size("OXCCL_DEV_LL_BYTES")? {
+        if let Some(v) = ox::dev_ll_bytes()? {
             c.ll_max_bytes = v as usize;
         }
         c.validate()?;
@@ -276,17 +215,13 @@ impl DeviceConfig {
         // A user who set NCCL_TIMEOUT expects every wait on a peer to end
         // then, the kernels' and the shared-GPU path's included.
         if cfg.source("TIMEOUT") != Some(&Source::Default)
-            && std::env::var_os("OXCCL_DEV_TIMEOUT_S").is_none()
+            && !crate::config::env_is_set("OXCCL_DEV_TIMEOUT_S")
         {
             self.timeout = cfg.timeout();
         }
         if let Some(t) = cfg.nthreads {
-            if !(64..=1024).contains(&t) || t % 32 != 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "NCCL_NTHREADS={t}: threads per CTA must be a multiple of 32 from 64 to 1024 (NCCL takes 64, 128, 256 or 512)"
-                )));
-            }
-            self.threads = t as u32;
+            // Checked at load (64-1024, multiples of 32).
+            self.threads = u32::try_from(t).unwrap_or(u32::MAX);
         }
         if let Some(n) = cfg.cga_cluster_size.filter(|&n| n > 1) {
             tracing::warn!(target: "oxccl::init", "NCCL_CGA_CLUSTER_SIZE (cgaClusterSize) {n} is not implemented by oxccl and is ignored: its kernels share nothing between blocks and launch without clusters");
@@ -336,13 +271,12 @@ impl DeviceConfig {
             }
         }
         self.slots = 8;
-        if std::env::var_os("OXCCL_DEV_GROUP").is_none() {
+        if ox::dev_group()?.is_none() {
             self.group = self.slots / 2;
         }
         self.slot_bytes = ((cfg.buffsize as usize / 8) & !15).clamp(4 << 10, 64 << 20);
         self.min_slice_bytes = self.min_slice_bytes.min(self.slot_bytes);
-        self.ll_slot_bytes =
-            env_size("OXCCL_DEV_LL_SLOT_BYTES")?.map_or(LL_SLOT_BYTES, |v| v as usize);
+        self.ll_slot_bytes = ox::dev_ll_slot_bytes()?.map_or(LL_SLOT_BYTES, |v| v as usize);
         self.validate()?;
         Ok(self)
     }
@@ -384,41 +318,44 @@ impl DeviceConfig {
         let bad = |m: String| Err(Error::InvalidArgument(format!("device config: {m}")));
         if !(1..=MAX_CHANNELS).contains(&self.channels) {
             return bad(format!(
-                "channels {} not in 1..={MAX_CHANNELS}",
+                "channels {} not in 1..={MAX_CHANNELS} (OXCCL_DEV_CHANNELS)",
                 self.channels
             ));
         }
         // Two warp groups at least: an exchange sends with one, reduces with the other.
         if !(64..=1024).contains(&self.threads) || !self.threads.is_multiple_of(32) {
             return bad(format!(
-                "threads {} not a multiple of 32 in 64..=1024",
+                "threads {} not a multiple of 32 in 64..=1024 (OXCCL_DEV_THREADS)",
                 self.threads
             ));
         }
         if !(1..=64).contains(&self.slots) {
-            return bad(format!("slots {} not in 1..=64", self.slots));
+            return bad(format!(
+                "slots {} not in 1..=64 (OXCCL_DEV_SLOTS)",
+                self.slots
+            ));
         }
         if self.slot_bytes < 16 || !self.slot_bytes.is_multiple_of(16) || self.slot_bytes > 64 << 20
         {
             return bad(format!(
-                "slot bytes {} not a multiple of 16 up to 64 MiB",
+                "slot bytes {} not a multiple of 16 up to 64 MiB (OXCCL_DEV_SLOT_BYTES)",
                 self.slot_bytes
             ));
         }
         if self.group == 0 || (self.group > 1 && 2 * self.group > self.slots) {
             return bad(format!(
-                "group {} not 1 or at most half of {} slots",
+                "group {} not 1 or at most half of {} slots (OXCCL_DEV_GROUP)",
                 self.group, self.slots
             ));
         }
         if self.channel_bytes == 0 {
-            return bad("channel bytes 0".into());
+            return bad("channel bytes 0 (OXCCL_DEV_CHANNEL_BYTES)".into());
         }
         // An LL slot carries half its bytes of data, in whole 16-byte units.
         let ll = self.ll_slot_bytes;
         if !ll.is_multiple_of(16) || ll > 1 << 20 || (ll > 0 && ll < 32) {
             return bad(format!(
-                "LL slot bytes {ll} not 0 or a multiple of 16 from 32 up to 1 MiB"
+                "LL slot bytes {ll} not 0 or a multiple of 16 from 32 up to 1 MiB (OXCCL_DEV_LL_SLOT_BYTES)"
             ));
         }
         Ok(())
@@ -428,6 +365,37 @@ impl DeviceConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::parse_size;
+
+    /// The defaults docs/settings.md shows for OXCCL_DEV_* (the table's
+    /// `shown` values) are the ones this file holds.
+    #[test]
+    fn the_settings_table_shows_these_defaults() {
+        let d = DeviceConfig::default();
+        // The count is the link's unless fixed: `auto` is the default.
+        assert!(d.asks_link());
+        let shown = crate::config::setting("OXCCL_DEV_CHANNELS").expect("declared");
+        assert_eq!(shown.default, "auto");
+        let want = [
+            ("OXCCL_DEV_THREADS", u64::from(d.threads)),
+            ("OXCCL_DEV_SLOTS", d.slots as u64),
+            ("OXCCL_DEV_SLOT_BYTES", d.slot_bytes as u64),
+            ("OXCCL_DEV_GROUP", d.group as u64),
+            ("OXCCL_DEV_CHANNEL_BYTES", d.channel_bytes as u64),
+            ("OXCCL_DEV_MIN_SLICE_BYTES", d.min_slice_bytes as u64),
+            ("OXCCL_DEV_TIMEOUT_S", d.timeout.as_secs()),
+            ("OXCCL_DEV_LL_BYTES", d.ll_max_bytes as u64),
+            ("OXCCL_DEV_LL_SLOT_BYTES", LL_SLOT_BYTES as u64),
+        ];
+        for (name, value) in want {
+            let shown = crate::config::setting(name).expect("declared").default;
+            assert_eq!(
+                parse_size(shown),
+                Some(value),
+                "{name}: the table in core/src/config.rs shows {shown:?}, DeviceConfig holds {value}; change its `shown`"
+            );
+        }
+    }
 
     #[test]
     fn sizes_and_ranges() {
@@ -541,14 +509,13 @@ mod tests {
         // The older names tighten the newer ones.
         let cfg = load(&[("MAX_CTAS", "16"), ("MAX_NCHANNELS", "4")]);
         assert_eq!(cta_bounds(&cfg).unwrap(), (1, 4));
-        let e = cta_bounds(&load(&[("MAX_CTAS", "0")])).unwrap_err();
-        assert!(e.to_string().contains("NCCL_MAX_CTAS"), "{e}");
         let cfg = load(&[("NTHREADS", "256")]);
         let t = DeviceConfig::default().with_nccl_bounds(&cfg).unwrap();
         assert_eq!(t.threads, 256);
-        let bad = DeviceConfig::default().with_nccl_bounds(&load(&[("NTHREADS", "100")]));
-        let e = bad.unwrap_err().to_string();
-        assert!(e.contains("NCCL_NTHREADS=100"), "{e}");
+        let e = crate::config::Config::load_with(&[("NTHREADS", "100")]).unwrap_err();
+        assert!(e.to_string().contains("NCCL_NTHREADS"), "{e}");
+        let e = crate::config::Config::load_with(&[("MAX_CTAS", "0")]).unwrap_err();
+        assert!(e.to_string().contains("NCCL_MAX_CTAS"), "{e}");
     }
 
     #[test]

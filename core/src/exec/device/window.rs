@@ -614,7 +614,7 @@ impl Window {
         let local = procs == 1;
         if n > 1 && one_gpu && (local || procs == n) && (0..n).all(|p| route(p) == Transport::P2p) {
             // Every rank must take the same path: all want it or none.
-            let votes = oob.allgather(&[u8::from(shared::wanted(local))])?;
+            let votes = oob.allgather(&[u8::from(shared::wanted(local)?)])?;
             if votes.iter().all(|v| v.first() == Some(&1)) {
                 let stop = stop.host_flag();
                 shared = Some(SharedGpu::setup(

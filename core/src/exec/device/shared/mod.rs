@@ -78,16 +78,18 @@ pub(super) const FLAG_BYTES: usize = PUSHED as usize + 8;
 /// For ranks of one process (`local`) MPS changes nothing: their kernels
 /// run together anyway, and one launch over every rank's buffers moves
 /// each byte once where the ring moves it through FIFO slots.
-pub(crate) fn wanted(local: bool) -> bool {
-    match std::env::var("OXCCL_SHARED_GPU").as_deref().map(str::trim) {
-        Ok("leader") => true,
-        Ok("kernels") => false,
-        _ if local => true,
-        _ => {
-            std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").is_none()
-                && !std::path::Path::new("/tmp/nvidia-mps").exists()
-        }
-    }
+pub(crate) fn wanted(local: bool) -> Result<bool> {
+    Ok(
+        match crate::config::ox::shared_gpu()?.as_deref().map(str::trim) {
+            Some("leader") => true,
+            Some("kernels") => false,
+            _ if local => true,
+            _ => {
+                std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").is_none()
+                    && !std::path::Path::new("/tmp/nvidia-mps").exists()
+            }
+        },
+    )
 }
 
 /// How send/recv between the processes runs, the leader's choice.
@@ -115,26 +117,24 @@ enum P2pPath {
 /// for the message before letting it pull (`OXCCL_SHARED_PUSH_WAIT_US`,
 /// 200 us): ranks that call a send/recv together are within it, and a
 /// pull costs about a process switch (~300 us) anyway.
-fn push_wait() -> Duration {
+fn push_wait() -> Result<Duration> {
     static WAIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *WAIT.get_or_init(|| {
-        let us = std::env::var("OXCCL_SHARED_PUSH_WAIT_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(200);
-        Duration::from_micros(us)
-    })
+    if let Some(w) = WAIT.get() {
+        return Ok(*w);
+    }
+    let w = Duration::from_micros(crate::config::ox::shared_push_wait_us()?);
+    Ok(*WAIT.get_or_init(|| w))
 }
 
 impl P2pPath {
-    fn wanted(nranks: usize) -> P2pPath {
-        let asked = std::env::var("OXCCL_SHARED_P2P").unwrap_or_default();
+    fn wanted(nranks: usize) -> Result<P2pPath> {
+        let asked = crate::config::ox::shared_p2p()?.unwrap_or_default();
         let queues = || {
             std::env::var("CUDA_DEVICE_MAX_CONNECTIONS")
                 .ok()
                 .and_then(|v| v.trim().parse::<u32>().ok())
         };
-        match asked.trim() {
+        Ok(match asked.trim() {
             _ if nranks > server::MAX_SERVED => P2pPath::Pull,
             "pull" => P2pPath::Pull,
             "server" => match queues() {
@@ -145,7 +145,7 @@ impl P2pPath {
                 _ => P2pPath::Server,
             },
             _ => P2pPath::Leader,
-        }
+        })
     }
 
     fn code(self) -> u8 {
@@ -348,7 +348,7 @@ impl Processes {
         let mut mine = own.ipc_handle()?.0.to_vec();
         if me == leader {
             // The leader's choice of send/recv path is everyone's.
-            mine.push(P2pPath::wanted(nranks).code());
+            mine.push(P2pPath::wanted(nranks)?.code());
             mine.extend_from_slice(name.as_bytes());
         }
         let all = oob.allgather(&mine)?;
@@ -889,7 +889,7 @@ impl Processes {
             return Err(Error::Internal("a push without a p2p server".into()));
         };
         let mut got = None;
-        if !self.mailbox.wait_briefly(push_wait(), || {
+        if !self.mailbox.wait_briefly(push_wait()?, || {
             got = forwards.take(p, k);
             got.is_some()
         }) {
