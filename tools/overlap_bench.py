@@ -16,19 +16,14 @@ passes ProcessGroupNCCL.Options().config.max_ctas.
 """
 
 import argparse
-import json
-import os
 
 import torch
 import torch.distributed as dist
+from torch_rank import append_json, loaded_nccl, place
 
 BUSBW = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
          "reduce_scatter": lambda n: (n - 1) / n}
 
-
-def loaded_nccl():
-    with open("/proc/self/maps") as f:
-        return sorted({line.split()[-1] for line in f if "libnccl" in line})
 
 
 def gemm_loop(a, b, c, iters, stream):
@@ -77,13 +72,7 @@ def main():
     ap.add_argument("--json", help="append a JSON line per collective (rank 0)")
     ap.add_argument("--label", default="", help="library label for the output (default: the loaded libnccl)")
     args = ap.parse_args()
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.as_hosts:
-        os.environ["NCCL_HOSTID"] = f"overlap-host-{rank}"
-    dev = torch.device("cuda", local % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
+    rank, world, dev = place(args.as_hosts, "overlap")
     opts = dist.ProcessGroupNCCL.Options()
     if args.max_ctas is not None:
         opts.config.max_ctas = args.max_ctas
@@ -160,9 +149,7 @@ def main():
             print(f"{kind} {args.bytes >> 20} MiB x{world} [{label}]: GEMM {rec['gemm_tflops_alone']} TFLOP/s alone, "
                   f"{rec['gemm_tflops_during']} during (lowest rank {lo}); busbw {rec['busbw_alone']} GB/s alone, "
                   f"{rec['busbw_during']} during", flush=True)
-            if args.json:
-                with open(args.json, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+            append_json(args.json, rec)
     dist.destroy_process_group()
 
 

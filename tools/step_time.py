@@ -13,18 +13,13 @@ seeds whatever the library, so the losses match where the reductions do.
 """
 
 import argparse
-import json
-import os
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch_rank import append_json, loaded_nccl, place
 
-
-def loaded_nccl():
-    with open("/proc/self/maps") as f:
-        return sorted({line.split()[-1] for line in f if "libnccl" in line})
 
 
 class Block(nn.Module):
@@ -55,13 +50,7 @@ def main():
     ap.add_argument("--json", help="append one JSON line (rank 0)")
     ap.add_argument("--label", default="")
     args = ap.parse_args()
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.as_hosts:
-        os.environ["NCCL_HOSTID"] = f"step-host-{rank}"
-    dev = torch.device("cuda", local % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
+    rank, world, dev = place(args.as_hosts, "step")
     distributed = args.mode != "single"
     if distributed:
         dist.init_process_group("nccl", device_id=dev)
@@ -108,9 +97,7 @@ def main():
         print(f"{args.mode} x{world} [{rec['library']}] {nparams / 1e9:.2f} B params: "
               f"{rec['step_ms']} ms/step (min {rec['step_ms_min']}), {rec['tokens_per_s']} tokens/s, "
               f"loss {losses[args.warmup]} -> {losses[-1]}", flush=True)
-        if args.json:
-            with open(args.json, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+        append_json(args.json, rec)
     if distributed:
         dist.destroy_process_group()
 

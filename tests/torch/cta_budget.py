@@ -27,14 +27,13 @@ import tempfile
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from torch_rank import loaded_nccl, place  # noqa: E402
+
 # Kernel names of the collective libraries: NCCL's ncclDevKernel_* and
 # ncclKernel_*, oxccl's oxccl_*.
 LIB_PREFIXES = ("nccl", "oxccl")
 
-
-def loaded_nccl():
-    with open("/proc/self/maps") as f:
-        return sorted({line.split()[-1] for line in f if "libnccl" in line})
 
 
 def options(args):
@@ -155,13 +154,7 @@ def main():
                     help="each rank its own NCCL_HOSTID (two ranks on one GPU through the network)")
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     args = ap.parse_args()
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if args.as_hosts:
-        os.environ["NCCL_HOSTID"] = f"cta-budget-host-{rank}"
-    dev = torch.device("cuda", local % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
+    rank, world, dev = place(args.as_hosts, "cta-budget")
     opts, set_, missing = options(args)
     dist.init_process_group("nccl", pg_options=opts, device_id=dev)
     sizes = []
