@@ -17,6 +17,7 @@
 pub mod device;
 pub mod direct;
 pub mod direct_p2p;
+pub mod extent;
 pub mod header;
 pub mod mem;
 mod proxy_prof;
