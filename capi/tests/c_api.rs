@@ -189,6 +189,29 @@ fn run_one(exe: &Path, mode: &str, env: &[(&str, &str)]) -> String {
     text
 }
 
+/// int8 counts of 2^40 and 2^62 on 256-byte host buffers: every call that
+/// takes a count returns ncclInvalidArgument naming it, on 1 and 2 ranks, and
+/// nothing crashes (tests/c/huge_count.c). Before, they passed validation
+/// and the ranks died of SIGSEGV.
+#[test]
+fn huge_counts_on_small_host_buffers_are_refused() {
+    let (tmp, exe) = stage("huge", "huge_count.c");
+    // One rank too: there 2^62 bytes pass the check of count x ranks.
+    for n in [1, 2] {
+        let results = run_ranks(&exe, n, Duration::from_secs(60));
+        for (r, (ok, out)) in results.iter().enumerate() {
+            assert!(
+                *ok && out.contains("PASS"),
+                "{n} ranks: rank {r} failed:\n{out}"
+            );
+            if r == 0 {
+                eprintln!("{n} rank(s):\n{out}");
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 /// NCCL's device choice through the C API, and buffers from the wrong side
 /// refused with ncclInvalidArgument naming the argument (a C program for
 /// each refusal). Without a GPU only the host-memory mode can run: the

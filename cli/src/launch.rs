@@ -95,6 +95,34 @@ pub fn from_env() -> Result<Option<RankEnv>, String> {
     }))
 }
 
+/// Makes the child of `cmd` die (SIGKILL) when this process does, however
+/// it dies: a launcher killed by SIGKILL runs no clean-up of its own, and
+/// its ranks would otherwise go on as orphans, holding their cores and
+/// waiting for peers until NCCL_TIMEOUT or for ever. Linux ties the signal
+/// to the thread that started the child: [`spawn`] starts and waits for
+/// its children on one thread, which outlives them.
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id();
+    let arm = move || -> std::io::Result<()> {
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+        // A parent that died before the line above sends nothing: the
+        // child has been handed to another process already.
+        if std::os::unix::process::parent_id() != parent {
+            return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+        }
+        Ok(())
+    };
+    // SAFETY: `arm` runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: it makes two system calls
+    // (prctl, getppid) and allocates nothing (the io::Error of an errno is
+    // a plain value).
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(arm);
+    }
+}
+
 /// How each child's output is handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Output {
@@ -142,6 +170,7 @@ pub fn spawn(
         for (k, v) in env {
             cmd.env(k, v);
         }
+        die_with_parent(&mut cmd);
         match output {
             Output::Rank0 if rank == 0 => cmd.stdout(Stdio::inherit()),
             Output::Rank0 => cmd.stdout(Stdio::null()),

@@ -58,6 +58,17 @@ impl OpKind {
     }
 }
 
+/// Where the addresses a process may use end: 2^56 on x86-64 (5-level
+/// paging; 2^47 with 4 levels), 2^52 on AArch64, nowhere known elsewhere.
+/// CUDA's unified addresses share the same space.
+const ADDRESS_END: u64 = if cfg!(target_arch = "x86_64") {
+    1 << 56
+} else if cfg!(target_arch = "aarch64") {
+    1 << 52
+} else {
+    u64::MAX
+};
+
 /// An operation on buffers given by address (NCCL's arguments).
 #[derive(Debug, Clone, Copy)]
 pub struct Op {
@@ -133,6 +144,22 @@ impl Op {
             }
             if out_bytes > 0 && self.output.is_null() {
                 return bad("recvbuff is null with count > 0".into());
+            }
+        }
+        for (what, ptr, len) in [
+            ("sendbuff", self.input as u64, in_bytes),
+            ("recvbuff", self.output as u64, out_bytes),
+        ] {
+            if len > 0
+                && ptr
+                    .checked_add(len as u64)
+                    .is_none_or(|end| end > ADDRESS_END)
+            {
+                return bad(format!(
+                    "count {} of {} needs {len} bytes of {what} from {ptr:#x} on, past the end of the address space ({ADDRESS_END:#x}): the count is larger than the buffer",
+                    self.count,
+                    self.dtype.name()
+                ));
             }
         }
         Ok(OpBuffers {

@@ -223,7 +223,7 @@ fn mismatched_counts_fail_on_every_rank() {
             .unwrap_err()
             .to_string();
         eprintln!("rank {}: {e}", r.rank);
-        assert!(e.contains("count 200") || e.contains("failed"), "{e}");
+        assert!(e.contains("200 x float") || e.contains("failed"), "{e}");
     }) {
         return;
     }
@@ -602,4 +602,81 @@ fn tuners_configured_apart_are_left_off_on_every_rank() {
     }
     let said = "rank 1's tuner chooses tree/ll on 1 channel(s) for all_reduce of 8 B, rank 0's ring/simple on 1 channel(s)";
     all_right_and_said(&done, &[said, NO_TUNER]);
+}
+
+/// 2 ranks on host memory whose all-reduce counts differ (rank 0 `a`
+/// floats, rank 1 `b`) where the two fall on different paths (inline up
+/// to 4 KiB, the rings, the direct path's threads from 512 KiB): both
+/// ranks name the mismatch, with both counts, within a few seconds, long
+/// before NCCL_TIMEOUT (30 s here). Before, each rank took the path of
+/// its own count, so they never met to compare headers: both waited the
+/// whole NCCL_TIMEOUT and then failed with "ranks=none".
+fn counts_on_two_paths(name: &str, a: usize, b: usize) {
+    if as_child(name, |r| {
+        oxccl::log::init();
+        let comm = r.comm(&[]);
+        // One call that agrees first: the ranks are then in step.
+        summed_on_2_ranks(&comm, 4).0.unwrap();
+        let count = if r.rank == 0 { a } else { b };
+        let start = Instant::now();
+        let e = summed_on_2_ranks(&comm, count).0.unwrap_err().to_string();
+        let took = start.elapsed();
+        eprintln!("rank {} after {took:?}: {e}", r.rank);
+        assert!(took < Duration::from_secs(5), "named after {took:?}: {e}");
+        for said in [
+            "mismatched counts".to_string(),
+            format!("all_reduce #1 of {a} x float"),
+            format!("of {b} x float"),
+        ] {
+            assert!(e.contains(&said), "rank {}: no {said:?} in {e}", r.rank);
+        }
+    }) {
+        return;
+    }
+    let start = Instant::now();
+    let done = spawn(
+        name,
+        2,
+        &[
+            ("NCCL_TIMEOUT", "30"),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "INIT"),
+            // The thresholds this test crosses, whatever the host's cores.
+            ("OXCCL_HOST_DIRECT_MIN", "512K"),
+        ],
+        Duration::from_secs(90),
+    );
+    eprintln!("{name}: both ranks done after {:?}", start.elapsed());
+    survivors_ok(&done, usize::MAX);
+    for f in &done {
+        took_direct_path(f);
+    }
+}
+
+#[test]
+fn counts_inline_and_on_the_rings_are_named() {
+    counts_on_two_paths("counts_inline_and_on_the_rings_are_named", 1024, 2048);
+}
+
+#[test]
+fn counts_one_element_across_the_inline_size_are_named() {
+    counts_on_two_paths(
+        "counts_one_element_across_the_inline_size_are_named",
+        1024,
+        1025,
+    );
+}
+
+#[test]
+fn counts_on_the_rings_and_on_threads_are_named() {
+    counts_on_two_paths(
+        "counts_on_the_rings_and_on_threads_are_named",
+        65536,
+        262_144,
+    );
+}
+
+#[test]
+fn counts_inline_and_on_threads_are_named() {
+    counts_on_two_paths("counts_inline_and_on_threads_are_named", 1024, 262_144);
 }

@@ -420,6 +420,7 @@ impl Core {
                 .filter(|_| mask & PROXY_OP_BITS != 0)
                 .map(|comm| ProxyProfiler { comm, mask }),
             ctrl: self.profiler.as_deref(),
+            direct: self.direct.as_ref(),
         }
     }
 
@@ -663,6 +664,13 @@ impl Core {
         }
         let n = self.nranks;
         let bytes = op.count * op.dtype.size();
+        // Which path (inline, threads, rings) and plan a rank takes follows
+        // from its own count: ranks whose counts differ may take different
+        // ones and never meet to compare headers. Each says here what it
+        // called, and every long wait on any path looks at its peers'.
+        if let Some(d) = &self.direct {
+            d.enter(&header_of(op, seq));
+        }
         // A forced algorithm or a tuner plugin chooses among the ring and
         // trees, which NCCL's tables know; the direct path is ours.
         if self.direct_colls {

@@ -1099,15 +1099,50 @@ fn check_host_side(op: &Op, bufs: &crate::exec::mem::OpBuffers) -> Result<()> {
     if op.count == 0 {
         return Ok(());
     }
-    for (what, ptr, _) in bufs.used() {
+    for (what, ptr, bytes) in bufs.used() {
         if crate::cuda::pointer_kind(ptr) == crate::cuda::PtrKind::Device {
             return Err(Error::InvalidArgument(format!(
                 "{}: {what} {ptr:#x} is GPU memory, but this communicator runs on host memory (it was created with no GPU, or with OXCCL_HOST_MEMORY=1): pass host memory, or create the communicator on that GPU",
                 op.kind.name()
             )));
         }
+        check_extent(op, what, ptr, bytes, false)?;
     }
     Ok(())
+}
+
+/// Refuses a buffer that cannot hold the bytes its call claims, as far as
+/// [`crate::exec::extent`] can tell (host memory: mapped at all; device
+/// memory: in CUDA's allocations), naming the count.
+pub(crate) fn check_extent(
+    op: &Op,
+    what: &str,
+    ptr: u64,
+    bytes: usize,
+    device: bool,
+) -> Result<()> {
+    use crate::exec::extent;
+    let (count, dtype) = (op.count, op.dtype.name());
+    let said = if device {
+        extent::device(ptr, bytes).map_err(|end| {
+            format!(
+                "count {count} of {dtype} needs {bytes} bytes of {what} from {ptr:#x} on, but the device allocations there end at {end:#x}, {} bytes in",
+                end.saturating_sub(ptr)
+            )
+        })
+    } else {
+        extent::host(ptr, bytes).map_err(|have| {
+            format!(
+                "count {count} of {dtype} needs {bytes} bytes of {what} from {ptr:#x} on, but only about the first {have} are mapped in this process"
+            )
+        })
+    };
+    said.map_err(|m| {
+        Error::InvalidArgument(format!(
+            "{}: {m}: the count is larger than the buffer",
+            op.kind.name()
+        ))
+    })
 }
 
 pub(crate) fn op_of(

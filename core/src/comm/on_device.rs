@@ -511,14 +511,17 @@ pub(super) fn check_reachable(gpu: usize, op: &Op, bufs: &OpBuffers) -> Result<(
     if op.count == 0 {
         return Ok(());
     }
-    for (what, ptr, _) in bufs.used() {
-        if pointer_kind(ptr) == PtrKind::Unknown {
+    for (what, ptr, bytes) in bufs.used() {
+        let kind = pointer_kind(ptr);
+        if kind == PtrKind::Unknown {
             return Err(Error::InvalidArgument(format!(
                 "{}: {what} {ptr:#x} is not memory CUDA knows (pageable host memory?): this communicator runs on GPU {}; pass device memory (cudaMalloc, ncclMemAlloc) or registered host memory",
                 op.kind.name(),
                 gpu
             )));
         }
+        // Pinned and managed memory are mappings of this process too.
+        super::check_extent(op, what, ptr, bytes, kind == PtrKind::Device)?;
     }
     Ok(())
 }

@@ -189,6 +189,30 @@ pub fn pointer_kind(ptr: u64) -> PtrKind {
     }
 }
 
+/// The start and size of the CUDA allocation holding `ptr` (as
+/// `cuMemGetAddressRange` gives them, through the pointer's attributes,
+/// which need no current context), or None where CUDA knows no allocation
+/// there (or there is no driver).
+pub fn address_range(ptr: u64) -> Option<(u64, u64)> {
+    if super::device::driver().is_err() || ptr == 0 {
+        return None;
+    }
+    let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+    let mut attrs = [
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    let mut data: [*mut std::ffi::c_void; 2] = [
+        (&mut base as *mut sys::CUdeviceptr).cast(),
+        (&mut size as *mut usize).cast(),
+    ];
+    // SAFETY: two attributes, each written to the out-pointer beside it (a
+    // device address and a size_t); the driver only reads `ptr`'s value
+    // and answers zeros for an address that is not CUDA's.
+    let r = unsafe { sys::cuPointerGetAttributes(2, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr) };
+    (r == sys::CUresult::CUDA_SUCCESS && base != 0 && size != 0).then_some((base, size as u64))
+}
+
 fn is_managed(ptr: u64) -> bool {
     let mut managed: u32 = 0;
     // SAFETY: `managed` is a valid out-pointer of the attribute's size (a

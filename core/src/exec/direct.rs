@@ -221,6 +221,15 @@ pub fn call_words(h: &OpHeader) -> [u64; 4] {
     std::array::from_fn(|i| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap_or_default()))
 }
 
+/// The header whose words [`call_words`] made.
+fn header_bytes(w: &[u64; 4]) -> [u8; HEADER_BYTES] {
+    let mut b = [0u8; HEADER_BYTES];
+    for (i, x) in w.iter().enumerate() {
+        b[8 * i..8 * i + 8].copy_from_slice(&x.to_le_bytes());
+    }
+    b
+}
+
 /// The error for the first rank whose posted call differs from this
 /// rank's, in the ring's words (naming both calls).
 fn mismatch(
@@ -228,13 +237,7 @@ fn mismatch(
     theirs: impl Iterator<Item = (usize, [u64; 4])>,
     rank: usize,
 ) -> Result<()> {
-    let bytes = |w: &[u64; 4]| -> [u8; HEADER_BYTES] {
-        let mut b = [0u8; HEADER_BYTES];
-        for (i, x) in w.iter().enumerate() {
-            b[8 * i..8 * i + 8].copy_from_slice(&x.to_le_bytes());
-        }
-        b
-    };
+    let bytes = header_bytes;
     let Some(me) = OpHeader::decode(&bytes(mine)) else {
         return Err(Error::Internal(
             "an undecodable own operation header".into(),
@@ -450,6 +453,33 @@ impl Direct {
         self.pm.give_up();
     }
 
+    /// Says which collective this rank is in, before it takes a path:
+    /// see [`Direct::crossed`].
+    pub fn enter(&self, call: &OpHeader) {
+        self.pm.enter(&call_words(call));
+    }
+
+    /// Fails, naming both calls, where a peer is in this rank's collective
+    /// (the same number) with another call. Each rank takes the inline
+    /// path, the threads or the rings from its own count, so ranks whose
+    /// counts differ across a threshold never meet to compare headers:
+    /// each looks here while it waits instead. Cheap (a few words of the
+    /// segment per peer), so every long wait may look.
+    pub fn crossed(&self) -> Result<()> {
+        let pm = &self.pm;
+        let me = pm.rank();
+        let Some(mine) = pm.current(me) else {
+            return Ok(());
+        };
+        let seq = |w: &[u64; 4]| OpHeader::decode(&header_bytes(w)).map(|h| h.seq);
+        let at = seq(&mine);
+        let same = (0..pm.nranks())
+            .filter(|&p| p != me)
+            .filter_map(|p| Some((p, pm.current(p)?)))
+            .filter(|(_, w)| seq(w) == at);
+        mismatch(&mine, same, me)
+    }
+
     /// Whether point-to-point messages take this path.
     pub fn has_p2p(&self) -> bool {
         self.pm.has_mailboxes()
@@ -499,6 +529,9 @@ impl Direct {
         }
         if let Some((who, msg)) = ctx.bootstrap.remote_failure() {
             return Some(Error::Remote(format!("rank {who} failed: {msg}")));
+        }
+        if let Err(e) = self.crossed() {
+            return Some(e);
         }
         if let Some(&p) = missing.iter().find(|&&p| !pm.alive(p)) {
             return Some(Error::Remote(format!(
@@ -625,6 +658,10 @@ impl Direct {
         };
         pm.post(&post);
         self.barrier(ctx)?;
+        // A peer on the inline path arrives at the same barrier (its
+        // meetings count as barriers) without posting: its call is in
+        // what it entered.
+        self.crossed()?;
         let posted = (0..pm.nranks()).map(|p| (p, pm.posted(p).call));
         mismatch(&post.call, posted, pm.rank())?;
         let workers = &self.pool()?.workers;

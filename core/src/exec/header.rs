@@ -109,14 +109,52 @@ impl OpHeader {
             )));
         }
         if theirs != *self {
-            return Err(Error::InvalidUsage(format!(
-                "mismatched operations: rank {peer} called {} while rank {rank} called {}; every rank must call the same collectives in the same order with the same count, type and op",
-                theirs.describe(),
-                self.describe()
-            )));
+            return Err(Error::InvalidUsage(differ((rank, self), (peer, &theirs))));
         }
         Ok(())
     }
+}
+
+/// What two ranks' calls of one collective differ in, the lower rank
+/// first (so that every rank words it alike): where only the count or the
+/// type differs, `mismatched counts: rank 0 called all_reduce #3 of 1024 x
+/// float, rank 1 of 2048 x float`; else both calls whole.
+fn differ(a: (usize, &OpHeader), b: (usize, &OpHeader)) -> String {
+    let ((r0, h0), (r1, h1)) = if a.0 <= b.0 { (a, b) } else { (b, a) };
+    let dtype = |h: &OpHeader| {
+        crate::DataType::from_raw(h.dtype as i32)
+            .map(|d| d.name())
+            .unwrap_or("?")
+    };
+    let kind = KIND_NAMES.get(h0.kind as usize).copied().unwrap_or("?");
+    let what = match (h0.count != h1.count, h0.dtype != h1.dtype) {
+        (true, false) => "counts",
+        (false, true) => "types",
+        _ => "counts and types",
+    };
+    let same_call = OpHeader {
+        count: h1.count,
+        dtype: h1.dtype,
+        plan: h1.plan,
+        ..*h0
+    } == *h1;
+    let said = if same_call {
+        format!(
+            "mismatched {what}: rank {r0} called {kind} #{} of {} x {}, rank {r1} of {} x {}",
+            h0.seq,
+            h0.count,
+            dtype(h0),
+            h1.count,
+            dtype(h1)
+        )
+    } else {
+        format!(
+            "mismatched operations: rank {r0} called {} while rank {r1} called {}",
+            h0.describe(),
+            h1.describe()
+        )
+    };
+    format!("{said}; every rank must call the same collectives in the same order with the same count, type and op")
 }
 
 #[cfg(test)]
@@ -138,10 +176,24 @@ mod tests {
         let other = OpHeader { count: 200, ..h };
         let e = h.check(&other.encode(), 3, 1).unwrap_err().to_string();
         assert!(
-            e.contains("rank 3")
-                && e.contains("count 200")
-                && e.contains("count 100")
-                && e.contains("#7"),
+            e.contains(
+                "mismatched counts: rank 1 called all_reduce #7 of 100 x float, rank 3 of 200 x float; "
+            ),
+            "{e}"
+        );
+        // The other rank words it alike.
+        assert_eq!(other.check(&h.encode(), 1, 3).unwrap_err().to_string(), e);
+        let half = OpHeader { dtype: 6, ..h };
+        let e = h.check(&half.encode(), 0, 1).unwrap_err().to_string();
+        assert!(e.contains("mismatched types: rank 0 called all_reduce #7 of 100 x half, rank 1 of 100 x float"), "{e}");
+        let both = OpHeader { dtype: 6, ..other };
+        let e = h.check(&both.encode(), 0, 1).unwrap_err().to_string();
+        assert!(e.contains("mismatched counts and types: "), "{e}");
+        let bcast = OpHeader { kind: 1, ..h };
+        let e = h.check(&bcast.encode(), 0, 1).unwrap_err().to_string();
+        assert!(
+            e.contains("mismatched operations: rank 0 called broadcast #7 (count 100")
+                && e.contains("while rank 1 called all_reduce #7 (count 100"),
             "{e}"
         );
         assert!(h.check(&[0; 8], 3, 1).is_err());
@@ -176,6 +228,6 @@ mod tests {
         // A different count is still named as that, whatever the plan.
         let more = OpHeader { count: 3, ..tree };
         let e = h.check(&more.encode(), 1, 0).unwrap_err().to_string();
-        assert!(e.contains("mismatched operations"), "{e}");
+        assert!(e.contains("mismatched counts"), "{e}");
     }
 }

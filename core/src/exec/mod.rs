@@ -17,6 +17,7 @@
 pub mod device;
 pub mod direct;
 pub mod direct_p2p;
+pub mod extent;
 pub mod header;
 pub mod mem;
 mod proxy_prof;
@@ -212,7 +213,16 @@ pub struct ExecCtx<'a> {
     /// thread running the call (this one: on the host path the caller's
     /// thread is the proxy), which follow the plugin's live mask.
     pub ctrl: Option<&'a ProfilerComm>,
+    /// The direct path, where the ranks share a host: a long wait on the
+    /// rings asks it whether a peer took another path for this collective
+    /// ([`direct::Direct::crossed`]).
+    pub direct: Option<&'a direct::Direct>,
 }
+
+/// How long a wait on the rings goes before it looks whether a peer is in
+/// this collective on another path: longer than a small message's trip,
+/// short beside anything a person would notice.
+const CROSSED_AFTER: Duration = Duration::from_millis(1);
 
 /// Names a lane in errors. Written out only when an error needs it: a
 /// collective formatted its channel's name at every operation otherwise.
@@ -1001,6 +1011,9 @@ fn drive(
             }
             if let Some((who, msg)) = ctx.bootstrap.remote_failure() {
                 return Err(Error::Remote(format!("rank {who} failed: {msg}")));
+            }
+            if let (Some(d), true) = (ctx.direct, waited > CROSSED_AFTER) {
+                d.crossed()?;
             }
             if waited > ctx.timeout {
                 let waits: Vec<String> = lanes

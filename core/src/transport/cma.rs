@@ -28,8 +28,8 @@ use crate::error::{Error, Result};
 use crate::transport::shm::area::Area;
 
 /// Bytes of a rank's slot: its barrier word, its gave-up word, then its
-/// posted call.
-const SLOT: usize = 128;
+/// posted call, then the collective it is in (on any path).
+const SLOT: usize = 192;
 const ARRIVED: usize = 0;
 /// Nonzero once the rank has given up a wait on this segment (a timeout,
 /// a stop, a failed peer): its barrier word then says nothing about the
@@ -39,7 +39,12 @@ const GAVE_UP: usize = 8;
 const POST: usize = 64;
 /// Words of a posted call.
 const POST_WORDS: usize = 7;
-const _: () = assert!(POST + 8 * POST_WORDS <= SLOT);
+const _: () = assert!(POST + 8 * POST_WORDS <= CALL);
+/// The collective the rank is in, whichever path it took ([`PeerMem::enter`]):
+/// a stamp, odd while the four words after it change, then the words.
+/// In a line of its own: peers read it only while they wait.
+const CALL: usize = 128;
+const _: () = assert!(CALL + 8 * 5 <= SLOT);
 /// Bytes of input a rank may pass inline, through the segment itself: a
 /// small collective then costs one barrier and no system call.
 pub const INLINE: usize = 4096;
@@ -343,6 +348,33 @@ impl PeerMem {
         }
     }
 
+    /// Says which collective this rank is in now (its call words, as
+    /// [`PeerMem::post`] takes them), whichever path it takes: a peer that
+    /// took another path for the same collective waits where this rank
+    /// never comes, and finds here why ([`PeerMem::current`]).
+    pub fn enter(&self, call: &[u64; 4]) {
+        let at = self.me * SLOT + CALL;
+        // Only this rank writes its stamp: odd while the words change.
+        let stamp = self.area.load(at);
+        self.area.store(at, stamp | 1);
+        for (i, w) in call.iter().enumerate() {
+            self.area.store(at + 8 + 8 * i, *w);
+        }
+        self.area.store(at, (stamp | 1) + 1);
+    }
+
+    /// The call words `peer` last entered ([`PeerMem::enter`]), or None
+    /// if it entered none, or is changing them as this reads.
+    pub fn current(&self, peer: usize) -> Option<[u64; 4]> {
+        let at = peer * SLOT + CALL;
+        let stamp = self.area.load(at);
+        if stamp == 0 || stamp & 1 == 1 {
+            return None;
+        }
+        let call = std::array::from_fn(|i| self.area.load(at + 8 + 8 * i));
+        (self.area.load(at) == stamp).then_some(call)
+    }
+
     fn inline_slot(&self, rank: usize, turn: u64) -> usize {
         self.nranks() * SLOT + (2 * rank + turn as usize) * INLINE_SLOT
     }
@@ -638,6 +670,27 @@ pub(crate) mod tests {
             assert!(buf.iter().all(|&b| b == next as u8 + 1));
             // Nobody's data goes before everyone has read it.
             pm.barrier(&mut |_, _| None).unwrap();
+        });
+    }
+
+    #[test]
+    fn a_rank_reads_the_call_each_peer_entered_last() {
+        in_process(2, move |pm| {
+            let me = pm.rank() as u64;
+            assert_eq!(pm.current(1 - pm.rank()), None, "nothing entered yet");
+            // The peer enters only after this rank has looked.
+            pm.barrier(&mut |_, _| None).unwrap();
+            for seq in 1..100u64 {
+                pm.enter(&[seq, me, seq * 10, 7]);
+                assert_eq!(pm.current(pm.rank()), Some([seq, me, seq * 10, 7]));
+                // Whatever the peer is doing, a call read whole is one it entered.
+                if let Some(c) = pm.current(1 - pm.rank()) {
+                    assert_eq!(c[1], 1 - me);
+                    assert_eq!((c[2], c[3]), (c[0] * 10, 7), "a torn read: {c:?}");
+                }
+            }
+            pm.barrier(&mut |_, _| None).unwrap();
+            assert_eq!(pm.current(1 - pm.rank()), Some([99, 1 - me, 990, 7]));
         });
     }
 

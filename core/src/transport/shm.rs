@@ -17,6 +17,7 @@
 //! other end has waited a while.
 
 pub mod area;
+mod reserve;
 mod ring;
 mod segment;
 

@@ -49,9 +49,8 @@ impl Area {
         )
         .map_err(|e| sys("cannot create", name, e))?;
         let file = File::from(fd);
-        let mapped = file
-            .set_len(len as u64)
-            .map_err(|e| sys(&format!("cannot size it to {len} bytes"), name, e))
+        let mapped = super::reserve::reserve(&file, name, len)
+            .map_err(Error::System)
             .and_then(|()| Area::map(&file, name, len));
         match mapped {
             Ok(mut a) => {

@@ -59,13 +59,8 @@ impl Segment {
         .map_err(|e| sys("cannot create", name, e))?;
         let file = File::from(fd);
         let len = Segment::size(slot_bytes);
-        let made = file
-            .set_len(len as u64)
-            .map_err(|e| {
-                NetError::System(format!(
-                    "shared memory /dev/shm{name}: cannot size it to {len} bytes: {e}"
-                ))
-            })
+        let made = super::reserve::reserve(&file, name, len)
+            .map_err(NetError::System)
             .and_then(|()| Segment::map(file, name, len, slot_bytes));
         let seg = match made {
             Ok(s) => s,
