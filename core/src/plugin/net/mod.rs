@@ -265,4 +265,53 @@ mod tests {
         assert_eq!(net.name(), "oxccl-Socket");
         assert_eq!(builtin(b).unwrap().name(), "Socket");
     }
+
+    /// The socket network's own warnings (here: a stranger at a listener)
+    /// go through the logger it was given at `init` and come out in NCCL's
+    /// line form, not as bare lines of their own.
+    #[test]
+    fn socket_net_warnings_take_nccls_line_form() {
+        use std::io::Write as _;
+        oxccl_net_socket::force_link();
+        let b = oxccl_plugin::builtin_nets()
+            .into_iter()
+            .find(|b| b.name == "Socket")
+            .expect("socket net linked in");
+        let net = builtin(b).unwrap().probe().unwrap();
+        let (h, mut l) = net.listen(0).unwrap();
+        let addr = oxccl_net_socket::Handle::decode(&h).unwrap().addr;
+        let ((), text) = crate::log::capture_lines(|| {
+            use std::io::Read as _;
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.write_all(&[0x55; 16]).unwrap();
+            s.set_nonblocking(true).unwrap();
+            // Accept until the listener has dropped the stranger.
+            let start = std::time::Instant::now();
+            loop {
+                assert!(l.accept().unwrap().is_none());
+                match s.read(&mut [0u8; 16]) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    _ => break,
+                }
+                assert!(start.elapsed() < std::time::Duration::from_secs(10));
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        });
+        let line = text
+            .lines()
+            .find(|l| l.contains("refused a connection from"))
+            .unwrap_or_else(|| panic!("no warning logged:\n{text}"));
+        // host:pid:tid [dev] NCCL WARN ... NET/Socket : refused ...
+        let (head, rest) = line.split_once(" NCCL WARN ").expect(line);
+        let parts: Vec<&str> = head.rsplitn(3, ':').collect();
+        assert_eq!(parts.len(), 3, "{line}");
+        assert_eq!(parts[1], std::process::id().to_string(), "{line}");
+        assert!(parts[0].ends_with(" [0]"), "{line}");
+        assert!(
+            rest.contains("NET/Socket : refused a connection from")
+                && rest.contains("not for this listener"),
+            "{line}"
+        );
+        assert!(!text.contains("oxccl net-socket: WARN"), "{text}");
+    }
 }
