@@ -112,6 +112,31 @@ impl fmt::Display for FrameError {
     }
 }
 
+/// A frame's header, read before its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub kind: u8,
+    pub from: u32,
+    pub tag: u64,
+    /// Payload bytes announced.
+    pub len: usize,
+}
+
+/// Largest failure notice a rank reads (a sender cuts its message to 64 KiB).
+pub const MAX_ABORT: usize = (64 << 10) + 1024;
+
+/// The most payload a rank's service reads in a frame of `kind`, `None`
+/// for a kind no rank sends to another (those are refused at their
+/// header, before a byte of payload is read).
+pub fn rank_frame_limit(kind: u8) -> Option<usize> {
+    match kind {
+        k if k & !MORE == DATA => Some(MAX_CHUNK),
+        ABORT => Some(MAX_ABORT),
+        QUERY => Some(64),
+        _ => None,
+    }
+}
+
 /// Cuts a byte stream into frames, whatever the sizes of the reads that
 /// fed it. Checks the magic as soon as its 8 bytes are in.
 #[derive(Debug)]
@@ -134,23 +159,39 @@ impl FrameReader {
         self.buf.extend_from_slice(bytes);
     }
 
+    /// Reserves room for exactly the frame whose header is in (nothing
+    /// without one): a reader that has decided to read a long frame holds
+    /// its size, not up to twice it as a growing buffer would.
+    pub fn reserve_frame(&mut self) {
+        if let Ok(Some(h)) = self.header() {
+            let want = (FRAME_HEADER + h.len).saturating_sub(self.buf.len());
+            self.buf.reserve_exact(want);
+        }
+    }
+
     /// No partial frame is buffered (an end of stream here is clean).
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
 
-    /// A whole frame is buffered (its header judged as
-    /// [`FrameReader::next_frame`] judges it); nothing is taken.
-    pub fn has_frame(&self) -> Result<bool, FrameError> {
+    /// Bytes held: those buffered, with the room reserved for them.
+    pub fn held(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// The next frame's header once its bytes are in, judged as
+    /// [`FrameReader::next_frame`] judges it; nothing is taken. A reader
+    /// decides from it whether to read the payload at all.
+    pub fn header(&self) -> Result<Option<Header>, FrameError> {
         if self.buf.len() < 8 {
-            return Ok(false);
+            return Ok(None);
         }
         let magic = u64::from_le_bytes(self.buf[0..8].try_into().expect("8 bytes"));
         if magic != self.magic {
             return Err(FrameError::BadMagic(magic));
         }
         if self.buf.len() < FRAME_HEADER {
-            return Ok(false);
+            return Ok(None);
         }
         let len = u32::from_le_bytes(self.buf[21..25].try_into().expect("4 bytes")) as usize;
         if len > self.max_payload {
@@ -159,7 +200,20 @@ impl FrameReader {
                 max: self.max_payload,
             });
         }
-        Ok(self.buf.len() >= FRAME_HEADER + len)
+        Ok(Some(Header {
+            kind: self.buf[8],
+            from: u32::from_le_bytes(self.buf[9..13].try_into().expect("4 bytes")),
+            tag: u64::from_le_bytes(self.buf[13..21].try_into().expect("8 bytes")),
+            len,
+        }))
+    }
+
+    /// A whole frame is buffered (its header judged as
+    /// [`FrameReader::next_frame`] judges it); nothing is taken.
+    pub fn has_frame(&self) -> Result<bool, FrameError> {
+        Ok(self
+            .header()?
+            .is_some_and(|h| self.buf.len() >= FRAME_HEADER + h.len))
     }
 
     /// The next whole frame, `None` while more bytes are needed.
@@ -276,6 +330,9 @@ impl Reassembler {
         let whole = match self.partial.take() {
             None => payload,
             Some((_, mut acc)) => {
+                // Exactly: what a message holds is its bytes, not up to
+                // twice them.
+                acc.reserve_exact(payload.len());
                 acc.extend_from_slice(&payload);
                 acc
             }
@@ -291,6 +348,11 @@ impl Reassembler {
     /// Bytes of the message in progress.
     pub fn pending(&self) -> usize {
         self.partial.as_ref().map_or(0, |(_, b)| b.len())
+    }
+
+    /// Bytes held for the message in progress (room reserved included).
+    pub fn held(&self) -> usize {
+        self.partial.as_ref().map_or(0, |(_, b)| b.capacity())
     }
 }
 
@@ -539,6 +601,11 @@ impl Root {
         self.done
     }
 
+    /// The communicator's size, once a hello has said it.
+    pub fn nranks(&self) -> Option<usize> {
+        self.nranks
+    }
+
     /// A hello arrived on connection `conn`.
     pub fn hello(&mut self, now: Instant, conn: ConnId, h: &Hello) -> Option<RootAction> {
         if self.done {
@@ -702,6 +769,7 @@ pub fn digest_limited(
         reader.push(piece);
         d.peak_held = d.peak_held.max(reader.buf.capacity() + pieces.pending());
         loop {
+            let h = reader.header();
             let f = match reader.next_frame() {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
@@ -710,6 +778,16 @@ pub fn digest_limited(
                     return d;
                 }
             };
+            // The header a reader judges first is the frame's.
+            assert_eq!(
+                h,
+                Ok(Some(Header {
+                    kind: f.kind,
+                    from: f.from,
+                    tag: f.tag,
+                    len: f.payload.len()
+                }))
+            );
             d.frames += 1;
             let refused = match f.kind {
                 k if k & !MORE == DATA => {

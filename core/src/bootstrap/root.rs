@@ -3,10 +3,16 @@
 //! out, or at the root's deadline. With a key, each connection first runs
 //! the handshake (sans-IO, so a silent or slow client never stalls the
 //! others) and only what it decrypts reaches the frame reader.
+//!
+//! What a stranger may hold here: a connection that has not said hello
+//! reads at most a hello's bytes ([`proto::MAX_HELLO`]; 64 KiB of key
+//! exchange with a key), is dropped after [`super::HANDSHAKE_WAIT`], and one
+//! address holds at most [`UNJOINED_PER_ADDR`] such connections at once
+//! (twice the ranks known, if more): the one past it is closed at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -16,6 +22,48 @@ use oxccl_secure::{Role, Session};
 use super::proto::{self, ConnId, Frame, FrameReader, Hello, Root, RootAction};
 use super::tcp::{self, SharedKey};
 use crate::error::{Error, Result};
+
+/// Connections from one address that have not said hello yet, at most
+/// (or twice the ranks the hellos so far announce, if that is more): the
+/// ranks of a host connect at once, and each says hello at once.
+pub(super) const UNJOINED_PER_ADDR: usize = 1024;
+
+/// Counts the connections of each address that have not said hello.
+#[derive(Default)]
+struct Unjoined {
+    by_addr: HashMap<IpAddr, usize>,
+    refused: HashMap<IpAddr, u64>,
+}
+
+impl Unjoined {
+    fn add(&mut self, ip: IpAddr) {
+        *self
+            .by_addr
+            .entry(super::limits::canonical(ip))
+            .or_insert(0) += 1;
+    }
+
+    fn remove(&mut self, ip: IpAddr) {
+        let ip = super::limits::canonical(ip);
+        if let Some(n) = self.by_addr.get_mut(&ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.by_addr.remove(&ip);
+            }
+        }
+    }
+
+    /// Whether one more from `ip` is over `cap`; counts the refusal.
+    fn full(&mut self, ip: IpAddr, cap: usize) -> Option<u64> {
+        let ip = super::limits::canonical(ip);
+        if self.by_addr.get(&ip).copied().unwrap_or(0) < cap {
+            return None;
+        }
+        let r = self.refused.entry(ip).or_insert(0);
+        *r += 1;
+        Some(*r)
+    }
+}
 
 /// Starts the root on `listener`; returns its address.
 pub(super) fn spawn(
@@ -194,6 +242,7 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
     let mut root = Root::new(addr, timeout, Instant::now());
     let mut conns: BTreeMap<ConnId, Conn> = BTreeMap::new();
     let mut next_id: ConnId = 0;
+    let mut unjoined = Unjoined::default();
     let mut idle = Duration::from_millis(1);
     while !root.is_done() {
         let mut busy = false;
@@ -201,6 +250,13 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
             match listener.accept() {
                 Ok((s, peer)) => {
                     busy = true;
+                    let cap = UNJOINED_PER_ADDR.max(2 * root.nranks().unwrap_or(0));
+                    if let Some(n) = unjoined.full(peer.ip(), cap) {
+                        if super::limits::warn_at(n) {
+                            warn!(target: "oxccl::bootstrap", "root {addr}: closed a connection from {peer}: its address holds {cap} connections that have not said hello; {n} refused so far");
+                        }
+                        continue;
+                    }
                     let secure = match key.as_deref() {
                         None => None,
                         Some(k) => match Session::new(Role::Responder, k, &tcp::prologue(magic)) {
@@ -214,6 +270,7 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
                     if s.set_nonblocking(true).is_ok() {
                         let _ = s.set_nodelay(true);
                         let reader = FrameReader::new(magic, proto::MAX_HELLO);
+                        unjoined.add(peer.ip());
                         conns.insert(
                             next_id,
                             Conn {
@@ -245,6 +302,7 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
                     busy = true;
                     debug!(target: "oxccl::bootstrap", "root {addr}: hello from rank {} of {} at {} (from {})", h.rank, h.nranks, h.listen, c.peer);
                     c.joined = true;
+                    unjoined.remove(c.peer.ip());
                     actions.extend(root.hello(Instant::now(), id, &h));
                 }
                 Event::Closed => {
@@ -266,7 +324,11 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
             }
         }
         for id in gone {
-            conns.remove(&id);
+            if let Some(c) = conns.remove(&id) {
+                if !c.joined {
+                    unjoined.remove(c.peer.ip());
+                }
+            }
         }
         actions.extend(root.poll(Instant::now()));
         for a in actions {
@@ -284,6 +346,9 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
                 }
                 RootAction::Refuse { conn, error } => {
                     if let Some(mut c) = conns.remove(&conn) {
+                        if !c.joined {
+                            unjoined.remove(c.peer.ip());
+                        }
                         warn!(target: "oxccl::bootstrap", "refused {}: {}", c.peer, error.message());
                         let _ = send(&mut c, magic, proto::ERROR, proto::encode_error(&error));
                     }
