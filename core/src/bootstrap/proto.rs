@@ -575,8 +575,18 @@ pub struct Root {
     joined: Vec<Option<(ConnId, SocketAddr)>>,
     /// Ranks that said hello, then closed their connection.
     left: Vec<usize>,
+    /// The first connection refused in the key exchange as a rank with
+    /// another key (or none) is: when, from where, why.
+    key_refused: Option<(Instant, SocketAddr, String)>,
     done: bool,
 }
+
+/// How long the root waits for the missing ranks after it refused a key
+/// exchange that looked like a rank's with another key (at most
+/// NCCL_TIMEOUT): that rank has failed and will not come, so the ranks in
+/// wait for nothing; a stranger's attempt while every rank arrives within
+/// it changes nothing.
+pub const KEY_REFUSED_GRACE: Duration = Duration::from_secs(2);
 
 impl Root {
     pub fn new(addr: SocketAddr, timeout: Duration, now: Instant) -> Root {
@@ -588,13 +598,30 @@ impl Root {
             nranks: None,
             joined: Vec::new(),
             left: Vec::new(),
+            key_refused: None,
             done: false,
         }
     }
 
-    /// When [`Root::poll`] gives up.
+    /// When [`Root::poll`] gives up: NCCL_TIMEOUT after the first hello
+    /// (or the start), or soon after a key exchange was refused.
     pub fn deadline(&self) -> Instant {
-        self.first_hello.unwrap_or(self.started) + self.timeout
+        let full = self.first_hello.unwrap_or(self.started) + self.timeout;
+        match &self.key_refused {
+            Some((t, _, _)) => full.min(*t + KEY_REFUSED_GRACE.min(self.timeout)),
+            None => full,
+        }
+    }
+
+    /// A connection from `peer` failed the key exchange as a rank with
+    /// another key (or none) would: the root gives up on the missing ranks
+    /// [`KEY_REFUSED_GRACE`] later, naming it.
+    pub fn key_refused(&mut self, now: Instant, peer: SocketAddr, why: &str) {
+        if self.done {
+            return;
+        }
+        self.key_refused
+            .get_or_insert_with(|| (now, peer, why.to_string()));
     }
 
     pub fn is_done(&self) -> bool {
@@ -684,18 +711,24 @@ impl Root {
         }
         self.done = true;
         let conns = self.joined.iter().flatten().map(|(c, _)| *c).collect();
+        // Given up early after a refused key exchange, or at NCCL_TIMEOUT.
+        let when = match &self.key_refused {
+            Some((_, peer, why)) => format!(
+                ": the root refused {peer} ({why}), and gave up {} after that rather than at NCCL_TIMEOUT; NCCL_SOCKET_KEY_FILE must name the same key on every rank",
+                secs(KEY_REFUSED_GRACE.min(self.timeout))
+            ),
+            None => format!(" within {} (NCCL_TIMEOUT)", secs(self.timeout)),
+        };
         let message = match self.nranks {
             None => format!(
-                "bootstrap: no rank connected to the root at {} within {} (NCCL_TIMEOUT)",
-                self.addr,
-                secs(self.timeout)
+                "bootstrap: no rank connected to the root at {}{when}",
+                self.addr
             ),
             Some(n) => {
                 let mut m = format!(
-                    "bootstrap: ranks {:?} of {n} never connected to the root at {} within {} (NCCL_TIMEOUT)",
+                    "bootstrap: ranks {:?} of {n} never connected to the root at {}{when}",
                     self.missing(),
-                    self.addr,
-                    secs(self.timeout)
+                    self.addr
                 );
                 if !self.left.is_empty() {
                     m += &format!(
@@ -1087,6 +1120,49 @@ mod tests {
         );
         assert!(r.is_done());
         assert_eq!(r.poll(t0 + Duration::from_secs(60)), None);
+    }
+
+    #[test]
+    fn root_gives_up_soon_after_refusing_a_key_exchange() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut r = Root::new(a(1), 30 * s, t0);
+        assert_eq!(r.hello(t0, 7, &hello(0, 2, 10)), None);
+        r.key_refused(t0 + s, a(9), "the peer holds another key");
+        r.key_refused(t0 + 2 * s, a(8), "a second one is not the one named");
+        assert_eq!(r.deadline(), t0 + s + KEY_REFUSED_GRACE);
+        assert_eq!(r.poll(t0 + s), None);
+        match r.poll(t0 + s + KEY_REFUSED_GRACE) {
+            Some(RootAction::Fail {
+                conns,
+                error: Error::Remote(m),
+            }) => {
+                assert_eq!(conns, vec![7]);
+                assert!(
+                    m.contains("ranks [1] of 2 never connected to the root at 127.0.0.1:1: the root refused 127.0.0.1:9 (the peer holds another key)"),
+                    "{m}"
+                );
+                assert!(
+                    m.contains("NCCL_SOCKET_KEY_FILE must name the same key"),
+                    "{m}"
+                );
+                assert!(!m.contains("within 30 s"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Every rank in within the grace: a stranger's refusal changes nothing.
+        let mut r = Root::new(a(1), 30 * s, t0);
+        r.key_refused(t0, a(9), "the peer holds another key");
+        assert_eq!(r.hello(t0, 7, &hello(0, 2, 10)), None);
+        assert!(matches!(
+            r.hello(t0 + s, 8, &hello(1, 2, 11)),
+            Some(RootAction::Table { .. })
+        ));
+        // A grace never longer than NCCL_TIMEOUT.
+        let r = Root::new(a(1), s / 2, t0);
+        let mut r2 = r;
+        r2.key_refused(t0, a(9), "x");
+        assert_eq!(r2.deadline(), t0 + s / 2);
     }
 
     #[test]

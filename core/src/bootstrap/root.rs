@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use oxccl_secure::{Role, Session};
+use oxccl_secure::{Role, SecureError, Session};
 
 use super::proto::{self, ConnId, Frame, FrameReader, Hello, Root, RootAction};
 use super::tcp::{self, SharedKey};
@@ -96,6 +96,8 @@ struct Conn {
     secure: Option<Session>,
     /// When it was accepted: the handshake must end within HANDSHAKE_WAIT.
     since: Instant,
+    /// The communicator's magic.
+    magic: u64,
 }
 
 enum Event {
@@ -103,6 +105,16 @@ enum Event {
     Hello(Hello),
     Closed,
     Bad(String),
+    /// A key exchange that failed as one between ranks holding different
+    /// keys (or one none) fails: most likely a rank of this job.
+    KeyRefused(String),
+}
+
+/// Whether a frame reader's refusal is the start of a key exchange
+/// (a 2-byte big-endian length of 48): a rank with a key at a root without.
+fn looks_encrypted(e: &proto::FrameError) -> bool {
+    let hs = (oxccl_secure::session::HANDSHAKE_MESSAGE as u16).to_be_bytes();
+    matches!(e, proto::FrameError::BadMagic(m) if m.to_le_bytes()[..2] == hs)
 }
 
 /// Reads what `c` has sent without blocking.
@@ -117,7 +129,7 @@ fn poll_conn(c: &mut Conn) -> Event {
             // A rank that said hello has nothing more to say; read on to see it close.
             Ok(_) if c.joined => {}
             Ok(n) => {
-                if let Some(ev) = take_hello(&mut c.reader, &buf[..n]) {
+                if let Some(ev) = take_hello(&mut c.reader, &buf[..n], true) {
                     return ev;
                 }
             }
@@ -141,10 +153,14 @@ fn silent(c: &Conn) -> Event {
     Event::Idle
 }
 
-/// Feeds `bytes` to the reader: the event once a frame is whole.
-fn take_hello(reader: &mut FrameReader, bytes: &[u8]) -> Option<Event> {
+/// Feeds `bytes` to the reader: the event once a frame is whole. `plain`:
+/// the connection is in clear (a root without a key).
+fn take_hello(reader: &mut FrameReader, bytes: &[u8], plain: bool) -> Option<Event> {
     reader.push(bytes);
     match reader.next_frame() {
+        Err(e) if plain && looks_encrypted(&e) => Some(Event::KeyRefused(
+            "it starts a key exchange: NCCL_SOCKET_KEY_FILE is set there and not here".into(),
+        )),
         Err(e) => Some(Event::Bad(e.to_string())),
         Ok(None) => None,
         Ok(Some(f)) if f.kind != proto::HELLO => Some(Event::Bad(format!(
@@ -161,7 +177,10 @@ fn take_hello(reader: &mut FrameReader, bytes: &[u8]) -> Option<Event> {
 /// An encrypted connection: runs the handshake, then hands what it
 /// decrypts to the frame reader.
 fn poll_secure(c: &mut Conn) -> Event {
-    let Conn { s, secure, .. } = c;
+    let Conn {
+        s, secure, magic, ..
+    } = c;
+    let magic = *magic;
     let sess = secure.as_mut().expect("checked by the caller");
     loop {
         match sess.read_with(|b| s.read(b)) {
@@ -173,7 +192,19 @@ fn poll_secure(c: &mut Conn) -> Event {
         }
         // Judged as it comes, so that a stranger cannot make us buffer much.
         if let Err(e) = sess.advance() {
-            return Event::Bad(e.to_string());
+            return match e {
+                SecureError::WrongKey => Event::KeyRefused(e.to_string()),
+                // Our magic's first bytes where a key exchange starts: a
+                // rank of this communicator without the key.
+                SecureError::NotEncrypted { len }
+                    if (len as u16).to_be_bytes() == magic.to_le_bytes()[..2] =>
+                {
+                    Event::KeyRefused(
+                        "it sends its hello in clear: NCCL_SOCKET_KEY_FILE is not set there".into(),
+                    )
+                }
+                e => Event::Bad(e.to_string()),
+            };
         }
         if sess.pending_in() > 64 << 10 {
             return Event::Bad("more bytes than a hello".into());
@@ -201,7 +232,7 @@ fn poll_secure(c: &mut Conn) -> Event {
             // A rank that said hello has nothing more to say.
             Ok(_) if c.joined => {}
             Ok(n) => {
-                if let Some(ev) = take_hello(&mut c.reader, &buf[..n]) {
+                if let Some(ev) = take_hello(&mut c.reader, &buf[..n], false) {
                     return ev;
                 }
             }
@@ -280,6 +311,7 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
                                 joined: false,
                                 secure,
                                 since: Instant::now(),
+                                magic,
                             },
                         );
                         next_id += 1;
@@ -320,6 +352,12 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
                     if c.joined {
                         root.closed(id);
                     }
+                }
+                Event::KeyRefused(why) => {
+                    busy = true;
+                    warn!(target: "oxccl::bootstrap", "root {addr}: refused a connection from {}: {why}", c.peer);
+                    gone.push(id);
+                    root.key_refused(Instant::now(), c.peer, &why);
                 }
             }
         }

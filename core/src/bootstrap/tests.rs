@@ -524,6 +524,50 @@ fn ranks_with_another_key_or_none_are_refused_and_named() {
     );
 }
 
+/// Two ranks that do not hold the same key (another key, or none on one
+/// side) both fail within seconds, each naming the key, where the rank
+/// the root let in used to wait the whole NCCL_TIMEOUT (issue 40, item 8).
+#[test]
+fn ranks_with_different_keys_both_fail_within_seconds() {
+    let c = cfg("60");
+    // Rank 0 hosts the root with its key (as with NCCL_COMM_ID).
+    for (keys, root_side, other_side) in [
+        (
+            [key(1), key(2)],
+            "the peer holds another key",
+            "it holds another key or none",
+        ),
+        (
+            [key(1), None],
+            "NCCL_SOCKET_KEY_FILE is not set there",
+            "NCCL_SOCKET_KEY_FILE set there and not here",
+        ),
+        (
+            [None, key(2)],
+            "NCCL_SOCKET_KEY_FILE is set there and not here",
+            "refused by the root",
+        ),
+    ] {
+        let start = Instant::now();
+        let rs = init_keyed(&c, keys[0].clone(), keys.to_vec());
+        let took = start.elapsed();
+        let msgs: Vec<String> = rs
+            .into_iter()
+            .map(|r| r.err().expect("init must fail").to_string())
+            .collect();
+        assert!(took < Duration::from_secs(10), "took {took:?}: {msgs:?}");
+        assert!(
+            msgs[0].contains("ranks [1] of 2 never connected")
+                && msgs[0].contains(root_side)
+                && msgs[0].contains("NCCL_SOCKET_KEY_FILE must name the same key"),
+            "{}",
+            msgs[0]
+        );
+        assert!(msgs[1].contains(other_side), "{}", msgs[1]);
+        eprintln!("{took:?}\n  rank 0: {}\n  rank 1: {}", msgs[0], msgs[1]);
+    }
+}
+
 #[test]
 fn a_replayed_message_is_refused_and_a_tampered_one_fails_the_receiver() {
     let c = cfg("10");
