@@ -10,7 +10,7 @@ use std::sync::Arc;
 use oxccl_plugin::{BuiltinNet, Net, NetError, NetResult};
 use tracing::{info, warn};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::plugin::loader::{self, Lib};
 
 pub use ffi::{Refusal, SYMBOLS};
@@ -93,13 +93,15 @@ fn refuse_collnet(lib: &Lib) {
 }
 
 /// Loads the network plugin the setting asks for. A library named
-/// explicitly that is nowhere to be found is an error naming
-/// NCCL_NET_PLUGIN (the setting matches nothing). A library that cannot be
-/// opened, exports no version we load, has a NULL required entry or (before
-/// v11) fails `init` gives one WARN line and `None`: the caller falls back
-/// to the built-in network, as NCCL falls back to its internal one. From
-/// v11 on `init` runs with the first communicator's context (see
-/// [`Network::for_comm`]); the caller refuses the library then if it fails.
+/// explicitly that is nowhere to be found, one that cannot be opened,
+/// exports no version we load, has a NULL required entry or (before v11)
+/// fails `init` gives one WARN line naming what was tried and `None`: the
+/// caller falls back to the built-in network, as NCCL 2.30 goes on with
+/// its internal ones (a job that runs on NCCL under a cluster-wide
+/// NCCL_NET_PLUGIN runs here too; the ranks then check that they all took
+/// the same network). From v11 on `init` runs with the first
+/// communicator's context (see [`Network::for_comm`]); the caller refuses
+/// the library then if it fails.
 pub fn load(setting: Option<&str>) -> Result<(Option<Network>, Outcome)> {
     let search = loader::open(loader::NET, setting);
     let searched = search.tried.clone();
@@ -122,11 +124,17 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Network>, Outcome)> {
             ));
         }
         if loader::explicit(setting) {
-            return Err(Error::InvalidArgument(format!(
-                "NCCL_NET_PLUGIN={}: no such library (tried {}); set it to a library name, a path, or none",
-                setting.unwrap_or_default().trim(),
-                searched.join(", ")
-            )));
+            let setting = setting.unwrap_or_default().trim().to_string();
+            let reason = format!("no such library (tried {})", searched.join(", "));
+            warn!(target: "oxccl::init|net", "NCCL_NET_PLUGIN={setting}: {reason}; using the built-in network");
+            return Ok((
+                None,
+                Outcome::Refused {
+                    library: setting,
+                    reason,
+                    searched,
+                },
+            ));
         }
         if !searched.is_empty() {
             info!(target: "oxccl::init|net", "NET/Plugin: could not find {}; using the built-in network", searched.join(", "));
@@ -233,16 +241,37 @@ pub fn builtin_abis() -> Vec<(&'static str, String)> {
 mod tests {
     use super::*;
 
+    /// NCCL 2.30 logs that it could not load a missing NCCL_NET_PLUGIN
+    /// and goes on with its internal networks; so does this (it stopped
+    /// every rank: issue 40, item 12).
     #[test]
-    fn explicit_missing_library_names_the_setting() {
-        let e = load(Some("/nonexistent/libx.so"))
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            e.contains("NCCL_NET_PLUGIN") && e.contains("/nonexistent/libx.so"),
-            "{e}"
-        );
+    fn explicit_missing_library_is_refused_with_a_warning() {
+        for setting in ["/nonexistent/libx.so", "no-such-net"] {
+            let ((net, outcome), lines) =
+                crate::log::capture_lines(|| load(Some(setting)).unwrap());
+            assert!(net.is_none());
+            match outcome {
+                Outcome::Refused {
+                    library, reason, ..
+                } => {
+                    assert_eq!(library, setting);
+                    assert!(
+                        reason.contains("tried") && reason.contains(setting),
+                        "{reason}"
+                    );
+                }
+                o => panic!("{o:?}"),
+            }
+            let line = lines
+                .lines()
+                .find(|l| l.contains("NCCL WARN"))
+                .unwrap_or_else(|| panic!("no warning: {lines}"));
+            assert!(
+                line.contains(&format!("NCCL_NET_PLUGIN={setting}"))
+                    && line.contains("using the built-in network"),
+                "{line}"
+            );
+        }
         assert!(matches!(
             load(Some("none")).unwrap().1,
             Outcome::NotFound { .. }
