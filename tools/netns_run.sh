@@ -27,6 +27,7 @@
 # Where namespaces cannot be made (no iproute2, a sandbox without them)
 # the hosts share the loopback and are told apart by NCCL_HOSTID alone,
 # said on stderr: the same transports, without a link to shape.
+# Ranks start once every veth has its carrier (at most 5 s).
 # Bounded by LIMIT seconds (600).
 set -euo pipefail
 hosts=${HOSTS:-2}
@@ -79,6 +80,17 @@ if [ -n "$sw" ]; then
           "${LOSS%\%}" | ip netns exec "$n" nft -f -
       fi
     fi
+  done
+  # A veth has no carrier for a moment after it comes up; a rank started
+  # then finds its interface down (aws-ofi-nccl: no NIC, and that rank alone
+  # fell back to another network). Wait for every link's carrier.
+  for ((h = 0; h < hosts; h++)); do
+    for ((i = 0; i < 100; i++)); do
+      ip -n "${ns[$h]}" link show "${veth[$h]}" | grep -q LOWER_UP && break
+      sleep 0.05
+    done
+    ip -n "${ns[$h]}" link show "${veth[$h]}" | grep -q LOWER_UP ||
+      { echo "netns_run: ${veth[$h]} of host $h has no carrier after 5 s" >&2; exit 1; }
   done
 fi
 gpus=()

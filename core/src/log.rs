@@ -258,6 +258,41 @@ pub fn init() {
     crate::plugin::env::announce();
 }
 
+/// Runs `f` with every event this thread emits meanwhile written as NCCL's
+/// lines into the returned text (whatever the global subscriber).
+#[cfg(test)]
+pub(crate) fn capture_lines<R>(f: impl FnOnce() -> R) -> (R, String) {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let sink = Sink::default();
+    let out = sink.clone();
+    let layer = tracing_subscriber::fmt::layer()
+        .event_format(NcclLine {
+            host: host_name(),
+            pid: std::process::id(),
+        })
+        .with_ansi(false)
+        .with_writer(move || out.clone());
+    let sub = tracing_subscriber::registry().with(layer);
+    let r = tracing::subscriber::with_default(sub, f);
+    let text =
+        String::from_utf8_lossy(&sink.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
+    (r, text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{debug_file_name, directive, Filter};

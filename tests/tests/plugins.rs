@@ -138,16 +138,97 @@ fn library_without_a_known_version_falls_back_with_a_warning() {
     }
 }
 
+/// A NCCL_NET_PLUGIN naming a library that is not there: NCCL 2.30 says it
+/// could not load it and goes on with its internal networks; so does
+/// oxccl, with one WARN line on each rank naming what was tried (it used
+/// to stop every rank: issue 40, item 12).
 #[test]
-fn explicit_plugin_that_cannot_be_opened_is_named() {
-    let cfg = oxccl::CommConfig::default().with("NET_PLUGIN", "/nonexistent/libnccl-net-x.so");
-    let id = oxccl::Comm::unique_id().unwrap();
-    let e = oxccl::Comm::init_rank(1, id, 0, &cfg)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("NCCL_NET_PLUGIN") && e.contains("/nonexistent/libnccl-net-x.so"),
-        "{e}"
+fn missing_plugin_library_warns_and_every_rank_takes_the_builtin_network() {
+    let name = "missing_plugin_library_warns_and_every_rank_takes_the_builtin_network";
+    if as_child(name, body("Socket")) {
+        return;
+    }
+    let done = spawn_with(
+        name,
+        &[
+            ("NCCL_NET_PLUGIN", "no-such-net"),
+            ("NCCL_DEBUG", "WARN"),
+            ("NCCL_SHM_DISABLE", "1"),
+        ],
+    );
+    for f in &done {
+        let lines: Vec<&str> = f
+            .stderr
+            .lines()
+            .filter(|l| l.contains("no-such-net"))
+            .collect();
+        assert_eq!(lines.len(), 1, "rank {}:\n{}", f.rank, f.stderr);
+        assert!(
+            lines[0].contains("NCCL WARN NCCL_NET_PLUGIN=no-such-net: no such library (tried no-such-net, libnccl-net-no-such-net.so); using the built-in network"),
+            "rank {}: {}",
+            f.rank,
+            lines[0]
+        );
+    }
+}
+
+/// A net plugin that starts on one rank and fails on the other (as
+/// aws-ofi-nccl does on a rank whose NIC has no carrier yet): the failing
+/// rank used to fall back to the socket network silently, and the job to
+/// fail at its first connection ("bad magic"). Now every rank fails at
+/// init within seconds, naming which rank uses which network and why
+/// (issue 40, item 10).
+#[test]
+fn ranks_on_different_networks_fail_at_init_naming_them() {
+    let name = "ranks_on_different_networks_fail_at_init_naming_them";
+    let Some(socket) = plugin_path() else {
+        println!("skipped: liboxccl_net_socket.so was not built beside the tests (cargo build --workspace builds it)");
+        return;
+    };
+    let socket = socket.to_str().unwrap().to_string();
+    let initfail = fixture("net_initfail");
+    let (s, f) = (socket.clone(), initfail.clone());
+    if as_child(name, move |r| {
+        oxccl::log::init();
+        let lib = if r.rank == 0 { &s } else { &f };
+        let cfg = oxccl::CommConfig::default().with("NET_PLUGIN", lib);
+        let start = std::time::Instant::now();
+        match oxccl::Comm::init_rank(r.nranks, r.id, r.rank, &cfg) {
+            Ok(_) => println!("INIT OK"),
+            Err(e) => println!("INIT FAILED after {:?}: {e}", start.elapsed()),
+        }
+    }) {
+        return;
+    }
+    let done = spawn_with(name, &[("NCCL_DEBUG", "WARN")]);
+    for d in &done {
+        let out = &d.stdout;
+        let line = out
+            .lines()
+            .find_map(|l| l.find("INIT FAILED").map(|at| &l[at..]))
+            .unwrap_or_else(|| panic!("rank {} did not fail:\n{out}\n{}", d.rank, d.stderr));
+        println!("rank {}: {line}", d.rank);
+        assert!(
+            line.contains("ranks use different networks")
+                && line.contains(&format!("rank 0 uses oxccl-Socket (the plugin {socket})"))
+                && line.contains(&format!(
+                    "rank 1 uses Socket (built in, as net plugin {initfail}"
+                ))
+                && line.contains("init failed"),
+            "rank {}: {line}",
+            d.rank
+        );
+    }
+    // The rank that fell back said why, once.
+    assert_eq!(
+        done[1]
+            .stderr
+            .lines()
+            .filter(|l| l.contains("NCCL WARN") && l.contains(&initfail))
+            .count(),
+        1,
+        "{}",
+        done[1].stderr
     );
 }
 

@@ -20,6 +20,7 @@
 //! encrypted records: a peer without the key is refused, with its address
 //! logged, before any byte of it reaches a frame reader.
 
+mod limits;
 pub mod proto;
 mod root;
 mod service;
@@ -313,7 +314,14 @@ impl Bootstrap {
         // Bounded by NCCL_TIMEOUT too, so that a short one (tests, quick
         // failure detection) frees silent connections' threads as soon.
         let first_wait = HANDSHAKE_WAIT.min(timeout.max(Duration::from_secs(1)));
-        let shared = Arc::new(Shared::new(rank, nranks, c.magic, key.clone(), first_wait));
+        let shared = Arc::new(Shared::new(
+            rank,
+            nranks,
+            c.magic,
+            key.clone(),
+            first_wait,
+            timeout,
+        ));
         // Serving before the table exists: peers may write as soon as they have it.
         let service = Service::start(shared.clone(), listener)?;
         let hello = Hello {
@@ -323,6 +331,7 @@ impl Bootstrap {
         };
         // On failure, dropping `service` stops its thread.
         let peers = join_root(&c, &hello, key.as_deref(), timeout)?;
+        shared.set_table(&peers);
         debug!(target: "oxccl::bootstrap", rank, nranks, "bootstrap ready on {} ({}), root {}", iface.name, service.listen, c.root);
         Ok(Bootstrap {
             out: Outgoing::new(rank, c.magic, key, peers),
@@ -539,9 +548,10 @@ impl Bootstrap {
         let deadline = Instant::now() + self.timeout.min(QUERY_WAIT);
         let magic = self.shared.magic;
         let key = self.shared.key.as_deref();
-        for (p, a) in
-            self.for_each_peer(|p| tcp::query(self.out.addrs[p], key, magic, me as u32, deadline))
-        {
+        let local = self.out.local();
+        for (p, a) in self.for_each_peer(|p| {
+            tcp::query(local, self.out.addrs[p], key, magic, me as u32, deadline)
+        }) {
             if let Some(v) = a {
                 out[p] = PeerProgress::Started(v);
             }
@@ -596,7 +606,13 @@ impl Bootstrap {
         let deadline = Instant::now() + ABORT_WAIT;
         let sent = self.for_each_peer(|p| {
             let d = deadline.min(Instant::now() + ABORT_PER_PEER);
-            match tcp::one_shot(self.out.addrs[p], self.shared.key.as_deref(), &f, d) {
+            match tcp::one_shot(
+                self.out.local(),
+                self.out.addrs[p],
+                self.shared.key.as_deref(),
+                &f,
+                d,
+            ) {
                 Ok(s) => {
                     let _ = s.tcp().shutdown(std::net::Shutdown::Write);
                     let taken = d.min(Instant::now() + ABORT_TAKEN);

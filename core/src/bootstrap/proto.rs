@@ -112,6 +112,31 @@ impl fmt::Display for FrameError {
     }
 }
 
+/// A frame's header, read before its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub kind: u8,
+    pub from: u32,
+    pub tag: u64,
+    /// Payload bytes announced.
+    pub len: usize,
+}
+
+/// Largest failure notice a rank reads (a sender cuts its message to 64 KiB).
+pub const MAX_ABORT: usize = (64 << 10) + 1024;
+
+/// The most payload a rank's service reads in a frame of `kind`, `None`
+/// for a kind no rank sends to another (those are refused at their
+/// header, before a byte of payload is read).
+pub fn rank_frame_limit(kind: u8) -> Option<usize> {
+    match kind {
+        k if k & !MORE == DATA => Some(MAX_CHUNK),
+        ABORT => Some(MAX_ABORT),
+        QUERY => Some(64),
+        _ => None,
+    }
+}
+
 /// Cuts a byte stream into frames, whatever the sizes of the reads that
 /// fed it. Checks the magic as soon as its 8 bytes are in.
 #[derive(Debug)]
@@ -134,23 +159,39 @@ impl FrameReader {
         self.buf.extend_from_slice(bytes);
     }
 
+    /// Reserves room for exactly the frame whose header is in (nothing
+    /// without one): a reader that has decided to read a long frame holds
+    /// its size, not up to twice it as a growing buffer would.
+    pub fn reserve_frame(&mut self) {
+        if let Ok(Some(h)) = self.header() {
+            let want = (FRAME_HEADER + h.len).saturating_sub(self.buf.len());
+            self.buf.reserve_exact(want);
+        }
+    }
+
     /// No partial frame is buffered (an end of stream here is clean).
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
 
-    /// A whole frame is buffered (its header judged as
-    /// [`FrameReader::next_frame`] judges it); nothing is taken.
-    pub fn has_frame(&self) -> Result<bool, FrameError> {
+    /// Bytes held: those buffered, with the room reserved for them.
+    pub fn held(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// The next frame's header once its bytes are in, judged as
+    /// [`FrameReader::next_frame`] judges it; nothing is taken. A reader
+    /// decides from it whether to read the payload at all.
+    pub fn header(&self) -> Result<Option<Header>, FrameError> {
         if self.buf.len() < 8 {
-            return Ok(false);
+            return Ok(None);
         }
         let magic = u64::from_le_bytes(self.buf[0..8].try_into().expect("8 bytes"));
         if magic != self.magic {
             return Err(FrameError::BadMagic(magic));
         }
         if self.buf.len() < FRAME_HEADER {
-            return Ok(false);
+            return Ok(None);
         }
         let len = u32::from_le_bytes(self.buf[21..25].try_into().expect("4 bytes")) as usize;
         if len > self.max_payload {
@@ -159,7 +200,20 @@ impl FrameReader {
                 max: self.max_payload,
             });
         }
-        Ok(self.buf.len() >= FRAME_HEADER + len)
+        Ok(Some(Header {
+            kind: self.buf[8],
+            from: u32::from_le_bytes(self.buf[9..13].try_into().expect("4 bytes")),
+            tag: u64::from_le_bytes(self.buf[13..21].try_into().expect("8 bytes")),
+            len,
+        }))
+    }
+
+    /// A whole frame is buffered (its header judged as
+    /// [`FrameReader::next_frame`] judges it); nothing is taken.
+    pub fn has_frame(&self) -> Result<bool, FrameError> {
+        Ok(self
+            .header()?
+            .is_some_and(|h| self.buf.len() >= FRAME_HEADER + h.len))
     }
 
     /// The next whole frame, `None` while more bytes are needed.
@@ -276,6 +330,9 @@ impl Reassembler {
         let whole = match self.partial.take() {
             None => payload,
             Some((_, mut acc)) => {
+                // Exactly: what a message holds is its bytes, not up to
+                // twice them.
+                acc.reserve_exact(payload.len());
                 acc.extend_from_slice(&payload);
                 acc
             }
@@ -291,6 +348,11 @@ impl Reassembler {
     /// Bytes of the message in progress.
     pub fn pending(&self) -> usize {
         self.partial.as_ref().map_or(0, |(_, b)| b.len())
+    }
+
+    /// Bytes held for the message in progress (room reserved included).
+    pub fn held(&self) -> usize {
+        self.partial.as_ref().map_or(0, |(_, b)| b.capacity())
     }
 }
 
@@ -513,8 +575,18 @@ pub struct Root {
     joined: Vec<Option<(ConnId, SocketAddr)>>,
     /// Ranks that said hello, then closed their connection.
     left: Vec<usize>,
+    /// The first connection refused in the key exchange as a rank with
+    /// another key (or none) is: when, from where, why.
+    key_refused: Option<(Instant, SocketAddr, String)>,
     done: bool,
 }
+
+/// How long the root waits for the missing ranks after it refused a key
+/// exchange that looked like a rank's with another key (at most
+/// NCCL_TIMEOUT): that rank has failed and will not come, so the ranks in
+/// wait for nothing; a stranger's attempt while every rank arrives within
+/// it changes nothing.
+pub const KEY_REFUSED_GRACE: Duration = Duration::from_secs(2);
 
 impl Root {
     pub fn new(addr: SocketAddr, timeout: Duration, now: Instant) -> Root {
@@ -526,17 +598,39 @@ impl Root {
             nranks: None,
             joined: Vec::new(),
             left: Vec::new(),
+            key_refused: None,
             done: false,
         }
     }
 
-    /// When [`Root::poll`] gives up.
+    /// When [`Root::poll`] gives up: NCCL_TIMEOUT after the first hello
+    /// (or the start), or soon after a key exchange was refused.
     pub fn deadline(&self) -> Instant {
-        self.first_hello.unwrap_or(self.started) + self.timeout
+        let full = self.first_hello.unwrap_or(self.started) + self.timeout;
+        match &self.key_refused {
+            Some((t, _, _)) => full.min(*t + KEY_REFUSED_GRACE.min(self.timeout)),
+            None => full,
+        }
+    }
+
+    /// A connection from `peer` failed the key exchange as a rank with
+    /// another key (or none) would: the root gives up on the missing ranks
+    /// [`KEY_REFUSED_GRACE`] later, naming it.
+    pub fn key_refused(&mut self, now: Instant, peer: SocketAddr, why: &str) {
+        if self.done {
+            return;
+        }
+        self.key_refused
+            .get_or_insert_with(|| (now, peer, why.to_string()));
     }
 
     pub fn is_done(&self) -> bool {
         self.done
+    }
+
+    /// The communicator's size, once a hello has said it.
+    pub fn nranks(&self) -> Option<usize> {
+        self.nranks
     }
 
     /// A hello arrived on connection `conn`.
@@ -617,18 +711,24 @@ impl Root {
         }
         self.done = true;
         let conns = self.joined.iter().flatten().map(|(c, _)| *c).collect();
+        // Given up early after a refused key exchange, or at NCCL_TIMEOUT.
+        let when = match &self.key_refused {
+            Some((_, peer, why)) => format!(
+                ": the root refused {peer} ({why}), and gave up {} after that rather than at NCCL_TIMEOUT; NCCL_SOCKET_KEY_FILE must name the same key on every rank",
+                secs(KEY_REFUSED_GRACE.min(self.timeout))
+            ),
+            None => format!(" within {} (NCCL_TIMEOUT)", secs(self.timeout)),
+        };
         let message = match self.nranks {
             None => format!(
-                "bootstrap: no rank connected to the root at {} within {} (NCCL_TIMEOUT)",
-                self.addr,
-                secs(self.timeout)
+                "bootstrap: no rank connected to the root at {}{when}",
+                self.addr
             ),
             Some(n) => {
                 let mut m = format!(
-                    "bootstrap: ranks {:?} of {n} never connected to the root at {} within {} (NCCL_TIMEOUT)",
+                    "bootstrap: ranks {:?} of {n} never connected to the root at {}{when}",
                     self.missing(),
-                    self.addr,
-                    secs(self.timeout)
+                    self.addr
                 );
                 if !self.left.is_empty() {
                     m += &format!(
@@ -702,6 +802,7 @@ pub fn digest_limited(
         reader.push(piece);
         d.peak_held = d.peak_held.max(reader.buf.capacity() + pieces.pending());
         loop {
+            let h = reader.header();
             let f = match reader.next_frame() {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
@@ -710,6 +811,16 @@ pub fn digest_limited(
                     return d;
                 }
             };
+            // The header a reader judges first is the frame's.
+            assert_eq!(
+                h,
+                Ok(Some(Header {
+                    kind: f.kind,
+                    from: f.from,
+                    tag: f.tag,
+                    len: f.payload.len()
+                }))
+            );
             d.frames += 1;
             let refused = match f.kind {
                 k if k & !MORE == DATA => {
@@ -1009,6 +1120,49 @@ mod tests {
         );
         assert!(r.is_done());
         assert_eq!(r.poll(t0 + Duration::from_secs(60)), None);
+    }
+
+    #[test]
+    fn root_gives_up_soon_after_refusing_a_key_exchange() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut r = Root::new(a(1), 30 * s, t0);
+        assert_eq!(r.hello(t0, 7, &hello(0, 2, 10)), None);
+        r.key_refused(t0 + s, a(9), "the peer holds another key");
+        r.key_refused(t0 + 2 * s, a(8), "a second one is not the one named");
+        assert_eq!(r.deadline(), t0 + s + KEY_REFUSED_GRACE);
+        assert_eq!(r.poll(t0 + s), None);
+        match r.poll(t0 + s + KEY_REFUSED_GRACE) {
+            Some(RootAction::Fail {
+                conns,
+                error: Error::Remote(m),
+            }) => {
+                assert_eq!(conns, vec![7]);
+                assert!(
+                    m.contains("ranks [1] of 2 never connected to the root at 127.0.0.1:1: the root refused 127.0.0.1:9 (the peer holds another key)"),
+                    "{m}"
+                );
+                assert!(
+                    m.contains("NCCL_SOCKET_KEY_FILE must name the same key"),
+                    "{m}"
+                );
+                assert!(!m.contains("within 30 s"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Every rank in within the grace: a stranger's refusal changes nothing.
+        let mut r = Root::new(a(1), 30 * s, t0);
+        r.key_refused(t0, a(9), "the peer holds another key");
+        assert_eq!(r.hello(t0, 7, &hello(0, 2, 10)), None);
+        assert!(matches!(
+            r.hello(t0 + s, 8, &hello(1, 2, 11)),
+            Some(RootAction::Table { .. })
+        ));
+        // A grace never longer than NCCL_TIMEOUT.
+        let r = Root::new(a(1), s / 2, t0);
+        let mut r2 = r;
+        r2.key_refused(t0, a(9), "x");
+        assert_eq!(r2.deadline(), t0 + s / 2);
     }
 
     #[test]

@@ -3,19 +3,67 @@
 //! out, or at the root's deadline. With a key, each connection first runs
 //! the handshake (sans-IO, so a silent or slow client never stalls the
 //! others) and only what it decrypts reaches the frame reader.
+//!
+//! What a stranger may hold here: a connection that has not said hello
+//! reads at most a hello's bytes ([`proto::MAX_HELLO`]; 64 KiB of key
+//! exchange with a key), is dropped after [`super::HANDSHAKE_WAIT`], and one
+//! address holds at most [`UNJOINED_PER_ADDR`] such connections at once
+//! (twice the ranks known, if more): the one past it is closed at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
-use oxccl_secure::{Role, Session};
+use oxccl_secure::{Role, SecureError, Session};
 
 use super::proto::{self, ConnId, Frame, FrameReader, Hello, Root, RootAction};
 use super::tcp::{self, SharedKey};
 use crate::error::{Error, Result};
+
+/// Connections from one address that have not said hello yet, at most
+/// (or twice the ranks the hellos so far announce, if that is more): the
+/// ranks of a host connect at once, and each says hello at once.
+pub(super) const UNJOINED_PER_ADDR: usize = 1024;
+
+/// Counts the connections of each address that have not said hello.
+#[derive(Default)]
+struct Unjoined {
+    by_addr: HashMap<IpAddr, usize>,
+    refused: HashMap<IpAddr, u64>,
+}
+
+impl Unjoined {
+    fn add(&mut self, ip: IpAddr) {
+        *self
+            .by_addr
+            .entry(super::limits::canonical(ip))
+            .or_insert(0) += 1;
+    }
+
+    fn remove(&mut self, ip: IpAddr) {
+        let ip = super::limits::canonical(ip);
+        if let Some(n) = self.by_addr.get_mut(&ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.by_addr.remove(&ip);
+            }
+        }
+    }
+
+    /// Whether one more from `ip` is over `cap`; counts the refusal.
+    fn full(&mut self, ip: IpAddr, cap: usize) -> Option<u64> {
+        let ip = super::limits::canonical(ip);
+        if self.by_addr.get(&ip).copied().unwrap_or(0) < cap {
+            return None;
+        }
+        let r = self.refused.entry(ip).or_insert(0);
+        *r += 1;
+        Some(*r)
+    }
+}
 
 /// Starts the root on `listener`; returns its address.
 pub(super) fn spawn(
@@ -48,6 +96,8 @@ struct Conn {
     secure: Option<Session>,
     /// When it was accepted: the handshake must end within HANDSHAKE_WAIT.
     since: Instant,
+    /// The communicator's magic.
+    magic: u64,
 }
 
 enum Event {
@@ -55,6 +105,16 @@ enum Event {
     Hello(Hello),
     Closed,
     Bad(String),
+    /// A key exchange that failed as one between ranks holding different
+    /// keys (or one none) fails: most likely a rank of this job.
+    KeyRefused(String),
+}
+
+/// Whether a frame reader's refusal is the start of a key exchange
+/// (a 2-byte big-endian length of 48): a rank with a key at a root without.
+fn looks_encrypted(e: &proto::FrameError) -> bool {
+    let hs = (oxccl_secure::session::HANDSHAKE_MESSAGE as u16).to_be_bytes();
+    matches!(e, proto::FrameError::BadMagic(m) if m.to_le_bytes()[..2] == hs)
 }
 
 /// Reads what `c` has sent without blocking.
@@ -69,7 +129,7 @@ fn poll_conn(c: &mut Conn) -> Event {
             // A rank that said hello has nothing more to say; read on to see it close.
             Ok(_) if c.joined => {}
             Ok(n) => {
-                if let Some(ev) = take_hello(&mut c.reader, &buf[..n]) {
+                if let Some(ev) = take_hello(&mut c.reader, &buf[..n], true) {
                     return ev;
                 }
             }
@@ -93,10 +153,14 @@ fn silent(c: &Conn) -> Event {
     Event::Idle
 }
 
-/// Feeds `bytes` to the reader: the event once a frame is whole.
-fn take_hello(reader: &mut FrameReader, bytes: &[u8]) -> Option<Event> {
+/// Feeds `bytes` to the reader: the event once a frame is whole. `plain`:
+/// the connection is in clear (a root without a key).
+fn take_hello(reader: &mut FrameReader, bytes: &[u8], plain: bool) -> Option<Event> {
     reader.push(bytes);
     match reader.next_frame() {
+        Err(e) if plain && looks_encrypted(&e) => Some(Event::KeyRefused(
+            "it starts a key exchange: NCCL_SOCKET_KEY_FILE is set there and not here".into(),
+        )),
         Err(e) => Some(Event::Bad(e.to_string())),
         Ok(None) => None,
         Ok(Some(f)) if f.kind != proto::HELLO => Some(Event::Bad(format!(
@@ -113,7 +177,10 @@ fn take_hello(reader: &mut FrameReader, bytes: &[u8]) -> Option<Event> {
 /// An encrypted connection: runs the handshake, then hands what it
 /// decrypts to the frame reader.
 fn poll_secure(c: &mut Conn) -> Event {
-    let Conn { s, secure, .. } = c;
+    let Conn {
+        s, secure, magic, ..
+    } = c;
+    let magic = *magic;
     let sess = secure.as_mut().expect("checked by the caller");
     loop {
         match sess.read_with(|b| s.read(b)) {
@@ -125,7 +192,19 @@ fn poll_secure(c: &mut Conn) -> Event {
         }
         // Judged as it comes, so that a stranger cannot make us buffer much.
         if let Err(e) = sess.advance() {
-            return Event::Bad(e.to_string());
+            return match e {
+                SecureError::WrongKey => Event::KeyRefused(e.to_string()),
+                // Our magic's first bytes where a key exchange starts: a
+                // rank of this communicator without the key.
+                SecureError::NotEncrypted { len }
+                    if (len as u16).to_be_bytes() == magic.to_le_bytes()[..2] =>
+                {
+                    Event::KeyRefused(
+                        "it sends its hello in clear: NCCL_SOCKET_KEY_FILE is not set there".into(),
+                    )
+                }
+                e => Event::Bad(e.to_string()),
+            };
         }
         if sess.pending_in() > 64 << 10 {
             return Event::Bad("more bytes than a hello".into());
@@ -153,7 +232,7 @@ fn poll_secure(c: &mut Conn) -> Event {
             // A rank that said hello has nothing more to say.
             Ok(_) if c.joined => {}
             Ok(n) => {
-                if let Some(ev) = take_hello(&mut c.reader, &buf[..n]) {
+                if let Some(ev) = take_hello(&mut c.reader, &buf[..n], false) {
                     return ev;
                 }
             }
@@ -194,6 +273,7 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
     let mut root = Root::new(addr, timeout, Instant::now());
     let mut conns: BTreeMap<ConnId, Conn> = BTreeMap::new();
     let mut next_id: ConnId = 0;
+    let mut unjoined = Unjoined::default();
     let mut idle = Duration::from_millis(1);
     while !root.is_done() {
         let mut busy = false;
@@ -201,6 +281,13 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
             match listener.accept() {
                 Ok((s, peer)) => {
                     busy = true;
+                    let cap = UNJOINED_PER_ADDR.max(2 * root.nranks().unwrap_or(0));
+                    if let Some(n) = unjoined.full(peer.ip(), cap) {
+                        if super::limits::warn_at(n) {
+                            warn!(target: "oxccl::bootstrap", "root {addr}: closed a connection from {peer}: its address holds {cap} connections that have not said hello; {n} refused so far");
+                        }
+                        continue;
+                    }
                     let secure = match key.as_deref() {
                         None => None,
                         Some(k) => match Session::new(Role::Responder, k, &tcp::prologue(magic)) {
@@ -214,6 +301,7 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
                     if s.set_nonblocking(true).is_ok() {
                         let _ = s.set_nodelay(true);
                         let reader = FrameReader::new(magic, proto::MAX_HELLO);
+                        unjoined.add(peer.ip());
                         conns.insert(
                             next_id,
                             Conn {
@@ -223,6 +311,7 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
                                 joined: false,
                                 secure,
                                 since: Instant::now(),
+                                magic,
                             },
                         );
                         next_id += 1;
@@ -245,6 +334,7 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
                     busy = true;
                     debug!(target: "oxccl::bootstrap", "root {addr}: hello from rank {} of {} at {} (from {})", h.rank, h.nranks, h.listen, c.peer);
                     c.joined = true;
+                    unjoined.remove(c.peer.ip());
                     actions.extend(root.hello(Instant::now(), id, &h));
                 }
                 Event::Closed => {
@@ -263,10 +353,20 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
                         root.closed(id);
                     }
                 }
+                Event::KeyRefused(why) => {
+                    busy = true;
+                    warn!(target: "oxccl::bootstrap", "root {addr}: refused a connection from {}: {why}", c.peer);
+                    gone.push(id);
+                    root.key_refused(Instant::now(), c.peer, &why);
+                }
             }
         }
         for id in gone {
-            conns.remove(&id);
+            if let Some(c) = conns.remove(&id) {
+                if !c.joined {
+                    unjoined.remove(c.peer.ip());
+                }
+            }
         }
         actions.extend(root.poll(Instant::now()));
         for a in actions {
@@ -284,6 +384,9 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
                 }
                 RootAction::Refuse { conn, error } => {
                     if let Some(mut c) = conns.remove(&conn) {
+                        if !c.joined {
+                            unjoined.remove(c.peer.ip());
+                        }
                         warn!(target: "oxccl::bootstrap", "refused {}: {}", c.peer, error.message());
                         let _ = send(&mut c, magic, proto::ERROR, proto::encode_error(&error));
                     }

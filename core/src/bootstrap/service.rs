@@ -2,25 +2,31 @@
 //! one reader thread per connection files messages into the mailbox (keyed
 //! by sender and tag, so that they may arrive in any order), records
 //! failure notices, and answers progress queries on the connection they
-//! came on.
+//! came on. What a peer may hold here (connections, bytes, time) is capped
+//! as `limits` says.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
+use super::limits::{self, Admission};
 use super::proto::{self, Frame, FrameReader, Reassembler};
-use super::tcp::{lock, read_frame, Link, SharedKey};
+use super::tcp::{lock, Link, SharedKey};
 use crate::error::{Error, Result};
 
 #[derive(Default)]
 struct Mail {
     msgs: HashMap<(usize, u64), VecDeque<Vec<u8>>>,
+    /// Bytes of each sender's messages in `msgs`.
+    held: HashMap<usize, usize>,
+    /// Every rank's listen address, once the root has sent them.
+    table: Option<Vec<SocketAddr>>,
     failure: Option<(usize, String)>,
     /// Failure notices no longer end waits: the communicator was revoked,
     /// and what follows (split, shrink) is the recovery from them.
@@ -29,6 +35,21 @@ struct Mail {
     /// ending the operations in flight); cleared once they have ended.
     interrupted: Option<String>,
     closed: bool,
+}
+
+impl Mail {
+    /// The next message from `peer` under `tag`, if one is here.
+    fn pop(&mut self, peer: usize, tag: u64) -> Option<Vec<u8>> {
+        let q = self.msgs.get_mut(&(peer, tag))?;
+        let m = q.pop_front();
+        if q.is_empty() {
+            self.msgs.remove(&(peer, tag));
+        }
+        if let (Some(m), Some(h)) = (&m, self.held.get_mut(&peer)) {
+            *h = h.saturating_sub(m.len());
+        }
+        m
+    }
 }
 
 /// Which failure notices end a wait.
@@ -55,6 +76,15 @@ pub(super) struct Shared {
     /// process or a port scanner, and its reader thread is freed at this
     /// deadline.
     pub first_wait: Duration,
+    /// NCCL_TIMEOUT: how long a connection waits for its address's slot or
+    /// for room in the mailbox (a sender's write gives up then too).
+    pub timeout: Duration,
+    /// Connections per address and the slots (see `limits`).
+    admission: Mutex<Admission>,
+    admission_cv: Condvar,
+    /// Bytes the readers hold in frames and messages being read.
+    in_flight: AtomicUsize,
+    next_conn: AtomicU64,
     /// Operations started, as the engine counts them; peers read it.
     pub progress: Arc<AtomicU64>,
     mail: Mutex<Mail>,
@@ -71,6 +101,7 @@ impl Shared {
         magic: u64,
         key: SharedKey,
         first_wait: Duration,
+        timeout: Duration,
     ) -> Shared {
         Shared {
             rank,
@@ -78,6 +109,11 @@ impl Shared {
             magic,
             key,
             first_wait,
+            timeout,
+            admission: Mutex::new(Admission::new(nranks)),
+            admission_cv: Condvar::new(),
+            in_flight: AtomicUsize::new(0),
+            next_conn: AtomicU64::new(0),
             progress: Arc::default(),
             mail: Mutex::default(),
             cv: Condvar::new(),
@@ -91,12 +127,104 @@ impl Shared {
     }
 
     pub fn deliver(&self, from: usize, tag: u64, payload: Vec<u8>) {
-        lock(&self.mail)
-            .msgs
-            .entry((from, tag))
-            .or_default()
-            .push_back(payload);
+        let mut mail = lock(&self.mail);
+        *mail.held.entry(from).or_insert(0) += payload.len();
+        mail.msgs.entry((from, tag)).or_default().push_back(payload);
+        drop(mail);
         self.cv.notify_all();
+    }
+
+    /// Every rank's listen address, by rank, from the root.
+    pub fn set_table(&self, table: &[SocketAddr]) {
+        lock(&self.admission).set_table(table);
+        lock(&self.mail).table = Some(table.to_vec());
+        self.cv.notify_all();
+    }
+
+    /// Rank `rank`'s listen address, waiting for the table until `until`.
+    fn rank_addr(&self, rank: usize, until: Instant) -> Option<SocketAddr> {
+        let mut mail = lock(&self.mail);
+        loop {
+            if let Some(t) = &mail.table {
+                return t.get(rank).copied();
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if mail.closed || left.is_zero() {
+                return None;
+            }
+            mail = self
+                .cv
+                .wait_timeout(mail, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Waits until fewer than [`limits::MAILBOX_QUOTA`] bytes of `from`'s
+    /// messages wait to be taken; false at `until` or at close.
+    fn wait_room(&self, from: usize, until: Instant) -> bool {
+        let mut mail = lock(&self.mail);
+        loop {
+            if mail.held.get(&from).copied().unwrap_or(0) < limits::MAILBOX_QUOTA {
+                return true;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if mail.closed || left.is_zero() {
+                return false;
+            }
+            mail = self
+                .cv
+                .wait_timeout(mail, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Waits for `ip`'s slot for connection `conn`; false at `until` or at
+    /// close.
+    fn wait_slot(&self, ip: IpAddr, conn: u64, until: Instant) -> bool {
+        let mut a = lock(&self.admission);
+        loop {
+            if a.take_slot(ip, conn) {
+                return true;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if self.is_closed() || left.is_zero() {
+                return false;
+            }
+            // Bounded so that a close (which does not signal this
+            // condition) is seen soon.
+            a = self
+                .admission_cv
+                .wait_timeout(a, left.min(Duration::from_millis(100)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn free_slot(&self, ip: IpAddr, conn: u64) {
+        lock(&self.admission).free_slot(ip, conn);
+        self.admission_cv.notify_all();
+    }
+
+    /// Connection `conn` from `ip` ended.
+    fn leave(&self, ip: IpAddr, conn: u64) {
+        lock(&self.admission).leave(ip, conn);
+        self.admission_cv.notify_all();
+    }
+
+    /// Bytes held for peers: frames and messages being read, and messages
+    /// not taken yet.
+    #[cfg(test)]
+    pub fn held_bytes(&self) -> usize {
+        let mail: usize = lock(&self.mail).held.values().sum();
+        self.in_flight.load(Ordering::SeqCst) + mail
+    }
+
+    /// Connections open from `ip`.
+    #[cfg(test)]
+    pub fn open_from(&self, ip: IpAddr) -> usize {
+        lock(&self.admission).open(ip)
     }
 
     fn fail(&self, from: usize, message: String) {
@@ -143,14 +271,7 @@ impl Shared {
     ) -> Result<Vec<u8>> {
         let from = || format!("{} from rank {peer}", what());
         let hint = format!(": rank {peer} is dead, hung, or not making the same calls");
-        self.wait_until(timeout, notices, &from, &hint, |mail| {
-            let q = mail.msgs.get_mut(&(peer, tag))?;
-            let m = q.pop_front();
-            if q.is_empty() {
-                mail.msgs.remove(&(peer, tag));
-            }
-            m
-        })
+        self.wait_until(timeout, notices, &from, &hint, |mail| mail.pop(peer, tag))
     }
 
     /// As [`Shared::wait`], for the next message under `tag` from any
@@ -169,12 +290,7 @@ impl Shared {
                 .filter(|((_, t), q)| *t == tag && !q.is_empty())
                 .map(|((p, _), _)| *p)
                 .min()?;
-            let q = mail.msgs.get_mut(&(p, tag))?;
-            let m = q.pop_front()?;
-            if q.is_empty() {
-                mail.msgs.remove(&(p, tag));
-            }
-            Some((p, m))
+            mail.pop(p, tag).map(|m| (p, m))
         })
     }
 
@@ -193,6 +309,8 @@ impl Shared {
         let mut mail = lock(&self.mail);
         loop {
             if let Some(m) = take(&mut mail) {
+                // Room in the mailbox: a reader may wait for it.
+                self.cv.notify_all();
                 return Ok(m);
             }
             if let Some(why) = &mail.interrupted {
@@ -337,9 +455,24 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         match r {
             Ok((s, peer)) => {
                 shared.prune_readers();
+                if let Err(full) = lock(&shared.admission).admit(peer.ip()) {
+                    let line = format!(
+                        "rank {}: closed a connection from {peer}: its address holds {} connections, at most {} (4 per rank listening there, 4 more); {} refused so far",
+                        shared.rank, full.open, full.cap, full.refused
+                    );
+                    if limits::warn_at(full.refused) {
+                        warn!(target: "oxccl::bootstrap", "{line}");
+                    } else {
+                        debug!(target: "oxccl::bootstrap", "{line}");
+                    }
+                    let _ = s.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
                 let _ = s.set_nodelay(true);
                 let Ok(clone) = s.try_clone() else {
                     warn!(target: "oxccl::bootstrap", "rank {}: dropped a connection from {peer}: cannot clone its socket", shared.rank);
+                    shared.leave(peer.ip(), conn);
                     continue;
                 };
                 let sh = shared.clone();
@@ -347,15 +480,17 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
                     .name(format!("oxccl-bootstrap-rx-{}", shared.rank))
                     .spawn(move || {
                         let end = s.try_clone();
-                        accept_one(&sh, s, peer);
+                        accept_one(&sh, s, peer, conn);
                         // Its clone in `readers` keeps the socket open: end it here.
                         if let Ok(s) = end {
                             let _ = s.shutdown(Shutdown::Both);
                         }
+                        sh.leave(peer.ip(), conn);
                     }) {
                     Ok(h) => lock(&shared.readers).push((clone, h)),
                     Err(e) => {
-                        warn!(target: "oxccl::bootstrap", "rank {}: dropped a connection from {peer}: no reader thread: {e}", shared.rank)
+                        warn!(target: "oxccl::bootstrap", "rank {}: dropped a connection from {peer}: no reader thread: {e}", shared.rank);
+                        shared.leave(peer.ip(), conn);
                     }
                 }
             }
@@ -369,152 +504,336 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     }
 }
 
-/// The handshake (with a key), then the connection's frames, the first of
-/// them by the same deadline.
-fn accept_one(shared: &Shared, s: TcpStream, peer: SocketAddr) {
-    let key = shared.key.as_deref();
-    let deadline = Instant::now() + shared.first_wait;
-    match Link::open(
+/// How a connection ended, for its log line.
+enum Stop {
+    /// Nothing worth a warning (a peer gone, this rank closing).
+    Quiet(String),
+    /// Refused: a warning naming the peer.
+    Refused(String),
+    /// What an authenticated rank sent was refused: what it sent after is
+    /// lost, so the rank counts as failed (waiting for it would only end at
+    /// the timeout).
+    Broken(String),
+}
+
+/// One accepted connection as its reader sees it.
+struct Conn<'a> {
+    shared: &'a Shared,
+    link: Link,
+    peer: SocketAddr,
+    id: u64,
+    reader: FrameReader,
+    pieces: Reassembler,
+    sender: Option<u32>,
+    /// Bytes of `reader` and `pieces` counted in `Shared::in_flight`.
+    counted: usize,
+    /// When the message (or non-DATA frame) being read began.
+    begun: Option<Instant>,
+    /// Holds its address's slot (see `limits`).
+    slot: bool,
+}
+
+impl Conn<'_> {
+    fn keyed(&self) -> bool {
+        matches!(self.link, Link::Secure(_))
+    }
+
+    /// Brings `Shared::in_flight` up to date with what this connection holds.
+    fn recount(&mut self) {
+        let now = self.reader.held() + self.pieces.held();
+        let f = &self.shared.in_flight;
+        if now >= self.counted {
+            f.fetch_add(now - self.counted, Ordering::SeqCst);
+        } else {
+            f.fetch_sub(self.counted - now, Ordering::SeqCst);
+        }
+        self.counted = now;
+    }
+
+    /// When the next read must have brought something: within the first
+    /// wait, and by the deadline of the message begun.
+    fn progress_deadline(&self) -> Instant {
+        let sh = self.shared;
+        let next = Instant::now() + sh.first_wait;
+        match self.begun {
+            Some(t) => next.min(limits::message_deadline(
+                t,
+                sh.first_wait,
+                self.reader.held() + self.pieces.pending(),
+            )),
+            None => next,
+        }
+    }
+
+    /// One read into the reader, waiting until `until` (`None`: without
+    /// limit); the bytes read, 0 at the end of the stream.
+    fn fill(&mut self, until: Option<Instant>) -> std::io::Result<usize> {
+        let mut buf = [0u8; 16 << 10];
+        loop {
+            let t = match until {
+                None => None,
+                Some(u) => {
+                    let left = u.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(ErrorKind::TimedOut.into());
+                    }
+                    Some(left)
+                }
+            };
+            self.link.tcp().set_read_timeout(t)?;
+            match self.link.read(&mut buf) {
+                Ok(n) => {
+                    self.reader.push(&buf[..n]);
+                    self.recount();
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn release_slot(&mut self) {
+        if std::mem::take(&mut self.slot) {
+            self.shared.free_slot(self.peer.ip(), self.id);
+        }
+    }
+}
+
+impl Drop for Conn<'_> {
+    fn drop(&mut self) {
+        self.shared
+            .in_flight
+            .fetch_sub(self.counted, Ordering::SeqCst);
+        self.release_slot();
+    }
+}
+
+/// The handshake (with a key), then the connection's frames; logs how it
+/// ended.
+fn accept_one(shared: &Shared, s: TcpStream, peer: SocketAddr, id: u64) {
+    let me = shared.rank;
+    let link = match Link::open(
         s,
-        key,
+        shared.key.as_deref(),
         oxccl_secure::Role::Responder,
         shared.magic,
         shared.first_wait,
     ) {
-        Ok(mut link) => match first_frame(shared, &mut link, deadline) {
-            Ok(Some(reader)) => read_loop(shared, &mut link, peer, reader),
-            Ok(None) => {}
-            Err(_) if shared.is_closed() => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                warn!(target: "oxccl::bootstrap", "rank {}: dropped a connection from {peer}: it sent no whole frame within {} of connecting (a stalled process, or not an oxccl rank)", shared.rank, proto::secs(shared.first_wait));
-            }
-            Err(e) if e.kind() == ErrorKind::InvalidData => {
-                warn!(target: "oxccl::bootstrap", "rank {}: refused a connection from {peer}: {e}", shared.rank);
-            }
-            Err(e) => {
-                debug!(target: "oxccl::bootstrap", "rank {}: connection from {peer} broke before its first frame: {e}", shared.rank);
-            }
-        },
-        Err(_) if shared.is_closed() => {}
+        Ok(l) => l,
+        Err(_) if shared.is_closed() => return,
         Err(e) => {
-            warn!(target: "oxccl::bootstrap", "rank {}: refused a connection from {peer}: {e}", shared.rank)
-        }
-    }
-}
-
-/// Reads until `s` has delivered its first whole frame, or `deadline`
-/// passes (a `TimedOut` error); the reader with that frame in it, `None`
-/// if the connection ended cleanly first. The socket waits without a
-/// limit afterwards: a rank's cached connection is idle between messages.
-fn first_frame(
-    shared: &Shared,
-    s: &mut Link,
-    deadline: Instant,
-) -> std::io::Result<Option<FrameReader>> {
-    let mut reader = FrameReader::new(shared.magic, proto::MAX_CHUNK);
-    let mut buf = [0u8; 16 << 10];
-    loop {
-        if reader
-            .has_frame()
-            .map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e.to_string()))?
-        {
-            s.tcp().set_read_timeout(None)?;
-            return Ok(Some(reader));
-        }
-        // Before every read: a peer that trickles bytes cannot stretch it.
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(ErrorKind::TimedOut.into());
-        }
-        s.tcp().set_read_timeout(Some(left))?;
-        match s.read(&mut buf) {
-            Ok(0) if reader.is_empty() => return Ok(None),
-            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
-            Ok(n) => reader.push(&buf[..n]),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-fn read_loop(shared: &Shared, s: &mut Link, peer: SocketAddr, mut reader: FrameReader) {
-    let me = shared.rank;
-    let mut pieces = Reassembler::new(proto::MAX_MESSAGE);
-    let mut sender: Option<u32> = None;
-    loop {
-        let f = match read_frame(s, &mut reader) {
-            Ok(Some(f)) => f,
-            Ok(None) => return,
-            Err(e) if shared.is_closed() => {
-                debug!(target: "oxccl::bootstrap", "rank {me}: connection from {peer} ended at close: {e}");
-                return;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                warn!(target: "oxccl::bootstrap", "rank {me}: refused a connection from {peer}: {e}");
-                // A rank's authenticated stream broke: what it sent after
-                // is lost, so waiting for it would only end at the timeout.
-                if let (Some(from), Link::Secure(_)) = (sender, &*s) {
-                    shared.fail(
-                        from as usize,
-                        format!("a message from rank {from} ({peer}) was refused: {e}"),
-                    );
-                }
-                return;
-            }
-            Err(e) => {
-                debug!(target: "oxccl::bootstrap", "rank {me}: connection from {peer} broke: {e}");
-                return;
-            }
-        };
-        if f.from as usize >= shared.nranks || sender.is_some_and(|r| r != f.from) {
-            warn!(target: "oxccl::bootstrap", "rank {me}: refused a connection from {peer}: a frame claims to come from rank {} of {}", f.from, shared.nranks);
+            warn!(target: "oxccl::bootstrap", "rank {me}: refused a connection from {peer}: {e}");
             return;
         }
-        sender = Some(f.from);
-        let from = f.from as usize;
+    };
+    let mut c = Conn {
+        shared,
+        link,
+        peer,
+        id,
+        reader: FrameReader::new(shared.magic, proto::MAX_CHUNK),
+        pieces: Reassembler::new(proto::MAX_MESSAGE),
+        sender: None,
+        counted: 0,
+        begun: None,
+        slot: false,
+    };
+    match serve(&mut c) {
+        Ok(()) => {}
+        Err(_) if shared.is_closed() => {
+            debug!(target: "oxccl::bootstrap", "rank {me}: connection from {peer} ended at close");
+        }
+        Err(Stop::Quiet(why)) => {
+            debug!(target: "oxccl::bootstrap", "rank {me}: connection from {peer} ended: {why}");
+        }
+        Err(Stop::Refused(why)) => {
+            warn!(target: "oxccl::bootstrap", "rank {me}: {why}");
+        }
+        Err(Stop::Broken(why)) => {
+            warn!(target: "oxccl::bootstrap", "rank {me}: refused a connection from {peer}: {why}");
+            if let (Some(from), true) = (c.sender, c.keyed()) {
+                shared.fail(
+                    from as usize,
+                    format!("a message from rank {from} ({peer}) was refused: {why}"),
+                );
+            }
+        }
+    }
+}
+
+/// Reads the connection's frames until it ends (cleanly: `Ok`), delivering
+/// messages, recording failure notices and answering progress queries. A
+/// failure notice or a query is the last frame of its connection.
+fn serve(c: &mut Conn) -> std::result::Result<(), Stop> {
+    let sh = c.shared;
+    let (me, peer) = (sh.rank, c.peer);
+    let first_deadline = Instant::now() + sh.first_wait;
+    let refused = |why: String| Stop::Refused(format!("refused a connection from {peer}: {why}"));
+    loop {
+        let first = c.sender.is_none();
+        // A header.
+        let h = loop {
+            if let Some(h) = c.reader.header().map_err(|e| refused(e.to_string()))? {
+                break h;
+            }
+            let idle = !first && c.reader.is_empty() && c.pieces.pending() == 0;
+            let until = if first {
+                Some(first_deadline)
+            } else if idle {
+                None
+            } else {
+                Some(c.progress_deadline())
+            };
+            match c.fill(until) {
+                Ok(0) if c.reader.is_empty() && c.pieces.pending() == 0 => return Ok(()),
+                Ok(0) => return Err(Stop::Quiet("closed inside a frame".into())),
+                Ok(_) => {}
+                Err(e) => return Err(read_failed(c, e, first)),
+            }
+        };
+        // Judged before a byte of its payload is read.
+        let limit = proto::rank_frame_limit(h.kind)
+            .ok_or_else(|| refused(format!("unexpected frame kind {}", h.kind)))?;
+        if h.len > limit {
+            return Err(refused(format!(
+                "a frame of kind {} announcing {} bytes (at most {limit})",
+                h.kind, h.len
+            )));
+        }
+        if h.from as usize >= sh.nranks || c.sender.is_some_and(|r| r != h.from) {
+            return Err(refused(format!(
+                "a frame claims to come from rank {} of {}",
+                h.from, sh.nranks
+            )));
+        }
+        if first {
+            check_sender(c, h.from, h.kind, first_deadline)?;
+            c.sender = Some(h.from);
+        }
+        let from = h.from as usize;
+        let data = h.kind & !proto::MORE == proto::DATA;
+        if c.begun.is_none() {
+            // A message's first frame: its sender's messages not taken yet
+            // must leave room (else TCP holds the sender back meanwhile).
+            if data && !sh.wait_room(from, Instant::now() + sh.timeout) {
+                return Err(refused(format!(
+                    "rank {from}'s messages were not taken for {} (NCCL_TIMEOUT) while {} bytes of them waited",
+                    proto::secs(sh.timeout),
+                    limits::MAILBOX_QUOTA
+                )));
+            }
+            c.begun = Some(Instant::now());
+        }
+        let long = data && (h.kind & proto::MORE != 0 || c.pieces.pending() > 0);
+        if !c.slot && (h.len > limits::SMALL_FRAME || long) {
+            if !sh.wait_slot(peer.ip(), c.id, Instant::now() + sh.timeout) {
+                return Err(refused(format!(
+                    "another connection from its address was reading a long message for {} (NCCL_TIMEOUT)",
+                    proto::secs(sh.timeout)
+                )));
+            }
+            c.slot = true;
+            // It has the slot: the message's time is counted from here.
+            c.begun = Some(Instant::now());
+        }
+        c.reader.reserve_frame();
+        c.recount();
+        // The rest of the frame.
+        let f = loop {
+            if let Some(f) = c.reader.next_frame().map_err(|e| refused(e.to_string()))? {
+                break f;
+            }
+            match c.fill(Some(c.progress_deadline())) {
+                Ok(0) => return Err(Stop::Quiet("closed inside a frame".into())),
+                Ok(_) => {}
+                Err(e) => return Err(read_failed(c, e, false)),
+            }
+        };
+        c.recount();
         match f.kind {
             k if k & !proto::MORE == proto::DATA => {
-                match pieces.push(f.tag, k & proto::MORE != 0, f.payload) {
-                    Ok(Some(m)) => shared.deliver(from, f.tag, m),
-                    Ok(None) => {}
+                match c.pieces.push(f.tag, k & proto::MORE != 0, f.payload) {
+                    Ok(Some(m)) => {
+                        c.begun = None;
+                        c.release_slot();
+                        c.recount();
+                        sh.deliver(from, f.tag, m);
+                    }
+                    Ok(None) => c.recount(),
                     Err(e) => {
-                        warn!(target: "oxccl::bootstrap", "rank {me}: refused a connection from rank {from} ({peer}): {e}");
-                        // As for a broken record: the message is lost, and
-                        // an authenticated sender is a rank that failed.
-                        if let Link::Secure(_) = &*s {
-                            shared.fail(
-                                from,
-                                format!("a message from rank {from} ({peer}) was refused: {e}"),
-                            );
-                        }
-                        return;
+                        return Err(Stop::Broken(format!("rank {from}: {e}")));
                     }
                 }
             }
             proto::ABORT => {
                 let msg = String::from_utf8_lossy(&f.payload).into_owned();
                 warn!(target: "oxccl::bootstrap", "rank {me}: rank {from} reports a failure: {msg}");
-                shared.fail(from, msg);
+                sh.fail(from, msg);
+                return Ok(());
             }
             proto::QUERY => {
-                let n = shared.progress.load(Ordering::SeqCst);
+                let n = sh.progress.load(Ordering::SeqCst);
                 let reply = Frame {
-                    magic: shared.magic,
+                    magic: sh.magic,
                     kind: proto::PROGRESS,
                     from: me as u32,
                     tag: f.tag,
                     payload: n.to_le_bytes().to_vec(),
                 };
-                let _ = s.tcp().set_write_timeout(Some(Duration::from_secs(1)));
-                if let Err(e) = std::io::Write::write_all(s, &reply.encode()) {
+                let _ = c.link.tcp().set_write_timeout(Some(Duration::from_secs(1)));
+                if let Err(e) = std::io::Write::write_all(&mut c.link, &reply.encode()) {
                     debug!(target: "oxccl::bootstrap", "rank {me}: cannot answer rank {from}'s progress query: {e}");
-                    return;
                 }
+                return Ok(());
             }
-            k => {
-                warn!(target: "oxccl::bootstrap", "rank {me}: refused a connection from rank {from} ({peer}): unexpected frame kind {k}");
-                return;
-            }
+            k => return Err(refused(format!("unexpected frame kind {k}"))),
         }
+    }
+}
+
+/// Without a key, a connection's first frame must come from the address
+/// of the rank it names (a stranger's forged failure notice ended whole
+/// jobs); with one, the key exchange has authenticated it.
+fn check_sender(c: &Conn, from: u32, kind: u8, until: Instant) -> std::result::Result<(), Stop> {
+    if c.keyed() {
+        return Ok(());
+    }
+    let (peer, me) = (c.peer, c.shared.rank);
+    let Some(addr) = c.shared.rank_addr(from as usize, until) else {
+        return Err(Stop::Quiet(format!(
+            "no address table by the time its first frame came (from rank {from})"
+        )));
+    };
+    if limits::canonical(addr.ip()) == limits::canonical(peer.ip()) {
+        return Ok(());
+    }
+    let what = match kind {
+        proto::ABORT => "ignored a failure notice",
+        proto::QUERY => "ignored a progress query",
+        _ => "refused a message",
+    };
+    Err(Stop::Refused(format!(
+        "{what} from {peer} that claims to come from rank {from}, which is at {}: forged (set NCCL_SOCKET_KEY_FILE to authenticate ranks), or rank {from}'s connections leave by another address than it listens on (rank {me} closed the connection)",
+        addr.ip()
+    )))
+}
+
+/// What a failed read means for the connection.
+fn read_failed(c: &Conn, e: std::io::Error, first: bool) -> Stop {
+    let (peer, sh) = (c.peer, c.shared);
+    match e.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut if first => Stop::Refused(format!(
+            "dropped a connection from {peer}: it sent no whole frame header within {} of connecting (a stalled process, or not an oxccl rank)",
+            proto::secs(sh.first_wait)
+        )),
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => Stop::Refused(format!(
+            "dropped a connection from {peer}: a frame of it stalled ({} bytes in; each read is due within {}, a message at {} MiB/s)",
+            c.reader.held() + c.pieces.pending(),
+            proto::secs(sh.first_wait),
+            limits::MIN_RATE >> 20
+        )),
+        ErrorKind::InvalidData => Stop::Broken(e.to_string()),
+        _ => Stop::Quiet(format!("broke: {e}")),
     }
 }

@@ -4,7 +4,7 @@
 //! connection becomes when NCCL_SOCKET_KEY_FILE is set.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -158,9 +158,34 @@ pub(super) fn connect_retry(addr: SocketAddr, deadline: Instant) -> std::io::Res
     }
 }
 
-/// One frame on a fresh connection, every step bounded by `deadline`;
-/// returns the connection (to read an answer from, or to close).
+/// Connects to `addr` from the address `local` (port chosen by the
+/// system), within `wait`: a rank's connections leave by the address it
+/// listens on, which is how a peer without a key tells it from a stranger
+/// (see `limits`). Unbound where `local` is of the other family or cannot
+/// be bound.
+pub(super) fn connect_from(
+    local: Option<IpAddr>,
+    addr: SocketAddr,
+    wait: Duration,
+) -> std::io::Result<TcpStream> {
+    if let Some(ip) = local.filter(|ip| ip.is_ipv4() == addr.is_ipv4()) {
+        let s = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        if s.bind(&SocketAddr::new(ip, 0).into()).is_ok() {
+            s.connect_timeout(&addr.into(), wait)?;
+            return Ok(s.into());
+        }
+    }
+    TcpStream::connect_timeout(&addr, wait)
+}
+
+/// One frame on a fresh connection from `local`, every step bounded by
+/// `deadline`; returns the connection (to read an answer from, or to close).
 pub(super) fn one_shot(
+    local: Option<IpAddr>,
     addr: SocketAddr,
     key: Option<&Key>,
     frame: &Frame,
@@ -174,7 +199,7 @@ pub(super) fn one_shot(
             Ok(l)
         }
     };
-    let s = TcpStream::connect_timeout(&addr, left()?)?;
+    let s = connect_from(local, addr, left()?)?;
     let _ = s.set_nodelay(true);
     let mut s = Link::open(s, key, Role::Initiator, frame.magic, left()?)?;
     s.tcp().set_write_timeout(Some(left()?))?;
@@ -201,6 +226,7 @@ pub(super) fn wait_closed(s: &TcpStream, deadline: Instant) {
 /// Asks the rank at `addr` for its progress counter; `None` if it does not
 /// answer by `deadline`.
 pub(super) fn query(
+    local: Option<IpAddr>,
     addr: SocketAddr,
     key: Option<&Key>,
     magic: u64,
@@ -214,7 +240,7 @@ pub(super) fn query(
         tag: 0,
         payload: Vec::new(),
     };
-    let mut s = one_shot(addr, key, &q, deadline).ok()?;
+    let mut s = one_shot(local, addr, key, &q, deadline).ok()?;
     let left = deadline.saturating_duration_since(Instant::now());
     s.tcp()
         .set_read_timeout(Some(left.max(Duration::from_millis(1))))
@@ -254,6 +280,11 @@ impl Outgoing {
         }
     }
 
+    /// The address this rank listens on, which its connections leave by.
+    pub fn local(&self) -> Option<IpAddr> {
+        self.addrs.get(self.me as usize).map(SocketAddr::ip)
+    }
+
     /// Sends one message to `peer`. A cached connection that fails is
     /// replaced once (a peer drops connections only when it closes, so a
     /// failure on a fresh one is the answer).
@@ -269,7 +300,7 @@ impl Outgoing {
                         self.me
                     )));
                 }
-                let s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| {
+                let s = connect_from(self.local(), addr, timeout).map_err(|e| {
                     Error::Remote(format!(
                         "bootstrap: rank {} cannot reach rank {peer} at {addr}: {e} (rank {peer} died or closed its communicator)",
                         self.me

@@ -94,7 +94,7 @@ pub struct Peers {
 }
 
 /// What one rank tells the others.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Facts {
     pub host: u64,
     pub p2p_disable: bool,
@@ -114,6 +114,68 @@ pub struct Facts {
     pub shaping: Shaping,
     /// Its direct host path's terms ([`crate::exec::direct::Terms`]).
     pub direct: [u8; TERMS_BYTES],
+    /// The network its process chose (its name), and how: from a plugin
+    /// library, or built in and why no plugin was taken. Every rank must
+    /// use the same one ([`agree_on_network`]).
+    pub net: String,
+    pub net_how: String,
+}
+
+/// Longest text of a rank's [`Facts::net`] or [`Facts::net_how`] sent.
+const NET_TEXT: usize = 1024;
+
+/// Every rank must use the same network: a rank whose net plugin failed
+/// to start (no NIC yet, a missing library) while the others' started
+/// would otherwise fail at its first connection with a message that does
+/// not say why (issue 40, item 10). `nets`: each rank's network name and
+/// how it came to it. The error names which ranks use which network, and
+/// why.
+pub fn agree_on_network(nets: &[(String, String)]) -> Result<()> {
+    let Some((first, _)) = nets.first() else {
+        return Ok(());
+    };
+    if nets.iter().all(|(n, _)| n.eq_ignore_ascii_case(first)) {
+        return Ok(());
+    }
+    // Ranks by network, in the order the networks first appear.
+    let mut groups: Vec<(&str, &str, Vec<usize>)> = Vec::new();
+    for (r, (n, how)) in nets.iter().enumerate() {
+        match groups.iter_mut().find(|g| g.0.eq_ignore_ascii_case(n)) {
+            Some(g) => g.2.push(r),
+            None => groups.push((n, how, vec![r])),
+        }
+    }
+    let said: Vec<String> = groups
+        .iter()
+        .map(|(n, how, ranks)| {
+            let who = match ranks.as_slice() {
+                [r] => format!("rank {r} uses"),
+                rs => format!("ranks {rs:?} use"),
+            };
+            format!("{who} {n} ({how})")
+        })
+        .collect();
+    Err(Error::InvalidUsage(format!(
+        "ranks use different networks: {}. Every rank must use the same network: give every rank the same NCCL_NET_PLUGIN and NCCL_NET, and see the WARN line of each rank that fell back for why its plugin did not start",
+        said.join("; ")
+    )))
+}
+
+/// Appends `text` (at most [`NET_TEXT`] bytes of it) with its length.
+fn put_text(b: &mut Vec<u8>, text: &str) {
+    let mut end = text.len().min(NET_TEXT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    b.extend_from_slice(&(end as u16).to_le_bytes());
+    b.extend_from_slice(&text.as_bytes()[..end]);
+}
+
+/// A text [`put_text`] wrote at the start of `b`, and the bytes after it.
+fn take_text(b: &[u8]) -> Option<(String, &[u8])> {
+    let len = u16::from_le_bytes(b.get(..2)?.try_into().ok()?) as usize;
+    let text = b.get(2..2 + len)?;
+    Some((String::from_utf8_lossy(text).into_owned(), &b[2 + len..]))
 }
 
 /// Values of [`crate::config::SHAPING`] and whether each was set.
@@ -211,6 +273,8 @@ impl Facts {
         }
         b.extend_from_slice(&self.direct);
         debug_assert_eq!(b.len(), FACT_BYTES);
+        put_text(&mut b, &self.net);
+        put_text(&mut b, &self.net_how);
         b
     }
 }
@@ -231,13 +295,20 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
         shaping: mine.shaping,
         direct: mine.direct,
     };
+    let mut nets = Vec::with_capacity(all.len());
     for (r, b) in all.iter().enumerate() {
-        if b.len() != FACT_BYTES {
+        let net = b
+            .get(FACT_BYTES..)
+            .and_then(take_text)
+            .and_then(|(net, rest)| Some((net, take_text(rest)?)))
+            .filter(|(_, (_, rest))| rest.is_empty());
+        let Some((net, (how, _))) = net else {
             return Err(Error::Internal(format!(
-                "rank {r} sent {} bytes of rank facts where {FACT_BYTES} were expected",
+                "rank {r} sent {} bytes of rank facts, not the {FACT_BYTES} and two texts expected",
                 b.len()
             )));
-        }
+        };
+        nets.push((net, how));
         peers
             .hosts
             .push(u64::from_le_bytes(b[..8].try_into().expect("8 bytes")));
@@ -271,6 +342,7 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
             peers.direct.copy_from_slice(&b[67..FACT_BYTES]);
         }
     }
+    agree_on_network(&nets)?;
     peers.nnodes = distinct(&peers.hosts);
     Ok(peers)
 }
@@ -314,6 +386,33 @@ mod tests {
         let said = adopt_shaping(&mut cfg, first, 0);
         assert_eq!(said, ["NCCL_ALGO: Ring here, unset on rank 0"]);
         assert_eq!(cfg.algo, None);
+    }
+
+    #[test]
+    fn ranks_on_different_networks_are_named_with_why() {
+        let n = |name: &str, how: &str| (name.to_string(), how.to_string());
+        assert!(agree_on_network(&[n("Socket", "built in"), n("socket", "built in")]).is_ok());
+        let e = agree_on_network(&[
+            n("AWS Libfabric", "the plugin libnccl-net-ofi.so"),
+            n(
+                "Socket",
+                "built in, as net plugin libnccl-net-ofi.so: init failed: no NIC",
+            ),
+            n("AWS Libfabric", "the plugin libnccl-net-ofi.so"),
+        ])
+        .unwrap_err();
+        assert!(matches!(e, Error::InvalidUsage(_)));
+        assert_eq!(
+            e.message(),
+            "ranks use different networks: ranks [0, 2] use AWS Libfabric (the plugin libnccl-net-ofi.so); rank 1 uses Socket (built in, as net plugin libnccl-net-ofi.so: init failed: no NIC). Every rank must use the same network: give every rank the same NCCL_NET_PLUGIN and NCCL_NET, and see the WARN line of each rank that fell back for why its plugin did not start"
+        );
+        let mut b = Vec::new();
+        put_text(&mut b, "Socket");
+        put_text(&mut b, &"é".repeat(NET_TEXT));
+        let (a, rest) = take_text(&b).unwrap();
+        let (h, rest) = take_text(rest).unwrap();
+        assert_eq!((a.as_str(), h.len(), rest.len()), ("Socket", NET_TEXT, 0));
+        assert!(take_text(&b[..3]).is_none());
     }
 
     #[test]

@@ -262,22 +262,28 @@ impl std::fmt::Debug for Comm {
     }
 }
 
-/// The network of the communicator `comm_hash`, with its context (v11+).
-/// The process chooses the network once, with its first communicator; each
-/// later one takes its own view of it ([`Network::for_comm`]).
-fn comm_net(cfg: &Config, comm_hash: u64, traffic_class: Option<i32>) -> Result<Arc<dyn Net>> {
-    static NET: Mutex<Option<Network>> = Mutex::new(None);
+/// The network of the communicator `comm_hash`, with its context (v11+),
+/// and how the process came to it (for the ranks' check that they all use
+/// one network: [`ident::exchange`]). The process chooses the network
+/// once, with its first communicator; each later one takes its own view of
+/// it ([`Network::for_comm`]).
+fn comm_net(
+    cfg: &Config,
+    comm_hash: u64,
+    traffic_class: Option<i32>,
+) -> Result<(Arc<dyn Net>, String)> {
+    static NET: Mutex<Option<(Network, String)>> = Mutex::new(None);
     let mut slot = NET
         .lock()
         .map_err(|_| Error::Internal("network table poisoned".into()))?;
-    if let Some(n) = slot.clone() {
+    if let Some((n, how)) = slot.clone() {
         drop(slot);
-        return Ok(n.for_comm(comm_hash, traffic_class)?);
+        return Ok((n.for_comm(comm_hash, traffic_class)?, how));
     }
     // Held while choosing: communicators created meanwhile wait for the choice.
-    let (chosen, mine) = choose_network(cfg, comm_hash, traffic_class)?;
-    *slot = Some(chosen);
-    Ok(mine)
+    let (chosen, mine, how) = choose_network(cfg, comm_hash, traffic_class)?;
+    *slot = Some((chosen, how.clone()));
+    Ok((mine, how))
 }
 
 /// The first use of `net`, as NCCL's `ncclNetPluginInit`: `init` with the
@@ -308,40 +314,75 @@ enum FirstUse {
 
 /// Chooses the process's network for its first communicator: the plugin
 /// library, else the first built-in with devices (or the one `NCCL_NET`
-/// names). Returns the network and that communicator's view of it.
+/// names). Returns the network, that communicator's view of it, and how it
+/// came to be chosen ("the plugin …", "built in, as …" with why a plugin
+/// was passed over).
 fn choose_network(
     cfg: &Config,
     comm_hash: u64,
     traffic_class: Option<i32>,
-) -> Result<(Network, Arc<dyn Net>)> {
+) -> Result<(Network, Arc<dyn Net>, String)> {
+    use crate::plugin::net::Outcome;
     let (plugin, outcome) = crate::plugin::net::load(cfg.net_plugin.as_deref())?;
-    if let (Some(net), crate::plugin::net::Outcome::Loaded { library, .. }) = (plugin, outcome) {
-        // NCCL inits only a network whose name NCCL_NET allows.
-        let wanted = cfg
-            .net
-            .as_deref()
-            .is_none_or(|w| w.eq_ignore_ascii_case(net.name()));
-        if !wanted {
-            info!(target: "oxccl::init|net", "net plugin {} not used: NCCL_NET={:?}", net.name(), cfg.net);
-        } else {
-            match first_use(&net, comm_hash, traffic_class) {
-                Ok(mine) => {
-                    info!(target: "oxccl::init|net", "Using network {} (a plugin library, {} device(s))",
-                        net.name(), mine.devices().unwrap_or_default());
-                    return Ok((net, mine));
-                }
-                Err(FirstUse::Init(e)) => {
-                    warn!(target: "oxccl::init|net", "{}; using the built-in network", net.init_failed_line(&library, &e))
-                }
-                Err(FirstUse::NoDevices) => {
-                    info!(target: "oxccl::init|net", "net plugin {} not used: 0 device(s)", net.name())
-                }
-                Err(FirstUse::Devices(e)) => {
-                    warn!(target: "oxccl::init|net", "net plugin {}: devices() failed: {e}; using the built-in network", net.name())
+    // Why a plugin was not taken, for the ranks' comparison of networks.
+    let mut passed = Vec::new();
+    match (plugin, outcome) {
+        (Some(net), Outcome::Loaded { library, .. }) => {
+            // NCCL inits only a network whose name NCCL_NET allows.
+            let wanted = cfg
+                .net
+                .as_deref()
+                .is_none_or(|w| w.eq_ignore_ascii_case(net.name()));
+            if !wanted {
+                info!(target: "oxccl::init|net", "net plugin {} not used: NCCL_NET={:?}", net.name(), cfg.net);
+                passed.push(format!(
+                    "net plugin {} ({library}) not used: NCCL_NET={:?}",
+                    net.name(),
+                    cfg.net.as_deref().unwrap_or_default()
+                ));
+            } else {
+                match first_use(&net, comm_hash, traffic_class) {
+                    Ok(mine) => {
+                        info!(target: "oxccl::init|net", "Using network {} (a plugin library, {} device(s))",
+                            net.name(), mine.devices().unwrap_or_default());
+                        let how = format!("the plugin {library}");
+                        return Ok((net, mine, how));
+                    }
+                    Err(FirstUse::Init(e)) => {
+                        let line = net.init_failed_line(&library, &e);
+                        warn!(target: "oxccl::init|net", "{line}; using the built-in network");
+                        passed.push(line);
+                    }
+                    Err(FirstUse::NoDevices) => {
+                        info!(target: "oxccl::init|net", "net plugin {} not used: 0 device(s)", net.name());
+                        passed.push(format!(
+                            "net plugin {} ({library}) has 0 devices",
+                            net.name()
+                        ));
+                    }
+                    Err(FirstUse::Devices(e)) => {
+                        warn!(target: "oxccl::init|net", "net plugin {}: devices() failed: {e}; using the built-in network", net.name());
+                        passed.push(format!(
+                            "net plugin {} ({library}): devices() failed: {e}",
+                            net.name()
+                        ));
+                    }
                 }
             }
         }
+        (
+            _,
+            Outcome::Refused {
+                library, reason, ..
+            },
+        ) => passed.push(format!("net plugin {library}: {reason}")),
+        _ => {}
     }
+    let how = if passed.is_empty() {
+        "built in".to_string()
+    } else {
+        format!("built in, as {}", passed.join("; "))
+    };
     oxccl_net_socket::force_link();
     let builtins = oxccl_plugin::builtin_nets();
     let mut why = Vec::new();
@@ -362,7 +403,7 @@ fn choose_network(
             Ok(mine) => {
                 info!(target: "oxccl::init|net", "Using network {} (built in, {} device(s))",
                     b.name, mine.devices().unwrap_or_default());
-                return Ok((net, mine));
+                return Ok((net, mine, how));
             }
             Err(FirstUse::Init(e)) => why.push(format!("{}: init failed: {e}", b.name)),
             Err(FirstUse::NoDevices) => why.push(format!("{}: no devices", b.name)),
@@ -483,7 +524,7 @@ impl Comm {
         // communicator's, made with the commHash every rank of it shares,
         // or the parent's for a split that shares it (NCCL's
         // ncclNetInitFromParent), finalized once both are gone.
-        let net = match parent {
+        let (net, net_how) = match parent {
             Some(p) => {
                 let parents = p.net_setting.as_deref().unwrap_or(p.net.name());
                 if let Some(want) = cfg.net.as_deref() {
@@ -493,7 +534,7 @@ impl Comm {
                         )));
                     }
                 }
-                p.net
+                (p.net, "shared with its parent communicator".to_string())
             }
             None => comm_net(&cfg, comm_hash, asked.traffic_class)?,
         };
@@ -515,6 +556,8 @@ impl Comm {
                 algo: ident::algo_code(&cfg),
                 shaping: ident::shaping(&cfg),
                 direct: terms.encode(),
+                net: net.name().to_string(),
+                net_how,
             },
         )?;
         let mut differ = ident::adopt_shaping(&mut cfg, peers.shaping, peers.algo);

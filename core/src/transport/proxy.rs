@@ -314,10 +314,15 @@ struct Driven {
     recv_q: VecDeque<Box<dyn Request>>,
     /// The peer said goodbye: nothing more comes from it.
     heard_bye: bool,
-    /// Our goodbye (or our answer to the peer's), in flight; `said_bye`
-    /// once it went.
-    bye: Option<Box<dyn Request>>,
+    /// The peer's farewell messages received (its goodbye the first).
+    heard: u64,
+    /// Our farewell messages posted, and those in flight; `said_bye` once
+    /// all [`Driven::nslots`] went (see [`Driven::goodbye`]).
+    bye_posted: u64,
+    bye_q: VecDeque<Box<dyn Request>>,
     said_bye: bool,
+    /// Slots of the FIFO: receives posted ahead, and farewell messages.
+    nslots: u64,
     /// A receive completed without its size (`Request::test`): the plugin
     /// cannot tell a goodbye from a slice.
     sizeless: bool,
@@ -372,8 +377,11 @@ impl Driven {
             send_q: VecDeque::new(),
             recv_q: VecDeque::new(),
             heard_bye: false,
-            bye: None,
+            heard: 0,
+            bye_posted: 0,
+            bye_q: VecDeque::new(),
             said_bye: false,
+            nslots: l.nslots as u64,
             sizeless: false,
             tracks: Default::default(),
             moved: Instant::now(),
@@ -471,8 +479,11 @@ impl Driven {
         if let Gate::Track(c) = gate {
             self.tracks[1].consumed(c, consumed);
         }
-        while let Some(step) = self.recvs.next(consumed).filter(|_| !self.heard_bye) {
+        while let Some(step) = self.recvs.next(consumed) {
+            // After the peer's goodbye, receives are posted for its
+            // farewell messages only: no kernel step, nothing to profile.
             let prof = match gate {
+                _ if self.heard_bye => None,
                 Gate::Hold => break,
                 Gate::Free => None,
                 // Not announced yet: posted once its launch is.
@@ -499,7 +510,7 @@ impl Driven {
             let Some(req) = req else { break };
             self.recv_q.push_back(req);
             self.recvs.posted();
-            if let Gate::Track(c) = gate {
+            if let (Gate::Track(c), false) = (gate, self.heard_bye) {
                 self.tracks[1].recv_posted(c, step, l.slot_bytes);
             }
             moved = true;
@@ -507,7 +518,7 @@ impl Driven {
         while let Some(r) = self
             .recv_q
             .front_mut()
-            .filter(|_| test_recvs && !self.heard_bye)
+            .filter(|_| test_recvs || self.heard_bye)
         {
             let Some(size) = r.test_first().map_err(|e| fail("receive", e))? else {
                 break;
@@ -515,13 +526,21 @@ impl Driven {
             self.recv_q.pop_front();
             moved = true;
             self.sizeless |= size.is_none();
+            if self.heard_bye {
+                // One of the peer's farewell messages: it completes a
+                // receive posted ahead, and carries nothing for the kernel.
+                self.heard += 1;
+                continue;
+            }
             if size == Some(0) {
-                // The receives posted behind it will never complete; they
-                // are dropped with the connection. The peer waits for our
-                // answer before it closes.
+                // The peer's goodbye. Its farewell messages that follow
+                // complete the receives posted behind it, so that no
+                // receive is left in flight when the connection closes;
+                // the peer waits for our answer before it closes.
                 self.heard_bye = true;
+                self.heard = 1;
                 self.goodbye(false).map_err(|e| fail("goodbye", e))?;
-                break;
+                continue;
             }
             if let Gate::Track(c) = gate {
                 let bytes = size.unwrap_or(l.slot_bytes);
@@ -543,25 +562,50 @@ impl Driven {
 
     /// Says goodbye where it is due (leaving, or answering the peer's) and
     /// not said yet, and completes it; whether anything moved.
+    ///
+    /// A goodbye is [`Driven::nslots`] messages of 0 bytes: the first says
+    /// it, the others complete the receives the peer has posted ahead into
+    /// its free slots (as many as there are slots once its kernel consumed
+    /// every step), so that neither side closes a connection with a
+    /// request in flight. NCCL posts receives only for the steps of the
+    /// operations under way, so it has none left at its end; this proxy
+    /// follows the kernels' counters and posts ahead, so it must complete
+    /// them (a network plugin may leak or fail on a receive closed in
+    /// flight: aws-ofi-nccl warns "Closing recv_comm ... with inflight
+    /// requests").
     fn goodbye(&mut self, leaving: bool) -> oxccl_plugin::NetResult<bool> {
         let mut moved = false;
-        if (leaving || self.heard_bye) && !self.said_bye && self.bye.is_none() {
-            let at = self.slots[1].at(&self.fifo, self.out, 0);
-            // SAFETY: a 0-byte send reads nothing; the pointer lies in the
-            // registered slots, which outlive the request.
-            #[allow(unsafe_code)]
-            let req = unsafe { self.link.send.comm().isend(at, 0, 0, Some(self.send_mr)) }?;
-            moved |= req.is_some();
-            self.bye = req;
-        }
-        if let Some(r) = self.bye.as_mut() {
-            if r.test_first()?.is_some() {
-                self.bye = None;
-                self.said_bye = true;
+        if leaving || self.heard_bye {
+            while self.bye_posted < self.nslots {
+                let at = self.slots[1].at(&self.fifo, self.out, 0);
+                // SAFETY: a 0-byte send reads nothing; the pointer lies in
+                // the registered slots, which outlive the request.
+                #[allow(unsafe_code)]
+                let req = unsafe { self.link.send.comm().isend(at, 0, 0, Some(self.send_mr)) }?;
+                let Some(r) = req else { break };
+                self.bye_q.push_back(r);
+                self.bye_posted += 1;
                 moved = true;
             }
         }
+        while let Some(r) = self.bye_q.front_mut() {
+            if r.test_first()?.is_none() {
+                break;
+            }
+            self.bye_q.pop_front();
+            moved = true;
+        }
+        if !self.said_bye && self.bye_posted == self.nslots && self.bye_q.is_empty() {
+            self.said_bye = true;
+            moved = true;
+        }
         Ok(moved)
+    }
+
+    /// Requests of this connection still in flight: data, farewell and
+    /// posted receives.
+    fn in_flight(&self) -> usize {
+        self.send_q.len() + self.bye_q.len() + self.recv_q.len()
     }
 
     /// One round of leaving: our goodbye, and the peer's (or its answer).
@@ -569,13 +613,11 @@ impl Driven {
     fn farewell(&mut self, a: &Areas) -> bool {
         let mut step = || -> Result<()> {
             self.goodbye(true)?;
-            if !self.heard_bye {
-                self.progress(a, Gate::Free, true)?;
-            }
+            self.progress(a, Gate::Free, true)?;
             Ok(())
         };
         match step() {
-            Ok(()) => self.heard_bye && self.said_bye,
+            Ok(()) => self.said_bye && self.heard >= self.nslots && self.in_flight() == 0,
             Err(e) => {
                 tracing::debug!(target: "oxccl::net", "rank {}: goodbye to rank {} on channel {}: {e}", a.rank, self.link.peer, self.link.chan);
                 true
@@ -604,10 +646,10 @@ fn recvs_due(proto: Proto, woke: bool, pass: u32, quiet: Duration) -> bool {
     woke || proto == Proto::Ll || pass.is_multiple_of(QUIET_EVERY) || quiet < QUIET_AFTER
 }
 
-/// How long a departing proxy waits for its peers' goodbyes: peers that
-/// are being destroyed at the same moment answer within it; the others say
-/// theirs later, to a closed connection that they know is closed.
-const BYE_WAIT: Duration = Duration::from_millis(50);
+/// How long a departing proxy waits for its peers' goodbyes: a peer's
+/// proxy answers at once, whether its communicator is being destroyed too
+/// or still runs; one that is dead or stuck costs this much.
+const BYE_WAIT: Duration = Duration::from_millis(500);
 
 /// The proxy thread of one rank's net connections.
 pub struct Proxy {
@@ -1007,7 +1049,9 @@ mod over_sockets {
     use super::*;
     use oxccl_net_socket::testing::pair;
     use oxccl_net_socket::SocketNet;
+    use oxccl_plugin::{MrHandle, NetResult, PtrType, RecvComm, SendComm};
     use rand::{Rng, SeedableRng};
+    use std::sync::atomic::AtomicUsize;
 
     const LIMIT: Duration = Duration::from_secs(30);
 
@@ -1137,11 +1181,170 @@ mod over_sockets {
     fn random_slices_cross_the_network_and_a_goodbye_ends_it_quietly() {
         // Data on the control socket, then on helper threads' sockets.
         for (threads, socks) in [(0, 1), (2, 2)] {
-            goodbye_after_random_slices(threads, socks);
+            let ledger = Ledger::new();
+            let (p0, p1) = drive_pair(threads, socks, &ledger);
+            // Rank 0 leaves; rank 1 hears its goodbye, with no failure.
+            drop(p0);
+            let t = Instant::now();
+            while p1.gone().is_none() {
+                assert!(t.elapsed() < LIMIT, "rank 1 never heard the goodbye");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let gone = p1.gone().unwrap().to_string();
+            assert!(gone.contains("rank 0 destroyed its communicator"), "{gone}");
+            assert!(p1.failure().is_none(), "{:?}", p1.failure());
+            drop(p1);
+            ledger.assert_none_in_flight();
         }
     }
 
-    fn goodbye_after_random_slices(threads: usize, socks: usize) {
+    /// Both ranks destroyed at once, as at the end of a job: every
+    /// connection closes with no request in flight (the receives the
+    /// proxy posted ahead used to be closed in flight: issue 40, item 9).
+    #[test]
+    fn destroy_closes_connections_with_no_request_in_flight() {
+        for (threads, socks) in [(0, 1), (2, 2)] {
+            let ledger = Ledger::new();
+            let (p0, p1) = drive_pair(threads, socks, &ledger);
+            let t = Instant::now();
+            std::thread::scope(|s| {
+                s.spawn(move || drop(p0));
+                s.spawn(move || drop(p1));
+            });
+            // Both answered each other well within the wait for a goodbye.
+            assert!(t.elapsed() < BYE_WAIT, "{:?}", t.elapsed());
+            ledger.assert_none_in_flight();
+        }
+    }
+
+    /// What connections had in flight when they closed, as a network
+    /// plugin sees it: the test's network wraps the socket network's ends
+    /// and counts their requests.
+    struct Ledger {
+        closed: Mutex<Vec<(&'static str, usize)>>,
+    }
+
+    impl Ledger {
+        fn new() -> Arc<Ledger> {
+            Arc::new(Ledger {
+                closed: Mutex::new(Vec::new()),
+            })
+        }
+
+        fn assert_none_in_flight(&self) {
+            let c = self.closed.lock().unwrap();
+            // 2 ranks x 2 FIFOs x (a send end + a receive end).
+            assert_eq!(c.len(), 8, "{c:?}");
+            assert!(
+                c.iter().all(|(_, n)| *n == 0),
+                "closed with requests in flight: {c:?}"
+            );
+        }
+    }
+
+    struct Counted<C: ?Sized> {
+        inner: Box<C>,
+        live: Arc<AtomicUsize>,
+        ledger: Arc<Ledger>,
+        what: &'static str,
+    }
+
+    impl<C: ?Sized> Counted<C> {
+        fn wrap(
+            &self,
+            r: NetResult<Option<Box<dyn Request>>>,
+        ) -> NetResult<Option<Box<dyn Request>>> {
+            Ok(r?.map(|inner| {
+                self.live.fetch_add(1, Ordering::SeqCst);
+                Box::new(CountedReq {
+                    inner,
+                    live: Some(self.live.clone()),
+                }) as Box<dyn Request>
+            }))
+        }
+    }
+
+    impl<C: ?Sized> Drop for Counted<C> {
+        fn drop(&mut self) {
+            let n = self.live.load(Ordering::SeqCst);
+            self.ledger.closed.lock().unwrap().push((self.what, n));
+        }
+    }
+
+    struct CountedReq {
+        inner: Box<dyn Request>,
+        live: Option<Arc<AtomicUsize>>,
+    }
+
+    impl CountedReq {
+        fn done<T>(&mut self, r: NetResult<Option<T>>) -> NetResult<Option<T>> {
+            if let (Ok(Some(_)), Some(l)) = (&r, &self.live) {
+                l.fetch_sub(1, Ordering::SeqCst);
+                self.live = None;
+            }
+            r
+        }
+    }
+
+    impl Request for CountedReq {
+        fn test(&mut self) -> NetResult<Option<Vec<usize>>> {
+            let r = self.inner.test();
+            self.done(r)
+        }
+        fn test_first(&mut self) -> NetResult<Option<Option<usize>>> {
+            let r = self.inner.test_first();
+            self.done(r)
+        }
+    }
+
+    // The wrappers pass the networks' unsafe transfer calls on unchanged.
+    #[allow(unsafe_code)]
+    impl SendComm for Counted<dyn SendComm> {
+        fn reg_mr(&mut self, ptr: *mut u8, size: usize, t: PtrType) -> NetResult<MrHandle> {
+            self.inner.reg_mr(ptr, size, t)
+        }
+        fn dereg_mr(&mut self, mr: MrHandle) -> NetResult<()> {
+            self.inner.dereg_mr(mr)
+        }
+        unsafe fn isend(
+            &mut self,
+            data: *const u8,
+            size: usize,
+            tag: i32,
+            mr: Option<MrHandle>,
+        ) -> NetResult<Option<Box<dyn Request>>> {
+            // SAFETY: the caller's contract, passed on.
+            let r = unsafe { self.inner.isend(data, size, tag, mr) };
+            self.wrap(r)
+        }
+    }
+
+    #[allow(unsafe_code)]
+    impl RecvComm for Counted<dyn RecvComm> {
+        fn reg_mr(&mut self, ptr: *mut u8, size: usize, t: PtrType) -> NetResult<MrHandle> {
+            self.inner.reg_mr(ptr, size, t)
+        }
+        fn dereg_mr(&mut self, mr: MrHandle) -> NetResult<()> {
+            self.inner.dereg_mr(mr)
+        }
+        unsafe fn irecv(
+            &mut self,
+            data: *mut u8,
+            size: usize,
+            tag: i32,
+            mr: Option<MrHandle>,
+        ) -> NetResult<Option<Box<dyn Request>>> {
+            // SAFETY: the caller's contract, passed on.
+            let r = unsafe { self.inner.irecv(data, size, tag, mr) };
+            self.wrap(r)
+        }
+    }
+
+    /// Two ranks' proxies over the socket network (`threads` helper
+    /// threads of `socks` sockets), both FIFOs, their connections counted
+    /// in `ledger`, driven until each rank's kernel sent and received 300
+    /// random slices.
+    fn drive_pair(threads: usize, socks: usize, ledger: &Arc<Ledger>) -> (Proxy, Proxy) {
         let net = SocketNet::new(Some("lo"), oxccl_netif::Family::V4, threads, socks).unwrap();
         // Both FIFOs of one connection at once, each over links of its own.
         let layout = Layout::new(2, 1, 4, 4096, 1024);
@@ -1154,10 +1357,26 @@ mod over_sockets {
                 [Proto::Simple, Proto::Ll].map(|p| (r, Kernel::new(r, 1 - r, layout, [m, o], p)))
             })
             .collect();
-        let (s01, r01) = pair(&net);
-        let (s10, r10) = pair(&net);
-        let (ls01, lr01) = pair(&net);
-        let (ls10, lr10) = pair(&net);
+        let counted = || {
+            let (s, r) = pair(&net);
+            let s = Box::new(Counted {
+                inner: s,
+                live: Arc::default(),
+                ledger: ledger.clone(),
+                what: "send",
+            }) as Box<dyn SendComm>;
+            let r = Box::new(Counted {
+                inner: r,
+                live: Arc::default(),
+                ledger: ledger.clone(),
+                what: "recv",
+            }) as Box<dyn RecvComm>;
+            (s, r)
+        };
+        let (s01, r01) = counted();
+        let (s10, r10) = counted();
+        let (ls01, lr01) = counted();
+        let (ls10, lr10) = counted();
         let start = |rank: usize, send, recv, ll_send, ll_recv| {
             let link = |send, recv| Link {
                 peer: 1 - rank,
@@ -1190,15 +1409,6 @@ mod over_sockets {
             );
             assert!(p0.failure().is_none() && p1.failure().is_none());
         }
-        // Rank 0 leaves; rank 1 hears its goodbye, with no failure.
-        drop(p0);
-        let t = Instant::now();
-        while p1.gone().is_none() {
-            assert!(t.elapsed() < LIMIT, "rank 1 never heard the goodbye");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let gone = p1.gone().unwrap().to_string();
-        assert!(gone.contains("rank 0 destroyed its communicator"), "{gone}");
-        assert!(p1.failure().is_none(), "{:?}", p1.failure());
+        (p0, p1)
     }
 }

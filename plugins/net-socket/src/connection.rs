@@ -82,6 +82,16 @@ impl Write for Io<'_> {
     }
 }
 
+/// A WARN line of this network: through the logger NCCL (or the core)
+/// gave at `init`, as NCCL's socket transport logs ("NET/Socket : ..."),
+/// else to stderr in NCCL's line form.
+pub fn warn(msg: &str) {
+    oxccl_plugin::ffi::export::log(
+        oxccl_plugin::ffi::NCCL_LOG_WARN,
+        &format!("NET/Socket : {msg}"),
+    );
+}
+
 fn session(role: Role, key: &Key) -> NetResult<Box<Session>> {
     Session::new(role, key, PROLOGUE)
         .map(Box::new)
@@ -359,10 +369,10 @@ impl Accepting {
                 } else {
                     "send its introduction"
                 };
-                eprintln!(
-                    "oxccl net-socket: WARN dropped a connection from {peer}: it did not {what} within {:?}",
+                warn(&format!(
+                    "dropped a connection from {peer}: it did not {what} within {:?}",
                     self.handshake_wait
-                );
+                ));
                 self.arriving.swap_remove(i);
                 continue;
             }
@@ -381,9 +391,7 @@ impl Accepting {
                         Err(SecureError::Io(e)) => Err(e),
                         Err(e) => {
                             let peer = a.peer.map_or_else(|| "?".to_string(), |p| p.to_string());
-                            eprintln!(
-                                "oxccl net-socket: WARN refused a connection from {peer}: {e}"
-                            );
+                            warn(&format!("refused a connection from {peer}: {e}"));
                             self.arriving.swap_remove(i);
                             continue;
                         }
@@ -426,9 +434,9 @@ impl Accepting {
         let magic = u32::from_le_bytes([b[12], b[13], b[14], b[15]]);
         let peer = a.peer.map_or_else(|| "?".to_string(), |p| p.to_string());
         if magic != INTRO_MAGIC || conn != self.conn_id {
-            eprintln!(
-                "oxccl net-socket: WARN refused a connection from {peer}: not for this listener"
-            );
+            warn(&format!(
+                "refused a connection from {peer}: not for this listener"
+            ));
             return;
         }
         match self.slots.get_mut(index) {
@@ -438,9 +446,9 @@ impl Accepting {
                     sess: a.sess,
                 })
             }
-            _ => eprintln!(
-                "oxccl net-socket: WARN refused a connection from {peer}: socket position {index} is taken or out of range"
-            ),
+            _ => warn(&format!(
+                "refused a connection from {peer}: socket position {index} is taken or out of range"
+            )),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use oxccl_plugin::{BuiltinNet, Net, NetError, NetResult};
 use tracing::{info, warn};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::plugin::loader::{self, Lib};
 
 pub use ffi::{Refusal, SYMBOLS};
@@ -93,13 +93,15 @@ fn refuse_collnet(lib: &Lib) {
 }
 
 /// Loads the network plugin the setting asks for. A library named
-/// explicitly that is nowhere to be found is an error naming
-/// NCCL_NET_PLUGIN (the setting matches nothing). A library that cannot be
-/// opened, exports no version we load, has a NULL required entry or (before
-/// v11) fails `init` gives one WARN line and `None`: the caller falls back
-/// to the built-in network, as NCCL falls back to its internal one. From
-/// v11 on `init` runs with the first communicator's context (see
-/// [`Network::for_comm`]); the caller refuses the library then if it fails.
+/// explicitly that is nowhere to be found, one that cannot be opened,
+/// exports no version we load, has a NULL required entry or (before v11)
+/// fails `init` gives one WARN line naming what was tried and `None`: the
+/// caller falls back to the built-in network, as NCCL 2.30 goes on with
+/// its internal ones (a job that runs on NCCL under a cluster-wide
+/// NCCL_NET_PLUGIN runs here too; the ranks then check that they all took
+/// the same network). From v11 on `init` runs with the first
+/// communicator's context (see [`Network::for_comm`]); the caller refuses
+/// the library then if it fails.
 pub fn load(setting: Option<&str>) -> Result<(Option<Network>, Outcome)> {
     let search = loader::open(loader::NET, setting);
     let searched = search.tried.clone();
@@ -122,11 +124,17 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Network>, Outcome)> {
             ));
         }
         if loader::explicit(setting) {
-            return Err(Error::InvalidArgument(format!(
-                "NCCL_NET_PLUGIN={}: no such library (tried {}); set it to a library name, a path, or none",
-                setting.unwrap_or_default().trim(),
-                searched.join(", ")
-            )));
+            let setting = setting.unwrap_or_default().trim().to_string();
+            let reason = format!("no such library (tried {})", searched.join(", "));
+            warn!(target: "oxccl::init|net", "NCCL_NET_PLUGIN={setting}: {reason}; using the built-in network");
+            return Ok((
+                None,
+                Outcome::Refused {
+                    library: setting,
+                    reason,
+                    searched,
+                },
+            ));
         }
         if !searched.is_empty() {
             info!(target: "oxccl::init|net", "NET/Plugin: could not find {}; using the built-in network", searched.join(", "));
@@ -233,16 +241,37 @@ pub fn builtin_abis() -> Vec<(&'static str, String)> {
 mod tests {
     use super::*;
 
+    /// NCCL 2.30 logs that it could not load a missing NCCL_NET_PLUGIN
+    /// and goes on with its internal networks; so does this (it stopped
+    /// every rank: issue 40, item 12).
     #[test]
-    fn explicit_missing_library_names_the_setting() {
-        let e = load(Some("/nonexistent/libx.so"))
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            e.contains("NCCL_NET_PLUGIN") && e.contains("/nonexistent/libx.so"),
-            "{e}"
-        );
+    fn explicit_missing_library_is_refused_with_a_warning() {
+        for setting in ["/nonexistent/libx.so", "no-such-net"] {
+            let ((net, outcome), lines) =
+                crate::log::capture_lines(|| load(Some(setting)).unwrap());
+            assert!(net.is_none());
+            match outcome {
+                Outcome::Refused {
+                    library, reason, ..
+                } => {
+                    assert_eq!(library, setting);
+                    assert!(
+                        reason.contains("tried") && reason.contains(setting),
+                        "{reason}"
+                    );
+                }
+                o => panic!("{o:?}"),
+            }
+            let line = lines
+                .lines()
+                .find(|l| l.contains("NCCL WARN"))
+                .unwrap_or_else(|| panic!("no warning: {lines}"));
+            assert!(
+                line.contains(&format!("NCCL_NET_PLUGIN={setting}"))
+                    && line.contains("using the built-in network"),
+                "{line}"
+            );
+        }
         assert!(matches!(
             load(Some("none")).unwrap().1,
             Outcome::NotFound { .. }
@@ -264,5 +293,54 @@ mod tests {
         assert_eq!(net.version(), "v12");
         assert_eq!(net.name(), "oxccl-Socket");
         assert_eq!(builtin(b).unwrap().name(), "Socket");
+    }
+
+    /// The socket network's own warnings (here: a stranger at a listener)
+    /// go through the logger it was given at `init` and come out in NCCL's
+    /// line form, not as bare lines of their own.
+    #[test]
+    fn socket_net_warnings_take_nccls_line_form() {
+        use std::io::Write as _;
+        oxccl_net_socket::force_link();
+        let b = oxccl_plugin::builtin_nets()
+            .into_iter()
+            .find(|b| b.name == "Socket")
+            .expect("socket net linked in");
+        let net = builtin(b).unwrap().probe().unwrap();
+        let (h, mut l) = net.listen(0).unwrap();
+        let addr = oxccl_net_socket::Handle::decode(&h).unwrap().addr;
+        let ((), text) = crate::log::capture_lines(|| {
+            use std::io::Read as _;
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.write_all(&[0x55; 16]).unwrap();
+            s.set_nonblocking(true).unwrap();
+            // Accept until the listener has dropped the stranger.
+            let start = std::time::Instant::now();
+            loop {
+                assert!(l.accept().unwrap().is_none());
+                match s.read(&mut [0u8; 16]) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    _ => break,
+                }
+                assert!(start.elapsed() < std::time::Duration::from_secs(10));
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        });
+        let line = text
+            .lines()
+            .find(|l| l.contains("refused a connection from"))
+            .unwrap_or_else(|| panic!("no warning logged:\n{text}"));
+        // host:pid:tid [dev] NCCL WARN ... NET/Socket : refused ...
+        let (head, rest) = line.split_once(" NCCL WARN ").expect(line);
+        let parts: Vec<&str> = head.rsplitn(3, ':').collect();
+        assert_eq!(parts.len(), 3, "{line}");
+        assert_eq!(parts[1], std::process::id().to_string(), "{line}");
+        assert!(parts[0].ends_with(" [0]"), "{line}");
+        assert!(
+            rest.contains("NET/Socket : refused a connection from")
+                && rest.contains("not for this listener"),
+            "{line}"
+        );
+        assert!(!text.contains("oxccl net-socket: WARN"), "{text}");
     }
 }

@@ -67,16 +67,17 @@ fn net_prof(phandle: *mut c_void) -> Option<crate::NetProf> {
     unsafe { crate::NetProf::new(cb, phandle) }
 }
 
-/// Logs through NCCL's logger when one was given (else to stderr).
+/// Logs through NCCL's logger when one was given at `init`, else to stderr
+/// in NCCL's line form ([`crate::logger::nccl_line`]).
 pub fn log(level: c_int, msg: &str) {
     let f = LOGGER.load(Ordering::Acquire);
+    if f == 0 {
+        crate::logger::to_stderr(level, msg);
+        return;
+    }
     let Ok(text) = CString::new(msg.replace('\0', " ")) else {
         return;
     };
-    if f == 0 {
-        eprintln!("oxccl plugin: {msg}");
-        return;
-    }
     // SAFETY: LOGGER only ever holds a non-null `ncclDebugLogger_t` given
     // to init; "%s" consumes exactly the one string argument passed.
     unsafe {
