@@ -617,3 +617,39 @@ fn a_key_doubles_the_default_helper_threads_from_8_cores() {
     assert_eq!(crate::default_threads(16, false), (2, 2));
     assert_eq!(crate::default_threads(16, true), (4, 2));
 }
+
+/// The bounded stand-in of the `socket_framing` fuzz target: true streams,
+/// garbled ones and garbage, on a receiving connection's control socket,
+/// read as a plain reader reads them, never a receive told of more than it
+/// posted, never a hang.
+#[test]
+fn the_control_stream_framing_holds_against_garbled_streams() {
+    use crate::testing::{digest_control_stream, frame_messages};
+    let payloads: Vec<Vec<u8>> = (0..4)
+        .map(|i| random_bytes(i * 700 + 3, i as u64))
+        .collect();
+    let refs: Vec<&[u8]> = payloads.iter().map(Vec::as_slice).collect();
+    let stream = frame_messages(&refs);
+    let rooms = [4096, 4096, 4096, 4096];
+    let d = digest_control_stream(&stream, &rooms);
+    assert_eq!(d.messages, payloads);
+    assert_eq!(d.failed, None);
+    // Too little room, another tag, a bad check word, a cut stream.
+    assert!(digest_control_stream(&stream, &[2]).failed.is_some());
+    let mut other_tag = stream.clone();
+    other_tag[8] = 1;
+    assert!(digest_control_stream(&other_tag, &rooms).failed.is_some());
+    let d = digest_control_stream(&stream[..stream.len() - 1], &rooms);
+    assert_eq!(d.messages.len(), 3);
+    assert!(d.failed.unwrap().contains("closed by peer"));
+    // Every byte altered in turn, and garbage.
+    for i in (0..stream.len()).step_by(97) {
+        let mut s = stream.clone();
+        s[i] ^= 0x5a;
+        digest_control_stream(&s, &rooms);
+    }
+    for seed in 0..20 {
+        let g = random_bytes(seed as usize * 13, seed + 100);
+        digest_control_stream(&g, &[0, 64, 1 << 16]);
+    }
+}
