@@ -70,6 +70,9 @@ fn plugin_loads_and_reports_no_device_with_a_reason() {
             "--nocapture",
         ])
         .env(CHILD, &p)
+        // The reason is an INFO line: without a logger the plugin prints
+        // those only where NCCL_DEBUG asks, as NCCL does.
+        .env("NCCL_DEBUG", "INFO")
         .env_remove("NCCL_IB_HCA")
         .env_remove("NCCL_IB_DISABLE")
         .output()
@@ -121,6 +124,7 @@ fn disabled_by_setting_says_so() {
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "disabled_by_setting_says_so", "--nocapture"])
         .env(CHILD, &p)
+        .env("NCCL_DEBUG", "INFO")
         .env("NCCL_IB_DISABLE", "1")
         .output()
         .unwrap();
