@@ -58,7 +58,10 @@ fn run_child_with(name: &str, env: &[(&str, &str)], defines: &[&str]) -> Option<
     cmd.args(["--exact", name, "--nocapture"])
         .env(CHILD, name)
         .env("LD_LIBRARY_PATH", &dir)
-        .env("NCCL_SOCKET_IFNAME", "lo");
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        // The checks read the plugin's INFO lines (devices found), which
+        // without a logger it prints only where NCCL_DEBUG asks.
+        .env("NCCL_DEBUG", "INFO");
     for k in [
         "NCCL_IB_HCA",
         "NCCL_IB_DISABLE",
