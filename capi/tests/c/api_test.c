@@ -13,25 +13,8 @@
 static int rank, nranks;
 static unsigned seed;
 
-#define CHECK(cmd)                                                                              \
-  do {                                                                                          \
-    ncclResult_t r_ = (cmd);                                                                    \
-    if (r_ != ncclSuccess) {                                                                    \
-      fprintf(stderr, "rank %d: %s:%d: %s = %d (%s): %s\n", rank, __FILE__, __LINE__, #cmd, r_, \
-              ncclGetErrorString(r_), ncclGetLastError(NULL));                                  \
-      exit(1);                                                                                  \
-    }                                                                                           \
-  } while (0)
-
-#define EXPECT(cond, ...)                                                   \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      fprintf(stderr, "rank %d: %s:%d: %s: ", rank, __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                         \
-      fprintf(stderr, "\n");                                                \
-      exit(1);                                                              \
-    }                                                                       \
-  } while (0)
+#define CHECK_WHO rank
+#include "check.h"
 
 /* Rank r's element i: small integers, so float sums are exact. */
 static double val(int r, size_t i) { return (double)((int)((r * 7919u + i * 104729u + seed) % 17u) - 8); }

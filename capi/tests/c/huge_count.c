@@ -14,25 +14,8 @@
 
 static int rank, nranks;
 
-#define CHECK(cmd)                                                                              \
-  do {                                                                                          \
-    ncclResult_t r_ = (cmd);                                                                    \
-    if (r_ != ncclSuccess) {                                                                    \
-      fprintf(stderr, "rank %d: %s:%d: %s = %d (%s): %s\n", rank, __FILE__, __LINE__, #cmd, r_, \
-              ncclGetErrorString(r_), ncclGetLastError(NULL));                                  \
-      exit(1);                                                                                  \
-    }                                                                                           \
-  } while (0)
-
-#define EXPECT(cond, ...)                                                       \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      fprintf(stderr, "rank %d: %s:%d: %s: ", rank, __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                             \
-      fprintf(stderr, "\n");                                                    \
-      exit(1);                                                                  \
-    }                                                                           \
-  } while (0)
+#define CHECK_WHO rank
+#include "check.h"
 
 /* `got` is ncclInvalidArgument and the last error names `count`. */
 static void refused(ncclResult_t got, const char* what, size_t count) {
