@@ -112,28 +112,22 @@ pub const LL_MAX_BYTES: usize = 4 << 10;
 pub use crate::config::protocols;
 
 /// The communicator's CTA bounds: NCCL_MIN_CTAS / NCCL_MAX_CTAS (the
-/// config's minCTAs / maxCTAs arrive as the same keys), tightened by
-/// NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS where those are set, within
-/// 1..=[`MAX_CHANNELS`]; a minimum above the maximum yields to it (NCCL's
-/// rule). Zero is refused with the variable's name.
-pub fn cta_bounds(cfg: &crate::config::Config) -> Result<(usize, usize)> {
+/// config's minCTAs / maxCTAs arrive as the same keys; zero is refused when
+/// the settings load), tightened by NCCL_MIN_NCHANNELS / NCCL_MAX_NCHANNELS
+/// where those are set, within 1..=[`MAX_CHANNELS`]; a minimum above the
+/// maximum yields to it (NCCL's rule).
+pub fn cta_bounds(cfg: &crate::config::Config) -> (usize, usize) {
     use crate::config::Source;
-    let positive = |v: Option<u64>, name: &str| match v {
-        Some(0) => Err(Error::InvalidArgument(format!(
-            "{name}=0: a communicator needs at least one CTA (1 to {MAX_CHANNELS})"
-        ))),
-        Some(n) => Ok(Some(n.min(MAX_CHANNELS as u64) as usize)),
-        None => Ok(None),
-    };
-    let mut min = positive(cfg.min_ctas, "NCCL_MIN_CTAS (minCTAs)")?.unwrap_or(1);
-    let mut max = positive(cfg.max_ctas, "NCCL_MAX_CTAS (maxCTAs)")?.unwrap_or(MAX_CHANNELS);
+    let ctas = |v: Option<u64>| v.map(|n| n.clamp(1, MAX_CHANNELS as u64) as usize);
+    let mut min = ctas(cfg.min_ctas).unwrap_or(1);
+    let mut max = ctas(cfg.max_ctas).unwrap_or(MAX_CHANNELS);
     if cfg.source("MIN_NCHANNELS") != Some(&Source::Default) {
         min = min.max((cfg.min_nchannels as usize).clamp(1, MAX_CHANNELS));
     }
     if cfg.source("MAX_NCHANNELS") != Some(&Source::Default) {
         max = max.min((cfg.max_nchannels as usize).clamp(1, MAX_CHANNELS));
     }
-    Ok((min.min(max), max))
+    (min.min(max), max)
 }
 
 /// NCCL_CTA_POLICY's parser, beside the setting's declaration.
@@ -230,7 +224,7 @@ impl DeviceConfig {
         if policy != 0 {
             tracing::warn!(target: "oxccl::init", "NCCL_CTA_POLICY (CTAPolicy) {policy} is not implemented by oxccl and runs as DEFAULT: the CTA count is NCCL's default one, within minCTAs and maxCTAs; no zero-CTA (copy-engine) collectives yet");
         }
-        let (min, max) = cta_bounds(cfg)?;
+        let (min, max) = cta_bounds(cfg);
         match &mut self.choice {
             ChannelChoice::Fixed => self.channels = self.channels.min(max),
             ChannelChoice::Topology { min: lo, max: hi }
@@ -501,14 +495,10 @@ mod tests {
         let host = p2p.through_host(&cfg).unwrap();
         assert_eq!(host.channels_for(None), 16);
         let cfg = load(&[("MIN_CTAS", "64"), ("MAX_CTAS", "4")]);
-        assert_eq!(
-            cta_bounds(&cfg).unwrap(),
-            (4, 4),
-            "the maximum wins, as NCCL's"
-        );
+        assert_eq!(cta_bounds(&cfg), (4, 4), "the maximum wins, as NCCL's");
         // The older names tighten the newer ones.
         let cfg = load(&[("MAX_CTAS", "16"), ("MAX_NCHANNELS", "4")]);
-        assert_eq!(cta_bounds(&cfg).unwrap(), (1, 4));
+        assert_eq!(cta_bounds(&cfg), (1, 4));
         let cfg = load(&[("NTHREADS", "256")]);
         let t = DeviceConfig::default().with_nccl_bounds(&cfg).unwrap();
         assert_eq!(t.threads, 256);
