@@ -682,7 +682,7 @@ settings! {
         min_ctas: Option<u64> = "MIN_CTAS", "" in DevicePath, check CTAS;
         /// Most CTAs any launch of a GPU communicator takes, on every path (P2P, shared memory, network, ranks sharing a GPU, one rank). Replaces the config's maxCTAs where set, as in NCCL; values above 128 mean 128. Unset: 128 (NCCL's limit is 64); the default count is NCCL's (24 for two H200 on NV18, 2 through host memory).
         max_ctas: Option<u64> = "MAX_CTAS", "" in DevicePath, check CTAS;
-        /// Threads per CTA of the device kernels. Unset: 512 (or OXCCL_DEV_THREADS).
+        /// Threads per CTA of the device kernels. Unset: 1024 (or OXCCL_DEV_THREADS), twice NCCL's 512: the SM is the budget, and at NCCL's CTA count 1024 threads keep more loads in flight.
         nthreads: Option<u64> = "NTHREADS", "" in DevicePath, check NTHREADS;
         /// NCCL's thread-block cluster size. oxccl's kernels share nothing between blocks and launch without clusters: a value above 1 is accepted and named in a WARN.
         cga_cluster_size: Option<u64> = "CGA_CLUSTER_SIZE", "" in DevicePath;
@@ -709,7 +709,7 @@ settings! {
         /// Channels of a window (the most thread blocks a collective uses), for tuning: a count fixes it (still within NCCL_MAX_CTAS); `auto`, the default, takes NCCL's count: the link's between the ranks' GPUs (24 for two H200 on NV18), 2 for windows with peers through host memory, within the communicator's CTA bounds.
         dev_channels: Option<AutoOr> = "OXCCL_DEV_CHANNELS", "" in DevicePath, shown "auto";
         /// Threads per block: a multiple of 32 from 64 to 1024.
-        dev_threads: Option<u64> = "OXCCL_DEV_THREADS", "" in DevicePath, shown "512";
+        dev_threads: Option<u64> = "OXCCL_DEV_THREADS", "" in DevicePath, shown "1024";
         /// FIFO slots per connection and channel, 1 to 64 (windows with peers through host memory: 8, NCCL_STEPS).
         dev_slots: Option<u64> = "OXCCL_DEV_SLOTS", "" in DevicePath, shown "8";
         /// Bytes per FIFO slot, the most one slice carries: a multiple of 16 up to 64M (windows with peers through host memory: NCCL_BUFFSIZE / 8).

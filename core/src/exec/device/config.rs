@@ -11,7 +11,12 @@
 //! rank takes the smallest count any rank proposes, since the window layout
 //! must match. Slot sizes are what measured fastest on two H200 over
 //! NVLink: 256 KiB slots beat 128 KiB and matched 512 KiB; a channel per 32
-//! KiB and slices of at least 64 KiB kept 64 KiB..4 MiB at their best. Each
+//! KiB and slices of at least 64 KiB kept 64 KiB..4 MiB at their best.
+//! Blocks have 1024 threads, twice NCCL's 512: the SM is the budget, not its
+//! threads, and at NCCL's 24 CTAs a block of 512 could not keep enough loads
+//! in flight (all_reduce of 1 GiB by the ring kernels on one H200: 282 GB/s
+//! busbw at 512 threads, 333 at 1024; an unroll of 8 at 512, limited to 64
+//! registers a thread, spilled and gave 241). Each
 //! can be overridden from the environment (`OXCCL_DEV_*`) for tuning;
 //! `OXCCL_DEV_CHANNELS=N` fixes the count (still within maxCTAs).
 
@@ -22,6 +27,11 @@ use crate::error::{Error, Result};
 
 /// Thread blocks a collective may use at most (one per multiprocessor of an H100/H200, roughly).
 pub const MAX_CHANNELS: usize = 128;
+
+/// Threads per block of the collective kernels: as many as a block of
+/// `oxccl_coll` (`__launch_bounds__(1024, 1)`) may have. One block per SM
+/// either way; more threads keep more of a channel's loads in flight.
+pub const DEFAULT_THREADS: u32 = 1024;
 
 /// CTAs of a P2P communicator whose GPUs' link is not known (ranks
 /// sharing one GPU, no sysfs): NCCL 2.28.9's count for two H200 on NV18
@@ -59,7 +69,8 @@ pub struct DeviceConfig {
     pub channels: usize,
     /// Whether `channels` is final or replaced at setup from the topology.
     pub choice: ChannelChoice,
-    /// Threads per block. `NCCL_NTHREADS`, else `OXCCL_DEV_THREADS`.
+    /// Threads per block: [`DEFAULT_THREADS`], `NCCL_NTHREADS`, else
+    /// `OXCCL_DEV_THREADS`.
     pub threads: u32,
     /// FIFO slots per connection and channel. `OXCCL_DEV_SLOTS`.
     pub slots: usize,
@@ -144,7 +155,7 @@ impl Default for DeviceConfig {
                 min: 1,
                 max: MAX_CHANNELS,
             },
-            threads: 512,
+            threads: DEFAULT_THREADS,
             slots: 8,
             slot_bytes: 256 << 10,
             group: 1,
