@@ -431,35 +431,42 @@ template <typename T> __device__ __forceinline__ T* oxccl_buf(const CollArgs& a,
   return base + (u64)block * a.count + e;
 }
 
-// An exchange (recursive doubling; with two ranks the whole all-reduce),
-// with the block split in two warp groups: the first sends its source
-// slices to the peer, the second combines the peer's slices with its own
-// as they arrive. Neither waits for the other's work (only, in place, for
-// the source to have been sent before it is overwritten), so the link is
-// fed while reductions run, and a group's flag fence stalls only itself.
-// An abort ends each group at its next wait (the receivers' also once the
-// senders left).
+// Two steps run side by side by the block's two warp groups: the first
+// group sends `ds`'s slices to its peer, the second takes `dr`'s slices
+// from its peer as they arrive. Neither waits for the other's work, so the
+// link is fed while the received slices are stored or reduced, and a
+// group's flag fence stalls only itself. An exchange (recursive doubling;
+// with two ranks the whole all-reduce) is one step that sends its source
+// and combines the peer's with it: `ds` and `dr` are then the same step,
+// and `guard` makes the receivers wait (in place) for the source of a
+// slice to have been sent before they overwrite it. With two ranks, an
+// all-gather or a reduce-scatter is a sending step and a receiving one
+// whose source and destination do not meet. An abort ends each group at
+// its next wait (the receivers' also once the senders left).
 template <typename T, typename Op>
-__device__ __forceinline__ void oxccl_exchange(const CollArgs& a, const OxChan& c, OxShared& sh, u64 lo, u64 hi) {
-  const DevStep& d = a.steps[0];
+__device__ __forceinline__ void oxccl_side_by_side(const CollArgs& a, const OxChan& c, OxShared& sh, const DevStep& ds,
+                                                   u64 slo, u64 shi, const DevStep& dr, u64 rlo, u64 rhi,
+                                                   bool guard) {
   const u64 S = a.slice_elems;
-  const u64 ns = (hi - lo + S - 1) / S;
   const u32 nsend = (blockDim.x / 64) * 32;
   const bool sender = threadIdx.x < nsend;
   const u32 tid = sender ? threadIdx.x : threadIdx.x - nsend;
   const u32 nthr = sender ? nsend : blockDim.x - nsend;
-  const u32 pre = d.src_buf == OXCCL_BUF_INPUT ? OXCCL_F_PRE_S : 0;
-  const u32 fin = (d.flags & OXCCL_STEP_FINALIZE) ? OXCCL_F_POST : 0;
   if (sender) {
-    const int peer = d.send;
+    const u64 ns = (shi - slo + S - 1) / S;
+    const int peer = ds.send;
+    const u32 pre = ds.src_buf == OXCCL_BUF_INPUT ? OXCCL_F_PRE_S : 0;
+    // A slice sent as it is, the exchange's: the receivers finalise.
+    const u32 fin = !guard && (ds.flags & OXCCL_STEP_FINALIZE) ? OXCCL_F_POST : 0;
     for (u64 j = 0; j < ns; j++) {
-      const u64 e0 = lo + j * S;
-      const u64 ne = min(S, hi - e0);
+      const u64 e0 = slo + j * S;
+      const u64 ne = min(S, shi - e0);
       if (tid == 0 && !oxccl_claim_send(c, sh, peer)) sh.aborted = 1;
       oxccl_bar(1, nthr);
       if (sh.aborted) break;
-      oxccl_reduce_copy<T, Op>(oxccl_buf<T>(a, d.src_buf, d.src_block, e0), 0, 0, (T*)sh.sbuf, ne, pre, a.sc, tid,
-                               nthr);
+      oxccl_reduce_copy<T, Op>(oxccl_buf<T>(a, ds.src_buf, ds.src_block, e0), 0,
+                               guard ? 0 : oxccl_buf<T>(a, ds.dst_buf, ds.dst_block, e0), (T*)sh.sbuf, ne, pre | fin,
+                               a.sc, tid, nthr);
       oxccl_bar(1, nthr);
       if (tid == 0) {
         c.post(peer, sh.sent[peer], ne * sizeof(T));
@@ -468,27 +475,47 @@ __device__ __forceinline__ void oxccl_exchange(const CollArgs& a, const OxChan& 
       }
     }
   } else {
-    const int peer = d.recv;
+    const u64 ns = (rhi - rlo + S - 1) / S;
+    const int peer = dr.recv;
+    const u32 pre = dr.src_buf == OXCCL_BUF_INPUT ? OXCCL_F_PRE_S : 0;
+    const u32 fin = (dr.flags & OXCCL_STEP_FINALIZE) ? OXCCL_F_POST : 0;
     for (u64 j = 0; j < ns; j++) {
-      const u64 e0 = lo + j * S;
-      const u64 ne = min(S, hi - e0);
+      const u64 e0 = rlo + j * S;
+      const u64 ne = min(S, rhi - e0);
       if (tid == 0) {
         bool ok = oxccl_claim_recv(c, sh, peer);
         // Senders that left never get further.
-        while (ok && sh.local_done <= j) {
+        while (ok && guard && sh.local_done <= j) {
           if (sh.aborted) ok = false;
         }
         if (!ok) sh.aborted_recv = 1;
       }
       oxccl_bar(2, nthr);
       if (sh.aborted_recv) break;
-      oxccl_reduce_copy<T, Op>(oxccl_buf<T>(a, d.src_buf, d.src_block, e0), (const T*)sh.rbuf,
-                               oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0), 0, ne, pre | fin | OXCCL_F_ROUND, a.sc,
-                               tid, nthr);
+      oxccl_reduce_copy<T, Op>(oxccl_buf<T>(a, dr.src_buf, dr.src_block, e0), (const T*)sh.rbuf,
+                               oxccl_buf<T>(a, dr.dst_buf, dr.dst_block, e0), 0, ne,
+                               pre | fin | (guard ? OXCCL_F_ROUND : 0), a.sc, tid, nthr);
       oxccl_bar(2, nthr);
       if (tid == 0) oxccl_st_relaxed_sys(c.head_at(peer), ++sh.recvd[peer]);
     }
   }
+}
+
+// Whether the steps of a launch are a sending step and a receiving one
+// that may run side by side: neither waits on the other, and the first
+// reads nothing the second writes (in place, an all-gather's own block
+// and a reduce-scatter's are not the ones received).
+template <typename T>
+__device__ __forceinline__ bool oxccl_pair(const CollArgs& a, u64 slo, u64 shi, u64 rlo, u64 rhi) {
+  if (a.nsteps != 2) return false;
+  const DevStep& s = a.steps[0];
+  const DevStep& r = a.steps[1];
+  const u32 special = OXCCL_STEP_SEND_LOCAL | OXCCL_STEP_EVEN_CH | OXCCL_STEP_ODD_CH;
+  if (s.send < 0 || s.recv >= 0 || r.recv < 0 || r.send >= 0 || ((s.flags | r.flags) & special)) return false;
+  if (s.src_buf == OXCCL_BUF_NONE || r.dst_buf == OXCCL_BUF_NONE) return true;
+  const u64 a0 = (u64)oxccl_buf<T>(a, s.src_buf, s.src_block, slo), a1 = a0 + (shi - slo) * sizeof(T);
+  const u64 b0 = (u64)oxccl_buf<T>(a, r.dst_buf, r.dst_block, rlo), b1 = b0 + (rhi - rlo) * sizeof(T);
+  return a1 <= b0 || b1 <= a0;
 }
 
 template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_body(const CollArgs& a) {
@@ -531,8 +558,15 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
   const u64 S = a.slice_elems;
   // LL slices take the general loop: its exchange sends a group, then
   // receives it, with no fence for the sending warps to hide.
+  u64 slo = lo, shi = hi, rlo = lo, rhi = hi;
+  if (a.nsteps == 2) {
+    oxccl_chunk(lo, hi, a.nchunks, a.steps[0].chunk, V, &slo, &shi);
+    oxccl_chunk(lo, hi, a.nchunks, a.steps[1].chunk, V, &rlo, &rhi);
+  }
   if (!c.ll && a.nsteps == 1 && (a.steps[0].flags & OXCCL_STEP_SEND_LOCAL)) {
-    oxccl_exchange<T, Op>(a, c, sh, lo, hi);
+    oxccl_side_by_side<T, Op>(a, c, sh, a.steps[0], lo, hi, a.steps[0], lo, hi, true);
+  } else if (!c.ll && oxccl_pair<T>(a, slo, shi, rlo, rhi)) {
+    oxccl_side_by_side<T, Op>(a, c, sh, a.steps[0], slo, shi, a.steps[1], rlo, rhi, false);
   } else {
     // Group-major order, as NCCL's loops: every step advances `group`
     // slices (a chunk) before any step takes the next group, so a ring never
