@@ -8,6 +8,11 @@
 #
 #   NCCL_SRC   NCCL source tree or git dir (default: the mirror's git dir)
 #   NCCL_TAG   tag to take from a git dir (default v2.30.7-1)
+#   NCCL_SUBDIR  where NCCL's tree lies inside that git dir's commit, for a
+#              repository that carries NCCL as a folder: NCCL 2.31.2 is
+#              read from torchcomms with
+#              NCCL_SRC=/work/.mirror/meta-pytorch+torchcomms/repo
+#              NCCL_TAG=HEAD NCCL_SUBDIR=comms/ncclx/v2_31
 #   OXCCL      the oxccl binary (default $CARGO_TARGET_DIR/release/oxccl,
 #              built with cargo where cargo is found)
 #   DEVICE     host (default) or cuda: `oxccl perf --device cuda`
@@ -31,6 +36,7 @@ mode=${1:-all}
 out=${2:-${OUT:-/tmp}/nccl-profilers}
 src=${NCCL_SRC:-/work/.mirror/NVIDIA+nccl/repo}
 tag=${NCCL_TAG:-v2.30.7-1}
+subdir=${NCCL_SUBDIR:-}
 device=${DEVICE:-host}
 iters=${ITERS:-2}
 if [ "$device" = cuda ]; then ranks=${RANKS:-2}; else ranks=${RANKS:-"2 3"}; fi
@@ -43,7 +49,7 @@ build() {
   if [ -d "$src/plugins/profiler/example" ]; then
     cp -r "$src/plugins" "$out/src/"
   elif git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
-    git -C "$src" archive "$tag" plugins/profiler | tar -x -C "$out/src"
+    git -C "$src" archive "$tag${subdir:+:$subdir}" plugins/profiler | tar -x -C "$out/src"
   else
     echo "no NCCL source at $src (set NCCL_SRC to a source tree or git dir)"; exit 2
   fi
@@ -138,8 +144,11 @@ C
   local in=$out/src/plugins/profiler/inspector
   printf 'extern "C" const char* get_git_version_info() { return "%s"; }\n' "$tag" >"$in/version.cc"
   local objs=()
+  # 2.31 adds inspector_otel (OTLP over plain sockets): built where present.
+  local otel=
+  [ -f "$in/inspector_otel.cc" ] && otel=inspector_otel
   for f in inspector inspector_json inspector_prom inspector_plugin inspector_cudawrap inspector_ring \
-           inspector_event_pool json version; do
+           inspector_event_pool json version $otel; do
     g++ -std=c++17 -O2 -fPIC -I"$in" -I"$in/nccl" -I"$inc" -c "$in/$f.cc" -o "$in/$f.o"
     objs+=("$in/$f.o")
   done
@@ -154,7 +163,8 @@ oxccl_bin() {
     cargo build --release -q -p oxccl-cli >&2
   fi
   [ -x "$b" ] || { echo "no oxccl binary at $b (set OXCCL)" >&2; exit 2; }
-  echo "$b"
+  # Absolute: the runs start in their own folders.
+  echo "$(cd "$(dirname "$b")" && pwd)/$(basename "$b")"
 }
 
 # One plugin, one rank count: every collective, then a send/recv group.
