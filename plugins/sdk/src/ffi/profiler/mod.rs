@@ -1,5 +1,5 @@
 //! NCCL's profiler plugin ABI, `ncclProfiler_vN_t`, one frozen file per
-//! version as NCCL keeps `profiler_v1.h` … `profiler_v6.h`, plus the event
+//! version as NCCL keeps `profiler_v1.h` … `profiler_v7.h`, plus the event
 //! layouts NCCL's own net plugins report through the profiler callback
 //! (`net_ib_v1`, `net_socket_v1`).
 //!
