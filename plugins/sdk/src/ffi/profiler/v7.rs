@@ -130,8 +130,8 @@ pub struct CollDescrV7 {
     /// The group event this collective belongs to (`parent_obj` is the API
     /// event).
     pub parent_group: *mut c_void,
-    /// Name of the kernel that runs it, a static string (NULL where none
-    /// is named).
+    /// Name of the symmetric-memory kernel variant that runs it, a static
+    /// string; NULL for a collective that is not symmetric.
     pub kernel_variant: *const c_char,
     /// Runs the symmetric-memory kernels.
     pub is_sym_coll: bool,
