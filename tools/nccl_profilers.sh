@@ -27,8 +27,15 @@
 # a real libcudart.so.12 is put first on LD_LIBRARY_PATH (CUDART_DIR, or
 # PyTorch's) where there is one; CUDA 13 machines have none, and the
 # stand-in's forwarding serves. The Inspector also
-# dlopens libcuda (the driver) and asks cudaGetDevice for each
-# communicator; without a GPU it disables itself, which `run` reports.
+# dlopens libcuda (the driver) and asks cudaGetDevice, cuDeviceGet and
+# cuDeviceGetUuid for each communicator; without a driver it disables
+# itself. On host memory (DEVICE=host) where no libcuda.so.1 is installed,
+# `run` gives the Inspector a stand-in driver with those calls alone
+# (device 0, a zero UUID; HOST_DRIVER=0 turns it off) and
+# NCCL_INSPECTOR_REQUIRE_KERNEL_TIMING=0: it then starts, tracks every
+# collective and p2p, and writes no record, because it completes an
+# operation only when the last of its kernel-channel events stops
+# (inspector_plugin.cc), and host memory runs no kernel.
 # Nothing of NCCL is copied into oxccl: the sources stay in OUTDIR/src.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -135,6 +142,21 @@ C
     ln -sf libcudart.so.12 "$out/cuda_stub/lib/libcudart.so"
     cp "$out/cuda_stub/lib/libcudart.so.12" "$lib/"
   fi
+  # A stand-in CUDA driver for host-memory runs of the Inspector: the
+  # three driver calls it makes per communicator, and the current device
+  # the stand-in runtime asks for. Kept apart (hostdrv/), put on the
+  # library path only where no real driver is installed.
+  mkdir -p "$out/hostdrv"
+  cat >"$out/hostdrv/cuda_host.c" <<'C'
+/* Host-only stand-in for libcuda.so.1: device 0 with a zero UUID, for a
+ * profiler that asks which GPU a communicator uses where there is none. */
+#include <string.h>
+int cuGetErrorString(int e, const char** s) { *s = e ? "error (oxccl's host-only stand-in driver)" : "no error"; return 0; }
+int cuDeviceGet(int* d, int ordinal) { *d = ordinal; return 0; }
+int cuDeviceGetUuid(char uuid[16], int d) { (void)d; memset(uuid, 0, 16); return 0; }
+int cuCtxGetDevice(int* d) { *d = 0; return 0; }
+C
+  gcc -shared -fPIC -O1 -Wl,-soname,libcuda.so.1 -o "$out/hostdrv/libcuda.so.1" "$out/hostdrv/cuda_host.c"
   local cudalib=${CUDA_HOME:+$CUDA_HOME/lib64}
   [ -f "$inc/../lib/libcudart.so.12" ] && cudalib=$(cd "$inc/../lib" && pwd)
   local ex=$out/src/plugins/profiler/example
@@ -204,8 +226,15 @@ run() {
       NCCL_PROFILE_DUMP_FILE="$d/trace" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "${pools[@]}"
     local d=$out/inspector-$n
     rm -rf "$d"
-    echo "## Inspector, $n ranks ($device)"
-    perf_runs inspector "$n" "$d" LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    local ipath=$libpath host_drv=()
+    if [ "$device" = host ] && [ "${HOST_DRIVER:-1}" = 1 ] && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+      ipath=$out/hostdrv:$libpath
+      host_drv=(NCCL_INSPECTOR_REQUIRE_KERNEL_TIMING=0)
+      echo "## Inspector, $n ranks ($device, stand-in CUDA driver: no libcuda.so.1 here)"
+    else
+      echo "## Inspector, $n ranks ($device)"
+    fi
+    perf_runs inspector "$n" "$d" LD_LIBRARY_PATH="$ipath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "${host_drv[@]}" \
       NCCL_PROFILER_PLUGIN="$lib/libnccl-profiler-inspector.so" NCCL_INSPECTOR_ENABLE=1 \
       NCCL_INSPECTOR_DUMP_DIR="$d/dump" NCCL_INSPECTOR_DUMP_VERBOSE=1 NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES=0 \
       NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS=${INSPECTOR_INTERVAL_US:-500} \
