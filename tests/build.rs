@@ -22,6 +22,8 @@ fn main() {
         "net_v10_prof_shim",
         "env_fixture",
         "env_fixture_v1",
+        "profiler_v7",
+        "profiler_v6_shim",
     ] {
         let src = format!("fixtures/{name}.c");
         println!("cargo:rerun-if-changed={src}");

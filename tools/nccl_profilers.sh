@@ -8,6 +8,11 @@
 #
 #   NCCL_SRC   NCCL source tree or git dir (default: the mirror's git dir)
 #   NCCL_TAG   tag to take from a git dir (default v2.30.7-1)
+#   NCCL_SUBDIR  where NCCL's tree lies inside that git dir's commit, for a
+#              repository that carries NCCL as a folder: NCCL 2.31.2 is
+#              read from torchcomms with
+#              NCCL_SRC=/work/.mirror/meta-pytorch+torchcomms/repo
+#              NCCL_TAG=HEAD NCCL_SUBDIR=comms/ncclx/v2_31
 #   OXCCL      the oxccl binary (default $CARGO_TARGET_DIR/release/oxccl,
 #              built with cargo where cargo is found)
 #   DEVICE     host (default) or cuda: `oxccl perf --device cuda`
@@ -22,8 +27,15 @@
 # a real libcudart.so.12 is put first on LD_LIBRARY_PATH (CUDART_DIR, or
 # PyTorch's) where there is one; CUDA 13 machines have none, and the
 # stand-in's forwarding serves. The Inspector also
-# dlopens libcuda (the driver) and asks cudaGetDevice for each
-# communicator; without a GPU it disables itself, which `run` reports.
+# dlopens libcuda (the driver) and asks cudaGetDevice, cuDeviceGet and
+# cuDeviceGetUuid for each communicator; without a driver it disables
+# itself. On host memory (DEVICE=host) where no libcuda.so.1 is installed,
+# `run` gives the Inspector a stand-in driver with those calls alone
+# (device 0, a zero UUID; HOST_DRIVER=0 turns it off) and
+# NCCL_INSPECTOR_REQUIRE_KERNEL_TIMING=0: it then starts, tracks every
+# collective and p2p, and writes no record, because it completes an
+# operation only when the last of its kernel-channel events stops
+# (inspector_plugin.cc), and host memory runs no kernel.
 # Nothing of NCCL is copied into oxccl: the sources stay in OUTDIR/src.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +43,7 @@ mode=${1:-all}
 out=${2:-${OUT:-/tmp}/nccl-profilers}
 src=${NCCL_SRC:-/work/.mirror/NVIDIA+nccl/repo}
 tag=${NCCL_TAG:-v2.30.7-1}
+subdir=${NCCL_SUBDIR:-}
 device=${DEVICE:-host}
 iters=${ITERS:-2}
 if [ "$device" = cuda ]; then ranks=${RANKS:-2}; else ranks=${RANKS:-"2 3"}; fi
@@ -43,7 +56,7 @@ build() {
   if [ -d "$src/plugins/profiler/example" ]; then
     cp -r "$src/plugins" "$out/src/"
   elif git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
-    git -C "$src" archive "$tag" plugins/profiler | tar -x -C "$out/src"
+    git -C "$src" archive "$tag${subdir:+:$subdir}" plugins/profiler | tar -x -C "$out/src"
   else
     echo "no NCCL source at $src (set NCCL_SRC to a source tree or git dir)"; exit 2
   fi
@@ -129,6 +142,21 @@ C
     ln -sf libcudart.so.12 "$out/cuda_stub/lib/libcudart.so"
     cp "$out/cuda_stub/lib/libcudart.so.12" "$lib/"
   fi
+  # A stand-in CUDA driver for host-memory runs of the Inspector: the
+  # three driver calls it makes per communicator, and the current device
+  # the stand-in runtime asks for. Kept apart (hostdrv/), put on the
+  # library path only where no real driver is installed.
+  mkdir -p "$out/hostdrv"
+  cat >"$out/hostdrv/cuda_host.c" <<'C'
+/* Host-only stand-in for libcuda.so.1: device 0 with a zero UUID, for a
+ * profiler that asks which GPU a communicator uses where there is none. */
+#include <string.h>
+int cuGetErrorString(int e, const char** s) { *s = e ? "error (oxccl's host-only stand-in driver)" : "no error"; return 0; }
+int cuDeviceGet(int* d, int ordinal) { *d = ordinal; return 0; }
+int cuDeviceGetUuid(char uuid[16], int d) { (void)d; memset(uuid, 0, 16); return 0; }
+int cuCtxGetDevice(int* d) { *d = 0; return 0; }
+C
+  gcc -shared -fPIC -O1 -Wl,-soname,libcuda.so.1 -o "$out/hostdrv/libcuda.so.1" "$out/hostdrv/cuda_host.c"
   local cudalib=${CUDA_HOME:+$CUDA_HOME/lib64}
   [ -f "$inc/../lib/libcudart.so.12" ] && cudalib=$(cd "$inc/../lib" && pwd)
   local ex=$out/src/plugins/profiler/example
@@ -138,8 +166,11 @@ C
   local in=$out/src/plugins/profiler/inspector
   printf 'extern "C" const char* get_git_version_info() { return "%s"; }\n' "$tag" >"$in/version.cc"
   local objs=()
+  # 2.31 adds inspector_otel (OTLP over plain sockets): built where present.
+  local otel=
+  [ -f "$in/inspector_otel.cc" ] && otel=inspector_otel
   for f in inspector inspector_json inspector_prom inspector_plugin inspector_cudawrap inspector_ring \
-           inspector_event_pool json version; do
+           inspector_event_pool json version $otel; do
     g++ -std=c++17 -O2 -fPIC -I"$in" -I"$in/nccl" -I"$inc" -c "$in/$f.cc" -o "$in/$f.o"
     objs+=("$in/$f.o")
   done
@@ -154,7 +185,8 @@ oxccl_bin() {
     cargo build --release -q -p oxccl-cli >&2
   fi
   [ -x "$b" ] || { echo "no oxccl binary at $b (set OXCCL)" >&2; exit 2; }
-  echo "$b"
+  # Absolute: the runs start in their own folders.
+  echo "$(cd "$(dirname "$b")" && pwd)/$(basename "$b")"
 }
 
 # One plugin, one rank count: every collective, then a send/recv group.
@@ -194,8 +226,15 @@ run() {
       NCCL_PROFILE_DUMP_FILE="$d/trace" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT "${pools[@]}"
     local d=$out/inspector-$n
     rm -rf "$d"
-    echo "## Inspector, $n ranks ($device)"
-    perf_runs inspector "$n" "$d" LD_LIBRARY_PATH="$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    local ipath=$libpath host_drv=()
+    if [ "$device" = host ] && [ "${HOST_DRIVER:-1}" = 1 ] && ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+      ipath=$out/hostdrv:$libpath
+      host_drv=(NCCL_INSPECTOR_REQUIRE_KERNEL_TIMING=0)
+      echo "## Inspector, $n ranks ($device, stand-in CUDA driver: no libcuda.so.1 here)"
+    else
+      echo "## Inspector, $n ranks ($device)"
+    fi
+    perf_runs inspector "$n" "$d" LD_LIBRARY_PATH="$ipath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "${host_drv[@]}" \
       NCCL_PROFILER_PLUGIN="$lib/libnccl-profiler-inspector.so" NCCL_INSPECTOR_ENABLE=1 \
       NCCL_INSPECTOR_DUMP_DIR="$d/dump" NCCL_INSPECTOR_DUMP_VERBOSE=1 NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES=0 \
       NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS=${INSPECTOR_INTERVAL_US:-500} \

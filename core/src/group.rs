@@ -227,6 +227,8 @@ pub struct Group<'a> {
     /// NCCL's group depth at each call, for the group API event: 2 as one
     /// explicit group of calls, 1 for a lone call ([`Group::lone`]).
     depth: usize,
+    /// The profiler tag given to the calls added ([`Group::user_tag`]).
+    user_tag: u64,
     _borrows: PhantomData<&'a mut [u8]>,
 }
 
@@ -242,6 +244,7 @@ impl<'a> Group<'a> {
             tasks: Vec::new(),
             api: Api::default(),
             depth: 2,
+            user_tag: 0,
             _borrows: PhantomData,
         }
     }
@@ -255,7 +258,18 @@ impl<'a> Group<'a> {
         }
     }
 
-    pub(crate) fn push(&mut self, comm: &Comm, op: Op) -> Result<&mut Self> {
+    /// Tags the calls added after this one with `tag` for the profiler
+    /// (0, the default, is untagged): a v7 profiler plugin gets it on each
+    /// call's API event and on its collective or p2p event, as NCCL 2.31
+    /// passes `ncclCollConfig_t.userProfilerTag`. oxccl itself never reads
+    /// it. Raw operations carry it in [`Op::user_tag`].
+    pub fn user_tag(&mut self, tag: u64) -> &mut Self {
+        self.user_tag = tag;
+        self
+    }
+
+    pub(crate) fn push(&mut self, comm: &Comm, mut op: Op) -> Result<&mut Self> {
+        op.user_tag = self.user_tag;
         let core = comm.core()?;
         let bufs = op.validate(comm.user_rank(), comm.count())?;
         // As one explicit group of NCCL calls: depth 2 at each call.
@@ -286,6 +300,7 @@ impl<'a> Group<'a> {
             dtype,
             redop: RedOp::Sum,
             stream: 0,
+            user_tag: 0,
         };
         self.push(comm, op)
     }
@@ -306,6 +321,7 @@ impl<'a> Group<'a> {
             dtype,
             redop: RedOp::Sum,
             stream: 0,
+            user_tag: 0,
         };
         self.push(comm, op)
     }

@@ -83,6 +83,11 @@ pub struct Op {
     /// The caller's CUDA stream (`cudaStream_t`; 0 is the legacy default
     /// stream) for operations on device memory; host memory ignores it.
     pub stream: u64,
+    /// The caller's profiler tag for this call (NCCL 2.31's
+    /// `ncclCollConfig_t.userProfilerTag`; 0: untagged). oxccl never reads
+    /// it: it is delivered verbatim to a v7 profiler plugin on the call's
+    /// events (collective or p2p API event, collective or p2p event).
+    pub user_tag: u64,
 }
 
 // SAFETY: an `Op` is only a description; its addresses are dereferenced by

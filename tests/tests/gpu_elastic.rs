@@ -95,6 +95,7 @@ impl Dev {
             dtype: oxccl::DataType::Float32,
             redop: oxccl::RedOp::Sum,
             stream: s.raw(),
+            user_tag: 0,
         };
         // SAFETY: device buffers of this GPU of COUNT floats, alive until
         // the stream passed the operation (waited for below, or ended by

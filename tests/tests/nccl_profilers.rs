@@ -192,6 +192,9 @@ fn check_example(lib: &Path, dir: &Path) {
         ("NCCL_SHM_DISABLE".into(), "1".into()),
         // Every proxy-control event, not the last 16.
         ("NCCL_PROFILE_PROXY_CTRL_POOL_SIZE".into(), "100000".into()),
+        // The line naming the version loaded.
+        ("NCCL_DEBUG".into(), "INFO".into()),
+        ("NCCL_DEBUG_SUBSYS".into(), "INIT".into()),
     ];
     for p in [
         "GROUP_API",
@@ -206,6 +209,22 @@ fn check_example(lib: &Path, dir: &Path) {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let done = spawn(name, 2, &env, Duration::from_secs(120));
     assert_all_ok(&done);
+    // NCCL 2.31's example (its sources carry profiler_v7.h) exports v5 to
+    // v7: oxccl takes v7, whose collective descriptor adds the kernel
+    // variant (none: no symmetric kernels here).
+    let v7 = lib
+        .join("../src/plugins/profiler/example/nccl/profiler_v7.h")
+        .exists();
+    if v7 {
+        for f in &done {
+            assert!(
+                f.stderr.contains("(ncclProfiler_v7)"),
+                "rank {}:\n{}",
+                f.rank,
+                f.stderr
+            );
+        }
+    }
     for rank in 0..2 {
         let suffix = format!("_{rank}.json");
         let file = std::fs::read_dir(dir)
@@ -256,6 +275,10 @@ fn check_example(lib: &Path, dir: &Path) {
                     assert_eq!(p.cat, api, "rank {rank}: {n:?}");
                     assert_eq!((&p.name, p.kids.len()), (&n.name, 1), "rank {rank}: {p:?}");
                     assert_eq!(n.args["Count"], 16384, "{n:?}");
+                    if v7 && n.cat == "COLL" {
+                        assert_eq!(n.args["KernelVariant"], "", "{n:?}");
+                        assert_eq!(n.args["IsSymColl"], 0, "{n:?}");
+                    }
                     assert_eq!(n.args["Datatype"], "ncclFloat32", "{n:?}");
                     assert_eq!(n.args["Rank"], rank as u64, "{n:?}");
                     if n.cat == "COLL" {

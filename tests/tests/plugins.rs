@@ -1559,6 +1559,7 @@ mod device_proxy {
             dtype: DataType::Float32,
             redop: RedOp::Sum,
             stream: 0,
+            user_tag: 0,
         };
         let mut upto = [0u64; CHANNELS];
         let mut events = Vec::new();
@@ -1603,5 +1604,167 @@ mod device_proxy {
             prof.stop(h);
         }
         drop(proxies);
+    }
+}
+
+/// The tag the v7 tests give: above i64::MAX, so that a signed or
+/// truncated copy anywhere on the way shows.
+const TAG: u64 = 0xfedc_ba98_7654_3210;
+
+/// The profiler v7 tests' workload on 2 ranks: an untagged all-reduce, an
+/// all-reduce tagged [`TAG`], then a send and a receive tagged 42.
+fn tagged_calls(r: oxccl_tests::Rank) {
+    oxccl::log::init();
+    let comm = r.comm(&[]);
+    let mut buf = vec![0u8; 4096];
+    comm.all_reduce(None, &mut buf, DataType::Float32, RedOp::Sum)
+        .unwrap();
+    let mut g = oxccl::Group::new();
+    g.user_tag(TAG)
+        .all_reduce(&comm, None, &mut buf, DataType::Float32, RedOp::Sum)
+        .unwrap();
+    g.run().unwrap();
+    let peer = 1 - r.rank;
+    let out = vec![1u8; 64];
+    let mut inp = vec![0u8; 64];
+    let mut g = oxccl::Group::new();
+    g.user_tag(42);
+    g.send(&comm, &out, DataType::Uint8, peer).unwrap();
+    g.recv(&comm, &mut inp, DataType::Uint8, peer).unwrap();
+    g.run().unwrap();
+    comm.destroy().unwrap();
+}
+
+/// Profiler v7 (NCCL 2.31) is loaded before v6, and each call's tag
+/// reaches its collective or p2p API event and its collective or p2p
+/// event unchanged (0 for an untagged call), as NCCL's profiler.cc fills
+/// `userTag`; the event tree is v5's.
+#[test]
+fn profiler_v7_gets_each_calls_user_tag() {
+    let name = "profiler_v7_gets_each_calls_user_tag";
+    if as_child(name, tagged_calls) {
+        return;
+    }
+    let lib = fixture("profiler_v7");
+    // GroupApi | CollApi | P2pApi | Group | Coll | P2p
+    let mask = (256 | 512 | 1024 | 1 | 2 | 4).to_string();
+    let done = spawn_with(
+        name,
+        &[
+            ("NCCL_PROFILER_PLUGIN", &lib),
+            ("FIXTURE_PROFILER_MASK", &mask),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "INIT"),
+        ],
+    );
+    for f in &done {
+        let e = &f.stderr;
+        assert!(
+            e.contains(&format!(
+                "loaded profiler plugin fixture-v7 from {lib} (ncclProfiler_v7)"
+            )),
+            "rank {}:\n{e}",
+            f.rank
+        );
+        let evs = tree_of(e);
+        let tags = |k: &str| -> Vec<u64> {
+            evs.values()
+                .filter(|e| e.kind == k)
+                .map(|e| e.fields["tag"].parse().unwrap())
+                .collect()
+        };
+        assert_eq!(tags("CollApi"), [0, TAG], "rank {}:\n{e}", f.rank);
+        assert_eq!(tags("Coll"), [0, TAG], "rank {}:\n{e}", f.rank);
+        assert_eq!(tags("P2pApi"), [42, 42], "rank {}:\n{e}", f.rank);
+        assert_eq!(tags("P2p"), [42, 42], "rank {}:\n{e}", f.rank);
+        for ev in evs.values().filter(|e| e.kind == "Coll" || e.kind == "P2p") {
+            let api = &evs[&(ev.parent as u64)];
+            assert_eq!(api.fields["tag"], ev.fields["tag"], "{ev:?} under {api:?}");
+            // No kernel variant or symmetric kernel on host memory.
+            if ev.kind == "Coll" {
+                assert_eq!(
+                    (ev.fields["variant"].as_str(), ev.fields["sym"].as_str()),
+                    ("(null)", "0")
+                );
+            }
+        }
+        assert!(evs.values().all(|e| e.stopped_at.is_some()), "{e}");
+    }
+}
+
+/// Our profiler plugin exports v1 to v7: loaded as it is, oxccl takes v7
+/// and the trace shows each call's tag; through a library that offers only
+/// its v6 vtable, oxccl takes v6 and the same program's trace has no tags
+/// (v6 has no field for them) but the same events.
+#[test]
+fn our_profiler_loads_as_v7_with_tags_and_as_v6() {
+    let name = "our_profiler_loads_as_v7_with_tags_and_as_v6";
+    if as_child(name, tagged_calls) {
+        return;
+    }
+    let ours = built_library("liboxccl_profiler.so")
+        .expect("liboxccl_profiler.so next to the test binary (a dev-dependency builds it)");
+    let ours = ours.to_string_lossy().into_owned();
+    let shim = fixture("profiler_v6_shim");
+    for (version, lib) in [(7, &ours), (6, &shim)] {
+        let dir =
+            std::env::temp_dir().join(format!("oxccl-prof-v{version}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.to_string_lossy().into_owned();
+        let done = spawn_with(
+            name,
+            &[
+                ("NCCL_PROFILER_PLUGIN", lib),
+                ("FIXTURE_INNER_PROFILER", &ours),
+                // Group, Coll, P2p, CollApi, P2pApi.
+                ("NCCL_PROFILE_EVENT_MASK", "0x607"),
+                ("OXCCL_PROFILER_DIR", &d),
+                ("NCCL_DEBUG", "INFO"),
+                ("NCCL_DEBUG_SUBSYS", "INIT"),
+            ],
+        );
+        for f in &done {
+            assert!(
+                f.stderr.contains(&format!(
+                    "loaded profiler plugin oxccl-profiler from {lib} (ncclProfiler_v{version})"
+                )),
+                "rank {}:\n{}",
+                f.rank,
+                f.stderr
+            );
+            let xs = trace_events(&dir, f.rank);
+            let tags = |cat: &str, name: &str| -> Vec<Option<u64>> {
+                xs.iter()
+                    .filter(|e| e["cat"] == cat && e["name"] == name)
+                    .map(|e| e["args"]["user_tag"].as_u64())
+                    .collect()
+            };
+            let (t, s) = if version == 7 {
+                (Some(TAG), Some(42))
+            } else {
+                (None, None)
+            };
+            for cat in ["api", "coll"] {
+                let mut got = tags(cat, "AllReduce");
+                got.sort();
+                assert_eq!(got, [None, t], "v{version} {cat}, rank {}: {xs:?}", f.rank);
+            }
+            for (cat, n) in [
+                ("api", "Send"),
+                ("api", "Recv"),
+                ("p2p", "Send"),
+                ("p2p", "Recv"),
+            ] {
+                assert_eq!(
+                    tags(cat, n),
+                    [s],
+                    "v{version} {cat} {n}, rank {}: {xs:?}",
+                    f.rank
+                );
+            }
+        }
+        if std::env::var_os("OXCCL_KEEP_TRACES").is_none() {
+            std::fs::remove_dir_all(&dir).ok();
+        }
     }
 }

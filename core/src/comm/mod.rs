@@ -1230,6 +1230,7 @@ pub(crate) fn op_of(
         dtype,
         redop,
         stream: 0,
+        user_tag: 0,
     })
 }
 

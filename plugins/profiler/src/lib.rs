@@ -5,7 +5,9 @@
 //! linked to its parent (a proxy step under its proxy op, under its
 //! collective, under its group). When an NVTX tool is attached (Nsight
 //! Systems, through `NVTX_INJECTION64_PATH`) it also opens NVTX3 ranges.
-//! Built as a cdylib exporting `ncclProfiler_v1` … `_v6`.
+//! Built as a cdylib exporting `ncclProfiler_v1` … `_v7`; through v7 a
+//! call's tag (NCCL 2.31's `userProfilerTag`) shows as `user_tag` on its
+//! events, and kernel phases as events below their kernel channel.
 
 pub mod nvtx;
 pub mod record;
@@ -145,6 +147,11 @@ fn duration(host_start: u64, host_end: u64, args: &Args) -> u64 {
     }
 }
 
+/// A call's tag as shown: none for 0 (untagged, and every version before v7).
+fn tag(t: u64) -> Option<u64> {
+    (t != 0).then_some(t)
+}
+
 /// Category, name and arguments of an event; `None` for kinds not traced.
 fn describe(kind: &EventKind<'_>) -> Option<(&'static str, Name, Args)> {
     Some(match kind {
@@ -168,6 +175,7 @@ fn describe(kind: &EventKind<'_>) -> Option<(&'static str, Name, Args)> {
                 algo: Some(intern(c.algo)),
                 proto: Some(intern(c.proto)),
                 channels: Some(c.n_channels as u32),
+                user_tag: tag(c.user_tag),
                 ..Args::default()
             },
         ),
@@ -179,6 +187,7 @@ fn describe(kind: &EventKind<'_>) -> Option<(&'static str, Name, Args)> {
                 dtype: Some(intern(p.datatype)),
                 peer: Some(p.peer),
                 channels: p.n_channels.map(u32::from),
+                user_tag: tag(p.user_tag),
                 ..Args::default()
             },
         ),
@@ -189,6 +198,7 @@ fn describe(kind: &EventKind<'_>) -> Option<(&'static str, Name, Args)> {
                 count: Some(c.count),
                 dtype: Some(intern(c.datatype)),
                 root: Some(c.root),
+                user_tag: tag(c.user_tag),
                 ..Args::default()
             },
         ),
@@ -198,6 +208,7 @@ fn describe(kind: &EventKind<'_>) -> Option<(&'static str, Name, Args)> {
             Args {
                 count: Some(p.count),
                 dtype: Some(intern(p.datatype)),
+                user_tag: tag(p.user_tag),
                 ..Args::default()
             },
         ),
@@ -237,6 +248,21 @@ fn describe(kind: &EventKind<'_>) -> Option<(&'static str, Name, Args)> {
             },
         ),
         EventKind::NetPlugin { .. } => ("net", Name::Borrowed("NetPlugin"), Args::default()),
+        EventKind::KernelPhase {
+            channel_id,
+            phase_id,
+            phase_name,
+            p_timer,
+        } => (
+            "kernel",
+            intern(phase_name),
+            Args {
+                channels: Some(*channel_id as u32),
+                step: Some(i32::from(*phase_id)),
+                gpu_start_ns: Some(*p_timer),
+                ..Args::default()
+            },
+        ),
         _ => return None,
     })
 }
@@ -353,6 +379,7 @@ mod tests {
                 comm_hash: None,
                 send_buff: 0,
                 recv_buff: 0,
+                user_tag: 0,
             }),
             rank: 3,
             parent: 0,

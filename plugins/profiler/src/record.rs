@@ -79,6 +79,8 @@ pub struct Args {
     /// NCCL reads them on the device (v4 and later).
     pub gpu_start_ns: Option<u64>,
     pub gpu_stop_ns: Option<u64>,
+    /// The caller's tag of the call (profiler v7), shown when not 0.
+    pub user_tag: Option<u64>,
 }
 
 /// One completed event.

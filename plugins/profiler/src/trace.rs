@@ -204,6 +204,9 @@ fn event(r: &Record, at: Placed) -> Value {
     if let Some(v) = a.gpu_stop_ns {
         args.insert("gpu_stop_ns".into(), json!(v));
     }
+    if let Some(v) = a.user_tag {
+        args.insert("user_tag".into(), json!(v));
+    }
     json!({
         "name": r.name,
         "cat": r.cat,

@@ -3,7 +3,7 @@
 //! kernel channels, network plugin events) as start/stop pairs with state
 //! updates in between. Implement [`Profiler`] and export it with
 //! [`crate::export_profiler_plugin!`]; the glue in `ffi::export_profiler`
-//! turns every ABI version's descriptors (v1 to v6) into the one
+//! turns every ABI version's descriptors (v1 to v7) into the one
 //! [`Event`] view below.
 
 use std::ffi::CStr;
@@ -13,13 +13,14 @@ use crate::plugin_error::PluginResult;
 
 pub use crate::ffi::profiler::{
     NCCL_PROFILE_COLL, NCCL_PROFILE_COLL_API, NCCL_PROFILE_GROUP, NCCL_PROFILE_GROUP_API,
-    NCCL_PROFILE_KERNEL_CH, NCCL_PROFILE_KERNEL_LAUNCH, NCCL_PROFILE_NET_PLUGIN, NCCL_PROFILE_P2P,
-    NCCL_PROFILE_P2P_API, NCCL_PROFILE_PROXY_CTRL, NCCL_PROFILE_PROXY_OP, NCCL_PROFILE_PROXY_STEP,
+    NCCL_PROFILE_KERNEL_CH, NCCL_PROFILE_KERNEL_LAUNCH, NCCL_PROFILE_KERNEL_PHASE,
+    NCCL_PROFILE_NET_PLUGIN, NCCL_PROFILE_P2P, NCCL_PROFILE_P2P_API, NCCL_PROFILE_PROXY_CTRL,
+    NCCL_PROFILE_PROXY_OP, NCCL_PROFILE_PROXY_STEP,
 };
 
 /// What `init` receives. Fields a version does not pass are `None`
 /// (v1 to v3 pass only the mask; v4 adds the communicator's name, hash,
-/// size and rank; v5 and v6 the communicator id).
+/// size and rank; v5 to v7 the communicator id).
 #[derive(Debug, Clone)]
 pub struct ProfilerInit {
     pub comm_id: Option<u64>,
@@ -48,6 +49,8 @@ pub struct CollEvent<'a> {
     pub comm_hash: Option<u64>,
     pub send_buff: usize,
     pub recv_buff: usize,
+    /// The caller's tag for the call (v7; 0 for none and before v7).
+    pub user_tag: u64,
 }
 
 /// A send or receive as NCCL runs it (`NCCL_PROFILE_P2P`).
@@ -62,6 +65,8 @@ pub struct P2pEvent<'a> {
     pub n_channels: Option<u8>,
     pub comm_hash: Option<u64>,
     pub buff: usize,
+    /// The caller's tag for the call (v7; 0 for none and before v7).
+    pub user_tag: u64,
 }
 
 /// A collective as the application called it (`NCCL_PROFILE_COLL_API`, v5+).
@@ -73,6 +78,8 @@ pub struct CollApiEvent<'a> {
     pub root: i32,
     pub stream: usize,
     pub graph_captured: bool,
+    /// The caller's tag for the call (v7; 0 for none and before v7).
+    pub user_tag: u64,
 }
 
 /// A send/receive as the application called it (`NCCL_PROFILE_P2P_API`, v5+).
@@ -83,6 +90,8 @@ pub struct P2pApiEvent<'a> {
     pub datatype: &'a str,
     pub stream: usize,
     pub graph_captured: bool,
+    /// The caller's tag for the call (v7; 0 for none and before v7).
+    pub user_tag: u64,
 }
 
 /// A network operation of the proxy thread (`NCCL_PROFILE_PROXY_OP`).
@@ -134,12 +143,37 @@ pub enum EventKind<'a> {
         id: i64,
         data: usize,
     },
-    /// A type this SDK does not decode (copy-engine events of v6, newer
-    /// ones): the raw `NCCL_PROFILE_*` bit.
+    /// `NCCL_PROFILE_KERNEL_PHASE` (v7): one phase of a kernel on a
+    /// channel, child of its kernel-channel event; `phase_id` 0, 1, 2 are
+    /// "initial_sync", "compute", "final_sync"; `p_timer` is the GPU's
+    /// globaltimer at the phase's start (its end comes with
+    /// [`StateArgs::KernelChStop`] and state
+    /// `NCCL_PROFILER_KERNEL_PHASE_STOP`).
+    KernelPhase {
+        channel_id: u8,
+        phase_id: u8,
+        phase_name: &'a str,
+        p_timer: u64,
+    },
+    /// A type this SDK does not decode (copy-engine events of v6 and v7,
+    /// newer ones): the raw `NCCL_PROFILE_*` bit.
     Other(u64),
 }
 
 impl EventKind<'_> {
+    /// The caller's tag of a call's event (collective, p2p and their API
+    /// events; v7 passes it, older versions give 0), `None` for the kinds
+    /// that carry none.
+    pub fn user_tag(&self) -> Option<u64> {
+        match self {
+            EventKind::Coll(c) => Some(c.user_tag),
+            EventKind::P2p(p) => Some(p.user_tag),
+            EventKind::CollApi(c) => Some(c.user_tag),
+            EventKind::P2pApi(p) => Some(p.user_tag),
+            _ => None,
+        }
+    }
+
     /// The `NCCL_PROFILE_*` bit of this kind.
     pub fn type_bit(&self) -> u64 {
         (match self {
@@ -155,6 +189,7 @@ impl EventKind<'_> {
             EventKind::ProxyCtrl => NCCL_PROFILE_PROXY_CTRL,
             EventKind::KernelCh { .. } => NCCL_PROFILE_KERNEL_CH,
             EventKind::NetPlugin { .. } => NCCL_PROFILE_NET_PLUGIN,
+            EventKind::KernelPhase { .. } => NCCL_PROFILE_KERNEL_PHASE,
             EventKind::Other(t) => return *t,
         }) as u64
     }
@@ -189,7 +224,8 @@ pub enum StateArgs {
     NetPlugin {
         data: usize,
     },
-    /// `NCCL_PROFILER_KERNEL_CH_STOP`: GPU globaltimer at stop.
+    /// `NCCL_PROFILER_KERNEL_CH_STOP`, and `NCCL_PROFILER_KERNEL_PHASE_STOP`
+    /// (v7): GPU globaltimer at stop.
     KernelChStop {
         p_timer: u64,
     },

@@ -1,8 +1,9 @@
-//! `ncclProfiler_v1_t` … `ncclProfiler_v6_t` as the core's
+//! `ncclProfiler_v1_t` … `ncclProfiler_v7_t` as the core's
 //! [`super::ProfilerComm`]: one adapter, one match arm per version where the
 //! descriptor or `init` changed (v1 carries enum codes where later versions
 //! carry names; v4 dropped the communicator name and hash; v5 added the
-//! parent group and a 64-bit type).
+//! parent group and a 64-bit type; v7 the caller's tag on each call's
+//! events).
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString};
@@ -11,7 +12,7 @@ use std::ptr::null_mut;
 use std::sync::atomic::AtomicI32;
 
 use oxccl_plugin::ffi::profiler::{
-    v1, v2, v3, v4, v5, v6, EventState, NCCL_PROFILER_GROUP_END_API_START,
+    v1, v2, v3, v4, v5, v6, v7, EventState, NCCL_PROFILER_GROUP_END_API_START,
     NCCL_PROFILER_GROUP_START_API_STOP, NCCL_PROFILER_KERNEL_CH_STOP,
     NCCL_PROFILER_NET_PLUGIN_UPDATE, NCCL_PROFILER_PROXY_CTRL_APPEND_END,
     NCCL_PROFILER_PROXY_CTRL_IDLE, NCCL_PROFILER_PROXY_OP_IN_PROGRESS_V4,
@@ -19,8 +20,9 @@ use oxccl_plugin::ffi::profiler::{
     NCCL_PROFILER_PROXY_STEP_SEND_GPU_WAIT, NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4,
     NCCL_PROFILE_CE_BATCH, NCCL_PROFILE_CE_COLL, NCCL_PROFILE_CE_SYNC, NCCL_PROFILE_COLL,
     NCCL_PROFILE_COLL_API, NCCL_PROFILE_GROUP, NCCL_PROFILE_GROUP_API, NCCL_PROFILE_KERNEL_CH,
-    NCCL_PROFILE_KERNEL_LAUNCH, NCCL_PROFILE_NET_PLUGIN, NCCL_PROFILE_P2P, NCCL_PROFILE_P2P_API,
-    NCCL_PROFILE_PROXY_CTRL, NCCL_PROFILE_PROXY_OP, NCCL_PROFILE_PROXY_STEP,
+    NCCL_PROFILE_KERNEL_LAUNCH, NCCL_PROFILE_KERNEL_PHASE, NCCL_PROFILE_NET_PLUGIN,
+    NCCL_PROFILE_P2P, NCCL_PROFILE_P2P_API, NCCL_PROFILE_PROXY_CTRL, NCCL_PROFILE_PROXY_OP,
+    NCCL_PROFILE_PROXY_STEP,
 };
 use oxccl_plugin::ffi::NCCL_SUCCESS;
 
@@ -29,6 +31,7 @@ use crate::plugin::loader::Lib;
 /// Profiler symbols, newest first, with the version loaded (`None`: known,
 /// not adapted by this oxccl).
 pub const SYMBOLS: &[(&str, Option<u32>)] = &[
+    ("ncclProfiler_v7", Some(7)),
     ("ncclProfiler_v6", Some(6)),
     ("ncclProfiler_v5", Some(5)),
     ("ncclProfiler_v4", Some(4)),
@@ -45,6 +48,7 @@ enum Vt {
     V4(&'static v4::ProfilerV4),
     V5(&'static v5::ProfilerV5),
     V6(&'static v6::ProfilerV6),
+    V7(&'static v7::ProfilerV7),
 }
 
 /// The activation mask NCCL shares with the plugin: one process-wide int
@@ -110,6 +114,8 @@ pub enum Event<'a> {
         dtype: &'a CStr,
         root: c_int,
         parent: Handle,
+        /// The caller's tag ([`crate::op::Op::user_tag`]), for v7.
+        user_tag: u64,
     },
     /// One send or receive call (`ncclProfileP2pApi`, v5+).
     P2pApi {
@@ -117,6 +123,8 @@ pub enum Event<'a> {
         count: usize,
         dtype: &'a CStr,
         parent: Handle,
+        /// The caller's tag, for v7.
+        user_tag: u64,
     },
     /// One kernel launch on `stream` (`ncclProfileKernelLaunch`, v5+),
     /// child of the group API event.
@@ -137,6 +145,8 @@ pub enum Event<'a> {
         /// The collective's API event: the parent from v5 on, where
         /// `parent` (the group) is `parentGroup`.
         api: Handle,
+        /// The caller's tag, for v7.
+        user_tag: u64,
         codes: Codes,
     },
     P2p {
@@ -148,6 +158,8 @@ pub enum Event<'a> {
         parent: Handle,
         /// The call's API event (the parent from v5 on).
         api: Handle,
+        /// The caller's tag, for v7.
+        user_tag: u64,
         codes: Codes,
     },
     /// The network transfers of one operation with one peer in one
@@ -292,6 +304,8 @@ struct Fields {
     /// A net-plugin event's id and data.
     net_id: i64,
     net_data: *mut c_void,
+    /// v7: the caller's tag of a collective or p2p event.
+    user_tag: u64,
 }
 
 impl Fields {
@@ -316,6 +330,7 @@ impl Fields {
             api: null_mut(),
             net_id: 0,
             net_data: null_mut(),
+            user_tag: 0,
         };
         match *ev {
             // Built by `CProfiler::start_api`.
@@ -334,8 +349,10 @@ impl Fields {
                 nchannels,
                 parent,
                 api,
+                user_tag,
                 codes,
             } => {
+                f.user_tag = user_tag;
                 f.api = api.0;
                 f.seq = seq;
                 f.func = func.as_ptr();
@@ -355,8 +372,10 @@ impl Fields {
                 nchannels,
                 parent,
                 api,
+                user_tag,
                 codes,
             } => {
+                f.user_tag = user_tag;
                 f.api = api.0;
                 f.func = func.as_ptr();
                 f.count = count;
@@ -414,7 +433,7 @@ impl CProfiler {
         else {
             return Err((
                 found,
-                "no profiler ABI version this oxccl loads (v1 to v6)".into(),
+                "no profiler ABI version this oxccl loads (v1 to v7)".into(),
             ));
         };
         let p = lib.symbol(sym).expect("found above");
@@ -422,6 +441,7 @@ impl CProfiler {
         // `ncclProfiler_vN_t`; `lib` keeps it loaded while we hold it.
         let vt = unsafe {
             match version {
+                7 => Vt::V7(&*(p as *const v7::ProfilerV7)),
                 6 => Vt::V6(&*(p as *const v6::ProfilerV6)),
                 5 => Vt::V5(&*(p as *const v5::ProfilerV5)),
                 4 => Vt::V4(&*(p as *const v4::ProfilerV4)),
@@ -482,6 +502,16 @@ impl CProfiler {
                 ],
             ),
             Vt::V6(v) => (
+                v.name,
+                [
+                    v.init.is_some(),
+                    v.start_event.is_some(),
+                    v.stop_event.is_some(),
+                    v.record_event_state.is_some(),
+                    v.finalize.is_some(),
+                ],
+            ),
+            Vt::V7(v) => (
                 v.name,
                 [
                     v.init.is_some(),
@@ -558,8 +588,17 @@ impl CProfiler {
                 Vt::V6(v) => {
                     v.init.expect("checked")(&mut ctx, comm_id, mask, comm_name, nn, n, r, log)
                 }
+                Vt::V7(v) => {
+                    v.init.expect("checked")(&mut ctx, comm_id, mask, comm_name, nn, n, r, log)
+                }
             }
         };
+        // As NCCL 2.31: kernel phases live below kernel channels, so a plugin
+        // that asks for the one gets the other.
+        let m = MASK.load(std::sync::atomic::Ordering::Relaxed);
+        if m & NCCL_PROFILE_KERNEL_PHASE != 0 && m & NCCL_PROFILE_KERNEL_CH == 0 {
+            MASK.fetch_or(NCCL_PROFILE_KERNEL_CH, std::sync::atomic::Ordering::Relaxed);
+        }
         if rc == NCCL_SUCCESS {
             Ok(Ctx {
                 ptr: ctx,
@@ -666,6 +705,33 @@ impl CProfiler {
             peer: f.peer,
             n_channels: f.nch,
             parent_group: f.parent,
+        };
+        let coll7 = v7::CollDescrV7 {
+            seq_number: f.seq,
+            func: f.func,
+            send_buff: std::ptr::null(),
+            recv_buff: null_mut(),
+            count: f.count,
+            root: f.root,
+            datatype: f.dtype,
+            n_channels: f.nch,
+            n_warps: 0,
+            algo: f.algo,
+            proto: SIMPLE.as_ptr(),
+            parent_group: f.parent,
+            kernel_variant: std::ptr::null(),
+            is_sym_coll: false,
+            user_tag: f.user_tag,
+        };
+        let p2p7 = v7::P2pDescrV7 {
+            func: f.func,
+            buff: null_mut(),
+            datatype: f.dtype,
+            count: f.count,
+            peer: f.peer,
+            n_channels: f.nch,
+            parent_group: f.parent,
+            user_tag: f.user_tag,
         };
         let kch5 = v5::KernelChDescrV5 {
             channel_id: f.channel,
@@ -904,18 +970,35 @@ impl CProfiler {
                 v6::EventDetailV6 { kernel_ch: kch5 },
                 v6::EventDetailV6 { net_plugin: net5 }
             ),
+            Vt::V7(v) => fire!(
+                v,
+                v7::EventDescrV7,
+                u64,
+                v7::EventDetailV7 { coll: coll7 },
+                v7::EventDetailV7 { p2p: p2p7 },
+                v7::EventDetailV7 {
+                    proxy_op: op!(v5::ProxyOpDescrV5)
+                },
+                v7::EventDetailV7 {
+                    proxy_step: v5::ProxyStepDescrV5 { step: f.step }
+                },
+                v7::EventDetailV7 { kernel_ch: kch5 },
+                v7::EventDetailV7 { net_plugin: net5 }
+            ),
         };
         Handle(h)
     }
 
     /// An API event (v5 and later; NCCL's adapters of older versions drop
-    /// them): the descriptor as NCCL's profiler.cc fills it.
+    /// them): the descriptor as NCCL's profiler.cc fills it, built as v7's
+    /// (whose API members end with the caller's tag) and cut down to v5's
+    /// members for v5 and v6.
     fn start_api(&self, ctx: &Ctx, rank: c_int, ev: &Event<'_>) -> Handle {
         let (ty, parent, detail) = match *ev {
             Event::GroupApi { depth } => (
                 NCCL_PROFILE_GROUP_API,
                 null_mut(),
-                v6::EventDetailV6 {
+                v7::EventDetailV7 {
                     group_api: v5::GroupApiDescrV5 {
                         graph_captured: false,
                         group_depth: depth,
@@ -928,17 +1011,19 @@ impl CProfiler {
                 dtype,
                 root,
                 parent,
+                user_tag,
             } => (
                 NCCL_PROFILE_COLL_API,
                 parent.0,
-                v6::EventDetailV6 {
-                    coll_api: v5::CollApiDescrV5 {
+                v7::EventDetailV7 {
+                    coll_api: v7::CollApiDescrV7 {
                         func: func.as_ptr(),
                         count,
                         datatype: dtype.as_ptr(),
                         root,
                         stream: null_mut(),
                         graph_captured: false,
+                        user_tag,
                     },
                 },
             ),
@@ -947,58 +1032,108 @@ impl CProfiler {
                 count,
                 dtype,
                 parent,
+                user_tag,
             } => (
                 NCCL_PROFILE_P2P_API,
                 parent.0,
-                v6::EventDetailV6 {
-                    p2p_api: v5::P2pApiDescrV5 {
+                v7::EventDetailV7 {
+                    p2p_api: v7::P2pApiDescrV7 {
                         func: func.as_ptr(),
                         count,
                         datatype: dtype.as_ptr(),
                         stream: null_mut(),
                         graph_captured: false,
+                        user_tag,
                     },
                 },
             ),
             Event::KernelLaunch { parent, stream } => (
                 NCCL_PROFILE_KERNEL_LAUNCH,
                 parent.0,
-                v6::EventDetailV6 {
+                v7::EventDetailV7 {
                     kernel_launch: v5::KernelLaunchDescrV5 { stream },
                 },
             ),
             _ => return Handle::NONE,
         };
         let mut h = null_mut();
+        if let Vt::V7(v) = self.vt {
+            let mut d = v7::EventDescrV7 {
+                ty: ty as u64,
+                parent_obj: parent,
+                rank,
+                detail,
+            };
+            // SAFETY: entry checked non-null at load; the descriptor lives
+            // for the call.
+            let _ = unsafe { v.start_event.expect("checked")(ctx.ptr, &mut h, &mut d) };
+            return Handle(h);
+        }
+        // v5's API members, which v6 keeps: v7's without the tag.
+        // SAFETY: the member read is the one written above for `ty`.
+        let detail5 = unsafe {
+            match ty {
+                NCCL_PROFILE_GROUP_API => v5::EventDetailV5 {
+                    group_api: detail.group_api,
+                },
+                NCCL_PROFILE_COLL_API => {
+                    let c = detail.coll_api;
+                    v5::EventDetailV5 {
+                        coll_api: v5::CollApiDescrV5 {
+                            func: c.func,
+                            count: c.count,
+                            datatype: c.datatype,
+                            root: c.root,
+                            stream: c.stream,
+                            graph_captured: c.graph_captured,
+                        },
+                    }
+                }
+                NCCL_PROFILE_P2P_API => {
+                    let p = detail.p2p_api;
+                    v5::EventDetailV5 {
+                        p2p_api: v5::P2pApiDescrV5 {
+                            func: p.func,
+                            count: p.count,
+                            datatype: p.datatype,
+                            stream: p.stream,
+                            graph_captured: p.graph_captured,
+                        },
+                    }
+                }
+                _ => v5::EventDetailV5 {
+                    kernel_launch: detail.kernel_launch,
+                },
+            }
+        };
         match self.vt {
             Vt::V6(v) => {
-                let mut d = v6::EventDescrV6 {
-                    ty: ty as u64,
-                    parent_obj: parent,
-                    rank,
-                    detail,
-                };
+                // SAFETY: a zeroed descriptor is valid.
+                let mut d: v6::EventDescrV6 = unsafe { std::mem::zeroed() };
+                d.ty = ty as u64;
+                d.parent_obj = parent;
+                d.rank = rank;
+                // SAFETY: copying the member just written (all four API
+                // members are v5 types, members of v6's union too).
+                unsafe {
+                    match ty {
+                        NCCL_PROFILE_GROUP_API => d.detail.group_api = detail5.group_api,
+                        NCCL_PROFILE_COLL_API => d.detail.coll_api = detail5.coll_api,
+                        NCCL_PROFILE_P2P_API => d.detail.p2p_api = detail5.p2p_api,
+                        _ => d.detail.kernel_launch = detail5.kernel_launch,
+                    }
+                }
                 // SAFETY: entry checked non-null at load; the descriptor
                 // lives for the call.
                 let _ = unsafe { v.start_event.expect("checked")(ctx.ptr, &mut h, &mut d) };
             }
             Vt::V5(v) => {
-                // SAFETY: a zeroed descriptor is valid; the API members are
-                // v5's own types, the first members of v6's larger union.
-                let mut d: v5::EventDescrV5 = unsafe { std::mem::zeroed() };
-                d.ty = ty as u64;
-                d.parent_obj = parent;
-                d.rank = rank;
-                // SAFETY: reading the member just written (all four API
-                // members are v5 types of v6's union).
-                unsafe {
-                    match ty {
-                        NCCL_PROFILE_GROUP_API => d.detail.group_api = detail.group_api,
-                        NCCL_PROFILE_COLL_API => d.detail.coll_api = detail.coll_api,
-                        NCCL_PROFILE_P2P_API => d.detail.p2p_api = detail.p2p_api,
-                        _ => d.detail.kernel_launch = detail.kernel_launch,
-                    }
-                }
+                let mut d = v5::EventDescrV5 {
+                    ty: ty as u64,
+                    parent_obj: parent,
+                    rank,
+                    detail: detail5,
+                };
                 // SAFETY: as for v6.
                 let _ = unsafe { v.start_event.expect("checked")(ctx.ptr, &mut h, &mut d) };
             }
@@ -1046,6 +1181,7 @@ impl CProfiler {
                 Vt::V5(v) => v.record_event_state,
                 // The same type: v6's state arguments are v5's.
                 Vt::V6(v) => v.record_event_state,
+                Vt::V7(v) => v.record_event_state,
                 _ => None,
             };
             if let Some(f) = f {
@@ -1142,6 +1278,14 @@ impl CProfiler {
                 v5::ProxyCtrlStateV5,
                 v5::NetPluginStateV5
             ),
+            Vt::V7(v) => new!(
+                v,
+                v7::EventStateArgsV7,
+                v5::ProxyStepStateV5,
+                v5::KernelChStateV5,
+                v5::ProxyCtrlStateV5,
+                v5::NetPluginStateV5
+            ),
         }
     }
 
@@ -1156,6 +1300,7 @@ impl CProfiler {
             Vt::V4(v) => v.stop_event,
             Vt::V5(v) => v.stop_event,
             Vt::V6(v) => v.stop_event,
+            Vt::V7(v) => v.stop_event,
         };
         if let Some(f) = f {
             // SAFETY: a handle startEvent returned, stopped once.
@@ -1178,6 +1323,7 @@ impl CProfiler {
             Vt::V4(v) => v.finalize,
             Vt::V5(v) => v.finalize,
             Vt::V6(v) => v.finalize,
+            Vt::V7(v) => v.finalize,
         };
         if let Some(f) = f {
             // SAFETY: the context init returned, finalized once.

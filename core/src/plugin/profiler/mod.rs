@@ -1,6 +1,6 @@
 //! The profiler plugin: `NCCL_PROFILER_PLUGIN` as NCCL 2.30 reads it (a
 //! name → `libnccl-profiler-NAME.so`, a path, `none`; unset tries
-//! `libnccl-profiler.so`), `ncclProfiler_v6` down to `_v1`. The core starts
+//! `libnccl-profiler.so`), `ncclProfiler_v7` down to `_v1`. The core starts
 //! and stops events at NCCL's points: one group event per executed group,
 //! one collective or p2p event per operation, children of the group; on the
 //! network paths (the host executor's lanes, the device path's proxy
@@ -12,6 +12,12 @@
 //! the activation mask the plugin set has its bit or the bit of an event
 //! below it (NCCL's rule, so that a wanted event has its parents). With no
 //! profiler the core pays one branch; with one, one atomic load per group.
+//!
+//! Each call's [`crate::op::Op::user_tag`] reaches a v7 plugin unchanged on
+//! the call's API event and its collective or p2p event (older versions
+//! have no field for it). v7's kernel-phase events are not emitted: oxccl's
+//! kernels stamp only each channel's start and end, so a phase would be a
+//! guess (NCCL, too, emits none for a kernel that stamps no phases).
 
 mod ffi;
 mod net_events;
@@ -352,6 +358,7 @@ impl ProfilerComm {
                 dtype,
                 root: op.kind.root() as i32,
                 parent,
+                user_tag: op.user_tag,
             }
         } else {
             Event::P2pApi {
@@ -359,6 +366,7 @@ impl ProfilerComm {
                 count: op.count,
                 dtype,
                 parent,
+                user_tag: op.user_tag,
             }
         };
         let h = self.start(mask, ev);
@@ -403,6 +411,7 @@ impl ProfilerComm {
                 nchannels: reported_channels(nch) as u8,
                 parent,
                 api,
+                user_tag: op.user_tag,
                 codes: Codes {
                     func: func_code(&op.kind),
                     dtype: op.dtype as u8,
@@ -438,6 +447,7 @@ impl ProfilerComm {
                 nchannels: reported_channels(nch) as u8,
                 parent,
                 api,
+                user_tag: op.user_tag,
                 codes: Codes {
                     func: func_code(&op.kind),
                     dtype: op.dtype as u8,

@@ -1,13 +1,14 @@
-//! Exports a Rust [`Profiler`] as NCCL's `ncclProfiler_v1` … `_v6`, so one
-//! implementation loads into NCCL 2.23 and later (2.28 takes v1 to v5) and
-//! into oxccl. What differs per version is adapted here, into one
+//! Exports a Rust [`Profiler`] as NCCL's `ncclProfiler_v1` … `_v7`, so one
+//! implementation loads into NCCL 2.23 and later (2.28 takes v1 to v5, 2.31
+//! v1 to v7) and into oxccl. What differs per version is adapted here, into one
 //! [`Event`] view: v1 passes function, type, algorithm and protocol as
 //! numbers (named here), v2 and v3 as strings with the communicator hash per
 //! event, v3 adds kernel-channel and net-plugin events, v4 passes the
 //! communicator (name, hash, ranks, logger) to `init` and moves state data
 //! (proxy step, net plugin, kernel timer), v5 widens the type to 64 bits
 //! and adds the API-level events, v6 adds copy-engine events (shown as
-//! [`EventKind::Other`]).
+//! [`EventKind::Other`]), v7 the caller's tag on each call's events and
+//! kernel-phase events.
 #![allow(unsafe_code)]
 
 use std::ffi::CStr;
@@ -146,6 +147,7 @@ unsafe fn event_v1(d: &v1::EventDescrV1) -> Event<'_> {
                     comm_hash: Some(c.comm_hash),
                     send_buff: c.send_buff as usize,
                     recv_buff: c.recv_buff as usize,
+                    user_tag: 0,
                 })
             }
             NCCL_PROFILE_P2P => {
@@ -158,6 +160,7 @@ unsafe fn event_v1(d: &v1::EventDescrV1) -> Event<'_> {
                     n_channels: None,
                     comm_hash: Some(p.comm_hash),
                     buff: p.buff as usize,
+                    user_tag: 0,
                 })
             }
             NCCL_PROFILE_PROXY_OP => {
@@ -210,6 +213,7 @@ macro_rules! decode_v2_v3 {
                         comm_hash: Some(c.comm_hash),
                         send_buff: c.send_buff as usize,
                         recv_buff: c.recv_buff as usize,
+                        user_tag: 0,
                     })
                 }
                 NCCL_PROFILE_P2P => {
@@ -222,6 +226,7 @@ macro_rules! decode_v2_v3 {
                         n_channels: None,
                         comm_hash: Some(p.comm_hash),
                         buff: p.buff as usize,
+                        user_tag: 0,
                     })
                 }
                 NCCL_PROFILE_PROXY_OP => {
@@ -259,8 +264,8 @@ macro_rules! decode_v2_v3 {
     };
 }
 
-/// v4, v5 and v6: communicator-free coll/p2p descriptors; v5 and v6 add the
-/// API-level events.
+/// v4 to v7: communicator-free coll/p2p descriptors; v5 and later add the
+/// API-level events, v7 the caller's tag on them and kernel phases.
 macro_rules! decode_v4_up {
     ($d:expr, $extra:tt) => {{
         let d = $d;
@@ -285,6 +290,7 @@ macro_rules! decode_v4_up {
                         comm_hash: None,
                         send_buff: c.send_buff as usize,
                         recv_buff: c.recv_buff as usize,
+                        user_tag: decode_v4_up!(@tag $extra, c),
                     })
                 }
                 NCCL_PROFILE_P2P => {
@@ -297,6 +303,7 @@ macro_rules! decode_v4_up {
                         n_channels: Some(p.n_channels),
                         comm_hash: None,
                         buff: p.buff as usize,
+                        user_tag: decode_v4_up!(@tag $extra, p),
                     })
                 }
                 NCCL_PROFILE_PROXY_OP => {
@@ -327,6 +334,16 @@ macro_rules! decode_v4_up {
     (@parent none, $d:expr, $ty:expr) => {
         $d.parent_obj as usize
     };
+    (@parent v7, $d:expr, $ty:expr) => {
+        decode_v4_up!(@parent api, $d, $ty)
+    };
+    // The caller's tag: v7's descriptors carry it, older ones none.
+    (@tag v7, $c:expr) => {
+        $c.user_tag
+    };
+    (@tag $other:tt, $c:expr) => {
+        0
+    };
     // v5+: a collective's or p2p's parent is its API event; where the
     // plugin did not track that one (a NULL parent), the group it ran in
     // (`parentGroup`, kept by NCCL for this) stands in.
@@ -343,7 +360,24 @@ macro_rules! decode_v4_up {
     (@extra none, $d:expr, $ty:expr) => {
         EventKind::Other($ty)
     };
+    (@extra v7, $d:expr, $ty:expr) => {
+        match $ty as c_int {
+            NCCL_PROFILE_KERNEL_PHASE => {
+                let k = &$d.detail.kernel_phase;
+                EventKind::KernelPhase {
+                    channel_id: k.channel_id,
+                    phase_id: k.phase_id,
+                    phase_name: text(k.phase_name),
+                    p_timer: k.p_timer,
+                }
+            }
+            _ => decode_v4_up!(@api v7, $d, $ty),
+        }
+    };
     (@extra api, $d:expr, $ty:expr) => {
+        decode_v4_up!(@api api, $d, $ty)
+    };
+    (@api $v:tt, $d:expr, $ty:expr) => {
         match $ty as c_int {
             NCCL_PROFILE_GROUP_API => EventKind::GroupApi {
                 graph_captured: $d.detail.group_api.graph_captured,
@@ -358,6 +392,7 @@ macro_rules! decode_v4_up {
                     root: c.root,
                     stream: c.stream as usize,
                     graph_captured: c.graph_captured,
+                    user_tag: decode_v4_up!(@tag $v, c),
                 })
             }
             NCCL_PROFILE_P2P_API => {
@@ -368,6 +403,7 @@ macro_rules! decode_v4_up {
                     datatype: text(p.datatype),
                     stream: p.stream as usize,
                     graph_captured: p.graph_captured,
+                    user_tag: decode_v4_up!(@tag $v, p),
                 })
             }
             NCCL_PROFILE_KERNEL_LAUNCH => EventKind::KernelLaunch {
@@ -385,7 +421,7 @@ fn state_kind(state: EventState) -> u8 {
         | NCCL_PROFILER_PROXY_STEP_SEND_PEER_WAIT_V4 => 1,
         NCCL_PROFILER_PROXY_CTRL_APPEND_END => 2,
         NCCL_PROFILER_NET_PLUGIN_UPDATE => 3,
-        NCCL_PROFILER_KERNEL_CH_STOP => 4,
+        NCCL_PROFILER_KERNEL_CH_STOP | NCCL_PROFILER_KERNEL_PHASE_STOP => 4,
         _ => 0,
     }
 }
@@ -674,6 +710,17 @@ unsafe extern "C" fn start_v6<T: Profiler>(
     })
 }
 
+unsafe extern "C" fn start_v7<T: Profiler>(
+    ctx: *mut c_void,
+    out: *mut *mut c_void,
+    d: *mut v7::EventDescrV7,
+) -> NcclResult {
+    start_common::<T>(ctx, out, || {
+        // SAFETY: NULL or NCCL's descriptor, valid for this call.
+        unsafe { d.as_ref() }.map(|d| decode_v4_up!(d, v7))
+    })
+}
+
 unsafe extern "C" fn record_v1<T: Profiler>(
     h: *mut c_void,
     s: EventState,
@@ -719,7 +766,7 @@ unsafe extern "C" fn record_v5<T: Profiler>(
     s: EventState,
     a: *mut v5::EventStateArgsV5,
 ) -> NcclResult {
-    // SAFETY: v5's (and v6's) state arguments have v4's layout.
+    // SAFETY: v5's (and v6's and v7's) state arguments have v4's layout.
     record_common::<T>(h, || unsafe {
         state_v4(s, a as *const v4::EventStateArgsV4)
     })
@@ -747,6 +794,7 @@ use v3::ProfilerV3;
 use v4::ProfilerV4;
 use v5::ProfilerV5;
 use v6::ProfilerV6;
+use v7::ProfilerV7;
 
 vtable_fn!(vtable_v1, ProfilerV1, init_v1, start_v1, record_v1);
 vtable_fn!(vtable_v2, ProfilerV2, init_v1, start_v2, record_v2);
@@ -754,6 +802,7 @@ vtable_fn!(vtable_v3, ProfilerV3, init_v1, start_v3, record_v3);
 vtable_fn!(vtable_v4, ProfilerV4, init_v4, start_v4, record_v4);
 vtable_fn!(vtable_v5, ProfilerV5, init_v5, start_v5, record_v5);
 vtable_fn!(vtable_v6, ProfilerV6, init_v5, start_v6, record_v5);
+vtable_fn!(vtable_v7, ProfilerV7, init_v5, start_v7, record_v5);
 
 /// A profiler vtable in a `static`.
 #[repr(transparent)]
@@ -763,7 +812,7 @@ pub struct ExportedProfiler<T>(pub T);
 // functions, never mutated.
 unsafe impl<T> Sync for ExportedProfiler<T> {}
 
-/// Exports `ncclProfiler_v1` … `ncclProfiler_v6` for a type implementing
+/// Exports `ncclProfiler_v1` … `ncclProfiler_v7` for a type implementing
 /// [`crate::Profiler`].
 #[macro_export]
 macro_rules! export_profiler_plugin {
@@ -774,6 +823,7 @@ macro_rules! export_profiler_plugin {
         $crate::export_profiler_plugin!(@one $profiler, ncclProfiler_v4, v4, ProfilerV4, vtable_v4);
         $crate::export_profiler_plugin!(@one $profiler, ncclProfiler_v5, v5, ProfilerV5, vtable_v5);
         $crate::export_profiler_plugin!(@one $profiler, ncclProfiler_v6, v6, ProfilerV6, vtable_v6);
+        $crate::export_profiler_plugin!(@one $profiler, ncclProfiler_v7, v7, ProfilerV7, vtable_v7);
     };
     (@one $profiler:ty, $sym:ident, $m:ident, $ty:ident, $f:ident) => {
         #[doc = concat!("NCCL's profiler plugin symbol `", stringify!($sym), "`.")]
@@ -882,6 +932,96 @@ mod tests {
         }
         // SAFETY: the context from init, finalized once.
         assert_eq!(unsafe { vt.finalize.unwrap()(ctx) }, NCCL_SUCCESS);
+    }
+
+    /// What [`Tags`] saw: (type bit, user tag or phase id, phase name).
+    static TAGS: Mutex<Vec<(u64, u64, String)>> = Mutex::new(Vec::new());
+
+    /// Keeps the user tag of every call's event and the kernel phases.
+    struct Tags;
+    impl Profiler for Tags {
+        const NAME: &'static CStr = c"tags";
+        type Event = ();
+        fn init(_: &ProfilerInit, mask: &mut i32) -> PluginResult<Self> {
+            *mask = -1;
+            Ok(Tags)
+        }
+        fn start_event(&self, e: &Event<'_>) -> Option<()> {
+            let seen = match e.kind {
+                EventKind::KernelPhase {
+                    phase_id,
+                    phase_name,
+                    ..
+                } => (phase_id as u64, phase_name.to_string()),
+                k => (k.user_tag()?, String::new()),
+            };
+            TAGS.lock()
+                .unwrap()
+                .push((e.kind.type_bit(), seen.0, seen.1));
+            None
+        }
+        fn stop_event(_: ()) {}
+    }
+
+    /// v7's tags reach the plugin from the collective, p2p and API
+    /// descriptors, and its kernel phase is decoded; v6 gives tag 0.
+    #[test]
+    fn v7_user_tags_and_kernel_phases_reach_the_plugin() {
+        let vt = vtable_v7::<Tags>();
+        let (mut ctx, mut mask): (*mut c_void, c_int) = (std::ptr::null_mut(), 0);
+        // SAFETY: valid out-pointers, NULL name and logger.
+        let rc =
+            unsafe { vt.init.unwrap()(&mut ctx, 1, &mut mask, std::ptr::null(), 1, 2, 0, None) };
+        assert_eq!(rc, NCCL_SUCCESS);
+        let start = |d: &mut v7::EventDescrV7| {
+            let mut h: *mut c_void = std::ptr::null_mut();
+            // SAFETY: the context from init; `d` and `h` live for the call.
+            let rc = unsafe { vt.start_event.unwrap()(ctx, &mut h, d) };
+            assert_eq!(rc, NCCL_SUCCESS);
+        };
+        // SAFETY: all-zero is a valid descriptor (NULL pointers, zeros).
+        let mut d: v7::EventDescrV7 = unsafe { std::mem::zeroed() };
+        d.ty = NCCL_PROFILE_COLL as u64;
+        d.detail.coll.user_tag = 11;
+        start(&mut d);
+        // SAFETY: as above.
+        let mut d: v7::EventDescrV7 = unsafe { std::mem::zeroed() };
+        d.ty = NCCL_PROFILE_P2P as u64;
+        d.detail.p2p.user_tag = 12;
+        start(&mut d);
+        // SAFETY: as above.
+        let mut d: v7::EventDescrV7 = unsafe { std::mem::zeroed() };
+        d.ty = NCCL_PROFILE_COLL_API as u64;
+        d.detail.coll_api.user_tag = 13;
+        start(&mut d);
+        // SAFETY: as above.
+        let mut d: v7::EventDescrV7 = unsafe { std::mem::zeroed() };
+        d.ty = NCCL_PROFILE_P2P_API as u64;
+        d.detail.p2p_api.user_tag = u64::MAX;
+        start(&mut d);
+        // SAFETY: as above.
+        let mut d: v7::EventDescrV7 = unsafe { std::mem::zeroed() };
+        d.ty = NCCL_PROFILE_KERNEL_PHASE as u64;
+        d.detail.kernel_phase = v7::KernelPhaseDescrV7 {
+            channel_id: 1,
+            phase_id: 2,
+            phase_name: c"final_sync".as_ptr(),
+            p_timer: 5,
+        };
+        start(&mut d);
+        // SAFETY: the context from init, finalized once.
+        assert_eq!(unsafe { vt.finalize.unwrap()(ctx) }, NCCL_SUCCESS);
+        let bit = |b: c_int| b as u64;
+        assert_eq!(
+            std::mem::take(&mut *TAGS.lock().unwrap()),
+            [
+                (bit(NCCL_PROFILE_COLL), 11, String::new()),
+                (bit(NCCL_PROFILE_P2P), 12, String::new()),
+                (bit(NCCL_PROFILE_COLL_API), 13, String::new()),
+                (bit(NCCL_PROFILE_P2P_API), u64::MAX, String::new()),
+                (bit(NCCL_PROFILE_KERNEL_PHASE), 2, "final_sync".to_string()),
+            ]
+        );
     }
 
     fn take_seen() -> Vec<Seen> {

@@ -1,11 +1,12 @@
 //! NCCL's profiler plugin ABI, `ncclProfiler_vN_t`, one frozen file per
-//! version as NCCL keeps `profiler_v1.h` … `profiler_v6.h`, plus the event
+//! version as NCCL keeps `profiler_v1.h` … `profiler_v7.h`, plus the event
 //! layouts NCCL's own net plugins report through the profiler callback
 //! (`net_ib_v1`, `net_socket_v1`).
 //!
 //! A library exports a vtable under [`v5::SYMBOL`] (`ncclProfiler_v5`) and so
 //! on; the loader takes the newest it knows. NCCL 2.28 loads v1 to v5; v6
-//! (copy-engine events) came with 2.29.
+//! (copy-engine events) came with 2.29; v7 (the caller's tag on each call's
+//! events, kernel phases) with 2.31.
 //!
 //! The contract common to every version:
 //! - `init` runs once per communicator and returns a context; it also sets
@@ -35,6 +36,7 @@ pub mod v3;
 pub mod v4;
 pub mod v5;
 pub mod v6;
+pub mod v7;
 
 /// Event type bits: `ty` of a descriptor (`u8` before v5, `u64` from v5)
 /// and the activation mask written by `init`.
@@ -67,6 +69,8 @@ pub const NCCL_PROFILE_CE_COLL: c_int = 1 << 12;
 pub const NCCL_PROFILE_CE_SYNC: c_int = 1 << 13;
 /// A batch of copy-engine operations (v6).
 pub const NCCL_PROFILE_CE_BATCH: c_int = 1 << 14;
+/// One phase of a kernel on a channel, below its kernel-channel event (v7).
+pub const NCCL_PROFILE_KERNEL_PHASE: c_int = 1 << 15;
 
 /// `ncclProfilerEventState_t` (the same enum for every version):
 /// `eState` of `recordEventState`.
@@ -116,6 +120,9 @@ pub const NCCL_PROFILER_CE_SYNC_START: EventState = 27;
 pub const NCCL_PROFILER_CE_SYNC_COMPLETE: EventState = 28;
 pub const NCCL_PROFILER_CE_BATCH_START: EventState = 29;
 pub const NCCL_PROFILER_CE_BATCH_COMPLETE: EventState = 30;
+/// A kernel phase ended (v7): its end time comes in the kernel-channel
+/// member of the state arguments.
+pub const NCCL_PROFILER_KERNEL_PHASE_STOP: EventState = 31;
 
 /// The net-plugin id of a `netPlugin` event: the low
 /// `NCCL_PROFILER_NET_VER_BITS` bits are the version of the event layout,
@@ -168,7 +175,7 @@ pub type InitV4Fn = unsafe extern "C" fn(
     rank: c_int,
     logfn: Logger,
 ) -> NcclResult;
-/// `init` of v5 and v6: v4's with the communicator's id first and no hash.
+/// `init` of v5 to v7: v4's with the communicator's id first and no hash.
 pub type InitV5Fn = unsafe extern "C" fn(
     context: *mut *mut c_void,
     comm_id: u64,
@@ -206,13 +213,14 @@ mod symbol_tests {
     /// The names NCCL's loader looks up with dlsym (src/plugin/profiler/profiler_vN.cc).
     #[test]
     fn symbols_are_the_names_nccl_looks_up() {
-        let all: [(&[u8], &str); 6] = [
+        let all: [(&[u8], &str); 7] = [
             (super::v1::SYMBOL, "ncclProfiler_v1"),
             (super::v2::SYMBOL, "ncclProfiler_v2"),
             (super::v3::SYMBOL, "ncclProfiler_v3"),
             (super::v4::SYMBOL, "ncclProfiler_v4"),
             (super::v5::SYMBOL, "ncclProfiler_v5"),
             (super::v6::SYMBOL, "ncclProfiler_v6"),
+            (super::v7::SYMBOL, "ncclProfiler_v7"),
         ];
         for (sym, name) in all {
             assert_eq!(CStr::from_bytes_with_nul(sym).unwrap().to_str(), Ok(name));
