@@ -8,7 +8,7 @@ mod gpu_common;
 use std::collections::HashMap;
 use std::sync::{Arc, Barrier, Mutex};
 
-use gpu_common::{inputs, two_gpus, value, with_ranks, Rank, NRANKS};
+use gpu_common::{inputs, two_ranks, value, with_ranks, Rank, NRANKS};
 use oxccl::cuda::DeviceBuffer;
 use oxccl::exec::device::DeviceConfig;
 use oxccl::{DataType, RedOp};
@@ -286,7 +286,7 @@ fn run_case(
 
 #[test]
 fn every_collective_matches_the_host_reference() {
-    let Some(_gpus) = two_gpus() else {
+    let Some((_gpus, _)) = two_ranks() else {
         return;
     };
     let cases = cases();
@@ -338,7 +338,7 @@ fn every_collective_matches_the_host_reference() {
 
 #[test]
 fn send_and_recv_between_two_gpus() {
-    let Some(_gpus) = two_gpus() else {
+    let Some((_gpus, _)) = two_ranks() else {
         return;
     };
     let counts = [0usize, 1, 1_000_003, LARGE];

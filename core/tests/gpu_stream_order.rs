@@ -7,7 +7,7 @@ mod gpu_common;
 
 use std::time::Duration;
 
-use gpu_common::{two_gpus, with_ranks, NRANKS};
+use gpu_common::{two_ranks, with_ranks, NRANKS};
 use oxccl::cuda::{DeviceBuffer, FillPattern, Stream};
 use oxccl::exec::device::DeviceConfig;
 use oxccl::{DataType, RedOp};
@@ -24,7 +24,7 @@ fn pattern(rank: usize) -> FillPattern {
 
 #[test]
 fn kernels_before_and_after_a_collective_see_its_order() {
-    let Some(_gpus) = two_gpus() else {
+    let Some((_gpus, _)) = two_ranks() else {
         return;
     };
     let dtype = DataType::Float32;
@@ -100,7 +100,7 @@ fn kernels_before_and_after_a_collective_see_its_order() {
 
 #[test]
 fn local_reduce_and_copy_kernels() {
-    let Some(_gpus) = two_gpus() else {
+    let Some((_gpus, _)) = two_ranks() else {
         return;
     };
     // One GPU is enough, but the helper sets up the communicator too.

@@ -7,7 +7,7 @@
 
 mod gpu_common;
 
-use gpu_common::{two_gpus, NRANKS};
+use gpu_common::{two_ranks, NRANKS};
 use oxccl::cuda::{Context, Device, DeviceBuffer, FillPattern, KernelSet, Stream};
 use oxccl::{Comm, CommConfig, DataType, InitState, Op, OpKind, RedOp};
 
@@ -48,20 +48,20 @@ fn op(kind: OpKind, input: u64, output: u64, count: usize, stream: &Stream) -> O
 
 #[test]
 fn staged_collectives_keep_stream_order_without_blocking() {
-    let Some(_gpus) = two_gpus() else {
+    let Some((_gpus, devices)) = two_ranks() else {
         return;
     };
     let cfg = CommConfig::default()
         .with("P2P_DISABLE", "1")
         .with("SOCKET_IFNAME", "lo")
         .with("TIMEOUT", "30");
-    let comms = Comm::init_all_devices(&[0, 1], &cfg).expect("communicators");
+    let comms = Comm::init_all_devices(&devices, &cfg).expect("communicators");
     let bytes = COUNT * 4;
     let ranks: Vec<Rank> = comms
         .into_iter()
         .enumerate()
-        .map(|(g, comm)| {
-            let ctx = Context::primary(Device::get(g).unwrap()).unwrap();
+        .map(|(r, comm)| {
+            let ctx = Context::primary(Device::get(devices[r]).unwrap()).unwrap();
             let kernels = KernelSet::new(&ctx).unwrap();
             // Load the test's kernels now: loading a module may wait for the
             // context's queued work, which here waits for the other rank,

@@ -1,5 +1,7 @@
-//! Shared by the GPU tests: finding two GPUs (or saying why the test is
-//! skipped), running ranks as threads, and deterministic inputs.
+//! Shared by the GPU tests: finding the GPUs (or saying why the test is
+//! skipped), running ranks as threads, and deterministic inputs. Tests of
+//! two ranks run them on two GPUs where there are two, and on one GPU that
+//! both share otherwise (the machine most often lent has one).
 #![allow(dead_code)] // each test binary uses a part
 
 use std::sync::{Barrier, Mutex, MutexGuard};
@@ -17,11 +19,18 @@ pub const NRANKS: usize = 2;
 /// about concurrent communicators), which ends in the kernels' timeout.
 static GPUS: Mutex<()> = Mutex::new(());
 
-/// The GPUs to themselves when two GPUs, the driver and NVRTC are there;
-/// otherwise `None`, having printed why the test is skipped (and it passes:
-/// CI has no GPU).
-pub fn two_gpus() -> Option<MutexGuard<'static, ()>> {
-    gpus(NRANKS)
+/// The GPUs to themselves, and the GPU of each of the [`NRANKS`] ranks:
+/// rank r on GPU r, or every rank on GPU 0 where there is one GPU. `None`
+/// where no GPU, driver or NVRTC is there, having printed why the test is
+/// skipped (and it passes: CI has no GPU).
+pub fn two_ranks() -> Option<(MutexGuard<'static, ()>, [usize; NRANKS])> {
+    let guard = gpus(1)?;
+    let n = cuda::device_count().unwrap_or(1).max(1);
+    let devices = std::array::from_fn(|r| r % n);
+    if n < NRANKS {
+        println!("{NRANKS} ranks share GPU 0 ({n} GPU found)");
+    }
+    Some((guard, devices))
 }
 
 /// As [`two_gpus`], for tests that need `needed` GPUs.
@@ -51,12 +60,13 @@ pub struct Rank {
     pub stream: Stream,
 }
 
-/// Runs `f` on every rank, each in its own thread on GPU `rank`; returns
-/// each rank's result.
+/// Runs `f` on every rank, each in its own thread on its GPU of
+/// [`two_ranks`]; returns each rank's result.
 pub fn with_ranks<T: Send>(
     cfg: DeviceConfig,
     f: impl Fn(&mut Rank, &Barrier) -> T + Sync,
 ) -> Vec<T> {
+    let gpus = cuda::device_count().unwrap_or(1).max(1);
     let oobs = LocalOob::group(NRANKS);
     let barrier = Barrier::new(NRANKS);
     std::thread::scope(|s| {
@@ -66,7 +76,7 @@ pub fn with_ranks<T: Send>(
                 let (f, barrier, cfg) = (&f, &barrier, cfg.clone());
                 s.spawn(move || {
                     let rank = oob.rank();
-                    let comm = DeviceComm::new(oob, rank, cfg).expect("device communicator");
+                    let comm = DeviceComm::new(oob, rank % gpus, cfg).expect("device communicator");
                     let stream = Stream::new(comm.context()).expect("stream");
                     let mut r = Rank { rank, comm, stream };
                     f(&mut r, barrier)
