@@ -9,7 +9,9 @@ use crate::guard::{entry, not_implemented, ok};
 use crate::types::*;
 
 /// Device memory on the GPU current on this thread (cudaGetDevice's: device
-/// 0 where the thread selected none).
+/// 0 where the thread selected none), from the CUDA virtual memory API as
+/// NCCL allocates it, so that peers can map it (see `oxccl::cuda::vmm`);
+/// plain `cuMemAlloc` memory where the GPU has no virtual memory API.
 #[no_mangle]
 pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
     entry("ncclMemAlloc", || {
@@ -17,7 +19,14 @@ pub extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult
             return Err(Error::InvalidArgument("ptr is NULL".into()));
         }
         oxccl::cuda::bind_runtime_device()?;
-        let p = oxccl::cuda::alloc_raw(size)?;
+        let device = oxccl::cuda::current_device().unwrap_or(0);
+        let dev = oxccl::cuda::Device::get(device)?;
+        let p = if oxccl::cuda::vmm::vmm_supported(&dev)? {
+            oxccl::cuda::vmm::vmm_alloc(device, size)?
+        } else {
+            tracing::info!(target: "oxccl::alloc", "ncclMemAlloc: GPU {device} has no virtual memory management; {size} bytes from cuMemAlloc, which peers cannot map by handle");
+            oxccl::cuda::alloc_raw(size)?
+        };
         // SAFETY: non-null; NCCL's contract makes it writable.
         unsafe { ptr.write(p as *mut c_void) };
         ok()
@@ -30,8 +39,12 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
         if ptr.is_null() {
             return ok();
         }
-        // SAFETY: NCCL's contract: `ptr` came from ncclMemAlloc.
-        unsafe { oxccl::cuda::free_raw(ptr as u64) }?;
+        // SAFETY: NCCL's contract: `ptr` came from ncclMemAlloc and no work
+        // on it is pending.
+        if !unsafe { oxccl::cuda::vmm::vmm_free(ptr as u64) }? {
+            // SAFETY: the same contract, for the cuMemAlloc fallback.
+            unsafe { oxccl::cuda::free_raw(ptr as u64) }?;
+        }
         ok()
     })
 }

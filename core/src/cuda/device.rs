@@ -165,7 +165,7 @@ impl Device {
             .into_owned())
     }
 
-    fn attribute(&self, a: sys::CUdevice_attribute) -> Result<i32> {
+    pub(super) fn attribute(&self, a: sys::CUdevice_attribute) -> Result<i32> {
         let mut v: c_int = 0;
         check(
             // SAFETY: `v` is a valid out-pointer.

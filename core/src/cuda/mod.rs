@@ -20,6 +20,7 @@ pub mod module;
 pub mod nvrtc;
 pub mod pinned;
 pub mod stream;
+pub mod vmm;
 
 pub use context::Context;
 pub use context::{bind_runtime_device, current_device, runtime_device, SavedCurrent};
