@@ -1175,6 +1175,38 @@ mod tests {
         assert!(e.to_string().contains("NCCL_TIMEOUT"), "{e}");
     }
 
+    /// The topology settings refuse what NCCL would not recognise (NCCL
+    /// falls back silently on some; the user learns nothing there), and
+    /// take what it does.
+    #[test]
+    fn topology_settings_are_strict() {
+        for (k, bad, expects) in [
+            ("NCCL_P2P_LEVEL", "near", "LOC, NVL"),
+            ("NCCL_P2P_LEVEL", "NET", "LOC, NVL"),
+            ("NCCL_CROSS_NIC", "3", "0, 1 or 2"),
+            ("NCCL_NETDEVS_POLICY", "MAX:0", "MAX:N"),
+            ("NCCL_NETDEVS_POLICY", "some", "MAX:N"),
+            ("NCCL_NET_GDR_READ", "2", "0 or 1"),
+        ] {
+            let e = Config::load_with(&[(k, bad)]).unwrap_err().to_string();
+            assert!(e.contains(k) && e.contains(expects), "{k}={bad}: {e}");
+        }
+        let c = Config::load_with(&[
+            ("NCCL_P2P_LEVEL", "2"),
+            ("NCCL_CROSS_NIC", "0"),
+            ("NCCL_NETDEVS_POLICY", "max:2"),
+            ("NCCL_NET_GDR_READ", "0"),
+            ("NCCL_TOPO_FILE", "/etc/topo.xml"),
+        ])
+        .unwrap();
+        assert_eq!(c.p2p_level.as_deref(), Some("2"));
+        assert_eq!(c.cross_nic, 0);
+        assert_eq!(c.netdevs_policy.as_deref(), Some("max:2"));
+        assert_eq!(c.net_gdr_read, Some(false));
+        assert_eq!(c.topo_file.as_deref(), Some("/etc/topo.xml"));
+        assert_eq!(Config::load_with(&[]).unwrap().cross_nic, 2);
+    }
+
     /// NCCL_TIMEOUT=inf or 1e30 overflowed Duration (a panic in the CLI,
     /// "internal error" from the C API); 0, -5 and NaN meant 1 ms. Each is
     /// refused now, naming the variable and the range, from the

@@ -38,7 +38,7 @@ impl NodeTopo {
         rank: usize,
     ) -> Result<NodeTopo> {
         let loaded = system::load(cfg.topo_file.as_deref())?;
-        let from_file = loaded.source != "detected";
+        let from_file = loaded.from_file;
         if rank == 0 {
             info!(target: "oxccl::init", "topology: {} ({} GPUs, {} NICs, {} CPUs)", loaded.source,
                 loaded.node.gpus().len(), loaded.node.devs.len() - loaded.node.gpus().len(), loaded.node.cpus.len());

@@ -104,6 +104,8 @@ pub struct Loaded {
     pub tree: Element,
     pub node: Node,
     pub source: String,
+    /// A topology file was read.
+    pub from_file: bool,
 }
 
 /// The node: NCCL_TOPO_FILE (`file`; unset: [`DEFAULT_FILE`] where it
@@ -134,6 +136,7 @@ pub fn load(file: Option<&str>) -> Result<Loaded, FileError> {
                 tree: top,
                 node,
                 source: format!("{p} fused over detection"),
+                from_file: true,
             })
         }
         Some((Err(e), _)) if named => Err(e),
@@ -145,6 +148,7 @@ pub fn load(file: Option<&str>) -> Result<Loaded, FileError> {
                 tree: det.clone(),
                 node: Node::from_xml(det, *nvml),
                 source: "detected".into(),
+                from_file: false,
             })
         }
     }
