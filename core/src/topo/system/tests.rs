@@ -302,3 +302,30 @@ fn file_wins_detection_fills_in() {
     fuse(&mut file, &detected);
     assert_eq!(file, once);
 }
+
+/// NCCL_TOPO_FILE as a communicator loads it: the file fused over what
+/// this machine's detection finds (here no GPU, perhaps no NVML), and
+/// what NCCL_TOPO_DUMP_FILE would write reads back alike.
+#[test]
+fn a_named_file_is_loaded_and_a_missing_one_refused() {
+    let dir = std::env::temp_dir().join(format!("oxccl-topo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("dgx.xml");
+    std::fs::write(&path, DGX).unwrap();
+    let l = load(Some(path.to_str().unwrap())).unwrap();
+    assert!(l.from_file && l.source.contains("dgx.xml"), "{}", l.source);
+    assert_eq!(l.node.gpus().len(), 8);
+    assert!(l.node.nvlink_known);
+    let back = Node::from_xml(&parse_file(&l.tree.write(), "dump").unwrap(), true);
+    assert_eq!(back.gpus().len(), 8);
+    assert_eq!(
+        back.gpu_link(id(GPUS[0]), id(GPUS[3])),
+        Some(Link::NvLink { links: 18 })
+    );
+    let e = load(Some("/nonexistent/topo.xml")).err().unwrap();
+    assert!(e.to_string().contains("/nonexistent/topo.xml"), "{e}");
+    // Unset: detection (or NCCL's default file, where this machine has one).
+    let d = load(None).unwrap();
+    assert!(parse_file(&d.tree.write(), "detected").is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}
