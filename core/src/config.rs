@@ -708,7 +708,7 @@ settings! {
         cta_policy: Option<String> = "CTA_POLICY", "" in DevicePath, check CTA_POLICY;
         /// 1: a communicator's shrinks (NCCL_SHRINK_DEFAULT, not revoked) share its network context (NCCL's shrinkShare); 0: each makes its own. Replaces the config's shrink_share where set; unset: the config's, else 0.
         comm_shrink_share_resources: Option<bool> = "COMM_SHRINK_SHARE_RESOURCES", "" in Transports;
-        /// NCCL's topology file (XML, the format NCCL_TOPO_DUMP_FILE writes) read before detection, as NCCL reads it: what it says of CPUs, PCIe switches, GPUs, NVLinks and NICs wins, and detection adds what it leaves out. P2P between GPUs, the NICs of each GPU and the channel count follow it. Unset: /var/run/nvidia-topologyd/virtualTopology.xml where that exists.
+        /// NCCL's topology file (XML, the format NCCL_TOPO_DUMP_FILE writes) read before detection, as NCCL reads it: what it says of CPUs, PCIe switches, GPUs, NVLinks and NICs wins, and detection adds what it leaves out. P2P between GPUs, GPUDirect (NCCL_NET_GDR_LEVEL against the paths it gives), the NICs of each GPU and the channel count follow it. Unset: /var/run/nvidia-topologyd/virtualTopology.xml where that exists.
         topo_file: Option<String> = "TOPO_FILE", "" in Transports, expects "a path to an XML file in NCCL's topology format";
         /// File the node's topology is written to at a communicator's creation (rank 0 of it), in NCCL's XML format: detection fused with NCCL_TOPO_FILE.
         topo_dump_file: Option<String> = "TOPO_DUMP_FILE", "" in Transports, expects "a path to a file, created or replaced";

@@ -25,6 +25,7 @@ use crate::exec::mem::OpBuffers;
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{Event, Handle, ProfilerComm, ProxyProfiler};
 use crate::plugin::tuner::TunerComm;
+use crate::topo::system::PluginDev;
 use crate::topo::{policy, BusId, PciNode};
 use crate::transport::gdr;
 use crate::transport::shm::ShmNet;
@@ -207,13 +208,36 @@ fn gpu_direct(
     if dmabuf {
         info!(target: "oxccl::init", "DMA-BUF is available on GPU device {device}");
     }
-    let mut d = gdr::decide(
-        &props,
-        gpu.as_ref(),
-        cfg.net_gdr_level.as_deref(),
-        sys,
-        dmabuf,
-    )?;
+    // A topology file places the GPU and the NICs; else sysfs does.
+    let placed = topo
+        .buses
+        .get(topo.rank)
+        .copied()
+        .flatten()
+        .and_then(|b| topo.node.gpu(b))
+        .filter(|_| topo.from_file);
+    let mut d = match placed {
+        Some(g) => {
+            let devs: Vec<PluginDev> = props
+                .iter()
+                .map(|p| PluginDev::new(&p.name, &p.pci_path, p.speed_mbps.max(0) as u64))
+                .collect();
+            let paths: Vec<gdr::Level> = topo
+                .node
+                .net_candidates(g, &devs)
+                .iter()
+                .map(|c| gdr::Level::of_path(c.path))
+                .collect();
+            gdr::decide_on(&props, &paths, cfg.net_gdr_level.as_deref(), dmabuf)?
+        }
+        None => gdr::decide(
+            &props,
+            gpu.as_ref(),
+            cfg.net_gdr_level.as_deref(),
+            sys,
+            dmabuf,
+        )?,
+    };
     let cc = dev.compute_capability()?;
     if d.on && cc.0 < 9 {
         // NCCL flushes GPUDirect receives there (iflush); the proxy does not.
