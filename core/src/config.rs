@@ -288,6 +288,24 @@ pub fn cta_policy(s: Option<&str>) -> std::result::Result<u32, String> {
     Ok(if bits & 2 != 0 { 2 } else { bits })
 }
 
+const P2P_LEVEL: Check<Option<String>> = Check {
+    expects: "LOC, NVL, PIX, PXB, PHB, SYS or 0-5",
+    test: |v| match v.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+        None => Ok(()),
+        Some(s) => crate::topo::policy::PathLevel::parse(s).map(|_| ()),
+    },
+};
+
+const CROSS_NIC: Check<u64> = Check {
+    expects: "0, 1 or 2",
+    test: |v| crate::topo::policy::CrossNic::from_setting(*v).map(|_| ()),
+};
+
+const NETDEVS_POLICY: Check<Option<String>> = Check {
+    expects: "AUTO, ALL or MAX:N (N from 1)",
+    test: |v| crate::topo::policy::NetDevsPolicy::parse(v.as_deref().unwrap_or("")).map(|_| ()),
+};
+
 const DEV_TIMEOUT: Check<Option<u64>> = Check {
     expects: "whole seconds from 1 to 31536000 (365 days)",
     test: |v| match v {
@@ -690,6 +708,18 @@ settings! {
         cta_policy: Option<String> = "CTA_POLICY", "" in DevicePath, check CTA_POLICY;
         /// 1: a communicator's shrinks (NCCL_SHRINK_DEFAULT, not revoked) share its network context (NCCL's shrinkShare); 0: each makes its own. Replaces the config's shrink_share where set; unset: the config's, else 0.
         comm_shrink_share_resources: Option<bool> = "COMM_SHRINK_SHARE_RESOURCES", "" in Transports;
+        /// NCCL's topology file (XML, the format NCCL_TOPO_DUMP_FILE writes) read before detection, as NCCL reads it: what it says of CPUs, PCIe switches, GPUs, NVLinks and NICs wins, and detection adds what it leaves out. P2P between GPUs, GPUDirect (NCCL_NET_GDR_LEVEL against the paths it gives), the NICs of each GPU and the channel count follow it. Unset: /var/run/nvidia-topologyd/virtualTopology.xml where that exists.
+        topo_file: Option<String> = "TOPO_FILE", "" in Transports, expects "a path to an XML file in NCCL's topology format";
+        /// File the node's topology is written to at a communicator's creation (rank 0 of it), in NCCL's XML format: detection fused with NCCL_TOPO_FILE.
+        topo_dump_file: Option<String> = "TOPO_DUMP_FILE", "" in Transports, expects "a path to a file, created or replaced";
+        /// Farthest path between two GPUs of one host over which they map each other's memory (P2P); farther pairs go through shared host memory. LOC (never), NVL (NVLink only), PIX, PXB, PHB or SYS, or NCCL's integers 0-5 (0 LOC, 1 PIX, 2 PXB, 3 PHB, 4-5 SYS). Unset: PXB, or SYS on AMD x86 nodes of at most two GPUs, as NCCL; pairs whose path is unknown keep P2P unless this is set. NCCL_P2P_DISABLE=1 wins over it.
+        p2p_level: Option<String> = "P2P_LEVEL", "" in Transports, check P2P_LEVEL;
+        /// 0: the network never reads GPU memory on sends: send slots stay in host memory while receives still use GPUDirect; 1: it does wherever GPUDirect is on (NCCL_NET_GDR_LEVEL). Unset: on from compute capability 8.0 (and below it only with an NVLink to another GPU), as NCCL.
+        net_gdr_read: Option<bool> = "NET_GDR_READ", "" in Transports;
+        /// Whether the two ends of a network connection may use NICs of different rails (indices): 0 never (the receiver listens on the sender's NIC index), 1 each end on its own GPU's nearest NIC, 2 one rail where the receiver's GPU has the sender's NIC among its nearest, else each its own.
+        cross_nic: u64 = "CROSS_NIC", "2" in Transports, check CROSS_NIC;
+        /// How many of its nearest NICs a GPU's channels take in turn: AUTO shares the nearest NICs out among the GPUs nearest to them, MAX:N takes at most N, ALL takes every nearest NIC whatever other GPUs use. Unset: AUTO.
+        netdevs_policy: Option<String> = "NETDEVS_POLICY", "" in Transports, check NETDEVS_POLICY;
     }
     env {
         /// 1: communicators made through the C API run on host memory even where GPUs exist (NCCL has no such mode); 0: on the GPU the CUDA runtime would use, host memory only where there is none.
@@ -1143,6 +1173,38 @@ mod tests {
         raw.insert("TIMEOUT", ("soon".to_string(), Source::Env));
         let e = Config::from_raw(&raw).unwrap_err();
         assert!(e.to_string().contains("NCCL_TIMEOUT"), "{e}");
+    }
+
+    /// The topology settings refuse what NCCL would not recognise (NCCL
+    /// falls back silently on some; the user learns nothing there), and
+    /// take what it does.
+    #[test]
+    fn topology_settings_are_strict() {
+        for (k, bad, expects) in [
+            ("NCCL_P2P_LEVEL", "near", "LOC, NVL"),
+            ("NCCL_P2P_LEVEL", "NET", "LOC, NVL"),
+            ("NCCL_CROSS_NIC", "3", "0, 1 or 2"),
+            ("NCCL_NETDEVS_POLICY", "MAX:0", "MAX:N"),
+            ("NCCL_NETDEVS_POLICY", "some", "MAX:N"),
+            ("NCCL_NET_GDR_READ", "2", "0 or 1"),
+        ] {
+            let e = Config::load_with(&[(k, bad)]).unwrap_err().to_string();
+            assert!(e.contains(k) && e.contains(expects), "{k}={bad}: {e}");
+        }
+        let c = Config::load_with(&[
+            ("NCCL_P2P_LEVEL", "2"),
+            ("NCCL_CROSS_NIC", "0"),
+            ("NCCL_NETDEVS_POLICY", "max:2"),
+            ("NCCL_NET_GDR_READ", "0"),
+            ("NCCL_TOPO_FILE", "/etc/topo.xml"),
+        ])
+        .unwrap();
+        assert_eq!(c.p2p_level.as_deref(), Some("2"));
+        assert_eq!(c.cross_nic, 0);
+        assert_eq!(c.netdevs_policy.as_deref(), Some("max:2"));
+        assert_eq!(c.net_gdr_read, Some(false));
+        assert_eq!(c.topo_file.as_deref(), Some("/etc/topo.xml"));
+        assert_eq!(Config::load_with(&[]).unwrap().cross_nic, 2);
     }
 
     /// NCCL_TIMEOUT=inf or 1e30 overflowed Duration (a panic in the CLI,

@@ -7,6 +7,7 @@ mod hier;
 mod ident;
 mod kernel_events;
 mod on_device;
+mod topology;
 mod tuning;
 
 use std::sync::{Arc, Condvar, Mutex};

@@ -14,6 +14,7 @@ use tracing::{debug, info};
 use super::core::GpuPath;
 use super::ident::Peers;
 use super::kernel_events::KernelEvents;
+use super::topology::NodeTopo;
 use crate::algo::{cost, Algo, Coll};
 use crate::config::Config;
 use crate::cuda::{pointer_kind, Device, PtrKind, RawStream, SavedCurrent};
@@ -24,10 +25,11 @@ use crate::exec::mem::OpBuffers;
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{Event, Handle, ProfilerComm, ProxyProfiler};
 use crate::plugin::tuner::TunerComm;
-use crate::topo::{BusId, PciNode};
+use crate::topo::system::PluginDev;
+use crate::topo::{policy, BusId, PciNode};
 use crate::transport::gdr;
 use crate::transport::shm::ShmNet;
-use crate::transport::{ConnKey, Connections, Locality, Transport};
+use crate::transport::{ConnKey, Connections, Locality, P2pPairs, Transport};
 use oxccl_plugin::{Net, PtrType};
 
 /// The bootstrap as the device executor's out-of-band exchange.
@@ -66,14 +68,20 @@ pub(crate) fn open(
 ) -> Result<GpuPath> {
     let _restore = SavedCurrent::save()?;
     let (rank, nranks) = (locality.rank, locality.hosts.len());
+    let topo = NodeTopo::open(bootstrap, cfg, device, rank)?;
+    let p2p = topo.p2p_pairs(bootstrap, cfg, locality, peers)?;
     let routes: Vec<Transport> = (0..nranks)
-        .map(|p| locality.device_transport(p, &peers.p2p_disabled))
+        .map(|p| locality.device_transport(p, &p2p))
         .collect();
     let mut dcfg = DeviceConfig::from_env()?.with_nccl_bounds(cfg)?;
-    // Either every rank has a peer through host memory or none has (a rank
-    // whose peers are all P2P shares a host with every rank, none of which
-    // disabled P2P): the window's layout stays the same on every rank.
-    let hosted = (0..nranks).any(|p| p != rank && routes[p] != Transport::P2p);
+    // Every rank takes the window layout of host memory where any pair of
+    // ranks goes through it (NCCL_P2P_DISABLE on a rank, a pair beyond
+    // NCCL_P2P_LEVEL, or another host): the layout stays the same on
+    // every rank, which all know every pair's transport.
+    let hosted = (0..nranks).any(|a| {
+        (0..nranks)
+            .any(|b| a != b && locality.device_transport_between(a, b, &p2p) != Transport::P2p)
+    });
     if hosted {
         dcfg = dcfg
             .through_host(cfg)?
@@ -85,11 +93,14 @@ pub(crate) fn open(
         rank,
         nranks,
     };
-    let gdr = match routes.contains(&Transport::Net) {
-        true => gpu_direct(&**net, device, cfg)?,
-        false => gdr::Decision::off(String::new()),
+    let (gdr, gdr_read) = match routes.contains(&Transport::Net) {
+        true => gpu_direct(&**net, device, cfg, &topo)?,
+        false => (gdr::Decision::off(String::new()), false),
     };
     let mut conns = Connections::new(net.clone(), ShmNet::new(cfg.buffsize), locality.clone());
+    if routes.contains(&Transport::Net) {
+        conns = conns.with_nics(topo.nic_plan(&**net, cfg, locality)?);
+    }
     let timeout = cfg.timeout();
     let connect = move |peers: &[usize], chans: &[usize]| {
         let keys: Vec<ConnKey> = peers
@@ -112,15 +123,19 @@ pub(crate) fn open(
         gdr: gdr.on,
         dmabuf: gdr.dmabuf,
         profiled,
-        fabric: device_fabric(locality, &peers.p2p_disabled, inter, peers.nnodes),
+        fabric: device_fabric(locality, &p2p, inter, peers.nnodes),
+        topo: topo.from_file.then(|| Arc::new(topo.node.clone())),
+        gdr_read,
     };
     let dc = DeviceComm::with_transports(&oob, device, dcfg, tr)
         .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
     if hosted {
         info!(target: "oxccl::init", "rank {rank} on GPU {device}: {} MiB of host memory registered for peers reached through it{}{}", dc.host_bytes() >> 20,
-        match (gdr.on, gdr.dmabuf) {
-            (true, true) => "; net peers' step slots in GPU memory (GPUDirect), registered as dma-buf",
-            (true, false) => "; net peers' step slots in GPU memory (GPUDirect)",
+        match (gdr.on, gdr.dmabuf, gdr_read) {
+            (true, true, true) => "; net peers' step slots in GPU memory (GPUDirect), registered as dma-buf",
+            (true, false, true) => "; net peers' step slots in GPU memory (GPUDirect)",
+            (true, true, false) => "; net peers' receive slots in GPU memory (GPUDirect), registered as dma-buf, send slots in host memory (NCCL_NET_GDR_READ)",
+            (true, false, false) => "; net peers' receive slots in GPU memory (GPUDirect), send slots in host memory (NCCL_NET_GDR_READ)",
             _ => "",
         },
         match dc.ll_bound() {
@@ -168,7 +183,12 @@ pub(super) fn lock(gpu: &GpuPath) -> Result<std::sync::MutexGuard<'_, DeviceComm
 /// Whether the network reads and writes this GPU's memory itself, and
 /// through what registration (see [`gdr::decide`]), said once per
 /// communicator in NCCL's words.
-fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<gdr::Decision> {
+fn gpu_direct(
+    net: &dyn Net,
+    device: usize,
+    cfg: &Config,
+    topo: &NodeTopo,
+) -> Result<(gdr::Decision, bool)> {
     let sys = std::path::Path::new("/sys");
     let props = (0..net.devices()?.max(1))
         .map(|d| net.properties(d))
@@ -188,13 +208,36 @@ fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<gdr::Decisio
     if dmabuf {
         info!(target: "oxccl::init", "DMA-BUF is available on GPU device {device}");
     }
-    let mut d = gdr::decide(
-        &props,
-        gpu.as_ref(),
-        cfg.net_gdr_level.as_deref(),
-        sys,
-        dmabuf,
-    )?;
+    // A topology file places the GPU and the NICs; else sysfs does.
+    let placed = topo
+        .buses
+        .get(topo.rank)
+        .copied()
+        .flatten()
+        .and_then(|b| topo.node.gpu(b))
+        .filter(|_| topo.from_file);
+    let mut d = match placed {
+        Some(g) => {
+            let devs: Vec<PluginDev> = props
+                .iter()
+                .map(|p| PluginDev::new(&p.name, &p.pci_path, p.speed_mbps.max(0) as u64))
+                .collect();
+            let paths: Vec<gdr::Level> = topo
+                .node
+                .net_candidates(g, &devs)
+                .iter()
+                .map(|c| gdr::Level::of_path(c.path))
+                .collect();
+            gdr::decide_on(&props, &paths, cfg.net_gdr_level.as_deref(), dmabuf)?
+        }
+        None => gdr::decide(
+            &props,
+            gpu.as_ref(),
+            cfg.net_gdr_level.as_deref(),
+            sys,
+            dmabuf,
+        )?,
+    };
     let cc = dev.compute_capability()?;
     if d.on && cc.0 < 9 {
         // NCCL flushes GPUDirect receives there (iflush); the proxy does not.
@@ -202,7 +245,25 @@ fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<gdr::Decisio
     }
     info!(target: "oxccl::init", "NET/{} : GPU Direct RDMA {} for GPU {device}: {}", net.name(),
         if d.on { "Enabled" } else { "Disabled" }, d.why);
-    Ok(d)
+    let read = d.on
+        && {
+            let node = &topo.node;
+            let me = topo.buses[topo.rank].and_then(|b| node.gpu(b));
+            let nvlink_peer = me.is_some_and(|g| {
+                node.gpus()
+                    .iter()
+                    .any(|o| o.bus != g.bus && node.nvlinks(g, o) > 0)
+            });
+            let read = policy::gdr_read(cfg.net_gdr_read, cc, nvlink_peer, node.gpus().len() == 1);
+            info!(target: "oxccl::init", "NET/{} : GPU Direct RDMA reads (sends) {} for GPU {device} ({})", net.name(),
+            if read { "Enabled" } else { "Disabled" },
+            match cfg.net_gdr_read {
+                Some(v) => format!("NCCL_NET_GDR_READ={}", u8::from(v)),
+                None => format!("default for sm_{}{}{}", cc.0, cc.1, if nvlink_peer { " with NVLink" } else { "" }),
+            });
+            read
+        };
+    Ok((d, read))
 }
 
 /// The links the device path's cost table prices: inside a node the
@@ -212,7 +273,7 @@ fn gpu_direct(net: &dyn Net, device: usize, cfg: &Config) -> Result<gdr::Decisio
 /// every rank was told, so that every rank prices alike and chooses alike.
 fn device_fabric(
     local: &Locality,
-    p2p_disabled: &[usize],
+    p2p: &P2pPairs,
     inter: cost::LinkModel,
     nodes: usize,
 ) -> cost::Fabric {
@@ -226,7 +287,7 @@ fn device_fabric(
     let worst = (0..n)
         .flat_map(|r| (0..n).map(move |p| (r, p)))
         .filter(|&(r, p)| r != p && local.hosts[p] == local.hosts[r])
-        .map(|(r, p)| local.device_transport_between(r, p, p2p_disabled))
+        .map(|(r, p)| local.device_transport_between(r, p, p2p))
         .max_by_key(slowness);
     let intra = match worst {
         None | Some(Transport::P2p) => cost::LinkModel::NVLINK,
@@ -550,7 +611,7 @@ mod tests {
                 nodes.dedup();
                 let f = device_fabric(
                     &local(r, hosts),
-                    p2p_off,
+                    &P2pPairs::disabled(p2p_off),
                     cost::LinkModel::default(),
                     nodes.len(),
                 );

@@ -14,6 +14,9 @@ pub mod nic;
 pub mod nvlink;
 mod nvml;
 pub mod pci;
+pub mod policy;
+pub mod system;
+pub mod xml;
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;

@@ -213,7 +213,7 @@ pub(crate) fn read_trimmed(p: &Path) -> Option<String> {
 /// graph: a switch is its upstream port and each downstream port is folded
 /// into it, so going up one switch is going up two functions; the root
 /// port is folded into the host bridge.
-fn switches(chain: &[BusId]) -> Vec<BusId> {
+pub(crate) fn switches(chain: &[BusId]) -> Vec<BusId> {
     let dev = chain.len() - 1;
     (0..dev)
         .rev()

@@ -47,6 +47,18 @@ impl Level {
         })
     }
 
+    /// A topology's path type as a GDR level (NVLink paths are LOC here).
+    pub fn of_path(p: crate::topo::policy::PathLevel) -> Level {
+        use crate::topo::policy::PathLevel as P;
+        match p {
+            P::Loc | P::Nvl => Level::Loc,
+            P::Pix => Level::Pix,
+            P::Pxb => Level::Pxb,
+            P::Phb => Level::Phb,
+            P::Sys => Level::Sys,
+        }
+    }
+
     fn of(path: PciPath) -> Level {
         match path {
             PciPath::Pix => Level::Pix,
@@ -97,6 +109,24 @@ pub fn decide(
     sys: &Path,
     dmabuf: bool,
 ) -> Result<Decision> {
+    let paths: Vec<Level> = props
+        .iter()
+        .map(|p| match (gpu, nic_node(sys, &p.pci_path)) {
+            (Some(g), Some(n)) => Level::of(crate::topo::pci::path(g, &n)),
+            _ => Level::Sys,
+        })
+        .collect();
+    decide_on(props, &paths, level, dmabuf)
+}
+
+/// As [`decide`], with each device's path from the GPU given (from a
+/// topology file, NCCL_TOPO_FILE).
+pub fn decide_on(
+    props: &[NetProperties],
+    paths: &[Level],
+    level: Option<&str>,
+    dmabuf: bool,
+) -> Result<Decision> {
     let limit = level.map(Level::parse).transpose()?.unwrap_or(Level::Pxb);
     let off = |why: String| Ok(Decision::off(why));
     if props.is_empty() {
@@ -117,10 +147,7 @@ pub fn decide(
                 p.name
             ));
         }
-        let path = match (gpu, nic_node(sys, &p.pci_path)) {
-            (Some(g), Some(n)) => Level::of(crate::topo::pci::path(g, &n)),
-            _ => Level::Sys,
-        };
+        let path = paths.get(d).copied().unwrap_or(Level::Sys);
         if path > limit {
             return off(format!(
                 "device {d} ({}) is {path:?} from the GPU, beyond NCCL_NET_GDR_LEVEL {limit:?}",
@@ -197,6 +224,28 @@ mod tests {
         assert!(!d.on && d.why.contains("device 1"), "{d:?}");
         assert!(decide(&[], None, Some("SYS"), none, true).is_ok_and(|d| !d.on));
         assert!(decide(&[cuda], None, Some("x"), none, false).is_err());
+    }
+
+    /// With the paths a topology file gives, GPUDirect follows them.
+    #[test]
+    fn paths_from_a_topology_file_decide() {
+        let cuda = props(PtrType::Host as i32 | PtrType::Cuda as i32, "");
+        let two = [cuda.clone(), cuda];
+        assert!(
+            decide_on(&two, &[Level::Pix, Level::Pxb], None, false)
+                .unwrap()
+                .on
+        );
+        let d = decide_on(&two, &[Level::Pix, Level::Sys], None, false).unwrap();
+        assert!(!d.on && d.why.contains("device 1"), "{d:?}");
+        assert!(
+            decide_on(&two, &[Level::Pix, Level::Sys], Some("SYS"), false)
+                .unwrap()
+                .on
+        );
+        use crate::topo::policy::PathLevel;
+        assert_eq!(Level::of_path(PathLevel::Nvl), Level::Loc);
+        assert_eq!(Level::of_path(PathLevel::Phb), Level::Phb);
     }
 
     /// A device that takes dma-buf qualifies where the GPU can export one

@@ -98,24 +98,19 @@ impl Locality {
     }
 
     /// The transport of the device path to `peer`: P2P between GPUs of one
-    /// host unless either rank disabled it (`p2p_disabled`), else as host
-    /// buffers go. The driver may still refuse the mapping (no peer
-    /// access), which the window reports.
-    pub fn device_transport(&self, peer: usize, p2p_disabled: &[usize]) -> Transport {
-        self.device_transport_between(self.rank, peer, p2p_disabled)
+    /// host unless `p2p` rules the pair out (NCCL_P2P_DISABLE on either
+    /// rank, or a path beyond NCCL_P2P_LEVEL), else as host buffers go.
+    /// The driver may still refuse the mapping (no peer access), which the
+    /// window reports.
+    pub fn device_transport(&self, peer: usize, p2p: &P2pPairs) -> Transport {
+        self.device_transport_between(self.rank, peer, p2p)
     }
 
     /// The device path's transport between ranks `a` and `b`, as either
     /// sees it.
-    pub fn device_transport_between(
-        &self,
-        a: usize,
-        b: usize,
-        p2p_disabled: &[usize],
-    ) -> Transport {
+    pub fn device_transport_between(&self, a: usize, b: usize, p2p: &P2pPairs) -> Transport {
         let same_host = self.hosts.get(b) == self.hosts.get(a);
-        let off = [a, b].iter().any(|r| p2p_disabled.contains(r));
-        if same_host && !off {
+        if same_host && p2p.allows(a, b) {
             Transport::P2p
         } else {
             self.transport_between(a, b)
@@ -125,6 +120,47 @@ impl Locality {
     /// `rank[dev]`, as NCCL's connection lines name a rank.
     pub fn who(&self, r: usize) -> String {
         format!("{r}[{}]", self.devices.get(r).copied().unwrap_or(-1))
+    }
+}
+
+/// Which pairs of ranks may map each other's GPU memory: none with a rank
+/// that set NCCL_P2P_DISABLE, and none that either end ruled out by its
+/// NCCL_P2P_LEVEL (every rank knows every rank's verdicts, so both ends of
+/// a pair, and every rank pricing the pair, choose alike).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct P2pPairs {
+    disabled: Vec<usize>,
+    /// (lower rank, higher rank).
+    denied: std::collections::BTreeSet<(usize, usize)>,
+}
+
+impl P2pPairs {
+    /// Only the ranks that set NCCL_P2P_DISABLE ruled out.
+    pub fn disabled(ranks: &[usize]) -> P2pPairs {
+        P2pPairs {
+            disabled: ranks.to_vec(),
+            denied: Default::default(),
+        }
+    }
+
+    /// As [`P2pPairs::disabled`], and the pairs `(a, b)` that `a` refused
+    /// (`verdicts[a][b]` false; ranks of other hosts are not asked).
+    pub fn new(disabled: &[usize], verdicts: &[Vec<bool>]) -> P2pPairs {
+        let mut p = P2pPairs::disabled(disabled);
+        for (a, row) in verdicts.iter().enumerate() {
+            for (b, ok) in row.iter().enumerate() {
+                if !ok && a != b {
+                    p.denied.insert((a.min(b), a.max(b)));
+                }
+            }
+        }
+        p
+    }
+
+    pub fn allows(&self, a: usize, b: usize) -> bool {
+        !self.disabled.contains(&a)
+            && !self.disabled.contains(&b)
+            && !self.denied.contains(&(a.min(b), a.max(b)))
     }
 }
 
@@ -188,6 +224,41 @@ pub struct Connections {
     net: Arc<dyn Net>,
     shm: shm::ShmNet,
     local: Locality,
+    nics: Option<NicPlan>,
+}
+
+/// Which network device each rank's channels take: its GPU's nearest
+/// NICs under NCCL_NETDEVS_POLICY, in turn by channel, and on the
+/// receiving end the sender's rail or its own as NCCL_CROSS_NIC says
+/// (see [`crate::topo::policy`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NicPlan {
+    /// Each rank's devices (channel `c` takes entry `c % len`), worked out
+    /// on this node for every rank's GPU (NCCL's assumption that nodes
+    /// are alike); empty where unknown: channel `c` takes device `c % n`.
+    pub by_rank: Vec<Vec<usize>>,
+    /// This rank's GPU's nearest devices.
+    pub local: Vec<usize>,
+    pub cross: crate::topo::policy::CrossNic,
+}
+
+impl NicPlan {
+    fn dev_of(&self, rank: usize, chan: usize, ndev: usize) -> Option<usize> {
+        let v = self.by_rank.get(rank).filter(|v| !v.is_empty())?;
+        Some(v[chan % v.len()]).filter(|d| *d < ndev)
+    }
+
+    /// The device rank `me` sends from on channel `chan`.
+    pub fn send_dev(&self, me: usize, chan: usize, ndev: usize) -> usize {
+        self.dev_of(me, chan, ndev).unwrap_or(chan % ndev)
+    }
+
+    /// The device rank `me` receives from `sender` on, on channel `chan`.
+    pub fn recv_dev(&self, me: usize, sender: usize, chan: usize, ndev: usize) -> usize {
+        let own = self.send_dev(me, chan, ndev);
+        let theirs = self.dev_of(sender, chan, ndev);
+        crate::topo::policy::receive_dev(self.cross, theirs, own, &self.local, ndev)
+    }
 }
 
 impl Connections {
@@ -198,12 +269,25 @@ impl Connections {
             net,
             shm,
             local,
+            nics: None,
         }
     }
 
-    /// The transport of `key` and the device of it to use (the net's
-    /// devices taken in turn by channel).
-    fn route(&self, key: ConnKey, ndev: &mut Option<usize>) -> Result<(&dyn Net, usize)> {
+    /// Network devices by GPU instead of by channel alone.
+    pub fn with_nics(mut self, plan: NicPlan) -> Connections {
+        self.nics = Some(plan);
+        self
+    }
+
+    /// The transport of `key` and the device of it to use: the net's
+    /// devices taken in turn by channel, by the [`NicPlan`] where there is
+    /// one (`send`: this rank sends on the connection).
+    fn route(
+        &self,
+        key: ConnKey,
+        send: bool,
+        ndev: &mut Option<usize>,
+    ) -> Result<(&dyn Net, usize)> {
         match self.local.transport(key.1) {
             Transport::P2p => Err(Error::Internal(format!(
                 "a network connection asked for P2P peer {}",
@@ -215,7 +299,13 @@ impl Connections {
                     Some(n) => n,
                     None => *ndev.insert(self.net.devices()?.max(1)),
                 };
-                Ok((&*self.net, key.0 % n))
+                let me = self.local.rank;
+                let dev = match &self.nics {
+                    Some(p) if send => p.send_dev(me, key.0, n),
+                    Some(p) => p.recv_dev(me, key.1, key.0, n),
+                    None => key.0 % n,
+                };
+                Ok((&*self.net, dev))
             }
         }
     }
@@ -286,7 +376,7 @@ impl Connections {
             if self.recv.contains(key) || listens.iter().any(|(k, ..)| *k == key) {
                 continue;
             }
-            let (net, dev) = self.route(key, &mut ndev)?;
+            let (net, dev) = self.route(key, false, &mut ndev)?;
             let (handle, listen) = net
                 .listen(dev)
                 .map_err(|e| Error::from(e).context(format!("listening for rank {}", key.1)))?;
@@ -298,7 +388,7 @@ impl Connections {
             if self.send.contains(key) || connects.iter().any(|(k, ..)| *k == key) {
                 continue;
             }
-            let dev = self.route(key, &mut ndev)?.1;
+            let dev = self.route(key, true, &mut ndev)?.1;
             let bytes = bootstrap.recv(key.1, TAG_CONN + key.0 as u64)?;
             let mut handle = [0u8; oxccl_plugin::NET_HANDLE_MAXSIZE];
             if bytes.len() != handle.len() {
@@ -323,7 +413,7 @@ impl Connections {
             while i < connects.len() {
                 let (key, dev, h) = &mut connects[i];
                 let (key, dev) = (*key, *dev);
-                let net = self.route(key, &mut ndev)?.0;
+                let net = self.route(key, true, &mut ndev)?.0;
                 match net
                     .connect(dev, h)
                     .map_err(|e| Error::from(e).context(format!("connecting to rank {}", key.1)))?
@@ -410,6 +500,54 @@ mod tests {
             ..at(2, &[])
         };
         assert!(!containers.shm_on_every_host());
+    }
+
+    /// Channels take each GPU's NICs in turn; the receiver follows the
+    /// sender's rail under NCCL_CROSS_NIC=0 and keeps its own under 1.
+    #[test]
+    fn nic_plan_by_gpu_and_rail() {
+        use crate::topo::policy::CrossNic;
+        let plan = |cross| NicPlan {
+            by_rank: vec![vec![0], vec![1, 3], vec![]],
+            local: vec![0],
+            cross,
+        };
+        let p = plan(CrossNic::Allow);
+        assert_eq!(p.send_dev(0, 5, 4), 0);
+        assert_eq!(p.send_dev(1, 0, 4), 1);
+        assert_eq!(p.send_dev(1, 1, 4), 3);
+        // Unknown GPU: by channel, as without a plan.
+        assert_eq!(p.send_dev(2, 5, 4), 1);
+        // Rank 0 receiving from rank 1 on channel 1 (sent from NIC 3).
+        assert_eq!(p.recv_dev(0, 1, 1, 4), 0);
+        assert_eq!(plan(CrossNic::Never).recv_dev(0, 1, 1, 4), 3);
+        assert_eq!(plan(CrossNic::Prefer).recv_dev(0, 1, 1, 4), 0);
+        // A device the network does not have is not taken.
+        assert_eq!(plan(CrossNic::Never).recv_dev(0, 1, 1, 2), 0);
+    }
+
+    /// NCCL_P2P_LEVEL's verdicts: a pair that either end refused goes
+    /// through shared memory, seen alike from both ends.
+    #[test]
+    fn p2p_verdicts_rule_out_pairs_from_either_end() {
+        let l = |rank| Locality {
+            rank,
+            hosts: vec![7, 7, 7],
+            shm_devs: vec![5, 5, 5],
+            shm_disabled: Vec::new(),
+            devices: vec![0, 1, 2],
+        };
+        // Rank 1 refuses rank 2 (say PHB beyond its level); rank 2 does not.
+        let rows = vec![vec![true; 3], vec![true, true, false], vec![true; 3]];
+        let p = P2pPairs::new(&[], &rows);
+        assert_eq!(l(1).device_transport(2, &p), Transport::Shm);
+        assert_eq!(l(2).device_transport(1, &p), Transport::Shm);
+        assert_eq!(l(0).device_transport(2, &p), Transport::P2p);
+        assert_eq!(l(0).device_transport(1, &p), Transport::P2p);
+        // NCCL_P2P_DISABLE on rank 0 rules out its pairs as before.
+        let p = P2pPairs::new(&[0], &rows);
+        assert_eq!(l(1).device_transport(0, &p), Transport::Shm);
+        assert!(P2pPairs::default().allows(0, 1));
     }
 
     /// Ranks 0 and 1 share a host, rank 2 is alone; whatever is disabled

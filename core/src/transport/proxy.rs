@@ -230,8 +230,9 @@ pub struct Areas {
     pub slots: [Slots; 2],
     /// Dma-bufs of those slots (GPU memory), through which they are
     /// registered (`regMrDmaBuf`); closed once every connection has
-    /// registered, as NCCL closes them.
-    pub dmabufs: Option<[OwnedFd; 2]>,
+    /// registered, as NCCL closes them. None for slots in host memory (the
+    /// send slots under NCCL_NET_GDR_READ=0).
+    pub dmabufs: [Option<OwnedFd>; 2],
     /// Bound on the proxy thread, as NCCL's proxy sets its device: a
     /// plugin may call CUDA.
     pub ctx: Option<Arc<Context>>,
@@ -258,7 +259,7 @@ impl Areas {
                 Slots::host(&mine, &layout.fifo(Proto::Simple)),
                 Slots::host(&mirror, &layout.fifo(Proto::Simple)),
             ],
-            dmabufs: None,
+            dmabufs: [None, None],
             mine,
             mirror,
             ctx: None,
@@ -354,8 +355,7 @@ impl Driven {
                 ],
                 [None, None],
             ),
-            (Proto::Simple, Some([m, r])) => (a.slots, [Some(m), Some(r)]),
-            (Proto::Simple, None) => (a.slots, [None, None]),
+            (Proto::Simple, [m, r]) => (a.slots, [m.as_ref(), r.as_ref()]),
         };
         let [mine, mirror] = slots;
         let s = mirror.span(&fifo, out);
@@ -679,7 +679,7 @@ impl Proxy {
                     .map(|l| Driven::new(l, &areas, Proto::Ll)),
             )
             .collect::<Result<Vec<_>>>()?;
-        areas.dmabufs = None;
+        areas.dmabufs = [None, None];
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
         let gone = Arc::new(Mutex::new(None));

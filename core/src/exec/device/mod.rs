@@ -53,7 +53,12 @@ use window::Window;
 /// GPUs' PCI addresses exchanged first), and the fewest wins, since the
 /// window layout must be the same on every rank and the slowest link
 /// bounds the ring anyway.
-fn topology_channels(oob: &dyn Oob, dev: &Device, cfg: &DeviceConfig) -> Result<usize> {
+fn topology_channels(
+    oob: &dyn Oob,
+    dev: &Device,
+    cfg: &DeviceConfig,
+    topo: Option<&crate::topo::system::Node>,
+) -> Result<usize> {
     // Every rank must reach both exchanges, whatever it failed to learn.
     let mine = dev.pci_bus_id().unwrap_or_default();
     let all = oob.allgather(mine.as_bytes())?;
@@ -62,7 +67,11 @@ fn topology_channels(oob: &dyn Oob, dev: &Device, cfg: &DeviceConfig) -> Result<
         .map(|b| std::str::from_utf8(b).ok()?.parse().ok())
         .collect();
     let found = ring.filter(|_| cfg.asks_link()).and_then(|r| {
-        crate::topo::ring_channels(&r, dev.compute_capability().ok()?, Path::new("/sys"))
+        let cc = dev.compute_capability().ok()?;
+        match topo {
+            Some(node) => crate::topo::system::ring_channels(node, &r, cc),
+            None => crate::topo::ring_channels(&r, cc, Path::new("/sys")),
+        }
     });
     let proposal = cfg.channels_for(found.map(|(n, _)| n)) as u32;
     let all = oob.allgather(&proposal.to_le_bytes())?;
@@ -190,7 +199,7 @@ impl DeviceComm {
         cfg.validate()?;
         let dev = Device::get(device)?;
         if cfg.choice != ChannelChoice::Fixed {
-            cfg.channels = topology_channels(oob, &dev, &cfg)?;
+            cfg.channels = topology_channels(oob, &dev, &cfg, tr.topo.as_deref())?;
             cfg.choice = ChannelChoice::Fixed;
         }
         let ctx = Context::primary(dev)?;

@@ -48,6 +48,11 @@ pub struct Transports<'a> {
     pub profiled: bool,
     /// The links the cost table prices, the same on every rank.
     pub fabric: crate::algo::cost::Fabric,
+    /// The node as NCCL_TOPO_FILE describes it (fused over detection),
+    /// whose links give the channel count; None: the links as detected.
+    pub topo: Option<Arc<crate::topo::system::Node>>,
+    /// GPUDirect on sends too (NCCL_NET_GDR_READ); with `gdr` only.
+    pub gdr_read: bool,
 }
 
 impl Transports<'_> {
@@ -60,6 +65,8 @@ impl Transports<'_> {
             dmabuf: false,
             profiled: false,
             fabric: crate::algo::cost::LinkModel::NVLINK.into(),
+            topo: None,
+            gdr_read: false,
         }
     }
 }
@@ -310,7 +317,8 @@ pub(crate) struct Window {
     area: Option<Arc<Registered<Area>>>,
     mirror: Option<Arc<Registered<Area>>>,
     /// With GPUDirect, the net peers' receive slots and send slots.
-    gdr_slots: Option<[DeviceBuffer; 2]>,
+    /// (receive, send); the send slots only with GPUDirect reads.
+    gdr_slots: [Option<DeviceBuffer>; 2],
     /// Channels a launch may use (see `shared_gpus`), the same on every
     /// rank; the layout has room for more.
     pub launch_channels: usize,
@@ -457,12 +465,16 @@ impl Window {
             } else {
                 bytes
             };
-            Some([
-                DeviceBuffer::alloc(ctx, bytes)?,
-                DeviceBuffer::alloc(ctx, bytes)?,
-            ])
+            // Receive slots, then send slots: those stay in host memory
+            // where the network does not read GPU memory (NCCL_NET_GDR_READ).
+            [
+                Some(DeviceBuffer::alloc(ctx, bytes)?),
+                tr.gdr_read
+                    .then(|| DeviceBuffer::alloc(ctx, bytes))
+                    .transpose()?,
+            ]
         } else {
-            None
+            [None, None]
         };
         let me = PeerInfo {
             pid: std::process::id(),
@@ -595,10 +607,9 @@ impl Window {
                 Transport::Net => {
                     peers[p] = mirror.as_ref().map_or(0, |m| m.device_ptr());
                     mine[p] = host_area();
-                    (fifo_peer[p], fifo_mine[p]) = match &gdr_slots {
-                        Some([m, r]) => (r.ptr(), m.ptr()),
-                        None => (peers[p] + off, mine[p] + off),
-                    };
+                    let [recv, send] = &gdr_slots;
+                    fifo_peer[p] = send.as_ref().map_or(peers[p] + off, |b| b.ptr());
+                    fifo_mine[p] = recv.as_ref().map_or(mine[p] + off, |b| b.ptr());
                     net_peers.push(p);
                 }
             }
@@ -658,17 +669,15 @@ impl Window {
             l.chan -= maxch;
         }
         // The network registers the GPU slots through dma-bufs of them.
-        let dmabufs = match &gdr_slots {
-            Some([ms, rs]) if tr.dmabuf && !links.is_empty() => {
-                let export = |b: &DeviceBuffer| {
-                    crate::cuda::export_dma_buf(b.ptr(), b.len()).map_err(|e| {
-                        e.context("exporting the net peers' GPU step slots as a dma-buf")
-                    })
-                };
-                Some([export(ms)?, export(rs)?])
+        let export = |b: &Option<DeviceBuffer>| match b {
+            Some(b) if tr.dmabuf && !links.is_empty() => {
+                crate::cuda::export_dma_buf(b.ptr(), b.len())
+                    .map(Some)
+                    .map_err(|e| e.context("exporting the net peers' GPU step slots as a dma-buf"))
             }
-            _ => None,
+            _ => Ok(None),
         };
+        let dmabufs = [export(&gdr_slots[0])?, export(&gdr_slots[1])?];
         let proxy = match (&area, &mirror) {
             (Some(a), Some(m)) if !links.is_empty() => Some(Proxy::start(
                 links,
@@ -676,16 +685,13 @@ impl Window {
                 Areas {
                     mine: a.clone(),
                     mirror: m.clone(),
-                    slots: match &gdr_slots {
-                        Some([ms, rs]) => [ms, rs].map(|b| Slots {
+                    slots: [(&gdr_slots[0], a), (&gdr_slots[1], m)].map(|(g, h)| match g {
+                        Some(b) => Slots {
                             base: b.ptr() as usize,
                             ty: PtrType::Cuda,
-                        }),
-                        None => [
-                            Slots::host(a.mem(), &layout.fifo(Proto::Simple)),
-                            Slots::host(m.mem(), &layout.fifo(Proto::Simple)),
-                        ],
-                    },
+                        },
+                        None => Slots::host(h.mem(), &layout.fifo(Proto::Simple)),
+                    }),
                     dmabufs,
                     ctx: Some(ctx.clone()),
                     layout,
@@ -942,8 +948,10 @@ impl Window {
             + self.suspendable_bytes()
             + self
                 .gdr_slots
-                .as_ref()
-                .map_or(0, |s| s.iter().map(DeviceBuffer::len).sum())
+                .iter()
+                .flatten()
+                .map(DeviceBuffer::len)
+                .sum::<usize>()
     }
 
     /// The part of [`Window::device_bytes`] a suspend releases: the P2P
