@@ -22,6 +22,8 @@ fn main() {
         "net_v10_prof_shim",
         "env_fixture",
         "env_fixture_v1",
+        "collnet_v9",
+        "collnet_v12",
     ] {
         let src = format!("fixtures/{name}.c");
         println!("cargo:rerun-if-changed={src}");
@@ -36,5 +38,6 @@ fn main() {
         assert!(status.success(), "compiling {src} failed");
     }
     println!("cargo:rerun-if-changed=fixtures/common.h");
+    println!("cargo:rerun-if-changed=fixtures/collnet_host.h");
     println!("cargo:rustc-env=OXCCL_FIXTURES={}", out.display());
 }
