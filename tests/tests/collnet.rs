@@ -59,13 +59,7 @@ fn body(per_node: usize) -> impl FnOnce(oxccl_tests::Rank) {
     }
 }
 
-fn run(
-    name: &str,
-    nranks: usize,
-    per_node: usize,
-    lib: &str,
-    enable: &str,
-) -> Vec<oxccl_cli::launch::Finished> {
+fn run(name: &str, nranks: usize, lib: &str, enable: &str) -> Vec<oxccl_cli::launch::Finished> {
     let done = spawn(
         name,
         nranks,
@@ -78,7 +72,6 @@ fn run(
         Duration::from_secs(120),
     );
     assert_all_ok(&done);
-    let _ = per_node;
     done
 }
 
@@ -137,7 +130,7 @@ fn collnet_v9_two_nodes_of_one_rank() {
         return;
     }
     let lib = fixture("collnet_v9");
-    let done = run(name, 2, 1, &lib, "1");
+    let done = run(name, 2, &lib, "1");
     for f in &done {
         assert!(
             f.stderr.contains("ncclCollNetPlugin_v9")
@@ -157,7 +150,7 @@ fn collnet_v12_two_nodes_of_two_ranks() {
         return;
     }
     let lib = fixture("collnet_v12");
-    let done = run(name, 4, 2, &lib, "1");
+    let done = run(name, 4, &lib, "1");
     assert_through_collnet(&done, 2, 2);
 }
 
@@ -165,25 +158,11 @@ fn collnet_v12_two_nodes_of_two_ranks() {
 #[test]
 fn collnet_off_by_default() {
     let name = "collnet_off_by_default";
-    if as_child(name, move |r| {
-        oxccl::log::init();
-        let node = format!("collnet-node-{}", r.rank);
-        let comm = r.comm(&[("HOSTID", &node)]);
-        let case = Case {
-            coll: Coll::AllReduce,
-            dtype: DataType::Float32,
-            op: RedOp::Sum,
-            root: 0,
-            size: 4096,
-            inplace: false,
-        };
-        assert_eq!(case.check_once(&comm).unwrap(), 0);
-        println!("COLLNET_USES {}", comm.collnet_uses());
-    }) {
+    if as_child(name, one_call) {
         return;
     }
     let lib = fixture("collnet_v12");
-    let done = run(name, 2, 1, &lib, "0");
+    let done = run(name, 2, &lib, "0");
     for f in &done {
         assert_eq!(uses(f), 0);
         assert!(
@@ -193,5 +172,92 @@ fn collnet_off_by_default() {
             f.rank,
             f.stderr
         );
+    }
+}
+
+/// A child that runs one checked all_reduce as its own node and prints
+/// how many went through the CollNet.
+fn one_call(r: oxccl_tests::Rank) {
+    oxccl::log::init();
+    let node = format!("collnet-node-{}", r.rank);
+    let comm = r.comm(&[("HOSTID", &node)]);
+    let case = Case {
+        coll: Coll::AllReduce,
+        dtype: DataType::Float32,
+        op: RedOp::Sum,
+        root: 0,
+        size: 4096,
+        inplace: false,
+    };
+    assert_eq!(case.check_once(&comm).unwrap(), 0);
+    println!("COLLNET_USES {}", comm.collnet_uses());
+}
+
+/// NCCL_ALGO forces an algorithm: the cost model then never picks CollNet.
+#[test]
+fn collnet_not_taken_when_an_algorithm_is_forced() {
+    let name = "collnet_not_taken_when_an_algorithm_is_forced";
+    if as_child(name, one_call) {
+        return;
+    }
+    let lib = fixture("collnet_v9");
+    let done = spawn(
+        name,
+        2,
+        &[
+            ("NCCL_NET_PLUGIN", &lib),
+            ("NCCL_COLLNET_ENABLE", "1"),
+            ("NCCL_ALGO", "Ring"),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "NET"),
+        ],
+        Duration::from_secs(120),
+    );
+    assert_all_ok(&done);
+    for f in &done {
+        assert_eq!(uses(f), 0, "rank {}:\n{}", f.rank, f.stderr);
+        assert!(
+            !f.stderr.contains("collnet-host: iallreduce"),
+            "{}",
+            f.stderr
+        );
+    }
+}
+
+/// A collnet vtable whose entries are NULL (the v8 fixture's) is refused
+/// with one line saying why, and all_reduce runs on the rings.
+#[test]
+fn collnet_with_null_entries_is_refused_and_the_rings_run() {
+    let name = "collnet_with_null_entries_is_refused_and_the_rings_run";
+    if as_child(name, one_call) {
+        return;
+    }
+    let lib = fixture("net_v8_nodev");
+    let done = spawn(
+        name,
+        2,
+        &[
+            ("NCCL_NET_PLUGIN", &lib),
+            ("NCCL_COLLNET_ENABLE", "1"),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+        ],
+        Duration::from_secs(120),
+    );
+    assert_all_ok(&done);
+    for f in &done {
+        assert_eq!(uses(f), 0, "rank {}:\n{}", f.rank, f.stderr);
+        let line = f
+            .stderr
+            .lines()
+            .find(|l| l.contains("no CollNet"))
+            .unwrap_or_else(|| panic!("rank {}: no reason given:\n{}", f.rank, f.stderr));
+        assert!(
+            line.contains("ncclCollNetPlugin_v8 in")
+                && line.contains("NULL init, devices; not used"),
+            "rank {}: {line}",
+            f.rank
+        );
+        println!("rank {}: {line}", f.rank);
     }
 }

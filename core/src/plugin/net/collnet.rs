@@ -136,8 +136,14 @@ fn negotiate(lib: &Lib) -> std::result::Result<Arc<CollNet>, String> {
     // the returned value holds.
     let abi = unsafe { (l.cast)(p as *const c_void) };
     let refuse = |why: String| format!("{} in {}: {why}; not used", l.symbol, lib.name());
-    if abi.name().is_null() {
-        return Err(refuse("NULL name".into()));
+    // What is called before `devices` says whether the rest is needed.
+    let first: Vec<&str> = abi
+        .null_entries()
+        .into_iter()
+        .filter(|e| matches!(*e, "name" | "init" | "devices"))
+        .collect();
+    if !first.is_empty() {
+        return Err(refuse(format!("NULL {}", first.join(", "))));
     }
     // SAFETY: checked non-null; the plugin's name is a C string it keeps.
     let name = unsafe { CStr::from_ptr(abi.name()) }
