@@ -487,4 +487,67 @@ mod tests {
             assert_eq!(l.symbol, format!("ncclCollNetPlugin_v{}", l.version));
         }
     }
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static SEEN: AtomicUsize = AtomicUsize::new(0);
+
+    unsafe extern "C" fn record_int(
+        _c: *mut c_void,
+        _s: *mut c_void,
+        _r: *mut c_void,
+        count: c_int,
+        _d: DataType,
+        _o: RedOp,
+        _sm: *mut c_void,
+        _rm: *mut c_void,
+        request: *mut *mut c_void,
+    ) -> NcclResult {
+        SEEN.store(count as usize, Ordering::SeqCst);
+        // SAFETY: the caller's out-pointer.
+        unsafe { *request = 8 as *mut c_void };
+        crate::ffi::types::NCCL_SUCCESS
+    }
+
+    unsafe extern "C" fn props_v8(
+        _dev: c_int,
+        p: *mut super::super::v8::PropertiesV8,
+    ) -> NcclResult {
+        // SAFETY: the caller's struct.
+        unsafe { (*p).speed = 1234 };
+        crate::ffi::types::NCCL_SUCCESS
+    }
+
+    /// v8's `int` count is passed on where it fits and refused where not;
+    /// its properties gain the collnet size NCCL assumes for it.
+    #[test]
+    fn v8_counts_and_properties_convert() {
+        // SAFETY: all-NULL entries and name are a valid vtable value.
+        let mut vt: super::super::v8::CollNetV8 = unsafe { std::mem::zeroed() };
+        vt.iallreduce = Some(record_int);
+        vt.get_properties = Some(props_v8);
+        let abi: &dyn CollAbi = &vt;
+        assert_eq!(abi.version(), 8);
+        assert!(!abi.has_context());
+        assert!(abi.null_entries().contains(&"init"));
+        let mut req = std::ptr::null_mut();
+        let n = std::ptr::null_mut();
+        // SAFETY: the fake entry touches only `request`.
+        let r = unsafe { abi.iallreduce(n, n, n, 1000, 7, 0, n, n, &mut req) };
+        assert_eq!((r, SEEN.load(Ordering::SeqCst)), (0, 1000));
+        // SAFETY: as above; refused before the call.
+        let r = unsafe { abi.iallreduce(n, n, n, 1 << 31, 7, 0, n, n, &mut req) };
+        assert_eq!(r, crate::ffi::types::NCCL_INTERNAL_ERROR);
+        // SAFETY: all-zero is a valid properties value.
+        let mut p: PropertiesV12 = unsafe { std::mem::zeroed() };
+        // SAFETY: the fake entry fills the v8 struct it is given.
+        assert_eq!(unsafe { abi.get_properties(0, &mut p) }, 0);
+        assert_eq!(
+            (p.speed, p.max_coll_bytes),
+            (1234, super::super::MAX_COLLNET_SIZE)
+        );
+        // A NULL entry is an error, never a call.
+        // SAFETY: `devices` is NULL here.
+        assert_ne!(unsafe { abi.devices(&mut 0) }, 0);
+    }
 }
