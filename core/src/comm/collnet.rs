@@ -353,6 +353,14 @@ impl Comm {
         self.collnet().map_or(0, |c| c.used.load(Ordering::Relaxed))
     }
 
+    /// Ends the work of the node's communicator (a revoke of this one; a
+    /// leader waiting on the collnet sees this one's stop flag).
+    pub(super) fn revoke_collnet(&self) {
+        if let Some(c) = self.collnet() {
+            let _ = c.local.revoke();
+        }
+    }
+
     /// Lets the CollNet path go (destroy, abort).
     pub(super) fn let_collnet_go(&self, abort: bool) {
         let old = self
