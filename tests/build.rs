@@ -24,6 +24,8 @@ fn main() {
         "env_fixture_v1",
         "profiler_v7",
         "profiler_v6_shim",
+        "collnet_v9",
+        "collnet_v12",
     ] {
         let src = format!("fixtures/{name}.c");
         println!("cargo:rerun-if-changed={src}");
@@ -38,5 +40,6 @@ fn main() {
         assert!(status.success(), "compiling {src} failed");
     }
     println!("cargo:rerun-if-changed=fixtures/common.h");
+    println!("cargo:rerun-if-changed=fixtures/collnet_host.h");
     println!("cargo:rustc-env=OXCCL_FIXTURES={}", out.display());
 }

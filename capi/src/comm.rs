@@ -148,19 +148,19 @@ fn read_config(config: *const ncclConfig_t) -> Result<CommConfig, Error> {
     // Fields oxccl has no use for: refused where they ask for something it
     // would silently not do, named in a WARN where running without them
     // gives the same results.
+    // CollNet (all_reduce on host memory through a collnet plugin), as
+    // NCCL_COLLNET_ENABLE, which replaces it where set, as in NCCL.
     if let Some(v) = int(offset_of!(ncclConfig_t, collnetEnable), c.collnetEnable) {
-        match v {
-            0 => {}
-            1 => unused(
-                "collnetEnable",
-                1,
-                "oxccl runs no CollNet algorithm; collectives run on rings and trees",
-            ),
-            v => {
-                return Err(Error::InvalidArgument(format!(
-                    "config collnetEnable is {v}: 0 or 1"
-                )))
+        if !(0..=1).contains(&v) {
+            return Err(Error::InvalidArgument(format!(
+                "config collnetEnable is {v}: 0 or 1"
+            )));
+        }
+        match oxccl::config::var("NCCL_COLLNET_ENABLE") {
+            Some(e) if !e.trim().is_empty() => {
+                tracing::info!(target: "oxccl::env", "Comm config collnetEnable {v} reset to NCCL_COLLNET_ENABLE={e}")
             }
+            _ => cc.settings.push(("COLLNET_ENABLE".into(), v.to_string())),
         }
     }
     let warn_if_set = [

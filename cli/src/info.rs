@@ -106,6 +106,23 @@ pub fn main(args: &InfoArgs) -> Result<i32, String> {
     for (name, abi) in net::builtin_abis() {
         println!("  built-in {name}: called through {abi}");
     }
+    println!(
+        "\n## CollNet plugin (beside the net plugin; NCCL_COLLNET_ENABLE={})",
+        cfg.collnet_enable
+    );
+    match net::collnet::plugin() {
+        Ok(c) => println!(
+            "  loaded {} ({}): {} device(s), {} Mb/s, {} us; all_reduce on host memory across {}+ nodes takes it where enabled",
+            c.name(),
+            c.symbol(),
+            c.devices(),
+            c.speed_mbps,
+            c.latency_us,
+            cfg.collnet_node_threshold
+        ),
+        Err(why) => println!("  none: {why}"),
+    }
+    println!("  looks for: {}", net::collnet::symbols().join(", "));
     println!("\n## Tuner plugin (NCCL_TUNER_PLUGIN)");
     match tuner::load(cfg.tuner_plugin.as_deref(), net::opened_library()) {
         Ok((_, o)) => show(&o, "ncclTunerPlugin_", "the cost model alone"),

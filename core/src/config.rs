@@ -246,6 +246,28 @@ const SHARED_P2P: Check<Option<String>> = Check {
     },
 };
 
+const COLLNET_ENABLE: Check<u64> = Check {
+    expects: "0 or 1",
+    test: |v| {
+        if *v <= 1 {
+            Ok(())
+        } else {
+            Err("not 0 or 1".into())
+        }
+    },
+};
+
+const COLLNET_NODES: Check<u64> = Check {
+    expects: "a whole number of nodes from 1",
+    test: |v| {
+        if *v >= 1 {
+            Ok(())
+        } else {
+            Err("CollNet needs at least one node".into())
+        }
+    },
+};
+
 const CTAS: Check<Option<u64>> = Check {
     expects: "a whole number of CTAs from 1 (above 128 means 128)",
     test: |v| match v {
@@ -720,6 +742,10 @@ settings! {
         cross_nic: u64 = "CROSS_NIC", "2" in Transports, check CROSS_NIC;
         /// How many of its nearest NICs a GPU's channels take in turn: AUTO shares the nearest NICs out among the GPUs nearest to them, MAX:N takes at most N, ALL takes every nearest NIC whatever other GPUs use. Unset: AUTO.
         netdevs_policy: Option<String> = "NETDEVS_POLICY", "" in Transports, check NETDEVS_POLICY;
+        /// 1: all_reduce on host memory across nodes may run through the CollNet plugin exported beside the net plugin (ncclCollNetPlugin_v6..v12): a reduce inside each node to its first rank, an all_reduce of those ranks in the collnet, a broadcast inside each node (NCCL's CollNet chain), where the plugin reports devices and supports the type and operation, and the cost model predicts it faster. Every rank's must agree; 0 (the default): never. GPU communicators do not use it yet.
+        collnet_enable: u64 = "COLLNET_ENABLE", "0" in Collectives, check COLLNET_ENABLE;
+        /// Fewest nodes a communicator must span for CollNet to be used (NCCL's default, 2).
+        collnet_node_threshold: u64 = "COLLNET_NODE_THRESHOLD", "2" in Collectives, check COLLNET_NODES;
     }
     env {
         /// 1: communicators made through the C API run on host memory even where GPUs exist (NCCL has no such mode); 0: on the GPU the CUDA runtime would use, host memory only where there is none.

@@ -272,8 +272,8 @@ fn old_version_library_loads_at_that_version() {
         // printf-style arguments formatted by the logger shim.
         assert!(e.contains("fixture net v8 up (8)"), "rank {}:\n{e}", f.rank);
         assert!(
-            e.contains("collnet plugin")
-                && e.contains("ncclCollNetPlugin_v8) not supported; disabled"),
+            e.contains("collnet plugin in")
+                && e.contains("(ncclCollNetPlugin_v8): used for all_reduce on host memory where NCCL_COLLNET_ENABLE=1"),
             "rank {}:\n{e}",
             f.rank
         );

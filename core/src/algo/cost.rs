@@ -198,6 +198,43 @@ fn allowed(a: Algo, coll: Coll, forced: Option<Algo>) -> bool {
     }
 }
 
+/// Predicted seconds of an all-reduce of `bytes` through a CollNet (NCCL's
+/// CollNet chain, on host memory): a reduce inside each node of `ppn`
+/// ranks to its first rank, the all-reduce of those ranks in the collnet,
+/// which reduces in the fabric (each sends its data once and receives the
+/// result once, whatever the number of nodes), and a broadcast inside
+/// each node.
+pub fn predict_collnet(bytes: usize, ppn: usize, intra: LinkModel, collnet: LinkModel) -> f64 {
+    let b = bytes as f64;
+    let inside = if ppn > 1 {
+        2.0 * ((ppn as f64 - 1.0) * intra.latency_s + b / intra.bandwidth)
+    } else {
+        0.0
+    };
+    inside + 2.0 * (collnet.latency_s + b / collnet.bandwidth)
+}
+
+/// Whether an all-reduce of `bytes` on `n` ranks (at most `ppn` a node)
+/// takes the CollNet: asked only where it is enabled and has devices; never
+/// with an algorithm forced (NCCL_ALGO names none of NCCL's CollNet rows
+/// here); else when the model predicts it no slower than the best of the
+/// others.
+pub fn collnet_wins(
+    bytes: usize,
+    n: usize,
+    ppn: usize,
+    fabric: Fabric,
+    collnet: LinkModel,
+    forced: Option<Algo>,
+) -> bool {
+    if forced.is_some() {
+        return false;
+    }
+    let best = choose(Coll::AllReduce, bytes, n, fabric, None);
+    let other = predict(best, Coll::AllReduce, bytes, n, fabric).unwrap_or(f64::INFINITY);
+    predict_collnet(bytes, ppn, fabric.intra, collnet) <= other
+}
+
 /// NCCL's cost table (`collCostTable`): estimated microseconds per
 /// (algorithm, protocol), [`NCCL_ALGO_PROTO_IGNORE`] where unusable. What a
 /// tuner plugin receives and may change; the cheapest usable entry wins.
@@ -526,5 +563,21 @@ mod tests {
         }
         let (r, p) = nccl_cell(Algo::Tree);
         assert!(device_table(Coll::AllGather, 1 << 20, 16, across(16), None)[r][p] < 0.0);
+    }
+
+    #[test]
+    fn collnet_wins_where_the_fabric_reduces_faster_and_nothing_is_forced() {
+        let f = Fabric {
+            intra: LinkModel::SHM,
+            inter: LinkModel::default(),
+            nodes: 2,
+        };
+        let fast = LinkModel::from_net(400_000, 1.0);
+        let slow = LinkModel::from_net(10, 1000.0);
+        for bytes in [8, 1 << 20, 64 << 20] {
+            assert!(collnet_wins(bytes, 4, 2, f, fast, None), "{bytes}");
+            assert!(!collnet_wins(bytes, 4, 2, f, slow, None), "{bytes}");
+            assert!(!collnet_wins(bytes, 4, 2, f, fast, Some(Algo::Ring)));
+        }
     }
 }

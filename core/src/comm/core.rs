@@ -376,6 +376,12 @@ impl Core {
     }
 
     /// Seconds the cost model predicts for `op` on this communicator.
+    /// The links the cost model plans with and the forced algorithm
+    /// (NCCL_ALGO), for choices made outside this module (CollNet).
+    pub fn model(&self) -> (cost::Fabric, Option<Algo>) {
+        (self.fabric, self.forced_algo)
+    }
+
     pub fn predict(&self, op: &Op) -> f64 {
         let bytes = op.count * op.dtype.size();
         match op.kind.coll() {

@@ -89,6 +89,7 @@ impl Comm {
         // What runs in steps runs on split communicators: their work ends
         // with this one's (they go when it is destroyed).
         self.revoke_hier();
+        self.revoke_collnet();
         if self.shared.blocking && !core.wait_quiescent(core.cfg.timeout()) {
             return Err(core.still_running());
         }

@@ -152,6 +152,9 @@ impl Comm {
         ops: &[(Op, OpBuffers)],
         api: &ApiEvents,
     ) -> Result<()> {
+        if let Some(r) = self.through_collnet(core, ops) {
+            return r;
+        }
         let colls = || ops.iter().filter(|(op, _)| op.kind.coll().is_some());
         let (Some(gpu), Some(hier)) = (&core.device, self.hier()) else {
             return core.execute(ops, api);

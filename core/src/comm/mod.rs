@@ -1,6 +1,7 @@
 //! Communicators: creation (blocking or not), split, teardown, and the
 //! operations of the Rust API.
 
+mod collnet;
 mod core;
 mod elastic;
 mod hier;
@@ -244,6 +245,8 @@ struct Shared {
     /// The communicators collectives run on in steps where ranks of
     /// several processes share a GPU in a job of several GPUs (see `hier`).
     hier: Mutex<hier::State>,
+    /// The CollNet path of all-reduces on host memory (see `collnet`).
+    collnet: Mutex<Option<Arc<collnet::CollPath>>>,
 }
 
 /// A communicator: one rank's membership in a group of ranks. Cloning
@@ -472,6 +475,7 @@ impl Comm {
             status: Mutex::new(Status::Initializing),
             ready: Condvar::new(),
             hier: hier::new_state(),
+            collnet: collnet::new_state(),
         });
         let comm = Comm {
             shared: shared.clone(),
@@ -487,6 +491,8 @@ impl Comm {
                     // operation already agrees on the layout's splits.
                     let split = hier::made(&core, rank)?;
                     *shared.hier.lock().unwrap_or_else(|p| p.into_inner()) = split;
+                    let cn = collnet::made(&core, rank)?;
+                    *shared.collnet.lock().unwrap_or_else(|p| p.into_inner()) = cn;
                     Ok(core)
                 },
             );
@@ -960,6 +966,7 @@ impl Comm {
             std::mem::replace(&mut *st, Status::Destroyed(how))
         };
         self.let_hier_go(how == "aborted", false);
+        self.let_collnet_go(how == "aborted");
         if let Status::Ready(core) | Status::Failed(_, Some(core)) | Status::Revoked(core, _) = old
         {
             let aborted = how == "aborted";

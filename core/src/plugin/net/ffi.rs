@@ -33,17 +33,6 @@ pub const SYMBOLS: &[(&str, Option<u32>)] = &[
     ("ncclNetPlugin_v6", Some(6)),
 ];
 
-/// Collnet symbols: recognised so that the refusal can be named.
-pub const COLLNET_SYMBOLS: &[&str] = &[
-    "ncclCollNetPlugin_v12",
-    "ncclCollNetPlugin_v11",
-    "ncclCollNetPlugin_v10",
-    "ncclCollNetPlugin_v9",
-    "ncclCollNetPlugin_v8",
-    "ncclCollNetPlugin_v7",
-    "ncclCollNetPlugin_v6",
-];
-
 /// A v11+ context: one per communicator ([`CPlugin::open`]), as NCCL's
 /// `ncclNetInit` makes, or one shared by a communicator and the splits that
 /// share its resources. There is none for the process: the vtable kept by

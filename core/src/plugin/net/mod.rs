@@ -1,8 +1,9 @@
 //! The network plugin: found as NCCL 2.30 finds it (see `plugin::loader`),
 //! the newest `ncclNetPlugin_vN` it exports taken (v12 down to v8), and
 //! reached through the C adapter in `ffi` — built-ins as well, so that every
-//! run exercises the ABI.
+//! run exercises the ABI. A CollNet vtable exported beside it is `collnet`'s.
 
+pub mod collnet;
 mod ffi;
 
 use std::sync::Arc;
@@ -82,16 +83,6 @@ impl Network {
     }
 }
 
-/// Looks for collnet symbols, which this oxccl does not use: NCCL without a
-/// collnet plugin runs the same, so they are reported and disabled.
-fn refuse_collnet(lib: &Lib) {
-    let found = lib.present(ffi::COLLNET_SYMBOLS);
-    if !found.is_empty() {
-        info!(target: "oxccl::init|net",
-            "collnet plugin in {} ({}) not supported; disabled", lib.name(), found.join(", "));
-    }
-}
-
 /// Loads the network plugin the setting asks for. A library named
 /// explicitly that is nowhere to be found, one that cannot be opened,
 /// exports no version we load, has a NULL required entry or (before v11)
@@ -141,7 +132,7 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Network>, Outcome)> {
         }
         return Ok((None, Outcome::NotFound { searched }));
     };
-    refuse_collnet(&lib);
+    collnet::note(&lib);
     match ffi::CPlugin::negotiate(&lib) {
         Ok(net) => {
             let version = net.version();

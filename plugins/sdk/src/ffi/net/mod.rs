@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 use crate::ffi::types::{Logger, NcclResult, ProfilerCallback, NCCL_INTERNAL_ERROR};
 
+pub mod collnet;
 pub mod v10;
 pub mod v11;
 pub mod v12;

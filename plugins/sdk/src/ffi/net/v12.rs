@@ -286,8 +286,9 @@ pub struct SgeV12 {
     pub size: usize,
 }
 
-/// `ncclCollNet_v12_t`: a network that reduces in the fabric (SHARP-style).
-/// oxccl's loader only looks it up to refuse it by name.
+/// `ncclCollNet_v12_t`: a network that reduces in the fabric (SHARP-style),
+/// exported beside `ncclNetPlugin_v12`; see [`super::collnet`] for how NCCL
+/// and oxccl drive it. Compared with v11: v12's properties.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct CollNetV12 {
@@ -443,6 +444,17 @@ pub struct CollNetV12 {
         Option<unsafe extern "C" fn(d: *mut c_int, props: *mut VDevicePropsV12) -> NcclResult>,
     /// Releases a context from `init`.
     pub finalize: Option<unsafe extern "C" fn(ctx: *mut c_void) -> NcclResult>,
+}
+
+// SAFETY: every method calls the entry of the same name with its arguments.
+unsafe impl super::collnet::CollAbi for CollNetV12 {
+    super::collnet::coll_common!(12);
+    super::collnet::coll_ctx!();
+    super::collnet::coll_reg_mr!();
+    super::collnet::coll_iallreduce!(size);
+    unsafe fn get_properties(&self, dev: c_int, props: *mut PropertiesV12) -> NcclResult {
+        call!(self.get_properties, dev, props)
+    }
 }
 
 // SAFETY: every method calls the entry of the same name with its arguments.

@@ -12,7 +12,9 @@ use std::os::raw::{c_char, c_int, c_void};
 use super::v12::PropertiesV12;
 use super::v8::{IrecvIntFn, IsendIntFn};
 use super::*;
+use crate::ffi::types::Logger;
 use crate::ffi::types::NcclResult;
+use crate::ffi::types::{DataType, RedOp};
 
 /// Symbol of the network vtable ([`NetV7`]).
 pub const SYMBOL: &[u8] = b"ncclNetPlugin_v7\0";
@@ -109,6 +111,57 @@ unsafe impl Abi for NetV7 {
     }
 }
 
+// `ncclCollNet_v7_t`, exported beside `ncclNetPlugin_v7`. Compared
+// with the version before: as v6, with v7's properties.
+
+/// Symbol of the collective-network vtable ([`CollNetV7`]).
+pub const COLLNET_SYMBOL: &[u8] = b"ncclCollNetPlugin_v7\0";
+
+/// `ncclCollNet_v7_t`. Entries mean what v12's do ([`super::v12::CollNetV12`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CollNetV7 {
+    pub name: *const c_char,
+    pub init: Option<InitLogFn>,
+    pub devices: Option<DevicesFn>,
+    pub get_properties:
+        Option<unsafe extern "C" fn(dev: c_int, props: *mut PropertiesV7) -> NcclResult>,
+    pub listen: Option<ListenNoCtxFn>,
+    pub connect: Option<collnet::CollConnectFn>,
+    pub reduce_support: Option<collnet::ReduceSupportFn>,
+    pub reg_mr: Option<super::v7::RegMrIntFn>,
+    pub reg_mr_dma_buf: Option<RegMrDmaBufFn>,
+    pub dereg_mr: Option<DeregMrFn>,
+    pub iallreduce: Option<collnet::IallreduceIntFn>,
+    pub iflush: Option<collnet::CollIflushFn>,
+    pub test: Option<TestFn>,
+    pub close_coll: Option<CloseFn>,
+    pub close_listen: Option<CloseFn>,
+}
+
+// SAFETY: every method calls the entry of the same name, with sizes and
+// properties converted as for this version's `ncclNet_v7_t`.
+unsafe impl collnet::CollAbi for CollNetV7 {
+    collnet::coll_common!(7);
+    collnet::coll_no_ctx!();
+    unsafe fn reg_mr(
+        &self,
+        coll_comm: *mut c_void,
+        data: *mut c_void,
+        size: usize,
+        ty: c_int,
+        mhandle: *mut *mut c_void,
+    ) -> NcclResult {
+        // SAFETY: forwarded.
+        unsafe { reg_mr_int(self.reg_mr, coll_comm, data, size, ty, mhandle) }
+    }
+    collnet::coll_iallreduce!(int);
+    unsafe fn get_properties(&self, dev: c_int, props: *mut PropertiesV12) -> NcclResult {
+        // SAFETY: forwarded.
+        unsafe { props_via(self.get_properties, dev, props, |p| up(p, dev)) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +176,9 @@ mod tests {
             listen @ 32, connect @ 40, accept @ 48, reg_mr @ 56, reg_mr_dma_buf @ 64,
             dereg_mr @ 72, isend @ 80, irecv @ 88, iflush @ 96, test @ 104, close_send @ 112,
             close_recv @ 120, close_listen @ 128, get_device_mr @ 136, irecv_consumed @ 144);
+        assert_layout!(CollNetV7, 120, 8, name @ 0, init @ 8, devices @ 16,
+            get_properties @ 24, listen @ 32, connect @ 40, reduce_support @ 48, reg_mr @ 56,
+            reg_mr_dma_buf @ 64, dereg_mr @ 72, iallreduce @ 80, iflush @ 88, test @ 96,
+            close_coll @ 104, close_listen @ 112);
     }
 }

@@ -10,7 +10,9 @@ use std::os::raw::{c_char, c_int, c_void};
 
 use super::v12::PropertiesV12;
 use super::*;
+use crate::ffi::types::Logger;
 use crate::ffi::types::NcclResult;
+use crate::ffi::types::{DataType, RedOp};
 
 /// Symbol of the network vtable ([`NetV8`]).
 pub const SYMBOL: &[u8] = b"ncclNetPlugin_v8\0";
@@ -207,6 +209,90 @@ pub const fn exported<N: Newest>() -> NetV8 {
     }
 }
 
+// `ncclCollNet_v8_t`, exported beside `ncclNetPlugin_v8`. Compared
+// with the version before: `regMr` sizes become `size_t` and
+// `iallgather`/`ireducescatter` appear (pieces of `uint32_t` size); the
+// `iallreduce` count is still `int`.
+
+/// `ncclNetSGE_v8_t`: one piece of a scattered collnet buffer.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SgeV8 {
+    pub mhandle: *mut c_void,
+    pub address: *mut c_void,
+    pub size: u32,
+}
+
+/// Symbol of the collective-network vtable ([`CollNetV8`]).
+pub const COLLNET_SYMBOL: &[u8] = b"ncclCollNetPlugin_v8\0";
+
+/// `ncclCollNet_v8_t`. Entries mean what v12's do ([`super::v12::CollNetV12`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CollNetV8 {
+    pub name: *const c_char,
+    pub init: Option<InitLogFn>,
+    pub devices: Option<DevicesFn>,
+    pub get_properties:
+        Option<unsafe extern "C" fn(dev: c_int, props: *mut PropertiesV8) -> NcclResult>,
+    pub listen: Option<ListenNoCtxFn>,
+    pub connect: Option<collnet::CollConnectFn>,
+    pub reduce_support: Option<collnet::ReduceSupportFn>,
+    pub reg_mr: Option<RegMrFn>,
+    pub reg_mr_dma_buf: Option<RegMrDmaBufFn>,
+    pub dereg_mr: Option<DeregMrFn>,
+    pub iallreduce: Option<collnet::IallreduceIntFn>,
+    pub iallgather: Option<
+        unsafe extern "C" fn(
+            coll_comm: *mut c_void,
+            send_data: *mut c_void,
+            n_recv_parts: c_int,
+            recv_parts: *mut SgeV8,
+            bytes_per_rank: usize,
+            window_offset: usize,
+            window_bytes: usize,
+            send_mhandle: *mut c_void,
+            request: *mut *mut c_void,
+        ) -> NcclResult,
+    >,
+    #[allow(
+        clippy::type_complexity,
+        reason = "the C signature, kept in place like every other slot"
+    )]
+    pub ireducescatter: Option<
+        unsafe extern "C" fn(
+            coll_comm: *mut c_void,
+            n_send_parts: c_int,
+            send_parts: *mut SgeV8,
+            recv_data: *mut c_void,
+            bytes_per_rank: usize,
+            window_offset: usize,
+            window_bytes: usize,
+            data_type: DataType,
+            red_op: RedOp,
+            recv_mhandle: *mut c_void,
+            request: *mut *mut c_void,
+        ) -> NcclResult,
+    >,
+    pub iflush: Option<collnet::CollIflushFn>,
+    pub test: Option<TestFn>,
+    pub close_coll: Option<CloseFn>,
+    pub close_listen: Option<CloseFn>,
+}
+
+// SAFETY: every method calls the entry of the same name, with sizes and
+// properties converted as for this version's `ncclNet_v8_t`.
+unsafe impl collnet::CollAbi for CollNetV8 {
+    collnet::coll_common!(8);
+    collnet::coll_no_ctx!();
+    collnet::coll_reg_mr!();
+    collnet::coll_iallreduce!(int);
+    unsafe fn get_properties(&self, dev: c_int, props: *mut PropertiesV12) -> NcclResult {
+        // SAFETY: forwarded.
+        unsafe { props_via(self.get_properties, dev, props, |p| up(p, dev)) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,5 +306,10 @@ mod tests {
             listen @ 32, connect @ 40, accept @ 48, reg_mr @ 56, reg_mr_dma_buf @ 64,
             dereg_mr @ 72, isend @ 80, irecv @ 88, iflush @ 96, test @ 104, close_send @ 112,
             close_recv @ 120, close_listen @ 128, get_device_mr @ 136, irecv_consumed @ 144);
+        assert_layout!(CollNetV8, 136, 8, name @ 0, init @ 8, devices @ 16,
+            get_properties @ 24, listen @ 32, connect @ 40, reduce_support @ 48, reg_mr @ 56,
+            reg_mr_dma_buf @ 64, dereg_mr @ 72, iallreduce @ 80, iallgather @ 88,
+            ireducescatter @ 96, iflush @ 104, test @ 112, close_coll @ 120, close_listen @ 128);
+        assert_layout!(SgeV8, 24, 8, mhandle @ 0, address @ 8, size @ 16);
     }
 }
