@@ -6,7 +6,8 @@
 //!   allgather and barrier schedules, the root's state machine);
 //! - `root`: the root's thread, serving one communicator init;
 //! - `service`: each rank's incoming side (service thread, readers, mailbox);
-//! - `tcp`: frames on sockets, retries, cached outgoing connections.
+//! - `tcp`: frames on sockets, retries, cached outgoing connections;
+//! - `calls`: the collectives a rank called last, which peers ask about.
 //!
 //! The flow, as NCCL's: `get_unique_id` starts the root (unless
 //! `NCCL_COMM_ID` names it; then rank 0 hosts it inside `init`). Each rank
@@ -20,6 +21,7 @@
 //! encrypted records: a peer without the key is refused, with its address
 //! logged, before any byte of it reaches a frame reader.
 
+mod calls;
 mod limits;
 pub mod proto;
 mod root;
@@ -38,6 +40,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+pub use calls::CALL_BYTES;
 use proto::{Frame, FrameReader, Hello, IdContents};
 use service::{Notices, Service, Shared};
 use tcp::{Link, Outgoing};
@@ -240,6 +243,20 @@ pub enum PeerProgress {
     Started(u64),
     /// The peer did not answer in time or refused the connection.
     Unreachable,
+}
+
+/// A peer's answer to a query naming a collective: its count of
+/// operations started, and its call of that number if it knows it.
+type Answer = (u64, Option<[u8; CALL_BYTES]>);
+
+/// What a peer answers about one collective ([`Bootstrap::query_call`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerCall {
+    /// What it called under that number (an operation header's bytes).
+    Called([u8; CALL_BYTES]),
+    /// It knows no such call (not there yet, or long past): how many
+    /// operations it has started.
+    Started(u64),
 }
 
 /// A rank's bootstrap endpoint within one communicator. `Send + Sync`:
@@ -550,9 +567,17 @@ impl Bootstrap {
         let key = self.shared.key.as_deref();
         let local = self.out.local();
         for (p, a) in self.for_each_peer(|p| {
-            tcp::query(local, self.out.addrs[p], key, magic, me as u32, deadline)
+            tcp::query(
+                local,
+                self.out.addrs[p],
+                key,
+                magic,
+                me as u32,
+                None,
+                deadline,
+            )
         }) {
-            if let Some(v) = a {
+            if let Some((v, _)) = a {
                 out[p] = PeerProgress::Started(v);
             }
         }
@@ -562,6 +587,78 @@ impl Bootstrap {
             .unwrap_or_else(std::sync::PoisonError::into_inner) =
             Some((Instant::now(), out.clone()));
         out
+    }
+
+    /// Writes down collective `seq`, as this rank called it (the
+    /// operation header's bytes, without the path it takes), for peers to
+    /// ask about ([`Bootstrap::query_call`]). Every collective, a count of
+    /// 0 too, before the rank takes its path.
+    pub fn record_call(&self, seq: u64, call: [u8; CALL_BYTES]) {
+        self.shared.calls.record(seq, call);
+    }
+
+    /// What this rank called as collective `seq`, if it is one of the
+    /// last it wrote down ([`Bootstrap::record_call`]).
+    pub fn own_call(&self, seq: u64) -> Option<[u8; CALL_BYTES]> {
+        self.shared.calls.get(seq)
+    }
+
+    /// Asks `peers` (each at most once, together) what they called as
+    /// collective `seq`, waiting at most `wait`: a peer that answers and
+    /// has called it gives [`PeerCall::Called`]; one that answers without
+    /// it (not there yet, or long past) [`PeerCall::Started`] with its
+    /// count of operations started; one that does not answer is left
+    /// out. Costs a connection per peer: for long waits only.
+    pub fn query_call(&self, peers: &[usize], seq: u64, wait: Duration) -> Vec<(usize, PeerCall)> {
+        if self.shared.is_closed() {
+            return Vec::new();
+        }
+        let me = self.rank();
+        let mut peers: Vec<usize> = peers
+            .iter()
+            .copied()
+            .filter(|&p| p != me && p < self.nranks())
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        let deadline = Instant::now() + wait.min(self.timeout);
+        let (magic, key, local) = (
+            self.shared.magic,
+            self.shared.key.as_deref(),
+            self.out.local(),
+        );
+        let ask = |p: usize| {
+            tcp::query(
+                local,
+                self.out.addrs[p],
+                key,
+                magic,
+                me as u32,
+                Some(seq),
+                deadline,
+            )
+        };
+        let answers: Vec<(usize, Option<Answer>)> = if peers.len() == 1 {
+            peers.iter().map(|&p| (p, ask(p))).collect()
+        } else {
+            std::thread::scope(|sc| {
+                let hs: Vec<_> = peers
+                    .iter()
+                    .take(FANOUT)
+                    .map(|&p| (p, sc.spawn(move || ask(p))))
+                    .collect();
+                hs.into_iter()
+                    .map(|(p, h)| (p, h.join().ok().flatten()))
+                    .collect()
+            })
+        };
+        answers
+            .into_iter()
+            .filter_map(|(p, a)| {
+                let (n, call) = a?;
+                Some((p, call.map_or(PeerCall::Started(n), PeerCall::Called)))
+            })
+            .collect()
     }
 
     /// [`Bootstrap::query_progress`]'s answers, taken at most `fresh` ago,

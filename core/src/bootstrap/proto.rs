@@ -25,8 +25,11 @@ pub const DATA: u8 = 4;
 /// The sender failed; the payload says why.
 pub const ABORT: u8 = 5;
 /// How many operations have you started? Answered on the same connection.
+/// A payload of 8 bytes (a little-endian collective number) also asks what
+/// the rank called under that number.
 pub const QUERY: u8 = 6;
-/// The answer to [`QUERY`]: a little-endian u64.
+/// The answer to [`QUERY`]: a little-endian u64, then the 32 bytes of the
+/// call asked about where the rank still knows it.
 pub const PROGRESS: u8 = 7;
 /// Or'ed into [`DATA`]: the message continues in the next frame.
 pub const MORE: u8 = 0x80;

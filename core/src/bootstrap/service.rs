@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
+use super::calls::CallBook;
 use super::limits::{self, Admission};
 use super::proto::{self, Frame, FrameReader, Reassembler};
 use super::tcp::{lock, Link, SharedKey};
@@ -87,6 +88,8 @@ pub(super) struct Shared {
     next_conn: AtomicU64,
     /// Operations started, as the engine counts them; peers read it.
     pub progress: Arc<AtomicU64>,
+    /// The collectives this rank called last; peers ask about one.
+    pub calls: CallBook,
     mail: Mutex<Mail>,
     cv: Condvar,
     closed: AtomicBool,
@@ -115,6 +118,7 @@ impl Shared {
             in_flight: AtomicUsize::new(0),
             next_conn: AtomicU64::new(0),
             progress: Arc::default(),
+            calls: CallBook::default(),
             mail: Mutex::default(),
             cv: Condvar::new(),
             closed: AtomicBool::new(false),
@@ -774,12 +778,19 @@ fn serve(c: &mut Conn) -> std::result::Result<(), Stop> {
             }
             proto::QUERY => {
                 let n = sh.progress.load(Ordering::SeqCst);
+                let mut payload = n.to_le_bytes().to_vec();
+                // A query naming a collective asks for that call too.
+                if let Ok(seq) = <[u8; 8]>::try_from(&f.payload[..]) {
+                    if let Some(call) = sh.calls.get(u64::from_le_bytes(seq)) {
+                        payload.extend_from_slice(&call);
+                    }
+                }
                 let reply = Frame {
                     magic: sh.magic,
                     kind: proto::PROGRESS,
                     from: me as u32,
                     tag: f.tag,
-                    payload: n.to_le_bytes().to_vec(),
+                    payload,
                 };
                 let _ = c.link.tcp().set_write_timeout(Some(Duration::from_secs(1)));
                 if let Err(e) = std::io::Write::write_all(&mut c.link, &reply.encode()) {

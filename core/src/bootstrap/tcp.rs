@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use oxccl_secure::{Key, Role, SecureError, SecureStream, Session};
 use tracing::debug;
 
+use super::calls::CALL_BYTES;
 use super::proto::{self, Frame, FrameReader};
 use crate::error::{Error, Result};
 
@@ -223,34 +224,38 @@ pub(super) fn wait_closed(s: &TcpStream, deadline: Instant) {
     }
 }
 
-/// Asks the rank at `addr` for its progress counter; `None` if it does not
-/// answer by `deadline`.
+/// Asks the rank at `addr` for its progress counter, and with `call` for
+/// what it called under that collective number (`None` where it does not
+/// know it); `None` if it does not answer by `deadline`.
 pub(super) fn query(
     local: Option<IpAddr>,
     addr: SocketAddr,
     key: Option<&Key>,
     magic: u64,
     me: u32,
+    call: Option<u64>,
     deadline: Instant,
-) -> Option<u64> {
+) -> Option<(u64, Option<[u8; CALL_BYTES]>)> {
     let q = Frame {
         magic,
         kind: proto::QUERY,
         from: me,
         tag: 0,
-        payload: Vec::new(),
+        payload: call.map(|s| s.to_le_bytes().to_vec()).unwrap_or_default(),
     };
     let mut s = one_shot(local, addr, key, &q, deadline).ok()?;
     let left = deadline.saturating_duration_since(Instant::now());
     s.tcp()
         .set_read_timeout(Some(left.max(Duration::from_millis(1))))
         .ok()?;
-    let f = read_frame(&mut s, &mut FrameReader::new(magic, 8)).ok()??;
+    let f = read_frame(&mut s, &mut FrameReader::new(magic, 8 + CALL_BYTES)).ok()??;
     let _ = s.tcp().shutdown(Shutdown::Both);
-    if f.kind != proto::PROGRESS {
+    if f.kind != proto::PROGRESS || f.payload.len() < 8 {
         return None;
     }
-    f.payload.try_into().ok().map(u64::from_le_bytes)
+    let (n, rest) = f.payload.split_at(8);
+    let n = u64::from_le_bytes(n.try_into().ok()?);
+    Some((n, rest.try_into().ok()))
 }
 
 /// The connections this rank opened to its peers: made on first use,

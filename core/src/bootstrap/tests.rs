@@ -976,3 +976,27 @@ fn a_forged_failure_notice_is_ignored_and_its_address_named() {
     let e = bs[1].recv(0, 99).unwrap_err();
     assert_eq!(e.message(), "rank 0 failed: real failure");
 }
+
+#[test]
+fn peers_say_what_they_called_under_a_number() {
+    let bs = ranks(3, "20");
+    bs[1].progress().store(6, Ordering::SeqCst);
+    bs[1].record_call(5, [7; CALL_BYTES]);
+    bs[2].progress().store(3, Ordering::SeqCst);
+    let got = bs[0].query_call(&[1, 2, 0, 2], 5, Duration::from_secs(2));
+    assert_eq!(
+        got,
+        vec![
+            (1, PeerCall::Called([7; CALL_BYTES])),
+            (2, PeerCall::Started(3))
+        ]
+    );
+    assert_eq!(bs[1].own_call(5), Some([7; CALL_BYTES]));
+    assert_eq!(bs[1].own_call(4), None);
+    // A peer that left does not answer, and costs no more than the wait.
+    bs[2].close();
+    let start = Instant::now();
+    let got = bs[0].query_call(&[2], 5, Duration::from_millis(500));
+    assert!(got.is_empty(), "{got:?}");
+    assert!(start.elapsed() < Duration::from_secs(1));
+}

@@ -365,9 +365,18 @@ impl Core {
 
     /// Establishes the connections a set of lanes needs.
     fn connect(&self, conns: &mut Connections, sends: &[ConnKey], recvs: &[ConnKey]) -> Result<()> {
-        conns.ensure(&self.bootstrap, sends, recvs, self.cfg.timeout(), &|| {
-            self.stop.error("connecting to peers")
-        })
+        conns
+            .ensure(&self.bootstrap, sends, recvs, self.cfg.timeout(), &|| {
+                self.stop.error("connecting to peers")
+            })
+            .map_err(|e| match self.bootstrap.remote_failure() {
+                // A peer that failed (and left) refuses what follows: its
+                // report says why.
+                Some((who, msg)) if matches!(e, Error::Remote(_) | Error::System(_)) => {
+                    Error::Remote(format!("rank {who} failed: {msg} (seen here as: {e})"))
+                }
+                _ => e,
+            })
     }
 
     /// How this rank reaches `peer`.
@@ -665,18 +674,24 @@ impl Core {
         let coll = op.kind.coll().expect("a collective");
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
         self.bootstrap.progress().store(seq + 1, Ordering::SeqCst);
+        // Which path (inline, threads, rings or trees, how many channels)
+        // a rank takes follows from its own count: ranks whose counts
+        // differ may take different ones and never meet to compare
+        // headers, and a count of 0 sends nothing. Each says here what it
+        // called, a count of 0 too: where the ranks share a host, in the
+        // peer-memory segment, which every long wait there reads; for any
+        // peer, in the bootstrap's call book, which a long wait on the
+        // rings asks its peers for (exec::drive).
+        let call = header_of(op, seq);
+        self.bootstrap.record_call(seq, call.encode());
+        if let Some(d) = &self.direct {
+            d.enter(&call);
+        }
         if op.count == 0 {
             return Ok(());
         }
         let n = self.nranks;
         let bytes = op.count * op.dtype.size();
-        // Which path (inline, threads, rings) and plan a rank takes follows
-        // from its own count: ranks whose counts differ may take different
-        // ones and never meet to compare headers. Each says here what it
-        // called, and every long wait on any path looks at its peers'.
-        if let Some(d) = &self.direct {
-            d.enter(&header_of(op, seq));
-        }
         // A forced algorithm or a tuner plugin chooses among the ring and
         // trees, which NCCL's tables know; the direct path is ours.
         if self.direct_colls {

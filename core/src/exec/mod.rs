@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use oxccl_plugin::Request;
 
 use crate::algo::{Buf, Step};
-use crate::bootstrap::{Bootstrap, PeerProgress};
+use crate::bootstrap::{Bootstrap, PeerCall, PeerProgress};
 use crate::error::{Error, Result};
 pub use crate::plugin::profiler::ProxyProfiler;
 use crate::plugin::profiler::{Handle, NetParent, ProfilerComm, ProxyCtrl};
@@ -965,6 +965,8 @@ fn drive(
     let mut last_move = Instant::now();
     let mut idle: u32 = 0;
     let mut turns: u32 = 0;
+    // When this wait next asks its peers what they called (see `ask_peers`).
+    let mut ask_at = ASK_AFTER;
     loop {
         // A revoke or abort ends a busy operation too, not only a stuck one.
         turns = turns.wrapping_add(1);
@@ -975,14 +977,34 @@ fn drive(
         }
         let mut moved = false;
         let mut all_done = true;
+        let mut failed = None;
         for (lane, st) in lanes.iter_mut().zip(states.iter_mut()) {
             if st.done {
                 continue;
             }
-            moved |= st
-                .poll(lane, ctx.rank)
-                .map_err(|e| prefer_peer_report(ctx, e))?;
+            match st.poll(lane, ctx.rank) {
+                Ok(m) => moved |= m,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
             all_done &= st.done;
+        }
+        if let Some(e) = failed {
+            // Headers that differ, a message longer or shorter than its
+            // receive, a peer that closed its connection on such an error:
+            // a peer's report (a message left from a collective it failed
+            // in may be what broke this one), else what the peers called as
+            // this collective (or as the last one a peer is still in), says
+            // more, where they called another.
+            if let Some((who, msg)) = ctx.bootstrap.remote_failure() {
+                return Err(Error::Remote(format!(
+                    "rank {who} failed: {msg} (seen here as: {e})"
+                )));
+            }
+            ask_peers(ctx, lanes, states)?;
+            return Err(prefer_peer_report(ctx, e));
         }
         if all_done {
             return Ok(());
@@ -991,6 +1013,7 @@ fn drive(
         if moved {
             last_move = Instant::now();
             idle = 0;
+            ask_at = ASK_AFTER;
             continue;
         }
         idle = idle.saturating_add(1);
@@ -1015,6 +1038,13 @@ fn drive(
             if let (Some(d), true) = (ctx.direct, waited > CROSSED_AFTER) {
                 d.crossed()?;
             }
+            if waited > ask_at {
+                ask_peers(ctx, lanes, states)?;
+                // Again and again while the wait lasts (a peer may come to
+                // this collective late), ever less often, at least once a
+                // second.
+                ask_at = waited + waited.min(ASK_EVERY);
+            }
             if waited > ctx.timeout {
                 let waits: Vec<String> = lanes
                     .iter()
@@ -1026,6 +1056,72 @@ fn drive(
             }
         }
     }
+}
+
+/// How long a wait on the rings goes before it asks its peers, through
+/// the bootstrap, what they called as this collective: long beside a
+/// message's trip between hosts, short beside NCCL_TIMEOUT. A rank that
+/// only comes late is asked again, after twice the wait so far, then at
+/// least every [`ASK_EVERY`].
+const ASK_AFTER: Duration = Duration::from_millis(100);
+const ASK_EVERY: Duration = Duration::from_secs(1);
+/// How long one round of asking waits for the peers' answers: a stopped
+/// peer never answers, and the wait's other checks wait meanwhile.
+const ASK_WAIT: Duration = Duration::from_millis(500);
+
+/// Asks the peers this collective still waits on (the lanes' unfinished
+/// sends and receives) what they called under its number, and fails,
+/// naming both calls, where one called another. Ranks whose counts differ
+/// may take different paths (algorithms, channels, peers) or, with a
+/// count of 0, none, so that the operation header that would have named
+/// the mismatch never travels: they would wait until NCCL_TIMEOUT. Some
+/// rank of such a stall always waits on a rank with another call (ranks
+/// that called alike run the same plan, which does not stall), so that
+/// one names it and its failure notice ends the others' waits.
+fn ask_peers(ctx: &ExecCtx<'_>, lanes: &[Lane], states: &[LaneState<'_>]) -> Result<()> {
+    let Some(seq) = ctx.seq else {
+        return Ok(());
+    };
+    let open = || {
+        lanes
+            .iter()
+            .zip(states)
+            .filter(|(_, s)| !s.done)
+            .map(|(l, _)| l)
+    };
+    let Some(mine) = open().next().map(|l| OpHeader {
+        plan: None,
+        ..l.header
+    }) else {
+        return Ok(());
+    };
+    let peers: Vec<usize> = open()
+        .flat_map(|l| l.send.keys().chain(l.recv.keys()).copied())
+        .collect();
+    for (peer, answer) in ctx.bootstrap.query_call(&peers, seq, ASK_WAIT) {
+        match answer {
+            PeerCall::Called(theirs) => mine.check(&theirs, peer, ctx.rank)?,
+            // Behind, in an earlier collective, which this rank left
+            // without it (with a count of 0, say): compare that one.
+            PeerCall::Started(n) if n > 0 && n <= seq => {
+                let at = n - 1;
+                let Some(own) = ctx
+                    .bootstrap
+                    .own_call(at)
+                    .and_then(|b| OpHeader::decode(&b))
+                else {
+                    continue;
+                };
+                for (p, a) in ctx.bootstrap.query_call(&[peer], at, ASK_WAIT) {
+                    if let PeerCall::Called(theirs) = a {
+                        own.check(&theirs, p, ctx.rank)?;
+                    }
+                }
+            }
+            PeerCall::Started(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// How long a broken connection waits for a report that may explain it,

@@ -445,6 +445,11 @@ impl Connections {
             if let Some(e) = stopped() {
                 return Err(e);
             }
+            // As the bootstrap's own waits: a peer that failed (and may
+            // have left) never completes its side.
+            if let Some((who, msg)) = bootstrap.remote_failure() {
+                return Err(Error::Remote(format!("rank {who} failed: {msg}")));
+            }
             if start.elapsed() > timeout {
                 let peers: Vec<usize> = listens
                     .iter()
