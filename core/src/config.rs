@@ -400,6 +400,28 @@ impl Subject {
     }
 }
 
+/// An NCCL_ variable oxccl does not implement ([`REFUSED`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    /// The environment variable.
+    pub name: &'static str,
+    /// Why oxccl does not implement it.
+    pub why: &'static str,
+}
+
+/// A refused variable found set, as [`Config::load`] found it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefusedSet {
+    pub def: &'static Refused,
+    pub value: String,
+    pub source: Source,
+}
+
+/// The refused variable named `name` (the whole variable name).
+pub fn refused(name: &str) -> Option<&'static Refused> {
+    REFUSED.iter().find(|r| r.name == name)
+}
+
 /// One declared setting.
 #[derive(Debug, Clone, Copy)]
 pub struct ParamDef {
@@ -504,7 +526,15 @@ macro_rules! settings {
                $oname:literal = $odefault:literal in $osubject:ident,
                expects $oexpects:literal, by $oby:literal ; )*
         }
+        refused {
+            $( $rname:literal = $rwhy:literal ; )*
+        }
     ) => {
+        /// The NCCL_ variables NCCL documents that oxccl does not implement,
+        /// each with why; one set anywhere is named in a WARN once per
+        /// process when a communicator is made ([`Config::warn_refused`]).
+        pub const REFUSED: &[Refused] = &[ $( Refused { name: $rname, why: $rwhy }, )* ];
+
         /// Every setting: the core's NCCL_ ones ([`PARAMS`]), then the
         /// OXCCL_ ones read through [`ox`], then those read by crates that
         /// cannot link the core.
@@ -552,6 +582,9 @@ macro_rules! settings {
             entries: BTreeMap<&'static str, Entry>,
             /// The OXCCL_ settings, as [`Config::load`] found them.
             env: Vec<Entry>,
+            /// The refused variables ([`REFUSED`]) set somewhere, with
+            /// their values and where they were found.
+            refused: Vec<RefusedSet>,
         }
 
         impl Config {
@@ -566,7 +599,7 @@ macro_rules! settings {
                     let $cfield = resolve::<$cty>(&def, &value, &source, &[$(&$ccheck)?])?;
                     entries.insert($ckey, Entry { def, value, source });
                 )*
-                Ok(Config { $( $cfield, )* entries, env: Vec::new() })
+                Ok(Config { $( $cfield, )* entries, env: Vec::new(), refused: Vec::new() })
             }
         }
 
@@ -780,6 +813,91 @@ settings! {
         /// Traces go to `<prefix>-<rank>.json`, as NCCL's example profiler's (where OXCCL_PROFILER_DIR is unset).
         "NCCL_PROFILE_DUMP_FILE" = "" in Profiler, expects "a path prefix", by "oxccl-profiler";
     }
+    refused {
+        "NCCL_SOCKET_MAGIC" = "the socket network's connections open with oxccl's own fixed magic and introduction, and are authenticated with NCCL_SOCKET_KEY_FILE where set; the magic cannot be changed";
+        "NCCL_SOCKET_POLL_TIMEOUT_MSEC" = "the bootstrap waits in blocking socket calls bounded by NCCL_TIMEOUT rather than spinning on them, so there is no poll interval to set";
+        "NCCL_OOB_NET_ENABLE" = "the bootstrap's exchanges run over TCP sockets only (NCCL_SOCKET_IFNAME), never through the net plugin";
+        "NCCL_OOB_NET_IFNAME" = "the bootstrap's exchanges run over TCP sockets only (NCCL_SOCKET_IFNAME), never through the net plugin";
+        "NCCL_UID_STAGGER_THRESHOLD" = "the bootstrap does not stagger the ranks' connections to the root";
+        "NCCL_UID_STAGGER_RATE" = "the bootstrap does not stagger the ranks' connections to the root";
+        "NCCL_RAS_ENABLE" = "oxccl has no RAS subsystem";
+        "NCCL_RAS_ADDR" = "oxccl has no RAS subsystem";
+        "NCCL_RAS_TIMEOUT_FACTOR" = "oxccl has no RAS subsystem";
+        "NCCL_IB_ADDR_FAMILY" = "an IB knob that oxccl-net-ib does not have: where NCCL_IB_GID_INDEX is unset it picks the GID itself (RoCE v2, IPv4 first)";
+        "NCCL_IB_ADDR_RANGE" = "an IB knob that oxccl-net-ib does not have: where NCCL_IB_GID_INDEX is unset it picks the GID itself (RoCE v2, IPv4 first)";
+        "NCCL_IB_ROCE_VERSION_NUM" = "an IB knob that oxccl-net-ib does not have: where NCCL_IB_GID_INDEX is unset it picks the GID itself (RoCE v2, IPv4 first)";
+        "NCCL_IB_PKEY_VALUE" = "an IB knob that oxccl-net-ib does not have: it takes the partition key by index (NCCL_IB_PKEY) only";
+        "NCCL_IB_FIFO_TC" = "an IB knob that oxccl-net-ib does not have: its control messages go with NCCL_IB_TC like its data";
+        "NCCL_IB_RETURN_ASYNC_EVENTS" = "an IB knob that oxccl-net-ib does not have";
+        "NCCL_IB_AR_THRESHOLD" = "an IB knob that oxccl-net-ib does not have: no adaptive-routing mode";
+        "NCCL_IB_ADAPTIVE_ROUTING" = "an IB knob that oxccl-net-ib does not have: no adaptive-routing mode";
+        "NCCL_IB_OOO_RQ" = "an IB knob that oxccl-net-ib does not have: its receives complete in order";
+        "NCCL_IB_SPLIT_DATA_ON_QPS" = "an IB knob that oxccl-net-ib does not have: it has one way of spreading messages over NCCL_IB_QPS_PER_CONNECTION queue pairs";
+        "NCCL_IB_CUDA_SUPPORT" = "removed from NCCL in 2.4.0; NCCL_NET_GDR_LEVEL replaces it";
+        "NCCL_IB_PCI_RELAXED_ORDERING" = "an IB knob that oxccl-net-ib does not have: it registers memory without relaxed ordering";
+        "NCCL_IB_ECE_ENABLE" = "an IB knob that oxccl-net-ib does not have: no Enhanced Connection Establishment";
+        "NCCL_NET_MERGE_POLICY" = "oxccl-net-ib merges only the ports of one NIC (NCCL_IB_MERGE_NICS), never several NICs into one";
+        "NCCL_TOPO_FILE" = "not implemented yet";
+        "NCCL_TOPO_DUMP_FILE" = "not implemented yet";
+        "NCCL_CROSS_NIC" = "not implemented yet";
+        "NCCL_NETDEVS_POLICY" = "not implemented yet";
+        "NCCL_P2P_LEVEL" = "not implemented yet";
+        "NCCL_NET_GDR_READ" = "not implemented yet";
+        "NCCL_COLLNET_ENABLE" = "CollNet (ncclCollNet plugins) is not implemented yet: a CollNet plugin is found and disabled";
+        "NCCL_COLLNET_NODE_THRESHOLD" = "CollNet (ncclCollNet plugins) is not implemented yet: a CollNet plugin is found and disabled";
+        "NCCL_IGNORE_COLLNET_MISMATCH" = "CollNet (ncclCollNet plugins) is not implemented yet: a CollNet plugin is found and disabled";
+        "NCCL_NVLS_ENABLE" = "no NVLS: NVLink SHARP needs NVLink multicast, which is forbidden on the machines oxccl is built and measured on, and oxccl has no NVLS algorithm";
+        "NCCL_MNNVL_ENABLE" = "no multi-node NVLink: oxccl reaches other hosts through the net plugin only";
+        "NCCL_MNNVL_UUID" = "no multi-node NVLink: oxccl reaches other hosts through the net plugin only";
+        "NCCL_MNNVL_CLIQUE_ID" = "no multi-node NVLink: oxccl reaches other hosts through the net plugin only";
+        "NCCL_SYM_GIN_KERNELS_ENABLE" = "no symmetric-memory kernels and no GPU-initiated networking (GIN)";
+        "NCCL_RMA_EAGER_INIT" = "no one-sided RMA: windows and signals are stubs";
+        "NCCL_WIN_ENABLE" = "no window registration: ncclCommWindowRegister is a stub";
+        "NCCL_LEGACY_CUDA_REGISTER" = "buffer registration is not built yet, so there is nothing to register";
+        "NCCL_NVB_DISABLE" = "oxccl never routes between GPUs of a host through an intermediate GPU";
+        "NCCL_PXN_DISABLE" = "no PXN: oxccl never sends through a NIC of another GPU";
+        "NCCL_P2P_PXN_LEVEL" = "no PXN: oxccl never sends through a NIC of another GPU";
+        "NCCL_PXN_C2C" = "no PXN: oxccl never sends through a NIC of another GPU";
+        "NCCL_NET_SHARED_COMMS" = "no PXN, whose connections this shares";
+        "NCCL_NET_SHARED_BUFFERS" = "each network connection has its own buffers (NCCL_BUFFSIZE); no shared pool";
+        "NCCL_NET_GDR_C2C" = "no C2C (Grace) topology: GPUDirect over the network follows NCCL_NET_GDR_LEVEL alone";
+        "NCCL_P2P_DIRECT_DISABLE" = "no switch of oxccl's for direct access to user buffers between GPUs of one process";
+        "NCCL_IGNORE_NET_MISMATCH" = "oxccl does not compare network device counts across ranks";
+        "NCCL_IPC_USE_ABSTRACT_SOCKET" = "CUDA IPC handles travel through the bootstrap, not Unix domain sockets";
+        "NCCL_MULTI_RANK_GPU_ENABLE" = "oxccl always lets ranks share a GPU (OXCCL_SHARED_GPU picks how); this neither enables nor forbids it";
+        "NCCL_P2P_NET_CHUNKSIZE" = "send/recv through the network slice by the connection's slots (NCCL_BUFFSIZE / 8), as collectives do; no size of their own";
+        "NCCL_P2P_LL_THRESHOLD" = "no LL limit of send/recv's own (OXCCL_DEV_LL_BYTES sets the device path's)";
+        "NCCL_ALLOC_P2P_NET_LL_BUFFERS" = "no LL buffers of send/recv's own on network connections";
+        "NCCL_CUMEM_ENABLE" = "oxccl allocates GPU memory with cuMemAlloc and shares it through CUDA IPC; the cuMem (virtual memory) path is not built";
+        "NCCL_CUMEM_HOST_ENABLE" = "oxccl's host memory is POSIX shared memory; the cuMem host path is not built";
+        "NCCL_GDRCOPY_ENABLE" = "oxccl does not use GDRCopy";
+        "NCCL_GDRCOPY_FIFO_ENABLE" = "oxccl does not use GDRCopy";
+        "NCCL_GDRCOPY_SYNC_ENABLE" = "oxccl does not use GDRCopy";
+        "NCCL_GDRCOPY_FLUSH_ENABLE" = "oxccl does not use GDRCopy";
+        "NCCL_MEM_SYNC_DOMAIN" = "oxccl's kernels launch without a memory sync domain attribute";
+        "NCCL_SET_STACK_SIZE" = "oxccl's kernels (compiled with NVRTC) set no stack size";
+        "NCCL_GRAPH_MIXING_SUPPORT" = "not implemented: oxccl's launches are ordered on the caller's stream, captured or not; NCCL's switch over graph mixing has no counterpart";
+        "NCCL_GRAPH_STREAM_ORDERING" = "not implemented: oxccl adds no serialisation of its own between captured launches, so there is none to turn off";
+        "NCCL_LAUNCH_ORDER_IMPLICIT" = "oxccl does not order launches of different communicators on one GPU by host program order";
+        "NCCL_LAUNCH_RACE_FATAL" = "oxccl does not order launches of different communicators on one GPU by host program order, so it has no race to catch";
+        "NCCL_CHECK_POINTERS" = "no pointer-checking mode: oxccl checks arguments one way (NCCL_CHECKS_DISABLE turns those checks off)";
+        "NCCL_CHECK_MODE" = "no DEBUG_LOCAL or DEBUG_GLOBAL mode: oxccl checks arguments one way (NCCL_CHECKS_DISABLE turns those checks off)";
+        "NCCL_SINGLE_RING_THRESHOLD" = "removed from NCCL in 2.3; the cost model (or a tuner plugin) chooses the channels";
+        "NCCL_LL_THRESHOLD" = "removed from NCCL in 2.5; the cost model (or NCCL_PROTO, OXCCL_DEV_LL_BYTES) chooses the protocol";
+        "NCCL_TREE_THRESHOLD" = "removed from NCCL in 2.5; the cost model (or NCCL_ALGO, a tuner plugin) chooses the algorithm";
+        "NCCL_SOCKET_RETRY_CNT" = "not implemented yet";
+        "NCCL_SOCKET_RETRY_SLEEP_MSEC" = "not implemented yet";
+        "NCCL_DEBUG_TIMESTAMP_FORMAT" = "not implemented yet";
+        "NCCL_DEBUG_TIMESTAMP_LEVELS" = "not implemented yet";
+        "NCCL_SET_THREAD_NAME" = "not implemented yet";
+        "NCCL_CHECKS_DISABLE" = "not implemented yet";
+        "NCCL_LAUNCH_MODE" = "not implemented yet";
+        "NCCL_RUNTIME_CONNECT" = "not implemented yet";
+        "NCCL_GRAPH_REGISTER" = "not implemented yet";
+        "NCCL_LOCAL_REGISTER" = "not implemented yet";
+        "NCCL_COMM_BLOCKING" = "not implemented yet";
+        "NCCL_IGNORE_CPU_AFFINITY" = "not implemented yet";
+    }
 }
 
 /// The declared setting named `name` (the whole variable name).
@@ -853,6 +971,14 @@ pub fn markdown() -> String {
         }
     }
     line("");
+    line("## Not implemented");
+    line("");
+    line("Variables NCCL 2.31.2 documents that oxccl does not implement, each with why. One that is set (in the environment, through the env plugin, or in a configuration file) is named in a WARN with its reason, once per process, when a communicator is made; nothing else is done with it. `oxccl info` lists them.");
+    line("");
+    for r in REFUSED {
+        line(&format!("- `{}`: {}.", r.name, r.why));
+    }
+    line("");
     line("## Variables of tests and tools (not settings)");
     line("");
     line("Read by oxccl's tests, its tools and the launchers of `oxccl perf` and `oxccl recover`, never by the library:");
@@ -905,10 +1031,6 @@ pub const NOT_VARIABLES: &[(&str, &str)] = &[
         "NCCL's pointer-support flag, named in messages",
     ),
     (
-        "NCCL_NVLS_ENABLE",
-        "NCCL's own setting, set for NCCL in comparisons",
-    ),
-    (
         "NCCL_INSPECTOR_ENABLE",
         "NCCL's inspector plugin's, set in its test",
     ),
@@ -958,10 +1080,20 @@ impl Config {
             return Err(e);
         }
         let mut raw: BTreeMap<&'static str, (String, Source)> = BTreeMap::new();
+        // Refused variables set anywhere, by name; a higher source replaces
+        // a lower one, as for settings.
+        let mut refused_set: BTreeMap<&'static str, RefusedSet> = BTreeMap::new();
+        let mut note_refused = |name: &str, value: String, source: Source| {
+            if let Some(def) = refused(name).filter(|_| !value.trim().is_empty()) {
+                refused_set.insert(def.name, RefusedSet { def, value, source });
+            }
+        };
         if let Some((path, text)) = conf_file()? {
             for (key, value) in parse_conf(&text) {
                 if let Some(def) = lookup(&key) {
                     raw.insert(def.key, (value, Source::File(path.clone())));
+                } else {
+                    note_refused(&format!("NCCL_{key}"), value, Source::File(path.clone()));
                 }
             }
         }
@@ -973,6 +1105,8 @@ impl Config {
             for (name, value) in f.vars {
                 if let Some(def) = name.strip_prefix("NCCL_").and_then(lookup) {
                     raw.insert(def.key, (value, Source::File(f.path.clone())));
+                } else {
+                    note_refused(&name, value, Source::File(f.path.clone()));
                 }
             }
         }
@@ -980,6 +1114,11 @@ impl Config {
         for def in PARAMS {
             if let Some(v) = var(&def.env_name()) {
                 raw.insert(def.key, (v, env_source.clone()));
+            }
+        }
+        for r in REFUSED {
+            if let Some(v) = var(r.name) {
+                note_refused(r.name, v, env_source.clone());
             }
         }
         for (key, value) in api {
@@ -993,7 +1132,36 @@ impl Config {
         }
         let mut cfg = Config::from_raw(&raw)?;
         cfg.env = ox::entries(&|k| std::env::var(k))?;
+        cfg.refused = refused_set.into_values().collect();
         Ok(cfg)
+    }
+
+    /// The refused variables ([`REFUSED`]) set in the environment or a
+    /// configuration file, with their values and sources.
+    pub fn refused_set(&self) -> &[RefusedSet] {
+        &self.refused
+    }
+
+    /// Names each refused variable that is set in one WARN with why oxccl
+    /// does not implement it, once per process (every communicator's
+    /// creation calls this); returns the names warned about now.
+    pub fn warn_refused(&self) -> Vec<&'static str> {
+        use std::sync::{Mutex, OnceLock};
+        static WARNED: OnceLock<Mutex<std::collections::BTreeSet<&'static str>>> = OnceLock::new();
+        let mut warned = WARNED
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut now = Vec::new();
+        for r in &self.refused {
+            if warned.insert(r.def.name) {
+                tracing::warn!(target: "oxccl::init|env",
+                    "{}={} (from {}) is not implemented by oxccl and is ignored: {}",
+                    r.def.name, r.value, r.source, r.def.why);
+                now.push(r.def.name);
+            }
+        }
+        now
     }
 
     /// Every setting the core reads with its resolved value and where it
@@ -1371,7 +1539,7 @@ mod tests {
             .chain(NOT_VARIABLES)
             .map(|(n, _)| *n)
             .collect();
-        let known = |n: &str| setting(n).is_some() || listed.contains(&n);
+        let known = |n: &str| setting(n).is_some() || refused(n).is_some() || listed.contains(&n);
         let mut undeclared = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
         let mut files = 0;
@@ -1391,6 +1559,7 @@ mod tests {
                         n if n.ends_with('_') => {
                             known(n)
                                 || SETTINGS.iter().any(|d| d.name.starts_with(n))
+                                || REFUSED.iter().any(|r| r.name.starts_with(n))
                                 || listed.iter().any(|l| l.starts_with(n))
                         }
                         n => known(n),
@@ -1414,8 +1583,83 @@ mod tests {
         );
         let stale: Vec<&&str> = listed.iter().filter(|n| !seen.contains(**n)).collect();
         assert!(stale.is_empty(), "listed but named nowhere: {stale:?}");
-        let both: Vec<&&str> = listed.iter().filter(|n| setting(n).is_some()).collect();
-        assert!(both.is_empty(), "declared and listed: {both:?}");
+        let both: Vec<&&str> = listed
+            .iter()
+            .filter(|n| setting(n).is_some() || refused(n).is_some())
+            .collect();
+        assert!(
+            both.is_empty(),
+            "declared (or refused) and listed: {both:?}"
+        );
+    }
+
+    /// Every NCCL_ variable NCCL 2.31.2 documents (the checked-in list of
+    /// names, config/nccl_2_31_names.txt) is in the settings table or in
+    /// the refused list, never both; every refused one is such a name and
+    /// says why; none is refused twice.
+    #[test]
+    fn nccl_2_31_names_are_declared_or_refused() {
+        let text = include_str!("config/nccl_2_31_names.txt");
+        let mut lines = text.lines();
+        let header = lines.next().unwrap_or_default();
+        assert!(
+            header.starts_with('#') && header.contains("2.31.2"),
+            "{header}"
+        );
+        let names: Vec<&str> = lines.map(str::trim).filter(|l| !l.is_empty()).collect();
+        assert_eq!(names.len(), 120, "NCCL 2.31.2 documents 120 variables");
+        let neither: Vec<&&str> = names
+            .iter()
+            .filter(|n| setting(n).is_none() && refused(n).is_none())
+            .collect();
+        assert!(
+            neither.is_empty(),
+            "documented by NCCL 2.31.2 but neither in the settings table of core/src/config.rs nor refused there (with why): {neither:?}"
+        );
+        let both: Vec<&&str> = names
+            .iter()
+            .filter(|n| setting(n).is_some() && refused(n).is_some())
+            .collect();
+        assert!(both.is_empty(), "both declared and refused: {both:?}");
+        for (i, r) in REFUSED.iter().enumerate() {
+            assert!(
+                names.contains(&r.name),
+                "{} is refused but NCCL 2.31.2 does not document it",
+                r.name
+            );
+            assert!(r.why.len() > 10, "{}: say why", r.name);
+            assert!(
+                !REFUSED[..i].iter().any(|o| o.name == r.name),
+                "{} is refused twice",
+                r.name
+            );
+        }
+    }
+
+    /// A refused variable set in the environment is found by the load, and
+    /// named in one WARN with its reason, once per process.
+    #[test]
+    fn a_refused_variable_set_is_warned_about_once() {
+        // No other test of this crate names this variable; one that loads
+        // a Config meanwhile finds it set, which changes nothing there.
+        std::env::set_var("NCCL_RAS_ENABLE", "1");
+        let c = Config::load().unwrap();
+        std::env::remove_var("NCCL_RAS_ENABLE");
+        let found = c
+            .refused_set()
+            .iter()
+            .find(|r| r.def.name == "NCCL_RAS_ENABLE")
+            .expect("found");
+        assert_eq!((&*found.value, &found.source), ("1", &Source::Env));
+        let (now, lines) = crate::log::capture_lines(|| c.warn_refused());
+        assert!(now.contains(&"NCCL_RAS_ENABLE"), "{now:?}");
+        assert!(
+            lines.contains("NCCL WARN NCCL_RAS_ENABLE=1 (from env) is not implemented by oxccl and is ignored: oxccl has no RAS subsystem"),
+            "{lines}"
+        );
+        let (again, lines) = crate::log::capture_lines(|| c.warn_refused());
+        assert!(!again.contains(&"NCCL_RAS_ENABLE"), "warned twice");
+        assert!(!lines.contains("NCCL_RAS_ENABLE"), "{lines}");
     }
 
     /// Calls `f` with each Rust and C source under `dir` and its text,

@@ -462,6 +462,7 @@ impl Comm {
             )));
         }
         let cfg = config.resolve()?;
+        cfg.warn_refused();
         let split_share = config.shares_with_splits(&cfg);
         let shrink_share = config.shares_with_shrinks(&cfg);
         let shared = Arc::new(Shared {
