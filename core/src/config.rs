@@ -288,6 +288,18 @@ pub fn cta_policy(s: Option<&str>) -> std::result::Result<u32, String> {
     Ok(if bits & 2 != 0 { 2 } else { bits })
 }
 
+const LAUNCH_MODE: Check<Option<String>> = Check {
+    expects: "PARALLEL or GROUP",
+    test: |v| match v
+        .as_deref()
+        .map(|m| m.trim().to_ascii_uppercase())
+        .as_deref()
+    {
+        None | Some("PARALLEL" | "GROUP") => Ok(()),
+        Some(_) => Err("no such mode".into()),
+    },
+};
+
 const DEV_TIMEOUT: Check<Option<u64>> = Check {
     expects: "whole seconds from 1 to 31536000 (365 days)",
     test: |v| match v {
@@ -415,6 +427,22 @@ pub struct RefusedSet {
     pub def: &'static Refused,
     pub value: String,
     pub source: Source,
+}
+
+/// Writes `line` as a WARN unless one about `name` was written already in
+/// this process; whether it wrote it.
+pub fn warn_once(name: &'static str, line: &str) -> bool {
+    use std::sync::{Mutex, OnceLock};
+    static WARNED: OnceLock<Mutex<std::collections::BTreeSet<&'static str>>> = OnceLock::new();
+    let fresh = WARNED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(name);
+    if fresh {
+        tracing::warn!(target: "oxccl::init|env", "{line}");
+    }
+    fresh
 }
 
 /// The refused variable named `name` (the whole variable name).
@@ -723,6 +751,18 @@ settings! {
         cta_policy: Option<String> = "CTA_POLICY", "" in DevicePath, check CTA_POLICY;
         /// 1: a communicator's shrinks (NCCL_SHRINK_DEFAULT, not revoked) share its network context (NCCL's shrinkShare); 0: each makes its own. Replaces the config's shrink_share where set; unset: the config's, else 0.
         comm_shrink_share_resources: Option<bool> = "COMM_SHRINK_SHARE_RESOURCES", "" in Transports;
+        /// 1: GPU communicators skip their per-call pointer checks (each buffer's CUDA memory type and allocation extent, a driver query or two per buffer): a buffer the GPU cannot reach then faults the kernel, and the CUDA context with it, instead of failing the call with InvalidArgument. The checks that guard the process's own memory stay: counts, datatypes, operations, roots, and a host-memory communicator's buffers. NCCL 2.31 no longer reads it (deprecated in 2.2.12).
+        checks_disable: bool = "CHECKS_DISABLE", "0" in Collectives;
+        /// NCCL's launch mode for a process driving several GPUs. PARALLEL (NCCL's default) launches each GPU's kernel on its own stream, which is what oxccl does; GROUP (NCCL's cooperative launch across the GPUs, deprecated in NCCL 2.9) is accepted and named in a WARN: oxccl still launches each GPU's kernel on its own.
+        launch_mode: Option<String> = "LAUNCH_MODE", "" in DevicePath, check LAUNCH_MODE;
+        /// NCCL's 1 (its default) connects peers at their first operation, 0 at creation. oxccl connects as its paths do whatever the value: a GPU communicator connects every peer at creation (its device window is set up then), a host-memory communicator each peer at its first operation with it; a value that asks for the other (1 on a GPU, 0 on host memory) is named in a WARN.
+        runtime_connect: Option<bool> = "RUNTIME_CONNECT", "" in Transports;
+        /// NCCL's registration of user buffers captured in CUDA graphs. Buffer registration is not built yet: 1 set explicitly is named in a WARN, and nothing is registered; 0 is accepted.
+        graph_register: bool = "GRAPH_REGISTER", "1" in DevicePath;
+        /// NCCL's registration of buffers given to ncclCommRegister. Buffer registration is not built yet: 1 set explicitly is named in a WARN, and nothing is registered; 0 is accepted.
+        local_register: bool = "LOCAL_REGISTER", "1" in DevicePath;
+        /// 1: communicators made through the C API are blocking, 0: non-blocking, replacing the config's `blocking` field (and the default, blocking, where no config is given), as in NCCL. Unset: the config's. Rust's `CommConfig::blocking` is the program's own choice.
+        comm_blocking: Option<bool> = "COMM_BLOCKING", "" in Bootstrap, by "oxccl-capi";
     }
     env {
         /// 1: communicators made through the C API run on host memory even where GPUs exist (NCCL has no such mode); 0: on the GPU the CUDA runtime would use, host memory only where there is none.
@@ -890,12 +930,6 @@ settings! {
         "NCCL_DEBUG_TIMESTAMP_FORMAT" = "not implemented yet";
         "NCCL_DEBUG_TIMESTAMP_LEVELS" = "not implemented yet";
         "NCCL_SET_THREAD_NAME" = "not implemented yet";
-        "NCCL_CHECKS_DISABLE" = "not implemented yet";
-        "NCCL_LAUNCH_MODE" = "not implemented yet";
-        "NCCL_RUNTIME_CONNECT" = "not implemented yet";
-        "NCCL_GRAPH_REGISTER" = "not implemented yet";
-        "NCCL_LOCAL_REGISTER" = "not implemented yet";
-        "NCCL_COMM_BLOCKING" = "not implemented yet";
         "NCCL_IGNORE_CPU_AFFINITY" = "not implemented yet";
     }
 }
@@ -1143,25 +1177,61 @@ impl Config {
     }
 
     /// Names each refused variable that is set in one WARN with why oxccl
-    /// does not implement it, once per process (every communicator's
-    /// creation calls this); returns the names warned about now.
+    /// does not implement it, and each setting whose value asks for what
+    /// oxccl does not do ([`Config::unhonoured`]), once per process (every
+    /// communicator's creation calls this); returns the names warned about
+    /// now.
     pub fn warn_refused(&self) -> Vec<&'static str> {
-        use std::sync::{Mutex, OnceLock};
-        static WARNED: OnceLock<Mutex<std::collections::BTreeSet<&'static str>>> = OnceLock::new();
-        let mut warned = WARNED
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
         let mut now = Vec::new();
         for r in &self.refused {
-            if warned.insert(r.def.name) {
-                tracing::warn!(target: "oxccl::init|env",
-                    "{}={} (from {}) is not implemented by oxccl and is ignored: {}",
-                    r.def.name, r.value, r.source, r.def.why);
+            let line = format!(
+                "{}={} (from {}) is not implemented by oxccl and is ignored: {}",
+                r.def.name, r.value, r.source, r.def.why
+            );
+            if warn_once(r.def.name, &line) {
                 now.push(r.def.name);
             }
         }
+        for (name, line) in self.unhonoured() {
+            if warn_once(name, &line) {
+                now.push(name);
+            }
+        }
         now
+    }
+
+    /// The settings set to a value oxccl accepts but does not act on, each
+    /// with the line that says so.
+    pub fn unhonoured(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let mut set = |key: &str, on: bool, why: &str| {
+            if let Some(e) = self.entries.get(key).filter(|_| on && self.is_set(key)) {
+                out.push((
+                    e.def.name,
+                    format!("{}={} (from {}): {why}", e.def.name, e.value, e.source),
+                ));
+            }
+        };
+        set("GRAPH_REGISTER", self.graph_register, "buffer registration is not implemented yet, so captured buffers are not registered; the collectives run as without it");
+        set("LOCAL_REGISTER", self.local_register, "buffer registration is not implemented yet, so ncclCommRegister registers nothing; the collectives run as without it");
+        let group = self
+            .launch_mode
+            .as_deref()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("GROUP"));
+        set("LAUNCH_MODE", group, "oxccl has no cooperative launch across GPUs (NCCL deprecated it in 2.9); each GPU's kernel is launched on its own stream, as PARALLEL");
+        out
+    }
+
+    /// What a communicator on a GPU (`on_gpu`) or on host memory does with
+    /// NCCL_RUNTIME_CONNECT where its value asks for what that path does
+    /// not do: the line of the WARN that says so.
+    pub fn runtime_connect_note(&self, on_gpu: bool) -> Option<String> {
+        let src = self.source("RUNTIME_CONNECT")?;
+        match (self.runtime_connect?, on_gpu) {
+            (true, true) => Some(format!("NCCL_RUNTIME_CONNECT=1 (from {src}): a GPU communicator connects every peer at creation, where its device window is set up; connecting at first use is not implemented")),
+            (false, false) => Some(format!("NCCL_RUNTIME_CONNECT=0 (from {src}): a host-memory communicator connects each peer at its first operation with it; connecting at creation is not implemented")),
+            _ => None,
+        }
     }
 
     /// Every setting the core reads with its resolved value and where it
@@ -1634,6 +1704,54 @@ mod tests {
                 r.name
             );
         }
+    }
+
+    /// NCCL_GRAPH_REGISTER, NCCL_LOCAL_REGISTER and NCCL_LAUNCH_MODE take
+    /// NCCL's values strictly; set to what oxccl does not do (register,
+    /// launch cooperatively), each is named in a WARN once, and their
+    /// defaults say nothing. NCCL_RUNTIME_CONNECT is named where it asks a
+    /// path for what it does not do.
+    #[test]
+    fn settings_accepted_but_not_acted_on_say_so() {
+        let c = Config::load_with(&[
+            ("GRAPH_REGISTER", "1"),
+            ("LOCAL_REGISTER", "0"),
+            ("LAUNCH_MODE", "group"),
+        ])
+        .unwrap();
+        let named: Vec<&str> = c.unhonoured().iter().map(|(n, _)| *n).collect();
+        assert_eq!(named, ["NCCL_GRAPH_REGISTER", "NCCL_LAUNCH_MODE"]);
+        let (now, lines) = crate::log::capture_lines(|| c.warn_refused());
+        assert!(now.contains(&"NCCL_GRAPH_REGISTER"), "{now:?}");
+        assert!(
+            lines.contains("NCCL WARN NCCL_GRAPH_REGISTER=1 (from api): buffer registration is not implemented yet"),
+            "{lines}"
+        );
+        let quiet = Config::load_with(&[("LAUNCH_MODE", "PARALLEL")]).unwrap();
+        assert!(quiet.unhonoured().is_empty());
+        for (key, bad) in [
+            ("LAUNCH_MODE", "fast"),
+            ("GRAPH_REGISTER", "2"),
+            ("LOCAL_REGISTER", "on please"),
+            ("RUNTIME_CONNECT", "lazy"),
+            ("CHECKS_DISABLE", "x"),
+            ("COMM_BLOCKING", "-1"),
+        ] {
+            let e = Config::load_with(&[(key, bad)]).unwrap_err().to_string();
+            assert!(e.contains(&format!("NCCL_{key}={bad:?}")), "{e}");
+        }
+        let lazy = Config::load_with(&[("RUNTIME_CONNECT", "1")]).unwrap();
+        assert!(lazy
+            .runtime_connect_note(true)
+            .unwrap()
+            .contains("at creation"));
+        assert_eq!(lazy.runtime_connect_note(false), None);
+        let eager = Config::load_with(&[("RUNTIME_CONNECT", "0")]).unwrap();
+        assert_eq!(eager.runtime_connect_note(true), None);
+        assert!(eager
+            .runtime_connect_note(false)
+            .unwrap()
+            .contains("first operation"));
     }
 
     /// A refused variable set in the environment is found by the load, and

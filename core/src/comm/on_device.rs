@@ -280,6 +280,8 @@ pub(crate) struct Profiling<'a> {
 pub(crate) struct Tuning<'a> {
     pub tuner: Option<&'a TunerComm>,
     pub forced: Option<Algo>,
+    /// Whether buffers are checked before launch (not NCCL_CHECKS_DISABLE).
+    pub checks: bool,
 }
 
 /// The algorithm and channels of one collective: the cheapest entry of the
@@ -325,9 +327,7 @@ pub(crate) fn execute(
     let mut dc = dc
         .lock()
         .map_err(|_| Error::Internal("device communicator poisoned by an earlier panic".into()))?;
-    for (op, bufs) in ops {
-        check_reachable(dc.context().device().ordinal(), op, bufs)?;
-    }
+    check_all(dc.context().device().ordinal(), ops, tuning.checks)?;
     let _restore = SavedCurrent::save()?;
     let events = match &prof {
         Some(p) => kernel_events(&mut dc, p)?,
@@ -505,6 +505,17 @@ pub(super) fn stream(op: &Op) -> RawStream {
     unsafe { RawStream::from_raw(op.stream) }
 }
 
+/// Checks every operation's buffers ([`check_reachable`]) unless `checks`
+/// is false (NCCL_CHECKS_DISABLE=1).
+fn check_all(gpu: usize, ops: &[(Op, OpBuffers)], checks: bool) -> Result<()> {
+    if checks {
+        for (op, bufs) in ops {
+            check_reachable(gpu, op, bufs)?;
+        }
+    }
+    Ok(())
+}
+
 /// A kernel that touches memory its GPU cannot reach faults the context
 /// for good; refusing the call instead names the buffer.
 pub(super) fn check_reachable(gpu: usize, op: &Op, bufs: &OpBuffers) -> Result<()> {
@@ -529,6 +540,35 @@ pub(super) fn check_reachable(gpu: usize, op: &Op, bufs: &OpBuffers) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A heap buffer is no memory CUDA knows: checked, the call is refused
+    /// naming it; under NCCL_CHECKS_DISABLE=1 it is not looked at.
+    #[test]
+    fn checks_disable_skips_the_pointer_checks() {
+        let mut data = vec![0u8; 64];
+        let p = data.as_mut_ptr();
+        let op = Op {
+            kind: OpKind::AllReduce,
+            input: p,
+            output: p,
+            count: 16,
+            dtype: DataType::Float32,
+            redop: crate::dtype::RedOp::Sum,
+            stream: 0,
+        };
+        let bufs = OpBuffers {
+            input: p,
+            in_bytes: 64,
+            output: p,
+            out_bytes: 64,
+        };
+        let e = check_all(0, &[(op, bufs)], true).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("sendbuff"),
+            "{e}"
+        );
+        check_all(0, &[(op, bufs)], false).unwrap();
+    }
 
     fn local(rank: usize, hosts: &[u64]) -> Locality {
         let n = hosts.len();
