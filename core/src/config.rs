@@ -300,6 +300,35 @@ const LAUNCH_MODE: Check<Option<String>> = Check {
     },
 };
 
+const STAMP_FORMAT: Check<Option<String>> = Check {
+    expects: "a strftime format (`_` for a space, %1f to %9f for fractions of a second), under 256 bytes, no NUL",
+    test: |v| match v {
+        Some(f) if f.len() >= 256 || f.contains('\0') => Err("too long, or holds a NUL".into()),
+        _ => Ok(()),
+    },
+};
+
+const STAMP_LEVELS: Check<Option<String>> = Check {
+    expects: "VERSION, WARN, INFO, ABORT, TRACE or ALL, comma-separated, ^ in front to exclude",
+    test: |v| crate::log::StampLevels::parse(v.as_deref().unwrap_or("")).map(|_| ()),
+};
+
+const RETRY_CNT: Check<Option<u64>> = Check {
+    expects: oxccl_netif::retry::CNT_EXPECTS,
+    test: |v| match v {
+        Some(1..=100_000) | None => Ok(()),
+        Some(_) => Err("out of range".into()),
+    },
+};
+
+const RETRY_SLEEP: Check<Option<u64>> = Check {
+    expects: oxccl_netif::retry::SLEEP_EXPECTS,
+    test: |v| match v {
+        Some(1..=600_000) | None => Ok(()),
+        Some(_) => Err("out of range".into()),
+    },
+};
+
 const DEV_TIMEOUT: Check<Option<u64>> = Check {
     expects: "whole seconds from 1 to 31536000 (365 days)",
     test: |v| match v {
@@ -695,6 +724,12 @@ settings! {
         socket_key_file: Option<String> = "SOCKET_KEY_FILE", "" in Bootstrap,
             expects "a path to a file of 64 hex digits",
             by "oxccl, oxccl-net-socket (through oxccl-secure)";
+        /// Retries of a socket connect that was refused, timed out or found its peer unreachable, NCCL's way: the n-th retry waits n x NCCL_SOCKET_RETRY_SLEEP_MSEC, so NCCL's defaults (34 and 100) retry for about 60 s. Used by the bootstrap's connection to the root and by the socket network's connects, where this or NCCL_SOCKET_RETRY_SLEEP_MSEC is set (the other then takes NCCL's default); both unset: oxccl's own retries, until NCCL_TIMEOUT for the bootstrap (10 ms doubling to 500 ms), for 10 s every 10 ms for the socket network. The bootstrap's waits still end at NCCL_TIMEOUT.
+        socket_retry_cnt: Option<u64> = "SOCKET_RETRY_CNT", "" in Bootstrap, check RETRY_CNT,
+            by "oxccl, oxccl-net-socket (through oxccl-netif)";
+        /// Milliseconds before the first retry of a socket connect; the n-th waits n times it (see NCCL_SOCKET_RETRY_CNT). NCCL's default where only NCCL_SOCKET_RETRY_CNT is set: 100.
+        socket_retry_sleep_msec: Option<u64> = "SOCKET_RETRY_SLEEP_MSEC", "" in Bootstrap, check RETRY_SLEEP,
+            by "oxccl, oxccl-net-socket (through oxccl-netif)";
         /// Seconds an operation or the bootstrap may wait on a peer before failing with the ranks it waited for; where set, also the kernels' wait (OXCCL_DEV_TIMEOUT_S). oxccl's own (NCCL waits without a bound): at least 1 ms, at most 365 days, beyond which a wait is no bound at all.
         timeout_s: f64 = "TIMEOUT", "300" in Bootstrap, check TIMEOUT;
         /// Logging: VERSION, WARN, INFO, TRACE (NCCL's levels).
@@ -705,6 +740,10 @@ settings! {
             expects "a comma-separated list of subsystems, ^ in front to exclude them";
         /// File the log goes to instead of stderr; %h is the host name, %p the process id, %% a percent sign.
         debug_file: Option<String> = "DEBUG_FILE", "" in Logging, expects "a file name, with %h, %p, %%";
+        /// The time at the head of log lines, NCCL's way: a strftime format in local time (TZ), `_` written as a space, and `%1f` to `%9f` (once) for that many digits of the second's fraction. Unset: `[%F %T] ` ([YYYY-MM-DD HH:MM:SS]). As in NCCL, set but empty prints no time.
+        debug_timestamp_format: Option<String> = "DEBUG_TIMESTAMP_FORMAT", "" in Logging, check STAMP_FORMAT;
+        /// Which levels' lines begin with the time: VERSION, WARN, INFO, ABORT, TRACE or ALL, comma-separated, `^` in front for every level but those (oxccl writes no VERSION or ABORT lines). Unset: WARN. As in NCCL, set but empty: none.
+        debug_timestamp_levels: Option<String> = "DEBUG_TIMESTAMP_LEVELS", "" in Logging, check STAMP_LEVELS;
         /// Algorithm for collectives: Ring or Tree (recursive doubling); empty lets the cost model choose.
         algo: Option<String> = "ALGO", "" in Collectives, expects "Ring or Tree";
         /// Protocols the device path may use: LL and Simple (NCCL's list syntax, `^` excludes); unset: LL for operations of up to 4 KiB per rank where some peer is reached through host memory (network or shared memory), Simple otherwise. Rank 0's is taken. Checked when any communicator is made, on host memory too.
@@ -925,10 +964,6 @@ settings! {
         "NCCL_SINGLE_RING_THRESHOLD" = "removed from NCCL in 2.3; the cost model (or a tuner plugin) chooses the channels";
         "NCCL_LL_THRESHOLD" = "removed from NCCL in 2.5; the cost model (or NCCL_PROTO, OXCCL_DEV_LL_BYTES) chooses the protocol";
         "NCCL_TREE_THRESHOLD" = "removed from NCCL in 2.5; the cost model (or NCCL_ALGO, a tuner plugin) chooses the algorithm";
-        "NCCL_SOCKET_RETRY_CNT" = "not implemented yet";
-        "NCCL_SOCKET_RETRY_SLEEP_MSEC" = "not implemented yet";
-        "NCCL_DEBUG_TIMESTAMP_FORMAT" = "not implemented yet";
-        "NCCL_DEBUG_TIMESTAMP_LEVELS" = "not implemented yet";
         "NCCL_SET_THREAD_NAME" = "not implemented yet";
         "NCCL_IGNORE_CPU_AFFINITY" = "not implemented yet";
     }
@@ -1283,6 +1318,26 @@ impl Config {
             e.source = if set { Source::Rank0 } else { Source::Default };
         }
         true
+    }
+
+    /// NCCL's connect retries where NCCL_SOCKET_RETRY_CNT or
+    /// NCCL_SOCKET_RETRY_SLEEP_MSEC is set (NCCL's default for the other);
+    /// `None`: both unset, oxccl's own retries.
+    pub fn socket_retry(&self) -> Option<oxccl_netif::Retry> {
+        use oxccl_netif::retry::{NCCL_RETRY_CNT, NCCL_RETRY_SLEEP_MSEC};
+        if self.socket_retry_cnt.is_none() && self.socket_retry_sleep_msec.is_none() {
+            return None;
+        }
+        Some(oxccl_netif::Retry {
+            // Checked at load: at most 100000.
+            count: self
+                .socket_retry_cnt
+                .map_or(NCCL_RETRY_CNT, |c| u32::try_from(c).unwrap_or(u32::MAX)),
+            sleep: std::time::Duration::from_millis(
+                self.socket_retry_sleep_msec
+                    .unwrap_or(NCCL_RETRY_SLEEP_MSEC),
+            ),
+        })
     }
 
     /// NCCL_TIMEOUT, within the range its check holds it to (so that no

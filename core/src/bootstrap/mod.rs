@@ -330,7 +330,7 @@ impl Bootstrap {
             listen: service.listen,
         };
         // On failure, dropping `service` stops its thread.
-        let peers = join_root(&c, &hello, key.as_deref(), timeout)?;
+        let peers = join_root(&c, &hello, key.as_deref(), timeout, cfg.socket_retry())?;
         shared.set_table(&peers);
         debug!(target: "oxccl::bootstrap", rank, nranks, "bootstrap ready on {} ({}), root {}", iface.name, service.listen, c.root);
         Ok(Bootstrap {
@@ -657,6 +657,7 @@ fn join_root(
     hello: &Hello,
     key: Option<&Key>,
     timeout: Duration,
+    retry: Option<oxccl_netif::Retry>,
 ) -> Result<Vec<std::net::SocketAddr>> {
     let (rank, nranks) = (hello.rank, hello.nranks);
     let hint = if c.from_env {
@@ -665,7 +666,7 @@ fn join_root(
         ""
     };
     let start = Instant::now();
-    let s = tcp::connect_retry(c.root, start + timeout).map_err(|e| {
+    let s = tcp::connect_retry(c.root, start + timeout, retry).map_err(|e| {
         Error::Remote(format!(
             "bootstrap: rank {rank} could not reach the root at {} within {} (NCCL_TIMEOUT): {e}{hint}",
             c.root,

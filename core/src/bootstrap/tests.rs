@@ -976,3 +976,52 @@ fn a_forged_failure_notice_is_ignored_and_its_address_named() {
     let e = bs[1].recv(0, 99).unwrap_err();
     assert_eq!(e.message(), "rank 0 failed: real failure");
 }
+
+/// NCCL_SOCKET_RETRY_CNT and _SLEEP_MSEC bound the connect to a root that
+/// is not there: 2 retries waiting 30 ms x n give up after 90 ms, long
+/// before the deadline; unset, oxccl retries until the deadline.
+#[test]
+fn nccls_retries_bound_the_connect_to_the_root() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    let c =
+        Config::load_with(&[("SOCKET_RETRY_CNT", "2"), ("SOCKET_RETRY_SLEEP_MSEC", "30")]).unwrap();
+    let retry = c.socket_retry();
+    assert_eq!(
+        retry,
+        Some(oxccl_netif::Retry {
+            count: 2,
+            sleep: Duration::from_millis(30)
+        })
+    );
+    let start = Instant::now();
+    let e = super::tcp::connect_retry(addr, start + Duration::from_secs(30), retry).unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        e.to_string()
+            .contains("gave up after 2 retries (NCCL_SOCKET_RETRY_CNT)"),
+        "{e}"
+    );
+    assert!(
+        took >= Duration::from_millis(90) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+    let start = Instant::now();
+    super::tcp::connect_retry(addr, start + Duration::from_millis(300), None).unwrap_err();
+    assert!(start.elapsed() >= Duration::from_millis(150));
+    let only_cnt = Config::load_with(&[("SOCKET_RETRY_CNT", "5")]).unwrap();
+    assert_eq!(
+        only_cnt.socket_retry().map(|r| r.sleep),
+        Some(Duration::from_millis(100))
+    );
+    for (k, bad) in [
+        ("SOCKET_RETRY_CNT", "0"),
+        ("SOCKET_RETRY_CNT", "lots"),
+        ("SOCKET_RETRY_SLEEP_MSEC", "0"),
+        ("SOCKET_RETRY_SLEEP_MSEC", "1s"),
+    ] {
+        let e = Config::load_with(&[(k, bad)]).unwrap_err().to_string();
+        assert!(e.contains(&format!("NCCL_{k}={bad:?}")), "{e}");
+    }
+}
