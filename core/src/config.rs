@@ -800,6 +800,8 @@ settings! {
         graph_register: bool = "GRAPH_REGISTER", "1" in DevicePath;
         /// NCCL's registration of buffers given to ncclCommRegister. Buffer registration is not built yet: 1 set explicitly is named in a WARN, and nothing is registered; 0 is accepted.
         local_register: bool = "LOCAL_REGISTER", "1" in DevicePath;
+        /// 0 (NCCL's default): a GPU communicator's proxy thread, which drives its transfers through the network and shared memory, runs on the CPUs local to its GPU (sysfs's local_cpulist of its PCI device) that the process also inherited, as NCCL binds its threads; where the two share none, it keeps the inherited set. 1: on the GPU's CPUs alone, ignoring the inherited set (the kernel still holds a thread within its cpuset), as NCCL's 1. Host-memory communicators bind nothing.
+        ignore_cpu_affinity: bool = "IGNORE_CPU_AFFINITY", "0" in Transports;
         /// 1: communicators made through the C API are blocking, 0: non-blocking, replacing the config's `blocking` field (and the default, blocking, where no config is given), as in NCCL. Unset: the config's. Rust's `CommConfig::blocking` is the program's own choice.
         comm_blocking: Option<bool> = "COMM_BLOCKING", "" in Bootstrap, by "oxccl-capi";
     }
@@ -965,7 +967,6 @@ settings! {
         "NCCL_LL_THRESHOLD" = "removed from NCCL in 2.5; the cost model (or NCCL_PROTO, OXCCL_DEV_LL_BYTES) chooses the protocol";
         "NCCL_TREE_THRESHOLD" = "removed from NCCL in 2.5; the cost model (or NCCL_ALGO, a tuner plugin) chooses the algorithm";
         "NCCL_SET_THREAD_NAME" = "not implemented yet";
-        "NCCL_IGNORE_CPU_AFFINITY" = "not implemented yet";
     }
 }
 

@@ -113,6 +113,7 @@ pub(crate) fn open(
         dmabuf: gdr.dmabuf,
         profiled,
         fabric: device_fabric(locality, &peers.p2p_disabled, inter, peers.nnodes),
+        cpus: helper_cpus(device, cfg.ignore_cpu_affinity),
     };
     let dc = DeviceComm::with_transports(&oob, device, dcfg, tr)
         .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
@@ -503,6 +504,17 @@ pub(super) fn stream(op: &Op) -> RawStream {
     // SAFETY: the caller of `Comm::enqueue` promised a live stream of the
     // communicator's GPU (or 0), as NCCL requires of its callers.
     unsafe { RawStream::from_raw(op.stream) }
+}
+
+/// The CPUs this GPU's helper threads bind to (NCCL_IGNORE_CPU_AFFINITY:
+/// [`crate::topo::affinity`]), `None` where they keep what they inherit.
+fn helper_cpus(device: usize, ignore_inherited: bool) -> Option<Vec<usize>> {
+    let bus = Device::get(device).and_then(|d| d.pci_bus_id()).ok()?;
+    let cpus = crate::topo::affinity::for_gpu(&bus, ignore_inherited);
+    debug!(target: "oxccl::init", "GPU {device} ({bus}): helper threads on CPUs {}{}",
+        cpus.as_deref().map_or("inherited".into(), crate::topo::affinity::format_cpulist),
+        if ignore_inherited { " (NCCL_IGNORE_CPU_AFFINITY=1: the GPU's alone)" } else { "" });
+    cpus
 }
 
 /// Checks every operation's buffers ([`check_reachable`]) unless `checks`

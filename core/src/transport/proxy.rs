@@ -241,6 +241,9 @@ pub struct Areas {
     /// thread is told whether one is, it posts nothing, so that with one
     /// every step is reported from its start.
     pub profiled: bool,
+    /// The CPUs the thread binds to before anything else
+    /// (NCCL_IGNORE_CPU_AFFINITY); `None`: those it inherits.
+    pub cpus: Option<Vec<usize>>,
 }
 
 impl Areas {
@@ -265,6 +268,7 @@ impl Areas {
             layout,
             rank,
             profiled,
+            cpus: None,
         }
     }
 }
@@ -789,6 +793,16 @@ fn run(mut driven: Vec<Driven>, areas: Areas, sh: &Shared) {
     // kernels' slot counters), so of NCCL's proxy-control states this
     // thread reports idle/active and sleep/wakeup, and "append" for the
     // proxy ops of each announced launch it profiles.
+    if let Some(cpus) = &areas.cpus {
+        match crate::topo::affinity::bind_current(cpus) {
+            Ok(()) => {
+                tracing::info!(target: "oxccl::init", "proxy of rank {}: bound to CPUs {}", areas.rank, crate::topo::affinity::format_cpulist(cpus))
+            }
+            Err(e) => {
+                tracing::warn!(target: "oxccl::init", "proxy of rank {}: cannot bind to CPUs {} ({e}); it runs where it was started", areas.rank, crate::topo::affinity::format_cpulist(cpus))
+            }
+        }
+    }
     let mut ctrl = ProxyCtrl::new(None);
     let mut gate = if areas.profiled {
         Gate::Hold

@@ -48,6 +48,9 @@ pub struct Transports<'a> {
     pub profiled: bool,
     /// The links the cost table prices, the same on every rank.
     pub fabric: crate::algo::cost::Fabric,
+    /// The CPUs the proxy thread binds to (NCCL_IGNORE_CPU_AFFINITY);
+    /// `None`: it keeps the ones it inherits.
+    pub cpus: Option<Vec<usize>>,
 }
 
 impl Transports<'_> {
@@ -60,6 +63,7 @@ impl Transports<'_> {
             dmabuf: false,
             profiled: false,
             fabric: crate::algo::cost::LinkModel::NVLINK.into(),
+            cpus: None,
         }
     }
 }
@@ -691,6 +695,7 @@ impl Window {
                     layout,
                     rank,
                     profiled: tr.profiled,
+                    cpus: tr.cpus.clone(),
                 },
             )?),
             _ => None,
