@@ -740,6 +740,8 @@ settings! {
             expects "a comma-separated list of subsystems, ^ in front to exclude them";
         /// File the log goes to instead of stderr; %h is the host name, %p the process id, %% a percent sign.
         debug_file: Option<String> = "DEBUG_FILE", "" in Logging, expects "a file name, with %h, %p, %%";
+        /// 1: threads NCCL names take NCCL's names, for tools that look for them: a GPU communicator's proxy thread is `NCCL Progress<dev>`, the bootstrap root `NCCL BootstrapR`. 0: oxccl's own names (`oxccl-proxy-<rank>`, `oxccl-bootstrap-root`); NCCL leaves its threads unnamed there. The socket network's helper threads keep `oxccl-net-sock`.
+        set_thread_name: bool = "SET_THREAD_NAME", "0" in Logging;
         /// The time at the head of log lines, NCCL's way: a strftime format in local time (TZ), `_` written as a space, and `%1f` to `%9f` (once) for that many digits of the second's fraction. Unset: `[%F %T] ` ([YYYY-MM-DD HH:MM:SS]). As in NCCL, set but empty prints no time.
         debug_timestamp_format: Option<String> = "DEBUG_TIMESTAMP_FORMAT", "" in Logging, check STAMP_FORMAT;
         /// Which levels' lines begin with the time: VERSION, WARN, INFO, ABORT, TRACE or ALL, comma-separated, `^` in front for every level but those (oxccl writes no VERSION or ABORT lines). Unset: WARN. As in NCCL, set but empty: none.
@@ -966,7 +968,6 @@ settings! {
         "NCCL_SINGLE_RING_THRESHOLD" = "removed from NCCL in 2.3; the cost model (or a tuner plugin) chooses the channels";
         "NCCL_LL_THRESHOLD" = "removed from NCCL in 2.5; the cost model (or NCCL_PROTO, OXCCL_DEV_LL_BYTES) chooses the protocol";
         "NCCL_TREE_THRESHOLD" = "removed from NCCL in 2.5; the cost model (or NCCL_ALGO, a tuner plugin) chooses the algorithm";
-        "NCCL_SET_THREAD_NAME" = "not implemented yet";
     }
 }
 

@@ -314,6 +314,20 @@ where
     }
 }
 
+/// A thread's name: NCCL's (`nccls`, at most 15 bytes as NCCL's
+/// NCCL_THREAD_NAMELEN allows) where NCCL_SET_THREAD_NAME=1 (`nccl`),
+/// else oxccl's own.
+pub fn thread_name(nccl: bool, ours: String, nccls: impl FnOnce() -> String) -> String {
+    if !nccl {
+        return ours;
+    }
+    let mut n = nccls();
+    while n.len() > 15 {
+        n.pop();
+    }
+    n
+}
+
 /// The tracing filter directive for NCCL_DEBUG / NCCL_DEBUG_SUBSYS values,
 /// for programs that build their own subscriber with an `EnvFilter` (a
 /// target naming several subsystems is matched only by its first there).
@@ -484,6 +498,19 @@ pub(crate) fn capture_lines<R>(f: impl FnOnce() -> R) -> (R, String) {
 mod tests {
     use super::{debug_file_name, directive, stamp_of, Filter, Stamp, StampLevels};
     use tracing::Level;
+
+    #[test]
+    fn thread_names_as_nccl_under_nccl_set_thread_name() {
+        let name = |nccl| {
+            super::thread_name(nccl, "oxccl-proxy-3".into(), || {
+                format!("NCCL Progress{:2}", 3)
+            })
+        };
+        assert_eq!(name(false), "oxccl-proxy-3");
+        assert_eq!(name(true), "NCCL Progress 3");
+        let long = super::thread_name(true, String::new(), || "NCCL Progress 123456".into());
+        assert_eq!(long, "NCCL Progress 1");
+    }
 
     /// NCCL_DEBUG_TIMESTAMP_FORMAT through strftime, with `_` as a space
     /// and `%Nf` as N digits of the second's fraction (once; `%%` is a

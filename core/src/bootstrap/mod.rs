@@ -204,6 +204,13 @@ pub fn get_unique_id(cfg: &Config) -> Result<UniqueId> {
     start_root(cfg)
 }
 
+/// The root thread's name: NCCL's under NCCL_SET_THREAD_NAME=1.
+fn root_thread_name(cfg: &Config) -> String {
+    crate::log::thread_name(cfg.set_thread_name, "oxccl-bootstrap-root".into(), || {
+        "NCCL BootstrapR".into()
+    })
+}
+
 /// Starts a root in this process and returns its id, whatever
 /// `NCCL_COMM_ID` says: for communicators made from another one (splits),
 /// which must not all meet at the one NCCL_COMM_ID address.
@@ -222,7 +229,7 @@ fn start_root_keyed(cfg: &Config, key: Option<Arc<Key>>) -> Result<UniqueId> {
     let iface = bootstrap_iface(cfg, near)?;
     let listener = listen_on(&iface, "bootstrap root")?;
     let magic: u64 = rand::random();
-    let root = root::spawn(listener, magic, cfg.timeout(), key)?;
+    let root = root::spawn(listener, magic, cfg.timeout(), key, root_thread_name(cfg))?;
     Ok(UniqueId(
         IdContents {
             from_env: false,
@@ -300,7 +307,7 @@ impl Bootstrap {
                     e,
                 )
             })?;
-            root::spawn(l, c.magic, timeout, key.clone())?;
+            root::spawn(l, c.magic, timeout, key.clone(), root_thread_name(cfg))?;
         }
         let iface = bootstrap_iface(cfg, Some(c.root.ip()))?;
         let listener = listen_on(&iface, "bootstrap")?;

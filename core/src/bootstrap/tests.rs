@@ -977,6 +977,33 @@ fn a_forged_failure_notice_is_ignored_and_its_address_named() {
     assert_eq!(e.message(), "rank 0 failed: real failure");
 }
 
+/// NCCL_SET_THREAD_NAME=1: the root thread takes NCCL's name.
+#[test]
+fn the_root_thread_takes_nccls_name_under_nccl_set_thread_name() {
+    let names = || -> Vec<String> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|n| n.trim().to_string())
+            .collect()
+    };
+    let c = Config::load_with(&[
+        ("SOCKET_IFNAME", "lo"),
+        ("TIMEOUT", "1"),
+        ("SET_THREAD_NAME", "1"),
+    ])
+    .unwrap();
+    let _id = start_root(&c).unwrap();
+    // The new thread names itself as it starts.
+    let start = Instant::now();
+    while !names().iter().any(|n| n == "NCCL BootstrapR") {
+        assert!(start.elapsed() < Duration::from_secs(5), "{:?}", names());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let e = Config::load_with(&[("SET_THREAD_NAME", "yes please")]).unwrap_err();
+    assert!(e.to_string().contains("NCCL_SET_THREAD_NAME"), "{e}");
+}
+
 /// NCCL_SOCKET_RETRY_CNT and _SLEEP_MSEC bound the connect to a root that
 /// is not there: 2 retries waiting 30 ms x n give up after 90 ms, long
 /// before the deadline; unset, oxccl retries until the deadline.

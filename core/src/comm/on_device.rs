@@ -114,6 +114,7 @@ pub(crate) fn open(
         profiled,
         fabric: device_fabric(locality, &peers.p2p_disabled, inter, peers.nnodes),
         cpus: helper_cpus(device, cfg.ignore_cpu_affinity),
+        nccl_names: cfg.set_thread_name,
     };
     let dc = DeviceComm::with_transports(&oob, device, dcfg, tr)
         .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;

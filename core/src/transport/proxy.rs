@@ -244,6 +244,8 @@ pub struct Areas {
     /// The CPUs the thread binds to before anything else
     /// (NCCL_IGNORE_CPU_AFFINITY); `None`: those it inherits.
     pub cpus: Option<Vec<usize>>,
+    /// The thread's name (NCCL's under NCCL_SET_THREAD_NAME=1).
+    pub name: String,
 }
 
 impl Areas {
@@ -269,6 +271,7 @@ impl Areas {
             rank,
             profiled,
             cpus: None,
+            name: format!("oxccl-proxy-{rank}"),
         }
     }
 }
@@ -698,7 +701,7 @@ impl Proxy {
             notices: notices.clone(),
         };
         let thread = std::thread::Builder::new()
-            .name(format!("oxccl-proxy-{}", areas.rank))
+            .name(areas.name.clone())
             .spawn(move || run(driven, areas, &shared))
             .map_err(|e| Error::System(format!("cannot start the proxy thread: {e}")))?;
         Ok(Proxy {

@@ -51,6 +51,8 @@ pub struct Transports<'a> {
     /// The CPUs the proxy thread binds to (NCCL_IGNORE_CPU_AFFINITY);
     /// `None`: it keeps the ones it inherits.
     pub cpus: Option<Vec<usize>>,
+    /// The proxy thread takes NCCL's name (NCCL_SET_THREAD_NAME=1).
+    pub nccl_names: bool,
 }
 
 impl Transports<'_> {
@@ -64,6 +66,7 @@ impl Transports<'_> {
             profiled: false,
             fabric: crate::algo::cost::LinkModel::NVLINK.into(),
             cpus: None,
+            nccl_names: false,
         }
     }
 }
@@ -696,6 +699,11 @@ impl Window {
                     rank,
                     profiled: tr.profiled,
                     cpus: tr.cpus.clone(),
+                    name: crate::log::thread_name(
+                        tr.nccl_names,
+                        format!("oxccl-proxy-{rank}"),
+                        || format!("NCCL Progress{:2}", ctx.device().ordinal()),
+                    ),
                 },
             )?),
             _ => None,
