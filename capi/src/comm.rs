@@ -50,8 +50,21 @@ pub(crate) fn c_str(p: *const c_char) -> Option<String> {
     Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
 }
 
-/// The caller's `ncclConfig_t`, read as far as its `size` says it goes.
+/// The caller's `ncclConfig_t`, read as far as its `size` says it goes,
+/// with NCCL_COMM_BLOCKING, where set, replacing its `blocking` (or the
+/// default's, for a NULL config), as NCCL's envConfigOverride does.
 fn read_config(config: *const ncclConfig_t) -> Result<CommConfig, Error> {
+    let mut cc = read_config_fields(config)?;
+    if let Some(b) = oxccl::config::Config::load()?.comm_blocking {
+        if b != cc.blocking {
+            tracing::info!(target: "oxccl::env", "Comm config blocking {} reset to NCCL_COMM_BLOCKING={}", u8::from(cc.blocking), u8::from(b));
+        }
+        cc.blocking = b;
+    }
+    Ok(cc)
+}
+
+fn read_config_fields(config: *const ncclConfig_t) -> Result<CommConfig, Error> {
     let mut cc = CommConfig::default();
     if config.is_null() {
         return Ok(cc);

@@ -39,6 +39,14 @@ pub fn main(args: &InfoArgs) -> Result<i32, String> {
             e.def.doc
         );
     }
+    println!("\n## Not implemented (NCCL documents them; oxccl warns where set and ignores them)");
+    for r in oxccl::config::REFUSED {
+        let set = cfg.refused_set().iter().find(|s| s.def.name == r.name);
+        let state = set.map_or("(unset)".to_string(), |s| {
+            format!("{} ({})", s.value, s.source)
+        });
+        println!("  {:<32} {:<20} {}", r.name, state, r.why);
+    }
     println!("\n## Security (NCCL_SOCKET_KEY_FILE)");
     match oxccl::bootstrap::socket_key(&cfg) {
         Ok(key) => {

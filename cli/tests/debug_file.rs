@@ -36,6 +36,12 @@ fn each_rank_logs_to_its_own_file() {
         assert!(!text.contains('\u{1b}'), "colour codes in {name}:\n{text}");
         let pid = name.rsplit('.').next().unwrap_or_default();
         for line in text.lines() {
+            // WARN lines begin with the time (NCCL_DEBUG_TIMESTAMP_LEVELS'
+            // default, in NCCL_DEBUG_TIMESTAMP_FORMAT's `[%F %T] `).
+            let line = match line.strip_prefix('[') {
+                Some(r) if line.contains(" NCCL WARN ") => r.split_once("] ").map_or(line, |p| p.1),
+                _ => line,
+            };
             let (prefix, rest) = line.split_once(' ').unwrap_or_default();
             let parts: Vec<&str> = prefix.split(':').collect();
             assert!(

@@ -328,6 +328,47 @@ const NETDEVS_POLICY: Check<Option<String>> = Check {
     test: |v| crate::topo::policy::NetDevsPolicy::parse(v.as_deref().unwrap_or("")).map(|_| ()),
 };
 
+const LAUNCH_MODE: Check<Option<String>> = Check {
+    expects: "PARALLEL or GROUP",
+    test: |v| match v
+        .as_deref()
+        .map(|m| m.trim().to_ascii_uppercase())
+        .as_deref()
+    {
+        None | Some("PARALLEL" | "GROUP") => Ok(()),
+        Some(_) => Err("no such mode".into()),
+    },
+};
+
+const STAMP_FORMAT: Check<Option<String>> = Check {
+    expects: "a strftime format (`_` for a space, %1f to %9f for fractions of a second), under 256 bytes, no NUL",
+    test: |v| match v {
+        Some(f) if f.len() >= 256 || f.contains('\0') => Err("too long, or holds a NUL".into()),
+        _ => Ok(()),
+    },
+};
+
+const STAMP_LEVELS: Check<Option<String>> = Check {
+    expects: "VERSION, WARN, INFO, ABORT, TRACE or ALL, comma-separated, ^ in front to exclude",
+    test: |v| crate::log::StampLevels::parse(v.as_deref().unwrap_or("")).map(|_| ()),
+};
+
+const RETRY_CNT: Check<Option<u64>> = Check {
+    expects: oxccl_netif::retry::CNT_EXPECTS,
+    test: |v| match v {
+        Some(1..=100_000) | None => Ok(()),
+        Some(_) => Err("out of range".into()),
+    },
+};
+
+const RETRY_SLEEP: Check<Option<u64>> = Check {
+    expects: oxccl_netif::retry::SLEEP_EXPECTS,
+    test: |v| match v {
+        Some(1..=600_000) | None => Ok(()),
+        Some(_) => Err("out of range".into()),
+    },
+};
+
 const DEV_TIMEOUT: Check<Option<u64>> = Check {
     expects: "whole seconds from 1 to 31536000 (365 days)",
     test: |v| match v {
@@ -440,6 +481,44 @@ impl Subject {
     }
 }
 
+/// An NCCL_ variable oxccl does not implement ([`REFUSED`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    /// The environment variable.
+    pub name: &'static str,
+    /// Why oxccl does not implement it.
+    pub why: &'static str,
+}
+
+/// A refused variable found set, as [`Config::load`] found it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefusedSet {
+    pub def: &'static Refused,
+    pub value: String,
+    pub source: Source,
+}
+
+/// Writes `line` as a WARN unless one about `name` was written already in
+/// this process; whether it wrote it.
+pub fn warn_once(name: &'static str, line: &str) -> bool {
+    use std::sync::{Mutex, OnceLock};
+    static WARNED: OnceLock<Mutex<std::collections::BTreeSet<&'static str>>> = OnceLock::new();
+    let fresh = WARNED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(name);
+    if fresh {
+        tracing::warn!(target: "oxccl::init|env", "{line}");
+    }
+    fresh
+}
+
+/// The refused variable named `name` (the whole variable name).
+pub fn refused(name: &str) -> Option<&'static Refused> {
+    REFUSED.iter().find(|r| r.name == name)
+}
+
 /// One declared setting.
 #[derive(Debug, Clone, Copy)]
 pub struct ParamDef {
@@ -544,7 +623,15 @@ macro_rules! settings {
                $oname:literal = $odefault:literal in $osubject:ident,
                expects $oexpects:literal, by $oby:literal ; )*
         }
+        refused {
+            $( $rname:literal = $rwhy:literal ; )*
+        }
     ) => {
+        /// The NCCL_ variables NCCL documents that oxccl does not implement,
+        /// each with why; one set anywhere is named in a WARN once per
+        /// process when a communicator is made ([`Config::warn_refused`]).
+        pub const REFUSED: &[Refused] = &[ $( Refused { name: $rname, why: $rwhy }, )* ];
+
         /// Every setting: the core's NCCL_ ones ([`PARAMS`]), then the
         /// OXCCL_ ones read through [`ox`], then those read by crates that
         /// cannot link the core.
@@ -592,6 +679,9 @@ macro_rules! settings {
             entries: BTreeMap<&'static str, Entry>,
             /// The OXCCL_ settings, as [`Config::load`] found them.
             env: Vec<Entry>,
+            /// The refused variables ([`REFUSED`]) set somewhere, with
+            /// their values and where they were found.
+            refused: Vec<RefusedSet>,
         }
 
         impl Config {
@@ -606,7 +696,7 @@ macro_rules! settings {
                     let $cfield = resolve::<$cty>(&def, &value, &source, &[$(&$ccheck)?])?;
                     entries.insert($ckey, Entry { def, value, source });
                 )*
-                Ok(Config { $( $cfield, )* entries, env: Vec::new() })
+                Ok(Config { $( $cfield, )* entries, env: Vec::new(), refused: Vec::new() })
             }
         }
 
@@ -674,6 +764,12 @@ settings! {
         socket_key_file: Option<String> = "SOCKET_KEY_FILE", "" in Bootstrap,
             expects "a path to a file of 64 hex digits",
             by "oxccl, oxccl-net-socket (through oxccl-secure)";
+        /// Retries of a socket connect that was refused, timed out or found its peer unreachable, NCCL's way: the n-th retry waits n x NCCL_SOCKET_RETRY_SLEEP_MSEC, so NCCL's defaults (34 and 100) retry for about 60 s. Used by the bootstrap's connection to the root and by the socket network's connects, where this or NCCL_SOCKET_RETRY_SLEEP_MSEC is set (the other then takes NCCL's default); both unset: oxccl's own retries, until NCCL_TIMEOUT for the bootstrap (10 ms doubling to 500 ms), for 10 s every 10 ms for the socket network. The bootstrap's waits still end at NCCL_TIMEOUT.
+        socket_retry_cnt: Option<u64> = "SOCKET_RETRY_CNT", "" in Bootstrap, check RETRY_CNT,
+            by "oxccl, oxccl-net-socket (through oxccl-netif)";
+        /// Milliseconds before the first retry of a socket connect; the n-th waits n times it (see NCCL_SOCKET_RETRY_CNT). NCCL's default where only NCCL_SOCKET_RETRY_CNT is set: 100.
+        socket_retry_sleep_msec: Option<u64> = "SOCKET_RETRY_SLEEP_MSEC", "" in Bootstrap, check RETRY_SLEEP,
+            by "oxccl, oxccl-net-socket (through oxccl-netif)";
         /// Seconds an operation or the bootstrap may wait on a peer before failing with the ranks it waited for; where set, also the kernels' wait (OXCCL_DEV_TIMEOUT_S). oxccl's own (NCCL waits without a bound): at least 1 ms, at most 365 days, beyond which a wait is no bound at all.
         timeout_s: f64 = "TIMEOUT", "300" in Bootstrap, check TIMEOUT;
         /// Logging: VERSION, WARN, INFO, TRACE (NCCL's levels).
@@ -684,6 +780,12 @@ settings! {
             expects "a comma-separated list of subsystems, ^ in front to exclude them";
         /// File the log goes to instead of stderr; %h is the host name, %p the process id, %% a percent sign.
         debug_file: Option<String> = "DEBUG_FILE", "" in Logging, expects "a file name, with %h, %p, %%";
+        /// 1: threads NCCL names take NCCL's names, for tools that look for them: a GPU communicator's proxy thread is `NCCL Progress<dev>`, the bootstrap root `NCCL BootstrapR`. 0: oxccl's own names (`oxccl-proxy-<rank>`, `oxccl-bootstrap-root`); NCCL leaves its threads unnamed there. The socket network's helper threads keep `oxccl-net-sock`.
+        set_thread_name: bool = "SET_THREAD_NAME", "0" in Logging;
+        /// The time at the head of log lines, NCCL's way: a strftime format in local time (TZ), `_` written as a space, and `%1f` to `%9f` (once) for that many digits of the second's fraction. Unset: `[%F %T] ` ([YYYY-MM-DD HH:MM:SS]). As in NCCL, set but empty prints no time.
+        debug_timestamp_format: Option<String> = "DEBUG_TIMESTAMP_FORMAT", "" in Logging, check STAMP_FORMAT;
+        /// Which levels' lines begin with the time: VERSION, WARN, INFO, ABORT, TRACE or ALL, comma-separated, `^` in front for every level but those (oxccl writes no VERSION or ABORT lines). Unset: WARN. As in NCCL, set but empty: none.
+        debug_timestamp_levels: Option<String> = "DEBUG_TIMESTAMP_LEVELS", "" in Logging, check STAMP_LEVELS;
         /// Algorithm for collectives: Ring or Tree (recursive doubling); empty lets the cost model choose.
         algo: Option<String> = "ALGO", "" in Collectives, expects "Ring or Tree";
         /// Protocols the device path may use: LL and Simple (NCCL's list syntax, `^` excludes); unset: LL for operations of up to 4 KiB per rank where some peer is reached through host memory (network or shared memory), Simple otherwise. Rank 0's is taken. Checked when any communicator is made, on host memory too.
@@ -746,6 +848,20 @@ settings! {
         collnet_enable: u64 = "COLLNET_ENABLE", "0" in Collectives, check COLLNET_ENABLE;
         /// Fewest nodes a communicator must span for CollNet to be used (NCCL's default, 2).
         collnet_node_threshold: u64 = "COLLNET_NODE_THRESHOLD", "2" in Collectives, check COLLNET_NODES;
+        /// 1: GPU communicators skip their per-call pointer checks (each buffer's CUDA memory type and allocation extent, a driver query or two per buffer): a buffer the GPU cannot reach then faults the kernel, and the CUDA context with it, instead of failing the call with InvalidArgument. The checks that guard the process's own memory stay: counts, datatypes, operations, roots, and a host-memory communicator's buffers. NCCL 2.31 no longer reads it (deprecated in 2.2.12).
+        checks_disable: bool = "CHECKS_DISABLE", "0" in Collectives;
+        /// NCCL's launch mode for a process driving several GPUs. PARALLEL (NCCL's default) launches each GPU's kernel on its own stream, which is what oxccl does; GROUP (NCCL's cooperative launch across the GPUs, deprecated in NCCL 2.9) is accepted and named in a WARN: oxccl still launches each GPU's kernel on its own.
+        launch_mode: Option<String> = "LAUNCH_MODE", "" in DevicePath, check LAUNCH_MODE;
+        /// NCCL's 1 (its default) connects peers at their first operation, 0 at creation. oxccl connects as its paths do whatever the value: a GPU communicator connects every peer at creation (its device window is set up then), a host-memory communicator each peer at its first operation with it; a value that asks for the other (1 on a GPU, 0 on host memory) is named in a WARN.
+        runtime_connect: Option<bool> = "RUNTIME_CONNECT", "" in Transports;
+        /// NCCL's registration of user buffers captured in CUDA graphs. Buffer registration is not built yet: 1 set explicitly is named in a WARN, and nothing is registered; 0 is accepted.
+        graph_register: bool = "GRAPH_REGISTER", "1" in DevicePath;
+        /// NCCL's registration of buffers given to ncclCommRegister. Buffer registration is not built yet: 1 set explicitly is named in a WARN, and nothing is registered; 0 is accepted.
+        local_register: bool = "LOCAL_REGISTER", "1" in DevicePath;
+        /// 0 (NCCL's default): a GPU communicator's proxy thread, which drives its transfers through the network and shared memory, runs on the CPUs local to its GPU (sysfs's local_cpulist of its PCI device) that the process also inherited, as NCCL binds its threads; where the two share none, it keeps the inherited set. 1: on the GPU's CPUs alone, ignoring the inherited set (the kernel still holds a thread within its cpuset), as NCCL's 1. Host-memory communicators bind nothing.
+        ignore_cpu_affinity: bool = "IGNORE_CPU_AFFINITY", "0" in Transports;
+        /// 1: communicators made through the C API are blocking, 0: non-blocking, replacing the config's `blocking` field (and the default, blocking, where no config is given), as in NCCL. Unset: the config's. Rust's `CommConfig::blocking` is the program's own choice.
+        comm_blocking: Option<bool> = "COMM_BLOCKING", "" in Bootstrap, by "oxccl-capi";
     }
     env {
         /// 1: communicators made through the C API run on host memory even where GPUs exist (NCCL has no such mode); 0: on the GPU the CUDA runtime would use, host memory only where there is none.
@@ -836,6 +952,71 @@ settings! {
         /// Traces go to `<prefix>-<rank>.json`, as NCCL's example profiler's (where OXCCL_PROFILER_DIR is unset).
         "NCCL_PROFILE_DUMP_FILE" = "" in Profiler, expects "a path prefix", by "oxccl-profiler";
     }
+    refused {
+        "NCCL_SOCKET_MAGIC" = "the socket network's connections open with oxccl's own fixed magic and introduction, and are authenticated with NCCL_SOCKET_KEY_FILE where set; the magic cannot be changed";
+        "NCCL_SOCKET_POLL_TIMEOUT_MSEC" = "the bootstrap waits in blocking socket calls bounded by NCCL_TIMEOUT rather than spinning on them, so there is no poll interval to set";
+        "NCCL_OOB_NET_ENABLE" = "the bootstrap's exchanges run over TCP sockets only (NCCL_SOCKET_IFNAME), never through the net plugin";
+        "NCCL_OOB_NET_IFNAME" = "the bootstrap's exchanges run over TCP sockets only (NCCL_SOCKET_IFNAME), never through the net plugin";
+        "NCCL_UID_STAGGER_THRESHOLD" = "the bootstrap does not stagger the ranks' connections to the root";
+        "NCCL_UID_STAGGER_RATE" = "the bootstrap does not stagger the ranks' connections to the root";
+        "NCCL_RAS_ENABLE" = "oxccl has no RAS subsystem";
+        "NCCL_RAS_ADDR" = "oxccl has no RAS subsystem";
+        "NCCL_RAS_TIMEOUT_FACTOR" = "oxccl has no RAS subsystem";
+        "NCCL_IB_ADDR_FAMILY" = "an IB knob that oxccl-net-ib does not have: where NCCL_IB_GID_INDEX is unset it picks the GID itself (RoCE v2, IPv4 first)";
+        "NCCL_IB_ADDR_RANGE" = "an IB knob that oxccl-net-ib does not have: where NCCL_IB_GID_INDEX is unset it picks the GID itself (RoCE v2, IPv4 first)";
+        "NCCL_IB_ROCE_VERSION_NUM" = "an IB knob that oxccl-net-ib does not have: where NCCL_IB_GID_INDEX is unset it picks the GID itself (RoCE v2, IPv4 first)";
+        "NCCL_IB_PKEY_VALUE" = "an IB knob that oxccl-net-ib does not have: it takes the partition key by index (NCCL_IB_PKEY) only";
+        "NCCL_IB_FIFO_TC" = "an IB knob that oxccl-net-ib does not have: its control messages go with NCCL_IB_TC like its data";
+        "NCCL_IB_RETURN_ASYNC_EVENTS" = "an IB knob that oxccl-net-ib does not have";
+        "NCCL_IB_AR_THRESHOLD" = "an IB knob that oxccl-net-ib does not have: no adaptive-routing mode";
+        "NCCL_IB_ADAPTIVE_ROUTING" = "an IB knob that oxccl-net-ib does not have: no adaptive-routing mode";
+        "NCCL_IB_OOO_RQ" = "an IB knob that oxccl-net-ib does not have: its receives complete in order";
+        "NCCL_IB_SPLIT_DATA_ON_QPS" = "an IB knob that oxccl-net-ib does not have: it has one way of spreading messages over NCCL_IB_QPS_PER_CONNECTION queue pairs";
+        "NCCL_IB_CUDA_SUPPORT" = "removed from NCCL in 2.4.0; NCCL_NET_GDR_LEVEL replaces it";
+        "NCCL_IB_PCI_RELAXED_ORDERING" = "an IB knob that oxccl-net-ib does not have: it registers memory without relaxed ordering";
+        "NCCL_IB_ECE_ENABLE" = "an IB knob that oxccl-net-ib does not have: no Enhanced Connection Establishment";
+        "NCCL_NET_MERGE_POLICY" = "oxccl-net-ib merges only the ports of one NIC (NCCL_IB_MERGE_NICS), never several NICs into one";
+        "NCCL_IGNORE_COLLNET_MISMATCH" = "CollNet setup fails on every rank when the ranks disagree (NCCL_COLLNET_ENABLE, plugin, devices); there is no mode that goes on without it";
+        "NCCL_NVLS_ENABLE" = "no NVLS: NVLink SHARP needs NVLink multicast, which is forbidden on the machines oxccl is built and measured on, and oxccl has no NVLS algorithm";
+        "NCCL_MNNVL_ENABLE" = "no multi-node NVLink: oxccl reaches other hosts through the net plugin only";
+        "NCCL_MNNVL_UUID" = "no multi-node NVLink: oxccl reaches other hosts through the net plugin only";
+        "NCCL_MNNVL_CLIQUE_ID" = "no multi-node NVLink: oxccl reaches other hosts through the net plugin only";
+        "NCCL_SYM_GIN_KERNELS_ENABLE" = "no symmetric-memory kernels and no GPU-initiated networking (GIN)";
+        "NCCL_RMA_EAGER_INIT" = "no one-sided RMA: windows and signals are stubs";
+        "NCCL_WIN_ENABLE" = "no window registration: ncclCommWindowRegister is a stub";
+        "NCCL_LEGACY_CUDA_REGISTER" = "buffer registration is not built yet, so there is nothing to register";
+        "NCCL_NVB_DISABLE" = "oxccl never routes between GPUs of a host through an intermediate GPU";
+        "NCCL_PXN_DISABLE" = "no PXN: oxccl never sends through a NIC of another GPU";
+        "NCCL_P2P_PXN_LEVEL" = "no PXN: oxccl never sends through a NIC of another GPU";
+        "NCCL_PXN_C2C" = "no PXN: oxccl never sends through a NIC of another GPU";
+        "NCCL_NET_SHARED_COMMS" = "no PXN, whose connections this shares";
+        "NCCL_NET_SHARED_BUFFERS" = "each network connection has its own buffers (NCCL_BUFFSIZE); no shared pool";
+        "NCCL_NET_GDR_C2C" = "no C2C (Grace) topology: GPUDirect over the network follows NCCL_NET_GDR_LEVEL alone";
+        "NCCL_P2P_DIRECT_DISABLE" = "no switch of oxccl's for direct access to user buffers between GPUs of one process";
+        "NCCL_IGNORE_NET_MISMATCH" = "oxccl does not compare network device counts across ranks";
+        "NCCL_IPC_USE_ABSTRACT_SOCKET" = "CUDA IPC handles travel through the bootstrap, not Unix domain sockets";
+        "NCCL_MULTI_RANK_GPU_ENABLE" = "oxccl always lets ranks share a GPU (OXCCL_SHARED_GPU picks how); this neither enables nor forbids it";
+        "NCCL_P2P_NET_CHUNKSIZE" = "send/recv through the network slice by the connection's slots (NCCL_BUFFSIZE / 8), as collectives do; no size of their own";
+        "NCCL_P2P_LL_THRESHOLD" = "no LL limit of send/recv's own (OXCCL_DEV_LL_BYTES sets the device path's)";
+        "NCCL_ALLOC_P2P_NET_LL_BUFFERS" = "no LL buffers of send/recv's own on network connections";
+        "NCCL_CUMEM_ENABLE" = "not switchable: ncclMemAlloc always takes the CUDA virtual memory API where the GPU has it (cuMemAlloc otherwise), and oxccl's own buffers are cuMemAlloc memory shared through CUDA IPC";
+        "NCCL_CUMEM_HOST_ENABLE" = "oxccl's host memory is POSIX shared memory; the cuMem host path is not built";
+        "NCCL_GDRCOPY_ENABLE" = "oxccl does not use GDRCopy";
+        "NCCL_GDRCOPY_FIFO_ENABLE" = "oxccl does not use GDRCopy";
+        "NCCL_GDRCOPY_SYNC_ENABLE" = "oxccl does not use GDRCopy";
+        "NCCL_GDRCOPY_FLUSH_ENABLE" = "oxccl does not use GDRCopy";
+        "NCCL_MEM_SYNC_DOMAIN" = "oxccl's kernels launch without a memory sync domain attribute";
+        "NCCL_SET_STACK_SIZE" = "oxccl's kernels (compiled with NVRTC) set no stack size";
+        "NCCL_GRAPH_MIXING_SUPPORT" = "not implemented: oxccl's launches are ordered on the caller's stream, captured or not; NCCL's switch over graph mixing has no counterpart";
+        "NCCL_GRAPH_STREAM_ORDERING" = "not implemented: oxccl adds no serialisation of its own between captured launches, so there is none to turn off";
+        "NCCL_LAUNCH_ORDER_IMPLICIT" = "oxccl does not order launches of different communicators on one GPU by host program order";
+        "NCCL_LAUNCH_RACE_FATAL" = "oxccl does not order launches of different communicators on one GPU by host program order, so it has no race to catch";
+        "NCCL_CHECK_POINTERS" = "no pointer-checking mode: oxccl checks arguments one way (NCCL_CHECKS_DISABLE turns those checks off)";
+        "NCCL_CHECK_MODE" = "no DEBUG_LOCAL or DEBUG_GLOBAL mode: oxccl checks arguments one way (NCCL_CHECKS_DISABLE turns those checks off)";
+        "NCCL_SINGLE_RING_THRESHOLD" = "removed from NCCL in 2.3; the cost model (or a tuner plugin) chooses the channels";
+        "NCCL_LL_THRESHOLD" = "removed from NCCL in 2.5; the cost model (or NCCL_PROTO, OXCCL_DEV_LL_BYTES) chooses the protocol";
+        "NCCL_TREE_THRESHOLD" = "removed from NCCL in 2.5; the cost model (or NCCL_ALGO, a tuner plugin) chooses the algorithm";
+    }
 }
 
 /// The declared setting named `name` (the whole variable name).
@@ -909,6 +1090,14 @@ pub fn markdown() -> String {
         }
     }
     line("");
+    line("## Not implemented");
+    line("");
+    line("Variables NCCL 2.31.2 documents that oxccl does not implement, each with why. One that is set (in the environment, through the env plugin, or in a configuration file) is named in a WARN with its reason, once per process, when a communicator is made; nothing else is done with it. `oxccl info` lists them.");
+    line("");
+    for r in REFUSED {
+        line(&format!("- `{}`: {}.", r.name, r.why));
+    }
+    line("");
     line("## Variables of tests and tools (not settings)");
     line("");
     line("Read by oxccl's tests, its tools and the launchers of `oxccl perf` and `oxccl recover`, never by the library:");
@@ -961,10 +1150,6 @@ pub const NOT_VARIABLES: &[(&str, &str)] = &[
         "NCCL's pointer-support flag, named in messages",
     ),
     (
-        "NCCL_NVLS_ENABLE",
-        "NCCL's own setting, set for NCCL in comparisons",
-    ),
-    (
         "NCCL_INSPECTOR_ENABLE",
         "NCCL's inspector plugin's, set in its test",
     ),
@@ -1014,10 +1199,20 @@ impl Config {
             return Err(e);
         }
         let mut raw: BTreeMap<&'static str, (String, Source)> = BTreeMap::new();
+        // Refused variables set anywhere, by name; a higher source replaces
+        // a lower one, as for settings.
+        let mut refused_set: BTreeMap<&'static str, RefusedSet> = BTreeMap::new();
+        let mut note_refused = |name: &str, value: String, source: Source| {
+            if let Some(def) = refused(name).filter(|_| !value.trim().is_empty()) {
+                refused_set.insert(def.name, RefusedSet { def, value, source });
+            }
+        };
         if let Some((path, text)) = conf_file()? {
             for (key, value) in parse_conf(&text) {
                 if let Some(def) = lookup(&key) {
                     raw.insert(def.key, (value, Source::File(path.clone())));
+                } else {
+                    note_refused(&format!("NCCL_{key}"), value, Source::File(path.clone()));
                 }
             }
         }
@@ -1029,6 +1224,8 @@ impl Config {
             for (name, value) in f.vars {
                 if let Some(def) = name.strip_prefix("NCCL_").and_then(lookup) {
                     raw.insert(def.key, (value, Source::File(f.path.clone())));
+                } else {
+                    note_refused(&name, value, Source::File(f.path.clone()));
                 }
             }
         }
@@ -1036,6 +1233,11 @@ impl Config {
         for def in PARAMS {
             if let Some(v) = var(&def.env_name()) {
                 raw.insert(def.key, (v, env_source.clone()));
+            }
+        }
+        for r in REFUSED {
+            if let Some(v) = var(r.name) {
+                note_refused(r.name, v, env_source.clone());
             }
         }
         for (key, value) in api {
@@ -1049,7 +1251,72 @@ impl Config {
         }
         let mut cfg = Config::from_raw(&raw)?;
         cfg.env = ox::entries(&|k| std::env::var(k))?;
+        cfg.refused = refused_set.into_values().collect();
         Ok(cfg)
+    }
+
+    /// The refused variables ([`REFUSED`]) set in the environment or a
+    /// configuration file, with their values and sources.
+    pub fn refused_set(&self) -> &[RefusedSet] {
+        &self.refused
+    }
+
+    /// Names each refused variable that is set in one WARN with why oxccl
+    /// does not implement it, and each setting whose value asks for what
+    /// oxccl does not do ([`Config::unhonoured`]), once per process (every
+    /// communicator's creation calls this); returns the names warned about
+    /// now.
+    pub fn warn_refused(&self) -> Vec<&'static str> {
+        let mut now = Vec::new();
+        for r in &self.refused {
+            let line = format!(
+                "{}={} (from {}) is not implemented by oxccl and is ignored: {}",
+                r.def.name, r.value, r.source, r.def.why
+            );
+            if warn_once(r.def.name, &line) {
+                now.push(r.def.name);
+            }
+        }
+        for (name, line) in self.unhonoured() {
+            if warn_once(name, &line) {
+                now.push(name);
+            }
+        }
+        now
+    }
+
+    /// The settings set to a value oxccl accepts but does not act on, each
+    /// with the line that says so.
+    pub fn unhonoured(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let mut set = |key: &str, on: bool, why: &str| {
+            if let Some(e) = self.entries.get(key).filter(|_| on && self.is_set(key)) {
+                out.push((
+                    e.def.name,
+                    format!("{}={} (from {}): {why}", e.def.name, e.value, e.source),
+                ));
+            }
+        };
+        set("GRAPH_REGISTER", self.graph_register, "buffer registration is not implemented yet, so captured buffers are not registered; the collectives run as without it");
+        set("LOCAL_REGISTER", self.local_register, "buffer registration is not implemented yet, so ncclCommRegister registers nothing; the collectives run as without it");
+        let group = self
+            .launch_mode
+            .as_deref()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("GROUP"));
+        set("LAUNCH_MODE", group, "oxccl has no cooperative launch across GPUs (NCCL deprecated it in 2.9); each GPU's kernel is launched on its own stream, as PARALLEL");
+        out
+    }
+
+    /// What a communicator on a GPU (`on_gpu`) or on host memory does with
+    /// NCCL_RUNTIME_CONNECT where its value asks for what that path does
+    /// not do: the line of the WARN that says so.
+    pub fn runtime_connect_note(&self, on_gpu: bool) -> Option<String> {
+        let src = self.source("RUNTIME_CONNECT")?;
+        match (self.runtime_connect?, on_gpu) {
+            (true, true) => Some(format!("NCCL_RUNTIME_CONNECT=1 (from {src}): a GPU communicator connects every peer at creation, where its device window is set up; connecting at first use is not implemented")),
+            (false, false) => Some(format!("NCCL_RUNTIME_CONNECT=0 (from {src}): a host-memory communicator connects each peer at its first operation with it; connecting at creation is not implemented")),
+            _ => None,
+        }
     }
 
     /// Every setting the core reads with its resolved value and where it
@@ -1101,6 +1368,26 @@ impl Config {
             e.source = if set { Source::Rank0 } else { Source::Default };
         }
         true
+    }
+
+    /// NCCL's connect retries where NCCL_SOCKET_RETRY_CNT or
+    /// NCCL_SOCKET_RETRY_SLEEP_MSEC is set (NCCL's default for the other);
+    /// `None`: both unset, oxccl's own retries.
+    pub fn socket_retry(&self) -> Option<oxccl_netif::Retry> {
+        use oxccl_netif::retry::{NCCL_RETRY_CNT, NCCL_RETRY_SLEEP_MSEC};
+        if self.socket_retry_cnt.is_none() && self.socket_retry_sleep_msec.is_none() {
+            return None;
+        }
+        Some(oxccl_netif::Retry {
+            // Checked at load: at most 100000.
+            count: self
+                .socket_retry_cnt
+                .map_or(NCCL_RETRY_CNT, |c| u32::try_from(c).unwrap_or(u32::MAX)),
+            sleep: std::time::Duration::from_millis(
+                self.socket_retry_sleep_msec
+                    .unwrap_or(NCCL_RETRY_SLEEP_MSEC),
+            ),
+        })
     }
 
     /// NCCL_TIMEOUT, within the range its check holds it to (so that no
@@ -1459,7 +1746,7 @@ mod tests {
             .chain(NOT_VARIABLES)
             .map(|(n, _)| *n)
             .collect();
-        let known = |n: &str| setting(n).is_some() || listed.contains(&n);
+        let known = |n: &str| setting(n).is_some() || refused(n).is_some() || listed.contains(&n);
         let mut undeclared = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
         let mut files = 0;
@@ -1479,6 +1766,7 @@ mod tests {
                         n if n.ends_with('_') => {
                             known(n)
                                 || SETTINGS.iter().any(|d| d.name.starts_with(n))
+                                || REFUSED.iter().any(|r| r.name.starts_with(n))
                                 || listed.iter().any(|l| l.starts_with(n))
                         }
                         n => known(n),
@@ -1502,8 +1790,131 @@ mod tests {
         );
         let stale: Vec<&&str> = listed.iter().filter(|n| !seen.contains(**n)).collect();
         assert!(stale.is_empty(), "listed but named nowhere: {stale:?}");
-        let both: Vec<&&str> = listed.iter().filter(|n| setting(n).is_some()).collect();
-        assert!(both.is_empty(), "declared and listed: {both:?}");
+        let both: Vec<&&str> = listed
+            .iter()
+            .filter(|n| setting(n).is_some() || refused(n).is_some())
+            .collect();
+        assert!(
+            both.is_empty(),
+            "declared (or refused) and listed: {both:?}"
+        );
+    }
+
+    /// Every NCCL_ variable NCCL 2.31.2 documents (the checked-in list of
+    /// names, config/nccl_2_31_names.txt) is in the settings table or in
+    /// the refused list, never both; every refused one is such a name and
+    /// says why; none is refused twice.
+    #[test]
+    fn nccl_2_31_names_are_declared_or_refused() {
+        let text = include_str!("config/nccl_2_31_names.txt");
+        let mut lines = text.lines();
+        let header = lines.next().unwrap_or_default();
+        assert!(
+            header.starts_with('#') && header.contains("2.31.2"),
+            "{header}"
+        );
+        let names: Vec<&str> = lines.map(str::trim).filter(|l| !l.is_empty()).collect();
+        assert_eq!(names.len(), 120, "NCCL 2.31.2 documents 120 variables");
+        let neither: Vec<&&str> = names
+            .iter()
+            .filter(|n| setting(n).is_none() && refused(n).is_none())
+            .collect();
+        assert!(
+            neither.is_empty(),
+            "documented by NCCL 2.31.2 but neither in the settings table of core/src/config.rs nor refused there (with why): {neither:?}"
+        );
+        let both: Vec<&&str> = names
+            .iter()
+            .filter(|n| setting(n).is_some() && refused(n).is_some())
+            .collect();
+        assert!(both.is_empty(), "both declared and refused: {both:?}");
+        for (i, r) in REFUSED.iter().enumerate() {
+            assert!(
+                names.contains(&r.name),
+                "{} is refused but NCCL 2.31.2 does not document it",
+                r.name
+            );
+            assert!(r.why.len() > 10, "{}: say why", r.name);
+            assert!(
+                !REFUSED[..i].iter().any(|o| o.name == r.name),
+                "{} is refused twice",
+                r.name
+            );
+        }
+    }
+
+    /// NCCL_GRAPH_REGISTER, NCCL_LOCAL_REGISTER and NCCL_LAUNCH_MODE take
+    /// NCCL's values strictly; set to what oxccl does not do (register,
+    /// launch cooperatively), each is named in a WARN once, and their
+    /// defaults say nothing. NCCL_RUNTIME_CONNECT is named where it asks a
+    /// path for what it does not do.
+    #[test]
+    fn settings_accepted_but_not_acted_on_say_so() {
+        let c = Config::load_with(&[
+            ("GRAPH_REGISTER", "1"),
+            ("LOCAL_REGISTER", "0"),
+            ("LAUNCH_MODE", "group"),
+        ])
+        .unwrap();
+        let named: Vec<&str> = c.unhonoured().iter().map(|(n, _)| *n).collect();
+        assert_eq!(named, ["NCCL_GRAPH_REGISTER", "NCCL_LAUNCH_MODE"]);
+        let (now, lines) = crate::log::capture_lines(|| c.warn_refused());
+        assert!(now.contains(&"NCCL_GRAPH_REGISTER"), "{now:?}");
+        assert!(
+            lines.contains("NCCL WARN NCCL_GRAPH_REGISTER=1 (from api): buffer registration is not implemented yet"),
+            "{lines}"
+        );
+        let quiet = Config::load_with(&[("LAUNCH_MODE", "PARALLEL")]).unwrap();
+        assert!(quiet.unhonoured().is_empty());
+        for (key, bad) in [
+            ("LAUNCH_MODE", "fast"),
+            ("GRAPH_REGISTER", "2"),
+            ("LOCAL_REGISTER", "on please"),
+            ("RUNTIME_CONNECT", "lazy"),
+            ("CHECKS_DISABLE", "x"),
+            ("COMM_BLOCKING", "-1"),
+        ] {
+            let e = Config::load_with(&[(key, bad)]).unwrap_err().to_string();
+            assert!(e.contains(&format!("NCCL_{key}={bad:?}")), "{e}");
+        }
+        let lazy = Config::load_with(&[("RUNTIME_CONNECT", "1")]).unwrap();
+        assert!(lazy
+            .runtime_connect_note(true)
+            .unwrap()
+            .contains("at creation"));
+        assert_eq!(lazy.runtime_connect_note(false), None);
+        let eager = Config::load_with(&[("RUNTIME_CONNECT", "0")]).unwrap();
+        assert_eq!(eager.runtime_connect_note(true), None);
+        assert!(eager
+            .runtime_connect_note(false)
+            .unwrap()
+            .contains("first operation"));
+    }
+
+    /// A refused variable set in the environment is found by the load, and
+    /// named in one WARN with its reason, once per process.
+    #[test]
+    fn a_refused_variable_set_is_warned_about_once() {
+        // No other test of this crate names this variable; one that loads
+        // a Config meanwhile finds it set, which changes nothing there.
+        std::env::set_var("NCCL_RAS_ENABLE", "1");
+        let c = Config::load().unwrap();
+        std::env::remove_var("NCCL_RAS_ENABLE");
+        let found = c
+            .refused_set()
+            .iter()
+            .find(|r| r.def.name == "NCCL_RAS_ENABLE")
+            .expect("found");
+        assert_eq!((&*found.value, &found.source), ("1", &Source::Env));
+        let (now, lines) = crate::log::capture_lines(|| c.warn_refused());
+        assert!(now.contains(&"NCCL_RAS_ENABLE"), "{now:?}");
+        assert!(
+            lines.contains("NCCL WARN NCCL_RAS_ENABLE=1 (from env) is not implemented by oxccl and is ignored: oxccl has no RAS subsystem"),
+            "{lines}"
+        );
+        let (again, lines) = crate::log::capture_lines(|| c.warn_refused());
+        assert!(!again.contains(&"NCCL_RAS_ENABLE"), "warned twice");
+        assert!(!lines.contains("NCCL_RAS_ENABLE"), "{lines}");
     }
 
     /// Calls `f` with each Rust and C source under `dir` and its text,

@@ -117,10 +117,165 @@ fn tid() -> u32 {
     })
 }
 
-/// NCCL's line: `host:pid:tid [dev] NCCL LEVEL message`.
+/// NCCL_DEBUG_TIMESTAMP_LEVELS: which levels' lines begin with a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StampLevels {
+    pub warn: bool,
+    pub info: bool,
+    pub trace: bool,
+}
+
+impl StampLevels {
+    /// NCCL's list: VERSION, WARN, INFO, ABORT, TRACE or ALL, comma-
+    /// separated, case-insensitive; `^` in front: every level but those.
+    /// Empty: none. oxccl writes no VERSION or ABORT lines of its own, so
+    /// those two are accepted and change nothing.
+    pub fn parse(s: &str) -> std::result::Result<StampLevels, String> {
+        let s = s.trim();
+        let (not, list) = match s.strip_prefix('^') {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let mut l = StampLevels::default();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name.to_ascii_uppercase().as_str() {
+                "WARN" => l.warn = true,
+                "INFO" => l.info = true,
+                "TRACE" => l.trace = true,
+                "VERSION" | "ABORT" => {}
+                "ALL" => {
+                    l = StampLevels {
+                        warn: true,
+                        info: true,
+                        trace: true,
+                    }
+                }
+                _ => return Err(format!("{name:?} is no level")),
+            }
+        }
+        if not {
+            l = StampLevels {
+                warn: !l.warn,
+                info: !l.info,
+                trace: !l.trace,
+            };
+        }
+        Ok(l)
+    }
+
+    fn on(&self, level: Level) -> bool {
+        match level {
+            Level::ERROR | Level::WARN => self.warn,
+            Level::INFO => self.info,
+            _ => self.trace,
+        }
+    }
+}
+
+/// NCCL_DEBUG_TIMESTAMP_FORMAT made ready: a strftime format, with `_`
+/// written as a space and NCCL's `%Nf` (N from 1 to 9: that many digits of
+/// the second's fraction, zero-padded; the first one only) kept aside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp {
+    /// The format before the fraction (all of it where there is none).
+    head: String,
+    /// Digits of the fraction and the format after it.
+    frac: Option<(u32, String)>,
+    pub levels: StampLevels,
+}
+
+/// NCCL's default format: `[YYYY-MM-DD HH:MM:SS] `.
+pub const DEFAULT_STAMP: &str = "[%F %T] ";
+
+impl Stamp {
+    pub fn new(format: &str, levels: StampLevels) -> Stamp {
+        let format = format.replace('_', " ");
+        let b = format.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' && b.get(i + 1) == Some(&b'%') {
+                i += 2;
+                continue;
+            }
+            if b[i] == b'%'
+                && b.get(i + 1).is_some_and(|d| (b'1'..=b'9').contains(d))
+                && b.get(i + 2) == Some(&b'f')
+            {
+                return Stamp {
+                    head: format[..i].to_string(),
+                    frac: Some((u32::from(b[i + 1] - b'0'), format[i + 3..].to_string())),
+                    levels,
+                };
+            }
+            i += 1;
+        }
+        Stamp {
+            head: format,
+            frac: None,
+            levels,
+        }
+    }
+
+    /// The prefix for a line written at `secs`.`nanos` since the epoch, in
+    /// local time (TZ), as NCCL writes it.
+    pub fn render(&self, secs: i64, nanos: u32) -> String {
+        let format = match &self.frac {
+            None => self.head.clone(),
+            Some((digits, tail)) => {
+                let frac = u64::from(nanos) / 10u64.pow(9 - digits);
+                // The digits are text to strftime: a `%` cannot appear.
+                format!("{}{frac:0w$}{tail}", self.head, w = *digits as usize)
+            }
+        };
+        if format.is_empty() {
+            return String::new();
+        }
+        strftime_local(&format, secs)
+            .filter(|s| !s.is_empty())
+            .or_else(|| strftime_local(DEFAULT_STAMP, secs))
+            .unwrap_or_default()
+    }
+
+    fn now(&self) -> String {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.render(
+            i64::try_from(t.as_secs()).unwrap_or(i64::MAX),
+            t.subsec_nanos(),
+        )
+    }
+}
+
+/// `format` through the C library's strftime at `secs` in local time;
+/// `None` where the time or the format cannot be rendered (a NUL inside,
+/// a result over 1 KiB).
+#[allow(unsafe_code)] // localtime_r and strftime, the C library's
+fn strftime_local(format: &str, secs: i64) -> Option<String> {
+    let fmt = std::ffi::CString::new(format).ok()?;
+    // time_t is 64 bits wherever oxccl builds (x86_64, aarch64 Linux).
+    let t = secs as libc::time_t;
+    // SAFETY: an all-zero `tm` is a valid value of the plain C struct.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are valid for the call; localtime_r writes only
+    // into `tm` and returns NULL on failure.
+    if unsafe { libc::localtime_r(&t, &mut tm) }.is_null() {
+        return None;
+    }
+    let mut buf = [0u8; 1024];
+    // SAFETY: `buf` is writable for its length, `fmt` is NUL-terminated and
+    // `tm` was filled above; strftime writes at most `buf.len()` bytes and
+    // returns how many (0: it did not fit, or the result is empty).
+    let n = unsafe { libc::strftime(buf.as_mut_ptr().cast(), buf.len(), fmt.as_ptr(), &tm) };
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// NCCL's line: `host:pid:tid [dev] NCCL LEVEL message`, after the time
+/// where NCCL_DEBUG_TIMESTAMP_LEVELS asks for it.
 struct NcclLine {
     host: String,
     pid: u32,
+    stamp: Option<Stamp>,
 }
 
 impl<S, N> FormatEvent<S, N> for NcclLine
@@ -140,6 +295,13 @@ where
             _ => "TRACE",
         };
         let dev = DEVICE.with(Cell::get);
+        if let Some(stamp) = self
+            .stamp
+            .as_ref()
+            .filter(|s| s.levels.on(*event.metadata().level()))
+        {
+            w.write_str(&stamp.now())?;
+        }
         write!(
             w,
             "{}:{}:{} [{dev}] NCCL {level} ",
@@ -150,6 +312,20 @@ where
         ctx.field_format().format_fields(w.by_ref(), event)?;
         writeln!(w)
     }
+}
+
+/// A thread's name: NCCL's (`nccls`, at most 15 bytes as NCCL's
+/// NCCL_THREAD_NAMELEN allows) where NCCL_SET_THREAD_NAME=1 (`nccl`),
+/// else oxccl's own.
+pub fn thread_name(nccl: bool, ours: String, nccls: impl FnOnce() -> String) -> String {
+    if !nccl {
+        return ours;
+    }
+    let mut n = nccls();
+    while n.len() > 15 {
+        n.pop();
+    }
+    n
 }
 
 /// The tracing filter directive for NCCL_DEBUG / NCCL_DEBUG_SUBSYS values,
@@ -213,6 +389,26 @@ fn host_name() -> String {
         .unwrap_or_else(|_| "unknown-host".into())
 }
 
+/// The time prefix NCCL_DEBUG_TIMESTAMP_FORMAT and _LEVELS ask for (as
+/// NCCL: set but empty, the format prints nothing and the levels list
+/// none); their values were checked by the load.
+pub fn stamp_of(cfg: &crate::config::Config) -> Stamp {
+    let format = match &cfg.debug_timestamp_format {
+        Some(f) => f.as_str(),
+        None if cfg.is_set("DEBUG_TIMESTAMP_FORMAT") => "",
+        None => DEFAULT_STAMP,
+    };
+    let levels = match &cfg.debug_timestamp_levels {
+        Some(l) => StampLevels::parse(l).unwrap_or_default(),
+        None if cfg.is_set("DEBUG_TIMESTAMP_LEVELS") => StampLevels::default(),
+        None => StampLevels {
+            warn: true,
+            ..StampLevels::default()
+        },
+    };
+    Stamp::new(format, levels)
+}
+
 /// Installs a subscriber writing NCCL's lines to stderr, or to
 /// `NCCL_DEBUG_FILE`, from the environment. Does nothing if one exists.
 pub fn init() {
@@ -227,7 +423,11 @@ pub fn init() {
         let name = debug_file_name(p, &host, pid);
         (std::fs::File::create(&name), name)
     });
-    let format = NcclLine { host, pid };
+    let format = NcclLine {
+        host,
+        pid,
+        stamp: cfg.as_ref().map(stamp_of),
+    };
     let keep = move |m: &Metadata<'_>| filter.enabled(m.target(), *m.level());
     match file {
         Some((Ok(f), _)) => {
@@ -283,6 +483,7 @@ pub(crate) fn capture_lines<R>(f: impl FnOnce() -> R) -> (R, String) {
         .event_format(NcclLine {
             host: host_name(),
             pid: std::process::id(),
+            stamp: None,
         })
         .with_ansi(false)
         .with_writer(move || out.clone());
@@ -295,8 +496,138 @@ pub(crate) fn capture_lines<R>(f: impl FnOnce() -> R) -> (R, String) {
 
 #[cfg(test)]
 mod tests {
-    use super::{debug_file_name, directive, Filter};
+    use super::{debug_file_name, directive, stamp_of, Filter, Stamp, StampLevels};
     use tracing::Level;
+
+    #[test]
+    fn thread_names_as_nccl_under_nccl_set_thread_name() {
+        let name = |nccl| {
+            super::thread_name(nccl, "oxccl-proxy-3".into(), || {
+                format!("NCCL Progress{:2}", 3)
+            })
+        };
+        assert_eq!(name(false), "oxccl-proxy-3");
+        assert_eq!(name(true), "NCCL Progress 3");
+        let long = super::thread_name(true, String::new(), || "NCCL Progress 123456".into());
+        assert_eq!(long, "NCCL Progress 1");
+    }
+
+    /// NCCL_DEBUG_TIMESTAMP_FORMAT through strftime, with `_` as a space
+    /// and `%Nf` as N digits of the second's fraction (once; `%%` is a
+    /// percent sign, not the start of one).
+    #[test]
+    fn timestamp_format_as_nccl() {
+        let all = StampLevels::parse("ALL").unwrap();
+        // 2001-09-09 01:48:43 UTC; seconds are the same in every zone
+        // whose offset is whole minutes.
+        let (secs, nanos) = (1_000_000_123, 123_456_789);
+        assert_eq!(Stamp::new("%S.%3f_", all).render(secs, nanos), "43.123 ");
+        assert_eq!(
+            Stamp::new("%S.%9f", all).render(secs, nanos),
+            "43.123456789"
+        );
+        assert_eq!(Stamp::new("%1f|%2f", all).render(secs, 5_000_000), "0|%2f");
+        assert_eq!(Stamp::new("%%3f", all).render(secs, nanos), "%3f");
+        assert_eq!(Stamp::new("%S.%6f", all).render(secs, 42_000), "43.000042");
+        assert_eq!(Stamp::new("", all).render(secs, nanos), "");
+        let default = Stamp::new(super::DEFAULT_STAMP, all).render(secs, 0);
+        assert!(
+            default.starts_with("[2001-09-") && default.ends_with(":43] "),
+            "{default:?}"
+        );
+    }
+
+    #[test]
+    fn timestamp_levels_as_nccl() {
+        let l = |s| StampLevels::parse(s).unwrap();
+        let (warn, info, trace) = (true, true, true);
+        assert_eq!(
+            l("WARN"),
+            StampLevels {
+                warn,
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            l("warn,INFO"),
+            StampLevels {
+                warn,
+                info,
+                trace: false
+            }
+        );
+        assert_eq!(
+            l("^TRACE"),
+            StampLevels {
+                warn,
+                info,
+                trace: false
+            }
+        );
+        assert_eq!(l("ALL"), StampLevels { warn, info, trace });
+        assert_eq!(l(""), StampLevels::default());
+        assert_eq!(l("VERSION,ABORT"), StampLevels::default());
+        assert!(StampLevels::parse("WARN,LOUD")
+            .unwrap_err()
+            .contains("LOUD"));
+        // Defaults: NCCL's format on warnings only; set but empty: none.
+        let cfg = crate::config::Config::load_with(&[]).unwrap();
+        if !cfg.is_set("DEBUG_TIMESTAMP_FORMAT") && !cfg.is_set("DEBUG_TIMESTAMP_LEVELS") {
+            assert_eq!(stamp_of(&cfg), Stamp::new("[%F %T] ", l("WARN")));
+        }
+        let cfg = crate::config::Config::load_with(&[
+            ("DEBUG_TIMESTAMP_FORMAT", ""),
+            ("DEBUG_TIMESTAMP_LEVELS", "INFO"),
+        ])
+        .unwrap();
+        assert_eq!(stamp_of(&cfg).render(1, 0), "");
+        assert_eq!(stamp_of(&cfg).levels, l("INFO"));
+        let e = crate::config::Config::load_with(&[("DEBUG_TIMESTAMP_LEVELS", "LOUD")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("NCCL_DEBUG_TIMESTAMP_LEVELS=\"LOUD\""), "{e}");
+    }
+
+    /// A WARN line begins with the time, before `host:pid:tid`; an INFO
+    /// line under the default levels does not.
+    #[test]
+    fn warn_lines_begin_with_the_time() {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let sink = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let out = sink.clone();
+        let layer = tracing_subscriber::fmt::layer()
+            .event_format(super::NcclLine {
+                host: "node7".into(),
+                pid: 42,
+                stamp: Some(Stamp::new("<%Y>_", StampLevels::parse("WARN").unwrap())),
+            })
+            .with_ansi(false)
+            .with_writer(move || Writer(out.clone()));
+        let sub = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(sub, || {
+            tracing::warn!(target: "oxccl::init", "careful");
+            tracing::info!(target: "oxccl::init", "fine");
+        });
+        let text = String::from_utf8(sink.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].starts_with('<') && lines[0].contains("> node7:42:"),
+            "{text}"
+        );
+        assert!(lines[0].ends_with("NCCL WARN careful"), "{text}");
+        assert!(lines[1].starts_with("node7:42:"), "{text}");
+    }
+
+    struct Writer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Writer {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
 
     #[test]
     fn debug_file_substitutions() {

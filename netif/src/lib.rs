@@ -6,6 +6,9 @@
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 
+pub mod retry;
+pub use retry::Retry;
+
 /// One address of one interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Iface {

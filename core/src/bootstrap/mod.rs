@@ -207,6 +207,13 @@ pub fn get_unique_id(cfg: &Config) -> Result<UniqueId> {
     start_root(cfg)
 }
 
+/// The root thread's name: NCCL's under NCCL_SET_THREAD_NAME=1.
+fn root_thread_name(cfg: &Config) -> String {
+    crate::log::thread_name(cfg.set_thread_name, "oxccl-bootstrap-root".into(), || {
+        "NCCL BootstrapR".into()
+    })
+}
+
 /// Starts a root in this process and returns its id, whatever
 /// `NCCL_COMM_ID` says: for communicators made from another one (splits),
 /// which must not all meet at the one NCCL_COMM_ID address.
@@ -225,7 +232,7 @@ fn start_root_keyed(cfg: &Config, key: Option<Arc<Key>>) -> Result<UniqueId> {
     let iface = bootstrap_iface(cfg, near)?;
     let listener = listen_on(&iface, "bootstrap root")?;
     let magic: u64 = rand::random();
-    let root = root::spawn(listener, magic, cfg.timeout(), key)?;
+    let root = root::spawn(listener, magic, cfg.timeout(), key, root_thread_name(cfg))?;
     Ok(UniqueId(
         IdContents {
             from_env: false,
@@ -317,7 +324,7 @@ impl Bootstrap {
                     e,
                 )
             })?;
-            root::spawn(l, c.magic, timeout, key.clone())?;
+            root::spawn(l, c.magic, timeout, key.clone(), root_thread_name(cfg))?;
         }
         let iface = bootstrap_iface(cfg, Some(c.root.ip()))?;
         let listener = listen_on(&iface, "bootstrap")?;
@@ -347,7 +354,7 @@ impl Bootstrap {
             listen: service.listen,
         };
         // On failure, dropping `service` stops its thread.
-        let peers = join_root(&c, &hello, key.as_deref(), timeout)?;
+        let peers = join_root(&c, &hello, key.as_deref(), timeout, cfg.socket_retry())?;
         shared.set_table(&peers);
         debug!(target: "oxccl::bootstrap", rank, nranks, "bootstrap ready on {} ({}), root {}", iface.name, service.listen, c.root);
         Ok(Bootstrap {
@@ -754,6 +761,7 @@ fn join_root(
     hello: &Hello,
     key: Option<&Key>,
     timeout: Duration,
+    retry: Option<oxccl_netif::Retry>,
 ) -> Result<Vec<std::net::SocketAddr>> {
     let (rank, nranks) = (hello.rank, hello.nranks);
     let hint = if c.from_env {
@@ -762,7 +770,7 @@ fn join_root(
         ""
     };
     let start = Instant::now();
-    let s = tcp::connect_retry(c.root, start + timeout).map_err(|e| {
+    let s = tcp::connect_retry(c.root, start + timeout, retry).map_err(|e| {
         Error::Remote(format!(
             "bootstrap: rank {rank} could not reach the root at {} within {} (NCCL_TIMEOUT): {e}{hint}",
             c.root,

@@ -71,6 +71,7 @@ pub(super) fn spawn(
     magic: u64,
     timeout: Duration,
     key: SharedKey,
+    name: String,
 ) -> Result<SocketAddr> {
     let addr = listener
         .local_addr()
@@ -79,7 +80,7 @@ pub(super) fn spawn(
         .set_nonblocking(true)
         .map_err(|e| Error::io("bootstrap root", e))?;
     std::thread::Builder::new()
-        .name("oxccl-bootstrap-root".into())
+        .name(name)
         .spawn(move || run(listener, addr, magic, timeout, key))
         .map_err(|e| Error::System(format!("cannot start the bootstrap root thread: {e}")))?;
     debug!(target: "oxccl::bootstrap", "root listening at {addr}");

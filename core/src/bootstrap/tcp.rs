@@ -137,10 +137,17 @@ pub(super) fn read_frame(s: &mut impl Read, r: &mut FrameReader) -> std::io::Res
     }
 }
 
-/// Connects to `addr`, retrying with backoff (10 ms doubling to 500 ms)
-/// while it refuses or times out, until `deadline`.
-pub(super) fn connect_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
+/// Connects to `addr`, retrying while it refuses or times out, until
+/// `deadline`: with backoff (10 ms doubling to 500 ms), or NCCL's way where
+/// NCCL_SOCKET_RETRY_CNT or _SLEEP_MSEC is set (`nccl`: the n-th failure
+/// waits n x the sleep, and the count ends the retries).
+pub(super) fn connect_retry(
+    addr: SocketAddr,
+    deadline: Instant,
+    nccl: Option<oxccl_netif::Retry>,
+) -> std::io::Result<TcpStream> {
     let mut backoff = Duration::from_millis(10);
+    let mut failures = 0;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let e = match TcpStream::connect_timeout(
@@ -150,6 +157,32 @@ pub(super) fn connect_retry(addr: SocketAddr, deadline: Instant) -> std::io::Res
             Ok(s) => return Ok(s),
             Err(e) => e,
         };
+        if let Some(r) = nccl {
+            failures += 1;
+            let transient = matches!(
+                e.kind(),
+                ErrorKind::ConnectionRefused | ErrorKind::TimedOut | ErrorKind::HostUnreachable
+            );
+            let Some(wait) = r.wait_after(failures).filter(|_| transient) else {
+                return Err(if transient {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "{e}; gave up after {} retries (NCCL_SOCKET_RETRY_CNT)",
+                            r.count
+                        ),
+                    )
+                } else {
+                    e
+                });
+            };
+            if Instant::now() + wait >= deadline {
+                return Err(e);
+            }
+            debug!(target: "oxccl::bootstrap", "{addr} not reachable yet ({e}); retry {failures}/{} in {wait:?}", r.count);
+            std::thread::sleep(wait);
+            continue;
+        }
         if Instant::now() + backoff >= deadline {
             return Err(e);
         }

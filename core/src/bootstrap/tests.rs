@@ -1000,3 +1000,79 @@ fn peers_say_what_they_called_under_a_number() {
     assert!(got.is_empty(), "{got:?}");
     assert!(start.elapsed() < Duration::from_secs(1));
 }
+
+/// NCCL_SET_THREAD_NAME=1: the root thread takes NCCL's name.
+#[test]
+fn the_root_thread_takes_nccls_name_under_nccl_set_thread_name() {
+    let names = || -> Vec<String> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|n| n.trim().to_string())
+            .collect()
+    };
+    let c = Config::load_with(&[
+        ("SOCKET_IFNAME", "lo"),
+        ("TIMEOUT", "1"),
+        ("SET_THREAD_NAME", "1"),
+    ])
+    .unwrap();
+    let _id = start_root(&c).unwrap();
+    // The new thread names itself as it starts.
+    let start = Instant::now();
+    while !names().iter().any(|n| n == "NCCL BootstrapR") {
+        assert!(start.elapsed() < Duration::from_secs(5), "{:?}", names());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let e = Config::load_with(&[("SET_THREAD_NAME", "yes please")]).unwrap_err();
+    assert!(e.to_string().contains("NCCL_SET_THREAD_NAME"), "{e}");
+}
+
+/// NCCL_SOCKET_RETRY_CNT and _SLEEP_MSEC bound the connect to a root that
+/// is not there: 2 retries waiting 30 ms x n give up after 90 ms, long
+/// before the deadline; unset, oxccl retries until the deadline.
+#[test]
+fn nccls_retries_bound_the_connect_to_the_root() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    let c =
+        Config::load_with(&[("SOCKET_RETRY_CNT", "2"), ("SOCKET_RETRY_SLEEP_MSEC", "30")]).unwrap();
+    let retry = c.socket_retry();
+    assert_eq!(
+        retry,
+        Some(oxccl_netif::Retry {
+            count: 2,
+            sleep: Duration::from_millis(30)
+        })
+    );
+    let start = Instant::now();
+    let e = super::tcp::connect_retry(addr, start + Duration::from_secs(30), retry).unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        e.to_string()
+            .contains("gave up after 2 retries (NCCL_SOCKET_RETRY_CNT)"),
+        "{e}"
+    );
+    assert!(
+        took >= Duration::from_millis(90) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+    let start = Instant::now();
+    super::tcp::connect_retry(addr, start + Duration::from_millis(300), None).unwrap_err();
+    assert!(start.elapsed() >= Duration::from_millis(150));
+    let only_cnt = Config::load_with(&[("SOCKET_RETRY_CNT", "5")]).unwrap();
+    assert_eq!(
+        only_cnt.socket_retry().map(|r| r.sleep),
+        Some(Duration::from_millis(100))
+    );
+    for (k, bad) in [
+        ("SOCKET_RETRY_CNT", "0"),
+        ("SOCKET_RETRY_CNT", "lots"),
+        ("SOCKET_RETRY_SLEEP_MSEC", "0"),
+        ("SOCKET_RETRY_SLEEP_MSEC", "1s"),
+    ] {
+        let e = Config::load_with(&[(k, bad)]).unwrap_err().to_string();
+        assert!(e.contains(&format!("NCCL_{k}={bad:?}")), "{e}");
+    }
+}

@@ -585,6 +585,7 @@ impl Core {
             let tuning = super::on_device::Tuning {
                 tuner: self.tuner.as_ref(),
                 forced: self.forced_algo,
+                checks: !self.cfg.checks_disable,
             };
             return super::on_device::execute(dc, ops, tuning, prof).map_err(|e| {
                 // Ended by a revoke or abort: no peer failed.

@@ -466,6 +466,7 @@ impl Comm {
             )));
         }
         let cfg = config.resolve()?;
+        cfg.warn_refused();
         let split_share = config.shares_with_splits(&cfg);
         let shrink_share = config.shares_with_shrinks(&cfg);
         let shared = Arc::new(Shared {
@@ -527,6 +528,9 @@ impl Comm {
         parent: Option<FromParent>,
     ) -> Result<Core> {
         let (device, name) = (asked.device, &asked.name);
+        if let Some(line) = cfg.runtime_connect_note(device.is_some()) {
+            crate::config::warn_once("NCCL_RUNTIME_CONNECT", &line);
+        }
         // The network is the process's; its context (v11+) is this
         // communicator's, made with the commHash every rank of it shares,
         // or the parent's for a split that shares it (NCCL's

@@ -126,6 +126,8 @@ pub(crate) fn open(
         fabric: device_fabric(locality, &p2p, inter, peers.nnodes),
         topo: topo.from_file.then(|| Arc::new(topo.node.clone())),
         gdr_read,
+        cpus: helper_cpus(device, cfg.ignore_cpu_affinity),
+        nccl_names: cfg.set_thread_name,
     };
     let dc = DeviceComm::with_transports(&oob, device, dcfg, tr)
         .map_err(|e| e.context(format!("binding rank {rank} to GPU {device}")))?;
@@ -341,6 +343,8 @@ pub(crate) struct Profiling<'a> {
 pub(crate) struct Tuning<'a> {
     pub tuner: Option<&'a TunerComm>,
     pub forced: Option<Algo>,
+    /// Whether buffers are checked before launch (not NCCL_CHECKS_DISABLE).
+    pub checks: bool,
 }
 
 /// The algorithm and channels of one collective: the cheapest entry of the
@@ -386,9 +390,7 @@ pub(crate) fn execute(
     let mut dc = dc
         .lock()
         .map_err(|_| Error::Internal("device communicator poisoned by an earlier panic".into()))?;
-    for (op, bufs) in ops {
-        check_reachable(dc.context().device().ordinal(), op, bufs)?;
-    }
+    check_all(dc.context().device().ordinal(), ops, tuning.checks)?;
     let _restore = SavedCurrent::save()?;
     let events = match &prof {
         Some(p) => kernel_events(&mut dc, p)?,
@@ -566,6 +568,28 @@ pub(super) fn stream(op: &Op) -> RawStream {
     unsafe { RawStream::from_raw(op.stream) }
 }
 
+/// The CPUs this GPU's helper threads bind to (NCCL_IGNORE_CPU_AFFINITY:
+/// [`crate::topo::affinity`]), `None` where they keep what they inherit.
+fn helper_cpus(device: usize, ignore_inherited: bool) -> Option<Vec<usize>> {
+    let bus = Device::get(device).and_then(|d| d.pci_bus_id()).ok()?;
+    let cpus = crate::topo::affinity::for_gpu(&bus, ignore_inherited);
+    debug!(target: "oxccl::init", "GPU {device} ({bus}): helper threads on CPUs {}{}",
+        cpus.as_deref().map_or("inherited".into(), crate::topo::affinity::format_cpulist),
+        if ignore_inherited { " (NCCL_IGNORE_CPU_AFFINITY=1: the GPU's alone)" } else { "" });
+    cpus
+}
+
+/// Checks every operation's buffers ([`check_reachable`]) unless `checks`
+/// is false (NCCL_CHECKS_DISABLE=1).
+fn check_all(gpu: usize, ops: &[(Op, OpBuffers)], checks: bool) -> Result<()> {
+    if checks {
+        for (op, bufs) in ops {
+            check_reachable(gpu, op, bufs)?;
+        }
+    }
+    Ok(())
+}
+
 /// A kernel that touches memory its GPU cannot reach faults the context
 /// for good; refusing the call instead names the buffer.
 pub(super) fn check_reachable(gpu: usize, op: &Op, bufs: &OpBuffers) -> Result<()> {
@@ -590,6 +614,36 @@ pub(super) fn check_reachable(gpu: usize, op: &Op, bufs: &OpBuffers) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A heap buffer is no memory CUDA knows: checked, the call is refused
+    /// naming it; under NCCL_CHECKS_DISABLE=1 it is not looked at.
+    #[test]
+    fn checks_disable_skips_the_pointer_checks() {
+        let mut data = vec![0u8; 64];
+        let p = data.as_mut_ptr();
+        let op = Op {
+            kind: OpKind::AllReduce,
+            input: p,
+            output: p,
+            count: 16,
+            dtype: DataType::Float32,
+            redop: crate::dtype::RedOp::Sum,
+            stream: 0,
+            user_tag: 0,
+        };
+        let bufs = OpBuffers {
+            input: p,
+            in_bytes: 64,
+            output: p,
+            out_bytes: 64,
+        };
+        let e = check_all(0, &[(op, bufs)], true).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("sendbuff"),
+            "{e}"
+        );
+        check_all(0, &[(op, bufs)], false).unwrap();
+    }
 
     fn local(rank: usize, hosts: &[u64]) -> Locality {
         let n = hosts.len();

@@ -6,6 +6,7 @@
 //!
 //! The sysfs root is a parameter so that tests build a tree of their own.
 
+pub mod affinity;
 pub mod channels;
 #[cfg(test)]
 mod fake;

@@ -242,6 +242,11 @@ pub struct Areas {
     /// thread is told whether one is, it posts nothing, so that with one
     /// every step is reported from its start.
     pub profiled: bool,
+    /// The CPUs the thread binds to before anything else
+    /// (NCCL_IGNORE_CPU_AFFINITY); `None`: those it inherits.
+    pub cpus: Option<Vec<usize>>,
+    /// The thread's name (NCCL's under NCCL_SET_THREAD_NAME=1).
+    pub name: String,
 }
 
 impl Areas {
@@ -266,6 +271,8 @@ impl Areas {
             layout,
             rank,
             profiled,
+            cpus: None,
+            name: format!("oxccl-proxy-{rank}"),
         }
     }
 }
@@ -694,7 +701,7 @@ impl Proxy {
             notices: notices.clone(),
         };
         let thread = std::thread::Builder::new()
-            .name(format!("oxccl-proxy-{}", areas.rank))
+            .name(areas.name.clone())
             .spawn(move || run(driven, areas, &shared))
             .map_err(|e| Error::System(format!("cannot start the proxy thread: {e}")))?;
         Ok(Proxy {
@@ -789,6 +796,16 @@ fn run(mut driven: Vec<Driven>, areas: Areas, sh: &Shared) {
     // kernels' slot counters), so of NCCL's proxy-control states this
     // thread reports idle/active and sleep/wakeup, and "append" for the
     // proxy ops of each announced launch it profiles.
+    if let Some(cpus) = &areas.cpus {
+        match crate::topo::affinity::bind_current(cpus) {
+            Ok(()) => {
+                tracing::info!(target: "oxccl::init", "proxy of rank {}: bound to CPUs {}", areas.rank, crate::topo::affinity::format_cpulist(cpus))
+            }
+            Err(e) => {
+                tracing::warn!(target: "oxccl::init", "proxy of rank {}: cannot bind to CPUs {} ({e}); it runs where it was started", areas.rank, crate::topo::affinity::format_cpulist(cpus))
+            }
+        }
+    }
     let mut ctrl = ProxyCtrl::new(None);
     let mut gate = if areas.profiled {
         Gate::Hold

@@ -149,17 +149,25 @@ pub struct Connecting {
     current: Option<Opening>,
     started: Instant,
     retry_for: Duration,
+    /// NCCL's retries, where set: they replace `retry_for`.
+    nccl_retry: Option<oxccl_netif::Retry>,
+    /// Connects failed so far (counted against `nccl_retry`).
+    failures: u32,
     retry_at: Option<Instant>,
     handshake_wait: Duration,
 }
 
 impl Connecting {
+    /// `retry`: how long oxccl retries a refused connect, and NCCL's
+    /// retries (NCCL_SOCKET_RETRY_CNT and _SLEEP_MSEC) that replace it where
+    /// set.
     pub fn new(
         handle: Handle,
-        retry_for: Duration,
+        retry: (Duration, Option<oxccl_netif::Retry>),
         handshake_wait: Duration,
         key: Option<Arc<Key>>,
     ) -> Connecting {
+        let (retry_for, nccl_retry) = retry;
         Connecting {
             handle,
             key,
@@ -167,6 +175,8 @@ impl Connecting {
             current: None,
             started: Instant::now(),
             retry_for,
+            nccl_retry,
+            failures: 0,
             retry_at: None,
             handshake_wait,
         }
@@ -278,6 +288,30 @@ impl Connecting {
     fn retry_or_fail(&mut self, e: io::Error) -> NetResult<()> {
         self.current = None;
         let transient = matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::TimedOut);
+        if let Some(r) = self.nccl_retry {
+            // NCCL's: after the n-th refused, timed-out or unreachable
+            // connect, wait n x the sleep; give up after the count.
+            let transient = transient || e.kind() == ErrorKind::HostUnreachable;
+            self.failures += 1;
+            if let Some(wait) = r.wait_after(self.failures).filter(|_| transient) {
+                self.retry_at = Some(Instant::now() + wait);
+                return Ok(());
+            }
+            let msg = format!(
+                "connect to {} failed: {e}{}",
+                self.handle.addr,
+                if transient {
+                    format!(" (after {} retries: NCCL_SOCKET_RETRY_CNT)", r.count)
+                } else {
+                    String::new()
+                }
+            );
+            return Err(if transient {
+                NetError::Remote(msg)
+            } else {
+                NetError::System(msg)
+            });
+        }
         if transient && self.started.elapsed() < self.retry_for {
             self.retry_at = Some(Instant::now() + CONNECT_RETRY_EVERY);
             return Ok(());

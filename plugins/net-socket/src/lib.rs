@@ -48,8 +48,12 @@ pub struct SocketNet {
     /// Connects in progress, found again through the key each one writes
     /// into its handle (the handle alone has too little room for sockets).
     connecting: Mutex<HashMap<u64, Connecting>>,
-    /// How long a refused connect is retried before it is an error.
+    /// How long a refused connect is retried before it is an error, where
+    /// NCCL_SOCKET_RETRY_CNT and _SLEEP_MSEC are unset (`retry`).
     connect_retry: Duration,
+    /// NCCL's retries (NCCL_SOCKET_RETRY_CNT, NCCL_SOCKET_RETRY_SLEEP_MSEC)
+    /// where either is set: they replace `connect_retry`.
+    retry: Option<oxccl_netif::Retry>,
     /// How long one socket may take over its handshake and introduction
     /// ([`connection::HANDSHAKE_WAIT`]; shorter in tests).
     handshake_wait: Duration,
@@ -133,8 +137,11 @@ impl SocketNet {
                 "NCCL_SOCKET_NTHREADS={threads} x NCCL_NSOCKS_PERTHREAD={socks}: at most {MAX_SOCKETS} sockets per connection"
             )));
         }
-        SocketNet::new(ifname.as_deref(), family, threads, socks)
-            .map(|n| n.with_key(key.map(Arc::new)))
+        let retry = oxccl_netif::Retry::from_env().map_err(NetError::InvalidArgument)?;
+        SocketNet::new(ifname.as_deref(), family, threads, socks).map(|mut n| {
+            n.retry = retry;
+            n.with_key(key.map(Arc::new))
+        })
     }
 
     /// Authenticates and encrypts every connection with `key` (`None`: in
@@ -164,6 +171,7 @@ impl SocketNet {
             socks_per_thread,
             connecting: Mutex::new(HashMap::new()),
             connect_retry: connection::CONNECT_RETRY_FOR,
+            retry: None,
             handshake_wait: connection::HANDSHAKE_WAIT,
             key: None,
         })
@@ -228,7 +236,12 @@ impl Net for SocketNet {
                 let k = random_u64();
                 map.insert(
                     k,
-                    Connecting::new(h, self.connect_retry, self.handshake_wait, self.key.clone()),
+                    Connecting::new(
+                        h,
+                        (self.connect_retry, self.retry),
+                        self.handshake_wait,
+                        self.key.clone(),
+                    ),
                 );
                 handle::set_connect_key(handle, Some(k));
                 k

@@ -280,6 +280,38 @@ fn a_handle_to_nowhere_fails_in_bounded_time() {
     assert!(net.connect(0, &mut junk).is_err());
 }
 
+/// NCCL_SOCKET_RETRY_CNT and _SLEEP_MSEC replace oxccl's own retries (10
+/// s, every 10 ms): 3 retries of 40 ms x n give up after 240 ms.
+#[test]
+fn nccls_retries_bound_a_refused_connect() {
+    let mut net = lo(1, 1);
+    net.retry = Some(oxccl_netif::Retry {
+        count: 3,
+        sleep: Duration::from_millis(40),
+    });
+    let (mut h, l) = net.listen(0).unwrap();
+    drop(l);
+    let start = Instant::now();
+    let e = loop {
+        match net.connect(0, &mut h) {
+            Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+            Ok(Some(_)) => panic!("connected to a closed listener"),
+            Err(e) => break e,
+        }
+        assert!(start.elapsed() < LIMIT);
+    };
+    let took = start.elapsed();
+    assert!(
+        e.to_string()
+            .contains("after 3 retries: NCCL_SOCKET_RETRY_CNT"),
+        "{e}"
+    );
+    assert!(
+        took >= Duration::from_millis(240) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+}
+
 #[test]
 fn properties_describe_the_interface() {
     let net = lo(2, 2);

@@ -53,6 +53,11 @@ pub struct Transports<'a> {
     pub topo: Option<Arc<crate::topo::system::Node>>,
     /// GPUDirect on sends too (NCCL_NET_GDR_READ); with `gdr` only.
     pub gdr_read: bool,
+    /// The CPUs the proxy thread binds to (NCCL_IGNORE_CPU_AFFINITY);
+    /// `None`: it keeps the ones it inherits.
+    pub cpus: Option<Vec<usize>>,
+    /// The proxy thread takes NCCL's name (NCCL_SET_THREAD_NAME=1).
+    pub nccl_names: bool,
 }
 
 impl Transports<'_> {
@@ -67,6 +72,8 @@ impl Transports<'_> {
             fabric: crate::algo::cost::LinkModel::NVLINK.into(),
             topo: None,
             gdr_read: false,
+            cpus: None,
+            nccl_names: false,
         }
     }
 }
@@ -697,6 +704,12 @@ impl Window {
                     layout,
                     rank,
                     profiled: tr.profiled,
+                    cpus: tr.cpus.clone(),
+                    name: crate::log::thread_name(
+                        tr.nccl_names,
+                        format!("oxccl-proxy-{rank}"),
+                        || format!("NCCL Progress{:2}", ctx.device().ordinal()),
+                    ),
                 },
             )?),
             _ => None,
