@@ -33,6 +33,7 @@ fn enqueue(
         dtype: DataType::from_raw(datatype)?,
         redop: op,
         stream: stream as u64,
+        call: Default::default(),
     };
     // SAFETY: NCCL's contract: the buffers hold what the operation needs
     // and stay untouched until it completes (on the stream for device

@@ -80,6 +80,7 @@ fn ops(case: &Case, rank: usize, n: usize, inp: u64, out: u64, stream: u64) -> V
         dtype: case.dtype,
         redop: case.op,
         stream,
+        call: Default::default(),
     };
     let block = |p: usize| p as u64 * count as u64 * es;
     let root = case.root;
@@ -231,6 +232,7 @@ fn measure(ranks: &[DevRank], args: &PerfArgs, case: Case, n: usize) -> Measured
         dtype: DataType::Float64,
         redop: RedOp::Sum,
         stream: d.stream.handle().raw(),
+        call: Default::default(),
     };
     // SAFETY: `buf` is 16 bytes of this GPU's memory, kept until the
     // stream is synchronised below.

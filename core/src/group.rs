@@ -286,6 +286,7 @@ impl<'a> Group<'a> {
             dtype,
             redop: RedOp::Sum,
             stream: 0,
+            call: Default::default(),
         };
         self.push(comm, op)
     }
@@ -306,6 +307,7 @@ impl<'a> Group<'a> {
             dtype,
             redop: RedOp::Sum,
             stream: 0,
+            call: Default::default(),
         };
         self.push(comm, op)
     }

@@ -42,6 +42,7 @@ fn op(kind: OpKind, input: u64, output: u64, count: usize, stream: &Stream) -> O
         dtype: DataType::Float32,
         redop: RedOp::Sum,
         stream: stream.handle().raw(),
+        call: Default::default(),
     }
 }
 

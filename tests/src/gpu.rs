@@ -69,6 +69,7 @@ impl GpuRank {
             dtype: DataType::Float32,
             redop: RedOp::Sum,
             stream: self.stream.handle().raw(),
+            call: Default::default(),
         }
     }
 

@@ -73,6 +73,7 @@ fn thread_group_start_end_nests() {
             dtype: DataType::Float64,
             redop: RedOp::Prod,
             stream: 0,
+            call: Default::default(),
         };
         // SAFETY: the buffers outlive the group, which ends below.
         unsafe { c.enqueue(op) }.unwrap();

@@ -36,6 +36,7 @@ fn bad_arguments_are_named_and_touch_nothing() {
         dtype: DataType::Float32,
         redop: RedOp::Sum,
         stream: 0,
+        call: Default::default(),
     };
     let e = enqueue_err(
         c,

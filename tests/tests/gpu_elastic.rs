@@ -95,6 +95,7 @@ impl Dev {
             dtype: oxccl::DataType::Float32,
             redop: oxccl::RedOp::Sum,
             stream: s.raw(),
+            call: Default::default(),
         };
         // SAFETY: device buffers of this GPU of COUNT floats, alive until
         // the stream passed the operation (waited for below, or ended by

@@ -1559,6 +1559,7 @@ mod device_proxy {
             dtype: DataType::Float32,
             redop: RedOp::Sum,
             stream: 0,
+            call: Default::default(),
         };
         let mut upto = [0u64; CHANNELS];
         let mut events = Vec::new();

@@ -754,6 +754,21 @@ impl Comm {
         Ok(self.any_core()?.shrink_share)
     }
 
+    /// NCCL's `commHash` of this communicator: the same on every rank,
+    /// different between communicators.
+    pub fn comm_hash(&self) -> Result<u64> {
+        Ok(self.any_core()?.ident.comm_hash)
+    }
+
+    /// The CTA (channel) bounds its collectives run within: minCTAs and
+    /// maxCTAs (NCCL_MIN_CTAS, NCCL_MAX_CTAS and the older
+    /// NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS), as the device path holds them.
+    pub fn cta_bounds(&self) -> Result<(usize, usize)> {
+        Ok(crate::exec::device::config::cta_bounds(
+            &self.any_core()?.cfg,
+        ))
+    }
+
     /// The GPU this communicator runs on (`None`: host memory).
     pub fn device(&self) -> Result<Option<usize>> {
         Ok(self.any_core()?.device.as_ref().and_then(|d| d.ordinal()))
@@ -1230,6 +1245,7 @@ pub(crate) fn op_of(
         dtype,
         redop,
         stream: 0,
+        call: Default::default(),
     })
 }
 

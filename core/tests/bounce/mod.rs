@@ -350,6 +350,7 @@ fn op(kind: OpKind, input: u64, output: u64, stream: &Stream) -> Op {
         dtype: DataType::Float32,
         redop: RedOp::Sum,
         stream: stream.handle().raw(),
+        call: Default::default(),
     }
 }
 
