@@ -171,6 +171,10 @@ fn read_config(config: *const ncclConfig_t) -> Result<CommConfig, Error> {
         (offset_of!(ncclConfig_t, numRmaCtx), c.numRmaCtx, "numRmaCtx", "oxccl has no one-sided (RMA) contexts yet"),
         (offset_of!(ncclConfig_t, maxP2pPeers), c.maxP2pPeers, "maxP2pPeers", "every peer is connected at creation"),
         (offset_of!(ncclConfig_t, graphStreamOrdering), c.graphStreamOrdering, "graphStreamOrdering", "captured work is always ordered on its stream"),
+        (offset_of!(ncclConfig_t, launchOrderImplicit), c.launchOrderImplicit, "launchOrderImplicit", "each communicator's kernels are launched in the caller's order on the caller's stream; nothing orders launches across communicators"),
+        (offset_of!(ncclConfig_t, numRmaSig), c.numRmaSig, "numRmaSig", "oxccl has no one-sided (RMA) signals yet"),
+        (offset_of!(ncclConfig_t, rmaEagerInit), c.rmaEagerInit, "rmaEagerInit", "oxccl has no one-sided (RMA) contexts to set up"),
+        (offset_of!(ncclConfig_t, hostCftMode), c.hostCftMode, "hostCftMode", "oxccl has no copy-engine (CFT) collectives"),
     ];
     for (off, v, field, why) in warn_if_set {
         if let Some(v) = int(off, v) {
@@ -274,7 +278,7 @@ fn id_to_c(id: UniqueId) -> ncclUniqueId {
 }
 
 /// Writes the version of NCCL's API this library implements
-/// (`NCCL_VERSION_CODE`, 23007 for 2.30.7).
+/// (`NCCL_VERSION_CODE`, 23102 for 2.31.2).
 #[no_mangle]
 pub extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
     entry("ncclGetVersion", || {

@@ -142,12 +142,27 @@ fn c_programs_drive_every_collective_over_several_processes() {
                 "{n} ranks: rank {r} did not finish:\n{out}"
             );
             assert!(
-                out.contains("NCCL version 2.30.7+oxccl"),
+                out.contains("NCCL version 2.31.2+oxccl"),
                 "{n} ranks: rank {r} printed no NCCL version line naming oxccl:\n{out}"
             );
         }
         eprintln!("{n} rank(s): PASS in {:.1} s", t.elapsed().as_secs_f64());
     }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// NCCL 2.31's eight per-call collectives with configs on host buffers,
+/// on 2 ranks, against a reference; the configs oxccl refuses or falls
+/// back from (tests/c/coll_config.c).
+#[test]
+fn per_call_collectives_with_their_configs() {
+    let (tmp, exe) = stage("collcfg", "coll_config.c");
+    let t = Instant::now();
+    let results = run_ranks(&exe, 2, Duration::from_secs(120));
+    for (r, (ok, out)) in results.iter().enumerate() {
+        assert!(*ok && out.contains("PASS"), "rank {r} failed:\n{out}");
+    }
+    eprintln!("2 ranks: PASS in {:.1} s", t.elapsed().as_secs_f64());
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
