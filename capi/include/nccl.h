@@ -714,7 +714,7 @@ enum ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 
 /**
  * Writes the version of NCCL's API this library implements
- * (`NCCL_VERSION_CODE`, 23007 for 2.30.7).
+ * (`NCCL_VERSION_CODE`, 23102 for 2.31.2).
  */
 enum ncclResult_t ncclGetVersion(int *version);
 
@@ -841,10 +841,9 @@ enum ncclResult_t ncclCommCuDevice(ncclComm_t comm, int *device);
 const char *ncclGetErrorString(int result);
 
 /**
- * NCCL re-reads its logging variables here (a call its header marks
- * deprecated and not part of the API). oxccl installs its logger once, at
- * the first call into the library, and cannot replace it; this says so at
- * INFO and changes nothing.
+ * Reads NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE again, as
+ * NCCL does (a call its header marks deprecated and not part of the
+ * API): the lines after it follow the new values.
  */
 void ncclResetDebugInit(void);
 

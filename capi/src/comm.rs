@@ -767,16 +767,17 @@ pub extern "C" fn ncclGetErrorString(result: c_int) -> *const c_char {
     s.as_ptr().cast()
 }
 
-/// NCCL re-reads its logging variables here (a call its header marks
-/// deprecated and not part of the API). oxccl installs its logger once, at
-/// the first call into the library, and cannot replace it; this says so at
-/// INFO and changes nothing.
+/// Reads NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE again, as
+/// NCCL does (a call its header marks deprecated and not part of the
+/// API): the lines after it follow the new values.
 #[no_mangle]
 pub extern "C" fn ncclResetDebugInit() {
     // No result to return: a failure here can only be logged.
     let _ = std::panic::catch_unwind(|| {
         start();
-        tracing::info!(target: "oxccl::init", "ncclResetDebugInit: logging keeps the NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE read at the first call into the library");
+        if !oxccl::log::reinit() {
+            tracing::warn!(target: "oxccl::init", "ncclResetDebugInit: another logger was installed before oxccl's; NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE are left to it");
+        }
     });
 }
 

@@ -166,6 +166,71 @@ fn per_call_collectives_with_their_configs() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// ncclResetDebugInit re-reads NCCL_DEBUG, NCCL_DEBUG_SUBSYS and
+/// NCCL_DEBUG_FILE (tests/c/debug_reset.c changes them between calls).
+#[test]
+fn reset_debug_init_rereads_the_logging_variables() {
+    let (tmp, exe) = stage("reset", "debug_reset.c");
+    let file = tmp.join("nccl-%p.log");
+    let mut cmd = Command::new(&exe);
+    cmd.args(["reset", file.to_str().unwrap()])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_TIMEOUT", "20")
+        .env("OXCCL_HOST_MEMORY", "1")
+        .env_remove("NCCL_DEBUG")
+        .env_remove("NCCL_DEBUG_SUBSYS")
+        .env_remove("NCCL_DEBUG_FILE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (ok, text) = finish(
+        cmd.spawn().expect("start debug_reset"),
+        Duration::from_secs(60),
+    );
+    assert!(
+        ok && text.contains("PASS reset"),
+        "debug_reset failed:\n{text}"
+    );
+    let phase = |from: &str, to: &str| -> String {
+        let a = text
+            .find(from)
+            .unwrap_or_else(|| panic!("no {from:?} in:\n{text}"));
+        let b = text[a..].find(to).map_or(text.len(), |b| a + b);
+        text[a..b].to_string()
+    };
+    let info = |s: &str| s.lines().filter(|l| l.contains(" NCCL INFO ")).count();
+    let warn = phase("PHASE warn\n", "PHASE info");
+    let on = phase("PHASE info", "PHASE file");
+    let filed = phase("PHASE file", "PHASE warn again");
+    let off = phase("PHASE warn again", "PASS reset");
+    assert_eq!(info(&warn), 0, "NCCL_DEBUG=WARN showed INFO:\n{warn}");
+    assert!(
+        info(&on) > 0,
+        "NCCL_DEBUG=INFO after the reset showed none:\n{on}"
+    );
+    assert_eq!(
+        info(&filed),
+        0,
+        "NCCL_DEBUG_FILE set, yet INFO on stderr:\n{filed}"
+    );
+    assert_eq!(info(&off), 0, "back to WARN, yet INFO:\n{off}");
+    let logs: Vec<_> = std::fs::read_dir(&tmp)
+        .expect("temp dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("nccl-"))
+        .collect();
+    assert_eq!(logs.len(), 1, "one NCCL_DEBUG_FILE, its %p replaced");
+    let logged = std::fs::read_to_string(logs[0].path()).expect("read the log file");
+    assert!(info(&logged) > 0, "the file holds no INFO lines:\n{logged}");
+    eprintln!(
+        "INFO lines: {} under WARN, {} under INFO, {} in the file, {} under WARN again",
+        info(&warn),
+        info(&on),
+        info(&logged),
+        info(&off)
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 #[test]
 fn one_thread_creates_every_rank_inside_a_group() {
     let (tmp, exe) = stage("group", "group_init.c");
