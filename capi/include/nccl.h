@@ -735,8 +735,10 @@ enum ncclResult_t ncclCommInitRank(ncclComm_t *comm,
                                    int rank);
 
 /**
- * Joins with the first of `nId` ids: oxccl's bootstrap has one root,
- * which is what the others would spread the load of.
+ * Joins through the roots of the `nId` ids (the same ids in the same
+ * order on every rank; 1 to nranks of them): the ranks are spread over
+ * the roots in blocks as NCCL spreads them, each rank says hello to its
+ * block's root, and the communicator is the one a single root makes.
  */
 enum ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm,
                                            int nranks,

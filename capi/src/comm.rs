@@ -214,6 +214,17 @@ fn init(
     rank: c_int,
     config: *const ncclConfig_t,
 ) -> Outcome {
+    init_ids(newcomm, nranks, std::slice::from_ref(id), rank, config)
+}
+
+/// [`init`] through the roots of `ids` (several: ncclCommInitRankScalable).
+fn init_ids(
+    newcomm: *mut ncclComm_t,
+    nranks: c_int,
+    ids: &[ncclUniqueId],
+    rank: c_int,
+    config: *const ncclConfig_t,
+) -> Outcome {
     start();
     if newcomm.is_null() {
         return Err(Error::InvalidArgument("newcomm is NULL".into()));
@@ -233,7 +244,8 @@ fn init(
     if in_group {
         cc.blocking = false;
     }
-    let comm = Comm::init_rank(n, id_from_c(id), r, &cc)?;
+    let ids: Vec<UniqueId> = ids.iter().map(id_from_c).collect();
+    let comm = Comm::init_rank_scalable(n, &ids, r, &cc)?;
     if in_group && user_blocking {
         DEFERRED.with(|d| d.borrow_mut().push(comm.clone()));
     }
@@ -323,8 +335,10 @@ pub extern "C" fn ncclCommInitRank(
     })
 }
 
-/// Joins with the first of `nId` ids: oxccl's bootstrap has one root,
-/// which is what the others would spread the load of.
+/// Joins through the roots of the `nId` ids (the same ids in the same
+/// order on every rank; 1 to nranks of them): the ranks are spread over
+/// the roots in blocks as NCCL spreads them, each rank says hello to its
+/// block's root, and the communicator is the one a single root makes.
 #[no_mangle]
 pub extern "C" fn ncclCommInitRankScalable(
     newcomm: *mut ncclComm_t,
@@ -335,14 +349,15 @@ pub extern "C" fn ncclCommInitRankScalable(
     config: *mut ncclConfig_t,
 ) -> ncclResult_t {
     entry("ncclCommInitRankScalable", || {
-        if nId < 1 || commIds.is_null() {
+        if nId < 1 || nId > nranks.max(0) || commIds.is_null() {
+            start();
             return Err(Error::InvalidArgument(format!(
-                "nId is {nId} and commIds {commIds:p}: at least one id is needed"
+                "nId is {nId} with nranks {nranks} and commIds {commIds:p}: nId must be 1 to nranks (one root per id, at most one per rank) and commIds must hold them"
             )));
         }
-        // SAFETY: non-null and holding nId >= 1 ids, by NCCL's contract.
-        let id = unsafe { *commIds };
-        init(newcomm, nranks, &id, myrank, config)
+        // SAFETY: non-null and holding nId ids, by NCCL's contract.
+        let ids = unsafe { std::slice::from_raw_parts(commIds, nId as usize) };
+        init_ids(newcomm, nranks, ids, myrank, config)
     })
 }
 

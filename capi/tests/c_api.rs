@@ -231,6 +231,47 @@ fn reset_debug_init_rereads_the_logging_variables() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// ncclCommInitRankScalable through several roots as processes on host
+/// memory: 2 ids for 4 ranks, 3 for 5, and 1; every rank gets the same
+/// communicator (collectives right, one commHash), and a bad nId (0,
+/// above nranks) is refused (tests/c/scalable.c).
+#[test]
+fn scalable_init_through_several_roots() {
+    let (tmp, exe) = stage("scalable", "scalable.c");
+    for (n, nid) in [(4, 2), (5, 3), (3, 1)] {
+        let ids = tmp.join(format!("ids-{n}-{nid}"));
+        let t = Instant::now();
+        let results = run_ranks_with(
+            &exe,
+            &[&nid.to_string(), ids.to_str().unwrap()],
+            n,
+            Duration::from_secs(90),
+        );
+        let mut hashes = Vec::new();
+        for (r, (ok, out)) in results.iter().enumerate() {
+            assert!(
+                *ok && out.contains("PASS"),
+                "{n} ranks, {nid} ids: rank {r} failed:\n{out}"
+            );
+            let h = out
+                .lines()
+                .find_map(|l| l.split("commHash ").nth(1))
+                .unwrap_or_else(|| panic!("rank {r} printed no commHash:\n{out}"));
+            hashes.push(h.trim().to_string());
+        }
+        assert!(
+            hashes.iter().all(|h| h == &hashes[0]),
+            "{n} ranks, {nid} ids: commHash differs between ranks: {hashes:?}"
+        );
+        eprintln!(
+            "{n} ranks through {nid} root(s): PASS in {:.1} s, commHash {}",
+            t.elapsed().as_secs_f64(),
+            hashes[0]
+        );
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 #[test]
 fn one_thread_creates_every_rank_inside_a_group() {
     let (tmp, exe) = stage("group", "group_init.c");

@@ -437,7 +437,33 @@ impl Comm {
         rank: usize,
         config: &CommConfig,
     ) -> Result<Comm> {
-        Comm::init_rank_hashed(nranks, id, rank, config, ident::comm_hash(&id), None)
+        Comm::init_rank_hashed(nranks, vec![id], rank, config, ident::comm_hash(&id), None)
+    }
+
+    /// Joins through the roots of several ids (NCCL's
+    /// `ncclCommInitRankScalable`; every rank passes the same ids in the
+    /// same order): the ranks are spread over the roots, each rank says
+    /// hello to its own, and the communicator is the one a single root
+    /// would have made. Its hash is the first id's, as NCCL's.
+    pub fn init_rank_scalable(
+        nranks: usize,
+        ids: &[UniqueId],
+        rank: usize,
+        config: &CommConfig,
+    ) -> Result<Comm> {
+        let Some(first) = ids.first() else {
+            return Err(Error::InvalidArgument(
+                "nId is 0: at least one unique id is needed".into(),
+            ));
+        };
+        if ids.len() > nranks {
+            return Err(Error::InvalidArgument(format!(
+                "nId is {}, more unique ids than the {nranks} ranks (at most one root per rank)",
+                ids.len()
+            )));
+        }
+        let hash = ident::comm_hash(first);
+        Comm::init_rank_hashed(nranks, ids.to_vec(), rank, config, hash, None)
     }
 
     /// As [`Comm::init_rank`], with the communicator's hash given (a split
@@ -445,7 +471,7 @@ impl Comm {
     /// (with its context) for a split that shares it.
     fn init_rank_hashed(
         nranks: usize,
-        id: UniqueId,
+        ids: Vec<UniqueId>,
         rank: usize,
         config: &CommConfig,
         comm_hash: u64,
@@ -477,7 +503,7 @@ impl Comm {
         };
         let asked = config.clone();
         let work = move || {
-            let r = Comm::build(nranks, &id, rank, cfg, &asked, comm_hash, parent).and_then(
+            let r = Comm::build(nranks, &ids, rank, cfg, &asked, comm_hash, parent).and_then(
                 |mut core| {
                     core.split_share = split_share;
                     core.shrink_share = shrink_share;
@@ -512,7 +538,7 @@ impl Comm {
 
     fn build(
         nranks: usize,
-        id: &UniqueId,
+        ids: &[UniqueId],
         rank: usize,
         cfg: Config,
         asked: &CommConfig,
@@ -538,7 +564,7 @@ impl Comm {
             }
             None => comm_net(&cfg, comm_hash, asked.traffic_class)?,
         };
-        let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
+        let bootstrap = Bootstrap::init_scalable(ids, rank, nranks, &cfg)?;
         let mut cfg = cfg;
         let (terms, threads) = crate::exec::direct::Terms::from_env(nranks)?;
         let peers = ident::exchange(
@@ -930,7 +956,7 @@ impl Comm {
             net: core.net.clone(),
             net_setting: core.cfg.net.clone(),
         });
-        Comm::init_rank_hashed(members.len(), id, new_rank, &cfg, child.hash, parent)
+        Comm::init_rank_hashed(members.len(), vec![id], new_rank, &cfg, child.hash, parent)
     }
 
     /// Waits for this rank's outstanding work and synchronises with the
