@@ -1,4 +1,7 @@
-/* oxccl's nccl.h: NCCL 2.30's C API as oxccl implements it.
+/* oxccl's nccl.h: NCCL 2.31.2's C API as oxccl implements it, with the
+ * host functions and types of NCCL's device API (nccl_device/core.h) that
+ * oxccl exports (ncclCommQueryProperties, ncclDevCommCreate, the window
+ * pointer getters).
  * Enum values, struct layouts and function signatures are NCCL's, so code
  * written for NCCL compiles against this header unchanged. */
 
@@ -9,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdbool.h>
 #include <limits.h>
 #define NCCL_SUFFIX ""
 #define NCCL_VERSION(X,Y,Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
@@ -17,29 +21,38 @@
 #define NCCL_CONFIG_UNDEF_PTR NULL
 #define NCCL_SPLIT_NOCOLOR -1
 #define NCCL_UNDEF_FLOAT -1.0f
+/* ncclConfig_t.hostCftMode's default (the other values follow, as constants). */
+#define ncclHostCftDefault NCCL_CONFIG_UNDEF_INT
 #ifndef __CUDA_RUNTIME_H__
 /* Without CUDA's headers (host-memory programs), a stream is an opaque pointer. */
 typedef struct CUstream_st* cudaStream_t;
 #endif
-/* Every field after `version` undefined: blocking .. nvlinkCentricSched (2.28), graphUsageMode .. graphStreamOrdering (2.30). */
+/* Every field after `version` undefined: blocking .. nvlinkCentricSched (2.28), graphUsageMode .. graphStreamOrdering (2.30), launchOrderImplicit .. hostCftMode (2.31). */
 #define NCCL_CONFIG_INITIALIZER { sizeof(ncclConfig_t), NCCL_API_MAGIC, NCCL_VERSION_CODE, \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT }
+/* size, magic, version; ext NULL; minCTAs, maxCTAs, nvlsCTAs, cgaClusterSize undefined; algSelection NULL
+ * (automatic); forceAlgSelection 1; CTAPolicy undefined (the communicator's); userProfilerTag 0 (untagged). */
+#define NCCL_COLLCONFIG_INITIALIZER { sizeof(ncclCollConfig_t), NCCL_API_MAGIC, NCCL_VERSION_CODE, \
+  NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, \
+  NCCL_CONFIG_UNDEF_PTR, 1, NCCL_CONFIG_UNDEF_INT, 0 }
+#define NCCL_COMM_PROPERTIES_INITIALIZER { sizeof(ncclCommProperties_t), NCCL_API_MAGIC, NCCL_VERSION_CODE }
 #define NCCL_SIM_INFO_INITIALIZER { sizeof(ncclSimInfo_t), 0x74685283, NCCL_VERSION_CODE, NCCL_UNDEF_FLOAT }
 
 
 #define NCCL_MAJOR 2
 
-#define NCCL_MINOR 30
+#define NCCL_MINOR 31
 
-#define NCCL_PATCH 7
+#define NCCL_PATCH 2
 
 /**
  * `NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)`.
  */
-#define NCCL_VERSION_CODE 23007
+#define NCCL_VERSION_CODE 23102
 
 /**
  * `ncclConfig_t.magic` and `NCCL_CONFIG_INITIALIZER`'s.
@@ -117,6 +130,16 @@ typedef enum ncclResult_t {
 typedef struct ncclComm ncclComm;
 
 /**
+ * A device communicator of `nccl_device` (`ncclDevComm_t`): opaque here.
+ */
+typedef struct ncclDevComm ncclDevComm;
+
+/**
+ * `ncclDevCommCreate`'s requirements (`ncclDevCommRequirements_t`): opaque here.
+ */
+typedef struct ncclDevCommRequirements ncclDevCommRequirements;
+
+/**
  * A parameter bound by `ncclParamBind`: opaque, owned by the library.
  */
 typedef struct ncclParamHandle ncclParamHandle;
@@ -132,6 +155,83 @@ typedef int ncclRedOp_t;
 
 typedef struct ncclComm *ncclComm_t;
 
+/**
+ * `ncclConfigExt_t.key`: a vendor's id and its option's (an anonymous
+ * struct in NCCL's header; the same layout).
+ */
+typedef struct ncclConfigExtKey {
+  int vendorId;
+  int optionId;
+} ncclConfigExtKey;
+
+/**
+ * `ncclConfigExt_t.val` (an anonymous union in NCCL's header).
+ */
+typedef union ncclConfigExtVal {
+  int i;
+  const char *s;
+  void *raw;
+} ncclConfigExtVal;
+
+/**
+ * One vendor option of a per-call configuration, chained through `next`.
+ * NCCL ignores every extension, and so does oxccl.
+ */
+typedef struct ncclConfigExt_t {
+  struct ncclConfigExt_t *next;
+  struct ncclConfigExtKey key;
+  union ncclConfigExtVal val;
+} ncclConfigExt_t;
+
+/**
+ * The configuration of one collective call (`ncclCollConfig_v23100`),
+ * initialised with `NCCL_COLLCONFIG_INITIALIZER` and given to the
+ * `nccl*Config` calls; append-only, as `ncclConfig_t`.
+ */
+typedef struct ncclCollConfig_t {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  /**
+   * Vendor options; ignored.
+   */
+  struct ncclConfigExt_t *ext;
+  /**
+   * Fewest CTAs (channels) the call runs on.
+   */
+  int minCTAs;
+  /**
+   * Most CTAs the call runs on; at most the communicator's maxCTAs.
+   */
+  int maxCTAs;
+  /**
+   * The NVLS channels' cap (oxccl runs no NVLS).
+   */
+  int nvlsCTAs;
+  /**
+   * Thread-block cluster size.
+   */
+  int cgaClusterSize;
+  /**
+   * Which algorithms the call may use (NCCL's selection grammar);
+   * NULL or "" leaves the choice to the library.
+   */
+  const char *algSelection;
+  /**
+   * 1 (the default): a selection that cannot be honoured is an error;
+   * 0: the call falls back to the library's choice.
+   */
+  int forceAlgSelection;
+  /**
+   * `NCCL_CTA_POLICY_*` bits; UNDEF takes the communicator's.
+   */
+  int CTAPolicy;
+  /**
+   * Given to profiler plugins with the call's events.
+   */
+  uint64_t userProfilerTag;
+} ncclCollConfig_t;
+
 typedef int ncclScalarResidence_t;
 
 /**
@@ -142,10 +242,10 @@ typedef struct ncclUniqueId {
 } ncclUniqueId;
 
 /**
- * `ncclConfig_t` of NCCL 2.30 (`ncclConfig_v23000`). Callers built
- * against an older NCCL (2.28's ends at `nvlinkCentricSched`) pass a
- * shorter struct: `size` says how much of it is there, and fields past it
- * are never read.
+ * `ncclConfig_t` of NCCL 2.31 (`ncclConfig_v23100`). Callers built
+ * against an older NCCL (2.28's ends at `nvlinkCentricSched`, 2.30's at
+ * `graphStreamOrdering`) pass a shorter struct: `size` says how much of it
+ * is there, and fields past it are never read.
  */
 typedef struct ncclConfig_t {
   size_t size;
@@ -169,6 +269,10 @@ typedef struct ncclConfig_t {
   int numRmaCtx;
   int maxP2pPeers;
   int graphStreamOrdering;
+  int launchOrderImplicit;
+  int numRmaSig;
+  int rmaEagerInit;
+  int hostCftMode;
 } ncclConfig_t;
 
 /**
@@ -176,6 +280,91 @@ typedef struct ncclConfig_t {
  * the datatypes: a caller may pass any value, which is refused.
  */
 typedef int ncclCommMemStat_t;
+
+/**
+ * `ncclGinType_t` of `nccl_device` (oxccl has no GPU-initiated networking: NONE).
+ */
+typedef int ncclGinType_t;
+
+/**
+ * `ncclGinConnectionType_t` of `nccl_device`.
+ */
+typedef int ncclGinConnectionType_t;
+
+/**
+ * What `ncclCommQueryProperties` fills in (`nccl_device/core.h`'s
+ * `ncclCommProperties_t`, initialised with `NCCL_COMM_PROPERTIES_INITIALIZER`).
+ */
+typedef struct ncclCommProperties_t {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int rank;
+  int nRanks;
+  /**
+   * The CUDA device; -1 on host memory.
+   */
+  int cudaDev;
+  /**
+   * The NVML index of that device; -1 on host memory.
+   */
+  int nvmlDev;
+  /**
+   * Whether `ncclDevCommCreate` works: false (no symmetric memory yet).
+   */
+  bool deviceApiSupport;
+  /**
+   * Whether NVLink multicast is used: false.
+   */
+  bool multimemSupport;
+  ncclGinType_t ginType;
+  /**
+   * Load/store-accessible teams: 0 without symmetric memory.
+   */
+  int nLsaTeams;
+  /**
+   * Whether host-initiated one-sided operations work: false.
+   */
+  bool hostRmaSupport;
+  ncclGinType_t railedGinType;
+  /**
+   * The communicator's hash (NCCL's commHash, as its logs print it).
+   */
+  uint64_t commHash;
+  int ginMinStride;
+  ncclGinConnectionType_t ginConnectionType;
+  /**
+   * `ginSupport[i]`: GIN type i works; all false.
+   */
+  bool ginSupport[64];
+  /**
+   * Bytes of a device communicator of this library's own version: 0 (none).
+   */
+  size_t devCommRuntimeVersionSize;
+} ncclCommProperties_t;
+
+typedef struct ncclWindow_vidmem *ncclWindow_t;
+
+/**
+ * A multicast handle of `nccl_device`, passed by value.
+ */
+typedef struct ncclMultimemHandle_t {
+  void *mcBasePtr;
+} ncclMultimemHandle_t;
+
+/**
+ * `nccl_device`'s copy-engine (CFT) element id.
+ */
+typedef uint32_t ncclCftLeId;
+
+/**
+ * A team of `nccl_device` (a strided set of ranks), passed by value.
+ */
+typedef struct ncclTeam_t {
+  int nRanks;
+  int rank;
+  int stride;
+} ncclTeam_t;
 
 /**
  * What `ncclGroupSimulateEnd` fills in.
@@ -190,8 +379,6 @@ typedef struct ncclSimInfo_t {
   float estimatedTime;
 } ncclSimInfo_t;
 
-typedef struct ncclWindow_vidmem *ncclWindow_t;
-
 /**
  * One entry of `ncclWaitSignal`'s list: wait for `opCnt` signals from
  * `peer` on signal `sigIdx` of context `ctx`.
@@ -204,6 +391,13 @@ typedef struct ncclWaitSignalDesc_t {
 } ncclWaitSignalDesc_t;
 
 typedef struct ncclParamHandle *ncclParamHandle_t;
+
+/**
+ * `ncclConfig_t.hostCftMode` values (NCCL's `ncclHostCftMode_t`; the
+ * default is `NCCL_CONFIG_UNDEF_INT`, which the header defines itself:
+ * cbindgen cannot write INT_MIN).
+ */
+typedef int ncclHostCftMode_t;
 
 #define ncclInt8 0
 
@@ -268,6 +462,34 @@ typedef struct ncclParamHandle *ncclParamHandle_t;
  */
 #define ncclScalarHostImmediate 1
 
+
+
+#define ncclHostCftEnable 1
+
+#define ncclHostCftDisable 2
+
+#define ncclHostCftFallback 3
+
+#define NCCL_GIN_TYPE_NONE 0
+
+#define NCCL_GIN_TYPE_PROXY 2
+
+#define NCCL_GIN_TYPE_GDAKI 3
+
+#define NCCL_GIN_TYPE_GPI 4
+
+#define NCCL_GIN_TYPE_EFA_GDA 5
+
+#define NCCL_GIN_MAX_TYPES 6
+
+#define NCCL_GIN_CONNECTION_NONE 0
+
+#define NCCL_GIN_CONNECTION_FULL 1
+
+#define NCCL_GIN_CONNECTION_RAIL 2
+
+#define NCCL_GIN_CONNECTION_CUSTOM_STRIDE 3
+
 /**
  * GPU memory the communicator could release while suspended (bytes).
  */
@@ -300,6 +522,18 @@ enum ncclResult_t ncclAllReduce(const void *sendbuff,
                                 ncclComm_t comm,
                                 cudaStream_t stream);
 
+/**
+ * `ncclAllReduce` with the call's own settings (NULL: none).
+ */
+enum ncclResult_t ncclAllReduceConfig(const void *sendbuff,
+                                      void *recvbuff,
+                                      size_t count,
+                                      ncclDataType_t datatype,
+                                      ncclRedOp_t op,
+                                      ncclComm_t comm,
+                                      cudaStream_t stream,
+                                      const struct ncclCollConfig_t *config);
+
 enum ncclResult_t ncclBroadcast(const void *sendbuff,
                                 void *recvbuff,
                                 size_t count,
@@ -307,6 +541,18 @@ enum ncclResult_t ncclBroadcast(const void *sendbuff,
                                 int root,
                                 ncclComm_t comm,
                                 cudaStream_t stream);
+
+/**
+ * `ncclBroadcast` with the call's own settings (NULL: none).
+ */
+enum ncclResult_t ncclBroadcastConfig(const void *sendbuff,
+                                      void *recvbuff,
+                                      size_t count,
+                                      ncclDataType_t datatype,
+                                      int root,
+                                      ncclComm_t comm,
+                                      cudaStream_t stream,
+                                      const struct ncclCollConfig_t *config);
 
 /**
  * Broadcast in place (NCCL's legacy name).
@@ -327,12 +573,36 @@ enum ncclResult_t ncclReduce(const void *sendbuff,
                              ncclComm_t comm,
                              cudaStream_t stream);
 
+/**
+ * `ncclReduce` with the call's own settings (NULL: none).
+ */
+enum ncclResult_t ncclReduceConfig(const void *sendbuff,
+                                   void *recvbuff,
+                                   size_t count,
+                                   ncclDataType_t datatype,
+                                   ncclRedOp_t op,
+                                   int root,
+                                   ncclComm_t comm,
+                                   cudaStream_t stream,
+                                   const struct ncclCollConfig_t *config);
+
 enum ncclResult_t ncclAllGather(const void *sendbuff,
                                 void *recvbuff,
                                 size_t sendcount,
                                 ncclDataType_t datatype,
                                 ncclComm_t comm,
                                 cudaStream_t stream);
+
+/**
+ * `ncclAllGather` with the call's own settings (NULL: none).
+ */
+enum ncclResult_t ncclAllGatherConfig(const void *sendbuff,
+                                      void *recvbuff,
+                                      size_t sendcount,
+                                      ncclDataType_t datatype,
+                                      ncclComm_t comm,
+                                      cudaStream_t stream,
+                                      const struct ncclCollConfig_t *config);
 
 enum ncclResult_t ncclReduceScatter(const void *sendbuff,
                                     void *recvbuff,
@@ -341,6 +611,18 @@ enum ncclResult_t ncclReduceScatter(const void *sendbuff,
                                     ncclRedOp_t op,
                                     ncclComm_t comm,
                                     cudaStream_t stream);
+
+/**
+ * `ncclReduceScatter` with the call's own settings (NULL: none).
+ */
+enum ncclResult_t ncclReduceScatterConfig(const void *sendbuff,
+                                          void *recvbuff,
+                                          size_t recvcount,
+                                          ncclDataType_t datatype,
+                                          ncclRedOp_t op,
+                                          ncclComm_t comm,
+                                          cudaStream_t stream,
+                                          const struct ncclCollConfig_t *config);
 
 enum ncclResult_t ncclSend(const void *sendbuff,
                            size_t count,
@@ -366,6 +648,17 @@ enum ncclResult_t ncclAlltoAll(const void *sendbuff,
                                ncclComm_t comm,
                                cudaStream_t stream);
 
+/**
+ * `ncclAlltoAll` with the call's own settings (NULL: none).
+ */
+enum ncclResult_t ncclAlltoAllConfig(const void *sendbuff,
+                                     void *recvbuff,
+                                     size_t count,
+                                     ncclDataType_t datatype,
+                                     ncclComm_t comm,
+                                     cudaStream_t stream,
+                                     const struct ncclCollConfig_t *config);
+
 enum ncclResult_t ncclGather(const void *sendbuff,
                              void *recvbuff,
                              size_t count,
@@ -374,6 +667,18 @@ enum ncclResult_t ncclGather(const void *sendbuff,
                              ncclComm_t comm,
                              cudaStream_t stream);
 
+/**
+ * `ncclGather` with the call's own settings (NULL: none).
+ */
+enum ncclResult_t ncclGatherConfig(const void *sendbuff,
+                                   void *recvbuff,
+                                   size_t count,
+                                   ncclDataType_t datatype,
+                                   int root,
+                                   ncclComm_t comm,
+                                   cudaStream_t stream,
+                                   const struct ncclCollConfig_t *config);
+
 enum ncclResult_t ncclScatter(const void *sendbuff,
                               void *recvbuff,
                               size_t count,
@@ -381,6 +686,18 @@ enum ncclResult_t ncclScatter(const void *sendbuff,
                               int root,
                               ncclComm_t comm,
                               cudaStream_t stream);
+
+/**
+ * `ncclScatter` with the call's own settings (NULL: none).
+ */
+enum ncclResult_t ncclScatterConfig(const void *sendbuff,
+                                    void *recvbuff,
+                                    size_t count,
+                                    ncclDataType_t datatype,
+                                    int root,
+                                    ncclComm_t comm,
+                                    cudaStream_t stream,
+                                    const struct ncclCollConfig_t *config);
 
 /**
  * A sum whose inputs are first multiplied by `*scalar`. The scalar is read
@@ -397,7 +714,7 @@ enum ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm);
 
 /**
  * Writes the version of NCCL's API this library implements
- * (`NCCL_VERSION_CODE`, 23007 for 2.30.7).
+ * (`NCCL_VERSION_CODE`, 23102 for 2.31.2).
  */
 enum ncclResult_t ncclGetVersion(int *version);
 
@@ -418,8 +735,10 @@ enum ncclResult_t ncclCommInitRank(ncclComm_t *comm,
                                    int rank);
 
 /**
- * Joins with the first of `nId` ids: oxccl's bootstrap has one root,
- * which is what the others would spread the load of.
+ * Joins through the roots of the `nId` ids (the same ids in the same
+ * order on every rank; 1 to nranks of them): the ranks are spread over
+ * the roots in blocks as NCCL spreads them, each rank says hello to its
+ * block's root, and the communicator is the one a single root makes.
  */
 enum ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm,
                                            int nranks,
@@ -524,10 +843,9 @@ enum ncclResult_t ncclCommCuDevice(ncclComm_t comm, int *device);
 const char *ncclGetErrorString(int result);
 
 /**
- * NCCL re-reads its logging variables here (a call its header marks
- * deprecated and not part of the API). oxccl installs its logger once, at
- * the first call into the library, and cannot replace it; this says so at
- * INFO and changes nothing.
+ * Reads NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE again, as
+ * NCCL does (a call its header marks deprecated and not part of the
+ * API): the lines after it follow the new values.
  */
 void ncclResetDebugInit(void);
 
@@ -535,6 +853,87 @@ void ncclResetDebugInit(void);
  * The message of the last error in this process (empty if none).
  */
 const char *ncclGetLastError(ncclComm_t comm);
+
+/**
+ * Fills `props` (initialised with `NCCL_COMM_PROPERTIES_INITIALIZER`)
+ * from the communicator: its rank, size, GPU and hash. What names
+ * something oxccl lacks is reported as absent: no device API
+ * (`deviceApiSupport` false, `devCommRuntimeVersionSize` 0), no NVLink
+ * multicast, no GPU-initiated networking (every GIN field NONE or false),
+ * no host one-sided operations, no load/store teams (`nLsaTeams` 0).
+ * `nvmlDev` is the CUDA ordinal (oxccl does not map it to NVML's order;
+ * they agree where CUDA_VISIBLE_DEVICES is unset and CUDA_DEVICE_ORDER is
+ * PCI_BUS_ID); -1 for both on host memory.
+ */
+enum ncclResult_t ncclCommQueryProperties(ncclComm_t comm, struct ncclCommProperties_t *props);
+
+/**
+ * A device communicator for kernels that communicate by themselves:
+ * refused (no symmetric memory windows).
+ */
+enum ncclResult_t ncclDevCommCreate(ncclComm_t comm,
+                                    const struct ncclDevCommRequirements *reqs,
+                                    struct ncclDevComm *outDevComm);
+
+enum ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const struct ncclDevComm *devComm);
+
+/**
+ * A window's NVLink multicast address: refused (no windows, no multicast).
+ */
+enum ncclResult_t ncclGetLsaMultimemDevicePointer(ncclWindow_t window,
+                                                  size_t offset,
+                                                  void **outPtr);
+
+/**
+ * A window's multicast address through a multicast handle: refused.
+ */
+enum ncclResult_t ncclGetMultimemDevicePointer(ncclWindow_t window,
+                                               size_t offset,
+                                               struct ncclMultimemHandle_t multimem,
+                                               void **outPtr);
+
+/**
+ * A load/store team peer's address of a window: refused.
+ */
+enum ncclResult_t ncclGetLsaDevicePointer(ncclWindow_t window,
+                                          size_t offset,
+                                          int lsaRank,
+                                          void **outPtr);
+
+/**
+ * A peer's address of a window: refused.
+ */
+enum ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window,
+                                           size_t offset,
+                                           int peer,
+                                           void **outPtr);
+
+/**
+ * A window's multicast copy-engine element: refused.
+ */
+enum ncclResult_t ncclGetMultimemDeviceLeInfo(ncclWindow_t window,
+                                              size_t offset,
+                                              ncclCftLeId *leId,
+                                              size_t *leOffset);
+
+/**
+ * A CFT team peer's copy-engine element of a window: refused.
+ */
+enum ncclResult_t ncclGetCftDeviceLeInfo(ncclWindow_t window,
+                                         size_t offset,
+                                         int peerCft,
+                                         struct ncclTeam_t cftTeam,
+                                         ncclCftLeId *leId,
+                                         size_t *leOffset);
+
+/**
+ * A peer's copy-engine element of a window: refused.
+ */
+enum ncclResult_t ncclGetPeerDeviceLeInfo(ncclWindow_t window,
+                                          size_t offset,
+                                          int peerWorld,
+                                          ncclCftLeId *leId,
+                                          size_t *leOffset);
 
 enum ncclResult_t ncclGroupStart(void);
 
@@ -601,13 +1000,6 @@ enum ncclResult_t ncclWaitSignal(int nDesc,
                                  struct ncclWaitSignalDesc_t *signalDescs,
                                  ncclComm_t comm,
                                  cudaStream_t stream);
-
-/**
- * NCCL's device API (`nccl_device.h`), for kernels that communicate by themselves.
- */
-enum ncclResult_t ncclDevCommCreate(ncclComm_t comm, const void *reqs, void *outDevComm);
-
-enum ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const void *devComm);
 
 enum ncclResult_t ncclParamBind(ncclParamHandle_t *out, const char *key);
 

@@ -6,6 +6,8 @@ use std::os::raw::{c_int, c_void};
 
 use oxccl::{DataType, Error, Op, OpKind, RedOp};
 
+use crate::collconfig::{self, Func};
+
 use crate::guard::{entry, ok, Outcome};
 use crate::handle::{self, Handle};
 use crate::types::*;
@@ -24,6 +26,7 @@ fn enqueue(
     datatype: ncclDataType_t,
     op: RedOp,
     stream: cudaStream_t,
+    pc: collconfig::PerCall,
 ) -> Outcome {
     let op = Op {
         kind,
@@ -33,13 +36,44 @@ fn enqueue(
         dtype: DataType::from_raw(datatype)?,
         redop: op,
         stream: stream as u64,
-        user_tag: 0,
+        user_tag: pc.user_tag,
+        call: pc.call,
     };
     // SAFETY: NCCL's contract: the buffers hold what the operation needs
     // and stay untouched until it completes (on the stream for device
     // memory; by the end of the call or group for host memory).
     unsafe { h.comm.enqueue(op) }?;
     ok()
+}
+
+#[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
+fn all_reduce(
+    name: &'static str,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    entry(name, || {
+        let h = handle::get(comm)?;
+        let op = h.redop(op)?;
+        let pc = collconfig::read(config, &h.comm, Func::AllReduce)?;
+        enqueue(
+            &h,
+            OpKind::AllReduce,
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            op,
+            stream,
+            pc,
+        )
+    })
 }
 
 #[no_mangle]
@@ -52,18 +86,70 @@ pub extern "C" fn ncclAllReduce(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    entry("ncclAllReduce", || {
+    all_reduce(
+        "ncclAllReduce",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        op,
+        comm,
+        stream,
+        std::ptr::null(),
+    )
+}
+
+/// `ncclAllReduce` with the call's own settings (NULL: none).
+#[no_mangle]
+pub extern "C" fn ncclAllReduceConfig(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    all_reduce(
+        "ncclAllReduceConfig",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        op,
+        comm,
+        stream,
+        config,
+    )
+}
+
+#[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
+fn broadcast(
+    name: &'static str,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    entry(name, || {
         let h = handle::get(comm)?;
-        let op = h.redop(op)?;
+        let root = rank_arg("root", root)?;
+        let pc = collconfig::read(config, &h.comm, Func::Broadcast)?;
         enqueue(
             &h,
-            OpKind::AllReduce,
+            OpKind::Broadcast { root },
             sendbuff,
             recvbuff,
             count,
             datatype,
-            op,
+            RedOp::Sum,
             stream,
+            pc,
         )
     })
 }
@@ -78,20 +164,42 @@ pub extern "C" fn ncclBroadcast(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    entry("ncclBroadcast", || {
-        let h = handle::get(comm)?;
-        let root = rank_arg("root", root)?;
-        enqueue(
-            &h,
-            OpKind::Broadcast { root },
-            sendbuff,
-            recvbuff,
-            count,
-            datatype,
-            RedOp::Sum,
-            stream,
-        )
-    })
+    broadcast(
+        "ncclBroadcast",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        root,
+        comm,
+        stream,
+        std::ptr::null(),
+    )
+}
+
+/// `ncclBroadcast` with the call's own settings (NULL: none).
+#[no_mangle]
+pub extern "C" fn ncclBroadcastConfig(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    broadcast(
+        "ncclBroadcastConfig",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        root,
+        comm,
+        stream,
+        config,
+    )
 }
 
 /// Broadcast in place (NCCL's legacy name).
@@ -107,6 +215,38 @@ pub extern "C" fn ncclBcast(
     ncclBroadcast(buff, buff, count, datatype, root, comm, stream)
 }
 
+#[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
+fn reduce(
+    name: &'static str,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    entry(name, || {
+        let h = handle::get(comm)?;
+        let op = h.redop(op)?;
+        let root = rank_arg("root", root)?;
+        let pc = collconfig::read(config, &h.comm, Func::Reduce)?;
+        enqueue(
+            &h,
+            OpKind::Reduce { root },
+            sendbuff,
+            recvbuff,
+            count,
+            datatype,
+            op,
+            stream,
+            pc,
+        )
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn ncclReduce(
     sendbuff: *const c_void,
@@ -118,19 +258,71 @@ pub extern "C" fn ncclReduce(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    entry("ncclReduce", || {
+    reduce(
+        "ncclReduce",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        op,
+        root,
+        comm,
+        stream,
+        std::ptr::null(),
+    )
+}
+
+/// `ncclReduce` with the call's own settings (NULL: none).
+#[no_mangle]
+pub extern "C" fn ncclReduceConfig(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    reduce(
+        "ncclReduceConfig",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        op,
+        root,
+        comm,
+        stream,
+        config,
+    )
+}
+
+#[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
+fn all_gather(
+    name: &'static str,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    entry(name, || {
         let h = handle::get(comm)?;
-        let op = h.redop(op)?;
-        let root = rank_arg("root", root)?;
+        let pc = collconfig::read(config, &h.comm, Func::AllGather)?;
         enqueue(
             &h,
-            OpKind::Reduce { root },
+            OpKind::AllGather,
             sendbuff,
             recvbuff,
-            count,
+            sendcount,
             datatype,
-            op,
+            RedOp::Sum,
             stream,
+            pc,
         )
     })
 }
@@ -144,17 +336,67 @@ pub extern "C" fn ncclAllGather(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    entry("ncclAllGather", || {
+    all_gather(
+        "ncclAllGather",
+        sendbuff,
+        recvbuff,
+        sendcount,
+        datatype,
+        comm,
+        stream,
+        std::ptr::null(),
+    )
+}
+
+/// `ncclAllGather` with the call's own settings (NULL: none).
+#[no_mangle]
+pub extern "C" fn ncclAllGatherConfig(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    all_gather(
+        "ncclAllGatherConfig",
+        sendbuff,
+        recvbuff,
+        sendcount,
+        datatype,
+        comm,
+        stream,
+        config,
+    )
+}
+
+#[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
+fn reduce_scatter(
+    name: &'static str,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    entry(name, || {
         let h = handle::get(comm)?;
+        let op = h.redop(op)?;
+        let pc = collconfig::read(config, &h.comm, Func::ReduceScatter)?;
         enqueue(
             &h,
-            OpKind::AllGather,
+            OpKind::ReduceScatter,
             sendbuff,
             recvbuff,
-            sendcount,
+            recvcount,
             datatype,
-            RedOp::Sum,
+            op,
             stream,
+            pc,
         )
     })
 }
@@ -169,20 +411,42 @@ pub extern "C" fn ncclReduceScatter(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    entry("ncclReduceScatter", || {
-        let h = handle::get(comm)?;
-        let op = h.redop(op)?;
-        enqueue(
-            &h,
-            OpKind::ReduceScatter,
-            sendbuff,
-            recvbuff,
-            recvcount,
-            datatype,
-            op,
-            stream,
-        )
-    })
+    reduce_scatter(
+        "ncclReduceScatter",
+        sendbuff,
+        recvbuff,
+        recvcount,
+        datatype,
+        op,
+        comm,
+        stream,
+        std::ptr::null(),
+    )
+}
+
+/// `ncclReduceScatter` with the call's own settings (NULL: none).
+#[no_mangle]
+pub extern "C" fn ncclReduceScatterConfig(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    reduce_scatter(
+        "ncclReduceScatterConfig",
+        sendbuff,
+        recvbuff,
+        recvcount,
+        datatype,
+        op,
+        comm,
+        stream,
+        config,
+    )
 }
 
 #[no_mangle]
@@ -206,6 +470,7 @@ pub extern "C" fn ncclSend(
             datatype,
             RedOp::Sum,
             stream,
+            collconfig::PerCall::default(),
         )
     })
 }
@@ -231,6 +496,7 @@ pub extern "C" fn ncclRecv(
             datatype,
             RedOp::Sum,
             stream,
+            collconfig::PerCall::default(),
         )
     })
 }
@@ -247,12 +513,14 @@ fn exchange(
     datatype: ncclDataType_t,
     comm: ncclComm_t,
     stream: cudaStream_t,
+    config: (*const ncclCollConfig_t, Func),
     send_to: impl Fn(usize, usize) -> Option<usize>,
     recv_from: impl Fn(usize, usize) -> Option<usize>,
 ) -> ncclResult_t {
     entry(name, || {
         let h = handle::get(comm)?;
         let dtype = DataType::from_raw(datatype)?;
+        let pc = collconfig::read(config.0, &h.comm, config.1)?;
         let (me, n) = (h.comm.user_rank(), h.comm.count());
         let block = count
             .checked_mul(dtype.size())
@@ -277,6 +545,7 @@ fn exchange(
                         datatype,
                         RedOp::Sum,
                         stream,
+                        pc,
                     )
                     .map(|_| ())
                 });
@@ -292,6 +561,7 @@ fn exchange(
                         datatype,
                         RedOp::Sum,
                         stream,
+                        pc,
                     )
                     .map(|_| ())
                 });
@@ -305,6 +575,31 @@ fn exchange(
     })
 }
 
+#[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
+fn all_to_all(
+    name: &'static str,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    exchange(
+        name,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        comm,
+        stream,
+        (config, Func::AlltoAll),
+        |_, p| Some(p),
+        |_, p| Some(p),
+    )
+}
+
 /// Block p of every rank's sendbuff goes to rank p's recvbuff block of the sender.
 #[no_mangle]
 pub extern "C" fn ncclAlltoAll(
@@ -315,7 +610,7 @@ pub extern "C" fn ncclAlltoAll(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    exchange(
+    all_to_all(
         "ncclAlltoAll",
         sendbuff,
         recvbuff,
@@ -323,8 +618,57 @@ pub extern "C" fn ncclAlltoAll(
         datatype,
         comm,
         stream,
-        |_, p| Some(p),
-        |_, p| Some(p),
+        std::ptr::null(),
+    )
+}
+
+/// `ncclAlltoAll` with the call's own settings (NULL: none).
+#[no_mangle]
+pub extern "C" fn ncclAlltoAllConfig(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    all_to_all(
+        "ncclAlltoAllConfig",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        comm,
+        stream,
+        config,
+    )
+}
+
+#[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
+fn gather(
+    name: &'static str,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    let root = usize::try_from(root).unwrap_or(usize::MAX);
+    exchange(
+        name,
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        comm,
+        stream,
+        (config, Func::Gather),
+        move |_, p| (p == root).then_some(0),
+        move |me, p| (me == root).then_some(p),
     )
 }
 
@@ -338,17 +682,68 @@ pub extern "C" fn ncclGather(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
+    gather(
+        "ncclGather",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        root,
+        comm,
+        stream,
+        std::ptr::null(),
+    )
+}
+
+/// `ncclGather` with the call's own settings (NULL: none).
+#[no_mangle]
+pub extern "C" fn ncclGatherConfig(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    gather(
+        "ncclGatherConfig",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        root,
+        comm,
+        stream,
+        config,
+    )
+}
+
+#[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
+fn scatter(
+    name: &'static str,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
     let root = usize::try_from(root).unwrap_or(usize::MAX);
     exchange(
-        "ncclGather",
+        name,
         sendbuff,
         recvbuff,
         count,
         datatype,
         comm,
         stream,
-        move |_, p| (p == root).then_some(0),
+        (config, Func::Scatter),
         move |me, p| (me == root).then_some(p),
+        move |_, p| (p == root).then_some(0),
     )
 }
 
@@ -362,17 +757,41 @@ pub extern "C" fn ncclScatter(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let root = usize::try_from(root).unwrap_or(usize::MAX);
-    exchange(
+    scatter(
         "ncclScatter",
         sendbuff,
         recvbuff,
         count,
         datatype,
+        root,
         comm,
         stream,
-        move |me, p| (me == root).then_some(p),
-        move |_, p| (p == root).then_some(0),
+        std::ptr::null(),
+    )
+}
+
+/// `ncclScatter` with the call's own settings (NULL: none).
+#[no_mangle]
+pub extern "C" fn ncclScatterConfig(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    config: *const ncclCollConfig_t,
+) -> ncclResult_t {
+    scatter(
+        "ncclScatterConfig",
+        sendbuff,
+        recvbuff,
+        count,
+        datatype,
+        root,
+        comm,
+        stream,
+        config,
     )
 }
 

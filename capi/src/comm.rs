@@ -184,6 +184,10 @@ fn read_config_fields(config: *const ncclConfig_t) -> Result<CommConfig, Error> 
         (offset_of!(ncclConfig_t, numRmaCtx), c.numRmaCtx, "numRmaCtx", "oxccl has no one-sided (RMA) contexts yet"),
         (offset_of!(ncclConfig_t, maxP2pPeers), c.maxP2pPeers, "maxP2pPeers", "every peer is connected at creation"),
         (offset_of!(ncclConfig_t, graphStreamOrdering), c.graphStreamOrdering, "graphStreamOrdering", "captured work is always ordered on its stream"),
+        (offset_of!(ncclConfig_t, launchOrderImplicit), c.launchOrderImplicit, "launchOrderImplicit", "each communicator's kernels are launched in the caller's order on the caller's stream; nothing orders launches across communicators"),
+        (offset_of!(ncclConfig_t, numRmaSig), c.numRmaSig, "numRmaSig", "oxccl has no one-sided (RMA) signals yet"),
+        (offset_of!(ncclConfig_t, rmaEagerInit), c.rmaEagerInit, "rmaEagerInit", "oxccl has no one-sided (RMA) contexts to set up"),
+        (offset_of!(ncclConfig_t, hostCftMode), c.hostCftMode, "hostCftMode", "oxccl has no copy-engine (CFT) collectives"),
     ];
     for (off, v, field, why) in warn_if_set {
         if let Some(v) = int(off, v) {
@@ -223,6 +227,17 @@ fn init(
     rank: c_int,
     config: *const ncclConfig_t,
 ) -> Outcome {
+    init_ids(newcomm, nranks, std::slice::from_ref(id), rank, config)
+}
+
+/// [`init`] through the roots of `ids` (several: ncclCommInitRankScalable).
+fn init_ids(
+    newcomm: *mut ncclComm_t,
+    nranks: c_int,
+    ids: &[ncclUniqueId],
+    rank: c_int,
+    config: *const ncclConfig_t,
+) -> Outcome {
     start();
     if newcomm.is_null() {
         return Err(Error::InvalidArgument("newcomm is NULL".into()));
@@ -242,7 +257,8 @@ fn init(
     if in_group {
         cc.blocking = false;
     }
-    let comm = Comm::init_rank(n, id_from_c(id), r, &cc)?;
+    let ids: Vec<UniqueId> = ids.iter().map(id_from_c).collect();
+    let comm = Comm::init_rank_scalable(n, &ids, r, &cc)?;
     if in_group && user_blocking {
         DEFERRED.with(|d| d.borrow_mut().push(comm.clone()));
     }
@@ -287,7 +303,7 @@ fn id_to_c(id: UniqueId) -> ncclUniqueId {
 }
 
 /// Writes the version of NCCL's API this library implements
-/// (`NCCL_VERSION_CODE`, 23007 for 2.30.7).
+/// (`NCCL_VERSION_CODE`, 23102 for 2.31.2).
 #[no_mangle]
 pub extern "C" fn ncclGetVersion(version: *mut c_int) -> ncclResult_t {
     entry("ncclGetVersion", || {
@@ -332,8 +348,10 @@ pub extern "C" fn ncclCommInitRank(
     })
 }
 
-/// Joins with the first of `nId` ids: oxccl's bootstrap has one root,
-/// which is what the others would spread the load of.
+/// Joins through the roots of the `nId` ids (the same ids in the same
+/// order on every rank; 1 to nranks of them): the ranks are spread over
+/// the roots in blocks as NCCL spreads them, each rank says hello to its
+/// block's root, and the communicator is the one a single root makes.
 #[no_mangle]
 pub extern "C" fn ncclCommInitRankScalable(
     newcomm: *mut ncclComm_t,
@@ -344,14 +362,15 @@ pub extern "C" fn ncclCommInitRankScalable(
     config: *mut ncclConfig_t,
 ) -> ncclResult_t {
     entry("ncclCommInitRankScalable", || {
-        if nId < 1 || commIds.is_null() {
+        if nId < 1 || nId > nranks.max(0) || commIds.is_null() {
+            start();
             return Err(Error::InvalidArgument(format!(
-                "nId is {nId} and commIds {commIds:p}: at least one id is needed"
+                "nId is {nId} with nranks {nranks} and commIds {commIds:p}: nId must be 1 to nranks (one root per id, at most one per rank) and commIds must hold them"
             )));
         }
-        // SAFETY: non-null and holding nId >= 1 ids, by NCCL's contract.
-        let id = unsafe { *commIds };
-        init(newcomm, nranks, &id, myrank, config)
+        // SAFETY: non-null and holding nId ids, by NCCL's contract.
+        let ids = unsafe { std::slice::from_raw_parts(commIds, nId as usize) };
+        init_ids(newcomm, nranks, ids, myrank, config)
     })
 }
 
@@ -776,16 +795,17 @@ pub extern "C" fn ncclGetErrorString(result: c_int) -> *const c_char {
     s.as_ptr().cast()
 }
 
-/// NCCL re-reads its logging variables here (a call its header marks
-/// deprecated and not part of the API). oxccl installs its logger once, at
-/// the first call into the library, and cannot replace it; this says so at
-/// INFO and changes nothing.
+/// Reads NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE again, as
+/// NCCL does (a call its header marks deprecated and not part of the
+/// API): the lines after it follow the new values.
 #[no_mangle]
 pub extern "C" fn ncclResetDebugInit() {
     // No result to return: a failure here can only be logged.
     let _ = std::panic::catch_unwind(|| {
         start();
-        tracing::info!(target: "oxccl::init", "ncclResetDebugInit: logging keeps the NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE read at the first call into the library");
+        if !oxccl::log::reinit() {
+            tracing::warn!(target: "oxccl::init", "ncclResetDebugInit: another logger was installed before oxccl's; NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE are left to it");
+        }
     });
 }
 

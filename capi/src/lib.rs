@@ -1,5 +1,5 @@
 //! NCCL's C API over oxccl: `libnccl.so.2`, so that nccl-tests, PyTorch and
-//! any program built against NCCL (up to 2.30) run on oxccl by finding this library
+//! any program built against NCCL (up to 2.31) run on oxccl by finding this library
 //! first on the library path.
 //!
 //! Every entry point goes through [`guard::entry`]: no panic crosses the
@@ -17,7 +17,9 @@
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 mod coll;
+mod collconfig;
 mod comm;
+mod device;
 mod group;
 mod guard;
 mod handle;
@@ -28,6 +30,7 @@ pub mod types;
 
 pub use coll::*;
 pub use comm::*;
+pub use device::*;
 pub use group::*;
 pub use mem::*;
 pub use param::*;

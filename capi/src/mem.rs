@@ -176,20 +176,3 @@ pub extern "C" fn ncclWaitSignal(
     let _ = (nDesc, signalDescs, comm, stream);
     not_implemented("ncclWaitSignal", ONE_SIDED)
 }
-
-/// NCCL's device API (`nccl_device.h`), for kernels that communicate by themselves.
-#[no_mangle]
-pub extern "C" fn ncclDevCommCreate(
-    comm: ncclComm_t,
-    reqs: *const c_void,
-    outDevComm: *mut c_void,
-) -> ncclResult_t {
-    let _ = (comm, reqs, outDevComm);
-    not_implemented("ncclDevCommCreate", "NCCL's device-side API")
-}
-
-#[no_mangle]
-pub extern "C" fn ncclDevCommDestroy(comm: ncclComm_t, devComm: *const c_void) -> ncclResult_t {
-    let _ = (comm, devComm);
-    not_implemented("ncclDevCommDestroy", "NCCL's device-side API")
-}

@@ -1,7 +1,9 @@
-//! NCCL 2.30's C types, value for value and byte for byte: result codes,
+//! NCCL 2.31.2's C types, value for value and byte for byte: result codes,
 //! datatypes, reduction operators, the unique id, the configuration, the
-//! simulation record, and the types of 2.30's newer calls (memory
-//! statistics, signals, parameter handles). Datatypes and operators are plain `int`s here,
+//! per-call configuration of the `nccl*Config` collectives, the
+//! simulation record, the types of the newer calls (memory statistics,
+//! signals, parameter handles) and the communicator properties of
+//! `nccl_device`'s `ncclCommQueryProperties`. Datatypes and operators are plain `int`s here,
 //! not Rust enums, because callers may pass any value (a redop made by
 //! `ncclRedOpCreatePreMulSum` is one past the built-in ones) and an
 //! out-of-range enum would be undefined behaviour in Rust.
@@ -11,13 +13,13 @@ use std::os::raw::{c_char, c_float, c_int, c_uint, c_void};
 
 // The NCCL release whose nccl.h this library mirrors. `ncclGetVersion`
 // reports it: programs built against an older NCCL (PyTorch 2.11 against
-// 2.28) accept a newer runtime, and nothing older than 2.30 has the calls
-// this library exports.
+// 2.28) accept a newer runtime, and nothing older than 2.31 has the calls
+// this library exports (the per-call `nccl*Config` collectives).
 pub const NCCL_MAJOR: c_int = 2;
-pub const NCCL_MINOR: c_int = 30;
-pub const NCCL_PATCH: c_int = 7;
+pub const NCCL_MINOR: c_int = 31;
+pub const NCCL_PATCH: c_int = 2;
 /// `NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)`.
-pub const NCCL_VERSION_CODE: c_int = 23007;
+pub const NCCL_VERSION_CODE: c_int = 23102;
 
 /// `ncclConfig_t.magic` and `NCCL_CONFIG_INITIALIZER`'s.
 pub const NCCL_API_MAGIC: c_uint = 0xcafe_beef;
@@ -104,10 +106,19 @@ pub struct ncclUniqueId {
     pub internal: [c_char; NCCL_UNIQUE_ID_BYTES],
 }
 
-/// `ncclConfig_t` of NCCL 2.30 (`ncclConfig_v23000`). Callers built
-/// against an older NCCL (2.28's ends at `nvlinkCentricSched`) pass a
-/// shorter struct: `size` says how much of it is there, and fields past it
-/// are never read.
+/// `ncclConfig_t.hostCftMode` values (NCCL's `ncclHostCftMode_t`; the
+/// default is `NCCL_CONFIG_UNDEF_INT`, which the header defines itself:
+/// cbindgen cannot write INT_MIN).
+pub type ncclHostCftMode_t = c_int;
+pub const ncclHostCftDefault: ncclHostCftMode_t = c_int::MIN;
+pub const ncclHostCftEnable: ncclHostCftMode_t = 1;
+pub const ncclHostCftDisable: ncclHostCftMode_t = 2;
+pub const ncclHostCftFallback: ncclHostCftMode_t = 3;
+
+/// `ncclConfig_t` of NCCL 2.31 (`ncclConfig_v23100`). Callers built
+/// against an older NCCL (2.28's ends at `nvlinkCentricSched`, 2.30's at
+/// `graphStreamOrdering`) pass a shorter struct: `size` says how much of it
+/// is there, and fields past it are never read.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct ncclConfig_t {
@@ -132,6 +143,119 @@ pub struct ncclConfig_t {
     pub numRmaCtx: c_int,
     pub maxP2pPeers: c_int,
     pub graphStreamOrdering: c_int,
+    pub launchOrderImplicit: c_int,
+    pub numRmaSig: c_int,
+    pub rmaEagerInit: c_int,
+    pub hostCftMode: c_int,
+}
+
+/// `ncclConfigExt_t.key`: a vendor's id and its option's (an anonymous
+/// struct in NCCL's header; the same layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ncclConfigExtKey {
+    pub vendorId: c_int,
+    pub optionId: c_int,
+}
+
+/// `ncclConfigExt_t.val` (an anonymous union in NCCL's header).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ncclConfigExtVal {
+    pub i: c_int,
+    pub s: *const c_char,
+    pub raw: *mut c_void,
+}
+
+/// One vendor option of a per-call configuration, chained through `next`.
+/// NCCL ignores every extension, and so does oxccl.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ncclConfigExt_t {
+    pub next: *mut ncclConfigExt_t,
+    pub key: ncclConfigExtKey,
+    pub val: ncclConfigExtVal,
+}
+
+/// The configuration of one collective call (`ncclCollConfig_v23100`),
+/// initialised with `NCCL_COLLCONFIG_INITIALIZER` and given to the
+/// `nccl*Config` calls; append-only, as `ncclConfig_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ncclCollConfig_t {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    /// Vendor options; ignored.
+    pub ext: *mut ncclConfigExt_t,
+    /// Fewest CTAs (channels) the call runs on.
+    pub minCTAs: c_int,
+    /// Most CTAs the call runs on; at most the communicator's maxCTAs.
+    pub maxCTAs: c_int,
+    /// The NVLS channels' cap (oxccl runs no NVLS).
+    pub nvlsCTAs: c_int,
+    /// Thread-block cluster size.
+    pub cgaClusterSize: c_int,
+    /// Which algorithms the call may use (NCCL's selection grammar);
+    /// NULL or "" leaves the choice to the library.
+    pub algSelection: *const c_char,
+    /// 1 (the default): a selection that cannot be honoured is an error;
+    /// 0: the call falls back to the library's choice.
+    pub forceAlgSelection: c_int,
+    /// `NCCL_CTA_POLICY_*` bits; UNDEF takes the communicator's.
+    pub CTAPolicy: c_int,
+    /// Given to profiler plugins with the call's events.
+    pub userProfilerTag: u64,
+}
+
+/// `ncclGinType_t` of `nccl_device` (oxccl has no GPU-initiated networking: NONE).
+pub type ncclGinType_t = c_int;
+pub const NCCL_GIN_TYPE_NONE: ncclGinType_t = 0;
+pub const NCCL_GIN_TYPE_PROXY: ncclGinType_t = 2;
+pub const NCCL_GIN_TYPE_GDAKI: ncclGinType_t = 3;
+pub const NCCL_GIN_TYPE_GPI: ncclGinType_t = 4;
+pub const NCCL_GIN_TYPE_EFA_GDA: ncclGinType_t = 5;
+pub const NCCL_GIN_MAX_TYPES: ncclGinType_t = 6;
+
+/// `ncclGinConnectionType_t` of `nccl_device`.
+pub type ncclGinConnectionType_t = c_int;
+pub const NCCL_GIN_CONNECTION_NONE: ncclGinConnectionType_t = 0;
+pub const NCCL_GIN_CONNECTION_FULL: ncclGinConnectionType_t = 1;
+pub const NCCL_GIN_CONNECTION_RAIL: ncclGinConnectionType_t = 2;
+pub const NCCL_GIN_CONNECTION_CUSTOM_STRIDE: ncclGinConnectionType_t = 3;
+
+/// What `ncclCommQueryProperties` fills in (`nccl_device/core.h`'s
+/// `ncclCommProperties_t`, initialised with `NCCL_COMM_PROPERTIES_INITIALIZER`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ncclCommProperties_t {
+    pub size: usize,
+    pub magic: c_uint,
+    pub version: c_uint,
+    pub rank: c_int,
+    pub nRanks: c_int,
+    /// The CUDA device; -1 on host memory.
+    pub cudaDev: c_int,
+    /// The NVML index of that device; -1 on host memory.
+    pub nvmlDev: c_int,
+    /// Whether `ncclDevCommCreate` works: false (no symmetric memory yet).
+    pub deviceApiSupport: bool,
+    /// Whether NVLink multicast is used: false.
+    pub multimemSupport: bool,
+    pub ginType: ncclGinType_t,
+    /// Load/store-accessible teams: 0 without symmetric memory.
+    pub nLsaTeams: c_int,
+    /// Whether host-initiated one-sided operations work: false.
+    pub hostRmaSupport: bool,
+    pub railedGinType: ncclGinType_t,
+    /// The communicator's hash (NCCL's commHash, as its logs print it).
+    pub commHash: u64,
+    pub ginMinStride: c_int,
+    pub ginConnectionType: ncclGinConnectionType_t,
+    /// `ginSupport[i]`: GIN type i works; all false.
+    pub ginSupport: [bool; 64],
+    /// Bytes of a device communicator of this library's own version: 0 (none).
+    pub devCommRuntimeVersionSize: usize,
 }
 
 /// `NCCL_API_MAGIC` under the name this header gave it before NCCL named it.
@@ -156,6 +280,31 @@ pub struct ncclComm {
     pub(crate) _private: [u8; 0],
 }
 pub type ncclComm_t = *mut ncclComm;
+
+/// A device communicator of `nccl_device` (`ncclDevComm_t`): opaque here.
+pub struct ncclDevComm {
+    pub(crate) _private: [u8; 0],
+}
+/// `ncclDevCommCreate`'s requirements (`ncclDevCommRequirements_t`): opaque here.
+pub struct ncclDevCommRequirements {
+    pub(crate) _private: [u8; 0],
+}
+/// A multicast handle of `nccl_device`, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ncclMultimemHandle_t {
+    pub mcBasePtr: *mut c_void,
+}
+/// A team of `nccl_device` (a strided set of ranks), passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ncclTeam_t {
+    pub nRanks: c_int,
+    pub rank: c_int,
+    pub stride: c_int,
+}
+/// `nccl_device`'s copy-engine (CFT) element id.
+pub type ncclCftLeId = u32;
 
 /// A registered window (`ncclCommWindowRegister`): opaque.
 pub struct ncclWindow_vidmem {
@@ -201,11 +350,33 @@ mod tests {
     use super::*;
     use std::mem::{offset_of, size_of};
 
-    /// Offsets of NCCL 2.30.7's nccl.h on x86-64 (LP64).
+    /// Offsets of NCCL 2.31.2's nccl.h on x86-64 (LP64).
     #[test]
     fn layouts_match_nccl() {
         assert_eq!(size_of::<ncclUniqueId>(), 128);
-        assert_eq!(size_of::<ncclConfig_t>(), 96);
+        assert_eq!(size_of::<ncclConfig_t>(), 112);
+        // Where 2.30's struct ended: callers built against it pass size 96.
+        assert_eq!(offset_of!(ncclConfig_t, launchOrderImplicit), 96);
+        assert_eq!(offset_of!(ncclConfig_t, hostCftMode), 108);
+        assert_eq!(size_of::<ncclCollConfig_t>(), 64);
+        assert_eq!(offset_of!(ncclCollConfig_t, ext), 16);
+        assert_eq!(offset_of!(ncclCollConfig_t, minCTAs), 24);
+        assert_eq!(offset_of!(ncclCollConfig_t, cgaClusterSize), 36);
+        assert_eq!(offset_of!(ncclCollConfig_t, algSelection), 40);
+        assert_eq!(offset_of!(ncclCollConfig_t, forceAlgSelection), 48);
+        assert_eq!(offset_of!(ncclCollConfig_t, CTAPolicy), 52);
+        assert_eq!(offset_of!(ncclCollConfig_t, userProfilerTag), 56);
+        assert_eq!(size_of::<ncclConfigExt_t>(), 24);
+        assert_eq!(size_of::<ncclCommProperties_t>(), 144);
+        assert_eq!(offset_of!(ncclCommProperties_t, deviceApiSupport), 32);
+        assert_eq!(offset_of!(ncclCommProperties_t, ginType), 36);
+        assert_eq!(offset_of!(ncclCommProperties_t, hostRmaSupport), 44);
+        assert_eq!(offset_of!(ncclCommProperties_t, commHash), 56);
+        assert_eq!(offset_of!(ncclCommProperties_t, ginSupport), 72);
+        assert_eq!(
+            offset_of!(ncclCommProperties_t, devCommRuntimeVersionSize),
+            136
+        );
         // Where 2.28's struct ended: callers built against it pass size 80.
         assert_eq!(offset_of!(ncclConfig_t, graphUsageMode), 80);
         assert_eq!(offset_of!(ncclConfig_t, graphStreamOrdering), 92);

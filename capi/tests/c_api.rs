@@ -142,11 +142,132 @@ fn c_programs_drive_every_collective_over_several_processes() {
                 "{n} ranks: rank {r} did not finish:\n{out}"
             );
             assert!(
-                out.contains("NCCL version 2.30.7+oxccl"),
+                out.contains("NCCL version 2.31.2+oxccl"),
                 "{n} ranks: rank {r} printed no NCCL version line naming oxccl:\n{out}"
             );
         }
         eprintln!("{n} rank(s): PASS in {:.1} s", t.elapsed().as_secs_f64());
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// NCCL 2.31's eight per-call collectives with configs on host buffers,
+/// on 2 ranks, against a reference; the configs oxccl refuses or falls
+/// back from (tests/c/coll_config.c).
+#[test]
+fn per_call_collectives_with_their_configs() {
+    let (tmp, exe) = stage("collcfg", "coll_config.c");
+    let t = Instant::now();
+    let results = run_ranks(&exe, 2, Duration::from_secs(120));
+    for (r, (ok, out)) in results.iter().enumerate() {
+        assert!(*ok && out.contains("PASS"), "rank {r} failed:\n{out}");
+    }
+    eprintln!("2 ranks: PASS in {:.1} s", t.elapsed().as_secs_f64());
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// ncclResetDebugInit re-reads NCCL_DEBUG, NCCL_DEBUG_SUBSYS and
+/// NCCL_DEBUG_FILE (tests/c/debug_reset.c changes them between calls).
+#[test]
+fn reset_debug_init_rereads_the_logging_variables() {
+    let (tmp, exe) = stage("reset", "debug_reset.c");
+    let file = tmp.join("nccl-%p.log");
+    let mut cmd = Command::new(&exe);
+    cmd.args(["reset", file.to_str().unwrap()])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_TIMEOUT", "20")
+        .env("OXCCL_HOST_MEMORY", "1")
+        .env_remove("NCCL_DEBUG")
+        .env_remove("NCCL_DEBUG_SUBSYS")
+        .env_remove("NCCL_DEBUG_FILE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let (ok, text) = finish(
+        cmd.spawn().expect("start debug_reset"),
+        Duration::from_secs(60),
+    );
+    assert!(
+        ok && text.contains("PASS reset"),
+        "debug_reset failed:\n{text}"
+    );
+    let phase = |from: &str, to: &str| -> String {
+        let a = text
+            .find(from)
+            .unwrap_or_else(|| panic!("no {from:?} in:\n{text}"));
+        let b = text[a..].find(to).map_or(text.len(), |b| a + b);
+        text[a..b].to_string()
+    };
+    let info = |s: &str| s.lines().filter(|l| l.contains(" NCCL INFO ")).count();
+    let warn = phase("PHASE warn\n", "PHASE info");
+    let on = phase("PHASE info", "PHASE file");
+    let filed = phase("PHASE file", "PHASE warn again");
+    let off = phase("PHASE warn again", "PASS reset");
+    assert_eq!(info(&warn), 0, "NCCL_DEBUG=WARN showed INFO:\n{warn}");
+    assert!(
+        info(&on) > 0,
+        "NCCL_DEBUG=INFO after the reset showed none:\n{on}"
+    );
+    assert_eq!(
+        info(&filed),
+        0,
+        "NCCL_DEBUG_FILE set, yet INFO on stderr:\n{filed}"
+    );
+    assert_eq!(info(&off), 0, "back to WARN, yet INFO:\n{off}");
+    let logs: Vec<_> = std::fs::read_dir(&tmp)
+        .expect("temp dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("nccl-"))
+        .collect();
+    assert_eq!(logs.len(), 1, "one NCCL_DEBUG_FILE, its %p replaced");
+    let logged = std::fs::read_to_string(logs[0].path()).expect("read the log file");
+    assert!(info(&logged) > 0, "the file holds no INFO lines:\n{logged}");
+    eprintln!(
+        "INFO lines: {} under WARN, {} under INFO, {} in the file, {} under WARN again",
+        info(&warn),
+        info(&on),
+        info(&logged),
+        info(&off)
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// ncclCommInitRankScalable through several roots as processes on host
+/// memory: 2 ids for 4 ranks, 3 for 5, and 1; every rank gets the same
+/// communicator (collectives right, one commHash), and a bad nId (0,
+/// above nranks) is refused (tests/c/scalable.c).
+#[test]
+fn scalable_init_through_several_roots() {
+    let (tmp, exe) = stage("scalable", "scalable.c");
+    for (n, nid) in [(4, 2), (5, 3), (3, 1)] {
+        let ids = tmp.join(format!("ids-{n}-{nid}"));
+        let t = Instant::now();
+        let results = run_ranks_with(
+            &exe,
+            &[&nid.to_string(), ids.to_str().unwrap()],
+            n,
+            Duration::from_secs(90),
+        );
+        let mut hashes = Vec::new();
+        for (r, (ok, out)) in results.iter().enumerate() {
+            assert!(
+                *ok && out.contains("PASS"),
+                "{n} ranks, {nid} ids: rank {r} failed:\n{out}"
+            );
+            let h = out
+                .lines()
+                .find_map(|l| l.split("commHash ").nth(1))
+                .unwrap_or_else(|| panic!("rank {r} printed no commHash:\n{out}"));
+            hashes.push(h.trim().to_string());
+        }
+        assert!(
+            hashes.iter().all(|h| h == &hashes[0]),
+            "{n} ranks, {nid} ids: commHash differs between ranks: {hashes:?}"
+        );
+        eprintln!(
+            "{n} ranks through {nid} root(s): PASS in {:.1} s, commHash {}",
+            t.elapsed().as_secs_f64(),
+            hashes[0]
+        );
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -28,79 +28,30 @@ fn committed_header_is_current() {
     );
 }
 
-/// Every function NCCL 2.30.7's `nccl.h` declares (each also as `pnccl...`).
-/// `ncclResetDebugInit` is declared there only where NCCL_OS_LINUX is
-/// defined, which NCCL's own build defines, so its library exports it.
-const NCCL_2_30: [&str; 64] = [
-    "ncclMemAlloc",
-    "ncclMemFree",
-    "ncclGetVersion",
-    "ncclGetUniqueId",
-    "ncclCommInitRankConfig",
-    "ncclCommInitRank",
-    "ncclCommInitAll",
-    "ncclCommFinalize",
-    "ncclCommDestroy",
-    "ncclCommAbort",
-    "ncclCommRevoke",
-    "ncclCommSplit",
-    "ncclCommShrink",
-    "ncclCommGetUniqueId",
-    "ncclCommGrow",
-    "ncclCommInitRankScalable",
-    "ncclGetErrorString",
-    "ncclGetLastError",
-    "ncclResetDebugInit",
-    "ncclCommGetAsyncError",
-    "ncclCommCount",
-    "ncclCommCuDevice",
-    "ncclCommUserRank",
-    "ncclCommRegister",
-    "ncclCommDeregister",
-    "ncclCommSuspend",
-    "ncclCommResume",
-    "ncclCommMemStats",
-    "ncclCommWindowRegister",
-    "ncclCommWindowDeregister",
-    "ncclWinGetUserPtr",
-    "ncclRedOpCreatePreMulSum",
-    "ncclRedOpDestroy",
-    "ncclReduce",
-    "ncclBcast",
-    "ncclBroadcast",
-    "ncclAllReduce",
-    "ncclReduceScatter",
-    "ncclAllGather",
-    "ncclAlltoAll",
-    "ncclGather",
-    "ncclScatter",
-    "ncclSend",
-    "ncclRecv",
-    "ncclPutSignal",
-    "ncclSignal",
-    "ncclWaitSignal",
-    "ncclGroupStart",
-    "ncclGroupEnd",
-    "ncclGroupSimulateEnd",
-    "ncclParamBind",
-    "ncclParamGetI8",
-    "ncclParamGetI16",
-    "ncclParamGetI32",
-    "ncclParamGetI64",
-    "ncclParamGetU8",
-    "ncclParamGetU16",
-    "ncclParamGetU32",
-    "ncclParamGetU64",
-    "ncclParamGetStr",
-    "ncclParamGet",
-    "ncclParamGetParameter",
-    "ncclParamGetAllParameterKeys",
-    "ncclParamDumpAll",
-];
+/// The names of a checked-in list (`#` starts a comment).
+fn names(file: &str) -> Vec<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(dir.join("tests").join(file)).expect(file);
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
 
-/// Declared by our header besides NCCL's `nccl.h`: NCCL's device API
-/// (`nccl_device.h`), which oxccl refuses.
-const DEVICE_API: [&str; 2] = ["ncclDevCommCreate", "ncclDevCommDestroy"];
+/// Every function NCCL 2.31.2's `nccl.h` declares (each also as
+/// `pnccl...`). `ncclResetDebugInit` is declared there only where
+/// NCCL_OS_LINUX is defined, which the header defines on Linux, so NCCL's
+/// library exports it.
+fn nccl_2_31() -> Vec<String> {
+    names("nccl_2_31_functions.txt")
+}
+
+/// Declared by our header besides NCCL's `nccl.h`: the host functions of
+/// NCCL's device API (`nccl_device/core.h`) that oxccl exports.
+fn device_api() -> Vec<String> {
+    names("nccl_device_2_31_functions.txt")
+}
 
 /// The names of the functions a header declares: identifiers starting
 /// with `nccl` or `pnccl` and followed by `(`.
@@ -121,22 +72,44 @@ fn declared(header: &str) -> std::collections::BTreeSet<String> {
 }
 
 #[test]
-fn header_declares_exactly_nccl_2_30s_functions() {
+fn header_declares_exactly_nccl_2_31s_functions() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let header = std::fs::read_to_string(dir.join("include/nccl.h")).expect("include/nccl.h");
     let got = declared(&header);
-    let want: std::collections::BTreeSet<String> = NCCL_2_30
-        .iter()
-        .chain(DEVICE_API.iter())
-        .map(|s| s.to_string())
-        .collect();
+    let want: std::collections::BTreeSet<String> =
+        nccl_2_31().into_iter().chain(device_api()).collect();
+    assert_eq!(nccl_2_31().len(), 72, "NCCL 2.31.2's nccl.h declares 72");
     let missing: Vec<_> = want.difference(&got).collect();
     let extra: Vec<_> = got.difference(&want).collect();
     assert!(
         missing.is_empty() && extra.is_empty(),
-        "nccl.h: missing {missing:?}, not NCCL 2.30's {extra:?}"
+        "nccl.h: missing {missing:?}, not NCCL 2.31's {extra:?}"
     );
-    assert!(header.contains("#define NCCL_VERSION_CODE 23007"));
+    assert!(header.contains("#define NCCL_VERSION_CODE 23102"));
+    assert!(header.contains("#define NCCL_MAJOR 2"));
+    assert!(header.contains("#define NCCL_MINOR 31"));
+    assert!(header.contains("#define NCCL_PATCH 2"));
+}
+
+/// 2.31.2's values and initialisers, as its nccl.h spells them.
+#[test]
+fn header_has_nccl_2_31s_values() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let header = std::fs::read_to_string(dir.join("include/nccl.h")).expect("include/nccl.h");
+    for want in [
+        "typedef struct ncclCollConfig_t {",
+        "#define NCCL_COLLCONFIG_INITIALIZER",
+        "#define NCCL_COMM_PROPERTIES_INITIALIZER",
+        "#define ncclHostCftDefault NCCL_CONFIG_UNDEF_INT",
+        "#define ncclHostCftEnable 1",
+        "#define ncclHostCftFallback 3",
+        "int hostCftMode;",
+        "uint64_t userProfilerTag;",
+        "#define NCCL_GIN_TYPE_PROXY 2",
+        "#define NCCL_GIN_TYPE_EFA_GDA 5",
+    ] {
+        assert!(header.contains(want), "nccl.h lacks {want:?}");
+    }
 }
 
 /// The cdylib cargo built for this test run.
@@ -158,7 +131,7 @@ fn library_exports_every_function_and_its_profiling_name() {
     // (it has no constructors); nothing is called through the symbols.
     let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen libnccl.so");
     let mut missing = Vec::new();
-    for name in NCCL_2_30.iter().chain(DEVICE_API.iter()) {
+    for name in nccl_2_31().iter().chain(device_api().iter()) {
         for sym in [name.to_string(), format!("p{name}")] {
             // SAFETY: only the address is looked up; its type is not used.
             let found = unsafe { lib.get::<*const ()>(sym.as_bytes()) }.is_ok();
@@ -171,5 +144,51 @@ fn library_exports_every_function_and_its_profiling_name() {
         missing.is_empty(),
         "{} does not export {missing:?}",
         path.display()
+    );
+}
+
+/// What `nm -D --defined-only` lists: the dynamic symbols the library
+/// defines, as a C program's loader sees them.
+#[test]
+fn nm_lists_every_function_of_nccl_2_31s_header() {
+    let path = library();
+    let out = match std::process::Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&path)
+        .output()
+    {
+        Ok(o) if o.status.success() => o,
+        Ok(o) => panic!("nm -D failed: {}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => {
+            eprintln!("skipped: nm is not installed ({e})");
+            return;
+        }
+    };
+    let listed: std::collections::BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace().rev();
+            let name = f.next()?;
+            let kind = f.next()?;
+            (kind == "T" || kind == "W").then(|| name.to_string())
+        })
+        .collect();
+    let mut missing = Vec::new();
+    for name in nccl_2_31().iter().chain(device_api().iter()) {
+        for sym in [name.clone(), format!("p{name}")] {
+            if !listed.contains(&sym) {
+                missing.push(sym);
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "nm -D --defined-only {} lacks {missing:?}",
+        path.display()
+    );
+    eprintln!(
+        "nm -D --defined-only: all {} functions of NCCL 2.31.2's nccl.h and {} of nccl_device, each as nccl and pnccl",
+        nccl_2_31().len(),
+        device_api().len()
     );
 }

@@ -23,7 +23,7 @@ pub fn main(args: &InfoArgs) -> Result<i32, String> {
         return Ok(0);
     }
     let cfg = Config::load().map_err(|e| e.to_string())?;
-    println!("oxccl {} (NCCL API 2.30.7)", env!("CARGO_PKG_VERSION"));
+    println!("oxccl {} (NCCL API 2.31.2)", env!("CARGO_PKG_VERSION"));
     println!("\n## Settings (value, source)");
     for e in cfg.entries() {
         let v = if e.value.is_empty() {

@@ -81,6 +81,7 @@ fn ops(case: &Case, rank: usize, n: usize, inp: u64, out: u64, stream: u64) -> V
         redop: case.op,
         stream,
         user_tag: 0,
+        call: Default::default(),
     };
     let block = |p: usize| p as u64 * count as u64 * es;
     let root = case.root;
@@ -233,6 +234,7 @@ fn measure(ranks: &[DevRank], args: &PerfArgs, case: Case, n: usize) -> Measured
         redop: RedOp::Sum,
         stream: d.stream.handle().raw(),
         user_tag: 0,
+        call: Default::default(),
     };
     // SAFETY: `buf` is 16 bytes of this GPU's memory, kept until the
     // stream is synchronised below.

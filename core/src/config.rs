@@ -1183,6 +1183,14 @@ pub const NOT_VARIABLES: &[(&str, &str)] = &[
     ("OXCCL_MAX_STEPS", "a macro of the CUDA source"),
     ("OXCCL_FLAG_BYTES", "a macro of the CUDA source"),
     ("OXCCL_OP", "a macro of the CUDA source"),
+    (
+        "NCCL_COLLCONFIG_INITIALIZER",
+        "nccl.h's macro for ncclCollConfig_t, used by a C test",
+    ),
+    (
+        "NCCL_COMM_PROPERTIES_INITIALIZER",
+        "nccl_device's macro for ncclCommProperties_t, used by a C test",
+    ),
 ];
 
 impl Config {

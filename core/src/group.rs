@@ -301,6 +301,7 @@ impl<'a> Group<'a> {
             redop: RedOp::Sum,
             stream: 0,
             user_tag: 0,
+            call: Default::default(),
         };
         self.push(comm, op)
     }
@@ -322,6 +323,7 @@ impl<'a> Group<'a> {
             redop: RedOp::Sum,
             stream: 0,
             user_tag: 0,
+            call: Default::default(),
         };
         self.push(comm, op)
     }

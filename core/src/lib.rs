@@ -24,5 +24,5 @@ pub mod transport;
 pub use bootstrap::UniqueId;
 pub use comm::{net_summary, Comm, CommConfig, InitState, ShrinkMode, SPLIT_NOCOLOR};
 pub use group::{all_to_all, gather, group_end, group_simulate_end, group_start, scatter, Group};
-pub use op::{Op, OpKind};
+pub use op::{CallOptions, Op, OpKind};
 pub use transport::Transport;

@@ -16,6 +16,7 @@
 use std::cell::Cell;
 use std::fmt;
 use std::io::IsTerminal as _;
+use std::sync::RwLock;
 
 use tracing::{Event, Level, Metadata, Subscriber};
 use tracing_subscriber::filter::filter_fn;
@@ -295,12 +296,17 @@ where
             _ => "TRACE",
         };
         let dev = DEVICE.with(Cell::get);
-        if let Some(stamp) = self
-            .stamp
-            .as_ref()
-            .filter(|s| s.levels.on(*event.metadata().level()))
+        // A subscriber of `init`'s takes the prefix of the settings in
+        // force (`reinit` replaces them); a captured one, its own.
         {
-            w.write_str(&stamp.now())?;
+            let out = output();
+            let prefix = match &self.stamp {
+                Some(s) => Some(s),
+                None => out.as_ref().and_then(|o| o.stamp.as_ref()),
+            };
+            if let Some(stamp) = prefix.filter(|s| s.levels.on(*event.metadata().level())) {
+                w.write_str(&stamp.now())?;
+            }
         }
         write!(
             w,
@@ -409,53 +415,131 @@ pub fn stamp_of(cfg: &crate::config::Config) -> Stamp {
     Stamp::new(format, levels)
 }
 
-/// Installs a subscriber writing NCCL's lines to stderr, or to
-/// `NCCL_DEBUG_FILE`, from the environment. Does nothing if one exists.
-pub fn init() {
+/// What the installed subscriber filters with and writes to, replaced by
+/// [`reinit`]: NCCL_DEBUG and NCCL_DEBUG_SUBSYS's filter, and
+/// NCCL_DEBUG_FILE's file (`None`: stderr).
+struct Output {
+    filter: Filter,
+    file: Option<std::fs::File>,
+    /// NCCL_DEBUG_TIMESTAMP_FORMAT and _LEVELS's prefix; `None` where the
+    /// settings could not be read.
+    stamp: Option<Stamp>,
+}
+
+static OUTPUT: RwLock<Option<Output>> = RwLock::new(None);
+
+fn output() -> std::sync::RwLockReadGuard<'static, Option<Output>> {
+    OUTPUT.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The writer of one line: the current output's file, else stderr.
+struct CurrentOutput;
+
+impl std::io::Write for CurrentOutput {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match output().as_ref().and_then(|o| o.file.as_ref()) {
+            Some(mut f) => f.write(b),
+            None => std::io::stderr().write(b),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match output().as_ref().and_then(|o| o.file.as_ref()) {
+            Some(mut f) => f.flush(),
+            None => std::io::stderr().flush(),
+        }
+    }
+}
+
+/// Reads NCCL_DEBUG, NCCL_DEBUG_SUBSYS and NCCL_DEBUG_FILE now; the file's
+/// error, with its name, where it cannot be created.
+fn read_output(host: &str, pid: u32) -> (Output, Option<(String, std::io::Error)>) {
     let cfg = crate::config::Config::load().ok();
     let filter = Filter::new(
         cfg.as_ref().and_then(|c| c.debug.as_deref()),
         cfg.as_ref().and_then(|c| c.debug_subsys.as_deref()),
     );
+    let mut failed = None;
+    let file = cfg
+        .as_ref()
+        .and_then(|c| c.debug_file.as_deref())
+        .and_then(|p| {
+            let name = debug_file_name(p, host, pid);
+            std::fs::File::create(&name)
+                .map_err(|e| failed = Some((name, e)))
+                .ok()
+        });
+    let stamp = cfg.as_ref().map(stamp_of);
+    (
+        Output {
+            filter,
+            file,
+            stamp,
+        },
+        failed,
+    )
+}
+
+/// Installs a subscriber writing NCCL's lines to stderr, or to
+/// `NCCL_DEBUG_FILE`, from the environment. Does nothing if one exists.
+pub fn init() {
     let host = host_name();
     let pid = std::process::id();
-    let file = cfg.as_ref().and_then(|c| c.debug_file.as_deref()).map(|p| {
-        let name = debug_file_name(p, &host, pid);
-        (std::fs::File::create(&name), name)
-    });
+    let (out, failed) = read_output(&host, pid);
+    // NCCL writes no colour codes; only a terminal gets any field styling
+    // tracing adds.
+    let ansi = out.file.is_none() && std::io::stderr().is_terminal();
     let format = NcclLine {
         host,
         pid,
-        stamp: cfg.as_ref().map(stamp_of),
+        stamp: None,
     };
-    let keep = move |m: &Metadata<'_>| filter.enabled(m.target(), *m.level());
-    match file {
-        Some((Ok(f), _)) => {
-            let layer = tracing_subscriber::fmt::layer()
-                .event_format(format)
-                .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(f))
-                .with_filter(filter_fn(keep));
-            let _ = tracing_subscriber::registry().with(layer).try_init();
-        }
-        other => {
-            // NCCL writes no colour codes; only a terminal gets any field
-            // styling tracing adds.
-            let layer = tracing_subscriber::fmt::layer()
-                .event_format(format)
-                .with_ansi(std::io::stderr().is_terminal())
-                .with_writer(std::io::stderr)
-                .with_filter(filter_fn(keep));
-            let _ = tracing_subscriber::registry().with(layer).try_init();
-            // NCCL falls back to stderr too; saying so names the setting.
-            if let Some((Err(e), name)) = other {
-                tracing::warn!(target: "oxccl::init", "NCCL_DEBUG_FILE={name}: cannot create it ({e}); logging to stderr");
-            }
-        }
+    let keep = |m: &Metadata<'_>| {
+        output()
+            .as_ref()
+            .is_some_and(|o| o.filter.enabled(m.target(), *m.level()))
+    };
+    let layer = tracing_subscriber::fmt::layer()
+        .event_format(format)
+        .with_ansi(ansi)
+        .with_writer(|| CurrentOutput)
+        .with_filter(filter_fn(keep));
+    if tracing_subscriber::registry()
+        .with(layer)
+        .try_init()
+        .is_ok()
+    {
+        *OUTPUT.write().unwrap_or_else(|p| p.into_inner()) = Some(out);
+    }
+    // NCCL falls back to stderr too; saying so names the setting.
+    if let Some((name, e)) = failed {
+        tracing::warn!(target: "oxccl::init", "NCCL_DEBUG_FILE={name}: cannot create it ({e}); logging to stderr");
     }
     // The env plugin was loaded to read the settings above, before any
     // subscriber: what it found is logged now.
     crate::plugin::env::announce();
+}
+
+/// NCCL's `ncclResetDebugInit`: reads NCCL_DEBUG, NCCL_DEBUG_SUBSYS and
+/// NCCL_DEBUG_FILE again, and the subscriber [`init`] installed filters
+/// and writes by the new values from the next event on (a new
+/// NCCL_DEBUG_FILE is created; the old one is closed). Where no
+/// subscriber of [`init`]'s is installed, it installs one. Returns whether
+/// the values now in force are the environment's (false where another
+/// subscriber was installed first, which this leaves alone).
+pub fn reinit() -> bool {
+    if output().is_none() {
+        init();
+        return output().is_some();
+    }
+    let (out, failed) = read_output(&host_name(), std::process::id());
+    *OUTPUT.write().unwrap_or_else(|p| p.into_inner()) = Some(out);
+    // The filter's answers are cached per call site (always or never):
+    // they are asked again under the new values.
+    tracing::callsite::rebuild_interest_cache();
+    if let Some((name, e)) = failed {
+        tracing::warn!(target: "oxccl::init", "NCCL_DEBUG_FILE={name}: cannot create it ({e}); logging to stderr");
+    }
+    true
 }
 
 /// Runs `f` with every event this thread emits meanwhile written as NCCL's

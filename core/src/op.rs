@@ -1,7 +1,7 @@
 //! One operation as the caller asked for it, and the checks made before
 //! anything is touched.
 
-use crate::algo::Coll;
+use crate::algo::{Algo, Coll};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::exec::mem::OpBuffers;
@@ -88,6 +88,47 @@ pub struct Op {
     /// it: it is delivered verbatim to a v7 profiler plugin on the call's
     /// events (collective or p2p API event, collective or p2p event).
     pub user_tag: u64,
+    /// This call's own settings (NCCL 2.31's `nccl*Config` calls); the
+    /// default leaves everything to the communicator.
+    pub call: CallOptions,
+}
+
+/// Settings of one collective call, as NCCL 2.31's `ncclCollConfig_t`
+/// gives them: they narrow the communicator's for that call only. Every
+/// rank must pass the same ones (NCCL's contract), since every rank plans
+/// the call on its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallOptions {
+    /// Fewest CTAs (channels) the call runs on (`minCTAs`).
+    pub min_ctas: Option<usize>,
+    /// Most CTAs the call runs on (`maxCTAs`); never more than the
+    /// communicator's maximum.
+    pub max_ctas: Option<usize>,
+    /// The algorithm row the call is held to (`algSelection`), as
+    /// NCCL_ALGO holds a communicator: `Tree` admits both tree-shaped
+    /// all-reduces, `Ring` the ring.
+    pub algo: Option<Algo>,
+}
+
+impl CallOptions {
+    /// Whether the call leaves everything to the communicator.
+    pub fn is_default(&self) -> bool {
+        *self == CallOptions::default()
+    }
+
+    /// `n`, a channel count the communicator chose within `lo..=hi` (its
+    /// bounds), kept within this call's bounds, which are taken inside the
+    /// communicator's: the maximum is at most `hi`, the minimum at least
+    /// `lo`, and a minimum above the maximum yields to it (NCCL's rule for
+    /// minCTAs and maxCTAs).
+    pub fn narrow(&self, n: usize, lo: usize, hi: usize) -> usize {
+        if self.min_ctas.is_none() && self.max_ctas.is_none() {
+            return n;
+        }
+        let hi = self.max_ctas.map_or(hi, |m| m.min(hi)).max(1);
+        let lo = self.min_ctas.map_or(lo, |m| m.max(lo)).min(hi).max(1);
+        n.clamp(lo, hi)
+    }
 }
 
 // SAFETY: an `Op` is only a description; its addresses are dereferenced by
@@ -173,5 +214,48 @@ impl Op {
             output: self.output,
             out_bytes,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CallOptions;
+
+    #[test]
+    fn call_bounds_stay_inside_the_communicators() {
+        let none = CallOptions::default();
+        assert_eq!(none.narrow(24, 1, 24), 24);
+        let max4 = CallOptions {
+            max_ctas: Some(4),
+            ..CallOptions::default()
+        };
+        assert_eq!(max4.narrow(24, 1, 24), 4);
+        // Never more than the communicator's maximum.
+        let max64 = CallOptions {
+            max_ctas: Some(64),
+            ..CallOptions::default()
+        };
+        assert_eq!(max64.narrow(24, 1, 24), 24);
+        assert_eq!(max64.narrow(8, 1, 8), 8);
+        // The minimum raises the count, up to the maximum.
+        let min16 = CallOptions {
+            min_ctas: Some(16),
+            ..CallOptions::default()
+        };
+        assert_eq!(min16.narrow(2, 1, 24), 16);
+        assert_eq!(min16.narrow(2, 1, 8), 8);
+        // A minimum above the maximum yields to it.
+        let both = CallOptions {
+            min_ctas: Some(12),
+            max_ctas: Some(3),
+            ..CallOptions::default()
+        };
+        assert_eq!(both.narrow(24, 1, 24), 3);
+        // The communicator's minimum holds under a call's maximum above it.
+        let max6 = CallOptions {
+            max_ctas: Some(6),
+            ..CallOptions::default()
+        };
+        assert_eq!(max6.narrow(2, 4, 24), 4);
     }
 }

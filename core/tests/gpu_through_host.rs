@@ -43,6 +43,7 @@ fn op(kind: OpKind, input: u64, output: u64, count: usize, stream: &Stream) -> O
         redop: RedOp::Sum,
         stream: stream.handle().raw(),
         user_tag: 0,
+        call: Default::default(),
     }
 }
 

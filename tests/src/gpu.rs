@@ -70,6 +70,7 @@ impl GpuRank {
             redop: RedOp::Sum,
             stream: self.stream.handle().raw(),
             user_tag: 0,
+            call: Default::default(),
         }
     }
 

@@ -74,6 +74,7 @@ fn thread_group_start_end_nests() {
             redop: RedOp::Prod,
             stream: 0,
             user_tag: 0,
+            call: Default::default(),
         };
         // SAFETY: the buffers outlive the group, which ends below.
         unsafe { c.enqueue(op) }.unwrap();

@@ -154,7 +154,7 @@ fn our_env_plugin_serves_the_toml_file() {
     for f in &done {
         assert!(
             f.stderr.contains(&format!(
-                "oxccl-env: 3 variable(s) from {} for NCCL 2.30.7+oxccl",
+                "oxccl-env: 3 variable(s) from {} for NCCL 2.31.2+oxccl",
                 toml.display()
             )),
             "{}",

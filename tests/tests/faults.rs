@@ -37,6 +37,7 @@ fn bad_arguments_are_named_and_touch_nothing() {
         redop: RedOp::Sum,
         stream: 0,
         user_tag: 0,
+        call: Default::default(),
     };
     let e = enqueue_err(
         c,

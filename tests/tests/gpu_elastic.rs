@@ -96,6 +96,7 @@ impl Dev {
             redop: oxccl::RedOp::Sum,
             stream: s.raw(),
             user_tag: 0,
+            call: Default::default(),
         };
         // SAFETY: device buffers of this GPU of COUNT floats, alive until
         // the stream passed the operation (waited for below, or ended by

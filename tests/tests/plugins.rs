@@ -1560,6 +1560,7 @@ mod device_proxy {
             redop: RedOp::Sum,
             stream: 0,
             user_tag: 0,
+            call: Default::default(),
         };
         let mut upto = [0u64; CHANNELS];
         let mut events = Vec::new();

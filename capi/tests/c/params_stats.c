@@ -162,14 +162,38 @@ static void refusals(ncclComm_t comm) {
   refused(ncclWinGetUserPtr(comm, NULL, &p), ncclInvalidUsage, "ncclWinGetUserPtr", "ncclWinGetUserPtr", NULL);
 }
 
+/* ncclCommQueryProperties on a one-rank host communicator: what is true. */
+static void properties(ncclComm_t comm) {
+  ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
+  CHECK(ncclCommQueryProperties(comm, &props));
+  EXPECT(props.rank == 0 && props.nRanks == 1, "rank %d of %d", props.rank, props.nRanks);
+  EXPECT(props.cudaDev == -1 && props.nvmlDev == -1, "host memory: devices %d/%d", props.cudaDev, props.nvmlDev);
+  EXPECT(props.commHash != 0, "commHash 0");
+  EXPECT(!props.deviceApiSupport && !props.multimemSupport && !props.hostRmaSupport, "no device API");
+  EXPECT(props.ginType == NCCL_GIN_TYPE_NONE && props.nLsaTeams == 0 && props.devCommRuntimeVersionSize == 0,
+         "no GIN, no teams");
+  for (int i = 0; i < 64; i++) EXPECT(!props.ginSupport[i], "ginSupport[%d]", i);
+  ncclCommProperties_t junk;
+  memset(&junk, 0, sizeof(junk));
+  refused(ncclCommQueryProperties(comm, &junk), ncclInvalidUsage, "uninitialised properties",
+          "NCCL_COMM_PROPERTIES_INITIALIZER", NULL);
+  void* ptr = NULL;
+  refused(ncclGetPeerDevicePointer(NULL, 0, 0, &ptr), ncclInvalidUsage, "ncclGetPeerDevicePointer",
+          "symmetric memory windows", NULL);
+  refused(ncclDevCommCreate(comm, NULL, NULL), ncclInvalidUsage, "ncclDevCommCreate", "ncclCommWindowRegister",
+          NULL);
+}
+
 int main(void) {
   int version = 0;
   CHECK(ncclGetVersion(&version));
-  EXPECT(version == NCCL_VERSION_CODE && version == NCCL_VERSION(2, 30, 7), "version %d", version);
+  EXPECT(version == NCCL_VERSION_CODE && version == NCCL_VERSION(2, 31, 2), "version %d", version);
   EXPECT(version >= NCCL_VERSION(2, 28, 9), "version %d is older than 2.28.9", version);
   EXPECT(strcmp(ncclGetErrorString(ncclTimeout), "timeout") == 0, "ncclTimeout: %s",
          ncclGetErrorString(ncclTimeout));
-  EXPECT(sizeof(ncclConfig_t) == 96, "sizeof(ncclConfig_t) is %zu", sizeof(ncclConfig_t));
+  EXPECT(sizeof(ncclConfig_t) == 112, "sizeof(ncclConfig_t) is %zu", sizeof(ncclConfig_t));
+  EXPECT(sizeof(ncclCollConfig_t) == 64, "sizeof(ncclCollConfig_t) is %zu", sizeof(ncclCollConfig_t));
+  EXPECT(sizeof(ncclCommProperties_t) == 144, "sizeof(ncclCommProperties_t) is %zu", sizeof(ncclCommProperties_t));
 
   params();
 
@@ -180,6 +204,7 @@ int main(void) {
   mem_stats(comm);
   suspend_resume(comm);
   refusals(comm);
+  properties(comm);
 
   /* A caller built against NCCL 2.28 passes its shorter config: 80 bytes. */
   ncclConfig_t old = NCCL_CONFIG_INITIALIZER;

@@ -25,6 +25,7 @@ mod calls;
 mod limits;
 pub mod proto;
 mod root;
+mod roots;
 mod service;
 mod tcp;
 
@@ -289,6 +290,162 @@ impl Bootstrap {
     /// `NCCL_TIMEOUT` while it is not up), and learns every rank's address.
     pub fn init(id: &UniqueId, rank: usize, nranks: usize, cfg: &Config) -> Result<Bootstrap> {
         Bootstrap::init_keyed(id, rank, nranks, cfg, socket_key(cfg)?)
+    }
+
+    /// Joins through several roots, one per id (NCCL's
+    /// `ncclCommInitRankScalable`): the ranks are spread over the roots as
+    /// NCCL spreads them ([`roots::first_of`]), each rank says hello to its
+    /// own root, and the first rank of each root's block also to the root
+    /// before, which links the blocks; the blocks' tables then travel
+    /// along those first ranks and back, and each first rank hands the
+    /// whole table to its block. The result is the bootstrap one root
+    /// would have made. One id is [`Bootstrap::init`].
+    pub fn init_scalable(
+        ids: &[UniqueId],
+        rank: usize,
+        nranks: usize,
+        cfg: &Config,
+    ) -> Result<Bootstrap> {
+        match ids {
+            [] => Err(Error::InvalidArgument(
+                "no unique id: nId is 0, and at least one is needed".into(),
+            )),
+            [one] => Bootstrap::init(one, rank, nranks, cfg),
+            _ => Bootstrap::init_roots(ids, rank, nranks, cfg, socket_key(cfg)?),
+        }
+    }
+
+    fn init_roots(
+        ids: &[UniqueId],
+        rank: usize,
+        nranks: usize,
+        cfg: &Config,
+        key: Option<Arc<Key>>,
+    ) -> Result<Bootstrap> {
+        let k = ids.len();
+        if k > nranks {
+            return Err(Error::InvalidArgument(format!(
+                "nId is {k}, more unique ids than the {nranks} ranks (at most one root per rank)"
+            )));
+        }
+        if rank >= nranks || nranks > proto::MAX_RANKS {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank} of nranks {nranks}: rank must be below nranks, and nranks at most {}",
+                proto::MAX_RANKS
+            )));
+        }
+        let mut cs = Vec::with_capacity(k);
+        for (i, id) in ids.iter().enumerate() {
+            let c = IdContents::decode(&id.0).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "unique id {i} of {k} was not made by oxccl's get_unique_id (unknown version or address)"
+                ))
+            })?;
+            if c.from_env {
+                return Err(Error::InvalidArgument(format!(
+                    "unique id {i} of {k} names NCCL_COMM_ID's root, which is one: with NCCL_COMM_ID set, pass one id (nId 1)"
+                )));
+            }
+            if let Some(j) = cs
+                .iter()
+                .position(|o: &IdContents| o.root == c.root && o.magic == c.magic)
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "unique ids {j} and {i} of {k} are the same: each root needs its own id (call ncclGetUniqueId once per id)"
+                )));
+            }
+            cs.push(c);
+        }
+        let timeout = cfg.timeout();
+        let mine = roots::root_of(rank, nranks, k);
+        let iface = bootstrap_iface(cfg, Some(cs[mine].root.ip()))?;
+        let listener = listen_on(&iface, "bootstrap")?;
+        info!(target: "oxccl::init", "Bootstrap: Using {}:{}<0>", iface.name, iface.addr);
+        if rank == 0 {
+            for line in protection_lines(key.is_some()) {
+                info!(target: "oxccl::init", "Security: {line}");
+            }
+        }
+        // Ranks talk under the first id's magic; each root under its own.
+        let magic = cs[0].magic;
+        let first_wait = HANDSHAKE_WAIT.min(timeout.max(Duration::from_secs(1)));
+        let shared = Arc::new(Shared::new(
+            rank,
+            nranks,
+            magic,
+            key.clone(),
+            first_wait,
+            timeout,
+        ));
+        let service = Service::start(shared.clone(), listener)?;
+        let mut table: Vec<Option<std::net::SocketAddr>> = vec![None; nranks];
+        // The first rank of a block after the first joins the root before
+        // too (as the last of its set), then its own.
+        let mut joins = Vec::new();
+        if mine > 0 && roots::first_of(mine, nranks, k) == rank {
+            joins.push(mine - 1);
+        }
+        joins.push(mine);
+        for r in joins {
+            let set = roots::set_of(r, nranks, k);
+            let local = set
+                .iter()
+                .position(|&x| x == rank)
+                .expect("a rank of its set");
+            let hello = Hello {
+                rank: local,
+                nranks: set.len(),
+                listen: service.listen,
+            };
+            let t = join_root(&cs[r], &hello, key.as_deref(), timeout, cfg.socket_retry()).map_err(|e| {
+                e.context(format!(
+                    "joining root {r} of {k} (ranks {}..={} of {nranks}; its ranks are numbered from 0 in its messages)",
+                    set[0],
+                    set[set.len() - 1]
+                ))
+            })?;
+            for (x, a) in set.iter().zip(t) {
+                table[*x] = Some(a);
+            }
+        }
+        let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
+        let partial: Vec<_> = table.iter().map(|a| a.unwrap_or(unknown)).collect();
+        shared.set_table(&partial);
+        let out = Outgoing::new(rank, magic, key.clone(), partial);
+        let full = roots::pass_tables(rank, nranks, k, table, |peer, step, t| {
+            let tag = proto::internal_tag(proto::TAG_JOIN, 0, step);
+            match t {
+                Some(t) => out
+                    .send(peer, tag, &proto::encode_table(t), timeout)
+                    .map(|_| None),
+                None => shared
+                    .wait(peer, tag, timeout, Notices::Heed, &|| {
+                        "the address table of the roots before".to_string()
+                    })
+                    .and_then(|b| {
+                        proto::decode_table(&b)
+                            .filter(|t| t.len() == nranks)
+                            .map(Some)
+                            .ok_or_else(|| {
+                                Error::Internal(format!(
+                                    "bootstrap: rank {rank} got a malformed table from rank {peer}"
+                                ))
+                            })
+                    }),
+            }
+        })?;
+        out.shutdown_all();
+        shared.set_table(&full);
+        debug!(target: "oxccl::bootstrap", rank, nranks, roots = k, "bootstrap ready on {} ({}) through {k} roots", iface.name, service.listen);
+        Ok(Bootstrap {
+            out: Outgoing::new(rank, magic, key, full),
+            shared,
+            service,
+            timeout,
+            allgathers: AtomicU64::new(0),
+            last_probe: std::sync::Mutex::new(None),
+            barriers: AtomicU64::new(0),
+        })
     }
 
     /// [`Bootstrap::init`] with the key given.

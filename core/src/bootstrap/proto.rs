@@ -366,6 +366,8 @@ pub const TAG_RESERVED: u64 = 1 << 62;
 /// Internal tag kinds (4 bits).
 pub const TAG_ALLGATHER: u64 = 1;
 pub const TAG_BARRIER: u64 = 2;
+/// The tables a join through several roots passes along ([`super::roots`]).
+pub const TAG_JOIN: u64 = 3;
 const STEP_BITS: u32 = 20;
 const EPOCH_BITS: u32 = 62 - 4 - STEP_BITS;
 
@@ -1028,7 +1030,7 @@ mod tests {
     #[test]
     fn internal_tags_are_disjoint_from_users_and_each_other() {
         let mut seen = std::collections::HashSet::new();
-        for kind in [TAG_ALLGATHER, TAG_BARRIER] {
+        for kind in [TAG_ALLGATHER, TAG_BARRIER, TAG_JOIN] {
             for epoch in [0, 1, (1 << EPOCH_BITS) - 1] {
                 for step in [0, 1, MAX_RANKS - 1] {
                     let t = internal_tag(kind, epoch, step);

@@ -1076,3 +1076,59 @@ fn nccls_retries_bound_the_connect_to_the_root() {
         assert!(e.contains(&format!("NCCL_{k}={bad:?}")), "{e}");
     }
 }
+
+/// Several roots (NCCL's ncclCommInitRankScalable): 2 ids for 4 ranks, 3
+/// for 5, one root per rank, and one id; every rank ends with the same
+/// table, by rank, and the ranks talk as through one root.
+#[test]
+fn several_roots_make_the_bootstrap_one_root_makes() {
+    let c = cfg("20");
+    for (n, k) in [(4, 2), (5, 3), (3, 3), (4, 1)] {
+        let ids: Vec<UniqueId> = (0..k).map(|_| get_unique_id(&c).unwrap()).collect();
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (c, ids) = (c.clone(), ids.clone());
+                std::thread::spawn(move || Bootstrap::init_scalable(&ids, r, n, &c).unwrap())
+            })
+            .collect();
+        let bs: Vec<Bootstrap> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let tables: Vec<Vec<std::net::SocketAddr>> =
+            bs.iter().map(|b| b.out.addrs.clone()).collect();
+        for (r, t) in tables.iter().enumerate() {
+            assert_eq!(t, &tables[0], "{n} ranks, {k} roots: rank {r}'s table");
+            assert_eq!(t[r], bs[r].listen_addr());
+        }
+        let hs: Vec<_> = bs
+            .into_iter()
+            .map(|b| {
+                std::thread::spawn(move || {
+                    let all = b.allgather(&[b.rank() as u8]).unwrap();
+                    assert_eq!(
+                        all,
+                        (0..b.nranks()).map(|x| vec![x as u8]).collect::<Vec<_>>()
+                    );
+                    b.barrier().unwrap();
+                })
+            })
+            .collect();
+        hs.into_iter().for_each(|h| h.join().unwrap());
+    }
+}
+
+#[test]
+fn several_roots_refuse_bad_ids() {
+    let c = cfg("5");
+    let id = get_unique_id(&c).unwrap();
+    let e = Bootstrap::init_scalable(&[], 0, 2, &c).err().unwrap();
+    assert!(e.to_string().contains("nId is 0"), "{e}");
+    let e = Bootstrap::init_scalable(&[id, id], 0, 2, &c).err().unwrap();
+    assert!(e.to_string().contains("are the same"), "{e}");
+    let other = get_unique_id(&c).unwrap();
+    let e = Bootstrap::init_scalable(&[id, other, id], 0, 2, &c)
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string().contains("more unique ids than the 2 ranks"),
+        "{e}"
+    );
+}

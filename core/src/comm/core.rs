@@ -656,9 +656,15 @@ impl Core {
         r
     }
 
-    fn channels(&self, bytes: usize) -> usize {
+    /// The host path's channel bounds (NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS).
+    fn channel_bounds(&self) -> (usize, usize) {
         let lo = self.cfg.min_nchannels.max(1) as usize;
         let hi = (self.cfg.max_nchannels as usize).max(lo);
+        (lo, hi)
+    }
+
+    fn channels(&self, bytes: usize) -> usize {
+        let (lo, hi) = self.channel_bounds();
         // A channel is worth its thread once each rank's chunk fills several slices.
         let per = (self.cfg.chunk_size as usize).max(1) * 4 * self.nranks;
         (bytes / per).clamp(lo, hi)
@@ -695,7 +701,10 @@ impl Core {
         let bytes = op.count * op.dtype.size();
         // A forced algorithm or a tuner plugin chooses among the ring and
         // trees, which NCCL's tables know; the direct path is ours.
-        if self.direct_colls {
+        // A call held to an algorithm (algSelection) runs it, as NCCL_ALGO
+        // holds the whole communicator.
+        let forced = op.call.algo.or(self.forced_algo);
+        if self.direct_colls && op.call.algo.is_none() {
             if let Some(d) = &self.direct {
                 // Decided from the call alone, as every rank sees it alike
                 // (a broadcast's non-roots pass no input).
@@ -705,12 +714,14 @@ impl Core {
                 }
             }
         }
-        let nch = self.channels(bytes).min(op.count).max(1);
+        let (lo, hi) = self.channel_bounds();
+        let nch = op
+            .call
+            .narrow(self.channels(bytes), lo, hi)
+            .min(op.count)
+            .max(1);
         let (algo, nch) = match &self.tuner {
-            None => (
-                cost::choose(coll, bytes, n, self.fabric, self.forced_algo),
-                nch,
-            ),
+            None => (cost::choose(coll, bytes, n, self.fabric, forced), nch),
             Some(t) => {
                 let max = op.count.min(64);
                 crate::plugin::tuner::decide(
@@ -718,13 +729,15 @@ impl Core {
                     coll,
                     bytes,
                     n,
-                    cost::cost_table(coll, bytes, n, self.fabric, self.forced_algo),
-                    cost::choose(coll, bytes, n, self.fabric, self.forced_algo),
+                    cost::cost_table(coll, bytes, n, self.fabric, forced),
+                    cost::choose(coll, bytes, n, self.fabric, forced),
                     nch,
                     max,
                 )
             }
         };
+        // The tuner's count stays within the call's bounds too.
+        let nch = op.call.narrow(nch, lo, hi).min(op.count).max(1);
         // The double binary tree is two trees, one per channel.
         let nch = if algo == Algo::Tree {
             nch.max(2).min(op.count)

@@ -753,6 +753,7 @@ mod tests {
             redop: RedOp::Sum,
             stream: 7,
             user_tag: 0,
+            call: Default::default(),
         };
         let local = |me, kind| local_op(&gpus, me, &op(kind)).map(|o| (o.kind, o.count, o.stream));
         // Rank 4 is the third rank of GPU 0; rank 2 the second.

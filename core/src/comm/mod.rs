@@ -441,7 +441,33 @@ impl Comm {
         rank: usize,
         config: &CommConfig,
     ) -> Result<Comm> {
-        Comm::init_rank_hashed(nranks, id, rank, config, ident::comm_hash(&id), None)
+        Comm::init_rank_hashed(nranks, vec![id], rank, config, ident::comm_hash(&id), None)
+    }
+
+    /// Joins through the roots of several ids (NCCL's
+    /// `ncclCommInitRankScalable`; every rank passes the same ids in the
+    /// same order): the ranks are spread over the roots, each rank says
+    /// hello to its own, and the communicator is the one a single root
+    /// would have made. Its hash is the first id's, as NCCL's.
+    pub fn init_rank_scalable(
+        nranks: usize,
+        ids: &[UniqueId],
+        rank: usize,
+        config: &CommConfig,
+    ) -> Result<Comm> {
+        let Some(first) = ids.first() else {
+            return Err(Error::InvalidArgument(
+                "nId is 0: at least one unique id is needed".into(),
+            ));
+        };
+        if ids.len() > nranks {
+            return Err(Error::InvalidArgument(format!(
+                "nId is {}, more unique ids than the {nranks} ranks (at most one root per rank)",
+                ids.len()
+            )));
+        }
+        let hash = ident::comm_hash(first);
+        Comm::init_rank_hashed(nranks, ids.to_vec(), rank, config, hash, None)
     }
 
     /// As [`Comm::init_rank`], with the communicator's hash given (a split
@@ -449,7 +475,7 @@ impl Comm {
     /// (with its context) for a split that shares it.
     fn init_rank_hashed(
         nranks: usize,
-        id: UniqueId,
+        ids: Vec<UniqueId>,
         rank: usize,
         config: &CommConfig,
         comm_hash: u64,
@@ -483,7 +509,7 @@ impl Comm {
         };
         let asked = config.clone();
         let work = move || {
-            let r = Comm::build(nranks, &id, rank, cfg, &asked, comm_hash, parent).and_then(
+            let r = Comm::build(nranks, &ids, rank, cfg, &asked, comm_hash, parent).and_then(
                 |mut core| {
                     core.split_share = split_share;
                     core.shrink_share = shrink_share;
@@ -520,7 +546,7 @@ impl Comm {
 
     fn build(
         nranks: usize,
-        id: &UniqueId,
+        ids: &[UniqueId],
         rank: usize,
         cfg: Config,
         asked: &CommConfig,
@@ -549,7 +575,7 @@ impl Comm {
             }
             None => comm_net(&cfg, comm_hash, asked.traffic_class)?,
         };
-        let bootstrap = Bootstrap::init(id, rank, nranks, &cfg)?;
+        let bootstrap = Bootstrap::init_scalable(ids, rank, nranks, &cfg)?;
         let mut cfg = cfg;
         let (terms, threads) = crate::exec::direct::Terms::from_env(nranks)?;
         let peers = ident::exchange(
@@ -765,6 +791,21 @@ impl Comm {
         Ok(self.any_core()?.shrink_share)
     }
 
+    /// NCCL's `commHash` of this communicator: the same on every rank,
+    /// different between communicators.
+    pub fn comm_hash(&self) -> Result<u64> {
+        Ok(self.any_core()?.ident.comm_hash)
+    }
+
+    /// The CTA (channel) bounds its collectives run within: minCTAs and
+    /// maxCTAs (NCCL_MIN_CTAS, NCCL_MAX_CTAS and the older
+    /// NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS), as the device path holds them.
+    pub fn cta_bounds(&self) -> Result<(usize, usize)> {
+        Ok(crate::exec::device::config::cta_bounds(
+            &self.any_core()?.cfg,
+        ))
+    }
+
     /// The GPU this communicator runs on (`None`: host memory).
     pub fn device(&self) -> Result<Option<usize>> {
         Ok(self.any_core()?.device.as_ref().and_then(|d| d.ordinal()))
@@ -926,7 +967,7 @@ impl Comm {
             net: core.net.clone(),
             net_setting: core.cfg.net.clone(),
         });
-        Comm::init_rank_hashed(members.len(), id, new_rank, &cfg, child.hash, parent)
+        Comm::init_rank_hashed(members.len(), vec![id], new_rank, &cfg, child.hash, parent)
     }
 
     /// Waits for this rank's outstanding work and synchronises with the
@@ -1243,6 +1284,7 @@ pub(crate) fn op_of(
         redop,
         stream: 0,
         user_tag: 0,
+        call: Default::default(),
     })
 }
 

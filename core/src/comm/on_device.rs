@@ -350,13 +350,20 @@ pub(crate) struct Tuning<'a> {
 /// The algorithm and channels of one collective: the cheapest entry of the
 /// device's cost table (NCCL_ALGO masks it), as the tuner changed it. Every
 /// rank decides alike: the same table, tuner and settings.
-fn choose(dc: &DeviceComm, t: &Tuning<'_>, coll: Coll, count: usize, dtype: DataType) -> Choice {
-    let own = dc.default_choice(coll, count, dtype, t.forced);
+/// A call's own settings (`op.call`) narrow the communicator's: its
+/// algorithm row replaces NCCL_ALGO's, its CTA bounds hold the count
+/// within 1 and the window's channels.
+fn choose(dc: &DeviceComm, t: &Tuning<'_>, coll: Coll, op: &Op) -> Choice {
+    let (count, dtype) = (op.count, op.dtype);
+    let forced = op.call.algo.or(t.forced);
+    let narrow =
+        |c: Choice| Choice::new(c.algo, op.call.narrow(c.channels, 1, dc.config().channels));
+    let own = narrow(dc.default_choice(coll, count, dtype, forced));
     let Some(tuner) = t.tuner else {
         return own;
     };
     let (bytes, n, model) = (count * dtype.size(), dc.nranks(), own.algo);
-    let table = cost::device_table(coll, bytes, n, dc.fabric(), t.forced);
+    let table = cost::device_table(coll, bytes, n, dc.fabric(), forced);
     let (algo, channels) = crate::plugin::tuner::decide(
         tuner,
         coll,
@@ -376,7 +383,7 @@ fn choose(dc: &DeviceComm, t: &Tuning<'_>, coll: Coll, count: usize, dtype: Data
             tuner.name(), algo.name(), coll.name(), model.name());
         model
     };
-    Choice::new(algo, channels)
+    narrow(Choice::new(algo, channels))
 }
 
 /// Enqueues one group's operations of this communicator: collectives in
@@ -428,7 +435,7 @@ pub(crate) fn execute(
         .filter(|(_, (op, _))| op.kind.coll().is_some());
     for (at, (op, _)) in colls {
         let coll = op.kind.coll().expect("a collective");
-        let choice = choose(&dc, &tuning, coll, op.count, op.dtype);
+        let choice = choose(&dc, &tuning, coll, op);
         debug!(target: "oxccl::coll", "{}: {} on {} channel(s), {}", op.describe(), choice.algo.name(), choice.channels, dc.protocol(op.count * op.dtype.size()).name());
         let event = match (p, &group) {
             (Some(p), Some(g)) => {
@@ -630,6 +637,7 @@ mod tests {
             redop: crate::dtype::RedOp::Sum,
             stream: 0,
             user_tag: 0,
+            call: Default::default(),
         };
         let bufs = OpBuffers {
             input: p,

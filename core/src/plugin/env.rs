@@ -30,7 +30,7 @@ use crate::plugin::loader::{self, Lib};
 pub const SETTING: &str = "NCCL_ENV_PLUGIN";
 
 /// The NCCL version oxccl passes to `init`: the API it implements.
-const NCCL_VERSION: (u8, u8, u8) = (2, 30, 7);
+const NCCL_VERSION: (u8, u8, u8) = (2, 31, 2);
 const SUFFIX: &CStr = c"+oxccl";
 
 struct Loaded {

@@ -351,6 +351,7 @@ fn op(kind: OpKind, input: u64, output: u64, stream: &Stream) -> Op {
         redop: RedOp::Sum,
         stream: stream.handle().raw(),
         user_tag: 0,
+        call: Default::default(),
     }
 }
 
