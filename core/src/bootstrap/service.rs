@@ -145,12 +145,18 @@ impl Shared {
         self.cv.notify_all();
     }
 
-    /// Rank `rank`'s listen address, waiting for the table until `until`.
+    /// Rank `rank`'s listen address, waiting until `until` for a table
+    /// that has it: through several roots a rank first holds its block's
+    /// part (other blocks' ranks at the unspecified address) while a rank
+    /// of another block, which has the whole table, may already write.
     fn rank_addr(&self, rank: usize, until: Instant) -> Option<SocketAddr> {
         let mut mail = lock(&self.mail);
         loop {
             if let Some(t) = &mail.table {
-                return t.get(rank).copied();
+                match t.get(rank) {
+                    Some(a) if a.ip().is_unspecified() => {}
+                    other => return other.copied(),
+                }
             }
             let left = until.saturating_duration_since(Instant::now());
             if mail.closed || left.is_zero() {
