@@ -15,11 +15,59 @@ pub struct InfoArgs {
     /// subject) from the table in core/src/config.rs, and nothing else.
     #[arg(long)]
     pub settings_markdown: bool,
+    /// Print, per collective and size (8 B .. 4 GiB), the algorithm,
+    /// protocol and channels oxccl's cost model chooses on the cluster the
+    /// flags below describe, beside what NCCL 2.31's tuning model chooses
+    /// (our re-implementation of src/tuning/*.cc), and nothing else.
+    /// Example: oxccl info --tune --nodes 128 --gpus-per-node 8 --nvlink-gbps 450 --net-gbps 50
+    #[arg(long)]
+    pub tune: bool,
+    /// With --tune: nodes.
+    #[arg(long, default_value_t = 16, requires = "tune")]
+    pub nodes: usize,
+    /// With --tune: GPUs (ranks) per node.
+    #[arg(long, default_value_t = 8, requires = "tune")]
+    pub gpus_per_node: usize,
+    /// With --tune: NVLink GB/s (gigabytes) per GPU, one way.
+    #[arg(long, default_value_t = 450.0, requires = "tune")]
+    pub nvlink_gbps: f64,
+    /// With --tune: network GB/s (gigabytes) per NIC, one way (400 Gb/s: 50).
+    #[arg(long, default_value_t = 50.0, requires = "tune")]
+    pub net_gbps: f64,
+    /// With --tune: NICs per node (default: one per GPU).
+    #[arg(long, requires = "tune")]
+    pub nics_per_node: Option<usize>,
+    /// With --tune: the latency the net plugin reports, microseconds
+    /// (NCCL's IB plugin reports 0; oxccl then assumes 20).
+    #[arg(long, default_value_t = 0.0, requires = "tune")]
+    pub net_latency_us: f64,
+    /// With --tune: the GPUs' compute capability major (8 Ampere, 9 Hopper, 10 Blackwell).
+    #[arg(long, default_value_t = 9, requires = "tune")]
+    pub sm: i32,
 }
 
 pub fn main(args: &InfoArgs) -> Result<i32, String> {
     if args.settings_markdown {
         print!("{}", oxccl::config::markdown());
+        return Ok(0);
+    }
+    if args.tune {
+        if args.nodes == 0 || args.gpus_per_node == 0 {
+            return Err("--nodes and --gpus-per-node must be at least 1".into());
+        }
+        if args.nvlink_gbps <= 0.0 || args.net_gbps <= 0.0 {
+            return Err("--nvlink-gbps and --net-gbps must be above 0".into());
+        }
+        let c = crate::tune::Cluster {
+            nodes: args.nodes,
+            gpus_per_node: args.gpus_per_node,
+            nvlink_gbps: args.nvlink_gbps,
+            net_gbps: args.net_gbps,
+            nics_per_node: args.nics_per_node.unwrap_or(args.gpus_per_node),
+            net_latency_us: args.net_latency_us,
+            sm: args.sm,
+        };
+        print!("{}", crate::tune::report(&c));
         return Ok(0);
     }
     let cfg = Config::load().map_err(|e| e.to_string())?;

@@ -9,3 +9,4 @@ pub mod perf;
 mod perf_device;
 pub use perf_device::check_once_on_device;
 pub mod recover;
+pub mod tune;

@@ -2,7 +2,7 @@
 //! per algorithm, as NCCL's tuning tables (which a tuner plugin can replace).
 
 use oxccl_plugin::ffi::tuner::{
-    NCCL_ALGO_PROTO_IGNORE, NCCL_ALGO_RING, NCCL_ALGO_TREE, NCCL_NUM_ALGORITHMS,
+    NCCL_ALGO_PAT, NCCL_ALGO_PROTO_IGNORE, NCCL_ALGO_RING, NCCL_ALGO_TREE, NCCL_NUM_ALGORITHMS,
     NCCL_NUM_PROTOCOLS, NCCL_PROTO_LL, NCCL_PROTO_SIMPLE,
 };
 
@@ -121,6 +121,19 @@ impl Fabric {
 /// ring's.
 const TREE_EFFICIENCY: f64 = 0.7;
 
+/// The share of a link's bandwidth the log-depth all-gather (PAT) gets:
+/// its rounds wait for each other where the ring streams, so its messages
+/// do not keep every link busy. NCCL's model (src/tuning/pat.cc, 2.31)
+/// gives PAT three quarters of the ring's bus bandwidth; taken as is.
+const PAT_EFFICIENCY: f64 = 0.75;
+
+/// Whether the model offers PAT: where each rank is on its own node, as
+/// NCCL (src/tuning/pat.cc: nNodes == nRanks), or where NCCL_ALGO asks for
+/// its row.
+fn pat_offered(a: Algo, n: usize, f: &Fabric, forced: Option<Algo>) -> bool {
+    a != Algo::Pat || (f.nodes == n && n > 1) || forced == Some(Algo::Pat)
+}
+
 fn log2_ceil(n: usize) -> f64 {
     (n.max(1) as f64).log2().ceil()
 }
@@ -161,6 +174,10 @@ pub fn predict(
             let depth = log2_ceil(n + 1);
             2.0 * depth * a + 2.0 * b / (TREE_EFFICIENCY * bw)
         }
+        (Algo::Pat, _) => {
+            // ceil(log2 n) dependent rounds, n-1 blocks in and out.
+            super::pat::rounds(n) as f64 * a + (nf - 1.0) * b / (PAT_EFFICIENCY * bw)
+        }
     })
 }
 
@@ -176,7 +193,7 @@ pub fn choose(
     let f: Fabric = fabric.into();
     Algo::ALL
         .into_iter()
-        .filter(|a| allowed(*a, coll, forced))
+        .filter(|a| allowed(*a, coll, forced) && pat_offered(*a, n, &f, forced))
         .filter_map(|a| predict(a, coll, bytes, n, f).map(|t| (a, t)))
         .min_by(|x, y| x.1.total_cmp(&y.1))
         .map(|(a, _)| a)
@@ -249,6 +266,7 @@ pub fn nccl_cell(algo: Algo) -> (usize, usize) {
         Algo::Ring => (NCCL_ALGO_RING as usize, NCCL_PROTO_SIMPLE as usize),
         Algo::Tree => (NCCL_ALGO_TREE as usize, NCCL_PROTO_SIMPLE as usize),
         Algo::RecDoubling => (NCCL_ALGO_TREE as usize, NCCL_PROTO_LL as usize),
+        Algo::Pat => (NCCL_ALGO_PAT as usize, NCCL_PROTO_SIMPLE as usize),
     }
 }
 
@@ -259,7 +277,8 @@ pub fn nccl_row(algo: Algo) -> usize {
 
 /// Which of our algorithms a cell of NCCL's table runs: the ring row runs
 /// the ring at any protocol; the tree row's LL runs recursive doubling and
-/// its other protocols the tree. Other rows (CollNet, NVLS, PAT) none.
+/// its other protocols the tree; the PAT row's SIMPLE runs [`Algo::Pat`].
+/// Other rows (CollNet, NVLS) none.
 fn algo_at(row: usize, proto: usize) -> Option<Algo> {
     match row {
         r if r == NCCL_ALGO_RING as usize => Some(Algo::Ring),
@@ -267,6 +286,7 @@ fn algo_at(row: usize, proto: usize) -> Option<Algo> {
             Some(Algo::RecDoubling)
         }
         r if r == NCCL_ALGO_TREE as usize => Some(Algo::Tree),
+        r if r == NCCL_ALGO_PAT as usize => Some(Algo::Pat),
         _ => None,
     }
 }
@@ -284,7 +304,7 @@ pub fn cost_table(
     let f: Fabric = fabric.into();
     let mut t = [[NCCL_ALGO_PROTO_IGNORE; NCCL_NUM_PROTOCOLS]; NCCL_NUM_ALGORITHMS];
     for a in Algo::ALL {
-        if !allowed(a, coll, forced) {
+        if !allowed(a, coll, forced) || !pat_offered(a, n, &f, forced) {
             continue;
         }
         if let Some(s) = predict(a, coll, bytes, n, f) {
@@ -315,6 +335,8 @@ pub fn device_runs(algo: Algo, coll: Coll, n: usize) -> bool {
         Algo::Ring => true,
         Algo::RecDoubling => coll == Coll::AllReduce && n <= DEVICE_REC_DOUBLING_MAX,
         Algo::Tree => coll == Coll::AllReduce,
+        // The kernels have no PAT: the host executor runs it.
+        Algo::Pat => false,
     }
 }
 
@@ -579,5 +601,63 @@ mod tests {
             assert!(!collnet_wins(bytes, 4, 2, f, slow, None), "{bytes}");
             assert!(!collnet_wins(bytes, 4, 2, f, fast, Some(Algo::Ring)));
         }
+    }
+
+    /// PAT where every rank is on its own node, as NCCL: small and mid
+    /// all-gathers take it, large ones the ring; on one node only where
+    /// NCCL_ALGO asks for it; never for other collectives.
+    #[test]
+    fn pat_with_one_rank_per_node() {
+        let net = LinkModel {
+            latency_s: 5e-6,
+            bandwidth: 25e9,
+        };
+        let apart = |n| Fabric {
+            intra: net,
+            inter: net,
+            nodes: n,
+        };
+        for n in [5, 64] {
+            assert_eq!(choose(Coll::AllGather, 8, n, apart(n), None), Algo::Pat);
+        }
+        // Up to three ranks PAT's rounds are the ring's hops, and the ring streams.
+        for n in [2, 3] {
+            assert_eq!(choose(Coll::AllGather, 8, n, apart(n), None), Algo::Ring);
+        }
+        assert_eq!(
+            choose(Coll::AllGather, 64 << 10, 64, apart(64), None),
+            Algo::Pat
+        );
+        assert_eq!(
+            choose(Coll::AllGather, 1 << 30, 64, apart(64), None),
+            Algo::Ring
+        );
+        assert_eq!(
+            choose(Coll::AllReduce, 8, 64, apart(64), None),
+            Algo::RecDoubling
+        );
+        let together = Fabric {
+            intra: net,
+            inter: net,
+            nodes: 8,
+        };
+        assert_eq!(choose(Coll::AllGather, 8, 64, together, None), Algo::Ring);
+        let one_node: Fabric = net.into();
+        assert_eq!(choose(Coll::AllGather, 8, 64, one_node, None), Algo::Ring);
+        assert_eq!(
+            choose(Coll::AllGather, 1 << 30, 64, one_node, Some(Algo::Pat)),
+            Algo::Pat
+        );
+        assert_eq!(
+            choose(Coll::AllGather, 8, 64, apart(64), Some(Algo::Ring)),
+            Algo::Ring
+        );
+        let t = cost_table(Coll::AllGather, 8, 64, apart(64), None);
+        assert_eq!(pick(&t, Coll::AllGather), Some((Algo::Pat, 2)));
+        // The kernels have no PAT.
+        let d = device_table(Coll::AllGather, 8, 64, apart(64), None);
+        assert_eq!(pick(&d, Coll::AllGather).unwrap().0, Algo::Ring);
+        assert_eq!(Algo::parse("PAT"), Some(Algo::Pat));
+        assert_eq!(Algo::from_code(Algo::Pat.code()), Some(Algo::Pat));
     }
 }

@@ -17,6 +17,7 @@
 
 pub mod cost;
 pub mod direct;
+pub mod pat;
 pub mod rec_doubling;
 pub mod ring;
 pub mod tree;
@@ -136,6 +137,9 @@ pub enum Algo {
     /// Double binary tree: reduce up, broadcast down, 2·log2(n) hops, for
     /// all-reduces on many ranks.
     Tree,
+    /// Log-depth all-gather for one rank per node (NCCL's PAT row; see
+    /// [`pat`] for what it is and how it differs from NCCL's).
+    Pat,
 }
 
 impl Algo {
@@ -144,6 +148,7 @@ impl Algo {
             Algo::Ring => "Ring",
             Algo::RecDoubling => "RecDoubling",
             Algo::Tree => "Tree",
+            Algo::Pat => "PAT",
         }
     }
 
@@ -156,6 +161,7 @@ impl Algo {
             "ring" => Some(Algo::Ring),
             "tree" => Some(Algo::Tree),
             "recdoubling" | "rd" => Some(Algo::RecDoubling),
+            "pat" => Some(Algo::Pat),
             _ => None,
         }
     }
@@ -164,11 +170,13 @@ impl Algo {
         match self {
             Algo::Ring => true,
             Algo::RecDoubling | Algo::Tree => coll == Coll::AllReduce,
+            Algo::Pat => coll == Coll::AllGather,
         }
     }
 
-    /// Every algorithm, in the order the cost model tries them.
-    pub const ALL: [Algo; 3] = [Algo::Ring, Algo::RecDoubling, Algo::Tree];
+    /// Every algorithm, in the order the cost model tries them (new ones
+    /// go last: [`Algo::code`] is a place in this list).
+    pub const ALL: [Algo; 4] = [Algo::Ring, Algo::RecDoubling, Algo::Tree, Algo::Pat];
 
     /// One byte on the wire (operation headers, rank facts): 1 + its place
     /// in [`Algo::ALL`]; 0 is left for "none".
@@ -219,6 +227,7 @@ pub fn schedule_on(
     match (algo, coll) {
         (Algo::RecDoubling, Coll::AllReduce) => rec_doubling::all_reduce(rank, nranks, lo, hi),
         (Algo::Tree, Coll::AllReduce) => tree::all_reduce(rank, order, chan % 2, lo, hi),
+        (Algo::Pat, Coll::AllGather) => pat::all_gather(rank, nranks, count, lo, hi),
         (_, Coll::AllReduce) => ring::all_reduce(rank, order, lo, hi),
         (_, Coll::AllGather) => ring::all_gather(rank, order, count, lo, hi),
         (_, Coll::ReduceScatter) => ring::reduce_scatter(rank, order, count, lo, hi),

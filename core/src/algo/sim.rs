@@ -207,6 +207,7 @@ mod tests {
                     check(Algo::RecDoubling, Coll::AllReduce, n, count, nch);
                     check(Algo::Tree, Coll::AllReduce, n, count, nch);
                     check(Algo::Ring, Coll::AllGather, n, count, nch);
+                    check(Algo::Pat, Coll::AllGather, n, count, nch);
                     check(Algo::Ring, Coll::ReduceScatter, n, count, nch);
                     for root in [0, n / 2, n - 1] {
                         check(Algo::Ring, Coll::Broadcast { root }, n, count, nch);
@@ -215,5 +216,56 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// PAT's all-gather on every rank count from 2 to 64, whole blocks
+    /// (one step per run of blocks) and parts of blocks (one per block).
+    #[test]
+    fn pat_on_every_count_to_64() {
+        for n in 2..=64 {
+            check(Algo::Pat, Coll::AllGather, n, 3, 1);
+            check(Algo::Pat, Coll::AllGather, n, 5, 2);
+        }
+    }
+
+    /// At 1,024 ranks, simulated without running them: the ring, the
+    /// double binary tree and PAT, and what the cost model chooses on a
+    /// cluster of that size (128 nodes of 8 ranks; 1,024 nodes of one) at
+    /// a small, a mid and a large size; every rank's every element checked
+    /// (the sum of the right inputs, scaled and finalized once).
+    #[test]
+    fn at_1024_ranks() {
+        use super::super::cost::{choose, Fabric, LinkModel};
+        let n = 1024;
+        check(Algo::Ring, Coll::AllGather, n, 1, 1);
+        check(Algo::Ring, Coll::AllReduce, n, 2, 1);
+        check(Algo::Tree, Coll::AllReduce, n, 4, 2);
+        check(Algo::Pat, Coll::AllGather, n, 1, 1);
+        check(Algo::Pat, Coll::AllGather, n, 3, 2);
+        let net = LinkModel {
+            latency_s: 5e-6,
+            bandwidth: 50e9,
+        };
+        let mut seen = std::collections::HashSet::new();
+        for (nodes, intra) in [(128, LinkModel::NVLINK), (1024, net)] {
+            let f = Fabric {
+                intra,
+                inter: net,
+                nodes,
+            };
+            for coll in [Coll::AllReduce, Coll::AllGather] {
+                for bytes in [8, 64 << 10, 64 << 20] {
+                    let a = choose(coll, bytes, n, f, None);
+                    seen.insert(a);
+                    check(a, coll, n, 2, if a == Algo::Tree { 2 } else { 1 });
+                }
+            }
+        }
+        // One rank per node: small all-gathers take PAT; at 128 x 8 mid
+        // all-reduces take the tree.
+        assert!(
+            seen.contains(&Algo::Pat) && seen.contains(&Algo::Tree),
+            "{seen:?}"
+        );
     }
 }

@@ -290,7 +290,7 @@ impl Core {
             None => None,
             Some(s) => Some(Algo::parse(s).ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "NCCL_ALGO={s:?} names no algorithm: expected Ring or Tree"
+                    "NCCL_ALGO={s:?} names no algorithm: expected Ring, Tree or PAT"
                 ))
             })?),
         };
