@@ -24,9 +24,17 @@ fn pattern(rank: usize) -> FillPattern {
 
 #[test]
 fn kernels_before_and_after_a_collective_see_its_order() {
-    let Some((_gpus, _)) = two_ranks() else {
+    let Some((_gpus, devices)) = two_ranks() else {
         return;
     };
+    // Two ranks of one process on one GPU share its hardware queues: the
+    // late rank's fill can queue behind the first rank's waiting
+    // collective and the copy after it, and neither ever runs (on one
+    // H200 this waited out the test's limit). NCCL refuses that setup.
+    if devices[0] == devices[1] {
+        println!("skipped: the late rank needs a GPU of its own (two GPUs)");
+        return;
+    }
     let dtype = DataType::Float32;
     let bytes = COUNT * 4;
     let wrong = with_ranks(DeviceConfig::from_env().unwrap(), |r, barrier| {
