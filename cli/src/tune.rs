@@ -408,9 +408,17 @@ pub fn fabric(c: &Cluster) -> Fabric {
     }
 }
 
-/// The channels oxccl's GPU path takes at most on this NVLink (one per
-/// 15.5 GB/s, as its topology does), and for `bytes` per rank.
+/// The channels oxccl's GPU path takes for `bytes` per rank: at most one
+/// per 15.5 GB/s of NVLink (as its topology counts) within a node, and
+/// NCCL's count through host memory (the network) once there are several
+/// nodes, where a communicator's windows go through the proxy.
 fn oxccl_channels(c: &Cluster, bytes: usize) -> usize {
+    let per = oxccl::exec::device::DeviceConfig::default().channel_bytes;
+    if c.nodes > 1 {
+        return bytes
+            .div_ceil(per)
+            .clamp(1, oxccl::exec::device::config::HOST_CTAS);
+    }
     let links = (c.nvlink_gbps / oxccl::topo::channels::nvlink_gbps((c.sm, 0))).round() as u32;
     let max = oxccl::topo::channels::channels(
         oxccl::topo::Link::NvLink {
@@ -419,7 +427,6 @@ fn oxccl_channels(c: &Cluster, bytes: usize) -> usize {
         (c.sm, 0),
     )
     .unwrap_or(oxccl::exec::device::config::DEFAULT_P2P_CTAS);
-    let per = oxccl::exec::device::DeviceConfig::default().channel_bytes;
     bytes.div_ceil(per).clamp(1, max)
 }
 
