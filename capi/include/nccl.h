@@ -947,7 +947,9 @@ enum ncclResult_t ncclGroupSimulateEnd(struct ncclSimInfo_t *simInfo);
 
 /**
  * Device memory on the GPU current on this thread (cudaGetDevice's: device
- * 0 where the thread selected none).
+ * 0 where the thread selected none), from the CUDA virtual memory API as
+ * NCCL allocates it, so that peers can map it (see `oxccl::cuda::vmm`);
+ * plain `cuMemAlloc` memory where the GPU has no virtual memory API.
  */
 enum ncclResult_t ncclMemAlloc(void **ptr, size_t size);
 
