@@ -786,8 +786,8 @@ settings! {
         debug_timestamp_format: Option<String> = "DEBUG_TIMESTAMP_FORMAT", "" in Logging, check STAMP_FORMAT;
         /// Which levels' lines begin with the time: VERSION, WARN, INFO, ABORT, TRACE or ALL, comma-separated, `^` in front for every level but those (oxccl writes no VERSION or ABORT lines). Unset: WARN. As in NCCL, set but empty: none.
         debug_timestamp_levels: Option<String> = "DEBUG_TIMESTAMP_LEVELS", "" in Logging, check STAMP_LEVELS;
-        /// Algorithm for collectives: Ring or Tree (recursive doubling); empty lets the cost model choose.
-        algo: Option<String> = "ALGO", "" in Collectives, expects "Ring or Tree";
+        /// Algorithms for collectives, in NCCL's form: a comma-separated list of Ring, Tree, PAT, Collnet, CollnetChain, CollnetDirect, NVLS, NVLSTree (and oxccl's RecDoubling), `^` first to exclude them, `func:list` entries separated by `;` for one function (the first entry may name none). oxccl holds a communicator to one algorithm at most: a value that leaves one of its own (Ring; Tree, with recursive doubling; PAT) holds it there, one that only excludes what oxccl lacks (`^NVLS`) holds nothing, and any other is named in a WARN and holds nothing. Rank 0's is taken. Unset: the cost model chooses.
+        algo: Option<String> = "ALGO", "" in Collectives, expects "NCCL's algorithm list (Ring, Tree, PAT, NVLS, ...; ^ excludes; func:list;...)";
         /// Protocols the device path may use: LL and Simple (NCCL's list syntax, `^` excludes); unset: LL for operations of up to 4 KiB per rank where some peer is reached through host memory (network or shared memory), Simple otherwise. Rank 0's is taken. Checked when any communicator is made, on host memory too.
         proto: Option<String> = "PROTO", "" in Collectives, check PROTO;
         /// Network plugin library: a name (`foo` loads libnccl-net-foo.so), a path, or `none`; unset tries libnccl-net.so.

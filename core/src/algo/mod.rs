@@ -20,6 +20,7 @@ pub mod direct;
 pub mod pat;
 pub mod rec_doubling;
 pub mod ring;
+pub mod setting;
 pub mod tree;
 
 /// Which user buffer a region lies in.

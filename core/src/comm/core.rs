@@ -288,11 +288,19 @@ impl Core {
         let (rank, nranks) = (locality.rank, locality.hosts.len());
         let forced_algo = match cfg.algo.as_deref() {
             None => None,
-            Some(s) => Some(Algo::parse(s).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "NCCL_ALGO={s:?} names no algorithm: expected Ring, Tree or PAT"
-                ))
-            })?),
+            Some(s) => {
+                let a = algo::setting::parse(s)
+                    .map_err(|why| Error::InvalidArgument(format!("NCCL_ALGO={s:?}: {why}")))?;
+                if rank == 0 {
+                    if let Some(why) = &a.unhonoured {
+                        tracing::warn!(target: "oxccl::init|tuning", "NCCL_ALGO={s:?} is not honoured: {why}");
+                    }
+                    if !a.lacked.is_empty() {
+                        info!(target: "oxccl::init|tuning", "NCCL_ALGO={s:?} excludes {}, which oxccl does not have", a.lacked.join(", "));
+                    }
+                }
+                a.forced
+            }
         };
         let cfg_tuner = cfg.tuner_plugin.clone();
         let profiler = crate::plugin::profiler::shared(cfg.profiler_plugin.as_deref())?

@@ -230,13 +230,16 @@ pub fn adopt_shaping(cfg: &mut Config, first: Shaping, algo: u8) -> Vec<String> 
     differ
 }
 
-/// NCCL_ALGO as one byte: 0 unset, 255 a name no algorithm has (the
-/// communicator's creation refuses it), else its [`Algo::code`].
+/// NCCL_ALGO as one byte: 0 unset (or holding no algorithm), 255 a value
+/// that does not parse (the communicator's creation refuses it), else the
+/// [`Algo::code`] of the one algorithm it holds the communicator to.
 pub fn algo_code(cfg: &Config) -> u8 {
-    match cfg.algo.as_deref().map(Algo::parse) {
-        None => 0,
-        Some(None) => 255,
-        Some(Some(a)) => a.code(),
+    match cfg.algo.as_deref().map(crate::algo::setting::parse) {
+        None | Some(Ok(crate::algo::setting::AlgoSetting { forced: None, .. })) => 0,
+        Some(Err(_)) => 255,
+        Some(Ok(crate::algo::setting::AlgoSetting {
+            forced: Some(a), ..
+        })) => a.code(),
     }
 }
 
