@@ -178,21 +178,13 @@ pub unsafe trait CollAbi: 'static {
     unsafe fn finalize(&self, ctx: *mut c_void) -> NcclResult;
 }
 
-/// One loadable collnet version: its symbol, N, and the cast of the
-/// symbol's address to its vtable.
-pub struct CollLoadable {
-    pub symbol: &'static str,
-    pub version: u32,
-    /// # Safety
-    /// The address must be the symbol's: a static `ncclCollNet_vN_t` that
-    /// stays mapped as long as the returned reference is used.
-    pub cast: unsafe fn(*const c_void) -> &'static dyn CollAbi,
-}
+/// One loadable collnet version.
+pub type CollLoadable = super::Loadable<dyn CollAbi>;
 
 /// Casts the address of a symbol to its vtable type.
 ///
 /// # Safety
-/// As [`CollLoadable::cast`].
+/// As [`super::Loadable::cast`].
 unsafe fn cast<T: CollAbi>(p: *const c_void) -> &'static dyn CollAbi {
     // SAFETY: per the contract, `p` is a live `T`.
     unsafe { &*(p as *const T) }

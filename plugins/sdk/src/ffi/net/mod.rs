@@ -412,14 +412,16 @@ pub unsafe trait Abi: 'static {
 }
 
 /// One loadable version: its symbol, N, and the cast of the symbol's
-/// address to its vtable.
-pub struct Loadable {
+/// address to its vtable; `A` is the trait every version of the kind is
+/// called through (the net's [`Abi`], the collnet's `CollAbi`).
+pub struct Loadable<A: ?Sized + 'static = dyn Abi> {
     pub symbol: &'static str,
     pub version: u32,
     /// # Safety
-    /// The address must be the symbol's: a static `ncclNet_vN_t` that stays
-    /// mapped as long as the returned reference is used.
-    pub cast: unsafe fn(*const c_void) -> &'static dyn Abi,
+    /// The address must be the symbol's: a static vtable (`ncclNet_vN_t`,
+    /// `ncclCollNet_vN_t`) that stays mapped as long as the returned
+    /// reference is used.
+    pub cast: unsafe fn(*const c_void) -> &'static A,
 }
 
 /// Casts the address of a symbol to its vtable type.
