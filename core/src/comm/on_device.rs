@@ -3,6 +3,7 @@
 //! without waiting (NCCL's contract). The communicator's bootstrap carries
 //! the executor's setup exchange.
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use crate::bootstrap::Bootstrap;
 use tracing::{debug, info};
 
 use super::core::GpuPath;
+use super::device_watch::DeviceWatch;
 use super::ident::Peers;
 use super::kernel_events::KernelEvents;
 use super::topology::NodeTopo;
@@ -388,11 +390,14 @@ fn choose(dc: &DeviceComm, t: &Tuning<'_>, coll: Coll, op: &Op) -> Choice {
 
 /// Enqueues one group's operations of this communicator: collectives in
 /// order, then the point-to-point messages together.
+/// `watch`: the communicator's watch and the numbers of the group's
+/// collectives, which it watches behind a fence until they end.
 pub(crate) fn execute(
     dc: &Mutex<DeviceComm>,
     ops: &[(Op, OpBuffers)],
     tuning: Tuning<'_>,
     prof: Option<Profiling<'_>>,
+    watch: Option<(&DeviceWatch, Range<u64>)>,
 ) -> Result<()> {
     let mut dc = dc
         .lock()
@@ -549,7 +554,35 @@ pub(crate) fn execute(
         drop(launched);
         track(&mut dc, &parents);
     }
+    if let Some((w, seqs)) = watch.filter(|(_, s)| !s.is_empty()) {
+        fence_group(&dc, w, seqs);
+    }
     Ok(())
+}
+
+/// Records a fence behind a group's collectives `seqs` and hands both to
+/// the watch ([`DeviceWatch`]); where none is recorded (a graph capture,
+/// an event that cannot be made) the group goes unwatched, as before the
+/// watch: its kernels end at NCCL_TIMEOUT if a peer never comes.
+fn fence_group(dc: &DeviceComm, w: &DeviceWatch, seqs: Range<u64>) {
+    let fence = match w.take_fence() {
+        Some(f) => f,
+        None => match crate::cuda::Event::new(dc.context(), false) {
+            Ok(f) => f,
+            Err(e) => {
+                debug!(target: "oxccl::coll", "collectives #{}..#{} go unwatched: {e}", seqs.start, seqs.end);
+                return;
+            }
+        },
+    };
+    match dc.fence(&fence) {
+        Ok(true) => w.launched(seqs, fence),
+        Ok(false) => w.give_back(fence),
+        Err(e) => {
+            debug!(target: "oxccl::coll", "collectives #{}..#{} go unwatched: {e}", seqs.start, seqs.end);
+            w.give_back(fence);
+        }
+    }
 }
 
 /// Times this group's launches when the mask asks for kernel-channel

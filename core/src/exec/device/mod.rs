@@ -263,6 +263,17 @@ impl DeviceComm {
         }
     }
 
+    /// Records `fence` behind the work enqueued so far (on the last
+    /// operation's stream, after which every earlier operation ends), for
+    /// a host thread to see it end; false where that work went into a
+    /// graph capture or there is none (nothing recorded).
+    pub fn fence(&self, fence: &Event) -> Result<bool> {
+        match self.last {
+            Some((stream, None)) => fence.record(stream).map(|()| true),
+            _ => Ok(false),
+        }
+    }
+
     /// After [`DeviceStop::raise`]: the first call ends the proxy's
     /// transfers and releases this rank's stream waits; each says whether
     /// the streams have passed this communicator's work (each operation
