@@ -7,7 +7,10 @@
 //!   for this call; the maximum never exceeds the communicator's, a
 //!   minimum above the maximum is dropped, values outside 1..=128 are
 //!   ignored and NCCL_MIN_CTAS / NCCL_MAX_CTAS, where set, win (NCCL's
-//!   order: environment, then the call, then the communicator).
+//!   order: environment, then the call, then the communicator). All-to-all,
+//!   gather and scatter run as grouped sends and receives: their kernels
+//!   take the bounds too, as long as the group's messages of a size all
+//!   carry the same (see `oxccl::comm::on_device`).
 //! - `algSelection`, `forceAlgSelection`: NCCL's selection grammar; the
 //!   RING and TREE rows are oxccl's ring and trees. A selection left with
 //!   neither for the collective is an error naming it when forced, else
@@ -328,7 +331,7 @@ pub(crate) fn read(
             min = None;
         }
         if !func.on_rings() {
-            tracing::info!(target: "oxccl::coll", "ncclCollConfig_t minCTAs/maxCTAs: {} runs as grouped sends and receives on the communicator's channels; the bounds hold the ring and tree collectives", func.name());
+            tracing::debug!(target: "oxccl::coll", "ncclCollConfig_t minCTAs/maxCTAs: {} runs as grouped sends and receives, whose kernels take the bounds (every rank of the call must pass the same)", func.name());
         }
     }
     out.call.min_ctas = min;

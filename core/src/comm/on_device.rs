@@ -486,11 +486,12 @@ pub(crate) fn execute(
         .enumerate()
         .filter(|(_, op)| op.kind.coll().is_none())
         .collect();
+    let p2p_ops: Vec<&Op> = p2p_at.iter().map(|(_, op)| *op).collect();
     let p2p_events: Vec<_> = match (p, &group) {
         (Some(p), Some(g)) => p2p_at
             .iter()
             .map(|(at, op)| {
-                let nch = dc.channels_for(op.count * op.dtype.size());
+                let nch = p2p_channels(&dc, &p2p_ops, op.count * op.dtype.size());
                 let api = p.api.op(*at);
                 p.comm.running(p.comm.p2p(mask, op, nch, g.handle(), api))
             })
@@ -548,7 +549,8 @@ pub(crate) fn execute(
                 p2p,
             }));
         }
-        let r = dc.p2p(&sends, &recvs, count, dtype, stream(msgs[0]));
+        let nch = p2p_channels(&dc, &p2p, bytes);
+        let r = dc.p2p_on(&sends, &recvs, count, dtype, stream(msgs[0]), nch);
         dc.run_for(None);
         r?;
         drop(launched);
@@ -558,6 +560,26 @@ pub(crate) fn execute(
         fence_group(&dc, w, seqs);
     }
     Ok(())
+}
+
+/// The channels a group's messages of `bytes` run on: the default for
+/// the size, within the calls' own CTA bounds (`op.call`: an all-to-all's,
+/// a gather's or a scatter's, which become such messages) where every
+/// message of the size carries the same bounds. Both ends of a message
+/// must use alike: every rank of such a call passes the same bounds; a
+/// group that mixes them with other messages of the size keeps the
+/// default, so its peers' groups must mix alike (as NCCL, which asks
+/// every rank of a call for the same config).
+fn p2p_channels(dc: &DeviceComm, p2p: &[&Op], bytes: usize) -> usize {
+    let n = dc.channels_for(bytes);
+    let mut calls = p2p
+        .iter()
+        .filter(|op| op.count * op.dtype.size() == bytes)
+        .map(|op| op.call);
+    match calls.next() {
+        Some(c) if calls.all(|o| o == c) => c.narrow(n, 1, dc.config().channels),
+        _ => n,
+    }
 }
 
 /// Records a fence behind a group's collectives `seqs` and hands both to

@@ -655,6 +655,23 @@ impl DeviceComm {
         dtype: DataType,
         stream: RawStream,
     ) -> Result<()> {
+        let nch = self.channels_for(count * dtype.size());
+        self.p2p_on(sends, recvs, count, dtype, stream, nch)
+    }
+
+    /// [`DeviceComm::p2p`] on `channels` thread blocks (at most the
+    /// window's), which both ends of every message must use alike: a
+    /// call's own CTA bounds (all-to-all, gather, scatter), which every
+    /// rank of the call passes.
+    pub fn p2p_on(
+        &mut self,
+        sends: &[(usize, u64)],
+        recvs: &[(usize, u64)],
+        count: usize,
+        dtype: DataType,
+        stream: RawStream,
+        channels: usize,
+    ) -> Result<()> {
         self.window.check_active()?;
         for &(p, _) in sends.iter().chain(recvs) {
             self.check_peer("send/recv", "peer", p, true)?;
@@ -665,7 +682,7 @@ impl DeviceComm {
             return Ok(());
         }
         let bytes = count * dtype.size();
-        let nch = self.channels_for(bytes);
+        let nch = channels.clamp(1, self.cfg.channels.max(1));
         let me = self.rank;
         let self_sends: Vec<u64> = sends.iter().filter(|s| s.0 == me).map(|s| s.1).collect();
         let self_recvs: Vec<u64> = recvs.iter().filter(|r| r.0 == me).map(|r| r.1).collect();
