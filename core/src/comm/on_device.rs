@@ -441,6 +441,7 @@ pub(crate) fn execute(
     for (at, (op, _)) in colls {
         let coll = op.kind.coll().expect("a collective");
         let choice = choose(&dc, &tuning, coll, op);
+        dc.hold_protocol(op.call.proto);
         debug!(target: "oxccl::coll", "{}: {} on {} channel(s), {}", op.describe(), choice.algo.name(), choice.channels, dc.protocol(op.count * op.dtype.size()).name());
         let event = match (p, &group) {
             (Some(p), Some(g)) => {
@@ -469,6 +470,7 @@ pub(crate) fn execute(
             }));
         }
         let r = dc.collective(coll, Some(choice), i, o, n, t, op.redop, s);
+        dc.hold_protocol(None);
         dc.run_for(None);
         r?;
         drop(launched);

@@ -139,6 +139,9 @@ pub struct DeviceComm {
     announce: bool,
     /// The events the next launches run for (see [`ProxyParents`]).
     parents: Option<ProxyParents>,
+    /// The protocol the next launches are held to (a call's own, see
+    /// [`DeviceComm::hold_protocol`]).
+    held: Option<Proto>,
 }
 
 /// The profiler events of the operations the next launches run, which
@@ -230,6 +233,7 @@ impl DeviceComm {
             released: false,
             announce: false,
             parents: None,
+            held: None,
         })
     }
 
@@ -815,12 +819,27 @@ impl DeviceComm {
     }
 
     /// The protocol an operation of `bytes` per rank runs with: LL where
-    /// the window has an LL FIFO and the size is within rank 0's bound.
+    /// the window has an LL FIFO and the size is within rank 0's bound,
+    /// unless the call holds it to Simple ([`DeviceComm::hold_protocol`]).
     pub fn protocol(&self, bytes: usize) -> Proto {
-        match self.window.ll_max_bytes {
-            Some(max) if bytes <= max => Proto::Ll,
+        match (self.window.ll_max_bytes, self.held) {
+            (_, Some(Proto::Simple)) => Proto::Simple,
+            (Some(max), _) if bytes <= max => Proto::Ll,
             _ => Proto::Simple,
         }
+    }
+
+    /// Holds the next launches to `proto` (a call's `algSelection`), or
+    /// frees them (`None`). LL needs an LL FIFO, which only a window with
+    /// peers through host memory has, and is taken there within the LL
+    /// bound only, as without a hold: beyond it, or without the FIFO, the
+    /// launch runs Simple. Every rank of the call holds alike.
+    pub fn hold_protocol(&mut self, proto: Option<Proto>) {
+        if proto == Some(Proto::Ll) && self.window.ll_max_bytes.is_none() {
+            static NO_LL: std::sync::Once = std::sync::Once::new();
+            NO_LL.call_once(|| tracing::warn!(target: "oxccl::coll", "rank {}: a call's algSelection asks for the LL protocol, which this communicator's kernels have only towards peers through host memory (none here): it runs Simple", self.rank));
+        }
+        self.held = proto;
     }
 
     /// Operations of at most this many bytes per rank run LL (`None`:
