@@ -10,6 +10,7 @@ use oxccl_plugin::Net;
 use tracing::{debug, info, warn};
 
 use super::device_watch::{DeviceWatch, Watched};
+use super::kernel_events::HostChannels;
 use crate::algo::{self, cost, Algo, Region, Step};
 use crate::bootstrap::{Bootstrap, PeerCall, PeerProgress};
 use crate::config::Config;
@@ -686,7 +687,12 @@ impl Core {
                     _ => Vec::new(),
                 };
                 let p2p: Vec<&(Op, OpBuffers)> = p2p.into_iter().map(|(_, x)| x).collect();
+                let channels: Vec<_> = evs
+                    .iter()
+                    .filter_map(|&h| HostChannels::start(prof, mask, Some(h), 1))
+                    .collect();
                 let r = self.run_p2p(&mut conns, &p2p, &evs, mask);
+                drop(channels);
                 if let Some(p) = prof {
                     evs.into_iter().for_each(|h| p.stop(h));
                 }
@@ -792,6 +798,13 @@ impl Core {
             (Some(p), Some((g, api))) => Some(p.running(p.coll(mask, op, Some(algo), nch, g, api))),
             _ => None,
         };
+        // Its channels' events, stopped (dropped) before the event above.
+        let _channels = HostChannels::start(
+            self.profiler.as_deref(),
+            mask,
+            event.as_ref().map(|e| e.handle()),
+            nch,
+        );
         // The parent of the proxy ops, only when they are started.
         let parents = match &event {
             Some(e) if mask & PROXY_OP_BITS != 0 => vec![e.handle()],
@@ -911,6 +924,12 @@ impl Core {
             (Some(p), Some((g, api))) => Some(p.running(p.coll(mask, op, None, threads, g, api))),
             _ => None,
         };
+        let channels = HostChannels::start(
+            self.profiler.as_deref(),
+            mask,
+            event.as_ref().map(|e| e.handle()),
+            threads,
+        );
         let what = || format!("{} #{seq}", op.describe());
         debug!(target: "oxccl::coll", rank = self.rank, "{}: Direct ({route:?})", what());
         let ctx = self.ctx(&what, Some(seq), mask);
@@ -934,6 +953,7 @@ impl Core {
                 d.run(plan, threads, post, bufs, reducer, elem, &ctx)
             }
         };
+        drop(channels);
         drop(event);
         if r.is_err() {
             // Whatever ended it, peers must not take this rank's words for
