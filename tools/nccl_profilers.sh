@@ -33,9 +33,10 @@
 # `run` gives the Inspector a stand-in driver with those calls alone
 # (device 0, a zero UUID; HOST_DRIVER=0 turns it off) and
 # NCCL_INSPECTOR_REQUIRE_KERNEL_TIMING=0: it then starts, tracks every
-# collective and p2p, and writes no record, because it completes an
-# operation only when the last of its kernel-channel events stops
-# (inspector_plugin.cc), and host memory runs no kernel.
+# collective and p2p, and writes a record for each: it completes an
+# operation when the last of its kernel-channel events stops
+# (inspector_plugin.cc), which oxccl reports on host memory too, one per
+# lane, timed with the host's clock.
 # Nothing of NCCL is copied into oxccl: the sources stay in OUTDIR/src.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -7,9 +7,15 @@
 //!   for this call; the maximum never exceeds the communicator's, a
 //!   minimum above the maximum is dropped, values outside 1..=128 are
 //!   ignored and NCCL_MIN_CTAS / NCCL_MAX_CTAS, where set, win (NCCL's
-//!   order: environment, then the call, then the communicator).
+//!   order: environment, then the call, then the communicator). All-to-all,
+//!   gather and scatter run as grouped sends and receives: their kernels
+//!   take the bounds too, as long as the group's messages of a size all
+//!   carry the same (see `oxccl::comm::on_device`).
 //! - `algSelection`, `forceAlgSelection`: NCCL's selection grammar; the
-//!   RING and TREE rows are oxccl's ring and trees. A selection left with
+//!   RING and TREE rows are oxccl's ring and trees, and their protocol
+//!   suffix (`_LL`, `_SIMPLE`) holds the call to that protocol on the GPU
+//!   path where the entries left name one; LL128 alone is refused when
+//!   forced (oxccl has LL and Simple), else falls back. A selection left with
 //!   neither for the collective is an error naming it when forced, else
 //!   the call falls back to the automatic choice (an INFO says so).
 //! - `cgaClusterSize`, `CTAPolicy`: checked as NCCL checks them; like the
@@ -25,6 +31,7 @@ use std::sync::Once;
 
 use oxccl::algo::Algo;
 use oxccl::exec::device::config::MAX_CHANNELS;
+use oxccl::transport::layout::Proto;
 use oxccl::{CallOptions, Error};
 
 use crate::types::*;
@@ -210,6 +217,35 @@ fn select(sel: &str, func: Func) -> Result<Option<Algo>, String> {
     }
 }
 
+/// The protocol a selection holds `func` to, from the entries it leaves
+/// that oxccl runs (RING_*, TREE_*; their suffix is the protocol):
+/// `Ok(Some)` where those name one protocol oxccl has (LL128 among others
+/// is dropped), `Ok(None)` where they name LL and SIMPLE both, or none is
+/// left; `Err(why)` where they name LL128 only, which oxccl lacks.
+fn protocol(sel: &str, func: Func) -> Result<Option<Proto>, String> {
+    let mask = parse_selection(sel)?;
+    let mut protos: Vec<&str> = REGISTRY
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| mask & (1 << i) != 0 && e.funcs.contains(&func) && e.ours.is_some())
+        .filter_map(|(_, e)| e.name.rsplit('_').next())
+        .collect();
+    protos.sort_unstable();
+    protos.dedup();
+    if protos == ["LL128"] {
+        return Err(format!(
+            "it holds {} to the LL128 protocol, which oxccl does not have (its protocols are LL and Simple)",
+            func.name()
+        ));
+    }
+    protos.retain(|p| *p != "LL128");
+    Ok(match protos.as_slice() {
+        ["LL"] => Some(Proto::Ll),
+        ["SIMPLE"] => Some(Proto::Simple),
+        _ => None,
+    })
+}
+
 fn once(flag: &'static Once, f: impl FnOnce()) {
     flag.call_once(f);
 }
@@ -328,7 +364,7 @@ pub(crate) fn read(
             min = None;
         }
         if !func.on_rings() {
-            tracing::info!(target: "oxccl::coll", "ncclCollConfig_t minCTAs/maxCTAs: {} runs as grouped sends and receives on the communicator's channels; the bounds hold the ring and tree collectives", func.name());
+            tracing::debug!(target: "oxccl::coll", "ncclCollConfig_t minCTAs/maxCTAs: {} runs as grouped sends and receives, whose kernels take the bounds (every rank of the call must pass the same)", func.name());
         }
     }
     out.call.min_ctas = min;
@@ -342,6 +378,17 @@ pub(crate) fn read(
                     tracing::debug!(target: "oxccl::coll", "algSelection {sel:?}: {} runs on {}", func.name(), a.name());
                 }
                 out.call.algo = algo;
+                match protocol(&sel, func) {
+                    Ok(p) => out.call.proto = p,
+                    Err(why) if c.forceAlgSelection == 1 => {
+                        return Err(Error::InvalidArgument(format!(
+                            "ncclCollConfig_t algSelection {sel:?} cannot be honoured: {why} (set forceAlgSelection=0 to fall back to the automatic choice)"
+                        )))
+                    }
+                    Err(why) => {
+                        tracing::info!(target: "oxccl::coll", "ncclCollConfig_t algSelection {sel:?}: {why}; the protocol falls back to the automatic choice")
+                    }
+                }
             }
             Err(why) if c.forceAlgSelection == 1 => {
                 return Err(Error::InvalidArgument(format!(
@@ -398,6 +445,29 @@ mod tests {
         // Only the ring serves broadcast; nothing serves all-to-all.
         assert!(select("tree", Func::Broadcast).is_err());
         assert!(select("ring", Func::AlltoAll).is_err());
+        // The protocol is the entries' suffix; LL128 is not oxccl's.
+        assert_eq!(protocol("RING_LL", Func::AllReduce), Ok(Some(Proto::Ll)));
+        assert_eq!(
+            protocol("ring_simple,tree_simple", Func::AllReduce),
+            Ok(Some(Proto::Simple))
+        );
+        assert_eq!(
+            protocol("ring", Func::AllReduce),
+            Ok(None),
+            "LL and SIMPLE both"
+        );
+        assert_eq!(
+            protocol("ring+^ring_simple", Func::AllReduce),
+            Ok(Some(Proto::Ll)),
+            "LL128 dropped"
+        );
+        assert_eq!(
+            protocol("tree,ring_ll", Func::Broadcast),
+            Ok(Some(Proto::Ll)),
+            "trees do not broadcast"
+        );
+        let e = protocol("RING_LL128", Func::AllGather).unwrap_err();
+        assert!(e.contains("LL128"), "{e}");
         let e = select("NVLS", Func::AllReduce).unwrap_err();
         assert!(
             e.contains("NVLS_SIMPLE") && e.contains("RING and TREE"),

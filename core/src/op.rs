@@ -108,6 +108,11 @@ pub struct CallOptions {
     /// NCCL_ALGO holds a communicator: `Tree` admits both tree-shaped
     /// all-reduces, `Ring` the ring.
     pub algo: Option<Algo>,
+    /// The protocol the call is held to (`algSelection`'s `_LL` or
+    /// `_SIMPLE` entries), where the device path has it: LL only where
+    /// the window has LL FIFOs (peers through host memory), for sizes
+    /// within their bound; else Simple. Host memory has one protocol.
+    pub proto: Option<crate::transport::layout::Proto>,
 }
 
 impl CallOptions {

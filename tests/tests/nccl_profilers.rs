@@ -63,7 +63,7 @@ fn build(dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// One begin/end pair of the example's trace, with what it printed inside.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Node {
     name: String,
     cat: String,
@@ -239,7 +239,8 @@ fn check_example(lib: &Path, dir: &Path) {
         // Per rank: a group API event per call outside a group and one for
         // the group; an API event per call; no Group events (NCCL gives
         // them no parent, and the example keeps none without one), no
-        // kernel launches or kernel channels on host memory.
+        // kernel launches on host memory; kernel-channel events ("GPU"),
+        // one per channel of each operation, are checked below.
         let kinds = [
             "GROUP_API",
             "COLL_API",
@@ -247,11 +248,11 @@ fn check_example(lib: &Path, dir: &Path) {
             "COLL",
             "P2P",
             "KERNEL_LAUNCH",
-            "GPU",
             "GROUP",
         ];
         let got: Vec<usize> = kinds.iter().map(|k| count(k)).collect();
-        assert_eq!(got, [5, 4, 2, 4, 2, 0, 0, 0], "rank {rank}: {kinds:?}");
+        assert_eq!(got, [5, 4, 2, 4, 2, 0, 0], "rank {rank}: {kinds:?}");
+        let mut channels = 0;
         let depths: Vec<u64> = roots
             .iter()
             .filter(|g| g.cat == "GROUP_API")
@@ -286,7 +287,30 @@ fn check_example(lib: &Path, dir: &Path) {
                     } else {
                         assert_eq!(n.args["Peer"], (1 - rank) as u64, "{n:?}");
                     }
-                    let ops = check_proxy_ops(rank, &n.kids, &n.name);
+                    // Host memory runs no kernel, but reports the channels
+                    // (lanes) each operation ran on as kernel-channel
+                    // events, host clock times, for profilers that
+                    // complete an operation on them (the Inspector).
+                    // The example prints a channel's proxy ops inside its
+                    // kernel-channel event.
+                    let (gpu, kids): (Vec<&Node>, Vec<&Node>) =
+                        n.kids.iter().partition(|k| k.cat == "GPU");
+                    assert!(!gpu.is_empty(), "rank {rank}: {n:?} has no KernelCh");
+                    for k in &gpu {
+                        let clk = |f: &str| k.args[f].as_u64().unwrap();
+                        assert!(
+                            clk("StartGpuClk") > 0 && clk("StopGpuClk") >= clk("StartGpuClk"),
+                            "rank {rank}: {k:?}"
+                        );
+                    }
+                    channels += gpu.len();
+                    let kids: Vec<Node> = gpu
+                        .iter()
+                        .flat_map(|k| k.kids.iter())
+                        .chain(kids)
+                        .cloned()
+                        .collect();
+                    let ops = check_proxy_ops(rank, &kids, &n.name);
                     assert!(ops >= 1, "rank {rank}: {n:?} has no proxy op");
                     proxy += ops;
                 }
@@ -354,7 +378,7 @@ fn check_example(lib: &Path, dir: &Path) {
             assert!(n.e >= n.b, "{n:?}");
         }
         eprintln!(
-            "rank {rank}: {} events, {proxy} proxy ops, {} proxy-control events (appended {appends:?}), {} socket events (inside {parents:?})",
+            "rank {rank}: {} events, {proxy} proxy ops, {channels} kernel-channel events, {} proxy-control events (appended {appends:?}), {} socket events (inside {parents:?})",
             all.len(),
             ctrl.len(),
             socks.len()
@@ -405,6 +429,86 @@ fn check_inspector(lib: &Path, dir: &Path) {
             );
         }
     }
+    // With a driver (the build's host-only stand-in where none is
+    // installed) it runs, and completes each operation when its last
+    // kernel-channel event stops: host memory reports one per lane.
+    let stand_in = lib.join("../hostdrv");
+    if !driver && !stand_in.join("libcuda.so.1").exists() {
+        eprintln!("Inspector records not checked: no CUDA driver and no stand-in");
+        return;
+    }
+    let dump = dir.join("inspector-records");
+    let dump_s = dump.display().to_string();
+    let mut path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    if !driver {
+        path = format!("{}:{path}", stand_in.display());
+    }
+    let env = [
+        ("NCCL_PROFILER_PLUGIN", plugin.as_str()),
+        ("NCCL_INSPECTOR_ENABLE", "1"),
+        ("NCCL_INSPECTOR_DUMP_DIR", dump_s.as_str()),
+        ("NCCL_INSPECTOR_DUMP_VERBOSE", "1"),
+        ("NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES", "0"),
+        ("NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS", "500"),
+        ("LD_LIBRARY_PATH", path.as_str()),
+    ];
+    let done = spawn(name, 2, &env, Duration::from_secs(120));
+    assert_all_ok(&done);
+    let mut recs: std::collections::BTreeMap<(u64, String, String), usize> = Default::default();
+    for f in files_under(&dump) {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        for v in serde_json::Deserializer::from_str(&text).into_iter::<serde_json::Value>() {
+            let Ok(v) = v else { break };
+            for k in ["coll_perf", "p2p_perf"] {
+                if let Some(p) = v.get(k) {
+                    let op = p
+                        .get("coll")
+                        .or_else(|| p.get("p2p_operation"))
+                        .and_then(|o| o.as_str())
+                        .unwrap_or("?");
+                    let rank = v["header"]["rank"].as_u64().unwrap_or(u64::MAX);
+                    *recs
+                        .entry((rank, k.to_string(), op.to_string()))
+                        .or_default() += 1;
+                }
+            }
+        }
+    }
+    eprintln!("Inspector records: {recs:?}");
+    for rank in 0..2u64 {
+        let colls: Vec<&String> = recs
+            .keys()
+            .filter(|(r, k, _)| *r == rank && k == "coll_perf")
+            .map(|(_, _, op)| op)
+            .collect();
+        assert!(
+            !colls.is_empty(),
+            "rank {rank}: the Inspector wrote no collective record: {recs:?}"
+        );
+        assert!(
+            colls
+                .iter()
+                .all(|op| ["AllReduce", "Broadcast"].contains(&op.as_str())),
+            "rank {rank}: {recs:?}"
+        );
+    }
+}
+
+/// Every file under `dir`, at any depth.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
 }
 
 #[test]

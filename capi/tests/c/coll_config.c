@@ -181,10 +181,20 @@ int main(void) {
   nvls.algSelection = "bogus";
   expect_error(ncclReduceScatterConfig(s, d, 10, ncclFloat32, ncclSum, comm, NULL, &nvls), ncclInvalidArgument,
                "unknown name", "bogus");
+  /* The protocol is the entries' suffix: LL128 alone is not oxccl's. */
+  nvls.algSelection = "RING_LL128";
+  expect_error(ncclAllGatherConfig(s, d, 10, ncclFloat32, comm, NULL, &nvls), ncclInvalidArgument,
+               "forced LL128", "LL128");
   /* Not forced: the call falls back to the automatic choice. */
-  nvls.algSelection = "NVLS";
   nvls.forceAlgSelection = 0;
+  run_all(comm, &nvls, 300, "RING_LL128, not forced");
+  nvls.algSelection = "NVLS";
   run_all(comm, &nvls, 300, "NVLS, not forced");
+  /* One protocol oxccl has: honoured (on host memory, one protocol runs). */
+  ncclCollConfig_t ll = NCCL_COLLCONFIG_INITIALIZER;
+  ll.algSelection = "ring_ll,tree_ll";
+  ll.forceAlgSelection = 0; /* all-to-all, gather and scatter have neither */
+  run_all(comm, &ll, 300, "RING_LL and TREE_LL");
   free(s), free(d);
 
   CHECK(ncclCommDestroy(comm));

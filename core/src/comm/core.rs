@@ -9,8 +9,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use oxccl_plugin::Net;
 use tracing::{debug, info, warn};
 
+use super::device_watch::{DeviceWatch, Watched};
+use super::kernel_events::HostChannels;
 use crate::algo::{self, cost, Algo, Region, Step};
-use crate::bootstrap::{Bootstrap, PeerProgress};
+use crate::bootstrap::{Bootstrap, PeerCall, PeerProgress};
 use crate::config::Config;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Failure, Result};
@@ -212,6 +214,9 @@ pub(crate) struct Core {
     direct: Option<exec::direct::Direct>,
     /// The first failure record of an operation here, kept through a revoke.
     failure: Mutex<Option<Failure>>,
+    /// On a GPU: the thread that watches launched collectives until they
+    /// end, for a peer that called another count ([`Core::start_watch`]).
+    watch: std::sync::OnceLock<DeviceWatch>,
 }
 
 /// What the ranks must agree on about collective `seq`, `op`.
@@ -368,7 +373,18 @@ impl Core {
             shrink_share: false,
             direct,
             failure: Mutex::new(None),
+            watch: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Starts the watch of a GPU communicator's launched collectives
+    /// (nothing on host memory), once the core is shared.
+    pub fn start_watch(self: &Arc<Self>) -> Result<()> {
+        if self.device.is_some() && self.watch.get().is_none() {
+            let w = DeviceWatch::start(Arc::downgrade(self), self.rank, self.nranks)?;
+            let _ = self.watch.set(w);
+        }
+        Ok(())
     }
 
     /// Establishes the connections a set of lanes needs.
@@ -450,6 +466,9 @@ impl Core {
     /// A failure found after the call that enqueued it returned (the
     /// device path's network proxy stopped), as NCCL's asynchronous error.
     pub fn async_failure(&self) -> Option<Error> {
+        if let Some(e) = self.watch.get().and_then(DeviceWatch::failure) {
+            return Some(e);
+        }
         let dc = self.device.as_ref()?.0.lock().ok()?;
         dc.failure()
     }
@@ -574,11 +593,28 @@ impl Core {
             ));
         }
         if let Some(GpuPath(dc, _)) = &self.device {
-            let n = ops
+            let colls: Vec<&Op> = ops
                 .iter()
-                .filter(|(op, _)| op.kind.coll().is_some())
-                .count() as u64;
+                .map(|(op, _)| op)
+                .filter(|op| op.kind.coll().is_some())
+                .collect();
+            let n = colls.len() as u64;
             let seq = self.seq.fetch_add(n, Ordering::SeqCst);
+            // As on host memory (`run_collective`): what each collective
+            // is, for peers whose watch asks (`device_watch`), a count of
+            // 0 too.
+            for (at, op) in (seq..).zip(&colls) {
+                self.bootstrap.record_call(at, header_of(op, at).encode());
+            }
+            if n > 0 {
+                self.bootstrap.progress().store(seq + n, Ordering::SeqCst);
+            }
+            let watch = self.watch.get();
+            // The watch ended this communicator's device work: its kernels
+            // no longer wait for their peers.
+            if let Some(e) = watch.and_then(DeviceWatch::failure) {
+                return Err(e);
+            }
             let prof = self
                 .profiler
                 .as_ref()
@@ -595,7 +631,8 @@ impl Core {
                 forced: self.forced_algo,
                 checks: !self.cfg.checks_disable,
             };
-            return super::on_device::execute(dc, ops, tuning, prof).map_err(|e| {
+            let watch = watch.map(|w| (w, seq..seq + n));
+            return super::on_device::execute(dc, ops, tuning, prof, watch).map_err(|e| {
                 // Ended by a revoke or abort: no peer failed.
                 if let Some(stopped) = self.stop.error("operation") {
                     return stopped;
@@ -650,7 +687,12 @@ impl Core {
                     _ => Vec::new(),
                 };
                 let p2p: Vec<&(Op, OpBuffers)> = p2p.into_iter().map(|(_, x)| x).collect();
+                let channels: Vec<_> = evs
+                    .iter()
+                    .filter_map(|&h| HostChannels::start(prof, mask, Some(h), 1))
+                    .collect();
                 let r = self.run_p2p(&mut conns, &p2p, &evs, mask);
+                drop(channels);
                 if let Some(p) = prof {
                     evs.into_iter().for_each(|h| p.stop(h));
                 }
@@ -756,6 +798,13 @@ impl Core {
             (Some(p), Some((g, api))) => Some(p.running(p.coll(mask, op, Some(algo), nch, g, api))),
             _ => None,
         };
+        // Its channels' events, stopped (dropped) before the event above.
+        let _channels = HostChannels::start(
+            self.profiler.as_deref(),
+            mask,
+            event.as_ref().map(|e| e.handle()),
+            nch,
+        );
         // The parent of the proxy ops, only when they are started.
         let parents = match &event {
             Some(e) if mask & PROXY_OP_BITS != 0 => vec![e.handle()],
@@ -875,6 +924,12 @@ impl Core {
             (Some(p), Some((g, api))) => Some(p.running(p.coll(mask, op, None, threads, g, api))),
             _ => None,
         };
+        let channels = HostChannels::start(
+            self.profiler.as_deref(),
+            mask,
+            event.as_ref().map(|e| e.handle()),
+            threads,
+        );
         let what = || format!("{} #{seq}", op.describe());
         debug!(target: "oxccl::coll", rank = self.rank, "{}: Direct ({route:?})", what());
         let ctx = self.ctx(&what, Some(seq), mask);
@@ -898,6 +953,7 @@ impl Core {
                 d.run(plan, threads, post, bufs, reducer, elem, &ctx)
             }
         };
+        drop(channels);
         drop(event);
         if r.is_err() {
             // Whatever ended it, peers must not take this rank's words for
@@ -1246,8 +1302,51 @@ impl Core {
     }
 }
 
+impl Watched for Core {
+    fn own_call(&self, seq: u64) -> Option<[u8; crate::bootstrap::CALL_BYTES]> {
+        self.bootstrap.own_call(seq)
+    }
+
+    fn ask(&self, peers: &[usize], seq: u64, wait: std::time::Duration) -> Vec<(usize, PeerCall)> {
+        self.bootstrap.query_call(peers, seq, wait)
+    }
+
+    fn remote_failure(&self) -> Option<(usize, String)> {
+        self.bootstrap.remote_failure()
+    }
+
+    /// Records and tells the other ranks first (a peer's notice ends their
+    /// watch), then ends this rank's kernels and releases its stream waits,
+    /// as a revoke does.
+    fn fail(&self, e: Error, seq: u64) -> Error {
+        let op = self
+            .bootstrap
+            .own_call(seq)
+            .and_then(|b| OpHeader::decode(&b))
+            .and_then(|h| exec::header::KIND_NAMES.get(h.kind as usize).copied())
+            .unwrap_or("collective");
+        let e = self.failed(e, Some(seq), op);
+        self.stop_device();
+        if let Some(GpuPath(dc, _)) = &self.device {
+            // An enqueue may hold the lock a while; the kernels have ended
+            // their waits already, the stream waits are released here.
+            for _ in 0..1000 {
+                if let Ok(mut dc) = dc.try_lock() {
+                    let _ = dc.settle();
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        e
+    }
+}
+
 impl Drop for Core {
     fn drop(&mut self) {
+        if let Some(w) = self.watch.get() {
+            w.close();
+        }
         // The connections deregister the host path's slots as they close:
         // they go first, while that memory still exists.
         let conns = self.conns.get_mut().unwrap_or_else(PoisonError::into_inner);

@@ -188,6 +188,74 @@ impl KernelSink for ToProfiler<'_> {
     }
 }
 
+/// KernelCh events of an operation on host memory, one per channel (lane
+/// or thread) under its event, as the device path reports its kernels'
+/// channels. Host memory runs no kernel, but profilers complete an
+/// operation on its channel events: NCCL's Inspector writes a record only
+/// once the last of them stops. Started at the host's clock (ns since the
+/// epoch, as the GPU's global timer counts; a profiler takes them for
+/// kernel times, which on host memory are the lanes' own) when made,
+/// stopped with a
+/// KernelChStop state at that clock when dropped (before the operation's
+/// own event stops: declare it after).
+pub(crate) struct HostChannels<'a> {
+    prof: &'a ProfilerComm,
+    events: Vec<Handle>,
+}
+
+impl<'a> HostChannels<'a> {
+    /// `None` without a profiler, an event to hang under, or the
+    /// KernelCh bit in `mask`.
+    pub fn start(
+        prof: Option<&'a ProfilerComm>,
+        mask: i32,
+        parent: Option<Handle>,
+        channels: usize,
+    ) -> Option<HostChannels<'a>> {
+        let (prof, parent) = (prof?, parent?);
+        if mask & NCCL_PROFILE_KERNEL_CH == 0 || parent == Handle::NONE {
+            return None;
+        }
+        let t = host_ns();
+        // As many as the operation's event reported (its nChannels, at
+        // most 32: the array plugins keep them in).
+        let events = (0..reported_channels(channels.max(1)))
+            .map(|c| {
+                prof.start(
+                    mask,
+                    Event::KernelCh {
+                        parent,
+                        channel: c as u8,
+                        p_timer: t,
+                    },
+                )
+            })
+            .collect();
+        Some(HostChannels { prof, events })
+    }
+}
+
+impl Drop for HostChannels<'_> {
+    fn drop(&mut self) {
+        let t = host_ns();
+        for &ev in &self.events {
+            self.prof.record(
+                ev,
+                NCCL_PROFILER_KERNEL_CH_STOP,
+                StateArgs::KernelCh { p_timer: t },
+            );
+            self.prof.stop(ev);
+        }
+    }
+}
+
+/// The host's clock for [`HostChannels`]: nanoseconds since the epoch.
+fn host_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// How often a launch in flight is looked at: the times themselves come
 /// from the GPU, so this only bounds how late an event is reported.
 const POLL: Duration = Duration::from_micros(20);

@@ -3,6 +3,7 @@
 
 mod collnet;
 mod core;
+mod device_watch;
 mod elastic;
 mod hier;
 mod ident;
@@ -514,6 +515,7 @@ impl Comm {
                     core.split_share = split_share;
                     core.shrink_share = shrink_share;
                     let core = Arc::new(core);
+                    core.start_watch()?;
                     // Before anyone can use it, so that every rank's first
                     // operation already agrees on the layout's splits.
                     let split = hier::made(&core, rank)?;

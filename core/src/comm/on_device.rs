@@ -3,6 +3,7 @@
 //! without waiting (NCCL's contract). The communicator's bootstrap carries
 //! the executor's setup exchange.
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -12,6 +13,7 @@ use crate::bootstrap::Bootstrap;
 use tracing::{debug, info};
 
 use super::core::GpuPath;
+use super::device_watch::DeviceWatch;
 use super::ident::Peers;
 use super::kernel_events::KernelEvents;
 use super::topology::NodeTopo;
@@ -388,11 +390,14 @@ fn choose(dc: &DeviceComm, t: &Tuning<'_>, coll: Coll, op: &Op) -> Choice {
 
 /// Enqueues one group's operations of this communicator: collectives in
 /// order, then the point-to-point messages together.
+/// `watch`: the communicator's watch and the numbers of the group's
+/// collectives, which it watches behind a fence until they end.
 pub(crate) fn execute(
     dc: &Mutex<DeviceComm>,
     ops: &[(Op, OpBuffers)],
     tuning: Tuning<'_>,
     prof: Option<Profiling<'_>>,
+    watch: Option<(&DeviceWatch, Range<u64>)>,
 ) -> Result<()> {
     let mut dc = dc
         .lock()
@@ -436,6 +441,7 @@ pub(crate) fn execute(
     for (at, (op, _)) in colls {
         let coll = op.kind.coll().expect("a collective");
         let choice = choose(&dc, &tuning, coll, op);
+        dc.hold_protocol(op.call.proto);
         debug!(target: "oxccl::coll", "{}: {} on {} channel(s), {}", op.describe(), choice.algo.name(), choice.channels, dc.protocol(op.count * op.dtype.size()).name());
         let event = match (p, &group) {
             (Some(p), Some(g)) => {
@@ -464,6 +470,7 @@ pub(crate) fn execute(
             }));
         }
         let r = dc.collective(coll, Some(choice), i, o, n, t, op.redop, s);
+        dc.hold_protocol(None);
         dc.run_for(None);
         r?;
         drop(launched);
@@ -481,11 +488,12 @@ pub(crate) fn execute(
         .enumerate()
         .filter(|(_, op)| op.kind.coll().is_none())
         .collect();
+    let p2p_ops: Vec<&Op> = p2p_at.iter().map(|(_, op)| *op).collect();
     let p2p_events: Vec<_> = match (p, &group) {
         (Some(p), Some(g)) => p2p_at
             .iter()
             .map(|(at, op)| {
-                let nch = dc.channels_for(op.count * op.dtype.size());
+                let nch = p2p_channels(&dc, &p2p_ops, op.count * op.dtype.size());
                 let api = p.api.op(*at);
                 p.comm.running(p.comm.p2p(mask, op, nch, g.handle(), api))
             })
@@ -543,13 +551,62 @@ pub(crate) fn execute(
                 p2p,
             }));
         }
-        let r = dc.p2p(&sends, &recvs, count, dtype, stream(msgs[0]));
+        let nch = p2p_channels(&dc, &p2p, bytes);
+        let r = dc.p2p_on(&sends, &recvs, count, dtype, stream(msgs[0]), nch);
         dc.run_for(None);
         r?;
         drop(launched);
         track(&mut dc, &parents);
     }
+    if let Some((w, seqs)) = watch.filter(|(_, s)| !s.is_empty()) {
+        fence_group(&dc, w, seqs);
+    }
     Ok(())
+}
+
+/// The channels a group's messages of `bytes` run on: the default for
+/// the size, within the calls' own CTA bounds (`op.call`: an all-to-all's,
+/// a gather's or a scatter's, which become such messages) where every
+/// message of the size carries the same bounds. Both ends of a message
+/// must use alike: every rank of such a call passes the same bounds; a
+/// group that mixes them with other messages of the size keeps the
+/// default, so its peers' groups must mix alike (as NCCL, which asks
+/// every rank of a call for the same config).
+fn p2p_channels(dc: &DeviceComm, p2p: &[&Op], bytes: usize) -> usize {
+    let n = dc.channels_for(bytes);
+    let mut calls = p2p
+        .iter()
+        .filter(|op| op.count * op.dtype.size() == bytes)
+        .map(|op| op.call);
+    match calls.next() {
+        Some(c) if calls.all(|o| o == c) => c.narrow(n, 1, dc.config().channels),
+        _ => n,
+    }
+}
+
+/// Records a fence behind a group's collectives `seqs` and hands both to
+/// the watch ([`DeviceWatch`]); where none is recorded (a graph capture,
+/// an event that cannot be made) the group goes unwatched, as before the
+/// watch: its kernels end at NCCL_TIMEOUT if a peer never comes.
+fn fence_group(dc: &DeviceComm, w: &DeviceWatch, seqs: Range<u64>) {
+    let fence = match w.take_fence() {
+        Some(f) => f,
+        None => match crate::cuda::Event::new(dc.context(), false) {
+            Ok(f) => f,
+            Err(e) => {
+                debug!(target: "oxccl::coll", "collectives #{}..#{} go unwatched: {e}", seqs.start, seqs.end);
+                return;
+            }
+        },
+    };
+    match dc.fence(&fence) {
+        Ok(true) => w.launched(seqs, fence),
+        Ok(false) => w.give_back(fence),
+        Err(e) => {
+            debug!(target: "oxccl::coll", "collectives #{}..#{} go unwatched: {e}", seqs.start, seqs.end);
+            w.give_back(fence);
+        }
+    }
 }
 
 /// Times this group's launches when the mask asks for kernel-channel

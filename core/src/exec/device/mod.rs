@@ -139,6 +139,9 @@ pub struct DeviceComm {
     announce: bool,
     /// The events the next launches run for (see [`ProxyParents`]).
     parents: Option<ProxyParents>,
+    /// The protocol the next launches are held to (a call's own, see
+    /// [`DeviceComm::hold_protocol`]).
+    held: Option<Proto>,
 }
 
 /// The profiler events of the operations the next launches run, which
@@ -230,6 +233,7 @@ impl DeviceComm {
             released: false,
             announce: false,
             parents: None,
+            held: None,
         })
     }
 
@@ -260,6 +264,17 @@ impl DeviceComm {
         match self.last {
             Some((_, None)) => self.order.query(),
             _ => Ok(true),
+        }
+    }
+
+    /// Records `fence` behind the work enqueued so far (on the last
+    /// operation's stream, after which every earlier operation ends), for
+    /// a host thread to see it end; false where that work went into a
+    /// graph capture or there is none (nothing recorded).
+    pub fn fence(&self, fence: &Event) -> Result<bool> {
+        match self.last {
+            Some((stream, None)) => fence.record(stream).map(|()| true),
+            _ => Ok(false),
         }
     }
 
@@ -644,6 +659,23 @@ impl DeviceComm {
         dtype: DataType,
         stream: RawStream,
     ) -> Result<()> {
+        let nch = self.channels_for(count * dtype.size());
+        self.p2p_on(sends, recvs, count, dtype, stream, nch)
+    }
+
+    /// [`DeviceComm::p2p`] on `channels` thread blocks (at most the
+    /// window's), which both ends of every message must use alike: a
+    /// call's own CTA bounds (all-to-all, gather, scatter), which every
+    /// rank of the call passes.
+    pub fn p2p_on(
+        &mut self,
+        sends: &[(usize, u64)],
+        recvs: &[(usize, u64)],
+        count: usize,
+        dtype: DataType,
+        stream: RawStream,
+        channels: usize,
+    ) -> Result<()> {
         self.window.check_active()?;
         for &(p, _) in sends.iter().chain(recvs) {
             self.check_peer("send/recv", "peer", p, true)?;
@@ -654,7 +686,7 @@ impl DeviceComm {
             return Ok(());
         }
         let bytes = count * dtype.size();
-        let nch = self.channels_for(bytes);
+        let nch = channels.clamp(1, self.cfg.channels.max(1));
         let me = self.rank;
         let self_sends: Vec<u64> = sends.iter().filter(|s| s.0 == me).map(|s| s.1).collect();
         let self_recvs: Vec<u64> = recvs.iter().filter(|r| r.0 == me).map(|r| r.1).collect();
@@ -787,12 +819,27 @@ impl DeviceComm {
     }
 
     /// The protocol an operation of `bytes` per rank runs with: LL where
-    /// the window has an LL FIFO and the size is within rank 0's bound.
+    /// the window has an LL FIFO and the size is within rank 0's bound,
+    /// unless the call holds it to Simple ([`DeviceComm::hold_protocol`]).
     pub fn protocol(&self, bytes: usize) -> Proto {
-        match self.window.ll_max_bytes {
-            Some(max) if bytes <= max => Proto::Ll,
+        match (self.window.ll_max_bytes, self.held) {
+            (_, Some(Proto::Simple)) => Proto::Simple,
+            (Some(max), _) if bytes <= max => Proto::Ll,
             _ => Proto::Simple,
         }
+    }
+
+    /// Holds the next launches to `proto` (a call's `algSelection`), or
+    /// frees them (`None`). LL needs an LL FIFO, which only a window with
+    /// peers through host memory has, and is taken there within the LL
+    /// bound only, as without a hold: beyond it, or without the FIFO, the
+    /// launch runs Simple. Every rank of the call holds alike.
+    pub fn hold_protocol(&mut self, proto: Option<Proto>) {
+        if proto == Some(Proto::Ll) && self.window.ll_max_bytes.is_none() {
+            static NO_LL: std::sync::Once = std::sync::Once::new();
+            NO_LL.call_once(|| tracing::warn!(target: "oxccl::coll", "rank {}: a call's algSelection asks for the LL protocol, which this communicator's kernels have only towards peers through host memory (none here): it runs Simple", self.rank));
+        }
+        self.held = proto;
     }
 
     /// Operations of at most this many bytes per rank run LL (`None`:
