@@ -121,15 +121,16 @@ impl Fabric {
 /// ring's.
 const TREE_EFFICIENCY: f64 = 0.7;
 
-/// The share of a link's bandwidth the log-depth all-gather (PAT) gets:
+/// The share of a link's bandwidth the log-depth all-gather and
+/// reduce-scatter (PAT) get:
 /// its rounds wait for each other where the ring streams, so its messages
 /// do not keep every link busy. NCCL's model (src/tuning/pat.cc, 2.31)
 /// gives PAT three quarters of the ring's bus bandwidth; taken as is.
 const PAT_EFFICIENCY: f64 = 0.75;
 
 /// Whether the model offers PAT: where each rank is on its own node, as
-/// NCCL (src/tuning/pat.cc: nNodes == nRanks), or where NCCL_ALGO asks for
-/// its row.
+/// NCCL (src/tuning/pat.cc, 2.31: nNodes == nRanks, all_gather and
+/// reduce_scatter, SIMPLE only), or where NCCL_ALGO asks for its row.
 fn pat_offered(a: Algo, n: usize, f: &Fabric, forced: Option<Algo>) -> bool {
     a != Algo::Pat || (f.nodes == n && n > 1) || forced == Some(Algo::Pat)
 }
@@ -175,7 +176,8 @@ pub fn predict(
             2.0 * depth * a + 2.0 * b / (TREE_EFFICIENCY * bw)
         }
         (Algo::Pat, _) => {
-            // ceil(log2 n) dependent rounds, n-1 blocks in and out.
+            // ceil(log2 n) dependent rounds, n-1 blocks in and out (both
+            // collectives: the reduce-scatter is the all-gather reversed).
             super::pat::rounds(n) as f64 * a + (nf - 1.0) * b / (PAT_EFFICIENCY * bw)
         }
     })
@@ -604,8 +606,9 @@ mod tests {
     }
 
     /// PAT where every rank is on its own node, as NCCL: small and mid
-    /// all-gathers take it, large ones the ring; on one node only where
-    /// NCCL_ALGO asks for it; never for other collectives.
+    /// all-gathers and reduce-scatters take it, large ones the ring; on
+    /// one node only where NCCL_ALGO asks for it; never for other
+    /// collectives.
     #[test]
     fn pat_with_one_rank_per_node() {
         let net = LinkModel {
@@ -619,6 +622,12 @@ mod tests {
         };
         for n in [5, 64] {
             assert_eq!(choose(Coll::AllGather, 8, n, apart(n), None), Algo::Pat);
+            assert_eq!(choose(Coll::ReduceScatter, 8, n, apart(n), None), Algo::Pat);
+            assert_eq!(
+                choose(Coll::ReduceScatter, 1 << 30, n, apart(n), None),
+                Algo::Ring
+            );
+            assert_eq!(choose(Coll::ReduceScatter, 8, n, net, None), Algo::Ring);
         }
         // Up to three ranks PAT's rounds are the ring's hops, and the ring streams.
         for n in [2, 3] {

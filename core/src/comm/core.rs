@@ -81,7 +81,7 @@ type StagingKey = (usize, Option<(usize, bool)>);
 /// What a host collective's plan depends on, besides this rank and the
 /// ring order (fixed for the communicator): algorithm, collective (with
 /// its root), element count, channels.
-type PlanKey = (Algo, algo::Coll, usize, usize);
+type PlanKey = (Algo, algo::Coll, usize, usize, usize);
 
 /// A host collective's schedules and the containers of its lanes, kept
 /// for the next call of the same shape: a loop of equal calls (a
@@ -768,7 +768,10 @@ impl Core {
             ..header_of(op, seq)
         };
         let reducer = Reducer::new(op.dtype, op.redop, n);
-        let key = (algo, coll, op.count, nch);
+        let esize = op.dtype.size();
+        let key = (algo, coll, op.count, nch, esize);
+        let slice_bytes = (self.cfg.chunk_size as usize).max(64);
+        let join = exec::joinable(slice_bytes, esize);
         let kept = self
             .plan
             .lock()
@@ -779,7 +782,7 @@ impl Core {
             let steps: Vec<Vec<Step>> = (0..nch)
                 .map(|c| {
                     let (lo, hi) = algo::split(0, op.count, nch, c);
-                    algo::schedule_on(algo, coll, self.rank, &self.ring, c, op.count, lo, hi)
+                    algo::schedule_on(algo, coll, self.rank, &self.ring, c, op.count, lo, hi, join)
                 })
                 .collect();
             let (sends, recvs) = peers_of(&steps, 0);
@@ -794,6 +797,16 @@ impl Core {
         });
         self.connect(conns, &plan.sends, &plan.recvs)
             .map_err(|e| self.failed(e.context(what()), Some(seq), coll.name()))?;
+        // PAT's reduce-scatter keeps partial sums for later rounds: room
+        // for them, shared by the channels (each keeps its part of every
+        // block, as in the output), for this call.
+        let mut scratch = Vec::new();
+        let mut bufs = bufs;
+        if algo == Algo::Pat && coll == algo::Coll::ReduceScatter {
+            scratch.resize(algo::pat::scratch_blocks(n) * op.count * esize, 0u8);
+            bufs.scratch = scratch.as_mut_ptr();
+            bufs.scratch_bytes = scratch.len();
+        }
         let mut lanes = std::mem::take(&mut plan.lanes);
         lanes.clear();
         for (c, steps) in plan.steps.drain(..).enumerate() {

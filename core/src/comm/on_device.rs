@@ -644,6 +644,8 @@ mod tests {
             in_bytes: 64,
             output: p,
             out_bytes: 64,
+            scratch: std::ptr::null_mut(),
+            scratch_bytes: 0,
         };
         let e = check_all(0, &[(op, bufs)], true).unwrap_err();
         assert!(
