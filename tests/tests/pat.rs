@@ -4,7 +4,7 @@
 //! on one channel, and parts of blocks on two channels in small slices.
 //! Every count from 2 to 64 (and 1,024) is checked by the simulator
 //! (core/src/algo/sim.rs). And the choice: ranks that are hosts of their
-//! own take PAT for small calls unasked.
+//! own take PAT for small calls unasked, and never under NCCL_ALGO=^PAT.
 
 use oxccl::{DataType, RedOp};
 use oxccl_cli::perf::Case;
@@ -247,4 +247,17 @@ fn pat_chosen_with_one_rank_per_host() {
         return;
     }
     assert!(got.iter().all(|&(pat, _)| pat >= 2), "{got:?}");
+}
+
+/// NCCL_ALGO=^PAT leaves PAT out, and the ring runs instead.
+#[test]
+fn pat_excluded_by_nccl_algo() {
+    let got = choices("pat_excluded_by_nccl_algo", 8, "^PAT");
+    if got.is_empty() {
+        return;
+    }
+    assert!(
+        got.iter().all(|&(pat, ring)| pat == 0 && ring >= 2),
+        "{got:?}"
+    );
 }

@@ -15,7 +15,7 @@ use super::core::GpuPath;
 use super::ident::Peers;
 use super::kernel_events::KernelEvents;
 use super::topology::NodeTopo;
-use crate::algo::{cost, Algo, Coll};
+use crate::algo::{cost, Coll};
 use crate::config::Config;
 use crate::cuda::{pointer_kind, Device, PtrKind, RawStream, SavedCurrent};
 use crate::dtype::DataType;
@@ -342,7 +342,8 @@ pub(crate) struct Profiling<'a> {
 /// the tuner plugin and NCCL_ALGO.
 pub(crate) struct Tuning<'a> {
     pub tuner: Option<&'a TunerComm>,
-    pub forced: Option<Algo>,
+    /// What NCCL_ALGO leaves the cost table.
+    pub held: cost::Held,
     /// Whether buffers are checked before launch (not NCCL_CHECKS_DISABLE).
     pub checks: bool,
 }
@@ -355,7 +356,10 @@ pub(crate) struct Tuning<'a> {
 /// within 1 and the window's channels.
 fn choose(dc: &DeviceComm, t: &Tuning<'_>, coll: Coll, op: &Op) -> Choice {
     let (count, dtype) = (op.count, op.dtype);
-    let forced = op.call.algo.or(t.forced);
+    let forced = match op.call.algo {
+        Some(a) => cost::Held::from(Some(a)),
+        None => t.held,
+    };
     let narrow =
         |c: Choice| Choice::new(c.algo, op.call.narrow(c.channels, 1, dc.config().channels));
     let own = narrow(dc.default_choice(coll, count, dtype, forced));
