@@ -218,6 +218,8 @@ impl Op {
             in_bytes,
             output: self.output,
             out_bytes,
+            scratch: std::ptr::null_mut(),
+            scratch_bytes: 0,
         })
     }
 }

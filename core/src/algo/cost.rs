@@ -121,17 +121,67 @@ impl Fabric {
 /// ring's.
 const TREE_EFFICIENCY: f64 = 0.7;
 
-/// The share of a link's bandwidth the log-depth all-gather (PAT) gets:
+/// The share of a link's bandwidth the log-depth all-gather and
+/// reduce-scatter (PAT) get:
 /// its rounds wait for each other where the ring streams, so its messages
 /// do not keep every link busy. NCCL's model (src/tuning/pat.cc, 2.31)
 /// gives PAT three quarters of the ring's bus bandwidth; taken as is.
 const PAT_EFFICIENCY: f64 = 0.75;
 
+/// What NCCL_ALGO (or a call's algorithm) leaves the model: one row it
+/// holds the choice to, or rows it leaves out (`^PAT`). Where nothing the
+/// setting leaves can run a collective, the ring runs it, as the ring
+/// always can.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    /// The row the choice is held to (any algorithm of NCCL's row).
+    pub forced: Option<Algo>,
+    /// The algorithms left out, by bit `code - 1` ([`Algo::code`]).
+    excluded: u8,
+}
+
+impl From<Option<Algo>> for Held {
+    fn from(forced: Option<Algo>) -> Held {
+        Held {
+            forced,
+            excluded: 0,
+        }
+    }
+}
+
+impl Held {
+    /// Leaves `algos` out (nothing forced).
+    pub fn excluding(algos: &[Algo]) -> Held {
+        Held {
+            forced: None,
+            excluded: algos.iter().fold(0, |m, a| m | 1 << (a.code() - 1)),
+        }
+    }
+
+    /// Whether `a` is left out.
+    pub fn excludes(&self, a: Algo) -> bool {
+        self.excluded & (1 << (a.code() - 1)) != 0
+    }
+
+    /// The algorithms left out, in [`Algo::ALL`]'s order.
+    pub fn excluded(&self) -> Vec<Algo> {
+        Algo::ALL
+            .into_iter()
+            .filter(|a| self.excludes(*a))
+            .collect()
+    }
+
+    /// Whether the setting leaves anything out or holds the choice.
+    pub fn is_some(&self) -> bool {
+        self.forced.is_some() || self.excluded != 0
+    }
+}
+
 /// Whether the model offers PAT: where each rank is on its own node, as
-/// NCCL (src/tuning/pat.cc: nNodes == nRanks), or where NCCL_ALGO asks for
-/// its row.
-fn pat_offered(a: Algo, n: usize, f: &Fabric, forced: Option<Algo>) -> bool {
-    a != Algo::Pat || (f.nodes == n && n > 1) || forced == Some(Algo::Pat)
+/// NCCL (src/tuning/pat.cc, 2.31: nNodes == nRanks, all_gather and
+/// reduce_scatter, SIMPLE only), or where NCCL_ALGO asks for its row.
+fn pat_offered(a: Algo, n: usize, f: &Fabric, held: Held) -> bool {
+    a != Algo::Pat || (f.nodes == n && n > 1) || held.forced == Some(Algo::Pat)
 }
 
 fn log2_ceil(n: usize) -> f64 {
@@ -175,35 +225,41 @@ pub fn predict(
             2.0 * depth * a + 2.0 * b / (TREE_EFFICIENCY * bw)
         }
         (Algo::Pat, _) => {
-            // ceil(log2 n) dependent rounds, n-1 blocks in and out.
+            // ceil(log2 n) dependent rounds, n-1 blocks in and out (both
+            // collectives: the reduce-scatter is the all-gather reversed).
             super::pat::rounds(n) as f64 * a + (nf - 1.0) * b / (PAT_EFFICIENCY * bw)
         }
     })
 }
 
 /// The fastest algorithm by the model, among those of a forced row
-/// (NCCL_ALGO) when one is forced.
+/// (NCCL_ALGO) when one is forced, leaving out those it excludes.
 pub fn choose(
     coll: Coll,
     bytes: usize,
     n: usize,
     fabric: impl Into<Fabric>,
-    forced: Option<Algo>,
+    held: impl Into<Held>,
 ) -> Algo {
     let f: Fabric = fabric.into();
+    let held = held.into();
     Algo::ALL
         .into_iter()
-        .filter(|a| allowed(*a, coll, forced) && pat_offered(*a, n, &f, forced))
+        .filter(|a| allowed(*a, coll, held) && pat_offered(*a, n, &f, held))
         .filter_map(|a| predict(a, coll, bytes, n, f).map(|t| (a, t)))
         .min_by(|x, y| x.1.total_cmp(&y.1))
         .map(|(a, _)| a)
         .unwrap_or(Algo::Ring)
 }
 
-/// Whether `forced` (NCCL_ALGO, a row of NCCL's table) admits `a`; a forced
-/// row that cannot run `coll` admits everything, as NCCL ignores it then.
-fn allowed(a: Algo, coll: Coll, forced: Option<Algo>) -> bool {
-    match forced {
+/// Whether `held` (NCCL_ALGO) admits `a`: not excluded, and of the forced
+/// row (a row of NCCL's table) if one is; a forced row that cannot run
+/// `coll` admits everything, as NCCL ignores it then.
+fn allowed(a: Algo, coll: Coll, held: Held) -> bool {
+    if held.excludes(a) {
+        return false;
+    }
+    match held.forced {
         Some(f)
             if Algo::ALL
                 .iter()
@@ -242,12 +298,13 @@ pub fn collnet_wins(
     ppn: usize,
     fabric: Fabric,
     collnet: LinkModel,
-    forced: Option<Algo>,
+    held: impl Into<Held>,
 ) -> bool {
-    if forced.is_some() {
+    let held = held.into();
+    if held.forced.is_some() {
         return false;
     }
-    let best = choose(Coll::AllReduce, bytes, n, fabric, None);
+    let best = choose(Coll::AllReduce, bytes, n, fabric, held);
     let other = predict(best, Coll::AllReduce, bytes, n, fabric).unwrap_or(f64::INFINITY);
     predict_collnet(bytes, ppn, fabric.intra, collnet) <= other
 }
@@ -292,19 +349,20 @@ fn algo_at(row: usize, proto: usize) -> Option<Algo> {
 }
 
 /// The table from the model: one cell per algorithm, and a forced row
-/// (NCCL_ALGO) leaves only its own cells, as NCCL masks the table before
-/// its tuner sees it.
+/// (NCCL_ALGO) leaves only its own cells and an excluded one none, as
+/// NCCL masks the table before its tuner sees it.
 pub fn cost_table(
     coll: Coll,
     bytes: usize,
     n: usize,
     fabric: impl Into<Fabric>,
-    forced: Option<Algo>,
+    held: impl Into<Held>,
 ) -> CostTable {
     let f: Fabric = fabric.into();
+    let held = held.into();
     let mut t = [[NCCL_ALGO_PROTO_IGNORE; NCCL_NUM_PROTOCOLS]; NCCL_NUM_ALGORITHMS];
     for a in Algo::ALL {
-        if !allowed(a, coll, forced) || !pat_offered(a, n, &f, forced) {
+        if !allowed(a, coll, held) || !pat_offered(a, n, &f, held) {
             continue;
         }
         if let Some(s) = predict(a, coll, bytes, n, f) {
@@ -351,14 +409,16 @@ pub fn device_table(
     bytes: usize,
     n: usize,
     fabric: Fabric,
-    forced: Option<Algo>,
+    held: impl Into<Held>,
 ) -> CostTable {
-    let forced = forced.filter(|f| {
+    let mut held = held.into();
+    held.forced = held.forced.filter(|f| {
         Algo::ALL
             .iter()
             .any(|a| nccl_row(*a) == nccl_row(*f) && device_runs(*a, coll, n))
     });
-    let mut t = cost_table(coll, bytes, n, fabric, forced);
+    let forced = held.forced;
+    let mut t = cost_table(coll, bytes, n, fabric, held);
     // Past two ranks the kernels' doubling runs only where NCCL_ALGO asks
     // for it (its row): on 4 H200 as two nodes of two it halved an 8-byte
     // all_reduce under `oxccl perf` (30 against 50-63 us) but was 5 us
@@ -604,8 +664,9 @@ mod tests {
     }
 
     /// PAT where every rank is on its own node, as NCCL: small and mid
-    /// all-gathers take it, large ones the ring; on one node only where
-    /// NCCL_ALGO asks for it; never for other collectives.
+    /// all-gathers and reduce-scatters take it, large ones the ring; on
+    /// one node only where NCCL_ALGO asks for it; never for other
+    /// collectives.
     #[test]
     fn pat_with_one_rank_per_node() {
         let net = LinkModel {
@@ -619,6 +680,12 @@ mod tests {
         };
         for n in [5, 64] {
             assert_eq!(choose(Coll::AllGather, 8, n, apart(n), None), Algo::Pat);
+            assert_eq!(choose(Coll::ReduceScatter, 8, n, apart(n), None), Algo::Pat);
+            assert_eq!(
+                choose(Coll::ReduceScatter, 1 << 30, n, apart(n), None),
+                Algo::Ring
+            );
+            assert_eq!(choose(Coll::ReduceScatter, 8, n, net, None), Algo::Ring);
         }
         // Up to three ranks PAT's rounds are the ring's hops, and the ring streams.
         for n in [2, 3] {
@@ -654,6 +721,20 @@ mod tests {
         );
         let t = cost_table(Coll::AllGather, 8, 64, apart(64), None);
         assert_eq!(pick(&t, Coll::AllGather), Some((Algo::Pat, 2)));
+        // NCCL_ALGO=^PAT: the ring instead, and no PAT cell for a tuner.
+        let no_pat = Held::excluding(&[Algo::Pat]);
+        for coll in [Coll::AllGather, Coll::ReduceScatter] {
+            assert_eq!(choose(coll, 8, 64, apart(64), no_pat), Algo::Ring);
+            let t = cost_table(coll, 8, 64, apart(64), no_pat);
+            assert_eq!(pick(&t, coll), Some((Algo::Ring, 2)));
+        }
+        assert_eq!(
+            choose(Coll::AllReduce, 8, 64, apart(64), no_pat),
+            Algo::RecDoubling
+        );
+        // Everything a collective has excluded: the ring still runs it.
+        let none = Held::excluding(&[Algo::Ring, Algo::Pat]);
+        assert_eq!(choose(Coll::AllGather, 8, 64, apart(64), none), Algo::Ring);
         // The kernels have no PAT.
         let d = device_table(Coll::AllGather, 8, 64, apart(64), None);
         assert_eq!(pick(&d, Coll::AllGather).unwrap().0, Algo::Ring);

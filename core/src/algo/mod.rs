@@ -28,6 +28,10 @@ pub mod tree;
 pub enum Buf {
     Input,
     Output,
+    /// Room the executor gives the operation for partial results that
+    /// wait for a later step (PAT's reduce-scatter); its size is the
+    /// schedule's to say ([`pat::scratch_blocks`]).
+    Scratch,
 }
 
 /// `count` elements (given by the step) starting at `offset` elements.
@@ -47,6 +51,12 @@ impl Region {
     pub fn output(offset: usize) -> Region {
         Region {
             buf: Buf::Output,
+            offset,
+        }
+    }
+    pub fn scratch(offset: usize) -> Region {
+        Region {
+            buf: Buf::Scratch,
             offset,
         }
     }
@@ -138,8 +148,9 @@ pub enum Algo {
     /// Double binary tree: reduce up, broadcast down, 2·log2(n) hops, for
     /// all-reduces on many ranks.
     Tree,
-    /// Log-depth all-gather for one rank per node (NCCL's PAT row; see
-    /// [`pat`] for what it is and how it differs from NCCL's).
+    /// Log-depth all-gather and reduce-scatter for one rank per node
+    /// (NCCL's PAT row; see [`pat`] for what it is and how it differs
+    /// from NCCL's).
     Pat,
 }
 
@@ -171,7 +182,7 @@ impl Algo {
         match self {
             Algo::Ring => true,
             Algo::RecDoubling | Algo::Tree => coll == Coll::AllReduce,
-            Algo::Pat => coll == Coll::AllGather,
+            Algo::Pat => matches!(coll, Coll::AllGather | Coll::ReduceScatter),
         }
     }
 
@@ -192,7 +203,8 @@ impl Algo {
 }
 
 /// The steps of `rank` for the part `[lo, hi)` of each rank's block, with
-/// the ring in rank order and the first tree.
+/// the ring in rank order and the first tree, one step per block where a
+/// schedule could join blocks (see [`schedule_on`]'s `join`).
 pub fn schedule(
     algo: Algo,
     coll: Coll,
@@ -203,13 +215,17 @@ pub fn schedule(
     hi: usize,
 ) -> Vec<Step> {
     let order: Vec<usize> = (0..nranks).collect();
-    schedule_on(algo, coll, rank, &order, 0, count, lo, hi)
+    schedule_on(algo, coll, rank, &order, 0, count, lo, hi, 0)
 }
 
 /// The steps of `rank` for the part `[lo, hi)` of each rank's block on
 /// channel `chan`, with the ranks in ring order `order` (a permutation of
 /// the ranks; trees are built over it too). Even channels take the first
-/// tree and odd ones the second: the double binary tree.
+/// tree and odd ones the second: the double binary tree. `join`: the most
+/// elements a step may carry where a schedule joins whole blocks into one
+/// step whose reads start elsewhere than the writes before them (PAT's
+/// reduce-scatter); 0 for one step per block. The host executor says what
+/// it can take ([`crate::exec::joinable`]).
 #[allow(clippy::too_many_arguments)]
 pub fn schedule_on(
     algo: Algo,
@@ -220,6 +236,7 @@ pub fn schedule_on(
     count: usize,
     lo: usize,
     hi: usize,
+    join: usize,
 ) -> Vec<Step> {
     let nranks = order.len();
     if nranks == 1 {
@@ -229,6 +246,7 @@ pub fn schedule_on(
         (Algo::RecDoubling, Coll::AllReduce) => rec_doubling::all_reduce(rank, nranks, lo, hi),
         (Algo::Tree, Coll::AllReduce) => tree::all_reduce(rank, order, chan % 2, lo, hi),
         (Algo::Pat, Coll::AllGather) => pat::all_gather(rank, nranks, count, lo, hi),
+        (Algo::Pat, Coll::ReduceScatter) => pat::reduce_scatter(rank, nranks, count, lo, hi, join),
         (_, Coll::AllReduce) => ring::all_reduce(rank, order, lo, hi),
         (_, Coll::AllGather) => ring::all_gather(rank, order, count, lo, hi),
         (_, Coll::ReduceScatter) => ring::reduce_scatter(rank, order, count, lo, hi),

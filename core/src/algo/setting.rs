@@ -5,13 +5,18 @@
 //! Collnet, CollnetChain, CollnetDirect, NVLS, NVLSTree, PAT) and oxccl's
 //! RecDoubling (RD); an unknown token is an error, as in NCCL.
 //!
-//! oxccl holds a communicator to one algorithm at most (its rows: Ring,
-//! Tree, which admits both tree-shaped all-reduces, and PAT). A setting
-//! that leaves every row oxccl has for every collective (`^NVLS`, a list
-//! of what oxccl lacks excluded) holds nothing; one that leaves a single
-//! row holds the communicator to it; any other (rows kept for some
-//! collectives and not others) is named in a WARN and holds nothing.
+//! oxccl holds a communicator to one algorithm at most, or leaves some
+//! out (its rows: Ring, Tree, which admits both tree-shaped all-reduces,
+//! and PAT). A setting that leaves every row oxccl has for every
+//! collective (`^NVLS`, a list of what oxccl lacks excluded) holds
+//! nothing; one that leaves a single row holds the communicator to it;
+//! one that takes the same rows from every collective that has them
+//! (`^PAT`, `allreduce:^tree`) leaves those out; any other (a row kept for
+//! some collectives and not others) is named in a WARN and holds nothing.
+//! Where a setting leaves a collective nothing oxccl has (`^ring` for a
+//! broadcast), the ring runs it.
 
+use super::cost::Held;
 use super::Algo;
 
 /// NCCL's algorithm names, lower case, and the oxccl row each runs on.
@@ -41,7 +46,7 @@ const FUNCS: &[&str] = &[
 fn rows_of(func: usize) -> &'static [Algo] {
     match FUNCS[func] {
         "allreduce" => &[Algo::Ring, Algo::Tree, Algo::RecDoubling],
-        "allgather" => &[Algo::Ring, Algo::Pat],
+        "allgather" | "reducescatter" => &[Algo::Ring, Algo::Pat],
         _ => &[Algo::Ring],
     }
 }
@@ -51,6 +56,8 @@ fn rows_of(func: usize) -> &'static [Algo] {
 pub struct AlgoSetting {
     /// The one algorithm the communicator is held to, if any.
     pub forced: Option<Algo>,
+    /// The algorithms left out for every collective (nothing forced).
+    pub excluded: Vec<Algo>,
     /// Why part of the setting is not honoured (for a WARN), if so.
     pub unhonoured: Option<String>,
     /// NCCL's algorithms the setting excludes that oxccl has none of.
@@ -103,6 +110,16 @@ fn list(s: &str) -> Result<Vec<bool>, String> {
         }
     }
     Ok(on)
+}
+
+impl AlgoSetting {
+    /// What the cost model takes from the setting.
+    pub fn held(&self) -> Held {
+        match self.forced {
+            Some(_) => Held::from(self.forced),
+            None => Held::excluding(&self.excluded),
+        }
+    }
 }
 
 /// Parses NCCL_ALGO's value.
@@ -179,6 +196,7 @@ pub fn parse(s: &str) -> Result<AlgoSetting, String> {
     if everything {
         return Ok(AlgoSetting {
             forced: None,
+            excluded: Vec::new(),
             unhonoured: None,
             lacked,
         });
@@ -207,13 +225,43 @@ pub fn parse(s: &str) -> Result<AlgoSetting, String> {
         if uniform {
             return Ok(AlgoSetting {
                 forced: Some(r),
+                excluded: Vec::new(),
                 unhonoured: None,
                 lacked,
             });
         }
     }
+    // The same rows taken from every function that has them: left out.
+    let mut out: Vec<Algo> = (0..FUNCS.len())
+        .flat_map(|f| {
+            let kept = &kept[f];
+            rows_of(f)
+                .iter()
+                .copied()
+                .filter(move |r| !kept.contains(r))
+        })
+        .collect();
+    out.sort_by_key(|a| a.code());
+    out.dedup();
+    let common = (0..FUNCS.len()).all(|f| {
+        let want: Vec<Algo> = rows_of(f)
+            .iter()
+            .copied()
+            .filter(|r| !out.contains(r))
+            .collect();
+        kept[f] == want
+    });
+    if common {
+        return Ok(AlgoSetting {
+            forced: None,
+            excluded: out,
+            unhonoured: None,
+            lacked,
+        });
+    }
     Ok(AlgoSetting {
         forced: None,
+        excluded: Vec::new(),
         unhonoured: Some(
             "it keeps different algorithms for different collectives, and oxccl holds a communicator to one algorithm at most: it chooses among all of its own".into(),
         ),
@@ -260,14 +308,39 @@ mod tests {
         let a = parse("ring,collnetdirect;allreduce:tree,collnetdirect;broadcast:ring").unwrap();
         assert_eq!(a.forced, None);
         assert!(a.unhonoured.is_some());
+        // The tree only runs all-reduces: left out, as asked.
         let a = parse("allreduce:^tree").unwrap();
-        assert_eq!(a.forced, None);
+        assert_eq!((a.forced, a.unhonoured.is_some()), (None, false));
+        assert_eq!(a.excluded, vec![Algo::RecDoubling, Algo::Tree]);
+        // PAT kept for one of its two collectives: not honoured.
+        let a = parse("allgather:^pat").unwrap();
+        assert_eq!((a.forced, a.excluded.len()), (None, 0));
         assert!(a.unhonoured.is_some());
         // Every function named for the ring: held to it.
         assert_eq!(
             forced("ring;allreduce:ring;allgather:ring"),
             Some(Algo::Ring)
         );
+    }
+
+    /// `^PAT` leaves PAT out of every collective and holds nothing else;
+    /// so does naming it for both of its collectives.
+    #[test]
+    fn excluding_pat_leaves_the_rest() {
+        for s in ["^PAT", "^pat,nvls", "allgather:^pat;reducescatter:ring"] {
+            let a = parse(s).unwrap();
+            assert_eq!(
+                (a.forced, a.excluded.clone(), a.unhonoured.is_some()),
+                (None, vec![Algo::Pat], false),
+                "{s}"
+            );
+            assert!(a.held().excludes(Algo::Pat) && !a.held().excludes(Algo::Ring));
+        }
+        // Forcing PAT holds it (where it runs).
+        assert_eq!(parse("PAT").unwrap().held().forced, Some(Algo::Pat));
+        // `^ring`: every other row; broadcasts keep the ring regardless.
+        let a = parse("^ring").unwrap();
+        assert_eq!(a.excluded, vec![Algo::Ring]);
     }
 
     #[test]

@@ -18,6 +18,7 @@ fn combine(a: V, b: V) -> V {
 struct Rank {
     input: Vec<V>,
     output: Vec<Option<V>>,
+    scratch: Vec<Option<V>>,
     pc: usize,
     steps: Vec<Step>,
     sent_local: bool,
@@ -35,16 +36,20 @@ fn read(r: &Rank, reg: Region, i: usize, reducing: bool) -> V {
             }
         }
         Buf::Output => r.output[reg.offset + i].expect("read an output element never written"),
+        Buf::Scratch => r.scratch[reg.offset + i].expect("read a scratch element never written"),
     }
 }
 
-/// Runs all ranks; returns every rank's output.
+/// Runs all ranks; returns every rank's output. `join` as
+/// [`schedule_on`] takes it (the simulator runs each step whole, so any
+/// value is safe here).
 pub(crate) fn run(
     algo: Algo,
     coll: Coll,
     n: usize,
     count: usize,
     nch: usize,
+    join: usize,
 ) -> Vec<Vec<Option<V>>> {
     let reducing = matches!(
         coll,
@@ -71,8 +76,10 @@ pub(crate) fn run(
                     .map(|i| V((r * 1000 + i + 1) as f64, false))
                     .collect(),
                 output: out_all[r].clone(),
+                // Poisoned: every read of it must follow a write.
+                scratch: vec![None; super::pat::scratch_blocks(n) * count],
                 pc: 0,
-                steps: schedule_on(algo, coll, r, &order, ch, count, lo, hi),
+                steps: schedule_on(algo, coll, r, &order, ch, count, lo, hi, join),
                 sent_local: false,
             })
             .collect();
@@ -125,9 +132,13 @@ pub(crate) fn run(
                     }
                 }
                 if let Some(d) = st.dst {
-                    assert_eq!(d.buf, Buf::Output);
+                    let to = match d.buf {
+                        Buf::Output => &mut rk.output,
+                        Buf::Scratch => &mut rk.scratch,
+                        Buf::Input => panic!("a step writes the input"),
+                    };
                     for (i, v) in result.iter().enumerate() {
-                        rk.output[d.offset + i] = Some(*v);
+                        to[d.offset + i] = Some(*v);
                     }
                 }
                 if let Some(p) = st.send {
@@ -168,7 +179,11 @@ mod tests {
     }
 
     fn check(algo: Algo, coll: Coll, n: usize, count: usize, nch: usize) {
-        let out = run(algo, coll, n, count, nch);
+        check_joined(algo, coll, n, count, nch, 0);
+    }
+
+    fn check_joined(algo: Algo, coll: Coll, n: usize, count: usize, nch: usize, join: usize) {
+        let out = run(algo, coll, n, count, nch, join);
         let red = |i: usize| V((0..n).map(|r| 2.0 * x(r, i)).sum(), true);
         for (r, o) in out.iter().enumerate() {
             let want: Vec<Option<V>> = match coll {
@@ -209,6 +224,8 @@ mod tests {
                     check(Algo::Ring, Coll::AllGather, n, count, nch);
                     check(Algo::Pat, Coll::AllGather, n, count, nch);
                     check(Algo::Ring, Coll::ReduceScatter, n, count, nch);
+                    check(Algo::Pat, Coll::ReduceScatter, n, count, nch);
+                    check_joined(Algo::Pat, Coll::ReduceScatter, n, count, nch, 1 << 20);
                     for root in [0, n / 2, n - 1] {
                         check(Algo::Ring, Coll::Broadcast { root }, n, count, nch);
                         check(Algo::Ring, Coll::Reduce { root }, n, count, nch);
@@ -218,13 +235,19 @@ mod tests {
         }
     }
 
-    /// PAT's all-gather on every rank count from 2 to 64, whole blocks
-    /// (one step per run of blocks) and parts of blocks (one per block).
+    /// PAT's all-gather and reduce-scatter on every rank count from 2 to
+    /// 64, whole blocks (one step per run of blocks; the reduce-scatter
+    /// joined without bound, in runs of two blocks and block by block)
+    /// and parts of blocks (one step per block).
     #[test]
     fn pat_on_every_count_to_64() {
         for n in 2..=64 {
             check(Algo::Pat, Coll::AllGather, n, 3, 1);
             check(Algo::Pat, Coll::AllGather, n, 5, 2);
+            for join in [0, 6, usize::MAX] {
+                check_joined(Algo::Pat, Coll::ReduceScatter, n, 3, 1, join);
+            }
+            check(Algo::Pat, Coll::ReduceScatter, n, 5, 2);
         }
     }
 
@@ -242,6 +265,8 @@ mod tests {
         check(Algo::Tree, Coll::AllReduce, n, 4, 2);
         check(Algo::Pat, Coll::AllGather, n, 1, 1);
         check(Algo::Pat, Coll::AllGather, n, 3, 2);
+        check_joined(Algo::Pat, Coll::ReduceScatter, n, 1, 1, usize::MAX);
+        check(Algo::Pat, Coll::ReduceScatter, n, 3, 2);
         let net = LinkModel {
             latency_s: 5e-6,
             bandwidth: 50e9,
@@ -253,7 +278,7 @@ mod tests {
                 inter: net,
                 nodes,
             };
-            for coll in [Coll::AllReduce, Coll::AllGather] {
+            for coll in [Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter] {
                 for bytes in [8, 64 << 10, 64 << 20] {
                     let a = choose(coll, bytes, n, f, None);
                     seen.insert(a);

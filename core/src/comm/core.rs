@@ -83,7 +83,7 @@ type StagingKey = (usize, Option<(usize, bool)>);
 /// What a host collective's plan depends on, besides this rank and the
 /// ring order (fixed for the communicator): algorithm, collective (with
 /// its root), element count, channels.
-type PlanKey = (Algo, algo::Coll, usize, usize);
+type PlanKey = (Algo, algo::Coll, usize, usize, usize);
 
 /// A host collective's schedules and the containers of its lanes, kept
 /// for the next call of the same shape: a loop of equal calls (a
@@ -184,10 +184,13 @@ pub(crate) struct Core {
     staging: Mutex<BTreeMap<StagingKey, Staging>>,
     /// The last host collective's plan, for the next one of the same shape.
     plan: Mutex<Option<Plan>>,
-    forced_algo: Option<Algo>,
+    /// What NCCL_ALGO leaves the cost model: an algorithm it holds every
+    /// collective to, or algorithms it leaves out.
+    held: cost::Held,
     /// Whether collectives may take the direct path: no algorithm is
     /// forced and no tuner plugin chooses (NCCL's tables know only the
-    /// rings and trees).
+    /// rings and trees; the direct path runs none that NCCL_ALGO can
+    /// exclude).
     direct_colls: bool,
     /// The ranks in ring order (the ring and trees are built over it).
     ring: Vec<usize>,
@@ -291,8 +294,8 @@ impl Core {
     ) -> Result<Core> {
         let ident = agreed.ident;
         let (rank, nranks) = (locality.rank, locality.hosts.len());
-        let forced_algo = match cfg.algo.as_deref() {
-            None => None,
+        let held = match cfg.algo.as_deref() {
+            None => cost::Held::default(),
             Some(s) => {
                 let a = algo::setting::parse(s)
                     .map_err(|why| Error::InvalidArgument(format!("NCCL_ALGO={s:?}: {why}")))?;
@@ -303,8 +306,12 @@ impl Core {
                     if !a.lacked.is_empty() {
                         info!(target: "oxccl::init|tuning", "NCCL_ALGO={s:?} excludes {}, which oxccl does not have", a.lacked.join(", "));
                     }
+                    if !a.excluded.is_empty() {
+                        let names: Vec<&str> = a.excluded.iter().map(|x| x.name()).collect();
+                        info!(target: "oxccl::init|tuning", "NCCL_ALGO={s:?}: no collective runs {}", names.join(", "));
+                    }
                 }
-                a.forced
+                a.held()
             }
         };
         let cfg_tuner = cfg.tuner_plugin.clone();
@@ -328,7 +335,7 @@ impl Core {
             // Every rank takes part: some rank has a tuner library.
             let mine = tuner.as_ref().map(|t| {
                 super::tuning::answers(
-                    |c, b| cost::cost_table(c, b, nranks, fabric, forced_algo),
+                    |c, b| cost::cost_table(c, b, nranks, fabric, held),
                     |c, b, table, nch| t.tune(c, b, table, nch),
                 )
             });
@@ -340,7 +347,7 @@ impl Core {
         }
         // NCCL_ALGO is rank 0's on every rank by now, and the tuner is on
         // every rank or on none.
-        let direct_colls = tuner.is_none() && forced_algo.is_none();
+        let direct_colls = tuner.is_none() && held.forced.is_none();
         log_rings(&ring, cfg.max_nchannels.max(1) as usize);
         let conns = Connections::new(net.clone(), ShmNet::new(cfg.buffsize), locality.clone());
         Ok(Core {
@@ -359,7 +366,7 @@ impl Core {
             conns: Mutex::new(conns),
             staging: Mutex::default(),
             plan: Mutex::default(),
-            forced_algo,
+            held,
             direct_colls,
             ring,
             fabric,
@@ -409,17 +416,17 @@ impl Core {
     }
 
     /// Seconds the cost model predicts for `op` on this communicator.
-    /// The links the cost model plans with and the forced algorithm
-    /// (NCCL_ALGO), for choices made outside this module (CollNet).
-    pub fn model(&self) -> (cost::Fabric, Option<Algo>) {
-        (self.fabric, self.forced_algo)
+    /// The links the cost model plans with and what NCCL_ALGO leaves it,
+    /// for choices made outside this module (CollNet).
+    pub fn model(&self) -> (cost::Fabric, cost::Held) {
+        (self.fabric, self.held)
     }
 
     pub fn predict(&self, op: &Op) -> f64 {
         let bytes = op.count * op.dtype.size();
         match op.kind.coll() {
             Some(coll) => {
-                let algo = cost::choose(coll, bytes, self.nranks, self.fabric, self.forced_algo);
+                let algo = cost::choose(coll, bytes, self.nranks, self.fabric, self.held);
                 cost::predict(algo, coll, bytes, self.nranks, self.fabric).unwrap_or(0.0)
             }
             None => {
@@ -628,7 +635,7 @@ impl Core {
                 });
             let tuning = super::on_device::Tuning {
                 tuner: self.tuner.as_ref(),
-                forced: self.forced_algo,
+                held: self.held,
                 checks: !self.cfg.checks_disable,
             };
             let watch = watch.map(|w| (w, seq..seq + n));
@@ -753,7 +760,10 @@ impl Core {
         // trees, which NCCL's tables know; the direct path is ours.
         // A call held to an algorithm (algSelection) runs it, as NCCL_ALGO
         // holds the whole communicator.
-        let forced = op.call.algo.or(self.forced_algo);
+        let forced = match op.call.algo {
+            Some(a) => cost::Held::from(Some(a)),
+            None => self.held,
+        };
         if self.direct_colls && op.call.algo.is_none() {
             if let Some(d) = &self.direct {
                 // Decided from the call alone, as every rank sees it alike
@@ -817,7 +827,10 @@ impl Core {
             ..header_of(op, seq)
         };
         let reducer = Reducer::new(op.dtype, op.redop, n);
-        let key = (algo, coll, op.count, nch);
+        let esize = op.dtype.size();
+        let key = (algo, coll, op.count, nch, esize);
+        let slice_bytes = (self.cfg.chunk_size as usize).max(64);
+        let join = exec::joinable(slice_bytes, esize);
         let kept = self
             .plan
             .lock()
@@ -828,7 +841,7 @@ impl Core {
             let steps: Vec<Vec<Step>> = (0..nch)
                 .map(|c| {
                     let (lo, hi) = algo::split(0, op.count, nch, c);
-                    algo::schedule_on(algo, coll, self.rank, &self.ring, c, op.count, lo, hi)
+                    algo::schedule_on(algo, coll, self.rank, &self.ring, c, op.count, lo, hi, join)
                 })
                 .collect();
             let (sends, recvs) = peers_of(&steps, 0);
@@ -843,6 +856,16 @@ impl Core {
         });
         self.connect(conns, &plan.sends, &plan.recvs)
             .map_err(|e| self.failed(e.context(what()), Some(seq), coll.name()))?;
+        // PAT's reduce-scatter keeps partial sums for later rounds: room
+        // for them, shared by the channels (each keeps its part of every
+        // block, as in the output), for this call.
+        let mut scratch = Vec::new();
+        let mut bufs = bufs;
+        if algo == Algo::Pat && coll == algo::Coll::ReduceScatter {
+            scratch.resize(algo::pat::scratch_blocks(n) * op.count * esize, 0u8);
+            bufs.scratch = scratch.as_mut_ptr();
+            bufs.scratch_bytes = scratch.len();
+        }
         let mut lanes = std::mem::take(&mut plan.lanes);
         lanes.clear();
         for (c, steps) in plan.steps.drain(..).enumerate() {

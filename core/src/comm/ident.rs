@@ -215,36 +215,55 @@ pub fn adopt_shaping(cfg: &mut Config, first: Shaping, algo: u8) -> Vec<String> 
     }
     let mine = algo_code(cfg);
     if mine != algo && algo != 255 {
-        let said = |c: u8| algo_name(c).unwrap_or("unset");
+        let said = |c: u8| algo_name(c).unwrap_or_else(|| "unset".into());
         differ.push(format!(
             "NCCL_ALGO: {} here, {} on rank 0",
             if mine == 255 {
-                cfg.algo.as_deref().unwrap_or("?")
+                cfg.algo.clone().unwrap_or_else(|| "?".into())
             } else {
                 said(mine)
             },
             said(algo)
         ));
-        cfg.adopt_algo(algo_name(algo));
+        cfg.adopt_algo(algo_name(algo).as_deref());
     }
     differ
 }
 
-/// NCCL_ALGO as one byte: 0 unset (or holding no algorithm), 255 a value
-/// that does not parse (the communicator's creation refuses it), else the
-/// [`Algo::code`] of the one algorithm it holds the communicator to.
+/// Marks an [`algo_code`] that leaves algorithms out: the low bits are
+/// theirs, bit `code - 1` for each.
+const EXCLUDING: u8 = 0x40;
+
+/// NCCL_ALGO as one byte: 0 unset (or holding nothing), 255 a value that
+/// does not parse (the communicator's creation refuses it), [`EXCLUDING`]
+/// with a bit per algorithm it leaves out, else the [`Algo::code`] of the
+/// one algorithm it holds the communicator to.
 pub fn algo_code(cfg: &Config) -> u8 {
     match cfg.algo.as_deref().map(crate::algo::setting::parse) {
-        None | Some(Ok(crate::algo::setting::AlgoSetting { forced: None, .. })) => 0,
+        None => 0,
         Some(Err(_)) => 255,
         Some(Ok(crate::algo::setting::AlgoSetting {
             forced: Some(a), ..
         })) => a.code(),
+        Some(Ok(a)) if a.excluded.is_empty() => 0,
+        Some(Ok(a)) => a
+            .excluded
+            .iter()
+            .fold(EXCLUDING, |m, x| m | 1 << (x.code() - 1)),
     }
 }
 
-fn algo_name(code: u8) -> Option<&'static str> {
-    Algo::from_code(code).map(Algo::name)
+/// The NCCL_ALGO value an [`algo_code`] stands for (`^PAT` for PAT left out).
+fn algo_name(code: u8) -> Option<String> {
+    if code & EXCLUDING != 0 && code != 255 {
+        let out: Vec<&str> = Algo::ALL
+            .into_iter()
+            .filter(|a| code & (1 << (a.code() - 1)) != 0)
+            .map(Algo::name)
+            .collect();
+        return Some(format!("^{}", out.join(",")));
+    }
+    Algo::from_code(code).map(|a| a.name().to_string())
 }
 
 const FACT_BYTES: usize = 67 + TERMS_BYTES;
@@ -389,6 +408,13 @@ mod tests {
         let said = adopt_shaping(&mut cfg, first, 0);
         assert_eq!(said, ["NCCL_ALGO: Ring here, unset on rank 0"]);
         assert_eq!(cfg.algo, None);
+        // Rank 0 leaves PAT out: so does every rank.
+        let no_pat = Config::load_with(&[("ALGO", "^PAT")]).unwrap();
+        let code = algo_code(&no_pat);
+        assert_ne!(code, 0);
+        let said = adopt_shaping(&mut cfg, first, code);
+        assert_eq!(said, ["NCCL_ALGO: unset here, ^PAT on rank 0"]);
+        assert_eq!(algo_code(&cfg), code);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::device_watch::DeviceWatch;
 use super::ident::Peers;
 use super::kernel_events::KernelEvents;
 use super::topology::NodeTopo;
-use crate::algo::{cost, Algo, Coll};
+use crate::algo::{cost, Coll};
 use crate::config::Config;
 use crate::cuda::{pointer_kind, Device, PtrKind, RawStream, SavedCurrent};
 use crate::dtype::DataType;
@@ -344,7 +344,8 @@ pub(crate) struct Profiling<'a> {
 /// the tuner plugin and NCCL_ALGO.
 pub(crate) struct Tuning<'a> {
     pub tuner: Option<&'a TunerComm>,
-    pub forced: Option<Algo>,
+    /// What NCCL_ALGO leaves the cost table.
+    pub held: cost::Held,
     /// Whether buffers are checked before launch (not NCCL_CHECKS_DISABLE).
     pub checks: bool,
 }
@@ -357,7 +358,10 @@ pub(crate) struct Tuning<'a> {
 /// within 1 and the window's channels.
 fn choose(dc: &DeviceComm, t: &Tuning<'_>, coll: Coll, op: &Op) -> Choice {
     let (count, dtype) = (op.count, op.dtype);
-    let forced = op.call.algo.or(t.forced);
+    let forced = match op.call.algo {
+        Some(a) => cost::Held::from(Some(a)),
+        None => t.held,
+    };
     let narrow =
         |c: Choice| Choice::new(c.algo, op.call.narrow(c.channels, 1, dc.config().channels));
     let own = narrow(dc.default_choice(coll, count, dtype, forced));
@@ -701,6 +705,8 @@ mod tests {
             in_bytes: 64,
             output: p,
             out_bytes: 64,
+            scratch: std::ptr::null_mut(),
+            scratch_bytes: 0,
         };
         let e = check_all(0, &[(op, bufs)], true).unwrap_err();
         assert!(

@@ -655,6 +655,8 @@ impl Direct {
             in_bytes: 0,
             output: staged.as_mut_ptr(),
             out_bytes: need,
+            scratch: std::ptr::null_mut(),
+            scratch_bytes: 0,
         };
         pm.post(&post);
         self.barrier(ctx)?;
@@ -1015,6 +1017,8 @@ mod tests {
             in_bytes: il,
             output: o.as_ptr().cast_mut(),
             out_bytes: ol,
+            scratch: std::ptr::null_mut(),
+            scratch_bytes: 0,
         };
         assert_eq!(span_bytes(&bufs(0, 40, &w, 40)), 80);
         // In place, and an all_gather's input inside its output.

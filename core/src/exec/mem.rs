@@ -8,13 +8,17 @@ use crate::reduce::{Reducer, Stage};
 
 /// The user buffers of one operation. Sending and receiving go through the
 /// network by address, and input and output may be the same memory (NCCL's
-/// in-place operations), so they are kept as addresses, not slices.
+/// in-place operations), so they are kept as addresses, not slices. The
+/// scratch is the executor's own, for schedules that keep partial results
+/// ([`Buf::Scratch`]); null and 0 bytes for the others.
 #[derive(Debug, Clone, Copy)]
 pub struct OpBuffers {
     pub input: *const u8,
     pub in_bytes: usize,
     pub output: *mut u8,
     pub out_bytes: usize,
+    pub scratch: *mut u8,
+    pub scratch_bytes: usize,
 }
 
 // SAFETY: the addresses are only dereferenced by the executor while the
@@ -58,6 +62,7 @@ impl OpBuffers {
         let (base, len) = match region.buf {
             Buf::Input => (self.input as *mut u8, self.in_bytes),
             Buf::Output => (self.output, self.out_bytes),
+            Buf::Scratch => (self.scratch, self.scratch_bytes),
         };
         let start = (region.offset + off) * esize;
         let bytes = n * esize;

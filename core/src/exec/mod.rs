@@ -52,6 +52,16 @@ const WINDOW: usize = 4;
 /// rendezvous networks (IB, where a send waits for the receive) do not.
 const GROUP: usize = WINDOW / 2;
 
+/// The most elements of `esize` bytes a step may carry for every slice
+/// of it to open before the next step's first (it has at most [`GROUP`]
+/// slices of `slice_bytes`): steps no larger than this run in step order,
+/// whatever regions they read and write. Schedules that join blocks whose
+/// reads start elsewhere than their writes (PAT's reduce-scatter) keep
+/// their steps within it.
+pub fn joinable(slice_bytes: usize, esize: usize) -> usize {
+    GROUP * (slice_bytes.max(64) / esize.max(1)).max(1)
+}
+
 /// The order slices are opened in: `GROUP` slices of every step, then the
 /// next `GROUP` of every step, and so on (NCCL's loops run chunk by chunk
 /// over the steps in the same way). Both ends of a connection open their
@@ -867,6 +877,10 @@ fn buffer_of(slots: &[(Vec<u8>, Vec<u8>)], bufs: &OpBuffers, span: Span) -> Opti
             Span {
                 ptr: bufs.input as *mut u8,
                 len: bufs.in_bytes,
+            },
+            Span {
+                ptr: bufs.scratch,
+                len: bufs.scratch_bytes,
             },
         ]
         .into_iter()

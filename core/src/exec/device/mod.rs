@@ -352,7 +352,7 @@ impl DeviceComm {
         coll: Coll,
         count: usize,
         dtype: DataType,
-        forced: Option<Algo>,
+        forced: impl Into<cost::Held>,
     ) -> Choice {
         let bytes = count * dtype.size();
         let table = cost::device_table(coll, bytes, self.nranks, self.fabric, forced);

@@ -113,7 +113,7 @@ impl Template {
 pub(crate) fn template(algo: Algo, coll: Coll, rank: usize, n: usize) -> Result<Template> {
     let order: Vec<usize> = (0..n).collect();
     let schedule = |ch: usize, count: usize, lo: usize, hi: usize| {
-        algo::schedule_on(algo, coll, rank, &order, ch, count, lo, hi)
+        algo::schedule_on(algo, coll, rank, &order, ch, count, lo, hi, 0)
     };
     let unfit = |why: String| {
         Error::Internal(format!(
@@ -178,6 +178,8 @@ fn device_steps(
             let buf = match r.buf {
                 Buf::Input => BUF_INPUT,
                 Buf::Output => BUF_OUTPUT,
+                // The kernels have no scratch (nor PAT, the one user).
+                Buf::Scratch => return Err(unfit("a step through scratch".into())),
             };
             let j = match (whole, rem % S) {
                 (true, _) if rem == 0 => None,
