@@ -956,13 +956,21 @@ enum ncclResult_t ncclMemAlloc(void **ptr, size_t size);
 enum ncclResult_t ncclMemFree(void *ptr);
 
 /**
- * Registration lets NCCL skip copies through its own buffers. oxccl's
- * kernels read and write user buffers in place already, so there is
- * nothing to register: the handle is the buffer's address and
- * deregistering it is a no-op. Said at INFO so nobody is misled.
+ * Registers a device buffer with the communicator, so that peers read it
+ * where it lies instead of through step slots (see
+ * `oxccl::Comm::register_buffer`: today, peers that are threads of this
+ * process over P2P; other processes' and network peers still take the
+ * step slots). NCCL_LOCAL_REGISTER=0 turns it off: the handle is NULL, as
+ * NCCL's. Host memory, another GPU's memory and a range past its
+ * allocation are refused with ncclInvalidArgument.
  */
 enum ncclResult_t ncclCommRegister(ncclComm_t comm, void *buff, size_t size, void **handle);
 
+/**
+ * Releases a registration; NULL (what NCCL_LOCAL_REGISTER=0 hands out) is
+ * accepted as NCCL accepts it, a handle the communicator never gave (or
+ * gave and took back) is refused with ncclInvalidArgument.
+ */
 enum ncclResult_t ncclCommDeregister(ncclComm_t comm, void *handle);
 
 enum ncclResult_t ncclCommWindowRegister(ncclComm_t comm,

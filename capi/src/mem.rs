@@ -49,10 +49,13 @@ pub extern "C" fn ncclMemFree(ptr: *mut c_void) -> ncclResult_t {
     })
 }
 
-/// Registration lets NCCL skip copies through its own buffers. oxccl's
-/// kernels read and write user buffers in place already, so there is
-/// nothing to register: the handle is the buffer's address and
-/// deregistering it is a no-op. Said at INFO so nobody is misled.
+/// Registers a device buffer with the communicator, so that peers read it
+/// where it lies instead of through step slots (see
+/// `oxccl::Comm::register_buffer`: today, peers that are threads of this
+/// process over P2P; other processes' and network peers still take the
+/// step slots). NCCL_LOCAL_REGISTER=0 turns it off: the handle is NULL, as
+/// NCCL's. Host memory, another GPU's memory and a range past its
+/// allocation are refused with ncclInvalidArgument.
 #[no_mangle]
 pub extern "C" fn ncclCommRegister(
     comm: ncclComm_t,
@@ -61,22 +64,28 @@ pub extern "C" fn ncclCommRegister(
     handle: *mut *mut c_void,
 ) -> ncclResult_t {
     entry("ncclCommRegister", || {
-        crate::handle::get(comm)?;
+        let h = crate::handle::get(comm)?;
         if handle.is_null() {
             return Err(Error::InvalidArgument("handle is NULL".into()));
         }
-        tracing::info!(target: "oxccl::capi", "ncclCommRegister({buff:p}, {size} B): nothing to register (oxccl uses user buffers in place)");
+        let reg = h.comm.register_buffer(buff as u64, size)?;
         // SAFETY: non-null; NCCL's contract makes it writable.
-        unsafe { handle.write(buff) };
+        unsafe { handle.write(reg.map_or(std::ptr::null_mut(), |r| r as usize as *mut c_void)) };
         ok()
     })
 }
 
+/// Releases a registration; NULL (what NCCL_LOCAL_REGISTER=0 hands out) is
+/// accepted as NCCL accepts it, a handle the communicator never gave (or
+/// gave and took back) is refused with ncclInvalidArgument.
 #[no_mangle]
 pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
-    let _ = (handle,);
     entry("ncclCommDeregister", || {
-        crate::handle::get(comm)?;
+        let h = crate::handle::get(comm)?;
+        if handle.is_null() {
+            return ok();
+        }
+        h.comm.deregister_buffer(handle as u64)?;
         ok()
     })
 }

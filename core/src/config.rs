@@ -854,9 +854,9 @@ settings! {
         launch_mode: Option<String> = "LAUNCH_MODE", "" in DevicePath, check LAUNCH_MODE;
         /// NCCL's 1 (its default) connects peers at their first operation, 0 at creation. oxccl connects as its paths do whatever the value: a GPU communicator connects every peer at creation (its device window is set up then), a host-memory communicator each peer at its first operation with it; a value that asks for the other (1 on a GPU, 0 on host memory) is named in a WARN.
         runtime_connect: Option<bool> = "RUNTIME_CONNECT", "" in Transports;
-        /// NCCL's registration of user buffers captured in CUDA graphs. Buffer registration is not built yet: 1 set explicitly is named in a WARN, and nothing is registered; 0 is accepted.
+        /// 1 (NCCL's default): the buffers of a GPU collective or send captured into a CUDA graph count as registered (their device memory checked at capture), so that peers that are threads of this process read them where they lie for the graph's life, as with ncclCommRegister; the application keeps them allocated while the graph may run, as NCCL asks. 0: captured operations use registered buffers only.
         graph_register: bool = "GRAPH_REGISTER", "1" in DevicePath;
-        /// NCCL's registration of buffers given to ncclCommRegister. Buffer registration is not built yet: 1 set explicitly is named in a WARN, and nothing is registered; 0 is accepted.
+        /// 1 (NCCL's default): ncclCommRegister registers device buffers with a GPU communicator, so that its peers that are threads of this process over P2P read them where they lie instead of through step slots (send/recv, all_gather, broadcast, the all_reduce ring's all-gather half); other processes' and network peers still take the step slots. 0: ncclCommRegister registers nothing and hands back a NULL handle, as NCCL's.
         local_register: bool = "LOCAL_REGISTER", "1" in DevicePath;
         /// 0 (NCCL's default): a GPU communicator's proxy thread, which drives its transfers through the network and shared memory, runs on the CPUs local to its GPU (sysfs's local_cpulist of its PCI device) that the process also inherited, as NCCL binds its threads; where the two share none, it keeps the inherited set. 1: on the GPU's CPUs alone, ignoring the inherited set (the kernel still holds a thread within its cpuset), as NCCL's 1. Host-memory communicators bind nothing.
         ignore_cpu_affinity: bool = "IGNORE_CPU_AFFINITY", "0" in Transports;
@@ -984,7 +984,7 @@ settings! {
         "NCCL_SYM_GIN_KERNELS_ENABLE" = "no symmetric-memory kernels and no GPU-initiated networking (GIN)";
         "NCCL_RMA_EAGER_INIT" = "no one-sided RMA: windows and signals are stubs";
         "NCCL_WIN_ENABLE" = "no window registration: ncclCommWindowRegister is a stub";
-        "NCCL_LEGACY_CUDA_REGISTER" = "buffer registration is not built yet, so there is nothing to register";
+        "NCCL_LEGACY_CUDA_REGISTER" = "registered buffers are read in place by peers of the same process only: other processes do not map them through CUDA IPC yet";
         "NCCL_NVB_DISABLE" = "oxccl never routes between GPUs of a host through an intermediate GPU";
         "NCCL_PXN_DISABLE" = "no PXN: oxccl never sends through a NIC of another GPU";
         "NCCL_P2P_PXN_LEVEL" = "no PXN: oxccl never sends through a NIC of another GPU";
@@ -1305,8 +1305,6 @@ impl Config {
                 ));
             }
         };
-        set("GRAPH_REGISTER", self.graph_register, "buffer registration is not implemented yet, so captured buffers are not registered; the collectives run as without it");
-        set("LOCAL_REGISTER", self.local_register, "buffer registration is not implemented yet, so ncclCommRegister registers nothing; the collectives run as without it");
         let group = self
             .launch_mode
             .as_deref()
@@ -1852,9 +1850,9 @@ mod tests {
     }
 
     /// NCCL_GRAPH_REGISTER, NCCL_LOCAL_REGISTER and NCCL_LAUNCH_MODE take
-    /// NCCL's values strictly; set to what oxccl does not do (register,
-    /// launch cooperatively), each is named in a WARN once, and their
-    /// defaults say nothing. NCCL_RUNTIME_CONNECT is named where it asks a
+    /// NCCL's values strictly; set to what oxccl does not do (launch
+    /// cooperatively), it is named in a WARN once, and defaults say
+    /// nothing. NCCL_RUNTIME_CONNECT is named where it asks a
     /// path for what it does not do.
     #[test]
     fn settings_accepted_but_not_acted_on_say_so() {
@@ -1865,11 +1863,14 @@ mod tests {
         ])
         .unwrap();
         let named: Vec<&str> = c.unhonoured().iter().map(|(n, _)| *n).collect();
-        assert_eq!(named, ["NCCL_GRAPH_REGISTER", "NCCL_LAUNCH_MODE"]);
+        // Registration is built: both registration settings act.
+        assert_eq!(named, ["NCCL_LAUNCH_MODE"]);
+        assert!(c.graph_register && !c.local_register);
         let (now, lines) = crate::log::capture_lines(|| c.warn_refused());
-        assert!(now.contains(&"NCCL_GRAPH_REGISTER"), "{now:?}");
+        assert!(now.contains(&"NCCL_LAUNCH_MODE"), "{now:?}");
+        assert!(!now.contains(&"NCCL_GRAPH_REGISTER"), "{now:?}");
         assert!(
-            lines.contains("NCCL WARN NCCL_GRAPH_REGISTER=1 (from api): buffer registration is not implemented yet"),
+            lines.contains("NCCL WARN NCCL_LAUNCH_MODE=group (from api)"),
             "{lines}"
         );
         let quiet = Config::load_with(&[("LAUNCH_MODE", "PARALLEL")]).unwrap();

@@ -50,6 +50,11 @@
 #define OXCCL_PROTO_SIMPLE 0
 #define OXCCL_PROTO_LL 1
 
+// In a simple slot's size word: the slot holds, in its first 8 bytes, the
+// address of the slice in the sender's registered buffer, which the
+// receiver reads where it lies (see CollArgs::direct_in).
+#define OXCCL_SIZE_DIRECT (1ull << 63)
+
 // Layout and peers of a window; at offset 0 of every window. Mirrored by
 // `WinHeader` in core/src/cuda/abi.rs.
 struct WinHeader {
@@ -111,6 +116,17 @@ struct CollArgs {
   // gives up and the blocks return without trapping, so the context stays
   // usable. 0: none.
   u64 abort;
+  // Registered buffers (ncclCommRegister), a bit per peer rank: the peers
+  // that read this rank's input (direct_in) or output (direct_out) where it
+  // lies, at this process's addresses. A slice sent to such a peer from
+  // there posts its address in the slot instead of its bytes; the sender
+  // waits at its end until the peer has read every such slice, so the
+  // buffer may change after the launch as after any other. direct_from:
+  // the peers that may post so to this rank (whose slot size words are in
+  // device memory); only their size words are read.
+  u64 direct_in;
+  u64 direct_out;
+  u64 direct_from;
   DevStep steps[OXCCL_MAX_STEPS];
 };
 
@@ -177,7 +193,7 @@ struct OxChan {
   const WinHeader* h;
   u32 me, n, maxch, nslots, ch;
   bool ll;
-  u64 slot_bytes, timeout_ns, abort;
+  u64 slot_bytes, timeout_ns, abort, direct_from;
   u64 off_tail, off_head, off_size;
 
   __device__ __forceinline__ void init(const WinHeader* hdr, bool use_ll) {
@@ -220,10 +236,22 @@ struct OxChan {
   __device__ __forceinline__ volatile u64* size_at(u32 p, u64 step) const {
     return (volatile u64*)((char*)h->peer[p] + off_size) + cell(oxccl_pidx(me, p, n)) * nslots + step % nslots;
   }
+  // The size word of slot `step` from p, in my area.
+  __device__ __forceinline__ volatile u64* size_from(u32 p, u64 step) const {
+    return (volatile u64*)((char*)h->mine[p] + off_size) + cell(oxccl_pidx(p, me, n)) * nslots + step % nslots;
+  }
   // Makes a slice stored into p's slot `step` (`bytes` long) visible, then
   // posts it: the size first (a proxy sends that many bytes), then `tail`.
   __device__ __forceinline__ void post(u32 p, u64 step, u64 bytes) const {
     *size_at(p, step) = bytes;
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+    oxccl_st_relaxed_sys(tail_at(p), step + 1);
+  }
+  // Posts slot `step` to p as the address of a slice p reads where it lies
+  // (`bytes` long at `at`), once the block's stores to it are visible.
+  __device__ __forceinline__ void post_direct(u32 p, u64 step, u64 bytes, const void* at) const {
+    *(volatile u64*)fifo_at(p, step) = (u64)at;
+    *size_at(p, step) = bytes | OXCCL_SIZE_DIRECT;
     asm volatile("fence.acq_rel.sys;" ::: "memory");
     oxccl_st_relaxed_sys(tail_at(p), step + 1);
   }
@@ -252,6 +280,9 @@ struct OxShared {
   // receiving group's.
   volatile u32 aborted;
   volatile u32 aborted_recv;
+  // The peers this launch posted slices to by address (a bit each), whose
+  // reads the block waits for before it ends.
+  volatile u64 direct_sent;
 };
 
 // A barrier among `n` threads of the block (named barrier `id`; 0 is
@@ -275,7 +306,30 @@ __device__ __forceinline__ bool oxccl_claim_recv(const OxChan& c, OxShared& sh, 
   const u64 r = sh.recvd[p];
   const bool ok = r < sh.tail[p] || oxccl_wait_geq(c.tail_from(p), r + 1, c.timeout_ns, c.abort, &sh.tail[p]);
   sh.rbuf = c.fifo_from(p, r);
+  // A slice posted by address: read where it lies, in p's buffer. The size
+  // word was stored before the tail that the wait acquired.
+  if (ok && ((c.direct_from >> p) & 1) && (*c.size_from(p, r) & OXCCL_SIZE_DIRECT))
+    sh.rbuf = (char*)*(const volatile u64*)sh.rbuf;
   return ok;
+}
+
+// The peers that read buffer `buf` (OXCCL_BUF_*) where it lies.
+__device__ __forceinline__ u64 oxccl_direct_mask(const CollArgs& a, u8 buf) {
+  return buf == OXCCL_BUF_INPUT ? a.direct_in : buf == OXCCL_BUF_OUTPUT ? a.direct_out : 0;
+}
+
+// Where a slice sent to `send` lies in memory that peer reads itself (see
+// CollArgs::direct_in), or 0 (it goes through the slot): the step's
+// destination, which holds what is sent, or its source when the slice is
+// sent as it is (nothing received, nothing transformed).
+template <typename T, typename Op>
+__device__ __forceinline__ const T* oxccl_direct(const CollArgs& a, const OxChan& c, int send, bool recv, u8 src_buf,
+                                                 const T* src, u8 dst_buf, const T* dst, u32 flags) {
+  if (c.ll || send < 0) return 0;
+  if (dst && ((oxccl_direct_mask(a, dst_buf) >> send) & 1)) return dst;
+  const bool transform = (Op::PRE && (flags & (OXCCL_F_PRE_S | OXCCL_F_PRE_R))) || (Op::POST && (flags & OXCCL_F_POST));
+  if (!recv && src && !transform && ((oxccl_direct_mask(a, src_buf) >> send) & 1)) return src;
+  return 0;
 }
 
 // Thread 0 waits until the slices are there / the slots are free; then the
@@ -284,7 +338,7 @@ __device__ __forceinline__ bool oxccl_claim_recv(const OxChan& c, OxShared& sh, 
 // (on every thread alike) when the launch was aborted: nothing was moved.
 template <typename T, typename Op>
 __device__ __forceinline__ bool oxccl_slice(const OxChan& c, OxShared& sh, int recv, int send, const T* src, T* dst,
-                                            u64 n, u32 flags, const Scalars& sc) {
+                                            u64 n, u32 flags, const Scalars& sc, const T* direct) {
   if (threadIdx.x == 0) {
     bool ok = true;
     if (recv >= 0) ok = oxccl_claim_recv(c, sh, recv);
@@ -293,11 +347,15 @@ __device__ __forceinline__ bool oxccl_slice(const OxChan& c, OxShared& sh, int r
   }
   __syncthreads();
   if (sh.aborted) return false;
-  oxccl_reduce_copy<T, Op>(src, recv >= 0 ? (const T*)sh.rbuf : 0, dst, send >= 0 ? (T*)sh.sbuf : 0, n, flags, sc,
-                           threadIdx.x, blockDim.x);
+  oxccl_reduce_copy<T, Op>(src, recv >= 0 ? (const T*)sh.rbuf : 0, dst, send >= 0 && !direct ? (T*)sh.sbuf : 0, n,
+                           flags, sc, threadIdx.x, blockDim.x);
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (send >= 0) {
+    if (send >= 0 && direct) {
+      c.post_direct(send, sh.sent[send], n * sizeof(T), direct);
+      sh.direct_sent = sh.direct_sent | (1ull << send);
+      sh.sent[send]++;
+    } else if (send >= 0) {
       c.post(send, sh.sent[send], n * sizeof(T));
       sh.sent[send]++;
     }
@@ -408,9 +466,9 @@ __device__ __noinline__ bool oxccl_slice_ll(const OxChan& c, OxShared& sh, int r
 // One slice through the launch's FIFO.
 template <typename T, typename Op>
 __device__ __forceinline__ bool oxccl_move(const OxChan& c, OxShared& sh, int recv, int send, const T* src, T* dst,
-                                           u64 n, u32 flags, const Scalars& sc) {
+                                           u64 n, u32 flags, const Scalars& sc, const T* direct = 0) {
   if (c.ll) return oxccl_slice_ll<T, Op>(c, sh, recv, send, src, dst, n, flags, sc);
-  return oxccl_slice<T, Op>(c, sh, recv, send, src, dst, n, flags, sc);
+  return oxccl_slice<T, Op>(c, sh, recv, send, src, dst, n, flags, sc, direct);
 }
 
 __device__ __forceinline__ void oxccl_chunk(u64 lo, u64 hi, u32 nchunks, u32 chunk, u64 align, u64* clo, u64* chi) {
@@ -464,12 +522,20 @@ __device__ __forceinline__ void oxccl_side_by_side(const CollArgs& a, const OxCh
       if (tid == 0 && !oxccl_claim_send(c, sh, peer)) sh.aborted = 1;
       oxccl_bar(1, nthr);
       if (sh.aborted) break;
-      oxccl_reduce_copy<T, Op>(oxccl_buf<T>(a, ds.src_buf, ds.src_block, e0), 0,
-                               guard ? 0 : oxccl_buf<T>(a, ds.dst_buf, ds.dst_block, e0), (T*)sh.sbuf, ne, pre | fin,
-                               a.sc, tid, nthr);
+      const T* src = oxccl_buf<T>(a, ds.src_buf, ds.src_block, e0);
+      T* dst = guard ? 0 : oxccl_buf<T>(a, ds.dst_buf, ds.dst_block, e0);
+      // The exchange's receivers overwrite the source in place: never read
+      // by address.
+      const T* direct = guard ? 0 : oxccl_direct<T, Op>(a, c, peer, false, ds.src_buf, src, ds.dst_buf, dst, pre | fin);
+      oxccl_reduce_copy<T, Op>(src, 0, dst, direct ? 0 : (T*)sh.sbuf, ne, pre | fin, a.sc, tid, nthr);
       oxccl_bar(1, nthr);
       if (tid == 0) {
-        c.post(peer, sh.sent[peer], ne * sizeof(T));
+        if (direct) {
+          c.post_direct(peer, sh.sent[peer], ne * sizeof(T), direct);
+          sh.direct_sent = sh.direct_sent | (1ull << peer);
+        } else {
+          c.post(peer, sh.sent[peer], ne * sizeof(T));
+        }
         sh.sent[peer]++;
         sh.local_done = j + 1;
       }
@@ -529,6 +595,7 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
   c.nslots = c.h->nslots;
   c.timeout_ns = a.timeout_ns;
   c.abort = a.abort;
+  c.direct_from = c.ll ? 0 : a.direct_from;
   c.ch = blockIdx.x;
 
   // The channel's range: an equal share, a multiple of 16 bytes, so that
@@ -552,6 +619,7 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
     sh.local_done = 0;
     sh.aborted = 0;
     sh.aborted_recv = 0;
+    sh.direct_sent = 0;
   }
   __syncthreads();
 
@@ -599,10 +667,12 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
                                     pre | fin | OXCCL_F_ROUND, a.sc))
               return;
         } else {
-          for (u64 e0 = g0; e0 < g1; e0 += S)
-            if (!oxccl_move<T, Op>(c, sh, d.recv, d.send, oxccl_buf<T>(a, d.src_buf, d.src_block, e0),
-                                    oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0), min(S, g1 - e0), pre | fin, a.sc))
-              return;
+          for (u64 e0 = g0; e0 < g1; e0 += S) {
+            const T* src = oxccl_buf<T>(a, d.src_buf, d.src_block, e0);
+            T* dst = oxccl_buf<T>(a, d.dst_buf, d.dst_block, e0);
+            const T* direct = oxccl_direct<T, Op>(a, c, d.send, d.recv >= 0, d.src_buf, src, d.dst_buf, dst, pre | fin);
+            if (!oxccl_move<T, Op>(c, sh, d.recv, d.send, src, dst, min(S, g1 - e0), pre | fin, a.sc, direct)) return;
+          }
         }
       }
       if (!any) break;
@@ -613,6 +683,19 @@ template <typename T, typename Op> __device__ __forceinline__ void oxccl_coll_bo
   // An aborted launch leaves its counters where they were: the
   // communicator is revoked, and no launch of it runs again.
   if (sh.aborted || sh.aborted_recv) return;
+  // Slices posted by address are read from the caller's buffers, which
+  // are the caller's again once the launch ends: wait for the peers to
+  // have taken every one (their head reaches what was sent).
+  if (sh.direct_sent) {
+    if (threadIdx.x == 0) {
+      for (u32 p = 0; p < c.n; p++)
+        if (((sh.direct_sent >> p) & 1) &&
+            !oxccl_wait_geq(c.head_from(p), sh.sent[p], c.timeout_ns, c.abort, &sh.head[p]))
+          sh.aborted = 1;
+    }
+    __syncthreads();
+    if (sh.aborted) return;
+  }
   for (u32 p = threadIdx.x; p < c.n; p += blockDim.x) {
     if (p == c.me) continue;
     u64* st = c.state(p);

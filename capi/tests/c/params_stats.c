@@ -160,6 +160,15 @@ static void refusals(ncclComm_t comm) {
   refused(ncclSignal(0, 0, 0, 0, comm, NULL), ncclInvalidUsage, "ncclSignal", "ncclSignal", NULL);
   refused(ncclWaitSignal(1, &desc, comm, NULL), ncclInvalidUsage, "ncclWaitSignal", "ncclWaitSignal", NULL);
   refused(ncclWinGetUserPtr(comm, NULL, &p), ncclInvalidUsage, "ncclWinGetUserPtr", "ncclWinGetUserPtr", NULL);
+  /* Registration: a host-memory communicator has nothing to register; an
+   * unknown handle is refused; NULL (NCCL_LOCAL_REGISTER=0's) is fine. */
+  void* reg = NULL;
+  refused(ncclCommRegister(comm, &x, sizeof x, &reg), ncclInvalidUsage, "ncclCommRegister on host memory",
+          "ncclCommRegister", "moves host memory");
+  EXPECT(reg == NULL, "a refused registration wrote handle %p", reg);
+  refused(ncclCommDeregister(comm, (void*)0x1234), ncclInvalidArgument, "an unknown handle", "ncclCommDeregister",
+          "no registration");
+  CHECK(ncclCommDeregister(comm, NULL));
 }
 
 /* ncclCommQueryProperties on a one-rank host communicator: what is true. */

@@ -325,6 +325,7 @@ impl Core {
         if let Some(GpuPath(dc, _)) = &device {
             if let Ok(mut dc) = dc.lock() {
                 dc.set_profiler(profiler.as_ref());
+                dc.set_graph_register(cfg.graph_register);
             }
         }
         let ring = algo::ring_order(&locality.hosts);

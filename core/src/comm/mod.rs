@@ -813,6 +813,39 @@ impl Comm {
         Ok(self.any_core()?.device.as_ref().and_then(|d| d.ordinal()))
     }
 
+    /// Registers `len` bytes of device memory at `ptr` with this rank
+    /// (NCCL's `ncclCommRegister`), so that peers read it where it lies
+    /// (see [`crate::exec::device::DeviceComm::register`]); the handle for
+    /// [`Comm::deregister_buffer`]. `None` where NCCL_LOCAL_REGISTER=0
+    /// turns registration off, as NCCL hands back NULL then. Refused for
+    /// host memory, memory of another GPU, and on a communicator of host
+    /// memory.
+    pub fn register_buffer(&self, ptr: u64, len: usize) -> Result<Option<u64>> {
+        let core = self.any_core()?;
+        if !core.cfg.local_register {
+            tracing::info!(target: "oxccl::reg", "rank {}: NCCL_LOCAL_REGISTER=0: {len} bytes at {ptr:#x} not registered; operations on it take the step slots", self.shared.rank);
+            return Ok(None);
+        }
+        match &core.device {
+            Some(gpu) => on_device::lock(gpu)?.register(ptr, len).map(Some),
+            None => Err(Error::InvalidUsage(format!(
+                "ncclCommRegister({ptr:#x}, {len} bytes): this communicator moves host memory (it has no GPU), where there is nothing to register: register device buffers with a communicator on a GPU"
+            ))),
+        }
+    }
+
+    /// Releases a registration of [`Comm::register_buffer`] (NCCL's
+    /// `ncclCommDeregister`); refused for a handle it did not give.
+    pub fn deregister_buffer(&self, handle: u64) -> Result<()> {
+        let core = self.any_core()?;
+        match &core.device {
+            Some(gpu) => on_device::lock(gpu)?.deregister(handle),
+            None => Err(Error::InvalidArgument(format!(
+                "ncclCommDeregister: handle {handle:#x} is no registration of this communicator (it moves host memory and registers nothing)"
+            ))),
+        }
+    }
+
     /// What the communicator allocated and holds (see [`MemStats`]).
     pub fn mem_stats(&self) -> Result<MemStats> {
         let core = self.any_core()?;

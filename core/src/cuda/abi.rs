@@ -85,6 +85,14 @@ pub struct CollArgs {
     /// Mapped host address of the word that ends the launch when set (a
     /// revoke; see [`crate::exec::device::DeviceStop`]); 0: none.
     pub abort: u64,
+    /// Registered buffers: the peers (a bit per rank) that read this
+    /// rank's input, resp. output, where it lies (at this process's
+    /// addresses), so that slices sent to them from there post their
+    /// address instead of their bytes; and the peers that may post so to
+    /// this rank (see `direct_in` in coll.cu). 0: none.
+    pub direct_in: u64,
+    pub direct_out: u64,
+    pub direct_from: u64,
     pub steps: [DevStep; MAX_STEPS],
 }
 
@@ -223,8 +231,10 @@ mod tests {
         assert_eq!(offset_of!(CollArgs, group), 88);
         assert_eq!(offset_of!(CollArgs, stamps), 96);
         assert_eq!(offset_of!(CollArgs, abort), 104);
-        assert_eq!(offset_of!(CollArgs, steps), 112);
-        assert_eq!(size_of::<CollArgs>(), 112 + 16 * MAX_STEPS);
+        assert_eq!(offset_of!(CollArgs, direct_in), 112);
+        assert_eq!(offset_of!(CollArgs, direct_from), 128);
+        assert_eq!(offset_of!(CollArgs, steps), 136);
+        assert_eq!(size_of::<CollArgs>(), 136 + 16 * MAX_STEPS);
         assert_eq!(offset_of!(ReduceArgs, count), 128);
         assert_eq!(offset_of!(ReduceArgs, flags), 168);
         assert_eq!(size_of::<ReduceArgs>(), 184);

@@ -213,6 +213,46 @@ pub fn address_range(ptr: u64) -> Option<(u64, u64)> {
     (r == sys::CUresult::CUDA_SUCCESS && base != 0 && size != 0).then_some((base, size as u64))
 }
 
+/// The driver's id of the allocation holding `ptr`
+/// (CU_POINTER_ATTRIBUTE_BUFFER_ID: never reused in a process, so a freed
+/// allocation's successor at the same address has another), or None where
+/// CUDA knows no allocation there.
+pub fn buffer_id(ptr: u64) -> Option<u64> {
+    if super::device::driver().is_err() || ptr == 0 {
+        return None;
+    }
+    let mut id: u64 = 0;
+    // SAFETY: `id` is a valid out-pointer of the attribute's size (an
+    // unsigned long long); the driver only reads its tables for `ptr`.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut id as *mut u64).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+            ptr,
+        )
+    };
+    (r == sys::CUresult::CUDA_SUCCESS && id != 0).then_some(id)
+}
+
+/// The GPU (CUDA's ordinal) whose memory `ptr` is, or None where CUDA
+/// knows no allocation there.
+pub fn device_of(ptr: u64) -> Option<usize> {
+    if super::device::driver().is_err() || ptr == 0 {
+        return None;
+    }
+    let mut ordinal: i32 = -1;
+    // SAFETY: `ordinal` is a valid out-pointer of the attribute's size (an
+    // int); the driver only reads its tables for `ptr`.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    };
+    (r == sys::CUresult::CUDA_SUCCESS && ordinal >= 0).then_some(ordinal as usize)
+}
+
 fn is_managed(ptr: u64) -> bool {
     let mut managed: u32 = 0;
     // SAFETY: `managed` is a valid out-pointer of the attribute's size (a

@@ -29,7 +29,7 @@ pub use event::Event;
 pub use ipc::{IpcMapping, IpcMemHandle};
 pub use kernels::{FillPattern, KernelSet};
 pub use memory::{
-    alloc_raw, export_dma_buf, free_raw, pointer_kind, read_raw, DeviceBuffer, PtrKind,
+    alloc_raw, buffer_id, export_dma_buf, free_raw, pointer_kind, read_raw, DeviceBuffer, PtrKind,
 };
 pub use pinned::{HostFlag, HostMapping, PinnedHost, Registered};
 pub use stream::{MemOp, RawStream, Stream};

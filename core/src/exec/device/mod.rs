@@ -20,6 +20,7 @@
 pub mod config;
 pub mod oob;
 mod plan;
+pub mod registry;
 mod shared;
 pub mod stamps;
 pub mod stop;
@@ -142,6 +143,22 @@ pub struct DeviceComm {
     /// The protocol the next launches are held to (a call's own, see
     /// [`DeviceComm::hold_protocol`]).
     held: Option<Proto>,
+    /// Buffers registered with this rank (`ncclCommRegister`).
+    registry: registry::Registry,
+    /// NCCL_GRAPH_REGISTER: buffers of launches captured into a CUDA graph
+    /// count as registered (their device memory checked), as NCCL
+    /// registers them for the graph's life.
+    graph_register: bool,
+    /// Launches whose peers read a registered buffer where it lies.
+    direct_launches: u64,
+}
+
+/// Which peers (a bit per rank) a launch lets read its input and its
+/// output where they lie (registered buffers; see `registry`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Direct {
+    input: u64,
+    output: u64,
 }
 
 /// The profiler events of the operations the next launches run, which
@@ -234,6 +251,104 @@ impl DeviceComm {
             announce: false,
             parents: None,
             held: None,
+            registry: registry::Registry::new(device),
+            graph_register: true,
+            direct_launches: 0,
+        })
+    }
+
+    /// Registers `len` bytes of device memory at `ptr` with this rank
+    /// (NCCL's `ncclCommRegister`): where a peer that is a thread of this
+    /// process reads from it (send/recv, all_gather, broadcast, and the
+    /// all_reduce ring's all-gather half), it reads it where it lies
+    /// instead of through a step slot. The handle, for
+    /// [`DeviceComm::deregister`]. Refused for host memory, another GPU's,
+    /// or a range past its allocation.
+    pub fn register(&mut self, ptr: u64, len: usize) -> Result<u64> {
+        let h = self.registry.register(ptr, len, &registry::Probe::of)?;
+        tracing::info!(target: "oxccl::reg", "rank {}: registered {len} bytes at {ptr:#x} (handle {h:#x}); {} buffer(s) registered", self.rank, self.registry.len());
+        Ok(h)
+    }
+
+    /// Releases a registration made by [`DeviceComm::register`]; refused
+    /// for a handle it did not give or gave and took back.
+    pub fn deregister(&mut self, handle: u64) -> Result<()> {
+        self.registry.deregister(handle)?;
+        tracing::info!(target: "oxccl::reg", "rank {}: deregistered handle {handle:#x}; {} buffer(s) registered", self.rank, self.registry.len());
+        Ok(())
+    }
+
+    /// Buffers registered now.
+    pub fn registered(&self) -> usize {
+        self.registry.len()
+    }
+
+    /// NCCL_GRAPH_REGISTER (on by default): buffers of operations captured
+    /// into a CUDA graph count as registered.
+    pub fn set_graph_register(&mut self, on: bool) {
+        self.graph_register = on;
+    }
+
+    /// Launches so far whose peers read a registered buffer of this rank
+    /// where it lies (no step slot): what shows the direct path ran.
+    pub fn direct_launches(&self) -> u64 {
+        self.direct_launches
+    }
+
+    /// Whether `len` bytes at `ptr` may be read by peers where they lie:
+    /// registered, or (NCCL_GRAPH_REGISTER) device memory of an operation
+    /// being captured into a graph. A registration whose memory was freed
+    /// is an error.
+    fn readable_in_place(&self, ptr: u64, len: usize, stream: RawStream) -> Result<bool> {
+        if self
+            .registry
+            .covering(ptr, len, &registry::Probe::of)?
+            .is_some()
+        {
+            return Ok(true);
+        }
+        if !self.graph_register || ptr == 0 || len == 0 || stream.capture_id()?.is_none() {
+            return Ok(false);
+        }
+        let p = registry::Probe::of(ptr);
+        Ok(p.kind == crate::cuda::PtrKind::Device
+            && p.device == Some(self.ctx.device().ordinal())
+            && p.range
+                .is_some_and(|(b, n)| ptr.saturating_add(len as u64) <= b + n))
+    }
+
+    /// The peers that may read a collective's buffers where they lie: the
+    /// same-process P2P peers, for the schedules whose sent slices are
+    /// final data that the sender leaves untouched until the launch ends
+    /// (all_gather and broadcast: input and output; the all_reduce ring:
+    /// its output, which its all-gather half sends from).
+    #[allow(clippy::too_many_arguments)] // one collective's buffers
+    fn collective_direct(
+        &self,
+        coll: Coll,
+        algo: Algo,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        stream: RawStream,
+    ) -> Result<Direct> {
+        let peers = self.window.same_process_p2p();
+        if peers == 0 || (self.registry.is_empty() && !self.graph_register) {
+            return Ok(Direct::default());
+        }
+        let bytes = count * dtype.size();
+        let (in_bytes, out_bytes) = match (coll, algo) {
+            (Coll::AllGather, Algo::Ring) => (bytes, bytes * self.nranks),
+            (Coll::Broadcast { .. }, Algo::Ring) => (bytes, bytes),
+            (Coll::AllReduce, Algo::Ring) => (0, bytes),
+            _ => return Ok(Direct::default()),
+        };
+        let input = in_bytes > 0 && self.readable_in_place(send, in_bytes, stream)?;
+        let output = self.readable_in_place(recv, out_bytes, stream)?;
+        Ok(Direct {
+            input: if input { peers } else { 0 },
+            output: if output { peers } else { 0 },
         })
     }
 
@@ -597,7 +712,18 @@ impl DeviceComm {
             }
         }
         let t = self.template(coll, choice.algo)?;
-        self.launch(t, send, recv, count, dtype, op, stream, choice.channels)
+        let direct = self.collective_direct(coll, choice.algo, send, recv, count, dtype, stream)?;
+        self.launch(
+            t,
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+            stream,
+            choice.channels,
+            direct,
+        )
     }
 
     /// Sends `count` elements to `peer`, which calls [`DeviceComm::recv`]
@@ -620,7 +746,38 @@ impl DeviceComm {
         }
         let nch = self.channels_for(count * dtype.size());
         let t = Template::send(peer);
-        self.launch(t, buf, 0, count, dtype, RedOp::Sum, stream, nch)
+        let direct = self.p2p_direct(&[(peer, buf)], count * dtype.size(), stream)?;
+        self.launch(t, buf, 0, count, dtype, RedOp::Sum, stream, nch, direct)
+    }
+
+    /// The peers that may read a group's send buffers where they lie: each
+    /// same-process P2P peer all of whose messages come from registered
+    /// buffers.
+    fn p2p_direct(
+        &self,
+        sends: &[(usize, u64)],
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<Direct> {
+        let peers = self.window.same_process_p2p();
+        if peers == 0 || (self.registry.is_empty() && !self.graph_register) {
+            return Ok(Direct::default());
+        }
+        let (mut yes, mut no) = (0u64, 0u64);
+        for &(p, b) in sends {
+            if p >= 64 || peers & (1 << p) == 0 {
+                continue;
+            }
+            if self.readable_in_place(b, bytes, stream)? {
+                yes |= 1 << p;
+            } else {
+                no |= 1 << p;
+            }
+        }
+        Ok(Direct {
+            input: yes & !no,
+            output: 0,
+        })
     }
 
     /// Receives `count` elements from `peer` into `buf`.
@@ -639,7 +796,17 @@ impl DeviceComm {
         }
         let nch = self.channels_for(count * dtype.size());
         let t = Template::recv(peer);
-        self.launch(t, 0, buf, count, dtype, RedOp::Sum, stream, nch)
+        self.launch(
+            t,
+            0,
+            buf,
+            count,
+            dtype,
+            RedOp::Sum,
+            stream,
+            nch,
+            Direct::default(),
+        )
     }
 
     /// A group's sends and receives, `count` elements each, as one kernel
@@ -752,17 +919,33 @@ impl DeviceComm {
         }
         match fused_p2p(&sends, &recvs, bytes) {
             Some((t, input, output)) => {
-                self.launch(t, input, output, count, dtype, RedOp::Sum, stream, nch)
+                // One kernel moves every message, so a send's wait for its
+                // reader at the end never holds up a receive.
+                let direct = self.p2p_direct(&sends, bytes, stream)?;
+                self.launch(
+                    t,
+                    input,
+                    output,
+                    count,
+                    dtype,
+                    RedOp::Sum,
+                    stream,
+                    nch,
+                    direct,
+                )
             }
             None => {
                 tracing::debug!(target: "oxccl::coll", "send/recv group of {} send(s), {} recv(s) not addressable from one base: one kernel each", sends.len(), recvs.len());
+                // Sends never read in place here: a send kernel that waited
+                // for its reader would hold up this rank's receives after it.
+                let none = Direct::default();
                 for &(p, b) in &sends {
                     let t = Template::send(p);
-                    self.launch(t, b, 0, count, dtype, RedOp::Sum, stream, nch)?;
+                    self.launch(t, b, 0, count, dtype, RedOp::Sum, stream, nch, none)?;
                 }
                 for &(p, b) in &recvs {
                     let t = Template::recv(p);
-                    self.launch(t, 0, b, count, dtype, RedOp::Sum, stream, nch)?;
+                    self.launch(t, 0, b, count, dtype, RedOp::Sum, stream, nch, none)?;
                 }
                 Ok(())
             }
@@ -860,6 +1043,7 @@ impl DeviceComm {
         op: RedOp,
         stream: RawStream,
         channels: usize,
+        direct: Direct,
     ) -> Result<()> {
         if count == 0 {
             return Ok(());
@@ -885,7 +1069,7 @@ impl DeviceComm {
             Some(st) if self.timed && !self.capturing() => st.claim(nch),
             _ => None,
         };
-        let args = CollArgs {
+        let mut args = CollArgs {
             comm: self.window.buf.ptr(),
             input,
             output,
@@ -903,8 +1087,24 @@ impl DeviceComm {
                 _ => 0,
             },
             abort: self.stop.device_word(),
+            direct_in: 0,
+            direct_out: 0,
+            direct_from: 0,
             steps: t.steps,
         };
+        // Registered buffers are read in place through the simple FIFO only
+        // (an LL line carries its data with its flag).
+        if !ll {
+            args.direct_from = self.window.same_process_p2p();
+            let (i, o) = (
+                direct.input & args.direct_from,
+                direct.output & args.direct_from,
+            );
+            if sends_in_place(&t, i, o) {
+                (args.direct_in, args.direct_out) = (i, o);
+            }
+        }
+        let in_place = args.direct_in | args.direct_out;
         if let Some(e) = self.window.failure() {
             return Err(e.context("the network proxy of this communicator stopped"));
         }
@@ -928,6 +1128,14 @@ impl DeviceComm {
             }
         }
         let r = kernel.launch(shape.channels, self.cfg.threads, stream, &args);
+        if r.is_ok() && in_place != 0 {
+            self.direct_launches += 1;
+            if self.direct_launches == 1 {
+                let peers: Vec<usize> = (0..64).filter(|p| in_place & (1 << p) != 0).collect();
+                tracing::info!(target: "oxccl::reg", "rank {}: peers {peers:?} read this rank's registered {} where it lies, no step slot (first such launch of this communicator)", self.rank,
+                    match (args.direct_in != 0, args.direct_out != 0) { (true, true) => "input and output", (true, false) => "input", _ => "output" });
+            }
+        }
         if r.is_err() && self.announce {
             self.announce = false;
             self.window.lost();
@@ -1065,6 +1273,28 @@ impl DeviceComm {
     }
 }
 
+/// Whether a step of `t` sends from a buffer its peer reads in place
+/// (`input`, `output`: the peers that read each, a bit per rank), as the
+/// kernel's `oxccl_direct` decides: from the step's destination, or from
+/// its source where it receives nothing. The exchange (a step that sends
+/// its source and overwrites it in place) never does.
+fn sends_in_place(t: &Template, input: u64, output: u64) -> bool {
+    use crate::cuda::abi::{BUF_INPUT, BUF_OUTPUT};
+    let reads = |buf: u8, peer: i16| {
+        let mask = match buf {
+            BUF_INPUT => input,
+            BUF_OUTPUT => output,
+            _ => 0,
+        };
+        (0..64).contains(&peer) && mask & (1 << peer) != 0
+    };
+    t.steps[..t.nsteps as usize].iter().any(|d| {
+        d.send >= 0
+            && d.flags & crate::cuda::abi::STEP_SEND_LOCAL == 0
+            && (reads(d.dst_buf, d.send) || (d.recv < 0 && reads(d.src_buf, d.send)))
+    })
+}
+
 /// One template for a group of sends and receives of `bytes` each, when
 /// every buffer is a whole number of blocks from the lowest of its side:
 /// the template, the input base and the output base.
@@ -1092,4 +1322,28 @@ fn fused_p2p(
         steps.push(t);
     }
     Some((Template::from_steps(&steps).ok()?, ib, ob))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn which_schedules_send_from_buffers_read_in_place() {
+        let peer1 = 1 << 1;
+        let ag = plan::template(Algo::Ring, Coll::AllGather, 0, 2).unwrap();
+        assert!(sends_in_place(&ag, 0, peer1), "from its output");
+        assert!(sends_in_place(&ag, peer1, 0), "from its input");
+        assert!(!sends_in_place(&ag, 1 << 0, 0), "no bit for the peer");
+        let ar = plan::template(Algo::Ring, Coll::AllReduce, 0, 2).unwrap();
+        assert!(sends_in_place(&ar, 0, peer1), "the final reduced slices");
+        // The exchange overwrites what it sends: never in place.
+        let ex = plan::template(Algo::RecDoubling, Coll::AllReduce, 0, 2).unwrap();
+        assert!(!sends_in_place(&ex, peer1, peer1));
+        // A broadcast's last rank only receives.
+        let leaf = plan::template(Algo::Ring, Coll::Broadcast { root: 0 }, 1, 2).unwrap();
+        assert!(!sends_in_place(&leaf, 1, 1));
+        assert!(sends_in_place(&Template::send(1), peer1, 0));
+        assert!(!sends_in_place(&Template::recv(1), peer1, peer1));
+    }
 }

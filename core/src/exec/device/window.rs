@@ -777,6 +777,16 @@ impl Window {
         self.buf.write(0, &header.to_bytes())
     }
 
+    /// The P2P peers that are threads of this process (a bit per rank):
+    /// they address this rank's device memory at this rank's addresses,
+    /// so they can read its registered buffers where they lie.
+    pub fn same_process_p2p(&self) -> u64 {
+        self.maps
+            .iter()
+            .filter(|(p, m)| *p < 64 && matches!(m, PeerMap::Direct { .. }))
+            .fold(0, |mask, (p, _)| mask | 1 << p)
+    }
+
     /// Refuses a launch while suspended.
     pub fn check_active(&self) -> Result<()> {
         if self.suspended {
