@@ -1199,6 +1199,10 @@ pub const NOT_VARIABLES: &[(&str, &str)] = &[
         "NCCL_COMM_PROPERTIES_INITIALIZER",
         "nccl_device's macro for ncclCommProperties_t, used by a C test",
     ),
+    (
+        "NCCL_WIN_COLL_SYMMETRIC",
+        "nccl.h's window registration flag, used by a C test",
+    ),
 ];
 
 impl Config {
