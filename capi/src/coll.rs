@@ -4,6 +4,7 @@
 
 use std::os::raw::{c_int, c_void};
 
+use oxccl::win::ce::CeColl;
 use oxccl::{DataType, Error, Op, OpKind, RedOp};
 
 use crate::collconfig::{self, Func};
@@ -44,6 +45,27 @@ fn enqueue(
     // memory; by the end of the call or group for host memory).
     unsafe { h.comm.enqueue(op) }?;
     ok()
+}
+
+/// Runs an all_gather or all_to_all on the copy engine where
+/// `oxccl::win::ce` chooses it (output in a symmetric window, the CTA
+/// policy or OXCCL_CE_COLL); `false`: the caller enqueues it as usual.
+/// `bytes`: each rank's block.
+fn on_copy_engine(
+    h: &Handle,
+    coll: CeColl,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    bytes: usize,
+    stream: cudaStream_t,
+) -> Result<bool, Error> {
+    // SAFETY: NCCL's contract: the stream is a live stream of the
+    // communicator's GPU (or 0), and the buffers hold what the collective
+    // needs until the stream has run it.
+    unsafe {
+        let s = oxccl::cuda::RawStream::from_raw(stream as u64);
+        oxccl::win::ce::try_run(&h.comm, coll, sendbuff as u64, recvbuff as u64, bytes, s)
+    }
 }
 
 #[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
@@ -313,6 +335,12 @@ fn all_gather(
     entry(name, || {
         let h = handle::get(comm)?;
         let pc = collconfig::read(config, &h.comm, Func::AllGather)?;
+        let bytes = sendcount
+            .checked_mul(DataType::from_raw(datatype)?.size())
+            .ok_or_else(|| Error::InvalidArgument(format!("count {sendcount} is too large")))?;
+        if on_copy_engine(&h, CeColl::AllGather, sendbuff, recvbuff, bytes, stream)? {
+            return ok();
+        }
         enqueue(
             &h,
             OpKind::AllGather,
@@ -531,6 +559,11 @@ fn exchange(
                 dtype.name()
             ))
         })?;
+        if config.1 == Func::AlltoAll
+            && on_copy_engine(&h, CeColl::AllToAll, sendbuff, recvbuff, block, stream)?
+        {
+            return ok();
+        }
         oxccl::group_start();
         let mut r = Ok(());
         for p in 0..n {

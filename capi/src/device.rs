@@ -1,9 +1,9 @@
 //! The host functions of NCCL 2.31's device API (`nccl_device/core.h`):
 //! the communicator's properties, which oxccl reports as they are, and
-//! the device communicator and window pointer getters, which need
-//! symmetric memory windows (`ncclCommWindowRegister`) that oxccl does not
-//! build yet: those return `ncclInvalidUsage` with a WARN naming what is
-//! missing.
+//! the window pointer getters of peers' parts (`oxccl::win`), and the
+//! device communicator, multicast and copy-engine element getters, which
+//! need NCCL's device API that oxccl does not build: those return
+//! `ncclInvalidUsage` with a WARN naming what is missing.
 
 use std::os::raw::{c_int, c_void};
 
@@ -75,7 +75,7 @@ pub extern "C" fn ncclCommQueryProperties(
 
 /// Why each function below is refused.
 const NO_WINDOWS: &str =
-    "it needs symmetric memory windows (ncclCommWindowRegister), which oxccl does not build yet";
+    "oxccl builds memory windows (ncclCommWindowRegister) but not NCCL's device API on them (device communicators, NVLink multicast, copy-engine elements)";
 
 fn refuse(name: &'static str, what: &str) -> ncclResult_t {
     entry(name, || {
@@ -86,7 +86,7 @@ fn refuse(name: &'static str, what: &str) -> ncclResult_t {
 }
 
 /// A device communicator for kernels that communicate by themselves:
-/// refused (no symmetric memory windows).
+/// refused (NCCL's device API is not built).
 #[no_mangle]
 pub extern "C" fn ncclDevCommCreate(
     comm: ncclComm_t,
@@ -141,7 +141,10 @@ pub extern "C" fn ncclGetMultimemDevicePointer(
     )
 }
 
-/// A load/store team peer's address of a window: refused.
+/// A load/store team peer's address of a window: where rank `lsaRank`'s
+/// part is mapped in this process, `offset` bytes in. Windows span one
+/// host, so the load/store team is the communicator and its ranks are the
+/// communicator's.
 #[no_mangle]
 pub extern "C" fn ncclGetLsaDevicePointer(
     window: ncclWindow_t,
@@ -149,11 +152,12 @@ pub extern "C" fn ncclGetLsaDevicePointer(
     lsaRank: c_int,
     outPtr: *mut *mut c_void,
 ) -> ncclResult_t {
-    let _ = (window, offset, lsaRank, outPtr);
-    refuse("ncclGetLsaDevicePointer", "a window's peer pointer")
+    entry("ncclGetLsaDevicePointer", || {
+        peer_pointer(window, offset, lsaRank, outPtr)
+    })
 }
 
-/// A peer's address of a window: refused.
+/// A peer's address of a window: as ncclGetLsaDevicePointer.
 #[no_mangle]
 pub extern "C" fn ncclGetPeerDevicePointer(
     window: ncclWindow_t,
@@ -161,8 +165,33 @@ pub extern "C" fn ncclGetPeerDevicePointer(
     peer: c_int,
     outPtr: *mut *mut c_void,
 ) -> ncclResult_t {
-    let _ = (window, offset, peer, outPtr);
-    refuse("ncclGetPeerDevicePointer", "a window's peer pointer")
+    entry("ncclGetPeerDevicePointer", || {
+        peer_pointer(window, offset, peer, outPtr)
+    })
+}
+
+fn peer_pointer(
+    window: ncclWindow_t,
+    offset: usize,
+    peer: c_int,
+    out: *mut *mut c_void,
+) -> crate::guard::Outcome {
+    if out.is_null() {
+        return Err(Error::InvalidArgument("outPtr is NULL".into()));
+    }
+    let w = oxccl::win::find(window as usize)?;
+    let (base, size) = usize::try_from(peer)
+        .ok()
+        .and_then(|p| w.peer(p))
+        .ok_or_else(|| Error::InvalidArgument(format!("peer {peer} has no part of the window")))?;
+    if offset >= size {
+        return Err(Error::InvalidArgument(format!(
+            "offset {offset} is beyond peer {peer}'s part of the window ({size} bytes)"
+        )));
+    }
+    // SAFETY: non-null; NCCL's contract makes it writable.
+    unsafe { out.write((base + offset as u64) as *mut c_void) };
+    ok()
 }
 
 /// A window's multicast copy-engine element: refused.

@@ -68,15 +68,6 @@ pub(crate) fn entry(name: &'static str, body: impl FnOnce() -> Outcome) -> ncclR
     }
 }
 
-/// A function of NCCL's API that oxccl does not implement yet.
-pub(crate) fn not_implemented(name: &'static str, why: &str) -> ncclResult_t {
-    entry(name, || {
-        Err(Error::InvalidUsage(format!(
-            "not implemented by oxccl yet ({why})"
-        )))
-    })
-}
-
 /// `Ok(success)`, for bodies that have nothing else to report.
 pub(crate) fn ok() -> Outcome {
     Ok(ncclResult_t::ncclSuccess)

@@ -1,11 +1,12 @@
-//! Memory: allocation for NCCL's optimisations, buffer registration, and
-//! the device-side API oxccl does not offer.
+//! Memory: allocation for NCCL's optimisations, buffer registration,
+//! windows and the one-sided calls on them.
 
 use std::os::raw::{c_int, c_uint, c_void};
+use std::sync::Arc;
 
 use oxccl::Error;
 
-use crate::guard::{entry, not_implemented, ok};
+use crate::guard::{entry, ok};
 use crate::types::*;
 
 /// Device memory on the GPU current on this thread (cudaGetDevice's: device
@@ -90,6 +91,9 @@ pub extern "C" fn ncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> n
     })
 }
 
+/// Collective: every rank registers its buffer; same-host peers map it
+/// (see `oxccl::win`). The handle is the window object's address, kept
+/// alive by the communicator until ncclCommWindowDeregister.
 #[no_mangle]
 pub extern "C" fn ncclCommWindowRegister(
     comm: ncclComm_t,
@@ -98,39 +102,57 @@ pub extern "C" fn ncclCommWindowRegister(
     win: *mut ncclWindow_t,
     winFlags: c_int,
 ) -> ncclResult_t {
-    let _ = (comm, buff, size, win, winFlags);
-    not_implemented(
-        "ncclCommWindowRegister",
-        "symmetric memory windows; collectives work on unregistered buffers",
-    )
+    entry("ncclCommWindowRegister", || {
+        let h = crate::handle::get(comm)?;
+        if win.is_null() {
+            return Err(Error::InvalidArgument("win is NULL".into()));
+        }
+        let w = oxccl::win::register(&h.comm, buff as u64, size, winFlags)?;
+        // SAFETY: non-null; NCCL's contract makes it writable.
+        unsafe { win.write(Arc::as_ptr(&w) as ncclWindow_t) };
+        ok()
+    })
 }
 
+/// Local to the rank, as NCCL's: the peers' buffers are unmapped once the
+/// GPU's queued work is done.
 #[no_mangle]
 pub extern "C" fn ncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
-    let _ = (comm, win);
-    not_implemented("ncclCommWindowDeregister", "symmetric memory windows")
+    entry("ncclCommWindowDeregister", || {
+        let h = crate::handle::get(comm)?;
+        let w = oxccl::win::by_addr(&h.comm, win as usize)?;
+        oxccl::win::deregister(&h.comm, &w)?;
+        ok()
+    })
 }
 
-/// oxccl registers no windows (ncclCommWindowRegister refuses), so no
-/// window exists to read a pointer from.
+/// The buffer this rank registered as `win`.
 #[no_mangle]
 pub extern "C" fn ncclWinGetUserPtr(
     comm: ncclComm_t,
     win: ncclWindow_t,
     outUserPtr: *mut *mut c_void,
 ) -> ncclResult_t {
-    let _ = (comm, win, outUserPtr);
-    not_implemented(
-        "ncclWinGetUserPtr",
-        "memory windows: ncclCommWindowRegister makes none",
-    )
+    entry("ncclWinGetUserPtr", || {
+        let h = crate::handle::get(comm)?;
+        if outUserPtr.is_null() {
+            return Err(Error::InvalidArgument("outUserPtr is NULL".into()));
+        }
+        let w = oxccl::win::by_addr(&h.comm, win as usize)?;
+        // SAFETY: non-null; NCCL's contract makes it writable.
+        unsafe { outUserPtr.write(w.user_ptr() as *mut c_void) };
+        ok()
+    })
 }
 
-/// One-sided transfers write into a peer's registered window; without
-/// windows there is nothing to write into or signal on.
-const ONE_SIDED: &str =
-    "one-sided transfers and signals need memory windows, which oxccl does not offer; use ncclSend/ncclRecv";
+fn peer_arg(what: &str, peer: c_int) -> Result<usize, Error> {
+    usize::try_from(peer)
+        .map_err(|_| Error::InvalidArgument(format!("{what}: peer {peer} is negative")))
+}
 
+/// One-sided: `count` elements from `localbuff` into `peer`'s part of
+/// `peerWin` at `peerWinOffset` bytes, then a signal to `peer`, on
+/// `stream` with no kernel (a copy-engine copy and a stream write).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)] // NCCL's arguments, one each
 pub extern "C" fn ncclPutSignal(
@@ -146,22 +168,35 @@ pub extern "C" fn ncclPutSignal(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = (
-        localbuff,
-        count,
-        datatype,
-        peer,
-        peerWin,
-        peerWinOffset,
-        sigIdx,
-        ctx,
-        flags,
-        comm,
-        stream,
-    );
-    not_implemented("ncclPutSignal", ONE_SIDED)
+    entry("ncclPutSignal", || {
+        let h = crate::handle::get(comm)?;
+        let bytes = count
+            .checked_mul(oxccl::DataType::from_raw(datatype)?.size())
+            .ok_or_else(|| Error::InvalidArgument(format!("count {count} is too large")))?;
+        if peerWin.is_null() {
+            return Err(Error::InvalidArgument("peerWin is NULL".into()));
+        }
+        let w = oxccl::win::by_addr(&h.comm, peerWin as usize)?;
+        // SAFETY: NCCL's contract: the stream is a live stream of the
+        // communicator's GPU (or 0).
+        let s = unsafe { oxccl::cuda::RawStream::from_raw(stream as u64) };
+        oxccl::win::signal::put_signal(
+            &h.comm,
+            localbuff as u64,
+            bytes,
+            peer_arg("ncclPutSignal", peer)?,
+            &w,
+            peerWinOffset,
+            sigIdx,
+            ctx,
+            flags,
+            s,
+        )?;
+        ok()
+    })
 }
 
+/// A signal to `peer` with no data, on `stream` with no kernel.
 #[no_mangle]
 pub extern "C" fn ncclSignal(
     peer: c_int,
@@ -171,10 +206,23 @@ pub extern "C" fn ncclSignal(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = (peer, sigIdx, ctx, flags, comm, stream);
-    not_implemented("ncclSignal", ONE_SIDED)
+    entry("ncclSignal", || {
+        let h = crate::handle::get(comm)?;
+        // SAFETY: as in ncclPutSignal.
+        let s = unsafe { oxccl::cuda::RawStream::from_raw(stream as u64) };
+        oxccl::win::signal::signal(
+            &h.comm,
+            peer_arg("ncclSignal", peer)?,
+            sigIdx,
+            ctx,
+            flags,
+            s,
+        )?;
+        ok()
+    })
 }
 
+/// The stream's later work waits for the signals each descriptor names.
 #[no_mangle]
 pub extern "C" fn ncclWaitSignal(
     nDesc: c_int,
@@ -182,6 +230,29 @@ pub extern "C" fn ncclWaitSignal(
     comm: ncclComm_t,
     stream: cudaStream_t,
 ) -> ncclResult_t {
-    let _ = (nDesc, signalDescs, comm, stream);
-    not_implemented("ncclWaitSignal", ONE_SIDED)
+    entry("ncclWaitSignal", || {
+        let h = crate::handle::get(comm)?;
+        let n = usize::try_from(nDesc).unwrap_or(0);
+        let descs: &[ncclWaitSignalDesc_t] = if signalDescs.is_null() || n == 0 {
+            &[]
+        } else {
+            // SAFETY: NCCL's contract: `signalDescs` holds `nDesc` entries.
+            unsafe { std::slice::from_raw_parts(signalDescs, n) }
+        };
+        let descs = descs
+            .iter()
+            .map(|d| {
+                Ok(oxccl::win::signal::WaitDesc {
+                    op_count: d.opCnt,
+                    peer: peer_arg("ncclWaitSignal", d.peer)?,
+                    sig_idx: d.sigIdx,
+                    ctx: d.ctx,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        // SAFETY: as in ncclPutSignal.
+        let s = unsafe { oxccl::cuda::RawStream::from_raw(stream as u64) };
+        oxccl::win::signal::wait_signal(&h.comm, &descs, s)?;
+        ok()
+    })
 }

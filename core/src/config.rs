@@ -285,6 +285,11 @@ const NTHREADS: Check<Option<u64>> = Check {
     },
 };
 
+const CE_COLL: Check<Option<String>> = Check {
+    expects: "auto, 1 or 0",
+    test: |v| crate::win::ce::mode(v.as_deref()).map(|_| ()),
+};
+
 const CTA_POLICY: Check<Option<String>> = Check {
     expects: "DEFAULT, EFFICIENCY or ZERO (or 0, 1, 2), joined by |",
     test: |v| cta_policy(v.as_deref()).map(|_| ()),
@@ -828,7 +833,7 @@ settings! {
         nthreads: Option<u64> = "NTHREADS", "" in DevicePath, check NTHREADS;
         /// NCCL's thread-block cluster size. oxccl's kernels share nothing between blocks and launch without clusters: a value above 1 is accepted and named in a WARN.
         cga_cluster_size: Option<u64> = "CGA_CLUSTER_SIZE", "" in DevicePath;
-        /// NCCL's CTA policy. oxccl runs every policy as DEFAULT (NCCL's CTA count within minCTAs and maxCTAs) and names the others in a WARN. Replaces the config's CTAPolicy where set.
+        /// NCCL's CTA policy. ZERO runs all_gather and all_to_all on the copy engine (no SM) where the output lies in a symmetric window (see OXCCL_CE_COLL); otherwise every policy runs as DEFAULT (NCCL's CTA count within minCTAs and maxCTAs) and the others are named in a WARN. Replaces the config's CTAPolicy where set.
         cta_policy: Option<String> = "CTA_POLICY", "" in DevicePath, check CTA_POLICY;
         /// 1: a communicator's shrinks (NCCL_SHRINK_DEFAULT, not revoked) share its network context (NCCL's shrinkShare); 0: each makes its own. Replaces the config's shrink_share where set; unset: the config's, else 0.
         comm_shrink_share_resources: Option<bool> = "COMM_SHRINK_SHARE_RESOURCES", "" in Transports;
@@ -908,6 +913,8 @@ settings! {
         shared_push_wait_us: u64 = "OXCCL_SHARED_PUSH_WAIT_US", "200" in SharedGpu;
         /// 0: where ranks of several processes share GPUs, collectives run on every rank's ring kernels instead of in steps (a reduce on each GPU, one rank per GPU among GPUs, a broadcast on each GPU).
         hier: bool = "OXCCL_HIER", "1" in SharedGpu;
+        /// Copy-engine all_gather and all_to_all (no SM) where the output lies in a window registered with NCCL_WIN_COLL_SYMMETRIC and no group is open: `auto` where the CTA policy (NCCL_CTA_POLICY, the config's CTAPolicy) is ZERO, as NCCL chooses; `1` whenever the buffers allow; `0` never. Every rank must set it alike.
+        ce_coll: Option<String> = "OXCCL_CE_COLL", "" in DevicePath, shown "auto", check CE_COLL;
         /// 0: `oxccl perf`'s host buffers come from the heap instead of transparent huge pages (2 MiB and larger buffers).
         perf_hugepages: bool = "OXCCL_PERF_HUGEPAGES", "1" in Cli, by "oxccl-cli";
     }
@@ -1136,6 +1143,7 @@ pub const TOOL_VARIABLES: &[(&str, &str)] = &[
     ("OXCCL_BIN", "the `oxccl` binary GPU tests run where they run on another machine than they were built on"),
     ("OXCCL_EXPECT_NVLINK", "NVLinks the topology test expects between two GPUs"),
     ("OXCCL_NVTX_LOG", "the file the stand-in NVTX tool of the profiler's tests logs to"),
+    ("OXCCL_TEST_WIN_ID", "marks the window test's child and gives it the communicator's unique id in hex"),
 ];
 
 /// Quoted names that are not variables oxccl reads, each with why it is
@@ -1190,6 +1198,10 @@ pub const NOT_VARIABLES: &[(&str, &str)] = &[
     (
         "NCCL_COMM_PROPERTIES_INITIALIZER",
         "nccl_device's macro for ncclCommProperties_t, used by a C test",
+    ),
+    (
+        "NCCL_WIN_COLL_SYMMETRIC",
+        "nccl.h's window registration flag, used by a C test",
     ),
 ];
 
@@ -1589,6 +1601,7 @@ mod tests {
             ("OXCCL_SHARED_PUSH_WAIT_US", "soon"),
             ("OXCCL_HIER", "2"),
             ("OXCCL_PERF_HUGEPAGES", "huge"),
+            ("OXCCL_CE_COLL", "sometimes"),
         ];
         for (name, value) in bad {
             let get = |k: &str| {

@@ -20,6 +20,7 @@ pub mod op;
 pub mod plugin;
 pub mod topo;
 pub mod transport;
+pub mod win;
 
 pub use bootstrap::UniqueId;
 pub use comm::{net_summary, Comm, CommConfig, InitState, ShrinkMode, SPLIT_NOCOLOR};

@@ -267,7 +267,13 @@ static void test_errors(ncclComm_t comm) {
   expect_error(ncclAllReduce(buf, buf, (size_t)-1 / 2, ncclFloat32, ncclSum, comm, NULL), ncclInvalidArgument, "overflowing count", "overflows");
   expect_error(ncclCommCount(NULL, &v), ncclInvalidArgument, "NULL comm", "comm is NULL");
   expect_error(ncclGroupEnd(), ncclInvalidUsage, "unmatched group end", "group_start");
-  expect_error(ncclCommWindowRegister(comm, buf, sizeof buf, NULL, 0), ncclInvalidUsage, "window register", "not implemented");
+  expect_error(ncclCommWindowRegister(comm, buf, sizeof buf, NULL, 0), ncclInvalidArgument, "window register without win", "win is NULL");
+  ncclWindow_t win = NULL;
+  expect_error(ncclCommWindowRegister(comm, buf, sizeof buf, &win, NCCL_WIN_COLL_SYMMETRIC), ncclInvalidUsage,
+               "window on a host-memory communicator", "on a GPU");
+  expect_error(ncclCommWindowRegister(comm, buf, sizeof buf, &win, 0x80), ncclInvalidArgument, "unknown window flags",
+               "NCCL_WIN_COLL_SYMMETRIC");
+  EXPECT(win == NULL, "a refused registration wrote a window");
   ncclConfig_t bad = NCCL_CONFIG_INITIALIZER;
   bad.magic = 0;
   ncclComm_t c2;

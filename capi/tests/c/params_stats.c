@@ -155,11 +155,17 @@ static void refusals(ncclComm_t comm) {
   refused(ncclCommGrow(NULL, 2, NULL, 1, &grown, NULL), ncclInvalidArgument, "no id", "ncclCommGrow", "uniqueId");
   refused(ncclCommGrow(NULL, 2, &id, 2, &grown, NULL), ncclInvalidArgument, "rank 2 of 2", "ncclCommGrow", "0..2");
   EXPECT(grown == NULL, "a refused grow left %p", (void*)grown);
-  refused(ncclPutSignal(&x, 1, ncclInt32, 0, NULL, 0, 0, 0, 0, comm, NULL), ncclInvalidUsage, "ncclPutSignal",
-          "ncclPutSignal", NULL);
-  refused(ncclSignal(0, 0, 0, 0, comm, NULL), ncclInvalidUsage, "ncclSignal", "ncclSignal", NULL);
-  refused(ncclWaitSignal(1, &desc, comm, NULL), ncclInvalidUsage, "ncclWaitSignal", "ncclWaitSignal", NULL);
-  refused(ncclWinGetUserPtr(comm, NULL, &p), ncclInvalidUsage, "ncclWinGetUserPtr", "ncclWinGetUserPtr", NULL);
+  /* One-sided calls on a communicator without windows (tests/c/windows.c
+   * registers windows on GPUs). */
+  refused(ncclPutSignal(&x, 1, ncclInt32, 0, NULL, 0, 0, 0, 0, comm, NULL), ncclInvalidArgument, "ncclPutSignal",
+          "ncclPutSignal", "peerWin is NULL");
+  refused(ncclSignal(0, 0, 0, 0, comm, NULL), ncclInvalidUsage, "ncclSignal", "ncclSignal", "ncclCommWindowRegister");
+  refused(ncclSignal(0, 1, 0, 0, comm, NULL), ncclInvalidArgument, "signal index 1", "ncclSignal", "signal index 1");
+  refused(ncclWaitSignal(1, &desc, comm, NULL), ncclInvalidUsage, "ncclWaitSignal", "ncclWaitSignal",
+          "ncclCommWindowRegister");
+  refused(ncclWaitSignal(0, NULL, comm, NULL), ncclInvalidArgument, "no descriptors", "ncclWaitSignal", "nDesc");
+  refused(ncclWinGetUserPtr(comm, NULL, &p), ncclInvalidArgument, "ncclWinGetUserPtr", "ncclWinGetUserPtr",
+          "not a window");
   /* Registration: a host-memory communicator has nothing to register; an
    * unknown handle is refused; NULL (NCCL_LOCAL_REGISTER=0's) is fine. */
   void* reg = NULL;
@@ -187,8 +193,10 @@ static void properties(ncclComm_t comm) {
   refused(ncclCommQueryProperties(comm, &junk), ncclInvalidUsage, "uninitialised properties",
           "NCCL_COMM_PROPERTIES_INITIALIZER", NULL);
   void* ptr = NULL;
-  refused(ncclGetPeerDevicePointer(NULL, 0, 0, &ptr), ncclInvalidUsage, "ncclGetPeerDevicePointer",
-          "symmetric memory windows", NULL);
+  refused(ncclGetPeerDevicePointer(NULL, 0, 0, &ptr), ncclInvalidArgument, "ncclGetPeerDevicePointer",
+          "not a window", NULL);
+  refused(ncclGetLsaMultimemDevicePointer(NULL, 0, &ptr), ncclInvalidUsage, "ncclGetLsaMultimemDevicePointer",
+          "multicast", NULL);
   refused(ncclDevCommCreate(comm, NULL, NULL), ncclInvalidUsage, "ncclDevCommCreate", "ncclCommWindowRegister",
           NULL);
 }

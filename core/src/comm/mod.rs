@@ -1036,6 +1036,7 @@ impl Comm {
     }
 
     fn end(&self, how: &'static str) -> Result<()> {
+        crate::win::release(self, how == "aborted");
         let old = {
             let mut st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
             if let Status::Destroyed(was) = *st {

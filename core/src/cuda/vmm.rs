@@ -168,6 +168,17 @@ pub fn vmm_bytes(ptr: u64) -> Option<usize> {
         .map(|v| v.bytes)
 }
 
+/// The live [`vmm_alloc`] allocation that holds `ptr` (anywhere in it):
+/// its start and its bytes.
+pub fn vmm_containing(ptr: u64) -> Option<(u64, usize)> {
+    live()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|(&base, v)| base <= ptr && ptr < base + v.bytes as u64)
+        .map(|(&base, v)| (base, v.bytes))
+}
+
 /// Frees what [`vmm_alloc`] gave. `Ok(false)`: `ptr` is not one of its
 /// allocations (the caller frees it otherwise).
 ///

@@ -233,7 +233,7 @@ impl DeviceConfig {
         }
         let policy = cta_policy(cfg.cta_policy.as_deref())?;
         if policy != 0 {
-            tracing::warn!(target: "oxccl::init", "NCCL_CTA_POLICY (CTAPolicy) {policy} is not implemented by oxccl and runs as DEFAULT: the CTA count is NCCL's default one, within minCTAs and maxCTAs; no zero-CTA (copy-engine) collectives yet");
+            tracing::warn!(target: "oxccl::init", "NCCL_CTA_POLICY (CTAPolicy) {policy}: all_gather and all_to_all into symmetric windows run on the copy engine (OXCCL_CE_COLL); everything else runs as DEFAULT: the CTA count is NCCL's default one, within minCTAs and maxCTAs");
         }
         let (min, max) = cta_bounds(cfg);
         match &mut self.choice {
