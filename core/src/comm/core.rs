@@ -212,6 +212,8 @@ pub(crate) struct Core {
     direct: Option<exec::direct::Direct>,
     /// The first failure record of an operation here, kept through a revoke.
     failure: Mutex<Option<Failure>>,
+    /// What RAS reports of this rank: collectives launched and in flight.
+    pub ras: Option<Arc<crate::ras::CommRecord>>,
 }
 
 /// What the ranks must agree on about collective `seq`, `op`.
@@ -368,6 +370,7 @@ impl Core {
             shrink_share: false,
             direct,
             failure: Mutex::new(None),
+            ras: None,
         })
     }
 
@@ -579,6 +582,11 @@ impl Core {
                 .filter(|(op, _)| op.kind.coll().is_some())
                 .count() as u64;
             let seq = self.seq.fetch_add(n, Ordering::SeqCst);
+            if let Some(r) = &self.ras {
+                ops.iter()
+                    .filter_map(|(op, _)| op.kind.coll())
+                    .for_each(|c| r.launched(crate::ras::func_index(c)));
+            }
             let prof = self
                 .profiler
                 .as_ref()
@@ -689,6 +697,11 @@ impl Core {
         let coll = op.kind.coll().expect("a collective");
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
         self.bootstrap.progress().store(seq + 1, Ordering::SeqCst);
+        // In flight for RAS until this returns.
+        let _ras = self
+            .ras
+            .as_ref()
+            .map(|r| r.begin(crate::ras::func_index(coll), seq));
         // Which path (inline, threads, rings or trees, how many channels)
         // a rank takes follows from its own count: ranks whose counts
         // differ may take different ones and never meet to compare
