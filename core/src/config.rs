@@ -1140,6 +1140,7 @@ pub const TOOL_VARIABLES: &[(&str, &str)] = &[
     ("OXCCL_TEST_IPC_PORT", "marks the CUDA IPC test's child and gives it the parent's port"),
     ("OXCCL_TEST_MARK", "a multi-host test's progress file"),
     ("OXCCL_TEST_SHRINK", "which shrink a multi-host test's child runs"),
+    ("OXCCL_NCCLRAS", "an ncclras built by tools/build_ncclras.sh, which tests/tests/ras.rs then runs beside `oxccl ras`"),
     ("OXCCL_TEST_RANK", "the C API test programs' rank"),
     ("OXCCL_TEST_NRANKS", "the C API test programs' number of ranks"),
     ("OXCCL_TEST_SEED", "the C API test programs' random seed"),
