@@ -7,6 +7,7 @@ pub mod info;
 pub mod launch;
 pub mod perf;
 mod perf_device;
+pub mod ras;
 pub use perf_device::check_once_on_device;
 pub mod recover;
 pub mod tune;

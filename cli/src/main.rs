@@ -15,6 +15,7 @@ Examples:
   oxccl perf --ranks 2 -b 8 -e 128M -f 2     # all_reduce, 2 processes, host memory
   oxccl perf -g 2 -b 8 -e 1G -f 2 --op all   # every collective, 2 GPUs, one process
   oxccl info                                 # every setting, its value and its source
+  oxccl ras                                  # a running job's ranks and collectives in flight
   oxccl perf --help                          # the benchmark's flags (nccl-tests' names)"
 )]
 struct Cli {
@@ -30,6 +31,9 @@ enum Cmd {
     Recover(oxccl_cli::recover::RecoverArgs),
     /// Resolved settings, networks and interfaces.
     Info(oxccl_cli::info::InfoArgs),
+    /// Ask a running job for its ranks, their state and the collectives in
+    /// flight (NCCL's ncclras client; -h host, -p port, -t secs, -v, -f json).
+    Ras(oxccl_cli::ras::RasArgs),
     /// Print a random key for NCCL_SOCKET_KEY_FILE: `oxccl keygen > key && chmod 600 key`.
     #[command(
         long_about = "Print a fresh random key for NCCL_SOCKET_KEY_FILE (64 hex digits). Give \
@@ -47,6 +51,7 @@ fn main() {
         Cmd::Perf(a) => oxccl_cli::perf::main(*a),
         Cmd::Recover(a) => oxccl_cli::recover::main(a),
         Cmd::Info(a) => oxccl_cli::info::main(&a),
+        Cmd::Ras(a) => oxccl_cli::ras::main(&a),
         Cmd::Keygen => oxccl_secure::Key::generate()
             .map(|k| {
                 println!("{}", k.to_hex());

@@ -166,6 +166,18 @@ const TIMEOUT: Check<f64> = Check {
     },
 };
 
+/// NCCL_RAS_TIMEOUT_FACTOR and OXCCL_RAS_STUCK_S: a finite positive number.
+const RAS_FACTOR: Check<f64> = Check {
+    expects: "a finite number from 0.001 to 100000",
+    test: |v| {
+        if v.is_finite() && (0.001..=1e5).contains(v) {
+            Ok(())
+        } else {
+            Err("out of range".into())
+        }
+    },
+};
+
 /// NCCL_BUFFSIZE's floor. NCCL takes any value (src/init.cc,
 /// computeBuffSizes, has no check), and its own defaults are 4 MiB
 /// (Simple) and 512 KiB or more (LL, LL128). oxccl cuts the buffer into 8
@@ -867,6 +879,12 @@ settings! {
         ignore_cpu_affinity: bool = "IGNORE_CPU_AFFINITY", "0" in Transports;
         /// 1: communicators made through the C API are blocking, 0: non-blocking, replacing the config's `blocking` field (and the default, blocking, where no config is given), as in NCCL. Unset: the config's. Rust's `CommConfig::blocking` is the program's own choice.
         comm_blocking: Option<bool> = "COMM_BLOCKING", "" in Bootstrap, by "oxccl-capi";
+        /// 1 (NCCL's default): each process answers NCCL's RAS client protocol (`ncclras`, `oxccl ras`) with the job's ranks, their state and the collectives in flight, gathered from the other processes when asked (docs/faults.md, "A live view: oxccl ras"); 0: no RAS thread and no listening sockets.
+        ras_enable: bool = "RAS_ENABLE", "1" in Bootstrap;
+        /// host:port (IPv6 in brackets) where every process of the job listens for RAS clients, sharing the port (SO_REUSEPORT), as NCCL's; give each job on a host its own port. A process takes the RAS settings of its first communicator.
+        ras_addr: String = "RAS_ADDR", "localhost:28028" in Bootstrap, expects "host:port";
+        /// Multiplies the RAS timeouts: the wait for each process's answer to a query (5 s unless the client sets TIMEOUT) and the time in one operation after which a rank is called stuck (OXCCL_RAS_STUCK_S).
+        ras_timeout_factor: f64 = "RAS_TIMEOUT_FACTOR", "1" in Bootstrap, check RAS_FACTOR;
     }
     env {
         /// 1: communicators made through the C API run on host memory even where GPUs exist (NCCL has no such mode); 0: on the GPU the CUDA runtime would use, host memory only where there is none.
@@ -917,6 +935,8 @@ settings! {
         ce_coll: Option<String> = "OXCCL_CE_COLL", "" in DevicePath, shown "auto", check CE_COLL;
         /// 0: `oxccl perf`'s host buffers come from the heap instead of transparent huge pages (2 MiB and larger buffers).
         perf_hugepages: bool = "OXCCL_PERF_HUGEPAGES", "1" in Cli, by "oxccl-cli";
+        /// Seconds a rank may spend in one collective before the RAS report calls it stuck and names the operation (scaled by NCCL_RAS_TIMEOUT_FACTOR).
+        ras_stuck_s: f64 = "OXCCL_RAS_STUCK_S", "5" in Bootstrap, check RAS_FACTOR;
     }
     own {
         /// The environment plugin library: a name (`foo` loads libnccl-env-foo.so), a path, or `none`. Read with getenv before any plugin, as NCCL does.
@@ -966,9 +986,6 @@ settings! {
         "NCCL_OOB_NET_IFNAME" = "the bootstrap's exchanges run over TCP sockets only (NCCL_SOCKET_IFNAME), never through the net plugin";
         "NCCL_UID_STAGGER_THRESHOLD" = "the bootstrap does not stagger the ranks' connections to the root";
         "NCCL_UID_STAGGER_RATE" = "the bootstrap does not stagger the ranks' connections to the root";
-        "NCCL_RAS_ENABLE" = "oxccl has no RAS subsystem";
-        "NCCL_RAS_ADDR" = "oxccl has no RAS subsystem";
-        "NCCL_RAS_TIMEOUT_FACTOR" = "oxccl has no RAS subsystem";
         "NCCL_IB_ADDR_FAMILY" = "an IB knob that oxccl-net-ib does not have: where NCCL_IB_GID_INDEX is unset it picks the GID itself (RoCE v2, IPv4 first)";
         "NCCL_IB_ADDR_RANGE" = "an IB knob that oxccl-net-ib does not have: where NCCL_IB_GID_INDEX is unset it picks the GID itself (RoCE v2, IPv4 first)";
         "NCCL_IB_ROCE_VERSION_NUM" = "an IB knob that oxccl-net-ib does not have: where NCCL_IB_GID_INDEX is unset it picks the GID itself (RoCE v2, IPv4 first)";
@@ -1130,6 +1147,7 @@ pub const TOOL_VARIABLES: &[(&str, &str)] = &[
     ("OXCCL_TEST_IPC_PORT", "marks the CUDA IPC test's child and gives it the parent's port"),
     ("OXCCL_TEST_MARK", "a multi-host test's progress file"),
     ("OXCCL_TEST_SHRINK", "which shrink a multi-host test's child runs"),
+    ("OXCCL_NCCLRAS", "an ncclras built by tools/build_ncclras.sh, which tests/tests/ras.rs then runs beside `oxccl ras`"),
     ("OXCCL_TEST_RANK", "the C API test programs' rank"),
     ("OXCCL_TEST_NRANKS", "the C API test programs' number of ranks"),
     ("OXCCL_TEST_SEED", "the C API test programs' random seed"),
@@ -1587,6 +1605,7 @@ mod tests {
             ("OXCCL_HOST_DIRECT_P2P_MAX", "1.5M"),
             ("OXCCL_DEV_CHANNELS", "many"),
             ("OXCCL_DEV_THREADS", "x"),
+            ("OXCCL_RAS_STUCK_S", "soon"),
             ("OXCCL_DEV_SLOTS", "8 slots"),
             ("OXCCL_DEV_SLOT_BYTES", "256KB"),
             ("OXCCL_DEV_GROUP", "-2"),
@@ -1919,24 +1938,24 @@ mod tests {
     fn a_refused_variable_set_is_warned_about_once() {
         // No other test of this crate names this variable; one that loads
         // a Config meanwhile finds it set, which changes nothing there.
-        std::env::set_var("NCCL_RAS_ENABLE", "1");
+        std::env::set_var("NCCL_IB_CUDA_SUPPORT", "1");
         let c = Config::load().unwrap();
-        std::env::remove_var("NCCL_RAS_ENABLE");
+        std::env::remove_var("NCCL_IB_CUDA_SUPPORT");
         let found = c
             .refused_set()
             .iter()
-            .find(|r| r.def.name == "NCCL_RAS_ENABLE")
+            .find(|r| r.def.name == "NCCL_IB_CUDA_SUPPORT")
             .expect("found");
         assert_eq!((&*found.value, &found.source), ("1", &Source::Env));
         let (now, lines) = crate::log::capture_lines(|| c.warn_refused());
-        assert!(now.contains(&"NCCL_RAS_ENABLE"), "{now:?}");
+        assert!(now.contains(&"NCCL_IB_CUDA_SUPPORT"), "{now:?}");
         assert!(
-            lines.contains("NCCL WARN NCCL_RAS_ENABLE=1 (from env) is not implemented by oxccl and is ignored: oxccl has no RAS subsystem"),
+            lines.contains("NCCL WARN NCCL_IB_CUDA_SUPPORT=1 (from env) is not implemented by oxccl and is ignored: removed from NCCL in 2.4.0; NCCL_NET_GDR_LEVEL replaces it"),
             "{lines}"
         );
         let (again, lines) = crate::log::capture_lines(|| c.warn_refused());
-        assert!(!again.contains(&"NCCL_RAS_ENABLE"), "warned twice");
-        assert!(!lines.contains("NCCL_RAS_ENABLE"), "{lines}");
+        assert!(!again.contains(&"NCCL_IB_CUDA_SUPPORT"), "warned twice");
+        assert!(!lines.contains("NCCL_IB_CUDA_SUPPORT"), "{lines}");
     }
 
     /// Calls `f` with each Rust and C source under `dir` and its text,

@@ -18,6 +18,7 @@ pub mod group;
 pub mod log;
 pub mod op;
 pub mod plugin;
+pub mod ras;
 pub mod topo;
 pub mod transport;
 pub mod win;

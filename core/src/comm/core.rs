@@ -220,6 +220,8 @@ pub(crate) struct Core {
     /// On a GPU: the thread that watches launched collectives until they
     /// end, for a peer that called another count ([`Core::start_watch`]).
     watch: std::sync::OnceLock<DeviceWatch>,
+    /// What RAS reports of this rank: collectives launched and in flight.
+    pub ras: Option<Arc<crate::ras::CommRecord>>,
 }
 
 /// What the ranks must agree on about collective `seq`, `op`.
@@ -382,6 +384,7 @@ impl Core {
             direct,
             failure: Mutex::new(None),
             watch: std::sync::OnceLock::new(),
+            ras: None,
         })
     }
 
@@ -623,6 +626,11 @@ impl Core {
             if let Some(e) = watch.and_then(DeviceWatch::failure) {
                 return Err(e);
             }
+            if let Some(r) = &self.ras {
+                ops.iter()
+                    .filter_map(|(op, _)| op.kind.coll())
+                    .for_each(|c| r.launched(crate::ras::func_index(c)));
+            }
             let prof = self
                 .profiler
                 .as_ref()
@@ -739,6 +747,11 @@ impl Core {
         let coll = op.kind.coll().expect("a collective");
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
         self.bootstrap.progress().store(seq + 1, Ordering::SeqCst);
+        // In flight for RAS until this returns.
+        let _ras = self
+            .ras
+            .as_ref()
+            .map(|r| r.begin(crate::ras::func_index(coll), seq));
         // Which path (inline, threads, rings or trees, how many channels)
         // a rank takes follows from its own count: ranks whose counts
         // differ may take different ones and never meet to compare

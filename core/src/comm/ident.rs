@@ -91,6 +91,9 @@ pub struct Peers {
     pub shaping: Shaping,
     /// Rank 0's direct-path terms ([`crate::exec::direct::Terms::encode`]).
     pub direct: [u8; TERMS_BYTES],
+    /// Each rank's RAS id (`<ip:port>/<pid>` of its process's RAS service,
+    /// [`crate::ras`]); empty where its RAS is off.
+    pub ras: Vec<String>,
 }
 
 /// What one rank tells the others.
@@ -119,6 +122,8 @@ pub struct Facts {
     /// use the same one ([`agree_on_network`]).
     pub net: String,
     pub net_how: String,
+    /// Its process's RAS id ([`Peers::ras`]); empty: RAS off.
+    pub ras: String,
 }
 
 /// Longest text of a rank's [`Facts::net`] or [`Facts::net_how`] sent.
@@ -297,6 +302,7 @@ impl Facts {
         debug_assert_eq!(b.len(), FACT_BYTES);
         put_text(&mut b, &self.net);
         put_text(&mut b, &self.net_how);
+        put_text(&mut b, &self.ras);
         b
     }
 }
@@ -316,6 +322,7 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
         algo: mine.algo,
         shaping: mine.shaping,
         direct: mine.direct,
+        ras: Vec::with_capacity(all.len()),
     };
     let mut nets = Vec::with_capacity(all.len());
     for (r, b) in all.iter().enumerate() {
@@ -323,14 +330,16 @@ pub fn exchange(bootstrap: &Bootstrap, mine: Facts) -> Result<Peers> {
             .get(FACT_BYTES..)
             .and_then(take_text)
             .and_then(|(net, rest)| Some((net, take_text(rest)?)))
-            .filter(|(_, (_, rest))| rest.is_empty());
-        let Some((net, (how, _))) = net else {
+            .and_then(|(net, (how, rest))| Some((net, how, take_text(rest)?)))
+            .filter(|(_, _, (_, rest))| rest.is_empty());
+        let Some((net, how, (ras, _))) = net else {
             return Err(Error::Internal(format!(
-                "rank {r} sent {} bytes of rank facts, not the {FACT_BYTES} and two texts expected",
+                "rank {r} sent {} bytes of rank facts, not the {FACT_BYTES} and three texts expected",
                 b.len()
             )));
         };
         nets.push((net, how));
+        peers.ras.push(ras);
         peers
             .hosts
             .push(u64::from_le_bytes(b[..8].try_into().expect("8 bytes")));

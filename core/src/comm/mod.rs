@@ -248,6 +248,8 @@ struct Shared {
     hier: Mutex<hier::State>,
     /// The CollNet path of all-reduces on host memory (see `collnet`).
     collnet: Mutex<Option<Arc<collnet::CollPath>>>,
+    /// What RAS reports of this rank (`None`: NCCL_RAS_ENABLE=0).
+    ras: Option<Arc<crate::ras::CommRecord>>,
 }
 
 /// A communicator: one rank's membership in a group of ranks. Cloning
@@ -504,27 +506,50 @@ impl Comm {
             ready: Condvar::new(),
             hier: hier::new_state(),
             collnet: collnet::new_state(),
+            ras: crate::ras::CommRecord::new(
+                cfg.ras_enable,
+                comm_hash,
+                rank,
+                nranks,
+                config.device,
+            ),
         });
         let comm = Comm {
             shared: shared.clone(),
         };
         let asked = config.clone();
         let work = move || {
-            let r = Comm::build(nranks, &ids, rank, cfg, &asked, comm_hash, parent).and_then(
-                |mut core| {
-                    core.split_share = split_share;
-                    core.shrink_share = shrink_share;
-                    let core = Arc::new(core);
-                    core.start_watch()?;
-                    // Before anyone can use it, so that every rank's first
-                    // operation already agrees on the layout's splits.
-                    let split = hier::made(&core, rank)?;
-                    *shared.hier.lock().unwrap_or_else(|p| p.into_inner()) = split;
-                    let cn = collnet::made(&core, rank)?;
-                    *shared.collnet.lock().unwrap_or_else(|p| p.into_inner()) = cn;
-                    Ok(core)
-                },
-            );
+            let ras = shared.ras.clone();
+            let r = Comm::build(
+                nranks,
+                &ids,
+                rank,
+                cfg,
+                &asked,
+                comm_hash,
+                parent,
+                ras.as_ref(),
+            )
+            .and_then(|mut core| {
+                core.split_share = split_share;
+                core.shrink_share = shrink_share;
+                core.ras = ras.clone();
+                let core = Arc::new(core);
+                core.start_watch()?;
+                // Before anyone can use it, so that every rank's first
+                // operation already agrees on the layout's splits.
+                let split = hier::made(&core, rank)?;
+                *shared.hier.lock().unwrap_or_else(|p| p.into_inner()) = split;
+                let cn = collnet::made(&core, rank)?;
+                *shared.collnet.lock().unwrap_or_else(|p| p.into_inner()) = cn;
+                Ok(core)
+            });
+            if let Some(rec) = &shared.ras {
+                match &r {
+                    Ok(_) => rec.set_state(crate::ras::State::Running),
+                    Err(e) => rec.set_error(&e.to_string()),
+                }
+            }
             let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
             if let Status::Initializing = *st {
                 *st = match r {
@@ -546,6 +571,7 @@ impl Comm {
         }
     }
 
+    #[allow(clippy::too_many_arguments)] // one rank's whole creation
     fn build(
         nranks: usize,
         ids: &[UniqueId],
@@ -554,6 +580,7 @@ impl Comm {
         asked: &CommConfig,
         comm_hash: u64,
         parent: Option<FromParent>,
+        ras: Option<&Arc<crate::ras::CommRecord>>,
     ) -> Result<Core> {
         let (device, name) = (asked.device, &asked.name);
         if let Some(line) = cfg.runtime_connect_note(device.is_some()) {
@@ -578,6 +605,10 @@ impl Comm {
             None => comm_net(&cfg, comm_hash, asked.traffic_class)?,
         };
         let bootstrap = Bootstrap::init_scalable(ids, rank, nranks, &cfg)?;
+        // This process's RAS service, on the bootstrap's interface.
+        let ras_id = ras
+            .and_then(|_| crate::ras::service::start(&cfg, bootstrap.listen_addr().ip()))
+            .map_or(String::new(), |id| id.to_string());
         let mut cfg = cfg;
         let (terms, threads) = crate::exec::direct::Terms::from_env(nranks)?;
         let peers = ident::exchange(
@@ -597,8 +628,12 @@ impl Comm {
                 direct: terms.encode(),
                 net: net.name().to_string(),
                 net_how,
+                ras: ras_id,
             },
         )?;
+        if let Some(rec) = ras {
+            rec.set_map(crate::ras::map_of(&peers.ras, &peers.devices));
+        }
         let mut differ = ident::adopt_shaping(&mut cfg, peers.shaping, peers.algo);
         let first = crate::exec::direct::Terms::decode(&peers.direct)
             .ok_or_else(|| Error::Remote("rank 0 sent malformed direct-path terms".into()))?;
@@ -887,6 +922,9 @@ impl Comm {
     /// `async_error` reports it.
     pub(crate) fn record_failure(&self, e: &Error) {
         if matches!(e, Error::Remote(_) | Error::System(_)) {
+            if let Some(rec) = &self.shared.ras {
+                rec.set_error(&e.to_string());
+            }
             let mut st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
             if let Status::Ready(c) = &*st {
                 *st = Status::Failed(e.clone(), Some(c.clone()));
@@ -1021,6 +1059,9 @@ impl Comm {
             _ => {}
         }
         let core = self.core()?;
+        if let Some(rec) = &self.shared.ras {
+            rec.set_state(crate::ras::State::Finalize);
+        }
         core.bootstrap.barrier()
     }
 
@@ -1046,6 +1087,12 @@ impl Comm {
             }
             std::mem::replace(&mut *st, Status::Destroyed(how))
         };
+        if let Some(rec) = &self.shared.ras {
+            if how == "aborted" {
+                rec.set_state(crate::ras::State::Abort);
+            }
+            rec.retire();
+        }
         self.let_hier_go(how == "aborted", false);
         self.let_collnet_go(how == "aborted");
         if let Status::Ready(core) | Status::Failed(_, Some(core)) | Status::Revoked(core, _) = old
