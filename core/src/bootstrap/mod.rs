@@ -267,6 +267,55 @@ pub enum PeerCall {
     Started(u64),
 }
 
+/// Messages this rank's bootstrap sent to and received from other ranks
+/// and its root, and their payload bytes (frame headers not counted),
+/// since it began: [`Bootstrap::traffic`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub sent: u64,
+    pub sent_bytes: u64,
+    pub received: u64,
+    pub received_bytes: u64,
+}
+
+/// Bruck's allgather of `mine` among `n` ranks, over `io`: `io(peer, tag,
+/// Some(bytes))` sends, `io(peer, tag, None)` receives `peer`'s message
+/// under `tag`. `ceil(log2 n)` messages each way per rank; rank `r`'s
+/// block at index `r` of the result.
+fn bruck(
+    me: usize,
+    n: usize,
+    mine: &[u8],
+    kind: u64,
+    epoch: u64,
+    mut io: impl FnMut(usize, u64, Option<&[u8]>, usize) -> Result<Option<Vec<u8>>>,
+) -> Result<Vec<Vec<u8>>> {
+    // held[i]: the block of rank me + i (mod n).
+    let mut held: Vec<Vec<u8>> = vec![mine.to_vec()];
+    for k in 0..proto::bruck_steps(n) {
+        let (d, count) = proto::bruck_step(n, k);
+        let tag = proto::internal_tag(kind, epoch, k);
+        let out = proto::encode_blocks(held[..count].iter().map(Vec::as_slice));
+        io((me + n - d) % n, tag, Some(&out), k)?;
+        let from = (me + d) % n;
+        let got = io(from, tag, None, k)?.unwrap_or_default();
+        let blocks = proto::decode_blocks(&got)
+            .filter(|b| b.len() == count)
+            .ok_or_else(|| {
+                Error::Internal(format!(
+                    "bootstrap: rank {me} got a malformed message from rank {from} at step {k} of an allgather ({} bytes, {count} blocks expected)",
+                    got.len()
+                ))
+            })?;
+        held.extend(blocks);
+    }
+    let mut all = vec![Vec::new(); n];
+    for (i, b) in held.into_iter().enumerate() {
+        all[(me + i) % n] = b;
+    }
+    Ok(all)
+}
+
 /// A rank's bootstrap endpoint within one communicator. `Send + Sync`:
 /// point-to-point calls may come from any thread; `allgather` and
 /// `barrier` are collective, called by every rank in the same order (one
@@ -396,8 +445,9 @@ impl Bootstrap {
                 rank: local,
                 nranks: set.len(),
                 listen: service.listen,
+                neighbours: false,
             };
-            let t = join_root(&cs[r], &hello, key.as_deref(), timeout, cfg.socket_retry()).map_err(|e| {
+            let t = join_root(&cs[r], &hello, key.as_deref(), timeout, cfg.socket_retry(), &shared.traffic).map_err(|e| {
                 e.context(format!(
                     "joining root {r} of {k} (ranks {}..={} of {nranks}; its ranks are numbered from 0 in its messages)",
                     set[0],
@@ -415,9 +465,11 @@ impl Bootstrap {
         let full = roots::pass_tables(rank, nranks, k, table, |peer, step, t| {
             let tag = proto::internal_tag(proto::TAG_JOIN, 0, step);
             match t {
-                Some(t) => out
-                    .send(peer, tag, &proto::encode_table(t), timeout)
-                    .map(|_| None),
+                Some(t) => {
+                    let b = proto::encode_table(t);
+                    shared.traffic.sent(b.len());
+                    out.send(peer, tag, &b, timeout).map(|_| None)
+                }
                 None => shared
                     .wait(peer, tag, timeout, Notices::Heed, &|| {
                         "the address table of the roots before".to_string()
@@ -509,9 +561,50 @@ impl Bootstrap {
             rank,
             nranks,
             listen: service.listen,
+            neighbours: true,
         };
-        // On failure, dropping `service` stops its thread.
-        let peers = join_root(&c, &hello, key.as_deref(), timeout, cfg.socket_retry())?;
+        // On failure, dropping `service` stops its thread. The root sends
+        // the neighbours' addresses only; the rest come from the ranks.
+        let near = join_root(
+            &c,
+            &hello,
+            key.as_deref(),
+            timeout,
+            cfg.socket_retry(),
+            &shared.traffic,
+        )?;
+        shared.set_table(&near);
+        let out = Outgoing::new(rank, c.magic, key.clone(), near);
+        let all = bruck(
+            rank,
+            nranks,
+            &proto::encode_addr(&service.listen),
+            proto::TAG_ADDRS,
+            0,
+            |peer, tag, data, k| {
+                match data {
+                Some(b) => {
+                    shared.traffic.sent(b.len());
+                    out.send(peer, tag, b, timeout).map(|_| None)
+                }
+                None => shared
+                    .wait(peer, tag, timeout, Notices::Heed, &|| {
+                        format!("the listen addresses of rank {peer} and after (step {k} of the address exchange)")
+                    })
+                    .map(Some),
+            }
+            },
+        )?;
+        out.shutdown_all();
+        let peers: Vec<SocketAddr> = all
+            .iter()
+            .map(|a| proto::decode_addr(a).filter(|_| a.len() == proto::ADDR_BYTES))
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                Error::Internal(format!(
+                    "bootstrap: rank {rank} got a malformed address in the address exchange"
+                ))
+            })?;
         shared.set_table(&peers);
         debug!(target: "oxccl::bootstrap", rank, nranks, "bootstrap ready on {} ({}), root {}", iface.name, service.listen, c.root);
         Ok(Bootstrap {
@@ -584,6 +677,7 @@ impl Bootstrap {
             self.shared.deliver(peer, tag, data.to_vec());
             return Ok(());
         }
+        self.shared.traffic.sent(data.len());
         self.out.send(peer, tag, data, self.timeout)
     }
 
@@ -640,27 +734,39 @@ impl Bootstrap {
     }
 
     /// Every rank's `mine` (of any length, each its own), indexed by rank:
-    /// a ring, `nranks - 1` steps, each rank talking to its two neighbours.
+    /// Bruck's exchange, `ceil(log2 nranks)` steps, in step `k` each rank
+    /// sending the blocks it holds to `me - 2^k` and taking as many from
+    /// `me + 2^k` (see [`proto::bruck_step`]). All blocks of one step
+    /// travel as one message, of at most [`proto::MAX_MESSAGE`] bytes.
     pub fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let (me, n) = (self.rank(), self.nranks());
         let epoch = self.allgathers.fetch_add(1, Ordering::SeqCst);
-        let mut all = vec![Vec::new(); n];
-        all[me] = mine.to_vec();
-        let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
-        for s in 0..n - 1 {
-            let (out, inc) = proto::ring_step(me, n, s);
-            let tag = proto::internal_tag(proto::TAG_ALLGATHER, epoch, s);
-            self.send_raw(next, tag, &all[out])?;
-            all[inc] = self
-                .shared
-                .wait(prev, tag, self.timeout, Notices::Heed, &|| {
-                    format!(
-                        "rank {inc}'s block of allgather #{epoch} (ring step {s} of {})",
-                        n - 1
+        bruck(
+            me,
+            n,
+            mine,
+            proto::TAG_ALLGATHER,
+            epoch,
+            |peer, tag, data, k| match data {
+                Some(b) => self.send_raw(peer, tag, b).map(|_| None),
+                None => self
+                    .shared
+                    .wait(peer, tag, self.timeout, Notices::Heed, &|| {
+                        format!(
+                        "the blocks of rank {peer} and after in allgather #{epoch} (step {} of {})",
+                        k + 1,
+                        proto::bruck_steps(n)
                     )
-                })?;
-        }
-        Ok(all)
+                    })
+                    .map(Some),
+            },
+        )
+    }
+
+    /// Messages and bytes this rank exchanged with others so far (see
+    /// [`Traffic`]).
+    pub fn traffic(&self) -> Traffic {
+        self.shared.traffic.get()
     }
 
     /// Returns once every rank has entered the barrier (dissemination:
@@ -919,6 +1025,7 @@ fn join_root(
     key: Option<&Key>,
     timeout: Duration,
     retry: Option<oxccl_netif::Retry>,
+    traffic: &service::Counters,
 ) -> Result<Vec<std::net::SocketAddr>> {
     let (rank, nranks) = (hello.rank, hello.nranks);
     let hint = if c.from_env {
@@ -948,6 +1055,7 @@ fn join_root(
         tag: 0,
         payload: hello.encode(),
     };
+    traffic.sent(hello_frame.payload.len());
     s.tcp()
         .set_write_timeout(Some(timeout))
         .and_then(|_| std::io::Write::write_all(&mut s, &hello_frame.encode()))
@@ -985,7 +1093,26 @@ fn join_root(
             )))
         }
     };
+    traffic.received(f.payload.len());
     match f.kind {
+        proto::NEIGHBOURS => {
+            let unknown = SocketAddr::from(([0, 0, 0, 0], 0));
+            let mut t = vec![unknown; nranks];
+            t[rank] = hello.listen;
+            let near = proto::neighbours(rank, nranks);
+            let got = proto::decode_entries(&f.payload)
+                .filter(|e| e.iter().map(|(r, _)| *r).eq(near.iter().copied()))
+                .ok_or_else(|| {
+                    Error::Internal(format!(
+                        "bootstrap: rank {rank} got a malformed list of neighbours from the root at {}",
+                        c.root
+                    ))
+                })?;
+            for (r, a) in got {
+                t[r] = a;
+            }
+            Ok(t)
+        }
         proto::TABLE => {
             let t = proto::decode_table(&f.payload)
                 .filter(|t| t.len() == nranks && t[rank] == hello.listen)

@@ -53,6 +53,38 @@ impl Mail {
     }
 }
 
+/// Messages a rank sent to and received from others (the root
+/// included), and their payload bytes: what [`super::Traffic`] reports.
+#[derive(Default)]
+pub(super) struct Counters {
+    sent: AtomicU64,
+    sent_bytes: AtomicU64,
+    received: AtomicU64,
+    received_bytes: AtomicU64,
+}
+
+impl Counters {
+    pub fn sent(&self, bytes: usize) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+        self.sent_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub fn received(&self, bytes: usize) {
+        self.received.fetch_add(1, Ordering::Relaxed);
+        self.received_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> super::Traffic {
+        super::Traffic {
+            sent: self.sent.load(Ordering::Relaxed),
+            sent_bytes: self.sent_bytes.load(Ordering::Relaxed),
+            received: self.received.load(Ordering::Relaxed),
+            received_bytes: self.received_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// Which failure notices end a wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Notices {
@@ -90,6 +122,8 @@ pub(super) struct Shared {
     pub progress: Arc<AtomicU64>,
     /// The collectives this rank called last; peers ask about one.
     pub calls: CallBook,
+    /// Messages and bytes this rank exchanged with others.
+    pub traffic: Counters,
     mail: Mutex<Mail>,
     cv: Condvar,
     closed: AtomicBool,
@@ -119,6 +153,7 @@ impl Shared {
             next_conn: AtomicU64::new(0),
             progress: Arc::default(),
             calls: CallBook::default(),
+            traffic: Counters::default(),
             mail: Mutex::default(),
             cv: Condvar::new(),
             closed: AtomicBool::new(false),
@@ -131,6 +166,9 @@ impl Shared {
     }
 
     pub fn deliver(&self, from: usize, tag: u64, payload: Vec<u8>) {
+        if from != self.rank {
+            self.traffic.received(payload.len());
+        }
         let mut mail = lock(&self.mail);
         *mail.held.entry(from).or_insert(0) += payload.len();
         mail.msgs.entry((from, tag)).or_default().push_back(payload);

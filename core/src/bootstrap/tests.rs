@@ -168,6 +168,7 @@ fn strangers_are_refused_and_init_still_succeeds() {
             rank: 0,
             nranks: 2,
             listen: root,
+            neighbours: false,
         }
         .encode(),
     };
@@ -1131,4 +1132,59 @@ fn several_roots_refuse_bad_ids() {
         e.to_string().contains("more unique ids than the 2 ranks"),
         "{e}"
     );
+}
+
+/// What each rank sends and receives at init, and in one allgather after,
+/// for several counts: the messages are `2 + 2 ceil(log2 n)` (hello, the
+/// root's answer, the address exchange's steps each way) and the root's
+/// answer holds `O(log n)` addresses; only the addresses themselves, which
+/// every rank keeps, take `n` times their 19 bytes.
+#[test]
+fn messages_and_bytes_per_rank_at_init_grow_with_log_n() {
+    let c = cfg("30");
+    let entry = (4 + proto::ADDR_BYTES) as u64;
+    for n in [2usize, 5, 16, 64] {
+        let log = proto::bruck_steps(n) as u64;
+        assert_eq!(log, (n as f64).log2().ceil() as u64);
+        let bs = init_all(get_unique_id(&c).unwrap(), n, &c);
+        let at_init: Vec<Traffic> = bs.iter().map(Bootstrap::traffic).collect();
+        for (r, t) in at_init.iter().enumerate() {
+            assert_eq!(
+                (t.sent, t.received),
+                (1 + log, 1 + log),
+                "rank {r} of {n}: {t:?}"
+            );
+            // The hello, then per step a count, a length per block and the
+            // blocks; the root's answer at most 2 log n entries.
+            assert!(t.sent_bytes <= 24 + log * 8 + (n as u64) * 23, "{t:?}");
+            let addrs = (n as u64 - 1) * proto::ADDR_BYTES as u64;
+            let framing = log * 4 + (n as u64 - 1) * 4;
+            assert!(
+                t.received_bytes <= 2 * log * entry + addrs + framing,
+                "rank {r} of {n}: {t:?}"
+            );
+        }
+        // One allgather of 64 bytes: ceil(log2 n) messages each way.
+        std::thread::scope(|s| {
+            for b in &bs {
+                s.spawn(move || b.allgather(&[b.rank() as u8; 64]).unwrap());
+            }
+        });
+        for (b, t0) in bs.iter().zip(&at_init) {
+            let t = b.traffic();
+            assert_eq!((t.sent - t0.sent, t.received - t0.received), (log, log));
+            assert_eq!(
+                t.received_bytes - t0.received_bytes,
+                4 * log + (n as u64 - 1) * 68
+            );
+        }
+        let mean = |f: fn(&Traffic) -> u64| at_init.iter().map(f).sum::<u64>() as f64 / n as f64;
+        eprintln!(
+            "n {n:>3}: per rank at init {} msgs sent, {} received, {:.0} B sent, {:.0} B received",
+            at_init[0].sent,
+            at_init[0].received,
+            mean(|t| t.sent_bytes),
+            mean(|t| t.received_bytes)
+        );
+    }
 }
