@@ -9,12 +9,37 @@
 //! - `tcp`: frames on sockets, retries, cached outgoing connections;
 //! - `calls`: the collectives a rank called last, which peers ask about.
 //!
-//! The flow, as NCCL's: `get_unique_id` starts the root (unless
-//! `NCCL_COMM_ID` names it; then rank 0 hosts it inside `init`). Each rank
-//! binds a listener on its bootstrap interface, says hello to the root with
-//! its listen address, and gets every rank's address back. From then on
-//! ranks talk directly: messages are matched by (sender, tag) in FIFO order,
-//! over one lazily made connection per peer and direction.
+//! The flow: `get_unique_id` starts the root (unless `NCCL_COMM_ID` names
+//! it; then rank 0 hosts it inside `init`). Each rank binds a listener on
+//! its bootstrap interface and says hello to the root with its listen
+//! address. From then on ranks talk directly: messages are matched by
+//! (sender, tag) in FIFO order, over one lazily made connection per peer
+//! and direction.
+//!
+//! What it costs at scale, per rank of `n` (`L = ceil(log2 n)`; counted by
+//! [`Bootstrap::traffic`], checked by the test
+//! `messages_and_bytes_per_rank_at_init_grow_with_log_n`):
+//! - init through one root: one message each way. The root answers each
+//!   rank with its neighbours' addresses only (`me +- 2^k`,
+//!   [`proto::neighbours`]: at most `2L` addresses of 19 bytes), not the
+//!   whole table, so the root sends `O(n L)` bytes in all, not `n^2`
+//!   addresses;
+//! - an address not known is looked up when first needed (a message to
+//!   that rank, a message from it to check, a failure notice, a progress
+//!   query): the rank asks the known rank nearest before it, which names
+//!   the one it knows nearest before it, and so on ([`proto::LOOKUP`],
+//!   [`proto::closest`]); the neighbours halve the distance at each answer,
+//!   so at most `L` questions of 4 bytes and answers of 23, and the
+//!   answers are kept;
+//! - [`Bootstrap::allgather`] is Bruck's: `L` messages each way, to and
+//!   from neighbours (no lookup), each block received once (`n - 1`
+//!   blocks: the bytes an allgather must move);
+//! - [`Bootstrap::barrier`] is a dissemination barrier: `L` each way.
+//!
+//! Through several roots (`ncclCommInitRankScalable`, [`roots`]) a rank
+//! still takes its set's whole table from its root, and the blocks' tables
+//! travel through the blocks' first ranks: every rank ends with every
+//! address (`n` of them), in 2 to 4 messages.
 //!
 //! With NCCL_SOCKET_KEY_FILE set, every one of these connections (the
 //! root's included) starts with the handshake of `oxccl_secure` and carries
@@ -564,7 +589,8 @@ impl Bootstrap {
             neighbours: true,
         };
         // On failure, dropping `service` stops its thread. The root sends
-        // the neighbours' addresses only; the rest come from the ranks.
+        // the neighbours' addresses only; the others are looked up through
+        // them when first needed.
         let near = join_root(
             &c,
             &hello,
@@ -574,41 +600,10 @@ impl Bootstrap {
             &shared.traffic,
         )?;
         shared.set_table(&near);
-        let out = Outgoing::new(rank, c.magic, key.clone(), near);
-        let all = bruck(
-            rank,
-            nranks,
-            &proto::encode_addr(&service.listen),
-            proto::TAG_ADDRS,
-            0,
-            |peer, tag, data, k| {
-                match data {
-                Some(b) => {
-                    shared.traffic.sent(b.len());
-                    out.send(peer, tag, b, timeout).map(|_| None)
-                }
-                None => shared
-                    .wait(peer, tag, timeout, Notices::Heed, &|| {
-                        format!("the listen addresses of rank {peer} and after (step {k} of the address exchange)")
-                    })
-                    .map(Some),
-            }
-            },
-        )?;
-        out.shutdown_all();
-        let peers: Vec<SocketAddr> = all
-            .iter()
-            .map(|a| proto::decode_addr(a).filter(|_| a.len() == proto::ADDR_BYTES))
-            .collect::<Option<_>>()
-            .ok_or_else(|| {
-                Error::Internal(format!(
-                    "bootstrap: rank {rank} got a malformed address in the address exchange"
-                ))
-            })?;
-        shared.set_table(&peers);
+        shared.set_lazy();
         debug!(target: "oxccl::bootstrap", rank, nranks, "bootstrap ready on {} ({}), root {}", iface.name, service.listen, c.root);
         Ok(Bootstrap {
-            out: Outgoing::new(rank, c.magic, key, peers),
+            out: Outgoing::new(rank, c.magic, key, near),
             shared,
             service,
             timeout,
@@ -677,8 +672,21 @@ impl Bootstrap {
             self.shared.deliver(peer, tag, data.to_vec());
             return Ok(());
         }
+        let addr = self.addr_of(peer, Instant::now() + self.timeout)?;
         self.shared.traffic.sent(data.len());
-        self.out.send(peer, tag, data, self.timeout)
+        self.out.send_to(peer, addr, tag, data, self.timeout)
+    }
+
+    /// `peer`'s listen address: known, or looked up (see
+    /// [`service::Shared::resolve`]) by `until`.
+    fn addr_of(&self, peer: usize, until: Instant) -> Result<SocketAddr> {
+        self.shared.resolve(peer, until).ok_or_else(|| {
+            Error::Remote(format!(
+                "bootstrap: rank {} cannot learn rank {peer}'s address: the ranks asked (those nearest before it) did not answer within {} (NCCL_TIMEOUT), or rank {peer}'s communicator is closed",
+                self.rank(),
+                proto::secs(until.saturating_duration_since(Instant::now()))
+            ))
+        })
     }
 
     /// Waits (up to `NCCL_TIMEOUT`) for the next message from `peer` under
@@ -839,7 +847,7 @@ impl Bootstrap {
         for (p, a) in self.for_each_peer(|p| {
             tcp::query(
                 local,
-                self.out.addrs[p],
+                self.shared.resolve(p, deadline)?,
                 key,
                 magic,
                 me as u32,
@@ -900,7 +908,7 @@ impl Bootstrap {
         let ask = |p: usize| {
             tcp::query(
                 local,
-                self.out.addrs[p],
+                self.shared.resolve(p, deadline)?,
                 key,
                 magic,
                 me as u32,
@@ -973,9 +981,13 @@ impl Bootstrap {
         let deadline = Instant::now() + ABORT_WAIT;
         let sent = self.for_each_peer(|p| {
             let d = deadline.min(Instant::now() + ABORT_PER_PEER);
+            let Some(addr) = self.shared.resolve(p, d) else {
+                debug!(target: "oxccl::bootstrap", "rank {me}: cannot tell rank {p} about the failure: its address is not known and no rank asked gave it");
+                return false;
+            };
             match tcp::one_shot(
                 self.out.local(),
-                self.out.addrs[p],
+                addr,
                 self.shared.key.as_deref(),
                 &f,
                 d,

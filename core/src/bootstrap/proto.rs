@@ -35,6 +35,12 @@ pub const PROGRESS: u8 = 7;
 /// ([`Hello::neighbours`]): the addresses of the rank's
 /// [`neighbours`], as [`encode_entries`] writes them.
 pub const NEIGHBOURS: u8 = 8;
+/// Whose address do you know nearest before rank `t`? The payload: `t`,
+/// a little-endian u32. Answered on the same connection with [`ADDRS`];
+/// see [`closest`].
+pub const LOOKUP: u8 = 9;
+/// The answer to [`LOOKUP`]: one [`encode_entries`] entry.
+pub const ADDRS: u8 = 10;
 /// Or'ed into [`DATA`]: the message continues in the next frame.
 pub const MORE: u8 = 0x80;
 
@@ -140,6 +146,7 @@ pub fn rank_frame_limit(kind: u8) -> Option<usize> {
         k if k & !MORE == DATA => Some(MAX_CHUNK),
         ABORT => Some(MAX_ABORT),
         QUERY => Some(64),
+        LOOKUP => Some(4),
         _ => None,
     }
 }
@@ -418,6 +425,15 @@ pub fn neighbours(me: usize, n: usize) -> Vec<usize> {
     v.sort_unstable();
     v.dedup();
     v
+}
+
+/// Of the ranks in `known`, the one nearest before `target` going up
+/// (mod `n`): `target` itself if it is there. What a rank answers to a
+/// [`LOOKUP`], and where the asker goes next: each rank knows its
+/// [`neighbours`] (`me + 2^k` among them), so each answer at least halves
+/// the distance left and a lookup takes at most `ceil(log2 n)` questions.
+pub fn closest(target: usize, n: usize, known: impl Iterator<Item = usize>) -> Option<usize> {
+    known.min_by_key(|&r| (target + n - r) % n)
 }
 
 /// Blocks of varied lengths in one message: a little-endian u32 count,
@@ -1174,6 +1190,32 @@ mod tests {
         assert_eq!(neighbours(5, 16), vec![1, 3, 4, 6, 7, 9, 13]);
         for n in 1..300 {
             assert!(neighbours(n / 2, n).len() <= 2 * bruck_steps(n));
+        }
+    }
+
+    /// Lookups by the neighbours alone reach every rank from every rank
+    /// in at most ceil(log2 n) questions.
+    #[test]
+    fn lookups_through_neighbours_take_log_n_questions() {
+        for n in [1usize, 2, 3, 7, 16, 33, 100] {
+            for from in 0..n {
+                for target in 0..n {
+                    let mut at =
+                        closest(target, n, neighbours(from, n).into_iter().chain([from])).unwrap();
+                    let mut asked = 0;
+                    while at != target {
+                        let next =
+                            closest(target, n, neighbours(at, n).into_iter().chain([at])).unwrap();
+                        assert!((target + n - next) % n < (target + n - at) % n);
+                        at = next;
+                        asked += 1;
+                    }
+                    assert!(
+                        asked <= bruck_steps(n),
+                        "{from} -> {target} of {n}: {asked}"
+                    );
+                }
+            }
         }
     }
 

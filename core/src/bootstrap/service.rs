@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 use super::calls::CallBook;
 use super::limits::{self, Admission};
 use super::proto::{self, Frame, FrameReader, Reassembler};
-use super::tcp::{lock, Link, SharedKey};
+use super::tcp::{self, lock, Link, SharedKey};
 use crate::error::{Error, Result};
 
 #[derive(Default)]
@@ -124,6 +124,10 @@ pub(super) struct Shared {
     pub calls: CallBook,
     /// Messages and bytes this rank exchanged with others.
     pub traffic: Counters,
+    /// The table holds some ranks' addresses only (one root's join): the
+    /// others are looked up through the ranks known ([`Shared::resolve`]),
+    /// not waited for.
+    lazy: AtomicBool,
     mail: Mutex<Mail>,
     cv: Condvar,
     closed: AtomicBool,
@@ -154,6 +158,7 @@ impl Shared {
             progress: Arc::default(),
             calls: CallBook::default(),
             traffic: Counters::default(),
+            lazy: AtomicBool::new(false),
             mail: Mutex::default(),
             cv: Condvar::new(),
             closed: AtomicBool::new(false),
@@ -183,11 +188,77 @@ impl Shared {
         self.cv.notify_all();
     }
 
+    /// The table holds its neighbours' addresses only: look the others
+    /// up when needed.
+    pub fn set_lazy(&self) {
+        self.lazy.store(true, Ordering::Release);
+    }
+
+    /// Of the ranks whose address this rank knows (itself included), the
+    /// one nearest before `target` ([`proto::closest`]), with its address.
+    pub fn closest_known(&self, target: usize) -> Option<(usize, SocketAddr)> {
+        let mail = lock(&self.mail);
+        let t = mail.table.as_ref()?;
+        let known = (0..t.len()).filter(|&r| !t[r].ip().is_unspecified());
+        let r = proto::closest(target, self.nranks, known)?;
+        Some((r, t[r]))
+    }
+
+    /// Rank `rank` listens at `addr` (learned from a lookup).
+    fn learn(&self, rank: usize, addr: SocketAddr) {
+        let mut mail = lock(&self.mail);
+        if let Some(t) = mail.table.as_mut() {
+            if t.get(rank).is_some_and(|a| a.ip().is_unspecified()) {
+                t[rank] = addr;
+                lock(&self.admission).set_table(t);
+            }
+        }
+    }
+
+    /// Rank `rank`'s listen address: from the table, else (in a lazy
+    /// table) looked up by asking the known rank nearest before it, then
+    /// the one that names, and so on ([`proto::LOOKUP`]): at most
+    /// `ceil(log2 n)` questions, each a one-shot connection. `None` when
+    /// no answer leads to it by `until`.
+    pub fn resolve(&self, rank: usize, until: Instant) -> Option<SocketAddr> {
+        if !self.lazy.load(Ordering::Acquire) {
+            return self.rank_addr(rank, until);
+        }
+        let n = self.nranks;
+        let (mut at, mut addr) = self.closest_known(rank)?;
+        let local = self.closest_known(self.rank).map(|(_, a)| a.ip());
+        let dist = |r: usize| (rank + n - r) % n;
+        while at != rank {
+            self.traffic.sent(4);
+            let (next, a) = tcp::lookup(
+                local,
+                addr,
+                self.key.as_deref(),
+                self.magic,
+                self.rank as u32,
+                rank,
+                until,
+            )?;
+            self.traffic.received(4 + proto::ADDR_BYTES);
+            if next >= n || dist(next) >= dist(at) || a.ip().is_unspecified() {
+                debug!(target: "oxccl::bootstrap", "rank {}: looking up rank {rank}, rank {at} answered rank {next} at {a}, no nearer", self.rank);
+                return None;
+            }
+            self.learn(next, a);
+            (at, addr) = (next, a);
+        }
+        Some(addr)
+    }
+
     /// Rank `rank`'s listen address, waiting until `until` for a table
     /// that has it: through several roots a rank first holds its block's
     /// part (other blocks' ranks at the unspecified address) while a rank
-    /// of another block, which has the whole table, may already write.
+    /// of another block, which has the whole table, may already write. In
+    /// a lazy table, looked up ([`Shared::resolve`]).
     fn rank_addr(&self, rank: usize, until: Instant) -> Option<SocketAddr> {
+        if self.lazy.load(Ordering::Acquire) {
+            return self.resolve(rank, until);
+        }
         let mut mail = lock(&self.mail);
         loop {
             if let Some(t) = &mail.table {
@@ -755,8 +826,13 @@ fn serve(c: &mut Conn) -> std::result::Result<(), Stop> {
                 h.from, sh.nranks
             )));
         }
-        if first {
+        // A lookup asks only what any rank of the job may know: it is
+        // answered without checking its sender's address (which would
+        // need a lookup in turn).
+        if first && h.kind != proto::LOOKUP {
             check_sender(c, h.from, h.kind, first_deadline)?;
+        }
+        if first {
             c.sender = Some(h.from);
         }
         let from = h.from as usize;
@@ -839,6 +915,30 @@ fn serve(c: &mut Conn) -> std::result::Result<(), Stop> {
                 let _ = c.link.tcp().set_write_timeout(Some(Duration::from_secs(1)));
                 if let Err(e) = std::io::Write::write_all(&mut c.link, &reply.encode()) {
                     debug!(target: "oxccl::bootstrap", "rank {me}: cannot answer rank {from}'s progress query: {e}");
+                }
+                return Ok(());
+            }
+            proto::LOOKUP => {
+                let target = <[u8; 4]>::try_from(&f.payload[..])
+                    .map(|b| u32::from_le_bytes(b) as usize)
+                    .ok()
+                    .filter(|&t| t < sh.nranks)
+                    .ok_or_else(|| refused("a malformed lookup".into()))?;
+                sh.traffic.received(4);
+                let Some(near) = sh.closest_known(target) else {
+                    return Ok(());
+                };
+                let reply = Frame {
+                    magic: sh.magic,
+                    kind: proto::ADDRS,
+                    from: me as u32,
+                    tag: 0,
+                    payload: proto::encode_entries(&[near]),
+                };
+                sh.traffic.sent(reply.payload.len());
+                let _ = c.link.tcp().set_write_timeout(Some(Duration::from_secs(1)));
+                if let Err(e) = std::io::Write::write_all(&mut c.link, &reply.encode()) {
+                    debug!(target: "oxccl::bootstrap", "rank {me}: cannot answer rank {from}'s lookup of rank {target}: {e}");
                 }
                 return Ok(());
             }
