@@ -85,6 +85,11 @@ impl Counters {
     }
 }
 
+/// How long one question of a lookup waits for its answer before the
+/// asker tries another rank (a live rank answers in well under a
+/// millisecond; a stopped one never does).
+const LOOKUP_WAIT: Duration = Duration::from_secs(2);
+
 /// Which failure notices end a wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Notices {
@@ -225,29 +230,57 @@ impl Shared {
             return self.rank_addr(rank, until);
         }
         let n = self.nranks;
-        let (mut at, mut addr) = self.closest_known(rank)?;
         let local = self.closest_known(self.rank).map(|(_, a)| a.ip());
         let dist = |r: usize| (rank + n - r) % n;
-        while at != rank {
-            self.traffic.sent(4);
-            let (next, a) = tcp::lookup(
-                local,
-                addr,
-                self.key.as_deref(),
-                self.magic,
-                self.rank as u32,
-                rank,
-                until,
-            )?;
-            self.traffic.received(4 + proto::ADDR_BYTES);
-            if next >= n || dist(next) >= dist(at) || a.ip().is_unspecified() {
-                debug!(target: "oxccl::bootstrap", "rank {}: looking up rank {rank}, rank {at} answered rank {next} at {a}, no nearer", self.rank);
-                return None;
+        // Ranks that did not answer (dead, stopped) or led to one that
+        // did not: the walk starts again from the nearest known rank
+        // outside them, until none is left or the time is up.
+        let mut skip: Vec<usize> = Vec::new();
+        'walk: loop {
+            let (mut at, mut addr) = self.closest_known_but(rank, &skip)?;
+            let mut path = Vec::new();
+            while at != rank {
+                if at == self.rank || Instant::now() >= until {
+                    return None;
+                }
+                self.traffic.sent(4);
+                let answer = tcp::lookup(
+                    local,
+                    addr,
+                    self.key.as_deref(),
+                    self.magic,
+                    self.rank as u32,
+                    rank,
+                    until.min(Instant::now() + LOOKUP_WAIT),
+                )
+                .filter(|&(next, a)| {
+                    next < n
+                        && dist(next) < dist(at)
+                        && !a.ip().is_unspecified()
+                        && !skip.contains(&next)
+                });
+                let Some((next, a)) = answer else {
+                    debug!(target: "oxccl::bootstrap", "rank {}: looking up rank {rank}, rank {at} at {addr} gave no nearer rank in time; asking another", self.rank);
+                    skip.push(at);
+                    skip.append(&mut path);
+                    continue 'walk;
+                };
+                self.traffic.received(4 + proto::ADDR_BYTES);
+                self.learn(next, a);
+                path.push(at);
+                (at, addr) = (next, a);
             }
-            self.learn(next, a);
-            (at, addr) = (next, a);
+            return Some(addr);
         }
-        Some(addr)
+    }
+
+    /// [`Shared::closest_known`] outside the ranks of `skip`.
+    fn closest_known_but(&self, target: usize, skip: &[usize]) -> Option<(usize, SocketAddr)> {
+        let mail = lock(&self.mail);
+        let t = mail.table.as_ref()?;
+        let known = (0..t.len()).filter(|&r| !t[r].ip().is_unspecified() && !skip.contains(&r));
+        let r = proto::closest(target, self.nranks, known)?;
+        Some((r, t[r]))
     }
 
     /// Rank `rank`'s listen address, waiting until `until` for a table
