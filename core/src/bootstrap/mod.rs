@@ -36,10 +36,14 @@
 //!   blocks: the bytes an allgather must move);
 //! - [`Bootstrap::barrier`] is a dissemination barrier: `L` each way.
 //!
-//! Through several roots (`ncclCommInitRankScalable`, [`roots`]) a rank
-//! still takes its set's whole table from its root, and the blocks' tables
-//! travel through the blocks' first ranks: every rank ends with every
-//! address (`n` of them), in 2 to 4 messages.
+//! Through several roots (`ncclCommInitRankScalable`, [`roots`], `k`
+//! ids) every rank still ends with every address: a rank takes its set's
+//! table from its root and the whole table (`19n` bytes) from its block's
+//! first rank, 3 messages; a block's first rank also passes the tables
+//! along the first ranks (forward, then back: `2(k-1)` steps in sequence
+//! over the job) and sends the whole table to each rank of its block
+//! (`n/k` messages). Serving these from neighbours and lookups as one
+//! root's ranks are served is not done yet.
 //!
 //! With NCCL_SOCKET_KEY_FILE set, every one of these connections (the
 //! root's included) starts with the handshake of `oxccl_secure` and carries
