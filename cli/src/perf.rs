@@ -92,6 +92,9 @@ pub struct PerfArgs {
     /// Also write every row as a JSON object to FILE
     #[arg(long, value_name = "FILE")]
     pub json: Option<std::path::PathBuf>,
+    /// Time the communicator's init only (host memory): the slowest rank's, and from the first rank's call to the last rank ready
+    #[arg(long)]
+    pub init_only: bool,
 }
 
 /// What it does, examples, and which of nccl-tests' flags are not here.
@@ -102,6 +105,7 @@ each result on fresh random data (#wrong: elements that differ, summed over rank
 
 Examples:
   oxccl perf --ranks 2 -b 8 -e 128M -f 2             # all_reduce, 2 processes, host memory
+  oxccl perf --ranks 64 --init-only                  # time to a ready communicator of 64 processes
   oxccl perf -g 2 -b 8 -e 1G -f 2 --op all           # every collective, 2 GPUs, one process
   oxccl perf --ranks 2 --device cuda -d all -o all   # every datatype and op, a GPU per process
   torchrun --nproc-per-node 8 --no-python oxccl perf -b 1M -e 1G   # in a torchrun job
@@ -277,6 +281,9 @@ fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
         return crate::perf_device::run_rank(args, env);
     }
     let (rank, n) = (env.rank, env.nranks);
+    if args.init_only {
+        return init_only(env);
+    }
     selection(args, n)?;
     let comm =
         Comm::init_rank(n, env.id, rank, &CommConfig::default()).map_err(|e| e.to_string())?;
@@ -291,6 +298,43 @@ fn run_rank(args: &PerfArgs, env: &RankEnv) -> Result<i32, String> {
     })?;
     comm.destroy().map_err(|e| e.to_string())?;
     Ok(if wrong == 0 { 0 } else { 1 })
+}
+
+/// `--init-only`: times `init_rank` on each rank and prints, on rank 0,
+/// the slowest rank's time and the span from the first rank's call to the
+/// last rank's ready communicator (by the wall clock, which the ranks of
+/// one machine share), both gathered by an all-reduce (max).
+fn init_only(env: &RankEnv) -> Result<i32, String> {
+    let (rank, n) = (env.rank, env.nranks);
+    let wall = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    };
+    let start = wall();
+    let t = Instant::now();
+    let comm =
+        Comm::init_rank(n, env.id, rank, &CommConfig::default()).map_err(|e| e.to_string())?;
+    let took = t.elapsed().as_secs_f64();
+    let end = wall();
+    let mut buf = [0u8; 24];
+    for (i, v) in [took, end, -start].into_iter().enumerate() {
+        buf[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+    }
+    comm.all_reduce(None, &mut buf, DataType::Float64, RedOp::Max)
+        .map_err(|e| e.to_string())?;
+    let f = |i: usize| f64::from_ne_bytes(buf[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    if rank == 0 {
+        println!("# oxccl init, {n} ranks ({}), host memory", env.launcher);
+        println!("# {:>6} {:>14} {:>14}", "ranks", "max_init(ms)", "span(ms)");
+        println!(
+            "  {n:>6} {:>14.1} {:>14.1}",
+            f(0) * 1e3,
+            (f(1) + f(2)) * 1e3
+        );
+    }
+    comm.destroy().map_err(|e| e.to_string())?;
+    Ok(0)
 }
 
 /// A variant's (mean time across ranks in us, #wrong over ranks), or

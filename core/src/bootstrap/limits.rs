@@ -85,6 +85,9 @@ pub struct Admission {
     nranks: usize,
     /// Ranks listening at each address, once the table is known.
     ranks_at: Option<HashMap<IpAddr, usize>>,
+    /// Ranks of the table whose address is not known (yet): each may be
+    /// at any address.
+    unknown: usize,
     open: HashMap<IpAddr, usize>,
     slots: HashMap<IpAddr, u64>,
     refused: HashMap<IpAddr, u64>,
@@ -95,17 +98,24 @@ impl Admission {
         Admission {
             nranks,
             ranks_at: None,
+            unknown: 0,
             open: HashMap::new(),
             slots: HashMap::new(),
             refused: HashMap::new(),
         }
     }
 
-    /// Every rank's listen address, by rank.
+    /// Every rank's listen address, by rank; the unspecified address for
+    /// one not known (yet), which counts at every address.
     pub fn set_table(&mut self, table: &[SocketAddr]) {
         let mut at = HashMap::new();
+        self.unknown = 0;
         for a in table {
-            *at.entry(canonical(a.ip())).or_insert(0) += 1;
+            if a.ip().is_unspecified() {
+                self.unknown += 1;
+            } else {
+                *at.entry(canonical(a.ip())).or_insert(0) += 1;
+            }
         }
         self.ranks_at = Some(at);
     }
@@ -113,7 +123,7 @@ impl Admission {
     /// How many connections `ip` may hold at once.
     pub fn cap(&self, ip: IpAddr) -> usize {
         let ranks = match &self.ranks_at {
-            Some(at) => at.get(&canonical(ip)).copied().unwrap_or(0),
+            Some(at) => at.get(&canonical(ip)).copied().unwrap_or(0) + self.unknown,
             None => self.nranks,
         };
         ranks

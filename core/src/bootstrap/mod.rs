@@ -9,12 +9,41 @@
 //! - `tcp`: frames on sockets, retries, cached outgoing connections;
 //! - `calls`: the collectives a rank called last, which peers ask about.
 //!
-//! The flow, as NCCL's: `get_unique_id` starts the root (unless
-//! `NCCL_COMM_ID` names it; then rank 0 hosts it inside `init`). Each rank
-//! binds a listener on its bootstrap interface, says hello to the root with
-//! its listen address, and gets every rank's address back. From then on
-//! ranks talk directly: messages are matched by (sender, tag) in FIFO order,
-//! over one lazily made connection per peer and direction.
+//! The flow: `get_unique_id` starts the root (unless `NCCL_COMM_ID` names
+//! it; then rank 0 hosts it inside `init`). Each rank binds a listener on
+//! its bootstrap interface and says hello to the root with its listen
+//! address. From then on ranks talk directly: messages are matched by
+//! (sender, tag) in FIFO order, over one lazily made connection per peer
+//! and direction.
+//!
+//! What it costs at scale, per rank of `n` (`L = ceil(log2 n)`; counted by
+//! [`Bootstrap::traffic`], checked by the test
+//! `messages_and_bytes_per_rank_at_init_grow_with_log_n`):
+//! - init through one root: one message each way. The root answers each
+//!   rank with its neighbours' addresses only (`me +- 2^k`,
+//!   [`proto::neighbours`]: at most `2L` addresses of 19 bytes), not the
+//!   whole table, so the root sends `O(n L)` bytes in all, not `n^2`
+//!   addresses;
+//! - an address not known is looked up when first needed (a message to
+//!   that rank, a message from it to check, a failure notice, a progress
+//!   query): the rank asks the known rank nearest before it, which names
+//!   the one it knows nearest before it, and so on ([`proto::LOOKUP`],
+//!   [`proto::closest`]); the neighbours halve the distance at each answer,
+//!   so at most `L` questions of 4 bytes and answers of 23, and the
+//!   answers are kept;
+//! - [`Bootstrap::allgather`] is Bruck's: `L` messages each way, to and
+//!   from neighbours (no lookup), each block received once (`n - 1`
+//!   blocks: the bytes an allgather must move);
+//! - [`Bootstrap::barrier`] is a dissemination barrier: `L` each way.
+//!
+//! Through several roots (`ncclCommInitRankScalable`, [`roots`], `k`
+//! ids) every rank still ends with every address: a rank takes its set's
+//! table from its root and the whole table (`19n` bytes) from its block's
+//! first rank, 3 messages; a block's first rank also passes the tables
+//! along the first ranks (forward, then back: `2(k-1)` steps in sequence
+//! over the job) and sends the whole table to each rank of its block
+//! (`n/k` messages). Serving these from neighbours and lookups as one
+//! root's ranks are served is not done yet.
 //!
 //! With NCCL_SOCKET_KEY_FILE set, every one of these connections (the
 //! root's included) starts with the handshake of `oxccl_secure` and carries
@@ -267,6 +296,55 @@ pub enum PeerCall {
     Started(u64),
 }
 
+/// Messages this rank's bootstrap sent to and received from other ranks
+/// and its root, and their payload bytes (frame headers not counted),
+/// since it began: [`Bootstrap::traffic`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub sent: u64,
+    pub sent_bytes: u64,
+    pub received: u64,
+    pub received_bytes: u64,
+}
+
+/// Bruck's allgather of `mine` among `n` ranks, over `io`: `io(peer, tag,
+/// Some(bytes))` sends, `io(peer, tag, None)` receives `peer`'s message
+/// under `tag`. `ceil(log2 n)` messages each way per rank; rank `r`'s
+/// block at index `r` of the result.
+fn bruck(
+    me: usize,
+    n: usize,
+    mine: &[u8],
+    kind: u64,
+    epoch: u64,
+    mut io: impl FnMut(usize, u64, Option<&[u8]>, usize) -> Result<Option<Vec<u8>>>,
+) -> Result<Vec<Vec<u8>>> {
+    // held[i]: the block of rank me + i (mod n).
+    let mut held: Vec<Vec<u8>> = vec![mine.to_vec()];
+    for k in 0..proto::bruck_steps(n) {
+        let (d, count) = proto::bruck_step(n, k);
+        let tag = proto::internal_tag(kind, epoch, k);
+        let out = proto::encode_blocks(held[..count].iter().map(Vec::as_slice));
+        io((me + n - d) % n, tag, Some(&out), k)?;
+        let from = (me + d) % n;
+        let got = io(from, tag, None, k)?.unwrap_or_default();
+        let blocks = proto::decode_blocks(&got)
+            .filter(|b| b.len() == count)
+            .ok_or_else(|| {
+                Error::Internal(format!(
+                    "bootstrap: rank {me} got a malformed message from rank {from} at step {k} of an allgather ({} bytes, {count} blocks expected)",
+                    got.len()
+                ))
+            })?;
+        held.extend(blocks);
+    }
+    let mut all = vec![Vec::new(); n];
+    for (i, b) in held.into_iter().enumerate() {
+        all[(me + i) % n] = b;
+    }
+    Ok(all)
+}
+
 /// A rank's bootstrap endpoint within one communicator. `Send + Sync`:
 /// point-to-point calls may come from any thread; `allgather` and
 /// `barrier` are collective, called by every rank in the same order (one
@@ -396,8 +474,9 @@ impl Bootstrap {
                 rank: local,
                 nranks: set.len(),
                 listen: service.listen,
+                neighbours: false,
             };
-            let t = join_root(&cs[r], &hello, key.as_deref(), timeout, cfg.socket_retry()).map_err(|e| {
+            let t = join_root(&cs[r], &hello, key.as_deref(), timeout, cfg.socket_retry(), &shared.traffic).map_err(|e| {
                 e.context(format!(
                     "joining root {r} of {k} (ranks {}..={} of {nranks}; its ranks are numbered from 0 in its messages)",
                     set[0],
@@ -415,9 +494,11 @@ impl Bootstrap {
         let full = roots::pass_tables(rank, nranks, k, table, |peer, step, t| {
             let tag = proto::internal_tag(proto::TAG_JOIN, 0, step);
             match t {
-                Some(t) => out
-                    .send(peer, tag, &proto::encode_table(t), timeout)
-                    .map(|_| None),
+                Some(t) => {
+                    let b = proto::encode_table(t);
+                    shared.traffic.sent(b.len());
+                    out.send(peer, tag, &b, timeout).map(|_| None)
+                }
                 None => shared
                     .wait(peer, tag, timeout, Notices::Heed, &|| {
                         "the address table of the roots before".to_string()
@@ -509,13 +590,24 @@ impl Bootstrap {
             rank,
             nranks,
             listen: service.listen,
+            neighbours: true,
         };
-        // On failure, dropping `service` stops its thread.
-        let peers = join_root(&c, &hello, key.as_deref(), timeout, cfg.socket_retry())?;
-        shared.set_table(&peers);
+        // On failure, dropping `service` stops its thread. The root sends
+        // the neighbours' addresses only; the others are looked up through
+        // them when first needed.
+        let near = join_root(
+            &c,
+            &hello,
+            key.as_deref(),
+            timeout,
+            cfg.socket_retry(),
+            &shared.traffic,
+        )?;
+        shared.set_table(&near);
+        shared.set_lazy();
         debug!(target: "oxccl::bootstrap", rank, nranks, "bootstrap ready on {} ({}), root {}", iface.name, service.listen, c.root);
         Ok(Bootstrap {
-            out: Outgoing::new(rank, c.magic, key, peers),
+            out: Outgoing::new(rank, c.magic, key, near),
             shared,
             service,
             timeout,
@@ -584,7 +676,21 @@ impl Bootstrap {
             self.shared.deliver(peer, tag, data.to_vec());
             return Ok(());
         }
-        self.out.send(peer, tag, data, self.timeout)
+        let addr = self.addr_of(peer, Instant::now() + self.timeout)?;
+        self.shared.traffic.sent(data.len());
+        self.out.send_to(peer, addr, tag, data, self.timeout)
+    }
+
+    /// `peer`'s listen address: known, or looked up (see
+    /// [`service::Shared::resolve`]) by `until`.
+    fn addr_of(&self, peer: usize, until: Instant) -> Result<SocketAddr> {
+        self.shared.resolve(peer, until).ok_or_else(|| {
+            Error::Remote(format!(
+                "bootstrap: rank {} cannot learn rank {peer}'s address: the ranks asked (those nearest before it) did not answer within {} (NCCL_TIMEOUT), or rank {peer}'s communicator is closed",
+                self.rank(),
+                proto::secs(until.saturating_duration_since(Instant::now()))
+            ))
+        })
     }
 
     /// Waits (up to `NCCL_TIMEOUT`) for the next message from `peer` under
@@ -640,27 +746,39 @@ impl Bootstrap {
     }
 
     /// Every rank's `mine` (of any length, each its own), indexed by rank:
-    /// a ring, `nranks - 1` steps, each rank talking to its two neighbours.
+    /// Bruck's exchange, `ceil(log2 nranks)` steps, in step `k` each rank
+    /// sending the blocks it holds to `me - 2^k` and taking as many from
+    /// `me + 2^k` (see [`proto::bruck_step`]). All blocks of one step
+    /// travel as one message, of at most [`proto::MAX_MESSAGE`] bytes.
     pub fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let (me, n) = (self.rank(), self.nranks());
         let epoch = self.allgathers.fetch_add(1, Ordering::SeqCst);
-        let mut all = vec![Vec::new(); n];
-        all[me] = mine.to_vec();
-        let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
-        for s in 0..n - 1 {
-            let (out, inc) = proto::ring_step(me, n, s);
-            let tag = proto::internal_tag(proto::TAG_ALLGATHER, epoch, s);
-            self.send_raw(next, tag, &all[out])?;
-            all[inc] = self
-                .shared
-                .wait(prev, tag, self.timeout, Notices::Heed, &|| {
-                    format!(
-                        "rank {inc}'s block of allgather #{epoch} (ring step {s} of {})",
-                        n - 1
+        bruck(
+            me,
+            n,
+            mine,
+            proto::TAG_ALLGATHER,
+            epoch,
+            |peer, tag, data, k| match data {
+                Some(b) => self.send_raw(peer, tag, b).map(|_| None),
+                None => self
+                    .shared
+                    .wait(peer, tag, self.timeout, Notices::Heed, &|| {
+                        format!(
+                        "the blocks of rank {peer} and after in allgather #{epoch} (step {} of {})",
+                        k + 1,
+                        proto::bruck_steps(n)
                     )
-                })?;
-        }
-        Ok(all)
+                    })
+                    .map(Some),
+            },
+        )
+    }
+
+    /// Messages and bytes this rank exchanged with others so far (see
+    /// [`Traffic`]).
+    pub fn traffic(&self) -> Traffic {
+        self.shared.traffic.get()
     }
 
     /// Returns once every rank has entered the barrier (dissemination:
@@ -733,7 +851,7 @@ impl Bootstrap {
         for (p, a) in self.for_each_peer(|p| {
             tcp::query(
                 local,
-                self.out.addrs[p],
+                self.shared.resolve(p, deadline)?,
                 key,
                 magic,
                 me as u32,
@@ -794,7 +912,7 @@ impl Bootstrap {
         let ask = |p: usize| {
             tcp::query(
                 local,
-                self.out.addrs[p],
+                self.shared.resolve(p, deadline)?,
                 key,
                 magic,
                 me as u32,
@@ -867,9 +985,13 @@ impl Bootstrap {
         let deadline = Instant::now() + ABORT_WAIT;
         let sent = self.for_each_peer(|p| {
             let d = deadline.min(Instant::now() + ABORT_PER_PEER);
+            let Some(addr) = self.shared.resolve(p, d) else {
+                debug!(target: "oxccl::bootstrap", "rank {me}: cannot tell rank {p} about the failure: its address is not known and no rank asked gave it");
+                return false;
+            };
             match tcp::one_shot(
                 self.out.local(),
-                self.out.addrs[p],
+                addr,
                 self.shared.key.as_deref(),
                 &f,
                 d,
@@ -919,6 +1041,7 @@ fn join_root(
     key: Option<&Key>,
     timeout: Duration,
     retry: Option<oxccl_netif::Retry>,
+    traffic: &service::Counters,
 ) -> Result<Vec<std::net::SocketAddr>> {
     let (rank, nranks) = (hello.rank, hello.nranks);
     let hint = if c.from_env {
@@ -948,6 +1071,7 @@ fn join_root(
         tag: 0,
         payload: hello.encode(),
     };
+    traffic.sent(hello_frame.payload.len());
     s.tcp()
         .set_write_timeout(Some(timeout))
         .and_then(|_| std::io::Write::write_all(&mut s, &hello_frame.encode()))
@@ -985,7 +1109,26 @@ fn join_root(
             )))
         }
     };
+    traffic.received(f.payload.len());
     match f.kind {
+        proto::NEIGHBOURS => {
+            let unknown = SocketAddr::from(([0, 0, 0, 0], 0));
+            let mut t = vec![unknown; nranks];
+            t[rank] = hello.listen;
+            let near = proto::neighbours(rank, nranks);
+            let got = proto::decode_entries(&f.payload)
+                .filter(|e| e.iter().map(|(r, _)| *r).eq(near.iter().copied()))
+                .ok_or_else(|| {
+                    Error::Internal(format!(
+                        "bootstrap: rank {rank} got a malformed list of neighbours from the root at {}",
+                        c.root
+                    ))
+                })?;
+            for (r, a) in got {
+                t[r] = a;
+            }
+            Ok(t)
+        }
         proto::TABLE => {
             let t = proto::decode_table(&f.payload)
                 .filter(|t| t.len() == nranks && t[rank] == hello.listen)

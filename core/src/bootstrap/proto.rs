@@ -31,6 +31,16 @@ pub const QUERY: u8 = 6;
 /// The answer to [`QUERY`]: a little-endian u64, then the 32 bytes of the
 /// call asked about where the rank still knows it.
 pub const PROGRESS: u8 = 7;
+/// The root's answer to a hello that asked for neighbours only
+/// ([`Hello::neighbours`]): the addresses of the rank's
+/// [`neighbours`], as [`encode_entries`] writes them.
+pub const NEIGHBOURS: u8 = 8;
+/// Whose address do you know nearest before rank `t`? The payload: `t`,
+/// a little-endian u32. Answered on the same connection with [`ADDRS`];
+/// see [`closest`].
+pub const LOOKUP: u8 = 9;
+/// The answer to [`LOOKUP`]: one [`encode_entries`] entry.
+pub const ADDRS: u8 = 10;
 /// Or'ed into [`DATA`]: the message continues in the next frame.
 pub const MORE: u8 = 0x80;
 
@@ -136,6 +146,7 @@ pub fn rank_frame_limit(kind: u8) -> Option<usize> {
         k if k & !MORE == DATA => Some(MAX_CHUNK),
         ABORT => Some(MAX_ABORT),
         QUERY => Some(64),
+        LOOKUP => Some(4),
         _ => None,
     }
 }
@@ -368,6 +379,8 @@ pub const TAG_ALLGATHER: u64 = 1;
 pub const TAG_BARRIER: u64 = 2;
 /// The tables a join through several roots passes along ([`super::roots`]).
 pub const TAG_JOIN: u64 = 3;
+/// The Bruck exchange of listen addresses after a join through one root.
+pub const TAG_ADDRS: u64 = 4;
 const STEP_BITS: u32 = 20;
 const EPOCH_BITS: u32 = 62 - 4 - STEP_BITS;
 
@@ -383,11 +396,73 @@ pub fn internal_tag(kind: u64, epoch: u64, step: usize) -> u64 {
 
 // ---------------------------------------------------------------- schedules
 
-/// Step `s` (of `n - 1`) of the ring allgather on rank `me`: the rank whose
-/// block goes to `me + 1`, and the rank whose block comes from `me - 1`.
-pub fn ring_step(me: usize, n: usize, s: usize) -> (usize, usize) {
-    let s = s % n;
-    ((me + n - s) % n, (me + 2 * n - s - 1) % n)
+/// Step `k` of the Bruck allgather on `n` ranks (`k` below
+/// `bruck_steps(n)`): with `d = 2^k`, rank `me`, which holds the blocks of
+/// ranks `me .. me + d` (mod `n`), sends the first `count` of them to
+/// `me - d` and receives as many, those of `me + d .. me + d + count`, from
+/// `me + d`. Returns `(d, count)`. After the last step every rank holds
+/// all `n` blocks: `ceil(log2 n)` messages each way per rank, each block
+/// travelling once to each rank.
+pub fn bruck_step(n: usize, k: usize) -> (usize, usize) {
+    let d = 1usize << k;
+    (d, d.min(n - d))
+}
+
+/// How many steps the Bruck allgather takes on `n` ranks: `ceil(log2 n)`.
+pub fn bruck_steps(n: usize) -> usize {
+    barrier_distances(n).count()
+}
+
+/// The ranks whose addresses a rank needs to take part in the Bruck
+/// allgather and the dissemination barrier: `me + 2^k` and `me - 2^k` for
+/// `2^k < n` (at most `2 ceil(log2 n)`; ascending, without `me`). What the
+/// root hands each rank of one root.
+pub fn neighbours(me: usize, n: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = barrier_distances(n)
+        .flat_map(|d| [(me + d) % n, (me + n - d) % n])
+        .filter(|&r| r != me)
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Of the ranks in `known`, the one nearest before `target` going up
+/// (mod `n`): `target` itself if it is there. What a rank answers to a
+/// [`LOOKUP`], and where the asker goes next: each rank knows its
+/// [`neighbours`] (`me + 2^k` among them), so each answer at least halves
+/// the distance left and a lookup takes at most `ceil(log2 n)` questions.
+pub fn closest(target: usize, n: usize, known: impl Iterator<Item = usize>) -> Option<usize> {
+    known.min_by_key(|&r| (target + n - r) % n)
+}
+
+/// Blocks of varied lengths in one message: a little-endian u32 count,
+/// the u32 length of each, then their bytes.
+pub fn encode_blocks<'a>(blocks: impl Iterator<Item = &'a [u8]> + Clone) -> Vec<u8> {
+    let count = blocks.clone().count();
+    let total: usize = blocks.clone().map(<[u8]>::len).sum();
+    let mut b = Vec::with_capacity(4 + 4 * count + total);
+    b.extend_from_slice(&(count as u32).to_le_bytes());
+    for x in blocks.clone() {
+        b.extend_from_slice(&(x.len() as u32).to_le_bytes());
+    }
+    for x in blocks {
+        b.extend_from_slice(x);
+    }
+    b
+}
+
+pub fn decode_blocks(p: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let count = u32::from_le_bytes(p.get(..4)?.try_into().ok()?) as usize;
+    let lens = p.get(4..4usize.checked_add(count.checked_mul(4)?)?)?;
+    let mut at = 4 + 4 * count;
+    let mut out = Vec::with_capacity(count);
+    for l in lens.chunks(4) {
+        let l = u32::from_le_bytes(l.try_into().ok()?) as usize;
+        out.push(p.get(at..at.checked_add(l)?)?.to_vec());
+        at += l;
+    }
+    (at == p.len()).then_some(out)
 }
 
 /// The distances of the dissemination barrier's rounds: in round `k` rank
@@ -483,31 +558,64 @@ pub struct Hello {
     pub rank: usize,
     pub nranks: usize,
     pub listen: SocketAddr,
+    /// Answer with the addresses of the rank's [`neighbours`] only
+    /// ([`NEIGHBOURS`]), not the whole table: one root's ranks ask so and
+    /// gather the rest among themselves; several roots' ranks take their
+    /// set's whole table.
+    pub neighbours: bool,
 }
 
 impl Hello {
     /// The payload (the rank travels as the frame's `from`).
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(4 + ADDR_BYTES);
+        let mut b = Vec::with_capacity(4 + ADDR_BYTES + 1);
         b.extend_from_slice(&(self.nranks as u32).to_le_bytes());
         b.extend_from_slice(&encode_addr(&self.listen));
+        b.push(u8::from(self.neighbours));
         b
     }
 
     pub fn decode(rank: u32, p: &[u8]) -> Option<Hello> {
-        if p.len() != 4 + ADDR_BYTES {
+        if p.len() != 4 + ADDR_BYTES + 1 || p[4 + ADDR_BYTES] > 1 {
             return None;
         }
         Some(Hello {
             rank: rank as usize,
             nranks: u32::from_le_bytes(p[0..4].try_into().ok()?) as usize,
             listen: decode_addr(&p[4..])?,
+            neighbours: p[4 + ADDR_BYTES] == 1,
         })
     }
 }
 
 pub fn encode_table(t: &[SocketAddr]) -> Vec<u8> {
     t.iter().flat_map(encode_addr).collect()
+}
+
+/// Some ranks' addresses: a little-endian u32 rank, then its address, each.
+pub fn encode_entries(e: &[(usize, SocketAddr)]) -> Vec<u8> {
+    e.iter()
+        .flat_map(|(r, a)| {
+            let mut b = (*r as u32).to_le_bytes().to_vec();
+            b.extend_from_slice(&encode_addr(a));
+            b
+        })
+        .collect()
+}
+
+pub fn decode_entries(p: &[u8]) -> Option<Vec<(usize, SocketAddr)>> {
+    const ENTRY: usize = 4 + ADDR_BYTES;
+    if !p.len().is_multiple_of(ENTRY) {
+        return None;
+    }
+    p.chunks(ENTRY)
+        .map(|c| {
+            Some((
+                u32::from_le_bytes(c[..4].try_into().ok()?) as usize,
+                decode_addr(&c[4..])?,
+            ))
+        })
+        .collect()
 }
 
 pub fn decode_table(p: &[u8]) -> Option<Vec<SocketAddr>> {
@@ -882,6 +990,7 @@ mod tests {
             rank,
             nranks,
             listen: a(port),
+            neighbours: false,
         }
     }
 
@@ -1030,7 +1139,7 @@ mod tests {
     #[test]
     fn internal_tags_are_disjoint_from_users_and_each_other() {
         let mut seen = std::collections::HashSet::new();
-        for kind in [TAG_ALLGATHER, TAG_BARRIER, TAG_JOIN] {
+        for kind in [TAG_ALLGATHER, TAG_BARRIER, TAG_JOIN, TAG_ADDRS] {
             for epoch in [0, 1, (1 << EPOCH_BITS) - 1] {
                 for step in [0, 1, MAX_RANKS - 1] {
                     let t = internal_tag(kind, epoch, step);
@@ -1046,31 +1155,81 @@ mod tests {
         );
     }
 
-    /// Runs the ring in lockstep: every rank ends with every block.
+    /// Runs Bruck's steps in lockstep: every rank ends with every block,
+    /// each received once, in `ceil(log2 n)` messages.
     #[test]
-    fn ring_allgather_schedule_delivers_every_block() {
-        for n in 1..9 {
-            let mut have: Vec<Vec<Option<usize>>> = (0..n)
-                .map(|me| (0..n).map(|b| (b == me).then_some(b)).collect())
-                .collect();
-            for s in 0..n - 1 {
-                let sent: Vec<_> = (0..n)
-                    .map(|me| {
-                        let (block, _) = ring_step(me, n, s);
-                        (block, have[me][block].expect("sent blocks are held"))
-                    })
-                    .collect();
+    fn bruck_allgather_schedule_delivers_every_block_once() {
+        for n in 1..70 {
+            // have[me][i]: the block of rank me + i, as it holds them.
+            let mut have: Vec<Vec<usize>> = (0..n).map(|me| vec![me]).collect();
+            let mut received = vec![0usize; n];
+            for k in 0..bruck_steps(n) {
+                let (d, count) = bruck_step(n, k);
+                let sent: Vec<Vec<usize>> = have.iter().map(|h| h[..count].to_vec()).collect();
                 for (me, h) in have.iter_mut().enumerate() {
-                    let (_, expect) = ring_step(me, n, s);
-                    let (block, v) = sent[(me + n - 1) % n];
-                    assert_eq!(block, expect);
-                    h[block] = Some(v);
+                    assert_eq!(h.len(), d);
+                    let from = &sent[(me + d) % n];
+                    assert!(from.iter().enumerate().all(|(i, &b)| b == (me + d + i) % n));
+                    h.extend_from_slice(from);
+                    received[me] += from.len();
                 }
             }
-            for h in &have {
-                assert_eq!(h, &(0..n).map(Some).collect::<Vec<_>>());
+            assert!(bruck_steps(n) <= (n as f64).log2().ceil() as usize);
+            for (me, h) in have.iter().enumerate() {
+                assert_eq!(h, &(0..n).map(|i| (me + i) % n).collect::<Vec<_>>());
+                assert_eq!(received[me], n - 1);
             }
         }
+    }
+
+    #[test]
+    fn neighbours_are_the_power_of_two_distances_both_ways() {
+        assert_eq!(neighbours(0, 1), Vec::<usize>::new());
+        assert_eq!(neighbours(0, 2), vec![1]);
+        assert_eq!(neighbours(0, 8), vec![1, 2, 4, 6, 7]);
+        assert_eq!(neighbours(5, 16), vec![1, 3, 4, 6, 7, 9, 13]);
+        for n in 1..300 {
+            assert!(neighbours(n / 2, n).len() <= 2 * bruck_steps(n));
+        }
+    }
+
+    /// Lookups by the neighbours alone reach every rank from every rank
+    /// in at most ceil(log2 n) questions.
+    #[test]
+    fn lookups_through_neighbours_take_log_n_questions() {
+        for n in [1usize, 2, 3, 7, 16, 33, 100] {
+            for from in 0..n {
+                for target in 0..n {
+                    let mut at =
+                        closest(target, n, neighbours(from, n).into_iter().chain([from])).unwrap();
+                    let mut asked = 0;
+                    while at != target {
+                        let next =
+                            closest(target, n, neighbours(at, n).into_iter().chain([at])).unwrap();
+                        assert!((target + n - next) % n < (target + n - at) % n);
+                        at = next;
+                        asked += 1;
+                    }
+                    assert!(
+                        asked <= bruck_steps(n),
+                        "{from} -> {target} of {n}: {asked}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_and_entries_roundtrip() {
+        let bs: Vec<Vec<u8>> = vec![vec![], vec![1, 2, 3], vec![9; 300]];
+        let enc = encode_blocks(bs.iter().map(Vec::as_slice));
+        assert_eq!(decode_blocks(&enc), Some(bs));
+        assert_eq!(decode_blocks(&enc[..enc.len() - 1]), None);
+        assert_eq!(decode_blocks(&[5, 0, 0, 0]), None);
+        assert_eq!(decode_blocks(&[0xff; 4]), None);
+        let e = vec![(3, a(1)), (70000, "[fe80::1]:2".parse().unwrap())];
+        assert_eq!(decode_entries(&encode_entries(&e)), Some(e));
+        assert_eq!(decode_entries(&[1; 22]), None);
     }
 
     /// In the dissemination barrier, every rank hears (transitively) from

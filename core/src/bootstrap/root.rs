@@ -99,6 +99,8 @@ struct Conn {
     since: Instant,
     /// The communicator's magic.
     magic: u64,
+    /// Its hello asked for its neighbours' addresses only.
+    neighbours: bool,
 }
 
 enum Event {
@@ -313,6 +315,7 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
                                 secure,
                                 since: Instant::now(),
                                 magic,
+                                neighbours: false,
                             },
                         );
                         next_id += 1;
@@ -335,6 +338,7 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
                     busy = true;
                     debug!(target: "oxccl::bootstrap", "root {addr}: hello from rank {} of {} at {} (from {})", h.rank, h.nranks, h.listen, c.peer);
                     c.joined = true;
+                    c.neighbours = h.neighbours;
                     unjoined.remove(c.peer.ip());
                     actions.extend(root.hello(Instant::now(), id, &h));
                 }
@@ -374,9 +378,21 @@ fn run(listener: TcpListener, addr: SocketAddr, magic: u64, timeout: Duration, k
             match a {
                 RootAction::Table { conns: to, table } => {
                     let payload = proto::encode_table(&table);
+                    let n = table.len();
                     for (rank, id) in to.iter().enumerate() {
                         if let Some(c) = conns.get_mut(id) {
-                            if let Err(e) = send(c, magic, proto::TABLE, payload.clone()) {
+                            // One root's ranks take their neighbours only:
+                            // O(log n) addresses each, not n.
+                            let (kind, payload) = if c.neighbours {
+                                let near: Vec<_> = proto::neighbours(rank, n)
+                                    .into_iter()
+                                    .map(|r| (r, table[r]))
+                                    .collect();
+                                (proto::NEIGHBOURS, proto::encode_entries(&near))
+                            } else {
+                                (proto::TABLE, payload.clone())
+                            };
+                            if let Err(e) = send(c, magic, kind, payload) {
                                 warn!(target: "oxccl::bootstrap", "root {addr}: cannot send the table to rank {rank} at {}: {e}", c.peer);
                             }
                         }

@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 use super::calls::CallBook;
 use super::limits::{self, Admission};
 use super::proto::{self, Frame, FrameReader, Reassembler};
-use super::tcp::{lock, Link, SharedKey};
+use super::tcp::{self, lock, Link, SharedKey};
 use crate::error::{Error, Result};
 
 #[derive(Default)]
@@ -52,6 +52,43 @@ impl Mail {
         m
     }
 }
+
+/// Messages a rank sent to and received from others (the root
+/// included), and their payload bytes: what [`super::Traffic`] reports.
+#[derive(Default)]
+pub(super) struct Counters {
+    sent: AtomicU64,
+    sent_bytes: AtomicU64,
+    received: AtomicU64,
+    received_bytes: AtomicU64,
+}
+
+impl Counters {
+    pub fn sent(&self, bytes: usize) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+        self.sent_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub fn received(&self, bytes: usize) {
+        self.received.fetch_add(1, Ordering::Relaxed);
+        self.received_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> super::Traffic {
+        super::Traffic {
+            sent: self.sent.load(Ordering::Relaxed),
+            sent_bytes: self.sent_bytes.load(Ordering::Relaxed),
+            received: self.received.load(Ordering::Relaxed),
+            received_bytes: self.received_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// How long one question of a lookup waits for its answer before the
+/// asker tries another rank (a live rank answers in well under a
+/// millisecond; a stopped one never does).
+const LOOKUP_WAIT: Duration = Duration::from_secs(2);
 
 /// Which failure notices end a wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +127,12 @@ pub(super) struct Shared {
     pub progress: Arc<AtomicU64>,
     /// The collectives this rank called last; peers ask about one.
     pub calls: CallBook,
+    /// Messages and bytes this rank exchanged with others.
+    pub traffic: Counters,
+    /// The table holds some ranks' addresses only (one root's join): the
+    /// others are looked up through the ranks known ([`Shared::resolve`]),
+    /// not waited for.
+    lazy: AtomicBool,
     mail: Mutex<Mail>,
     cv: Condvar,
     closed: AtomicBool,
@@ -119,6 +162,8 @@ impl Shared {
             next_conn: AtomicU64::new(0),
             progress: Arc::default(),
             calls: CallBook::default(),
+            traffic: Counters::default(),
+            lazy: AtomicBool::new(false),
             mail: Mutex::default(),
             cv: Condvar::new(),
             closed: AtomicBool::new(false),
@@ -131,6 +176,9 @@ impl Shared {
     }
 
     pub fn deliver(&self, from: usize, tag: u64, payload: Vec<u8>) {
+        if from != self.rank {
+            self.traffic.received(payload.len());
+        }
         let mut mail = lock(&self.mail);
         *mail.held.entry(from).or_insert(0) += payload.len();
         mail.msgs.entry((from, tag)).or_default().push_back(payload);
@@ -145,11 +193,105 @@ impl Shared {
         self.cv.notify_all();
     }
 
+    /// The table holds its neighbours' addresses only: look the others
+    /// up when needed.
+    pub fn set_lazy(&self) {
+        self.lazy.store(true, Ordering::Release);
+    }
+
+    /// Of the ranks whose address this rank knows (itself included), the
+    /// one nearest before `target` ([`proto::closest`]), with its address.
+    pub fn closest_known(&self, target: usize) -> Option<(usize, SocketAddr)> {
+        let mail = lock(&self.mail);
+        let t = mail.table.as_ref()?;
+        let known = (0..t.len()).filter(|&r| !t[r].ip().is_unspecified());
+        let r = proto::closest(target, self.nranks, known)?;
+        Some((r, t[r]))
+    }
+
+    /// Rank `rank` listens at `addr` (learned from a lookup).
+    fn learn(&self, rank: usize, addr: SocketAddr) {
+        let mut mail = lock(&self.mail);
+        if let Some(t) = mail.table.as_mut() {
+            if t.get(rank).is_some_and(|a| a.ip().is_unspecified()) {
+                t[rank] = addr;
+                lock(&self.admission).set_table(t);
+            }
+        }
+    }
+
+    /// Rank `rank`'s listen address: from the table, else (in a lazy
+    /// table) looked up by asking the known rank nearest before it, then
+    /// the one that names, and so on ([`proto::LOOKUP`]): at most
+    /// `ceil(log2 n)` questions, each a one-shot connection. `None` when
+    /// no answer leads to it by `until`.
+    pub fn resolve(&self, rank: usize, until: Instant) -> Option<SocketAddr> {
+        if !self.lazy.load(Ordering::Acquire) {
+            return self.rank_addr(rank, until);
+        }
+        let n = self.nranks;
+        let local = self.closest_known(self.rank).map(|(_, a)| a.ip());
+        let dist = |r: usize| (rank + n - r) % n;
+        // Ranks that did not answer (dead, stopped) or led to one that
+        // did not: the walk starts again from the nearest known rank
+        // outside them, until none is left or the time is up.
+        let mut skip: Vec<usize> = Vec::new();
+        'walk: loop {
+            let (mut at, mut addr) = self.closest_known_but(rank, &skip)?;
+            let mut path = Vec::new();
+            while at != rank {
+                if at == self.rank || Instant::now() >= until {
+                    return None;
+                }
+                self.traffic.sent(4);
+                let answer = tcp::lookup(
+                    local,
+                    addr,
+                    self.key.as_deref(),
+                    self.magic,
+                    self.rank as u32,
+                    rank,
+                    until.min(Instant::now() + LOOKUP_WAIT),
+                )
+                .filter(|&(next, a)| {
+                    next < n
+                        && dist(next) < dist(at)
+                        && !a.ip().is_unspecified()
+                        && !skip.contains(&next)
+                });
+                let Some((next, a)) = answer else {
+                    debug!(target: "oxccl::bootstrap", "rank {}: looking up rank {rank}, rank {at} at {addr} gave no nearer rank in time; asking another", self.rank);
+                    skip.push(at);
+                    skip.append(&mut path);
+                    continue 'walk;
+                };
+                self.traffic.received(4 + proto::ADDR_BYTES);
+                self.learn(next, a);
+                path.push(at);
+                (at, addr) = (next, a);
+            }
+            return Some(addr);
+        }
+    }
+
+    /// [`Shared::closest_known`] outside the ranks of `skip`.
+    fn closest_known_but(&self, target: usize, skip: &[usize]) -> Option<(usize, SocketAddr)> {
+        let mail = lock(&self.mail);
+        let t = mail.table.as_ref()?;
+        let known = (0..t.len()).filter(|&r| !t[r].ip().is_unspecified() && !skip.contains(&r));
+        let r = proto::closest(target, self.nranks, known)?;
+        Some((r, t[r]))
+    }
+
     /// Rank `rank`'s listen address, waiting until `until` for a table
     /// that has it: through several roots a rank first holds its block's
     /// part (other blocks' ranks at the unspecified address) while a rank
-    /// of another block, which has the whole table, may already write.
+    /// of another block, which has the whole table, may already write. In
+    /// a lazy table, looked up ([`Shared::resolve`]).
     fn rank_addr(&self, rank: usize, until: Instant) -> Option<SocketAddr> {
+        if self.lazy.load(Ordering::Acquire) {
+            return self.resolve(rank, until);
+        }
         let mut mail = lock(&self.mail);
         loop {
             if let Some(t) = &mail.table {
@@ -717,8 +859,13 @@ fn serve(c: &mut Conn) -> std::result::Result<(), Stop> {
                 h.from, sh.nranks
             )));
         }
-        if first {
+        // A lookup asks only what any rank of the job may know: it is
+        // answered without checking its sender's address (which would
+        // need a lookup in turn).
+        if first && h.kind != proto::LOOKUP {
             check_sender(c, h.from, h.kind, first_deadline)?;
+        }
+        if first {
             c.sender = Some(h.from);
         }
         let from = h.from as usize;
@@ -801,6 +948,30 @@ fn serve(c: &mut Conn) -> std::result::Result<(), Stop> {
                 let _ = c.link.tcp().set_write_timeout(Some(Duration::from_secs(1)));
                 if let Err(e) = std::io::Write::write_all(&mut c.link, &reply.encode()) {
                     debug!(target: "oxccl::bootstrap", "rank {me}: cannot answer rank {from}'s progress query: {e}");
+                }
+                return Ok(());
+            }
+            proto::LOOKUP => {
+                let target = <[u8; 4]>::try_from(&f.payload[..])
+                    .map(|b| u32::from_le_bytes(b) as usize)
+                    .ok()
+                    .filter(|&t| t < sh.nranks)
+                    .ok_or_else(|| refused("a malformed lookup".into()))?;
+                sh.traffic.received(4);
+                let Some(near) = sh.closest_known(target) else {
+                    return Ok(());
+                };
+                let reply = Frame {
+                    magic: sh.magic,
+                    kind: proto::ADDRS,
+                    from: me as u32,
+                    tag: 0,
+                    payload: proto::encode_entries(&[near]),
+                };
+                sh.traffic.sent(reply.payload.len());
+                let _ = c.link.tcp().set_write_timeout(Some(Duration::from_secs(1)));
+                if let Err(e) = std::io::Write::write_all(&mut c.link, &reply.encode()) {
+                    debug!(target: "oxccl::bootstrap", "rank {me}: cannot answer rank {from}'s lookup of rank {target}: {e}");
                 }
                 return Ok(());
             }

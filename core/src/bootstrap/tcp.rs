@@ -291,6 +291,41 @@ pub(super) fn query(
     Some((n, rest.try_into().ok()))
 }
 
+/// Asks the rank at `addr` which rank it knows nearest before `target`
+/// ([`proto::LOOKUP`]); its answer (rank, address), or `None` if it does
+/// not give one by `deadline`.
+pub(super) fn lookup(
+    local: Option<IpAddr>,
+    addr: SocketAddr,
+    key: Option<&Key>,
+    magic: u64,
+    me: u32,
+    target: usize,
+    deadline: Instant,
+) -> Option<(usize, SocketAddr)> {
+    let q = Frame {
+        magic,
+        kind: proto::LOOKUP,
+        from: me,
+        tag: 0,
+        payload: (target as u32).to_le_bytes().to_vec(),
+    };
+    let mut s = one_shot(local, addr, key, &q, deadline).ok()?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    s.tcp()
+        .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+        .ok()?;
+    let f = read_frame(&mut s, &mut FrameReader::new(magic, 4 + proto::ADDR_BYTES)).ok()??;
+    let _ = s.tcp().shutdown(Shutdown::Both);
+    if f.kind != proto::ADDRS {
+        return None;
+    }
+    match proto::decode_entries(&f.payload)?[..] {
+        [one] => Some(one),
+        _ => None,
+    }
+}
+
 /// The connections this rank opened to its peers: made on first use,
 /// cached, one lock per peer (a message is written whole under it).
 pub(super) struct Outgoing {
@@ -327,7 +362,20 @@ impl Outgoing {
     /// replaced once (a peer drops connections only when it closes, so a
     /// failure on a fresh one is the answer).
     pub fn send(&self, peer: usize, tag: u64, payload: &[u8], timeout: Duration) -> Result<()> {
-        let addr = self.addrs[peer];
+        self.send_to(peer, self.addrs[peer], tag, payload, timeout)
+    }
+
+    /// [`Outgoing::send`] to `peer` at `addr` (for a peer whose address
+    /// was learned after this was made; a cached connection is used as
+    /// it is).
+    pub fn send_to(
+        &self,
+        peer: usize,
+        addr: SocketAddr,
+        tag: u64,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
         let mut slot = lock(&self.slots[peer]);
         loop {
             let fresh = slot.is_none();

@@ -168,6 +168,7 @@ fn strangers_are_refused_and_init_still_succeeds() {
             rank: 0,
             nranks: 2,
             listen: root,
+            neighbours: false,
         }
         .encode(),
     };
@@ -1092,8 +1093,17 @@ fn several_roots_make_the_bootstrap_one_root_makes() {
             })
             .collect();
         let bs: Vec<Bootstrap> = hs.into_iter().map(|h| h.join().unwrap()).collect();
-        let tables: Vec<Vec<std::net::SocketAddr>> =
-            bs.iter().map(|b| b.out.addrs.clone()).collect();
+        // Through one root, a rank holds its neighbours' addresses and
+        // looks the others up.
+        let until = Instant::now() + Duration::from_secs(10);
+        let tables: Vec<Vec<std::net::SocketAddr>> = bs
+            .iter()
+            .map(|b| {
+                (0..n)
+                    .map(|p| b.shared.resolve(p, until).unwrap())
+                    .collect()
+            })
+            .collect();
         for (r, t) in tables.iter().enumerate() {
             assert_eq!(t, &tables[0], "{n} ranks, {k} roots: rank {r}'s table");
             assert_eq!(t[r], bs[r].listen_addr());
@@ -1131,4 +1141,76 @@ fn several_roots_refuse_bad_ids() {
         e.to_string().contains("more unique ids than the 2 ranks"),
         "{e}"
     );
+}
+
+/// What each rank sends and receives at init, in one allgather after, and
+/// to reach a rank it does not know, for several counts: at init one
+/// message each way (the hello, the root's answer of at most
+/// `2 ceil(log2 n)` addresses), `ceil(log2 n)` each way per allgather, and
+/// at most `ceil(log2 n)` lookups to learn an address.
+#[test]
+fn messages_and_bytes_per_rank_at_init_grow_with_log_n() {
+    let c = cfg("30");
+    let entry = (4 + proto::ADDR_BYTES) as u64;
+    for n in [2usize, 5, 16, 64] {
+        let log = proto::bruck_steps(n) as u64;
+        assert_eq!(log, (n as f64).log2().ceil() as u64);
+        let bs = init_all(get_unique_id(&c).unwrap(), n, &c);
+        let at_init: Vec<Traffic> = bs.iter().map(Bootstrap::traffic).collect();
+        for (r, t) in at_init.iter().enumerate() {
+            assert_eq!((t.sent, t.received), (1, 1), "rank {r} of {n}: {t:?}");
+            assert_eq!(t.sent_bytes, 4 + proto::ADDR_BYTES as u64 + 1);
+            assert!(
+                t.received_bytes <= 2 * log * entry,
+                "rank {r} of {n}: {t:?}"
+            );
+        }
+        // One allgather of 64 bytes: ceil(log2 n) messages each way, to
+        // and from neighbours (no lookup).
+        std::thread::scope(|s| {
+            for b in &bs {
+                s.spawn(move || b.allgather(&[b.rank() as u8; 64]).unwrap());
+            }
+        });
+        let after: Vec<Traffic> = bs.iter().map(Bootstrap::traffic).collect();
+        for (t, t0) in after.iter().zip(&at_init) {
+            assert_eq!((t.sent - t0.sent, t.received - t0.received), (log, log));
+            assert_eq!(
+                t.received_bytes - t0.received_bytes,
+                4 * log + (n as u64 - 1) * 68
+            );
+        }
+        // A message to the rank 3n/4 + 1 on: at most log2 n lookups (a
+        // question and an answer each) besides it, over all ranks.
+        let far = |me: usize| (me + 3 * n / 4 + 1) % n;
+        std::thread::scope(|s| {
+            for b in &bs {
+                s.spawn(move || {
+                    let me = b.rank();
+                    b.send(far(me), 5, &[me as u8]).unwrap();
+                    let from = (0..n).find(|&p| far(p) == me).unwrap();
+                    assert_eq!(b.recv(from, 5).unwrap(), vec![from as u8]);
+                });
+            }
+        });
+        let sent: u64 = bs
+            .iter()
+            .zip(&after)
+            .map(|(b, t0)| b.traffic().sent - t0.sent)
+            .sum();
+        let n64 = n as u64;
+        assert!(
+            sent <= n64 * (1 + 2 * log),
+            "{n} ranks: {sent} messages sent"
+        );
+        let mean = |f: fn(&Traffic) -> u64| at_init.iter().map(f).sum::<u64>() as f64 / n as f64;
+        eprintln!(
+            "n {n:>3}: per rank at init {} msg sent, {} received, {:.0} B sent, {:.0} B received; one far message: {:.1} msgs sent per rank with its lookups",
+            at_init[0].sent,
+            at_init[0].received,
+            mean(|t| t.sent_bytes),
+            mean(|t| t.received_bytes),
+            sent as f64 / n as f64
+        );
+    }
 }
