@@ -7,6 +7,11 @@
 //! host's reference, and checks that the collnet carried it: the core's
 //! count of CollNet all-reduces, and the plugin's own log lines on each
 //! node's first rank.
+//!
+//! All-gathers and reduce-scatters take the same path through the plugin's
+//! `iallgather` and `ireducescatter` (NCCL's windows, 1 MiB at most here):
+//! v9 as 2 nodes, v12 as 2 nodes of 2, with ranks numbered node by node or
+//! not; a plugin that leaves them NULL runs them on the rings and says so.
 
 use std::time::Duration;
 
