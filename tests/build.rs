@@ -26,6 +26,7 @@ fn main() {
         "profiler_v6_shim",
         "collnet_v9",
         "collnet_v12",
+        "collnet_v12_allreduce_only",
     ] {
         let src = format!("fixtures/{name}.c");
         println!("cargo:rerun-if-changed={src}");

@@ -168,12 +168,18 @@ pub fn main(args: &InfoArgs) -> Result<i32, String> {
     );
     match net::collnet::plugin() {
         Ok(c) => println!(
-            "  loaded {} ({}): {} device(s), {} Mb/s, {} us; all_reduce on host memory across {}+ nodes takes it where enabled",
+            "  loaded {} ({}): {} device(s), {} Mb/s, {} us; all_reduce{} on host memory across {}+ nodes takes it where enabled",
             c.name(),
             c.symbol(),
             c.devices(),
             c.speed_mbps,
             c.latency_us,
+            match c.gathers {
+                (true, true) => ", all_gather and reduce_scatter",
+                (true, false) => " and all_gather",
+                (false, true) => " and reduce_scatter",
+                (false, false) => "",
+            },
             cfg.collnet_node_threshold
         ),
         Err(why) => println!("  none: {why}"),

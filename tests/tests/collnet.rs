@@ -7,6 +7,11 @@
 //! host's reference, and checks that the collnet carried it: the core's
 //! count of CollNet all-reduces, and the plugin's own log lines on each
 //! node's first rank.
+//!
+//! All-gathers and reduce-scatters take the same path through the plugin's
+//! `iallgather` and `ireducescatter` (NCCL's windows, 1 MiB at most here):
+//! v9 as 2 nodes, v12 as 2 nodes of 2, with ranks numbered node by node or
+//! not; a plugin that leaves them NULL runs them on the rings and says so.
 
 use std::time::Duration;
 
@@ -257,6 +262,201 @@ fn collnet_with_null_entries_is_refused_and_the_rings_run() {
                 && line.contains("NULL init, devices; not used"),
             "rank {}: {line}",
             f.rank
+        );
+        println!("rank {}: {line}", f.rank);
+    }
+}
+
+/// The all-gathers and reduce-scatters each rank makes: (collective, type,
+/// operation, bytes in all, in place). 3 MiB makes windows of the plugin's
+/// 1 MiB that cross the nodes' blocks (1.5 MiB each); half precision is a
+/// type the plugin does not reduce, so that reduce-scatter runs on the
+/// rings (an all-gather moves bytes of any type).
+const GATHERS: &[(Coll, DataType, RedOp, usize, bool)] = &[
+    (Coll::AllGather, DataType::Float32, RedOp::Sum, 4096, false),
+    (
+        Coll::AllGather,
+        DataType::Float64,
+        RedOp::Sum,
+        3 << 20,
+        true,
+    ),
+    (Coll::AllGather, DataType::Float16, RedOp::Sum, 4096, false),
+    (
+        Coll::ReduceScatter,
+        DataType::Float32,
+        RedOp::Sum,
+        4096,
+        false,
+    ),
+    (
+        Coll::ReduceScatter,
+        DataType::Float64,
+        RedOp::Max,
+        3 << 20,
+        true,
+    ),
+    (
+        Coll::ReduceScatter,
+        DataType::Int64,
+        RedOp::Prod,
+        4096,
+        false,
+    ),
+    (Coll::ReduceScatter, DataType::Int32, RedOp::Min, 64, true),
+    (
+        Coll::ReduceScatter,
+        DataType::Float16,
+        RedOp::Sum,
+        4096,
+        false,
+    ),
+];
+
+/// Calls of [`GATHERS`] the collnet carries, and the windows they make.
+const GATHERS_THROUGH_COLLNET: u64 = 7;
+const AG_WINDOWS: usize = 5;
+const RS_WINDOWS: usize = 6;
+
+/// A child rank of node `node(rank)`: runs [`GATHERS`] and prints how many
+/// went through the CollNet.
+fn gathers_body(node: fn(usize) -> usize) -> impl FnOnce(oxccl_tests::Rank) {
+    move |r| {
+        oxccl::log::init();
+        let name = format!("collnet-node-{}", node(r.rank));
+        let comm = r.comm(&[("HOSTID", &name)]);
+        for &(coll, dtype, op, size, inplace) in GATHERS {
+            let case = Case {
+                coll,
+                dtype,
+                op,
+                root: 0,
+                size,
+                inplace,
+            };
+            assert_eq!(case.check_once(&comm).unwrap(), 0, "{case:?}");
+        }
+        println!("COLLNET_USES {}", comm.collnet_uses());
+        comm.destroy().unwrap();
+    }
+}
+
+/// Lines of `f`'s log that say the plugin completed a `kind` call.
+fn plugin_calls(f: &oxccl_cli::launch::Finished, kind: &str) -> usize {
+    let pat = format!("collnet-host: {kind} #");
+    f.stderr.lines().filter(|l| l.contains(&pat)).count()
+}
+
+/// Every rank ran [`GATHERS`] through the collnet as expected; the
+/// leaders (`leader(rank)`) saw every window in the plugin.
+fn assert_gathers_through_collnet(done: &[oxccl_cli::launch::Finished], leader: fn(usize) -> bool) {
+    for f in done {
+        assert_eq!(
+            uses(f),
+            GATHERS_THROUGH_COLLNET,
+            "rank {}:\n{}",
+            f.rank,
+            f.stderr
+        );
+        let (ag, rs) = (
+            plugin_calls(f, "iallgather"),
+            plugin_calls(f, "ireducescatter"),
+        );
+        let want = if leader(f.rank) {
+            (AG_WINDOWS, RS_WINDOWS)
+        } else {
+            (0, 0)
+        };
+        assert_eq!((ag, rs), want, "rank {}:\n{}", f.rank, f.stderr);
+        assert!(
+            f.stderr
+                .contains("CollNet also runs all_gather and reduce_scatter"),
+            "rank {}:\n{}",
+            f.rank,
+            f.stderr
+        );
+        println!(
+            "rank {}: {} calls through CollNet, {ag} iallgather and {rs} ireducescatter windows on this rank",
+            f.rank,
+            uses(f)
+        );
+    }
+}
+
+#[test]
+fn collnet_v9_gathers_two_nodes_of_one_rank() {
+    let name = "collnet_v9_gathers_two_nodes_of_one_rank";
+    if as_child(name, gathers_body(|r| r)) {
+        return;
+    }
+    let done = run(name, 2, &fixture("collnet_v9"), "1");
+    assert_gathers_through_collnet(&done, |_| true);
+}
+
+#[test]
+fn collnet_v12_gathers_two_nodes_of_two_ranks() {
+    let name = "collnet_v12_gathers_two_nodes_of_two_ranks";
+    if as_child(name, gathers_body(|r| r / 2)) {
+        return;
+    }
+    let done = run(name, 4, &fixture("collnet_v12"), "1");
+    assert_gathers_through_collnet(&done, |r| r % 2 == 0);
+}
+
+/// Ranks 0 and 2 on one node, 1 and 3 on the other: the node-ordered
+/// blocks are staged and put in rank order.
+#[test]
+fn collnet_v12_gathers_ranks_not_node_by_node() {
+    let name = "collnet_v12_gathers_ranks_not_node_by_node";
+    if as_child(name, gathers_body(|r| r % 2)) {
+        return;
+    }
+    let done = run(name, 4, &fixture("collnet_v12"), "1");
+    assert_gathers_through_collnet(&done, |r| r < 2);
+    for f in &done {
+        assert!(f.stderr.contains("staged in host memory"), "{}", f.stderr);
+    }
+}
+
+/// A plugin without `iallgather` and `ireducescatter` (NULL): both run on
+/// the rings, correct, with one INFO line saying why; all-reduce still
+/// takes the collnet.
+#[test]
+fn collnet_without_gathers_runs_them_on_the_rings() {
+    let name = "collnet_without_gathers_runs_them_on_the_rings";
+    if as_child(name, |r| {
+        gathers_body(|r| r)(r);
+    }) {
+        return;
+    }
+    let done = spawn(
+        name,
+        2,
+        &[
+            ("NCCL_NET_PLUGIN", &fixture("collnet_v12_allreduce_only")),
+            ("NCCL_COLLNET_ENABLE", "1"),
+            ("NCCL_DEBUG", "INFO"),
+            ("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+        ],
+        Duration::from_secs(120),
+    );
+    assert_all_ok(&done);
+    for f in &done {
+        assert_eq!(uses(f), 0, "rank {}:\n{}", f.rank, f.stderr);
+        let line = f
+            .stderr
+            .lines()
+            .find(|l| l.contains("through rings and trees, not CollNet"))
+            .unwrap_or_else(|| panic!("rank {}: no reason given:\n{}", f.rank, f.stderr));
+        assert!(
+            line.contains("all_gather and reduce_scatter")
+                && line.contains("has no iallgather or ireducescatter"),
+            "rank {}: {line}",
+            f.rank
+        );
+        assert_eq!(
+            plugin_calls(f, "iallgather") + plugin_calls(f, "ireducescatter"),
+            0
         );
         println!("rank {}: {line}", f.rank);
     }

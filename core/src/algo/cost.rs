@@ -309,6 +309,51 @@ pub fn collnet_wins(
     predict_collnet(bytes, ppn, fabric.intra, collnet) <= other
 }
 
+/// Predicted seconds of an all-gather or reduce-scatter of `bytes` per
+/// rank on `n` ranks through a CollNet (host memory, `ppn` ranks a node):
+/// inside each node an all-gather (or a reduce of all `n` blocks) to its
+/// first rank, the collnet's `iallgather` (`ireducescatter`) among the
+/// first ranks, which sends or receives all `n` blocks once, and a
+/// broadcast inside the node (of all `n` blocks, or of the node's `ppn`).
+pub fn predict_collnet_gather(
+    coll: Coll,
+    bytes: usize,
+    n: usize,
+    ppn: usize,
+    intra: LinkModel,
+    collnet: LinkModel,
+) -> f64 {
+    let (b, nf, pf) = (bytes as f64, n as f64, ppn as f64);
+    let hop = |l: LinkModel, x: f64| l.latency_s + x / l.bandwidth;
+    let inside = if ppn <= 1 {
+        0.0
+    } else if matches!(coll, Coll::ReduceScatter) {
+        (pf - 1.0) * intra.latency_s + hop(intra, nf * b) + hop(intra, pf * b)
+    } else {
+        (pf - 1.0) * hop(intra, b) + hop(intra, nf * b)
+    };
+    inside + hop(collnet, nf * b)
+}
+
+/// Whether an all-gather or reduce-scatter of `bytes` per rank on `n`
+/// ranks takes the CollNet, as [`collnet_wins`] for all-reduces.
+pub fn collnet_gather_wins(
+    coll: Coll,
+    bytes: usize,
+    n: usize,
+    ppn: usize,
+    fabric: Fabric,
+    collnet: LinkModel,
+    forced: Option<Algo>,
+) -> bool {
+    if forced.is_some() {
+        return false;
+    }
+    let best = choose(coll, bytes, n, fabric, None);
+    let other = predict(best, coll, bytes, n, fabric).unwrap_or(f64::INFINITY);
+    predict_collnet_gather(coll, bytes, n, ppn, fabric.intra, collnet) <= other
+}
+
 /// NCCL's cost table (`collCostTable`): estimated microseconds per
 /// (algorithm, protocol), [`NCCL_ALGO_PROTO_IGNORE`] where unusable. What a
 /// tuner plugin receives and may change; the cheapest usable entry wins.
@@ -660,6 +705,28 @@ mod tests {
             assert!(collnet_wins(bytes, 4, 2, f, fast, None), "{bytes}");
             assert!(!collnet_wins(bytes, 4, 2, f, slow, None), "{bytes}");
             assert!(!collnet_wins(bytes, 4, 2, f, fast, Some(Algo::Ring)));
+        }
+    }
+
+    #[test]
+    fn collnet_gathers_win_where_the_fabric_is_faster_and_nothing_is_forced() {
+        let f = Fabric {
+            intra: LinkModel::SHM,
+            inter: LinkModel::default(),
+            nodes: 2,
+        };
+        let fast = LinkModel::from_net(400_000, 1.0);
+        let slow = LinkModel::from_net(10, 1000.0);
+        for coll in [Coll::AllGather, Coll::ReduceScatter] {
+            for bytes in [8, 1 << 20, 64 << 20] {
+                assert!(
+                    collnet_gather_wins(coll, bytes, 4, 2, f, fast, None),
+                    "{bytes}"
+                );
+                assert!(!collnet_gather_wins(coll, bytes, 4, 2, f, slow, None));
+                let ring = Some(Algo::Ring);
+                assert!(!collnet_gather_wins(coll, bytes, 4, 2, f, fast, ring));
+            }
         }
     }
 

@@ -8,6 +8,17 @@
 //!    leaders (one per node), driven to completion through `test`;
 //! 3. a broadcast from the leader on its node's communicator.
 //!
+//! All-gather and reduce-scatter run the same way where the plugin offers
+//! `iallgather` and `ireducescatter` (v8 on, non-NULL on every rank) and
+//! every node has as many ranks: an all-gather inside the node into the
+//! node's part of the result, the collnet's `iallgather` of the nodes'
+//! parts among the leaders, and a broadcast of the whole result in the
+//! node; a reduce-scatter reduces all blocks to the leader, which runs the
+//! collnet's `ireducescatter` for its node's blocks and broadcasts them in
+//! the node, each rank keeping its own. Where ranks are not numbered node
+//! by node, the node-ordered result is staged in host memory and put in
+//! rank order. Each call moves windows of at most `maxCollBytes`.
+//!
 //! Where: `NCCL_COLLNET_ENABLE=1` on every rank, a communicator on host
 //! memory spanning at least `NCCL_COLLNET_NODE_THRESHOLD` nodes (ranks
 //! with one host hash are a node, `NCCL_HOSTID` included), the net
@@ -27,8 +38,7 @@
 //!
 //! Not done: GPU communicators (NCCL's CollNet on device buffers needs the
 //! proxy to feed the collnet from the kernels' step slots); CollNet direct
-//! (several ranks per node each talking to the collnet); all_gather and
-//! reduce_scatter through `iallgather`/`ireducescatter`; average and
+//! (several ranks per node each talking to the collnet); average and
 //! pre-multiplied sums; registration caching (each call registers and
 //! deregisters its buffers).
 
@@ -38,6 +48,7 @@ use std::sync::{Arc, Mutex};
 use tracing::{debug, info};
 
 use crate::algo::cost::{self, LinkModel};
+use crate::algo::Coll;
 use crate::dtype::RedOp;
 use crate::error::{Error, Result};
 use crate::exec::mem::OpBuffers;
@@ -61,8 +72,18 @@ pub(super) struct CollPath {
     ppn: usize,
     /// The collnet's link as the slowest rank's plugin reports it.
     link: LinkModel,
-    /// All-reduces run through the collnet so far.
+    /// Collectives run through the collnet so far.
     used: AtomicU64,
+    /// Whether all-gathers and reduce-scatters may take it: every rank's
+    /// plugin offers `iallgather` (`ireducescatter`) and every node has
+    /// `ppn` ranks.
+    gathers: (bool, bool),
+    /// Each rank's place in node order (node by node, each node's ranks in
+    /// rank order), where the gathered blocks are.
+    pos: Vec<usize>,
+    /// This rank's node, and whether node order is rank order.
+    node: usize,
+    contiguous: bool,
 }
 
 /// The state a communicator starts with.
@@ -71,18 +92,23 @@ pub(super) fn new_state() -> Mutex<Option<Arc<CollPath>>> {
 }
 
 /// What each rank tells the others before setting up.
-const FACTS: usize = 1 + 8 + 4 + 4;
+const FACTS: usize = 1 + 8 + 4 + 4 + 1;
 
-fn facts(ok: bool, supported: u64, speed: i32, latency: f32) -> Vec<u8> {
+/// What a rank found: usable, its reductions, speed, latency, and whether
+/// its plugin offers `iallgather` (bit 0) and `ireducescatter` (bit 1).
+type Facts = (bool, u64, i32, f32, u8);
+
+fn facts(ok: bool, supported: u64, speed: i32, latency: f32, gathers: (bool, bool)) -> Vec<u8> {
     let mut v = Vec::with_capacity(FACTS);
     v.push(u8::from(ok));
     v.extend_from_slice(&supported.to_le_bytes());
     v.extend_from_slice(&speed.to_le_bytes());
     v.extend_from_slice(&latency.to_le_bytes());
+    v.push(u8::from(gathers.0) | (u8::from(gathers.1) << 1));
     v
 }
 
-fn parse_facts(b: &[u8]) -> Option<(bool, u64, i32, f32)> {
+fn parse_facts(b: &[u8]) -> Option<Facts> {
     if b.len() != FACTS {
         return None;
     }
@@ -91,6 +117,7 @@ fn parse_facts(b: &[u8]) -> Option<(bool, u64, i32, f32)> {
         u64::from_le_bytes(b[1..9].try_into().ok()?),
         i32::from_le_bytes(b[9..13].try_into().ok()?),
         f32::from_le_bytes(b[13..17].try_into().ok()?),
+        b[17],
     ))
 }
 
@@ -134,12 +161,12 @@ pub(super) fn made(core: &Arc<Core>, me: usize) -> Result<Option<Arc<CollPath>>>
                     }
                 }
             }
-            facts(true, bits, p.speed_mbps, p.latency_us)
+            facts(true, bits, p.speed_mbps, p.latency_us, p.gathers)
         }
-        Err(_) => facts(false, 0, 0, 0.0),
+        Err(_) => facts(false, 0, 0, 0.0, (false, false)),
     };
     let all = core.bootstrap.allgather(&mine)?;
-    let all: Vec<(bool, u64, i32, f32)> = all
+    let all: Vec<Facts> = all
         .iter()
         .map(|b| parse_facts(b))
         .collect::<Option<_>>()
@@ -174,10 +201,17 @@ pub(super) fn made(core: &Arc<Core>, me: usize) -> Result<Option<Arc<CollPath>>>
     let leader_of = |node: usize| hosts.iter().position(|h| *h == order[node]).unwrap_or(0);
     let node = node_of(me);
     let leader = leader_of(node) == me;
-    let ppn = (0..order.len())
+    let per_node: Vec<usize> = (0..order.len())
         .map(|n| hosts.iter().filter(|h| **h == order[n]).count())
-        .max()
-        .unwrap_or(1);
+        .collect();
+    let ppn = per_node.iter().copied().max().unwrap_or(1);
+    let uniform = per_node.iter().all(|&n| n == ppn);
+    let offered = all.iter().fold(3u8, |acc, f| acc & f.4);
+    let gathers = (uniform && offered & 1 != 0, uniform && offered & 2 != 0);
+    let pos: Vec<usize> = (0..hosts.len())
+        .map(|r| node_of(r) * ppn + (0..r).filter(|&q| hosts[q] == hosts[r]).count())
+        .collect();
+    let contiguous = pos.iter().enumerate().all(|(r, p)| r == *p);
     // The leaders listen; every rank passes on what its leader needs.
     let listened = if leader {
         Some(plugin.listen(core.ident.comm_hash))
@@ -238,6 +272,32 @@ pub(super) fn made(core: &Arc<Core>, me: usize) -> Result<Option<Arc<CollPath>>>
         "rank {me}: CollNet {} ({}) on: all_reduce on host memory as a reduce to each node's first rank, an all_reduce of the {} nodes' first ranks in the collnet{}, and a broadcast on each node",
         plugin.name(), plugin.symbol(), order.len(),
         if leader { " (this rank is node's first)" } else { "" });
+    if gathers != (true, true) {
+        let why = if !uniform {
+            format!("the nodes have unequal numbers of ranks ({per_node:?})")
+        } else {
+            let lacks: Vec<&str> = [(1, "iallgather"), (2, "ireducescatter")]
+                .into_iter()
+                .filter(|(b, _)| offered & b == 0)
+                .map(|(_, n)| n)
+                .collect();
+            format!(
+                "the collnet plugin {} ({}) has no {} on every rank (NULL, or a version before v8)",
+                plugin.name(),
+                plugin.symbol(),
+                lacks.join(" or ")
+            )
+        };
+        let colls: Vec<&str> = [(gathers.0, "all_gather"), (gathers.1, "reduce_scatter")]
+            .into_iter()
+            .filter(|(g, _)| !g)
+            .map(|(_, n)| n)
+            .collect();
+        info!(target: "oxccl::init|net", "rank {me}: {} through rings and trees, not CollNet: {why}", colls.join(" and "));
+    } else {
+        info!(target: "oxccl::init|net", "rank {me}: CollNet also runs all_gather and reduce_scatter on host memory ({})",
+            if contiguous { "ranks node by node" } else { "ranks not node by node: staged in host memory" });
+    }
     Ok(Some(Arc::new(CollPath {
         local,
         coll,
@@ -245,6 +305,10 @@ pub(super) fn made(core: &Arc<Core>, me: usize) -> Result<Option<Arc<CollPath>>>
         ppn,
         link,
         used: AtomicU64::new(0),
+        gathers,
+        pos,
+        node,
+        contiguous,
     })))
 }
 
@@ -254,22 +318,44 @@ impl CollPath {
     /// chosen by the cost model; no sends or receives with them.
     fn takes(&self, core: &Core, ops: &[(Op, OpBuffers)]) -> bool {
         let (fabric, forced) = core.model();
+        let reduces = |op: &Op| {
+            op_code(op.redop).is_some_and(|code| {
+                self.supported & (1 << ((op.dtype as u32) * 8 + code as u32)) != 0
+            })
+        };
         !ops.is_empty()
             && ops.iter().all(|(op, _)| {
-                let Some(code) = op_code(op.redop) else {
-                    return false;
-                };
-                matches!(op.kind, OpKind::AllReduce)
-                    && op.count > 0
-                    && self.supported & (1 << ((op.dtype as u32) * 8 + code as u32)) != 0
-                    && cost::collnet_wins(
-                        op.count * op.dtype.size(),
+                let bytes = op.count * op.dtype.size();
+                let gather = |coll: Coll| {
+                    cost::collnet_gather_wins(
+                        coll,
+                        bytes,
                         core.nranks,
                         self.ppn,
                         fabric,
                         self.link,
                         forced,
                     )
+                };
+                op.count > 0
+                    && match op.kind {
+                        OpKind::AllReduce => {
+                            reduces(op)
+                                && cost::collnet_wins(
+                                    bytes,
+                                    core.nranks,
+                                    self.ppn,
+                                    fabric,
+                                    self.link,
+                                    forced,
+                                )
+                        }
+                        OpKind::AllGather => self.gathers.0 && gather(Coll::AllGather),
+                        OpKind::ReduceScatter => {
+                            self.gathers.1 && reduces(op) && gather(Coll::ReduceScatter)
+                        }
+                        _ => false,
+                    }
             })
     }
 
@@ -324,6 +410,214 @@ impl CollPath {
     }
 }
 
+/// Host memory for staging, aligned for every type.
+struct Staging(Vec<u64>);
+
+impl Staging {
+    fn new(bytes: usize) -> Staging {
+        Staging(vec![0u64; bytes.div_ceil(8)])
+    }
+    fn ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr().cast()
+    }
+}
+
+impl CollPath {
+    /// Runs `kind` on the node's communicator, of `count` elements of the
+    /// call's type, from `input` into `output`.
+    fn local_step(
+        &self,
+        op: &Op,
+        kind: OpKind,
+        input: *const u8,
+        output: *mut u8,
+        count: usize,
+    ) -> Result<()> {
+        let local = &self.local;
+        let o = Op {
+            kind,
+            input,
+            output,
+            count,
+            ..*op
+        };
+        let c = local.core()?;
+        let bufs = o.validate(local.user_rank(), local.count())?;
+        c.execute(&[(o, bufs)], &ApiEvents::new(None, ProfHandle::NONE))
+            .inspect_err(|e| local.record_failure(e))
+    }
+
+    fn what(me: usize, op: &Op, s: &str) -> String {
+        format!(
+            "rank {me}: {s} of a {} of {} x {} through CollNet",
+            op.kind.name(),
+            op.count,
+            op.dtype.name()
+        )
+    }
+
+    /// One all-gather: inside the node into the node's part, the collnet
+    /// among the leaders, a broadcast of the whole in the node.
+    #[allow(
+        unsafe_code,
+        reason = "the collnet call and the staging copies, each with its SAFETY"
+    )]
+    fn all_gather(&self, core: &Core, op: &Op) -> Result<()> {
+        let me = core.rank;
+        let e = op.dtype.size();
+        let block = op.count * e;
+        let per = self.ppn * block;
+        let total = core.nranks * block;
+        let mut staging = (!self.contiguous).then(|| Staging::new(total));
+        let buf = staging.as_mut().map_or(op.output, Staging::ptr);
+        // SAFETY: `buf` holds `total` bytes (the caller's output, or the
+        // staging), of which the node's part is `per` bytes at `node * per`.
+        let part = unsafe { buf.add(self.node * per) };
+        self.local_step(op, OpKind::AllGather, op.input, part, op.count)
+            .map_err(|e| e.context(Self::what(me, op, "the all_gather inside the node")))?;
+        if let Some(c) = &self.coll {
+            let c = c
+                .lock()
+                .map_err(|_| Error::Internal("collnet comm poisoned by an earlier panic".into()))?;
+            let stopped = || core.stop.error("all_gather through CollNet");
+            // SAFETY: `buf` holds one part of `per` bytes per node, this
+            // node's at `part`; host memory this call's until it returns.
+            unsafe { c.all_gather(part, buf, per, core.cfg.timeout(), &stopped) }.map_err(|e| {
+                e.context(Self::what(
+                    me,
+                    op,
+                    "the collnet all_gather among the nodes' first ranks",
+                ))
+            })?;
+        }
+        if self.ppn > 1 {
+            let n = core.nranks * op.count;
+            self.local_step(op, OpKind::Broadcast { root: 0 }, buf, buf, n)
+                .map_err(|e| {
+                    e.context(Self::what(
+                        me,
+                        op,
+                        "the broadcast from the node's first rank",
+                    ))
+                })?;
+        }
+        if staging.is_some() {
+            for (r, p) in self.pos.iter().enumerate() {
+                // SAFETY: block `p` of the staging and block `r` of the
+                // output, `block` bytes each, distinct allocations.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        buf.add(p * block),
+                        op.output.add(r * block),
+                        block,
+                    )
+                };
+            }
+        }
+        self.used.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// One reduce-scatter: a reduce of all blocks to the node's first rank,
+    /// the collnet's reduce-scatter among the first ranks into the node's
+    /// blocks, a broadcast of those in the node.
+    #[allow(
+        unsafe_code,
+        reason = "the collnet call and the staging copies, each with its SAFETY"
+    )]
+    fn reduce_scatter(&self, core: &Core, op: &Op) -> Result<()> {
+        let me = core.rank;
+        let e = op.dtype.size();
+        let block = op.count * e;
+        let per = self.ppn * block;
+        let total = core.nranks * block;
+        let leader = self.coll.is_some();
+        let mut reduced = leader.then(|| Staging::new(total));
+        let into = reduced.as_mut().map_or(op.output, Staging::ptr);
+        self.local_step(
+            op,
+            OpKind::Reduce { root: 0 },
+            op.input,
+            into,
+            core.nranks * op.count,
+        )
+        .map_err(|e| e.context(Self::what(me, op, "the reduce to the node's first rank")))?;
+        let mut mine = (self.ppn > 1).then(|| Staging::new(per));
+        let node_blocks = mine.as_mut().map_or(op.output, Staging::ptr);
+        if let Some(c) = &self.coll {
+            let c = c
+                .lock()
+                .map_err(|_| Error::Internal("collnet comm poisoned by an earlier panic".into()))?;
+            let code = op_code(op.redop).expect("checked by takes");
+            // The blocks in node order.
+            let mut ordered = (!self.contiguous).then(|| Staging::new(total));
+            let send = match ordered.as_mut() {
+                Some(o) => {
+                    let o = o.ptr();
+                    for (r, p) in self.pos.iter().enumerate() {
+                        // SAFETY: block `r` of the reduced input and block
+                        // `p` of the staging, distinct allocations.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                into.add(r * block),
+                                o.add(p * block),
+                                block,
+                            )
+                        };
+                    }
+                    o
+                }
+                None => into,
+            };
+            let stopped = || core.stop.error("reduce_scatter through CollNet");
+            // SAFETY: `send` holds every node's `per` bytes and
+            // `node_blocks` this node's; host memory this call's.
+            unsafe {
+                c.reduce_scatter(
+                    send,
+                    node_blocks,
+                    per,
+                    e,
+                    op.dtype as i32,
+                    code,
+                    core.cfg.timeout(),
+                    &stopped,
+                )
+            }
+            .map_err(|e| {
+                e.context(Self::what(
+                    me,
+                    op,
+                    "the collnet reduce_scatter among the nodes' first ranks",
+                ))
+            })?;
+        }
+        if self.ppn > 1 {
+            let n = self.ppn * op.count;
+            self.local_step(
+                op,
+                OpKind::Broadcast { root: 0 },
+                node_blocks,
+                node_blocks,
+                n,
+            )
+            .map_err(|e| {
+                e.context(Self::what(
+                    me,
+                    op,
+                    "the broadcast from the node's first rank",
+                ))
+            })?;
+            let at = self.pos[me] % self.ppn;
+            // SAFETY: this rank's block of the node's, into the output
+            // (`block` bytes), distinct allocations.
+            unsafe { std::ptr::copy_nonoverlapping(node_blocks.add(at * block), op.output, block) };
+        }
+        self.used.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 impl Comm {
     fn collnet(&self) -> Option<Arc<CollPath>> {
         self.shared
@@ -344,7 +638,11 @@ impl Comm {
         if core.device.is_some() || !c.takes(core, ops) {
             return None;
         }
-        Some(ops.iter().try_for_each(|(op, _)| c.all_reduce(core, op)))
+        Some(ops.iter().try_for_each(|(op, _)| match op.kind {
+            OpKind::AllGather => c.all_gather(core, op),
+            OpKind::ReduceScatter => c.reduce_scatter(core, op),
+            _ => c.all_reduce(core, op),
+        }))
     }
 
     /// All-reduces this communicator ran through the CollNet (0 without

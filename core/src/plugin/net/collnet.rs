@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use oxccl_plugin::ffi::net::collnet::{CollAbi, COLL_LOADABLE};
-use oxccl_plugin::ffi::net::v12::PropertiesV12;
+use oxccl_plugin::ffi::net::v12::{PropertiesV12, SgeV12};
 use oxccl_plugin::ffi::net::{NCCL_NET_HANDLE_MAXSIZE, NCCL_PTR_HOST};
 use oxccl_plugin::ffi::NCCL_SUCCESS;
 use tracing::info;
@@ -50,6 +50,9 @@ pub struct CollNet {
     pub latency_us: f32,
     /// Device 0's largest single collective (`maxCollBytes`).
     pub max_coll_bytes: usize,
+    /// Whether `iallgather` and `ireducescatter` are there (v8 on, left
+    /// non-NULL by the plugin).
+    pub gathers: (bool, bool),
 }
 
 // SAFETY: the vtable is immutable data of a library kept loaded by the
@@ -199,6 +202,7 @@ fn negotiate(lib: &Lib) -> std::result::Result<Arc<CollNet>, String> {
         } else {
             props.max_coll_bytes
         },
+        gathers: abi.gathers(),
     }))
 }
 
@@ -294,6 +298,8 @@ impl Listening {
             ctx: self.ctx,
             listen: self.listen,
             coll,
+            nranks: handles.len(),
+            rank,
         };
         self.listen = null_mut();
         self.ctx = null_mut();
@@ -321,6 +327,9 @@ pub struct CollComm {
     ctx: *mut c_void,
     listen: *mut c_void,
     coll: *mut c_void,
+    /// Members of the group, and this one's place.
+    nranks: usize,
+    rank: usize,
 }
 
 // SAFETY: as `Listening`.
@@ -385,11 +394,9 @@ impl CollComm {
             while at < count {
                 let n = per.min(count - at);
                 let off = at * esize;
-                let mut req: *mut c_void = null_mut();
-                let start = Instant::now();
-                while req.is_null() {
+                drive(abi, limit, stopped, "iallreduce", |req| {
                     // SAFETY: pieces of the registered buffers; the
-                    // request out-pointer. NULL means "retry later".
+                    // request out-pointer.
                     check("iallreduce", unsafe {
                         abi.iallreduce(
                             self.coll,
@@ -400,25 +407,10 @@ impl CollComm {
                             op,
                             smh,
                             rmh,
-                            &mut req,
+                            req,
                         )
-                    })?;
-                    if req.is_null() {
-                        wait(start, limit, stopped, "iallreduce")?;
-                    }
-                }
-                let start = Instant::now();
-                loop {
-                    let mut done: c_int = 0;
-                    let mut size: c_int = 0;
-                    // SAFETY: the request `iallreduce` returned, tested
-                    // until done (then freed by the plugin).
-                    check("test", unsafe { abi.test(req, &mut done, &mut size) })?;
-                    if done != 0 {
-                        break;
-                    }
-                    wait(start, limit, stopped, "test")?;
-                }
+                    })
+                })?;
                 at += n;
             }
             Ok(())
@@ -432,6 +424,201 @@ impl CollComm {
             }
         }
         r
+    }
+}
+
+impl CollComm {
+    /// Registers `len` bytes of host memory at `p` for the group; the
+    /// handle goes with [`CollComm::dereg`].
+    fn reg(&self, p: *const u8, len: usize) -> Result<*mut c_void> {
+        let mut mh = null_mut();
+        // SAFETY: the caller's host memory of `len` bytes, registered
+        // until `dereg`.
+        check("regMr", unsafe {
+            self.net
+                .abi
+                .reg_mr(self.coll, p as *mut c_void, len, NCCL_PTR_HOST, &mut mh)
+        })?;
+        Ok(mh)
+    }
+
+    fn dereg(&self, mh: *mut c_void) {
+        // SAFETY: a registration `reg` made, with no request in flight.
+        unsafe { self.net.abi.dereg_mr(self.coll, mh) };
+    }
+
+    /// The windows of a `bytes`-byte result a call may move (at most
+    /// `maxCollBytes`, a whole number of `esize` elements), each with its
+    /// overlap with this member's block of `per` bytes: (window offset,
+    /// window bytes, offset in the block where the overlap starts, or 0).
+    fn windows(&self, per: usize, esize: usize) -> Vec<(usize, usize, usize)> {
+        let total = per * self.nranks;
+        let step = (self.net.max_coll_bytes / esize.max(1)).max(1) * esize.max(1);
+        let (lo, hi) = (self.rank * per, (self.rank + 1) * per);
+        (0..total)
+            .step_by(step)
+            .map(|off| {
+                let w = step.min(total - off);
+                let inside = off.max(lo) < (off + w).min(hi);
+                (off, w, if inside { off.max(lo) - lo } else { 0 })
+            })
+            .collect()
+    }
+
+    /// All-gathers the group's blocks of `per` bytes: this member's from
+    /// `send` into `recv` (`nranks * per` bytes, member `r`'s block at
+    /// `r * per`; `send` may be this member's block of it), through
+    /// `iallgather` in windows of at most `maxCollBytes`; waits as
+    /// [`CollComm::all_reduce`].
+    ///
+    /// # Safety
+    /// `send` holds `per` bytes and `recv` `nranks * per` bytes of host
+    /// memory, not touched by anyone else until this returns.
+    pub unsafe fn all_gather(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        per: usize,
+        limit: Duration,
+        stopped: &dyn Fn() -> Option<Error>,
+    ) -> Result<()> {
+        let abi = self.net.abi;
+        let smh = self.reg(send, per)?;
+        let rmh = match self.reg(recv, per * self.nranks) {
+            Ok(m) => m,
+            Err(e) => {
+                self.dereg(smh);
+                return Err(e);
+            }
+        };
+        let r = self
+            .windows(per, 1)
+            .into_iter()
+            .try_for_each(|(off, w, at)| {
+                let mut part = SgeV12 {
+                    mhandle: rmh,
+                    // SAFETY: the window lies within `recv`.
+                    address: unsafe { recv.add(off) }.cast(),
+                    size: w,
+                };
+                drive(abi, limit, stopped, "iallgather", |req| {
+                    // SAFETY: this member's part of the window within `send`,
+                    // one piece within `recv`, both registered; the request
+                    // out-pointer.
+                    check("iallgather", unsafe {
+                        abi.iallgather(
+                            self.coll,
+                            send.add(at) as *mut c_void,
+                            1,
+                            &mut part,
+                            per,
+                            off,
+                            w,
+                            smh,
+                            req,
+                        )
+                    })
+                })
+            });
+        self.dereg(smh);
+        self.dereg(rmh);
+        r
+    }
+
+    /// Reduce-scatters `send` (`nranks * per` bytes of `dtype`, `esize`
+    /// bytes each) across the group with `op`: this member's block of the
+    /// result (`per` bytes) into `recv`, through `ireducescatter` in windows
+    /// of at most `maxCollBytes`; waits as [`CollComm::all_reduce`].
+    ///
+    /// # Safety
+    /// `send` holds `nranks * per` bytes and `recv` `per` bytes of host
+    /// memory, not touched by anyone else until this returns.
+    #[allow(clippy::too_many_arguments, reason = "the C call's arguments")]
+    pub unsafe fn reduce_scatter(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        per: usize,
+        esize: usize,
+        dtype: i32,
+        op: i32,
+        limit: Duration,
+        stopped: &dyn Fn() -> Option<Error>,
+    ) -> Result<()> {
+        let abi = self.net.abi;
+        let smh = self.reg(send, per * self.nranks)?;
+        let rmh = match self.reg(recv, per) {
+            Ok(m) => m,
+            Err(e) => {
+                self.dereg(smh);
+                return Err(e);
+            }
+        };
+        let r = self
+            .windows(per, esize)
+            .into_iter()
+            .try_for_each(|(off, w, at)| {
+                let mut part = SgeV12 {
+                    mhandle: smh,
+                    // SAFETY: the window lies within `send`.
+                    address: unsafe { send.add(off) } as *mut c_void,
+                    size: w,
+                };
+                drive(abi, limit, stopped, "ireducescatter", |req| {
+                    // SAFETY: one registered piece within `send`, this
+                    // member's part of the window within `recv`; the
+                    // request out-pointer.
+                    check("ireducescatter", unsafe {
+                        abi.ireducescatter(
+                            self.coll,
+                            1,
+                            &mut part,
+                            recv.add(at).cast(),
+                            per,
+                            off,
+                            w,
+                            dtype,
+                            op,
+                            rmh,
+                            req,
+                        )
+                    })
+                })
+            });
+        self.dereg(smh);
+        self.dereg(rmh);
+        r
+    }
+}
+
+/// Posts one collective (`post` writes the request, NULL for "retry
+/// later") until the plugin takes it, then tests it to completion.
+fn drive(
+    abi: &dyn CollAbi,
+    limit: Duration,
+    stopped: &dyn Fn() -> Option<Error>,
+    what: &str,
+    mut post: impl FnMut(*mut *mut c_void) -> Result<()>,
+) -> Result<()> {
+    let mut req: *mut c_void = null_mut();
+    let start = Instant::now();
+    while req.is_null() {
+        post(&mut req)?;
+        if req.is_null() {
+            wait(start, limit, stopped, what)?;
+        }
+    }
+    let start = Instant::now();
+    loop {
+        let mut done: c_int = 0;
+        let mut size: c_int = 0;
+        // SAFETY: the request the plugin returned, tested until done
+        // (then freed by the plugin).
+        check("test", unsafe { abi.test(req, &mut done, &mut size) })?;
+        if done != 0 {
+            return Ok(());
+        }
+        wait(start, limit, stopped, "test")?;
     }
 }
 

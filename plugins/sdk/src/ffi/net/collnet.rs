@@ -24,7 +24,7 @@
 
 use std::os::raw::{c_char, c_int, c_void};
 
-use super::v12::PropertiesV12;
+use super::v12::{PropertiesV12, SgeV12};
 use crate::ffi::types::{DataType, Logger, NcclResult, RedOp};
 
 /// `connect` of every version: the group of `nranks` from all handles.
@@ -162,6 +162,90 @@ pub unsafe trait CollAbi: 'static {
         recv_mhandle: *mut c_void,
         request: *mut *mut c_void,
     ) -> NcclResult;
+    /// Whether `iallgather` and `ireducescatter` are there to call: v8 on,
+    /// where the plugin left them non-NULL (v6 and v7 have neither).
+    fn gathers(&self) -> (bool, bool) {
+        (false, false)
+    }
+    /// Starts an all-gather: the group's result is `nranks *
+    /// bytes_per_rank` bytes, member `r`'s block at `r * bytes_per_rank`;
+    /// this call moves the window `[window_offset, window_offset +
+    /// window_bytes)` of it into `recv_parts` (pieces, in order, whose sizes
+    /// sum to `window_bytes`). `send_data` holds this member's part of the
+    /// window: the window's overlap with its own block, from the overlap's
+    /// start (or the block's start where they do not overlap), as NCCL's
+    /// `coll_net.cc` passes it. Must not block; `*request == NULL` means
+    /// "retry later".
+    ///
+    /// # Safety
+    /// As `ncclCollNet_v12_t::iallgather` (v8 refuses a piece of 4 GiB or
+    /// more).
+    #[allow(clippy::too_many_arguments, reason = "the C signature")]
+    unsafe fn iallgather(
+        &self,
+        coll_comm: *mut c_void,
+        send_data: *mut c_void,
+        n_recv_parts: c_int,
+        recv_parts: *mut SgeV12,
+        bytes_per_rank: usize,
+        window_offset: usize,
+        window_bytes: usize,
+        send_mhandle: *mut c_void,
+        request: *mut *mut c_void,
+    ) -> NcclResult {
+        let _ = (
+            coll_comm,
+            send_data,
+            n_recv_parts,
+            recv_parts,
+            bytes_per_rank,
+            window_offset,
+            window_bytes,
+            send_mhandle,
+            request,
+        );
+        super::NULL_ENTRY
+    }
+    /// Starts a reduce-scatter, the reverse of `iallgather`: `send_parts`
+    /// hold the window `[window_offset, window_offset + window_bytes)` of
+    /// this member's `nranks * bytes_per_rank`-byte input, and `recv_data`
+    /// receives the reduced overlap of the window with this member's block
+    /// (from the overlap's start, or the block's start where they do not
+    /// overlap).
+    ///
+    /// # Safety
+    /// As `ncclCollNet_v12_t::ireducescatter` (v8 refuses a piece of 4 GiB
+    /// or more).
+    #[allow(clippy::too_many_arguments, reason = "the C signature")]
+    unsafe fn ireducescatter(
+        &self,
+        coll_comm: *mut c_void,
+        n_send_parts: c_int,
+        send_parts: *mut SgeV12,
+        recv_data: *mut c_void,
+        bytes_per_rank: usize,
+        window_offset: usize,
+        window_bytes: usize,
+        data_type: DataType,
+        red_op: RedOp,
+        recv_mhandle: *mut c_void,
+        request: *mut *mut c_void,
+    ) -> NcclResult {
+        let _ = (
+            coll_comm,
+            n_send_parts,
+            send_parts,
+            recv_data,
+            bytes_per_rank,
+            window_offset,
+            window_bytes,
+            data_type,
+            red_op,
+            recv_mhandle,
+            request,
+        );
+        super::NULL_ENTRY
+    }
     /// # Safety
     /// As `ncclCollNet_v12_t::test`.
     unsafe fn test(&self, request: *mut c_void, done: *mut c_int, size: *mut c_int) -> NcclResult;
@@ -465,6 +549,130 @@ macro_rules! coll_iallreduce {
 }
 pub(crate) use coll_iallreduce;
 
+/// `iallgather` and `ireducescatter` (v8 on): pieces passed as they are
+/// (`same`: v9 to v12, whose `ncclNetSGE_vN_t` is v12's layout) or copied
+/// into v8's with `uint32_t` sizes (`u32`).
+macro_rules! coll_gathers {
+    ($sge:ty, $conv:ident) => {
+        fn gathers(&self) -> (bool, bool) {
+            (self.iallgather.is_some(), self.ireducescatter.is_some())
+        }
+        unsafe fn iallgather(
+            &self,
+            coll_comm: *mut c_void,
+            send_data: *mut c_void,
+            n_recv_parts: c_int,
+            recv_parts: *mut $crate::ffi::net::v12::SgeV12,
+            bytes_per_rank: usize,
+            window_offset: usize,
+            window_bytes: usize,
+            send_mhandle: *mut c_void,
+            request: *mut *mut c_void,
+        ) -> NcclResult {
+            use $crate::ffi::net::collnet::$conv as conv;
+            // SAFETY: the caller's `n_recv_parts` pieces.
+            let parts = unsafe { conv::<$sge>(recv_parts, n_recv_parts) };
+            let Some(mut parts) = parts else {
+                return $crate::ffi::types::NCCL_INTERNAL_ERROR;
+            };
+            $crate::ffi::net::call!(
+                self.iallgather,
+                coll_comm,
+                send_data,
+                n_recv_parts,
+                parts.as_mut_ptr(),
+                bytes_per_rank,
+                window_offset,
+                window_bytes,
+                send_mhandle,
+                request
+            )
+        }
+        unsafe fn ireducescatter(
+            &self,
+            coll_comm: *mut c_void,
+            n_send_parts: c_int,
+            send_parts: *mut $crate::ffi::net::v12::SgeV12,
+            recv_data: *mut c_void,
+            bytes_per_rank: usize,
+            window_offset: usize,
+            window_bytes: usize,
+            data_type: DataType,
+            red_op: RedOp,
+            recv_mhandle: *mut c_void,
+            request: *mut *mut c_void,
+        ) -> NcclResult {
+            use $crate::ffi::net::collnet::$conv as conv;
+            // SAFETY: the caller's `n_send_parts` pieces.
+            let parts = unsafe { conv::<$sge>(send_parts, n_send_parts) };
+            let Some(mut parts) = parts else {
+                return $crate::ffi::types::NCCL_INTERNAL_ERROR;
+            };
+            $crate::ffi::net::call!(
+                self.ireducescatter,
+                coll_comm,
+                n_send_parts,
+                parts.as_mut_ptr(),
+                recv_data,
+                bytes_per_rank,
+                window_offset,
+                window_bytes,
+                data_type,
+                red_op,
+                recv_mhandle,
+                request
+            )
+        }
+    };
+}
+pub(crate) use coll_gathers;
+
+/// A piece list of a version whose pieces are v12's (same layout): copied
+/// as they are, so the plugin never sees the caller's array move.
+///
+/// # Safety
+/// `parts` holds `n` pieces (none where `n` is 0); `T` has `SgeV12`'s
+/// layout.
+pub(crate) unsafe fn sge_same<T: Copy>(parts: *const SgeV12, n: c_int) -> Option<Vec<T>> {
+    const { assert!(std::mem::size_of::<T>() == std::mem::size_of::<SgeV12>()) };
+    let n = usize::try_from(n).ok()?;
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: per the contract, `n` pieces of v12's layout, which `T` shares.
+    Some(unsafe { std::slice::from_raw_parts(parts.cast::<T>(), n) }.to_vec())
+}
+
+/// v8's pieces (`uint32_t` sizes) from v12's; `None` where a size does
+/// not fit.
+///
+/// # Safety
+/// `parts` holds `n` pieces (none where `n` is 0).
+pub(crate) unsafe fn sge_u32<T: From8>(parts: *const SgeV12, n: c_int) -> Option<Vec<T>> {
+    let n = usize::try_from(n).ok()?;
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: per the contract.
+    let v = unsafe { std::slice::from_raw_parts(parts, n) };
+    v.iter().map(T::from_v12).collect()
+}
+
+/// v8's piece, made from v12's.
+pub(crate) trait From8: Sized {
+    fn from_v12(p: &SgeV12) -> Option<Self>;
+}
+
+impl From8 for super::v8::SgeV8 {
+    fn from_v12(p: &SgeV12) -> Option<Self> {
+        Some(Self {
+            mhandle: p.mhandle,
+            address: p.address,
+            size: u32::try_from(p.size).ok()?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -541,5 +749,68 @@ mod tests {
         // A NULL entry is an error, never a call.
         // SAFETY: `devices` is NULL here.
         assert_ne!(unsafe { abi.devices(&mut 0) }, 0);
+    }
+
+    static PIECE: AtomicUsize = AtomicUsize::new(0);
+
+    unsafe extern "C" fn gather_v8(
+        _c: *mut c_void,
+        _s: *mut c_void,
+        n: c_int,
+        parts: *mut super::super::v8::SgeV8,
+        _per: usize,
+        _off: usize,
+        _w: usize,
+        _sm: *mut c_void,
+        request: *mut *mut c_void,
+    ) -> NcclResult {
+        // SAFETY: the caller's `n` pieces and out-pointer.
+        unsafe {
+            let p = std::slice::from_raw_parts(parts, n as usize);
+            PIECE.store(p.iter().map(|x| x.size as usize).sum(), Ordering::SeqCst);
+            *request = 8 as *mut c_void;
+        }
+        crate::ffi::types::NCCL_SUCCESS
+    }
+
+    /// v8's pieces carry `uint32_t` sizes: converted where they fit,
+    /// refused before the call where not; v6 and v7 offer no gathers.
+    #[test]
+    fn v8_gathers_convert_their_pieces() {
+        // SAFETY: all-NULL entries and name are a valid vtable value.
+        let mut vt: super::super::v8::CollNetV8 = unsafe { std::mem::zeroed() };
+        assert_eq!(CollAbi::gathers(&vt), (false, false));
+        vt.iallgather = Some(gather_v8);
+        let abi: &dyn CollAbi = &vt;
+        assert_eq!(abi.gathers(), (true, false));
+        let n = std::ptr::null_mut();
+        let mut parts = [
+            SgeV12 {
+                mhandle: n,
+                address: n,
+                size: 100,
+            },
+            SgeV12 {
+                mhandle: n,
+                address: n,
+                size: 28,
+            },
+        ];
+        let mut req = n;
+        // SAFETY: the fake entry reads the two pieces and the out-pointer.
+        let r = unsafe { abi.iallgather(n, n, 2, parts.as_mut_ptr(), 64, 0, 128, n, &mut req) };
+        assert_eq!((r, PIECE.load(Ordering::SeqCst)), (0, 128));
+        parts[1].size = 1 << 32;
+        // SAFETY: refused before the call.
+        let r = unsafe { abi.iallgather(n, n, 2, parts.as_mut_ptr(), 64, 0, 128, n, &mut req) };
+        assert_eq!(r, crate::ffi::types::NCCL_INTERNAL_ERROR);
+        // SAFETY: `ireducescatter` is NULL here.
+        let r = unsafe {
+            abi.ireducescatter(n, 1, parts.as_mut_ptr(), n, 64, 0, 64, 7, 0, n, &mut req)
+        };
+        assert_eq!(r, crate::ffi::types::NCCL_INTERNAL_ERROR);
+        // SAFETY: all-NULL is a valid v7 vtable.
+        let v7: super::super::v7::CollNetV7 = unsafe { std::mem::zeroed() };
+        assert_eq!(CollAbi::gathers(&v7), (false, false));
     }
 }

@@ -242,6 +242,7 @@ unsafe impl collnet::CollAbi for CollNetV11 {
     collnet::coll_ctx!();
     collnet::coll_reg_mr!();
     collnet::coll_iallreduce!(size);
+    collnet::coll_gathers!(SgeV11, sge_same);
     unsafe fn get_properties(&self, dev: c_int, props: *mut PropertiesV12) -> NcclResult {
         // SAFETY: forwarded.
         unsafe { props_via(self.get_properties, dev, props, up) }

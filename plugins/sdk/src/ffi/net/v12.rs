@@ -452,6 +452,7 @@ unsafe impl super::collnet::CollAbi for CollNetV12 {
     super::collnet::coll_ctx!();
     super::collnet::coll_reg_mr!();
     super::collnet::coll_iallreduce!(size);
+    super::collnet::coll_gathers!(SgeV12, sge_same);
     unsafe fn get_properties(&self, dev: c_int, props: *mut PropertiesV12) -> NcclResult {
         call!(self.get_properties, dev, props)
     }

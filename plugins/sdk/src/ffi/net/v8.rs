@@ -287,6 +287,7 @@ unsafe impl collnet::CollAbi for CollNetV8 {
     collnet::coll_no_ctx!();
     collnet::coll_reg_mr!();
     collnet::coll_iallreduce!(int);
+    collnet::coll_gathers!(SgeV8, sge_u32);
     unsafe fn get_properties(&self, dev: c_int, props: *mut PropertiesV12) -> NcclResult {
         // SAFETY: forwarded.
         unsafe { props_via(self.get_properties, dev, props, |p| up(p, dev)) }

@@ -329,6 +329,7 @@ unsafe impl collnet::CollAbi for CollNetV9 {
     collnet::coll_no_ctx!();
     collnet::coll_reg_mr!();
     collnet::coll_iallreduce!(size);
+    collnet::coll_gathers!(SgeV9, sge_same);
     unsafe fn get_properties(&self, dev: c_int, props: *mut PropertiesV12) -> NcclResult {
         // SAFETY: forwarded.
         unsafe { props_via(self.get_properties, dev, props, up) }
