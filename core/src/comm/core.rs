@@ -28,7 +28,7 @@ use crate::transport::cma::{PeerMem, Post};
 use crate::transport::shm::ShmNet;
 use crate::transport::{ConnKey, Connections, Locality, Transport, P2P_CHANNEL};
 
-/// The direct host path ([`crate::algo::direct`]), peers' buffers read in
+/// The direct host path ([`crate::algo::pull`]), peers' buffers read in
 /// place. Every rank calls it at creation: a host-memory communicator whose
 /// ranks all share this host (and its /dev/shm) and none of which
 /// disabled shared memory gets the direct path if every rank may read
@@ -758,7 +758,7 @@ impl Core {
             if let Some(d) = &self.direct {
                 // Decided from the call alone, as every rank sees it alike
                 // (a broadcast's non-roots pass no input).
-                let moved = algo::direct::bytes(coll, op.count, op.dtype.size(), n);
+                let moved = algo::pull::bytes(coll, op.count, op.dtype.size(), n);
                 if let Some(route) = d.route(coll, moved) {
                     return self.run_direct(d, route, op, coll, bufs, seq, parents, mask);
                 }
@@ -948,8 +948,8 @@ impl Core {
                 let slice = d
                     .terms
                     .slice
-                    .for_call(n, algo::direct::bytes(coll, op.count, elem, n));
-                let plan = algo::direct::plan(coll, self.rank, n, op.count, elem, threads, slice);
+                    .for_call(n, algo::pull::bytes(coll, op.count, elem, n));
+                let plan = algo::pull::plan(coll, self.rank, n, op.count, elem, threads, slice);
                 d.run(plan, threads, post, bufs, reducer, elem, &ctx)
             }
         };
