@@ -1178,7 +1178,7 @@ impl Core {
             } else {
                 Region::output(0)
             };
-            msgs.push(exec::direct_p2p::Msg {
+            msgs.push(exec::mailbox::Msg {
                 peer,
                 send,
                 span: bufs.span(region, 0, bytes, 1)?,

@@ -24,8 +24,8 @@ use crate::error::{Error, Result};
 use crate::reduce::Reducer;
 use crate::transport::cma::{PeerMem, Poll, Post, INLINE};
 
-use super::direct_p2p::{exchange, Counts, Msg};
 use super::header::{OpHeader, HEADER_BYTES};
+use super::mailbox::{exchange, Counts, Msg};
 use super::mem::{self, OpBuffers, Span};
 use super::{timeout_error, ExecCtx};
 

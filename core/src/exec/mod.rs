@@ -16,9 +16,9 @@
 
 pub mod device;
 pub mod direct;
-pub mod direct_p2p;
 pub mod extent;
 pub mod header;
+pub mod mailbox;
 pub mod mem;
 mod proxy_prof;
 pub mod reg;
