@@ -37,9 +37,9 @@ use crate::transport::{ConnKey, Connections, Locality, Transport, P2P_CHANNEL};
 pub(crate) fn setup_direct(
     bootstrap: &Bootstrap,
     loc: &Locality,
-    terms: exec::direct::Terms,
-    threads: exec::direct::Threads,
-) -> Result<Option<exec::direct::Direct>> {
+    terms: exec::host_direct::Terms,
+    threads: exec::host_direct::Threads,
+) -> Result<Option<exec::host_direct::Direct>> {
     let n = loc.hosts.len();
     let one_host = loc.hosts.iter().all(|h| *h == loc.hosts[0])
         && loc.shm_devs.iter().all(|d| *d == loc.shm_devs[0]);
@@ -50,7 +50,7 @@ pub(crate) fn setup_direct(
     let pm = PeerMem::setup(loc.rank, n, &|b| bootstrap.allgather(b), &mut why)?;
     match pm {
         Some(pm) => {
-            let d = exec::direct::Direct::new(pm, n, terms, threads)?;
+            let d = exec::host_direct::Direct::new(pm, n, terms, threads)?;
             info!(target: "oxccl::init",
                 "Host collectives of {} bytes and more (broadcast and reduce: {}) read peers' buffers directly (SHM/direct/CMA, up to {} threads per rank; OXCCL_HOST_DIRECT=0 turns it off)", d.terms.min, d.terms.rooted_min, d.threads.most());
             Ok(Some(d))
@@ -211,7 +211,7 @@ pub(crate) struct Core {
     /// NCCL's `shrinkShare`: as `split_share`, for a shrink in its default
     /// mode from a communicator that is not revoked.
     pub shrink_share: bool,
-    direct: Option<exec::direct::Direct>,
+    direct: Option<exec::host_direct::Direct>,
     /// The first failure record of an operation here, kept through a revoke.
     failure: Mutex<Option<Failure>>,
     /// On a GPU: the thread that watches launched collectives until they
@@ -287,7 +287,7 @@ impl Core {
         device: Option<GpuPath>,
         agreed: Agreed,
         locality: Locality,
-        direct: Option<exec::direct::Direct>,
+        direct: Option<exec::host_direct::Direct>,
     ) -> Result<Core> {
         let ident = agreed.ident;
         let (rank, nranks) = (locality.rank, locality.hosts.len());
@@ -905,8 +905,8 @@ impl Core {
     #[allow(clippy::too_many_arguments)]
     fn run_direct(
         &self,
-        d: &exec::direct::Direct,
-        route: exec::direct::Route,
+        d: &exec::host_direct::Direct,
+        route: exec::host_direct::Route,
         op: &Op,
         coll: algo::Coll,
         bufs: OpBuffers,
@@ -914,7 +914,7 @@ impl Core {
         parents: Option<(Handle, Handle)>,
         mask: i32,
     ) -> Result<()> {
-        use exec::direct::Route;
+        use exec::host_direct::Route;
         let (n, elem) = (self.nranks, op.dtype.size());
         let threads = match route {
             Route::Inline => 1,
@@ -935,7 +935,7 @@ impl Core {
         let ctx = self.ctx(&what, Some(seq), mask);
         let post = Post {
             // The ring's operation header, so that a mismatch reads alike.
-            call: exec::direct::call_words(&header_of(op, seq)),
+            call: exec::host_direct::call_words(&header_of(op, seq)),
             send: bufs.input as u64,
             recv: bufs.output as u64,
             // Set by the direct path where the call needs it.
@@ -1162,7 +1162,7 @@ impl Core {
     /// for the large ones, whose places in `ops` it returns for the rings.
     fn run_p2p_direct(
         &self,
-        d: &exec::direct::Direct,
+        d: &exec::host_direct::Direct,
         ops: &[&(Op, OpBuffers)],
         mask: i32,
     ) -> Result<Vec<usize>> {

@@ -579,7 +579,7 @@ impl Comm {
         };
         let bootstrap = Bootstrap::init_scalable(ids, rank, nranks, &cfg)?;
         let mut cfg = cfg;
-        let (terms, threads) = crate::exec::direct::Terms::from_env(nranks)?;
+        let (terms, threads) = crate::exec::host_direct::Terms::from_env(nranks)?;
         let peers = ident::exchange(
             &bootstrap,
             ident::Facts {
@@ -600,7 +600,7 @@ impl Comm {
             },
         )?;
         let mut differ = ident::adopt_shaping(&mut cfg, peers.shaping, peers.algo);
-        let first = crate::exec::direct::Terms::decode(&peers.direct)
+        let first = crate::exec::host_direct::Terms::decode(&peers.direct)
             .ok_or_else(|| Error::Remote("rank 0 sent malformed direct-path terms".into()))?;
         if device.is_none() {
             differ.extend(terms.differences(&first));
