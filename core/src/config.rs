@@ -1203,7 +1203,7 @@ impl Config {
 
     /// As [`Config::load`], with values given through the API on top.
     pub fn load_with(api: &[(&str, &str)]) -> Result<Config> {
-        if let Some(e) = crate::plugin::env::setting_error() {
+        if let Some(e) = env_reader().and_then(|r| (r.setting_error)()) {
             return Err(e);
         }
         let mut raw: BTreeMap<&'static str, (String, Source)> = BTreeMap::new();
@@ -1237,7 +1237,9 @@ impl Config {
                 }
             }
         }
-        let env_source = crate::plugin::env::source().map_or(Source::Env, Source::EnvPlugin);
+        let env_source = env_reader()
+            .and_then(|r| (r.source)())
+            .map_or(Source::Env, Source::EnvPlugin);
         for def in PARAMS {
             if let Some(v) = var(&def.env_name()) {
                 raw.insert(def.key, (v, env_source.clone()));
@@ -1418,7 +1420,32 @@ pub const SHAPING: [&str; 3] = ["CHUNK_SIZE", "MIN_NCHANNELS", "MAX_NCHANNELS"];
 /// for `NCCL_CONF_FILE` and `NCCL_ENV_PLUGIN` (NCCL reads those two with
 /// `getenv`, before the plugin).
 pub fn var(name: &str) -> Option<String> {
-    crate::plugin::env::var(name)
+    match env_reader() {
+        Some(r) => (r.var)(name),
+        None => std::env::var(name).ok(),
+    }
+}
+
+/// How `NCCL_` settings are read from the environment: the env plugin's
+/// loader ([`crate::plugin::env`]) registers one with `inventory`, so that
+/// this table, a floor below the plugins, does not import them. Without one,
+/// values come from the process environment.
+pub struct EnvReader {
+    /// The value of a variable: the plugin's answer when one is in use.
+    pub var: fn(&str) -> Option<String>,
+    /// The plugin's name while values come through it.
+    pub source: fn() -> Option<String>,
+    /// The error every read of the configuration fails with (an explicit
+    /// `NCCL_ENV_PLUGIN` that names no library).
+    pub setting_error: fn() -> Option<Error>,
+}
+
+oxccl_plugin::inventory::collect!(EnvReader);
+
+fn env_reader() -> Option<&'static EnvReader> {
+    oxccl_plugin::inventory::iter::<EnvReader>
+        .into_iter()
+        .next()
 }
 
 fn lookup(key: &str) -> Option<&'static ParamDef> {
