@@ -11,12 +11,12 @@ use tracing::{debug, info, warn};
 
 use super::device_watch::{DeviceWatch, Watched};
 use super::kernel_events::HostChannels;
+use super::on_device::GpuPath;
 use crate::algo::{self, cost, Algo, Region, Step};
 use crate::bootstrap::{Bootstrap, PeerCall, PeerProgress};
 use crate::config::Config;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Failure, Result};
-use crate::exec::device::{DeviceComm, DeviceStop};
 use crate::exec::header::OpHeader;
 use crate::exec::mem::OpBuffers;
 use crate::exec::{self, ExecCtx, Lane, ProxyProfiler, Stop, StopReason};
@@ -109,17 +109,6 @@ fn staging_key(chan: usize, steps: &[Step]) -> StagingKey {
         .first()
         .and_then(|s| s.send.map(|p| (p, true)).or(s.recv.map(|p| (p, false))));
     (chan, peer)
-}
-
-/// How a GPU rank's operations move: kernels storing into the areas of
-/// its peers, whichever transport reaches each; and what ends them now,
-/// outside the lock (which an enqueue may hold while it waits on a peer).
-pub(crate) struct GpuPath(pub Mutex<DeviceComm>, pub Arc<DeviceStop>);
-
-impl GpuPath {
-    pub fn ordinal(&self) -> Option<usize> {
-        self.0.lock().ok().map(|d| d.context().device().ordinal())
-    }
 }
 
 /// What plugins are told about the communicator at `init`.

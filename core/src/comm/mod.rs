@@ -817,7 +817,7 @@ impl Comm {
     pub fn mem_stats(&self) -> Result<MemStats> {
         let core = self.any_core()?;
         let (device_bytes, suspendable_bytes, released) = match &core.device {
-            Some(self::core::GpuPath(dc, _)) => {
+            Some(self::on_device::GpuPath(dc, _)) => {
                 let dc = dc.lock().map_err(|_| {
                     Error::Internal("device executor poisoned by an earlier panic".into())
                 })?;
