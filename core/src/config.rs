@@ -348,9 +348,57 @@ const STAMP_FORMAT: Check<Option<String>> = Check {
     },
 };
 
+/// NCCL_DEBUG_TIMESTAMP_LEVELS: which levels' lines begin with a time
+/// (read here, used by [`crate::log`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StampLevels {
+    pub warn: bool,
+    pub info: bool,
+    pub trace: bool,
+}
+
+impl StampLevels {
+    /// NCCL's list: VERSION, WARN, INFO, ABORT, TRACE or ALL, comma-
+    /// separated, case-insensitive; `^` in front: every level but those.
+    /// Empty: none. oxccl writes no VERSION or ABORT lines of its own, so
+    /// those two are accepted and change nothing.
+    pub fn parse(s: &str) -> std::result::Result<StampLevels, String> {
+        let s = s.trim();
+        let (not, list) = match s.strip_prefix('^') {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let mut l = StampLevels::default();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name.to_ascii_uppercase().as_str() {
+                "WARN" => l.warn = true,
+                "INFO" => l.info = true,
+                "TRACE" => l.trace = true,
+                "VERSION" | "ABORT" => {}
+                "ALL" => {
+                    l = StampLevels {
+                        warn: true,
+                        info: true,
+                        trace: true,
+                    }
+                }
+                _ => return Err(format!("{name:?} is no level")),
+            }
+        }
+        if not {
+            l = StampLevels {
+                warn: !l.warn,
+                info: !l.info,
+                trace: !l.trace,
+            };
+        }
+        Ok(l)
+    }
+}
+
 const STAMP_LEVELS: Check<Option<String>> = Check {
     expects: "VERSION, WARN, INFO, ABORT, TRACE or ALL, comma-separated, ^ in front to exclude",
-    test: |v| crate::log::StampLevels::parse(v.as_deref().unwrap_or("")).map(|_| ()),
+    test: |v| StampLevels::parse(v.as_deref().unwrap_or("")).map(|_| ()),
 };
 
 const RETRY_CNT: Check<Option<u64>> = Check {
