@@ -11,11 +11,12 @@ each pair that closes a circle.
 A module and its own submodules are one room: the edges between a module
 and its ancestors or descendants (a parent calling its child, a child using
 its parent's types) are not counted, only those between modules neither of
-which contains the other. Comments are skipped; `#[cfg(test)]` code counts.
+which contains the other. Comments are skipped, and so is `#[cfg(test)]` code unless --with-tests
+(a module's tests may use floors above it, as config's use log's capture).
 Paths through a `pub use` re-export (`crate::Comm`) are followed to the
 module that defines the item.
 
-Usage: python3 tools/import_circles.py [--edges] [--crate NAME]
+Usage: python3 tools/import_circles.py [--edges] [--with-tests] [--crate NAME]
 Exit status 0 whatever it finds; the count is on the last line.
 """
 
@@ -83,6 +84,36 @@ def strip_comments(text):
     return "".join(out)
 
 
+def strip_tests(code):
+    """Drops each item under `#[cfg(test)]` (a test module, helper or
+    use-line) and returns the code left and the names of file modules
+    declared test-only (`#[cfg(test)] mod tests;`)."""
+    out, test_mods, i = [], [], 0
+    for m in re.finditer(r"#\[cfg\(test\)\]", code):
+        if m.start() < i:
+            continue
+        out.append(code[i : m.start()])
+        j = m.end()
+        while j < len(code) and code[j] not in ";{":
+            j += 1
+        head = code[m.end() : j]
+        fm = re.search(r"\bmod\s+(" + IDENT + r")\s*$", head)
+        if j < len(code) and code[j] == ";":
+            if fm:
+                test_mods.append(fm.group(1))
+            i = j + 1
+            continue
+        depth = 0
+        while j < len(code):
+            depth += (code[j] == "{") - (code[j] == "}")
+            j += 1
+            if depth == 0:
+                break
+        i = j
+    out.append(code[i:])
+    return "".join(out), test_mods
+
+
 def module_of(src, path):
     """The module path (tuple) of a source file under src."""
     rel = os.path.relpath(path, src)[:-3].split(os.sep)
@@ -139,7 +170,7 @@ def parse_uses(code):
 
 
 class Crate:
-    def __init__(self, name, src, roots):
+    def __init__(self, name, src, roots, tests):
         self.name = name
         self.files = {}
         for dirpath, _, names in os.walk(src):
@@ -160,6 +191,14 @@ class Crate:
                     wrong = module_of(src, target)
                     if wrong in self.files:
                         self.files[module_of(src, p) + (pm.group(2),)] = self.files.pop(wrong)
+        if not tests:
+            dropped = set()
+            for mod in list(self.files):
+                self.files[mod], test_mods = strip_tests(self.files[mod])
+                dropped |= {mod + (t,) for t in test_mods}
+            for mod in list(self.files):
+                if any(mod[: len(d)] == d for d in dropped):
+                    del self.files[mod]
         self.modules = set(self.files)
         self.uses = {m: parse_uses(c) for m, c in self.files.items()}
         self.reexports = {
@@ -288,12 +327,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--edges", action="store_true", help="print every counted edge")
     ap.add_argument("--crate", help="only this member (its folder, e.g. core)")
+    ap.add_argument(
+        "--with-tests",
+        action="store_true",
+        help="count #[cfg(test)] code too (a test may use a floor above its module's)",
+    )
     args = ap.parse_args()
     total = 0
     for member, src, roots in crates():
         if args.crate and member != args.crate:
             continue
-        c = Crate(member, src, roots)
+        c = Crate(member, src, roots, args.with_tests)
         edges = c.edges()
         if args.edges:
             for (a, b), how in sorted(edges.items()):
