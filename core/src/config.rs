@@ -365,9 +365,57 @@ const STAMP_FORMAT: Check<Option<String>> = Check {
     },
 };
 
+/// NCCL_DEBUG_TIMESTAMP_LEVELS: which levels' lines begin with a time
+/// (read here, used by [`crate::log`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StampLevels {
+    pub warn: bool,
+    pub info: bool,
+    pub trace: bool,
+}
+
+impl StampLevels {
+    /// NCCL's list: VERSION, WARN, INFO, ABORT, TRACE or ALL, comma-
+    /// separated, case-insensitive; `^` in front: every level but those.
+    /// Empty: none. oxccl writes no VERSION or ABORT lines of its own, so
+    /// those two are accepted and change nothing.
+    pub fn parse(s: &str) -> std::result::Result<StampLevels, String> {
+        let s = s.trim();
+        let (not, list) = match s.strip_prefix('^') {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let mut l = StampLevels::default();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name.to_ascii_uppercase().as_str() {
+                "WARN" => l.warn = true,
+                "INFO" => l.info = true,
+                "TRACE" => l.trace = true,
+                "VERSION" | "ABORT" => {}
+                "ALL" => {
+                    l = StampLevels {
+                        warn: true,
+                        info: true,
+                        trace: true,
+                    }
+                }
+                _ => return Err(format!("{name:?} is no level")),
+            }
+        }
+        if not {
+            l = StampLevels {
+                warn: !l.warn,
+                info: !l.info,
+                trace: !l.trace,
+            };
+        }
+        Ok(l)
+    }
+}
+
 const STAMP_LEVELS: Check<Option<String>> = Check {
     expects: "VERSION, WARN, INFO, ABORT, TRACE or ALL, comma-separated, ^ in front to exclude",
-    test: |v| crate::log::StampLevels::parse(v.as_deref().unwrap_or("")).map(|_| ()),
+    test: |v| StampLevels::parse(v.as_deref().unwrap_or("")).map(|_| ()),
 };
 
 const RETRY_CNT: Check<Option<u64>> = Check {
@@ -1233,7 +1281,7 @@ impl Config {
 
     /// As [`Config::load`], with values given through the API on top.
     pub fn load_with(api: &[(&str, &str)]) -> Result<Config> {
-        if let Some(e) = crate::plugin::env::setting_error() {
+        if let Some(e) = env_reader().and_then(|r| (r.setting_error)()) {
             return Err(e);
         }
         let mut raw: BTreeMap<&'static str, (String, Source)> = BTreeMap::new();
@@ -1267,7 +1315,9 @@ impl Config {
                 }
             }
         }
-        let env_source = crate::plugin::env::source().map_or(Source::Env, Source::EnvPlugin);
+        let env_source = env_reader()
+            .and_then(|r| (r.source)())
+            .map_or(Source::Env, Source::EnvPlugin);
         for def in PARAMS {
             if let Some(v) = var(&def.env_name()) {
                 raw.insert(def.key, (v, env_source.clone()));
@@ -1446,7 +1496,32 @@ pub const SHAPING: [&str; 3] = ["CHUNK_SIZE", "MIN_NCHANNELS", "MAX_NCHANNELS"];
 /// for `NCCL_CONF_FILE` and `NCCL_ENV_PLUGIN` (NCCL reads those two with
 /// `getenv`, before the plugin).
 pub fn var(name: &str) -> Option<String> {
-    crate::plugin::env::var(name)
+    match env_reader() {
+        Some(r) => (r.var)(name),
+        None => std::env::var(name).ok(),
+    }
+}
+
+/// How `NCCL_` settings are read from the environment: the env plugin's
+/// loader ([`crate::plugin::env`]) registers one with `inventory`, so that
+/// this table, a floor below the plugins, does not import them. Without one,
+/// values come from the process environment.
+pub struct EnvReader {
+    /// The value of a variable: the plugin's answer when one is in use.
+    pub var: fn(&str) -> Option<String>,
+    /// The plugin's name while values come through it.
+    pub source: fn() -> Option<String>,
+    /// The error every read of the configuration fails with (an explicit
+    /// `NCCL_ENV_PLUGIN` that names no library).
+    pub setting_error: fn() -> Option<Error>,
+}
+
+oxccl_plugin::inventory::collect!(EnvReader);
+
+fn env_reader() -> Option<&'static EnvReader> {
+    oxccl_plugin::inventory::iter::<EnvReader>
+        .into_iter()
+        .next()
 }
 
 fn lookup(key: &str) -> Option<&'static ParamDef> {

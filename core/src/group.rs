@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::comm::{op_of, Comm, Core};
+use crate::comm::{check_extent, Comm, Core};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::exec::mem::OpBuffers;
@@ -457,4 +457,224 @@ pub fn scatter(
     }
     g.recv(comm, output, dtype, root)?;
     g.run()
+}
+
+/// The calls of one communicator: each a group of its own (a lone call on
+/// borrowed slices, or a raw operation queued in the thread's group).
+impl Comm {
+    /// Queues an operation on buffers given by address: at once, or at the
+    /// end of the thread's current group (NCCL's calls inside
+    /// `ncclGroupStart`/`ncclGroupEnd`).
+    ///
+    /// # Safety
+    /// The buffers must be valid for the sizes NCCL defines for the
+    /// operation and not be accessed by anyone else until it completes (for
+    /// host memory: until the call, or the enclosing `group_end`, returns).
+    #[allow(unsafe_code)]
+    pub unsafe fn enqueue(&self, op: Op) -> Result<()> {
+        let core = self.core()?;
+        let bufs = op.validate(self.user_rank(), self.count())?;
+        if core.device.is_none() {
+            check_host_side(&op, &bufs)?;
+        }
+        submit(self.clone(), core, op, bufs)
+    }
+
+    /// Runs one operation now on borrowed buffers.
+    fn run(&self, op: Op) -> Result<()> {
+        if depth() > 0 {
+            return Err(Error::InvalidUsage(format!(
+                "{} on borrowed slices cannot join a group started with group_start(): use Group to batch safe calls, or the raw enqueue",
+                op.kind.name()
+            )));
+        }
+        let mut g = Group::lone();
+        g.push(self, op)?;
+        g.run()
+    }
+
+    /// All-reduce; `input: None` reduces `output` in place.
+    pub fn all_reduce(
+        &self,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        self.run(op_of(OpKind::AllReduce, input, output, dtype, op, 1, 1)?)
+    }
+
+    /// Broadcast from `root`; only the root's input is read (`None`: in place).
+    pub fn broadcast(
+        &self,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
+        self.run(op_of(
+            OpKind::Broadcast { root },
+            input,
+            output,
+            dtype,
+            RedOp::Sum,
+            1,
+            1,
+        )?)
+    }
+
+    /// Reduce to `root`; only the root's output is written.
+    pub fn reduce(
+        &self,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+        root: usize,
+    ) -> Result<()> {
+        self.run(op_of(
+            OpKind::Reduce { root },
+            input,
+            output,
+            dtype,
+            op,
+            1,
+            1,
+        )?)
+    }
+
+    /// All-gather: `output` holds `count()` blocks of `input`'s size;
+    /// `None` gathers in place from this rank's block of `output`.
+    pub fn all_gather(
+        &self,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+        dtype: DataType,
+    ) -> Result<()> {
+        let n = self.count();
+        let mut op = op_of(OpKind::AllGather, input, output, dtype, RedOp::Sum, 1, n)?;
+        if input.is_none() {
+            op.input = op
+                .output
+                .wrapping_add(self.user_rank() * op.count * dtype.size());
+        }
+        self.run(op)
+    }
+
+    /// Reduce-scatter in place: `buf` holds `count()` blocks; this rank's
+    /// block receives the result (NCCL's in-place rule:
+    /// recvbuff = sendbuff + rank * recvcount).
+    pub fn reduce_scatter_in_place(
+        &self,
+        buf: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        let n = self.count();
+        let mut op = op_of(OpKind::ReduceScatter, None, buf, dtype, op, 1, n)?;
+        op.output = op
+            .output
+            .wrapping_add(self.user_rank() * op.count * dtype.size());
+        self.run(op)
+    }
+
+    /// Reduce-scatter: `input` holds `count()` blocks of `output`'s size.
+    pub fn reduce_scatter(
+        &self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DataType,
+        op: RedOp,
+    ) -> Result<()> {
+        let n = self.count();
+        self.run(op_of(
+            OpKind::ReduceScatter,
+            Some(input),
+            output,
+            dtype,
+            op,
+            n,
+            1,
+        )?)
+    }
+
+    pub fn send(&self, input: &[u8], dtype: DataType, peer: usize) -> Result<()> {
+        let mut g = Group::lone();
+        g.send(self, input, dtype, peer)?;
+        g.run()
+    }
+
+    pub fn recv(&self, output: &mut [u8], dtype: DataType, peer: usize) -> Result<()> {
+        let mut g = Group::lone();
+        g.recv(self, output, dtype, peer)?;
+        g.run()
+    }
+}
+
+/// A host-memory communicator's executor reads and writes its buffers with
+/// the CPU: device memory there would be a segfault, so it is refused
+/// naming the argument (NCCL never meets this: it has no host path).
+fn check_host_side(op: &Op, bufs: &crate::exec::mem::OpBuffers) -> Result<()> {
+    if op.count == 0 {
+        return Ok(());
+    }
+    for (what, ptr, bytes) in bufs.used() {
+        if crate::cuda::pointer_kind(ptr) == crate::cuda::PtrKind::Device {
+            return Err(Error::InvalidArgument(format!(
+                "{}: {what} {ptr:#x} is GPU memory, but this communicator runs on host memory (it was created with no GPU, or with OXCCL_HOST_MEMORY=1): pass host memory, or create the communicator on that GPU",
+                op.kind.name()
+            )));
+        }
+        check_extent(op, what, ptr, bytes, false)?;
+    }
+    Ok(())
+}
+
+/// Builds an operation from slices, deriving the count from the output
+/// (divided by `out_blocks`) and checking the input's size (`in_blocks` per count).
+fn op_of(
+    kind: OpKind,
+    input: Option<&[u8]>,
+    output: &mut [u8],
+    dtype: DataType,
+    redop: RedOp,
+    in_blocks: usize,
+    out_blocks: usize,
+) -> Result<Op> {
+    let es = dtype.size();
+    if !output.len().is_multiple_of(es * out_blocks) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: recvbuff of {} bytes is not a whole number of {} blocks of {}",
+            kind.name(),
+            output.len(),
+            out_blocks,
+            dtype.name()
+        )));
+    }
+    let count = output.len() / es / out_blocks;
+    if let Some(i) = input {
+        if i.len() != count * es * in_blocks {
+            return Err(Error::InvalidArgument(format!(
+                "{}: sendbuff has {} bytes, expected {} ({} x {} element(s) of {})",
+                kind.name(),
+                i.len(),
+                count * es * in_blocks,
+                in_blocks,
+                count,
+                dtype.name()
+            )));
+        }
+    }
+    let output_ptr = output.as_mut_ptr();
+    Ok(Op {
+        kind,
+        input: input.map_or(output_ptr as *const u8, |i| i.as_ptr()),
+        output: output_ptr,
+        count,
+        dtype,
+        redop,
+        stream: 0,
+        user_tag: 0,
+        call: Default::default(),
+    })
 }

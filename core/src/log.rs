@@ -27,6 +27,8 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::Layer as _;
 
+pub use crate::config::StampLevels;
+
 /// Which events NCCL_DEBUG and NCCL_DEBUG_SUBSYS let through.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Filter {
@@ -118,52 +120,7 @@ fn tid() -> u32 {
     })
 }
 
-/// NCCL_DEBUG_TIMESTAMP_LEVELS: which levels' lines begin with a time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct StampLevels {
-    pub warn: bool,
-    pub info: bool,
-    pub trace: bool,
-}
-
 impl StampLevels {
-    /// NCCL's list: VERSION, WARN, INFO, ABORT, TRACE or ALL, comma-
-    /// separated, case-insensitive; `^` in front: every level but those.
-    /// Empty: none. oxccl writes no VERSION or ABORT lines of its own, so
-    /// those two are accepted and change nothing.
-    pub fn parse(s: &str) -> std::result::Result<StampLevels, String> {
-        let s = s.trim();
-        let (not, list) = match s.strip_prefix('^') {
-            Some(rest) => (true, rest),
-            None => (false, s),
-        };
-        let mut l = StampLevels::default();
-        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            match name.to_ascii_uppercase().as_str() {
-                "WARN" => l.warn = true,
-                "INFO" => l.info = true,
-                "TRACE" => l.trace = true,
-                "VERSION" | "ABORT" => {}
-                "ALL" => {
-                    l = StampLevels {
-                        warn: true,
-                        info: true,
-                        trace: true,
-                    }
-                }
-                _ => return Err(format!("{name:?} is no level")),
-            }
-        }
-        if not {
-            l = StampLevels {
-                warn: !l.warn,
-                info: !l.info,
-                trace: !l.trace,
-            };
-        }
-        Ok(l)
-    }
-
     fn on(&self, level: Level) -> bool {
         match level {
             Level::ERROR | Level::WARN => self.warn,

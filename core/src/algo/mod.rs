@@ -16,8 +16,8 @@
 //! recvCopySend, recv) and the exchange of recursive doubling.
 
 pub mod cost;
-pub mod direct;
 pub mod pat;
+pub mod pull;
 pub mod rec_doubling;
 pub mod ring;
 pub mod setting;

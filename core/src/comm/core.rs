@@ -11,12 +11,12 @@ use tracing::{debug, info, warn};
 
 use super::device_watch::{DeviceWatch, Watched};
 use super::kernel_events::HostChannels;
+use super::on_device::GpuPath;
 use crate::algo::{self, cost, Algo, Region, Step};
 use crate::bootstrap::{Bootstrap, PeerCall, PeerProgress};
 use crate::config::Config;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Failure, Result};
-use crate::exec::device::{DeviceComm, DeviceStop};
 use crate::exec::header::OpHeader;
 use crate::exec::mem::OpBuffers;
 use crate::exec::{self, ExecCtx, Lane, ProxyProfiler, Stop, StopReason};
@@ -28,7 +28,7 @@ use crate::transport::cma::{PeerMem, Post};
 use crate::transport::shm::ShmNet;
 use crate::transport::{ConnKey, Connections, Locality, Transport, P2P_CHANNEL};
 
-/// The direct host path ([`crate::algo::direct`]), peers' buffers read in
+/// The direct host path ([`crate::algo::pull`]), peers' buffers read in
 /// place. Every rank calls it at creation: a host-memory communicator whose
 /// ranks all share this host (and its /dev/shm) and none of which
 /// disabled shared memory gets the direct path if every rank may read
@@ -37,9 +37,9 @@ use crate::transport::{ConnKey, Connections, Locality, Transport, P2P_CHANNEL};
 pub(crate) fn setup_direct(
     bootstrap: &Bootstrap,
     loc: &Locality,
-    terms: exec::direct::Terms,
-    threads: exec::direct::Threads,
-) -> Result<Option<exec::direct::Direct>> {
+    terms: exec::host_direct::Terms,
+    threads: exec::host_direct::Threads,
+) -> Result<Option<exec::host_direct::Direct>> {
     let n = loc.hosts.len();
     let one_host = loc.hosts.iter().all(|h| *h == loc.hosts[0])
         && loc.shm_devs.iter().all(|d| *d == loc.shm_devs[0]);
@@ -50,7 +50,7 @@ pub(crate) fn setup_direct(
     let pm = PeerMem::setup(loc.rank, n, &|b| bootstrap.allgather(b), &mut why)?;
     match pm {
         Some(pm) => {
-            let d = exec::direct::Direct::new(pm, n, terms, threads)?;
+            let d = exec::host_direct::Direct::new(pm, n, terms, threads)?;
             info!(target: "oxccl::init",
                 "Host collectives of {} bytes and more (broadcast and reduce: {}) read peers' buffers directly (SHM/direct/CMA, up to {} threads per rank; OXCCL_HOST_DIRECT=0 turns it off)", d.terms.min, d.terms.rooted_min, d.threads.most());
             Ok(Some(d))
@@ -109,17 +109,6 @@ fn staging_key(chan: usize, steps: &[Step]) -> StagingKey {
         .first()
         .and_then(|s| s.send.map(|p| (p, true)).or(s.recv.map(|p| (p, false))));
     (chan, peer)
-}
-
-/// How a GPU rank's operations move: kernels storing into the areas of
-/// its peers, whichever transport reaches each; and what ends them now,
-/// outside the lock (which an enqueue may hold while it waits on a peer).
-pub(crate) struct GpuPath(pub Mutex<DeviceComm>, pub Arc<DeviceStop>);
-
-impl GpuPath {
-    pub fn ordinal(&self) -> Option<usize> {
-        self.0.lock().ok().map(|d| d.context().device().ordinal())
-    }
 }
 
 /// What plugins are told about the communicator at `init`.
@@ -214,7 +203,7 @@ pub(crate) struct Core {
     /// NCCL's `shrinkShare`: as `split_share`, for a shrink in its default
     /// mode from a communicator that is not revoked.
     pub shrink_share: bool,
-    direct: Option<exec::direct::Direct>,
+    direct: Option<exec::host_direct::Direct>,
     /// The first failure record of an operation here, kept through a revoke.
     failure: Mutex<Option<Failure>>,
     /// On a GPU: the thread that watches launched collectives until they
@@ -292,7 +281,7 @@ impl Core {
         device: Option<GpuPath>,
         agreed: Agreed,
         locality: Locality,
-        direct: Option<exec::direct::Direct>,
+        direct: Option<exec::host_direct::Direct>,
     ) -> Result<Core> {
         let ident = agreed.ident;
         let (rank, nranks) = (locality.rank, locality.hosts.len());
@@ -782,7 +771,7 @@ impl Core {
             if let Some(d) = &self.direct {
                 // Decided from the call alone, as every rank sees it alike
                 // (a broadcast's non-roots pass no input).
-                let moved = algo::direct::bytes(coll, op.count, op.dtype.size(), n);
+                let moved = algo::pull::bytes(coll, op.count, op.dtype.size(), n);
                 if let Some(route) = d.route(coll, moved) {
                     return self.run_direct(d, route, op, coll, bufs, seq, parents, mask);
                 }
@@ -942,8 +931,8 @@ impl Core {
     #[allow(clippy::too_many_arguments)]
     fn run_direct(
         &self,
-        d: &exec::direct::Direct,
-        route: exec::direct::Route,
+        d: &exec::host_direct::Direct,
+        route: exec::host_direct::Route,
         op: &Op,
         coll: algo::Coll,
         bufs: OpBuffers,
@@ -951,7 +940,7 @@ impl Core {
         parents: Option<(Handle, Handle)>,
         mask: i32,
     ) -> Result<()> {
-        use exec::direct::Route;
+        use exec::host_direct::Route;
         let (n, elem) = (self.nranks, op.dtype.size());
         let threads = match route {
             Route::Inline => 1,
@@ -972,7 +961,7 @@ impl Core {
         let ctx = self.ctx(&what, Some(seq), mask);
         let post = Post {
             // The ring's operation header, so that a mismatch reads alike.
-            call: exec::direct::call_words(&header_of(op, seq)),
+            call: exec::host_direct::call_words(&header_of(op, seq)),
             send: bufs.input as u64,
             recv: bufs.output as u64,
             // Set by the direct path where the call needs it.
@@ -985,8 +974,8 @@ impl Core {
                 let slice = d
                     .terms
                     .slice
-                    .for_call(n, algo::direct::bytes(coll, op.count, elem, n));
-                let plan = algo::direct::plan(coll, self.rank, n, op.count, elem, threads, slice);
+                    .for_call(n, algo::pull::bytes(coll, op.count, elem, n));
+                let plan = algo::pull::plan(coll, self.rank, n, op.count, elem, threads, slice);
                 d.run(plan, threads, post, bufs, reducer, elem, &ctx)
             }
         };
@@ -1199,7 +1188,7 @@ impl Core {
     /// for the large ones, whose places in `ops` it returns for the rings.
     fn run_p2p_direct(
         &self,
-        d: &exec::direct::Direct,
+        d: &exec::host_direct::Direct,
         ops: &[&(Op, OpBuffers)],
         mask: i32,
     ) -> Result<Vec<usize>> {
@@ -1215,7 +1204,7 @@ impl Core {
             } else {
                 Region::output(0)
             };
-            msgs.push(exec::direct_p2p::Msg {
+            msgs.push(exec::mailbox::Msg {
                 peer,
                 send,
                 span: bufs.span(region, 0, bytes, 1)?,

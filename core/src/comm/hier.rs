@@ -47,7 +47,8 @@ use crate::exec::mem::OpBuffers;
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{ApiEvents, Handle};
 
-use super::core::{Core, GpuPath};
+use super::core::Core;
+use super::on_device::GpuPath;
 use super::on_device::{lock, stream};
 use super::{Comm, CommConfig, SPLIT_NOCOLOR};
 

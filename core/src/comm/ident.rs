@@ -11,7 +11,7 @@ use crate::algo::Algo;
 use crate::bootstrap::{Bootstrap, UniqueId};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::exec::direct::TERMS_BYTES;
+use crate::exec::host_direct::TERMS_BYTES;
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {
     parts
@@ -89,7 +89,7 @@ pub struct Peers {
     pub algo: u8,
     /// Rank 0's [`Shaping`].
     pub shaping: Shaping,
-    /// Rank 0's direct-path terms ([`crate::exec::direct::Terms::encode`]).
+    /// Rank 0's direct-path terms ([`crate::exec::host_direct::Terms::encode`]).
     pub direct: [u8; TERMS_BYTES],
     /// Each rank's RAS id (`<ip:port>/<pid>` of its process's RAS service,
     /// [`crate::ras`]); empty where its RAS is off.
@@ -115,7 +115,7 @@ pub struct Facts {
     /// whether it was set (the device path treats an unset maximum of
     /// channels as its own choice).
     pub shaping: Shaping,
-    /// Its direct host path's terms ([`crate::exec::direct::Terms`]).
+    /// Its direct host path's terms ([`crate::exec::host_direct::Terms`]).
     pub direct: [u8; TERMS_BYTES],
     /// The network its process chose (its name), and how: from a plugin
     /// library, or built in and why no plugin was taken. Every rank must

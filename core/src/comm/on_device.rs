@@ -12,7 +12,6 @@ use oxccl_plugin::ffi::profiler::{NCCL_PROFILE_KERNEL_CH, NCCL_PROFILE_KERNEL_LA
 use crate::bootstrap::Bootstrap;
 use tracing::{debug, info};
 
-use super::core::GpuPath;
 use super::device_watch::DeviceWatch;
 use super::ident::Peers;
 use super::kernel_events::KernelEvents;
@@ -22,7 +21,9 @@ use crate::config::Config;
 use crate::cuda::{pointer_kind, Device, PtrKind, RawStream, SavedCurrent};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
-use crate::exec::device::{Choice, DeviceComm, DeviceConfig, Oob, ProxyParents, Transports};
+use crate::exec::device::{
+    Choice, DeviceComm, DeviceConfig, DeviceStop, Oob, ProxyParents, Transports,
+};
 use crate::exec::mem::OpBuffers;
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{Event, Handle, ProfilerComm, ProxyProfiler};
@@ -52,6 +53,17 @@ impl Oob for BootstrapOob<'_> {
 
     fn allgather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         self.bootstrap.allgather(mine)
+    }
+}
+
+/// How a GPU rank's operations move: kernels storing into the areas of
+/// its peers, whichever transport reaches each; and what ends them now,
+/// outside the lock (which an enqueue may hold while it waits on a peer).
+pub(crate) struct GpuPath(pub Mutex<DeviceComm>, pub Arc<DeviceStop>);
+
+impl GpuPath {
+    pub fn ordinal(&self) -> Option<usize> {
+        self.0.lock().ok().map(|d| d.context().device().ordinal())
     }
 }
 

@@ -15,10 +15,10 @@
 //! operation.
 
 pub mod device;
-pub mod direct;
-pub mod direct_p2p;
 pub mod extent;
 pub mod header;
+pub mod host_direct;
+pub mod mailbox;
 pub mod mem;
 mod proxy_prof;
 pub mod reg;
@@ -225,8 +225,8 @@ pub struct ExecCtx<'a> {
     pub ctrl: Option<&'a ProfilerComm>,
     /// The direct path, where the ranks share a host: a long wait on the
     /// rings asks it whether a peer took another path for this collective
-    /// ([`direct::Direct::crossed`]).
-    pub direct: Option<&'a direct::Direct>,
+    /// ([`host_direct::Direct::crossed`]).
+    pub direct: Option<&'a host_direct::Direct>,
 }
 
 /// How long a wait on the rings goes before it looks whether a peer is in

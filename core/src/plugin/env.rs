@@ -228,6 +228,11 @@ pub fn setting_error() -> Option<Error> {
     state().error.clone().map(Error::InvalidArgument)
 }
 
+// The configuration reads every `NCCL_` value through these.
+oxccl_plugin::inventory::submit! {
+    crate::config::EnvReader { var, source, setting_error }
+}
+
 /// What the search found.
 pub fn report() -> Report {
     state().report.clone()

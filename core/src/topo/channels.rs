@@ -4,7 +4,9 @@
 //! divided by what one of our blocks carries at best.
 
 use super::pci::PciPath;
-use crate::exec::device::config::MAX_CHANNELS;
+
+/// Thread blocks a collective may use at most (one per multiprocessor of an H100/H200, roughly).
+pub const MAX_CHANNELS: usize = 128;
 
 /// What joins two GPUs, for the purpose of moving data between them.
 #[derive(Debug, Clone, Copy, PartialEq)]

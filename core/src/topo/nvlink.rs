@@ -4,20 +4,10 @@
 
 use std::collections::BTreeMap;
 
+pub use super::nvml::LinkEnd;
 use super::nvml::Nvml;
 use super::pci::BusId;
 use super::TopoError;
-
-/// The far end of one active NVLink.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LinkEnd {
-    /// The link's number on its GPU.
-    pub link: u32,
-    /// `None`: NVML would not say (seen in VMs, whose guests do not see the
-    /// far end's address); counted like a switch link, which gives a pair
-    /// of GPUs their link count.
-    pub remote: Option<BusId>,
-}
 
 /// The active NVLinks of one GPU.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

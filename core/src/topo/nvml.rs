@@ -8,9 +8,19 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 
 use libloading::Library;
 
-use super::nvlink::LinkEnd;
 use super::pci::BusId;
 use super::TopoError;
+
+/// The far end of one active NVLink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkEnd {
+    /// The link's number on its GPU.
+    pub link: u32,
+    /// `None`: NVML would not say (seen in VMs, whose guests do not see the
+    /// far end's address); counted like a switch link, which gives a pair
+    /// of GPUs their link count.
+    pub remote: Option<BusId>,
+}
 
 type Ret = c_int;
 type Handle = *mut c_void;

@@ -24,9 +24,7 @@ use std::time::Duration;
 
 use crate::config::{ox, AutoOr};
 use crate::error::{Error, Result};
-
-/// Thread blocks a collective may use at most (one per multiprocessor of an H100/H200, roughly).
-pub const MAX_CHANNELS: usize = 128;
+pub use crate::topo::channels::MAX_CHANNELS;
 
 /// Threads per block of the collective kernels: as many as a block of
 /// `oxccl_coll` (`__launch_bounds__(1024, 1)`) may have. One block per SM

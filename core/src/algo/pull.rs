@@ -1,5 +1,6 @@
-//! Direct collectives for ranks whose buffers can read each other (host
-//! memory of processes of one host, through [`crate::transport::cma`]):
+//! Pull plans, the direct host path's collectives, for ranks whose buffers
+//! can read each other (host memory of processes of one host, through
+//! [`crate::transport::cma`]):
 //! each rank reads what it needs from its peers' buffers in one copy,
 //! instead of passing every byte around a ring of staging slots.
 //!

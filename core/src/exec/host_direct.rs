@@ -1,4 +1,4 @@
-//! Runs a direct plan ([`crate::algo::direct`]) on this rank's host buffers,
+//! Runs a pull plan ([`crate::algo::pull`]) on this rank's host buffers,
 //! reading peers' buffers through [`PeerMem`]: the rank posts its call,
 //! meets the others, and runs each phase on its threads; after each it
 //! meets the others again or announces that it has finished it, and a
@@ -17,15 +17,15 @@ use std::sync::{Arc, Barrier, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::algo::direct::{awaited, stage_bytes, End, Own, Plan, Src, Task};
+use crate::algo::pull::{awaited, stage_bytes, End, Own, Plan, Src, Task};
 use crate::algo::{Buf, Coll, Region};
 use crate::config::ox;
 use crate::error::{Error, Result};
 use crate::reduce::Reducer;
 use crate::transport::cma::{PeerMem, Poll, Post, INLINE};
 
-use super::direct_p2p::{exchange, Counts, Msg};
 use super::header::{OpHeader, HEADER_BYTES};
+use super::mailbox::{exchange, Counts, Msg};
 use super::mem::{self, OpBuffers, Span};
 use super::{timeout_error, ExecCtx};
 
@@ -545,7 +545,7 @@ impl Direct {
             .then(|| timeout_error(ctx, &[format!("for ranks {missing:?} at {place}")]))
     }
 
-    /// How `coll` moving `bytes` per rank ([`crate::algo::direct::bytes`])
+    /// How `coll` moving `bytes` per rank ([`crate::algo::pull::bytes`])
     /// runs here: on threads from the threshold on, else inline when its
     /// largest input fits a slot, else (between the two) on the rings.
     pub fn route(&self, coll: Coll, bytes: usize) -> Option<Route> {
@@ -736,7 +736,7 @@ impl Direct {
     }
 }
 
-/// How an all-reduce cuts its parts into slices ([`crate::algo::direct::slices`]).
+/// How an all-reduce cuts its parts into slices ([`crate::algo::pull::slices`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Slice {
     /// `OXCCL_HOST_DIRECT_SLICE`: these bytes per slice, 0 for whole parts.
