@@ -344,12 +344,13 @@ pub fn collnet_gather_wins(
     ppn: usize,
     fabric: Fabric,
     collnet: LinkModel,
-    forced: Option<Algo>,
+    held: impl Into<Held>,
 ) -> bool {
-    if forced.is_some() {
+    let held = held.into();
+    if held.forced.is_some() {
         return false;
     }
-    let best = choose(coll, bytes, n, fabric, None);
+    let best = choose(coll, bytes, n, fabric, held);
     let other = predict(best, coll, bytes, n, fabric).unwrap_or(f64::INFINITY);
     predict_collnet_gather(coll, bytes, n, ppn, fabric.intra, collnet) <= other
 }
