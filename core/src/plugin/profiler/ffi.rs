@@ -26,7 +26,7 @@ use oxccl_plugin::ffi::profiler::{
 };
 use oxccl_plugin::ffi::NCCL_SUCCESS;
 
-use crate::plugin::loader::Lib;
+use oxccl_plugin::loader::Lib;
 
 /// Profiler symbols, newest first, with the version loaded (`None`: known,
 /// not adapted by this oxccl).

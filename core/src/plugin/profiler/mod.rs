@@ -36,14 +36,14 @@ use oxccl_plugin::ffi::profiler::{
 use tracing::{info, warn};
 
 use crate::error::{Error, Result};
-use crate::plugin::loader;
+use oxccl_plugin::loader;
 
 pub use ffi::{
     cname, Codes, Event, Handle, StateArgs, GROUP_API_BITS, PROXY_OP_BITS, PROXY_STEP_BITS, SYMBOLS,
 };
 
-pub use crate::plugin::loader::Outcome;
 pub use net_events::{callback as net_callback, NetParent};
+pub use oxccl_plugin::loader::Outcome;
 pub use proxy_events::{OpDescr, OpEvents, ProxyProfiler};
 
 /// The most channels a plugin is told of. NCCL never runs more than its
