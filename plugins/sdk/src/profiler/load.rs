@@ -1,5 +1,6 @@
-//! `ncclProfiler_v1_t` … `ncclProfiler_v7_t` as the core's
-//! [`super::ProfilerComm`]: one adapter, one match arm per version where the
+//! The loader's side of the profiler: `ncclProfiler_v1_t` …
+//! `ncclProfiler_v7_t` behind one Rust type, [`CProfiler`], which the core's
+//! `ProfilerComm` drives: one adapter, one match arm per version where the
 //! descriptor or `init` changed (v1 carries enum codes where later versions
 //! carry names; v4 dropped the communicator name and hash; v5 added the
 //! parent group and a 64-bit type; v7 the caller's tag on each call's
@@ -11,7 +12,7 @@ use std::os::raw::{c_char, c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::AtomicI32;
 
-use oxccl_plugin::ffi::profiler::{
+use super::abi::{
     v1, v2, v3, v4, v5, v6, v7, EventState, NCCL_PROFILER_GROUP_END_API_START,
     NCCL_PROFILER_GROUP_START_API_STOP, NCCL_PROFILER_KERNEL_CH_STOP,
     NCCL_PROFILER_NET_PLUGIN_UPDATE, NCCL_PROFILER_PROXY_CTRL_APPEND_END,
@@ -24,9 +25,8 @@ use oxccl_plugin::ffi::profiler::{
     NCCL_PROFILE_P2P, NCCL_PROFILE_P2P_API, NCCL_PROFILE_PROXY_CTRL, NCCL_PROFILE_PROXY_OP,
     NCCL_PROFILE_PROXY_STEP,
 };
-use oxccl_plugin::ffi::NCCL_SUCCESS;
-
-use oxccl_plugin::loader::Lib;
+use crate::ffi::{Logger, NCCL_SUCCESS};
+use crate::loader::Lib;
 
 /// Profiler symbols, newest first, with the version loaded (`None`: known,
 /// not adapted by this oxccl).
@@ -75,7 +75,7 @@ unsafe impl Sync for CProfiler {}
 /// them) store the pointer at `init` and print it at `finalize`. The name
 /// is owned here, so it outlives `finalize` (`ProfilerComm`'s `Drop`).
 pub struct Ctx {
-    pub(super) ptr: *mut c_void,
+    pub ptr: *mut c_void,
     /// The C string `init`'s `commName` points into; a `CString` keeps its
     /// bytes on the heap, so moving the `Ctx` does not move them.
     _comm_name: CString,
@@ -87,7 +87,7 @@ unsafe impl Sync for Ctx {}
 
 /// An event handle; NULL means "not tracked".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Handle(pub(super) *mut c_void);
+pub struct Handle(pub *mut c_void);
 // SAFETY: handles are opaque to us and passed back to the plugin only.
 unsafe impl Send for Handle {}
 // SAFETY: as above: never dereferenced here, only copied.
@@ -114,7 +114,7 @@ pub enum Event<'a> {
         dtype: &'a CStr,
         root: c_int,
         parent: Handle,
-        /// The caller's tag ([`crate::op::Op::user_tag`]), for v7.
+        /// The caller's tag (the core's `Op::user_tag`), for v7.
         user_tag: u64,
     },
     /// One send or receive call (`ncclProfileP2pApi`, v5+).
@@ -553,17 +553,18 @@ impl CProfiler {
         })
     }
 
-    /// `init` for one communicator; sets [`MASK`]. `comm_name`: the
-    /// config's commName, else a name made from the hash.
+    /// `init` for one communicator; sets [`MASK`]. `log`: the logger v4
+    /// and later receive; `comm_name`: the config's commName, else a name
+    /// made from the hash.
     pub fn init(
         &self,
+        log: Logger,
         comm_id: u64,
         comm_name: Option<&str>,
         nranks: usize,
         rank: usize,
         nnodes: usize,
     ) -> Result<Ctx, String> {
-        let log = crate::plugin::ffi_log::logger();
         let mut ctx = null_mut();
         let mask = MASK.as_ptr();
         let name = comm_name.map_or_else(|| format!("oxccl-{comm_id:x}"), str::to_string);
@@ -746,7 +747,7 @@ impl CProfiler {
         macro_rules! op {
             ($m:ident :: $t:ident) => {
                 $m::$t {
-                    pid: std::process::id() as oxccl_plugin::ffi::Pid,
+                    pid: std::process::id() as crate::ffi::Pid,
                     channel_id: f.channel,
                     peer: f.peer,
                     n_steps: f.n_steps,

@@ -16,8 +16,8 @@ use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
-use super::profiler::*;
-use super::types::*;
+use super::abi::*;
+use crate::ffi::types::*;
 use crate::logger::NcclLogger;
 use crate::plugin_error::{PluginError, PluginResult};
 use crate::profiler::*;
@@ -829,10 +829,10 @@ macro_rules! export_profiler_plugin {
         #[doc = concat!("NCCL's profiler plugin symbol `", stringify!($sym), "`.")]
         #[no_mangle]
         #[allow(non_upper_case_globals)]
-        pub static $sym: $crate::ffi::export_profiler::ExportedProfiler<
-            $crate::ffi::profiler::$m::$ty,
-        > = $crate::ffi::export_profiler::ExportedProfiler(
-            $crate::ffi::export_profiler::$f::<$profiler>(),
+        pub static $sym: $crate::profiler::export::ExportedProfiler<
+            $crate::profiler::abi::$m::$ty,
+        > = $crate::profiler::export::ExportedProfiler(
+            $crate::profiler::export::$f::<$profiler>(),
         );
     };
 }
