@@ -28,28 +28,35 @@ use super::abi::{
 use crate::ffi::{Logger, NCCL_SUCCESS};
 use crate::loader::Lib;
 
-/// Profiler symbols, newest first, with the version loaded (`None`: known,
-/// not adapted by this oxccl).
-pub const SYMBOLS: &[(&str, Option<u32>)] = &[
-    ("ncclProfiler_v7", Some(7)),
-    ("ncclProfiler_v6", Some(6)),
-    ("ncclProfiler_v5", Some(5)),
-    ("ncclProfiler_v4", Some(4)),
-    ("ncclProfiler_v3", Some(3)),
-    ("ncclProfiler_v2", Some(2)),
-    ("ncclProfiler_v1", Some(1)),
-];
+/// The symbol table, the vtable of each version and the cast from a
+/// symbol's address, from the one list of versions.
+macro_rules! loadable {
+    ($([$n:literal, $sym:ident, $m:ident, $ty:ident, $var:ident, $f:ident])*) => {
+        /// Profiler symbols, newest first, with the version loaded (`None`:
+        /// known, not adapted by this oxccl).
+        pub const SYMBOLS: &[(&str, Option<u32>)] = &[$((stringify!($sym), Some($n)),)*];
 
-#[derive(Clone, Copy)]
-enum Vt {
-    V1(&'static v1::ProfilerV1),
-    V2(&'static v2::ProfilerV2),
-    V3(&'static v3::ProfilerV3),
-    V4(&'static v4::ProfilerV4),
-    V5(&'static v5::ProfilerV5),
-    V6(&'static v6::ProfilerV6),
-    V7(&'static v7::ProfilerV7),
+        #[derive(Clone, Copy)]
+        enum Vt {
+            $($var(&'static $m::$ty),)*
+        }
+
+        /// The vtable of `version` at `p`.
+        ///
+        /// # Safety
+        /// `p` is the address of the symbol `SYMBOLS` gives for `version`,
+        /// in a library that stays loaded for `'static`.
+        unsafe fn vtable_at(version: u32, p: *const c_void) -> Option<Vt> {
+            match version {
+                // SAFETY: by the ABI the symbol `ncclProfiler_vN` is an
+                // `ncclProfiler_vN_t` (the caller's contract).
+                $($n => Some(Vt::$var(unsafe { &*(p as *const $m::$ty) })),)*
+                _ => None,
+            }
+        }
+    };
 }
+crate::profiler_versions!((loadable));
 
 /// The activation mask NCCL shares with the plugin: one process-wide int
 /// the plugin may change at any time, read before every event.
@@ -437,19 +444,9 @@ impl CProfiler {
             ));
         };
         let p = lib.symbol(sym).expect("found above");
-        // SAFETY: by the ABI the symbol `ncclProfiler_vN` is an
-        // `ncclProfiler_vN_t`; `lib` keeps it loaded while we hold it.
-        let vt = unsafe {
-            match version {
-                7 => Vt::V7(&*(p as *const v7::ProfilerV7)),
-                6 => Vt::V6(&*(p as *const v6::ProfilerV6)),
-                5 => Vt::V5(&*(p as *const v5::ProfilerV5)),
-                4 => Vt::V4(&*(p as *const v4::ProfilerV4)),
-                3 => Vt::V3(&*(p as *const v3::ProfilerV3)),
-                2 => Vt::V2(&*(p as *const v2::ProfilerV2)),
-                _ => Vt::V1(&*(p as *const v1::ProfilerV1)),
-            }
-        };
+        // SAFETY: `sym` is `version`'s symbol in SYMBOLS; `lib` keeps it
+        // loaded while we hold it.
+        let vt = unsafe { vtable_at(version, p) }.expect("a version of SYMBOLS");
         let (name, entries) = match vt {
             Vt::V1(v) => (
                 v.name,

@@ -8,7 +8,8 @@
 //! The whole profiler kind lives in this folder: the frozen C layouts of
 //! each version ([`abi`], also reachable as `ffi::profiler`), the export
 //! adapters ([`export`]) and the loader that drives a profiler library from
-//! the core ([`load`]).
+//! the core ([`load`]), both generated from one list of versions
+//! ([`versions`]).
 
 use std::ffi::CStr;
 
@@ -18,6 +19,7 @@ use crate::plugin_error::PluginResult;
 pub mod abi;
 pub mod export;
 pub mod load;
+pub mod versions;
 
 pub use abi::{
     NCCL_PROFILE_COLL, NCCL_PROFILE_COLL_API, NCCL_PROFILE_GROUP, NCCL_PROFILE_GROUP_API,
