@@ -430,6 +430,25 @@ impl Fields {
     }
 }
 
+/// Calls `startEvent` of vtable `$v` with a zeroed `$descr` (type field of
+/// `$int`) for type `$ty`, and the union member `$detail` where the event
+/// has one; the handle the plugin set, or [`Handle::NONE`].
+macro_rules! start_event {
+    ($ctx:expr, $v:expr, $descr:ty, $int:ty, $ty:expr, $rank:expr, $parent:expr $(, $detail:expr)?) => {{
+        // SAFETY: a zeroed descriptor is valid (NULL pointers, zero counts).
+        let mut d: $descr = unsafe { std::mem::zeroed() };
+        d.ty = $ty as $int;
+        d.rank = $rank;
+        d.parent_obj = $parent;
+        $(d.detail = $detail;)?
+        let mut h = null_mut();
+        // SAFETY: entry checked non-null at load; the descriptor lives for
+        // the call.
+        let _ = unsafe { $v.start_event.expect("checked")($ctx.ptr, &mut h, &mut d) };
+        Handle(h)
+    }};
+}
+
 impl CProfiler {
     pub fn negotiate(lib: &Lib) -> Result<CProfiler, (Vec<&'static str>, String)> {
         let looked: Vec<&'static str> = SYMBOLS.iter().map(|s| s.0).collect();
@@ -607,79 +626,51 @@ impl CProfiler {
         }
     }
 
+    /// Starts an event: one function per kind of event, each building the
+    /// descriptor of the version loaded.
     pub fn start(&self, ctx: &Ctx, rank: c_int, comm_hash: u64, ev: &Event<'_>) -> Handle {
-        if matches!(
-            ev,
+        match ev {
             Event::GroupApi { .. }
-                | Event::CollApi { .. }
-                | Event::P2pApi { .. }
-                | Event::KernelLaunch { .. }
-        ) {
-            return self.start_api(ctx, rank, ev);
+            | Event::CollApi { .. }
+            | Event::P2pApi { .. }
+            | Event::KernelLaunch { .. } => self.start_api(ctx, rank, ev),
+            Event::Group | Event::Coll { .. } | Event::P2p { .. } => {
+                self.start_task(ctx, rank, comm_hash, ev)
+            }
+            Event::ProxyOp { .. } | Event::ProxyStep { .. } | Event::ProxyCtrl => {
+                self.start_proxy(ctx, rank, ev)
+            }
+            Event::KernelCh { .. } => self.start_kernel_ch(ctx, rank, ev),
+            Event::NetPlugin { .. } => self.start_net_plugin(ctx, rank, ev),
         }
-        let mut h = null_mut();
+    }
+
+    /// A group, collective or p2p event as NCCL runs it.
+    fn start_task(&self, ctx: &Ctx, rank: c_int, comm_hash: u64, ev: &Event<'_>) -> Handle {
         let f = Fields::of(ev);
-        // Versions before v3 have no kernel-channel or net-plugin event
-        // (NCCL's v1 and v2 adapters drop them).
-        if matches!(ev, Event::KernelCh { .. } | Event::NetPlugin { .. }) && self.version < 3 {
-            return Handle::NONE;
-        }
-        macro_rules! fire {
-            ($v:expr, $descr:ty, $ty:ty, $coll:expr, $p2p:expr, $op:expr, $step:expr $(, $kch:expr, $net:expr)?) => {{
-                // SAFETY: a zeroed descriptor is valid (NULL pointers, zero
-                // counts); the member written matches `ty`.
-                let mut d: $descr = unsafe { std::mem::zeroed() };
-                d.rank = rank;
-                d.parent_obj = f.parent;
-                match ev {
-                    Event::Group => d.ty = NCCL_PROFILE_GROUP as $ty,
-                    Event::Coll { .. } => {
-                        d.ty = NCCL_PROFILE_COLL as $ty;
-                        d.detail = $coll;
-                        // From v5 on the parent is the API event; the group
-                        // is `parentGroup` (NCCL's profiler.cc).
-                        if self.version >= 5 {
-                            d.parent_obj = f.api;
-                        }
+        let ty = match ev {
+            Event::Coll { .. } => NCCL_PROFILE_COLL,
+            Event::P2p { .. } => NCCL_PROFILE_P2P,
+            _ => NCCL_PROFILE_GROUP,
+        };
+        // From v5 on the parent of a collective or p2p is its API event;
+        // the group is `parentGroup` (NCCL's profiler.cc).
+        let parent = if ty != NCCL_PROFILE_GROUP && self.version >= 5 {
+            f.api
+        } else {
+            f.parent
+        };
+        // A group carries no detail; a collective or p2p its member.
+        macro_rules! task {
+            ($v:expr, $descr:ty, $int:ty, $coll:expr, $p2p:expr) => {
+                match ty {
+                    NCCL_PROFILE_COLL => {
+                        start_event!(ctx, $v, $descr, $int, ty, rank, parent, $coll)
                     }
-                    Event::P2p { .. } => {
-                        d.ty = NCCL_PROFILE_P2P as $ty;
-                        d.detail = $p2p;
-                        if self.version >= 5 {
-                            d.parent_obj = f.api;
-                        }
-                    }
-                    Event::ProxyOp { .. } => {
-                        d.ty = NCCL_PROFILE_PROXY_OP as $ty;
-                        d.detail = $op;
-                    }
-                    Event::ProxyStep { .. } => {
-                        d.ty = NCCL_PROFILE_PROXY_STEP as $ty;
-                        d.detail = $step;
-                    }
-                    Event::KernelCh { .. } => {
-                        $(
-                            d.ty = NCCL_PROFILE_KERNEL_CH as $ty;
-                            d.detail = $kch;
-                        )?
-                    }
-                    Event::NetPlugin { .. } => {
-                        $(
-                            d.ty = NCCL_PROFILE_NET_PLUGIN as $ty;
-                            d.detail = $net;
-                        )?
-                    }
-                    Event::ProxyCtrl => {
-                        // NCCL's descriptor carries the type alone: rank 0
-                        // and no detail (profiler.cc zeroes the rest).
-                        d.ty = NCCL_PROFILE_PROXY_CTRL as $ty;
-                        d.rank = 0;
-                    }
-                    _ => {}
+                    NCCL_PROFILE_P2P => start_event!(ctx, $v, $descr, $int, ty, rank, parent, $p2p),
+                    _ => start_event!(ctx, $v, $descr, $int, ty, rank, parent),
                 }
-                // SAFETY: entry checked non-null; the descriptor lives for the call.
-                unsafe { $v.start_event.expect("checked")(ctx.ptr, &mut h, &mut d) }
-            }};
+            };
         }
         let coll5 = v5::CollDescrV5 {
             seq_number: f.seq,
@@ -731,33 +722,11 @@ impl CProfiler {
             parent_group: f.parent,
             user_tag: f.user_tag,
         };
-        let kch5 = v5::KernelChDescrV5 {
-            channel_id: f.channel,
-            p_timer: f.p_timer,
-        };
-        let net5 = v5::NetPluginDescrV5 {
-            id: f.net_id,
-            data: f.net_data,
-        };
-        // The proxy-op descriptor is the same in every version; only its
-        // type name changes.
-        macro_rules! op {
-            ($m:ident :: $t:ident) => {
-                $m::$t {
-                    pid: std::process::id() as crate::ffi::Pid,
-                    channel_id: f.channel,
-                    peer: f.peer,
-                    n_steps: f.n_steps,
-                    chunk_size: f.chunk_size,
-                    is_send: f.is_send,
-                }
-            };
-        }
         // Before v4 descriptors name the communicator by its hash.
         let (cname_, hash) = (c"".as_ptr(), comm_hash);
         let codes = f.codes;
-        let _ = match self.vt {
-            Vt::V1(v) => fire!(
+        match self.vt {
+            Vt::V1(v) => task!(
                 v,
                 v1::EventDescrV1,
                 u8,
@@ -792,15 +761,9 @@ impl CProfiler {
                         count: f.count,
                         peer: f.peer,
                     }
-                },
-                v1::EventDetailV1 {
-                    proxy_op: op!(v1::ProxyOpDescrV1)
-                },
-                v1::EventDetailV1 {
-                    proxy_step: v1::ProxyStepDescrV1 { step: f.step }
                 }
             ),
-            Vt::V2(v) => fire!(
+            Vt::V2(v) => task!(
                 v,
                 v2::EventDescrV2,
                 u8,
@@ -832,15 +795,9 @@ impl CProfiler {
                         count: f.count,
                         peer: f.peer,
                     }
-                },
-                v2::EventDetailV2 {
-                    proxy_op: op!(v2::ProxyOpDescrV2)
-                },
-                v2::EventDetailV2 {
-                    proxy_step: v2::ProxyStepDescrV2 { step: f.step }
                 }
             ),
-            Vt::V3(v) => fire!(
+            Vt::V3(v) => task!(
                 v,
                 v3::EventDescrV3,
                 u8,
@@ -871,26 +828,9 @@ impl CProfiler {
                         count: f.count,
                         peer: f.peer,
                     }
-                },
-                v3::EventDetailV3 {
-                    proxy_op: op!(v3::ProxyOpDescrV3)
-                },
-                v3::EventDetailV3 {
-                    proxy_step: v3::ProxyStepDescrV3 { step: f.step }
-                },
-                v3::EventDetailV3 {
-                    kernel_ch: v3::KernelChDescrV3 {
-                        channel_id: f.channel
-                    }
-                },
-                v3::EventDetailV3 {
-                    net_plugin: v3::NetPluginDescrV3 {
-                        id: f.net_id,
-                        data: f.net_data,
-                    }
                 }
             ),
-            Vt::V4(v) => fire!(
+            Vt::V4(v) => task!(
                 v,
                 v4::EventDescrV4,
                 u8,
@@ -918,19 +858,258 @@ impl CProfiler {
                         peer: f.peer,
                         n_channels: f.nch,
                     }
+                }
+            ),
+            Vt::V5(v) => task!(
+                v,
+                v5::EventDescrV5,
+                u64,
+                v5::EventDetailV5 { coll: coll5 },
+                v5::EventDetailV5 { p2p: p2p5 }
+            ),
+            Vt::V6(v) => task!(
+                v,
+                v6::EventDescrV6,
+                u64,
+                v6::EventDetailV6 { coll: coll5 },
+                v6::EventDetailV6 { p2p: p2p5 }
+            ),
+            Vt::V7(v) => task!(
+                v,
+                v7::EventDescrV7,
+                u64,
+                v7::EventDetailV7 { coll: coll7 },
+                v7::EventDetailV7 { p2p: p2p7 }
+            ),
+        }
+    }
+
+    /// A proxy-op, proxy-step or proxy-control event.
+    fn start_proxy(&self, ctx: &Ctx, rank: c_int, ev: &Event<'_>) -> Handle {
+        let f = Fields::of(ev);
+        let (ty, rank) = match ev {
+            Event::ProxyOp { .. } => (NCCL_PROFILE_PROXY_OP, rank),
+            Event::ProxyStep { .. } => (NCCL_PROFILE_PROXY_STEP, rank),
+            // NCCL's descriptor carries the type alone: rank 0 and no
+            // detail (profiler.cc zeroes the rest).
+            _ => (NCCL_PROFILE_PROXY_CTRL, 0),
+        };
+        let parent = f.parent;
+        macro_rules! proxy {
+            ($v:expr, $descr:ty, $int:ty, $op:expr, $step:expr) => {
+                match ty {
+                    NCCL_PROFILE_PROXY_OP => {
+                        start_event!(ctx, $v, $descr, $int, ty, rank, parent, $op)
+                    }
+                    NCCL_PROFILE_PROXY_STEP => {
+                        start_event!(ctx, $v, $descr, $int, ty, rank, parent, $step)
+                    }
+                    _ => start_event!(ctx, $v, $descr, $int, ty, rank, parent),
+                }
+            };
+        }
+        // The proxy-op descriptor is the same in every version; only its
+        // type name changes.
+        macro_rules! op {
+            ($m:ident :: $t:ident) => {
+                $m::$t {
+                    pid: std::process::id() as crate::ffi::Pid,
+                    channel_id: f.channel,
+                    peer: f.peer,
+                    n_steps: f.n_steps,
+                    chunk_size: f.chunk_size,
+                    is_send: f.is_send,
+                }
+            };
+        }
+        match self.vt {
+            Vt::V1(v) => proxy!(
+                v,
+                v1::EventDescrV1,
+                u8,
+                v1::EventDetailV1 {
+                    proxy_op: op!(v1::ProxyOpDescrV1)
                 },
+                v1::EventDetailV1 {
+                    proxy_step: v1::ProxyStepDescrV1 { step: f.step }
+                }
+            ),
+            Vt::V2(v) => proxy!(
+                v,
+                v2::EventDescrV2,
+                u8,
+                v2::EventDetailV2 {
+                    proxy_op: op!(v2::ProxyOpDescrV2)
+                },
+                v2::EventDetailV2 {
+                    proxy_step: v2::ProxyStepDescrV2 { step: f.step }
+                }
+            ),
+            Vt::V3(v) => proxy!(
+                v,
+                v3::EventDescrV3,
+                u8,
+                v3::EventDetailV3 {
+                    proxy_op: op!(v3::ProxyOpDescrV3)
+                },
+                v3::EventDetailV3 {
+                    proxy_step: v3::ProxyStepDescrV3 { step: f.step }
+                }
+            ),
+            Vt::V4(v) => proxy!(
+                v,
+                v4::EventDescrV4,
+                u8,
                 v4::EventDetailV4 {
                     proxy_op: op!(v4::ProxyOpDescrV4)
                 },
                 v4::EventDetailV4 {
                     proxy_step: v4::ProxyStepDescrV4 { step: f.step }
+                }
+            ),
+            Vt::V5(v) => proxy!(
+                v,
+                v5::EventDescrV5,
+                u64,
+                v5::EventDetailV5 {
+                    proxy_op: op!(v5::ProxyOpDescrV5)
                 },
+                v5::EventDetailV5 {
+                    proxy_step: v5::ProxyStepDescrV5 { step: f.step }
+                }
+            ),
+            Vt::V6(v) => proxy!(
+                v,
+                v6::EventDescrV6,
+                u64,
+                v6::EventDetailV6 {
+                    proxy_op: op!(v5::ProxyOpDescrV5)
+                },
+                v6::EventDetailV6 {
+                    proxy_step: v5::ProxyStepDescrV5 { step: f.step }
+                }
+            ),
+            Vt::V7(v) => proxy!(
+                v,
+                v7::EventDescrV7,
+                u64,
+                v7::EventDetailV7 {
+                    proxy_op: op!(v5::ProxyOpDescrV5)
+                },
+                v7::EventDetailV7 {
+                    proxy_step: v5::ProxyStepDescrV5 { step: f.step }
+                }
+            ),
+        }
+    }
+
+    /// A kernel channel's event (v3 and later; NCCL's v1 and v2 adapters
+    /// drop it).
+    fn start_kernel_ch(&self, ctx: &Ctx, rank: c_int, ev: &Event<'_>) -> Handle {
+        let f = Fields::of(ev);
+        let ty = NCCL_PROFILE_KERNEL_CH;
+        let kch5 = v5::KernelChDescrV5 {
+            channel_id: f.channel,
+            p_timer: f.p_timer,
+        };
+        match self.vt {
+            Vt::V1(_) | Vt::V2(_) => Handle::NONE,
+            Vt::V3(v) => start_event!(
+                ctx,
+                v,
+                v3::EventDescrV3,
+                u8,
+                ty,
+                rank,
+                f.parent,
+                v3::EventDetailV3 {
+                    kernel_ch: v3::KernelChDescrV3 {
+                        channel_id: f.channel
+                    }
+                }
+            ),
+            Vt::V4(v) => start_event!(
+                ctx,
+                v,
+                v4::EventDescrV4,
+                u8,
+                ty,
+                rank,
+                f.parent,
                 v4::EventDetailV4 {
                     kernel_ch: v4::KernelChDescrV4 {
                         channel_id: f.channel,
                         p_timer: f.p_timer,
                     }
-                },
+                }
+            ),
+            Vt::V5(v) => start_event!(
+                ctx,
+                v,
+                v5::EventDescrV5,
+                u64,
+                ty,
+                rank,
+                f.parent,
+                v5::EventDetailV5 { kernel_ch: kch5 }
+            ),
+            Vt::V6(v) => start_event!(
+                ctx,
+                v,
+                v6::EventDescrV6,
+                u64,
+                ty,
+                rank,
+                f.parent,
+                v6::EventDetailV6 { kernel_ch: kch5 }
+            ),
+            Vt::V7(v) => start_event!(
+                ctx,
+                v,
+                v7::EventDescrV7,
+                u64,
+                ty,
+                rank,
+                f.parent,
+                v7::EventDetailV7 { kernel_ch: kch5 }
+            ),
+        }
+    }
+
+    /// An event the net plugin defined (v3 and later; NCCL's v1 and v2
+    /// adapters drop it).
+    fn start_net_plugin(&self, ctx: &Ctx, rank: c_int, ev: &Event<'_>) -> Handle {
+        let f = Fields::of(ev);
+        let ty = NCCL_PROFILE_NET_PLUGIN;
+        let net5 = v5::NetPluginDescrV5 {
+            id: f.net_id,
+            data: f.net_data,
+        };
+        match self.vt {
+            Vt::V1(_) | Vt::V2(_) => Handle::NONE,
+            Vt::V3(v) => start_event!(
+                ctx,
+                v,
+                v3::EventDescrV3,
+                u8,
+                ty,
+                rank,
+                f.parent,
+                v3::EventDetailV3 {
+                    net_plugin: v3::NetPluginDescrV3 {
+                        id: f.net_id,
+                        data: f.net_data,
+                    }
+                }
+            ),
+            Vt::V4(v) => start_event!(
+                ctx,
+                v,
+                v4::EventDescrV4,
+                u8,
+                ty,
+                rank,
+                f.parent,
                 v4::EventDetailV4 {
                     net_plugin: v4::NetPluginDescrV4 {
                         id: f.net_id,
@@ -938,53 +1117,37 @@ impl CProfiler {
                     }
                 }
             ),
-            Vt::V5(v) => fire!(
+            Vt::V5(v) => start_event!(
+                ctx,
                 v,
                 v5::EventDescrV5,
                 u64,
-                v5::EventDetailV5 { coll: coll5 },
-                v5::EventDetailV5 { p2p: p2p5 },
-                v5::EventDetailV5 {
-                    proxy_op: op!(v5::ProxyOpDescrV5)
-                },
-                v5::EventDetailV5 {
-                    proxy_step: v5::ProxyStepDescrV5 { step: f.step }
-                },
-                v5::EventDetailV5 { kernel_ch: kch5 },
+                ty,
+                rank,
+                f.parent,
                 v5::EventDetailV5 { net_plugin: net5 }
             ),
-            Vt::V6(v) => fire!(
+            Vt::V6(v) => start_event!(
+                ctx,
                 v,
                 v6::EventDescrV6,
                 u64,
-                v6::EventDetailV6 { coll: coll5 },
-                v6::EventDetailV6 { p2p: p2p5 },
-                v6::EventDetailV6 {
-                    proxy_op: op!(v5::ProxyOpDescrV5)
-                },
-                v6::EventDetailV6 {
-                    proxy_step: v5::ProxyStepDescrV5 { step: f.step }
-                },
-                v6::EventDetailV6 { kernel_ch: kch5 },
+                ty,
+                rank,
+                f.parent,
                 v6::EventDetailV6 { net_plugin: net5 }
             ),
-            Vt::V7(v) => fire!(
+            Vt::V7(v) => start_event!(
+                ctx,
                 v,
                 v7::EventDescrV7,
                 u64,
-                v7::EventDetailV7 { coll: coll7 },
-                v7::EventDetailV7 { p2p: p2p7 },
-                v7::EventDetailV7 {
-                    proxy_op: op!(v5::ProxyOpDescrV5)
-                },
-                v7::EventDetailV7 {
-                    proxy_step: v5::ProxyStepDescrV5 { step: f.step }
-                },
-                v7::EventDetailV7 { kernel_ch: kch5 },
+                ty,
+                rank,
+                f.parent,
                 v7::EventDetailV7 { net_plugin: net5 }
             ),
-        };
-        Handle(h)
+        }
     }
 
     /// An API event (v5 and later; NCCL's adapters of older versions drop
