@@ -320,8 +320,8 @@ fn oxccl_plugin_list() -> Vec<String> {
 }
 
 /// What the search for one plugin found; `abi` prefixes the version.
-fn show(o: &oxccl::plugin::loader::Outcome, abi: &str, instead: &str) {
-    use oxccl::plugin::loader::Outcome;
+fn show(o: &oxccl::plugin::net::Outcome, abi: &str, instead: &str) {
+    use oxccl::plugin::net::Outcome;
     match o {
         Outcome::NotFound { searched } => not_found(searched, instead),
         Outcome::Loaded {

@@ -22,8 +22,8 @@ use tracing::{info, warn};
 
 use crate::error::Error;
 use crate::plugin::ffi_log::{self, Captured};
-pub use crate::plugin::loader::Outcome;
-use crate::plugin::loader::{self, Lib};
+pub use oxccl_plugin::loader::Outcome;
+use oxccl_plugin::loader::{self, Lib};
 
 /// The variable naming the plugin (read from the process environment, as
 /// NCCL reads it with `getenv`).

@@ -8,104 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use oxccl_plugin::{NetProperties, PtrType};
 
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
 use crate::connection::LocalPort;
 use crate::mr::MrCache;
 use crate::verbs::{self, Context, Mr, Pd, IBV_LINK_LAYER_ETHERNET, IBV_LINK_LAYER_INFINIBAND};
-
-/// One entry of `NCCL_IB_HCA`: a device name (prefix unless exact) and an
-/// optional port.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HcaEntry {
-    pub name: String,
-    pub port: Option<u8>,
-}
-
-/// `NCCL_IB_HCA`, parsed: `[^][=]name[:port][,name[:port]…]`. `^` excludes
-/// the listed devices instead of selecting them; `=` compares names
-/// exactly instead of as prefixes (`mlx5_1` would otherwise also select
-/// `mlx5_10`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct HcaSpec {
-    pub exclude: bool,
-    pub exact: bool,
-    pub entries: Vec<HcaEntry>,
-}
-
-impl HcaSpec {
-    pub fn parse(s: &str) -> Result<HcaSpec, ConfigError> {
-        let bad = |why: String| ConfigError::Invalid {
-            key: "NCCL_IB_HCA",
-            value: s.to_string(),
-            why,
-        };
-        let mut rest = s.trim();
-        let mut spec = HcaSpec::default();
-        if let Some(r) = rest.strip_prefix('^') {
-            spec.exclude = true;
-            rest = r;
-        }
-        if let Some(r) = rest.strip_prefix('=') {
-            spec.exact = true;
-            rest = r;
-        }
-        for item in rest.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            let (name, port) = match item.split_once(':') {
-                Some((n, p)) => {
-                    let port = p
-                        .trim()
-                        .parse::<u8>()
-                        .ok()
-                        .filter(|p| *p > 0)
-                        .ok_or_else(|| {
-                            bad(format!(
-                                "port {p:?} of {n:?} is not a port number (1 to 255)"
-                            ))
-                        })?;
-                    (n.trim(), Some(port))
-                }
-                None => (item, None),
-            };
-            if name.is_empty() {
-                return Err(bad(format!("entry {item:?} has no device name")));
-            }
-            spec.entries.push(HcaEntry {
-                name: name.to_string(),
-                port,
-            });
-        }
-        Ok(spec)
-    }
-
-    fn entry_matches(&self, e: &HcaEntry, dev: &str, port: u8) -> bool {
-        let name_ok = if self.exact {
-            e.name == dev
-        } else {
-            dev.starts_with(&e.name)
-        };
-        name_ok && e.port.is_none_or(|p| p == port)
-    }
-
-    /// Whether `dev:port` is used under this setting (an empty list selects all).
-    pub fn selects(&self, dev: &str, port: u8) -> bool {
-        if self.entries.is_empty() {
-            return true;
-        }
-        let listed = self
-            .entries
-            .iter()
-            .any(|e| self.entry_matches(e, dev, port));
-        listed != self.exclude
-    }
-
-    /// Entries that name no port found, for the warning a typo deserves.
-    pub fn unmatched<'a>(&'a self, found: &[(String, u8)]) -> Vec<&'a HcaEntry> {
-        self.entries
-            .iter()
-            .filter(|e| !found.iter().any(|(d, p)| self.entry_matches(e, d, *p)))
-            .collect()
-    }
-}
 
 /// Link speed in Mbit/s from `ibv_port_attr`'s `active_speed` and
 /// `active_width` bit fields (per-lane rate times lanes), as NCCL computes it.
@@ -534,6 +440,7 @@ pub fn discover(cfg: &Config) -> Result<(Vec<VDev>, Vec<String>), NoDevice> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{HcaEntry, HcaSpec};
 
     fn sel(spec: &str, dev: &str, port: u8) -> bool {
         HcaSpec::parse(spec).unwrap().selects(dev, port)

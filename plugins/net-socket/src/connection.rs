@@ -9,7 +9,6 @@
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::SocketAddr;
-use std::os::raw::c_int;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,16 +18,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::handle::Handle;
 use crate::request::{lock, DataPath, Queue, SocketRequest};
+use crate::stream::{io_error, Io, Stream, MSG_NOSIGNAL};
 use crate::threads::Worker;
-
-/// A write to a socket the peer closed must be an error, not SIGPIPE: as a
-/// library loaded into a C program we cannot rely on the signal being
-/// ignored. (std's `TcpStream` sets this flag on `write` but not on
-/// `write_vectored`, hence socket2 with explicit flags.)
-#[cfg(any(target_os = "linux", target_os = "android"))]
-pub const MSG_NOSIGNAL: c_int = 0x4000;
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-pub const MSG_NOSIGNAL: c_int = 0;
 
 #[cfg(any(target_os = "linux", target_os = "android"))]
 const EINPROGRESS: i32 = 115;
@@ -55,33 +46,6 @@ pub const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
 /// passed off as one of ours.
 const PROLOGUE: &[u8] = b"oxccl net-socket v1";
 
-/// A socket and, with a key, its session.
-pub struct Stream {
-    pub sock: Socket,
-    pub sess: Option<Box<Session>>,
-}
-
-/// A socket as `Read + Write` for a session, sending with MSG_NOSIGNAL.
-pub struct Io<'a>(pub &'a Socket);
-
-impl Read for Io<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        (&*self.0).read(buf)
-    }
-    fn read_vectored(&mut self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
-        (&*self.0).read_vectored(bufs)
-    }
-}
-
-impl Write for Io<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.send_with_flags(buf, MSG_NOSIGNAL)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A WARN line of this network: through the logger NCCL (or the core)
 /// gave at `init`, as NCCL's socket transport logs ("NET/Socket : ..."),
 /// else to stderr in NCCL's line form.
@@ -96,31 +60,6 @@ fn session(role: Role, key: &Key) -> NetResult<Box<Session>> {
     Session::new(role, key, PROLOGUE)
         .map(Box::new)
         .map_err(|e| NetError::Internal(format!("cannot start an encrypted session: {e}")))
-}
-
-/// A session's failure on an established connection.
-pub fn secure_error(peer: &str, e: SecureError) -> NetError {
-    match e {
-        SecureError::Io(e) => io_error(peer, e),
-        e => NetError::Remote(format!("connection to {peer}: {e}")),
-    }
-}
-
-/// A socket error as the core should see it: the peer going away, or bytes
-/// of it refused, is a remote error, anything else a system one.
-pub fn io_error(peer: &str, e: io::Error) -> NetError {
-    match e.kind() {
-        ErrorKind::UnexpectedEof
-        | ErrorKind::ConnectionReset
-        | ErrorKind::BrokenPipe
-        | ErrorKind::ConnectionAborted
-        | ErrorKind::NotConnected => {
-            NetError::Remote(format!("connection to {peer} closed by peer ({e})"))
-        }
-        // A session's refusal of what arrived (altered, replayed, cut).
-        ErrorKind::InvalidData => NetError::Remote(format!("connection to {peer}: {e}")),
-        _ => NetError::System(format!("connection to {peer}: {e}")),
-    }
 }
 
 fn intro(conn_id: u64, index: u32) -> [u8; INTRO] {

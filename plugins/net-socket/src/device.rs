@@ -5,6 +5,9 @@ use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 use oxccl_netif::{Family, Iface};
 use oxccl_plugin::{NetError, NetProperties, PtrType};
 
+/// Most devices (interfaces) the network exposes.
+pub const MAX_DEVICES: usize = 16;
+
 /// One device per interface (its first address, IPv4 before IPv6), as NCCL.
 pub fn discover(ifname: Option<&str>, family: Family) -> Result<Vec<Iface>, NetError> {
     let mut all = oxccl_netif::find_interfaces(ifname, family, 64)
@@ -15,7 +18,7 @@ pub fn discover(ifname: Option<&str>, family: Family) -> Result<Vec<Iface>, NetE
         seen.push(i.name.clone());
         new
     });
-    all.truncate(crate::MAX_DEVICES);
+    all.truncate(MAX_DEVICES);
     Ok(all)
 }
 

@@ -13,6 +13,11 @@ use std::net::SocketAddr;
 use oxccl_plugin::handle::{Envelope, HandleKind};
 use oxccl_plugin::{NetError, NetHandle};
 
+/// Most data sockets one connection opens (NCCL's `MAX_SOCKETS`).
+pub const MAX_SOCKETS: usize = 64;
+/// Most helper threads per connection (NCCL's `MAX_THREADS`).
+pub const MAX_THREADS: usize = 16;
+
 const KIND: HandleKind = HandleKind {
     magic: 0x4f58_534b, // "OXSK"
     version: 1,
@@ -55,13 +60,13 @@ impl Handle {
             conn_id: e.id,
         };
         // A corrupt handle must not make the connector open thousands of sockets.
-        if h.nthreads as usize > crate::MAX_THREADS || h.nsocks() > crate::MAX_SOCKETS {
+        if h.nthreads as usize > MAX_THREADS || h.nsocks() > MAX_SOCKETS {
             return Err(NetError::InvalidArgument(format!(
                 "socket-network handle asks for {} threads and {} sockets (at most {} and {})",
                 h.nthreads,
                 h.nsocks(),
-                crate::MAX_THREADS,
-                crate::MAX_SOCKETS
+                MAX_THREADS,
+                MAX_SOCKETS
             )));
         }
         Ok(h)

@@ -18,6 +18,7 @@ mod device;
 mod handle;
 mod listen;
 mod request;
+mod stream;
 mod threads;
 
 use std::collections::HashMap;
@@ -33,12 +34,8 @@ use oxccl_secure::Key;
 use crate::connection::Connecting;
 pub use crate::handle::Handle;
 
-/// Most data sockets one connection opens (NCCL's `MAX_SOCKETS`).
-pub const MAX_SOCKETS: usize = 64;
-/// Most helper threads per connection (NCCL's `MAX_THREADS`).
-pub const MAX_THREADS: usize = 16;
-/// Most devices (interfaces) the network exposes.
-pub const MAX_DEVICES: usize = 16;
+pub use crate::device::MAX_DEVICES;
+pub use crate::handle::{MAX_SOCKETS, MAX_THREADS};
 
 /// The socket network: one device per chosen interface.
 pub struct SocketNet {

@@ -21,7 +21,7 @@ use oxccl_secure::session::{DIRECT_FROM, SEAL_BATCH};
 use oxccl_secure::Session;
 use socket2::Socket;
 
-use crate::connection::{io_error, secure_error, Io, Stream, MSG_NOSIGNAL};
+use crate::stream::{io_error, secure_error, Io, Stream, MSG_NOSIGNAL};
 use crate::threads::{sock_event, Job, Progress, Worker};
 
 /// Messages from this size on go to the helper threads; smaller ones ride

@@ -74,7 +74,7 @@ pub fn digest_control_stream(bytes: &[u8], rooms: &[usize]) -> Framing {
     let mut q = crate::request::Queue::new(
         false,
         Arc::from("fuzz peer"),
-        crate::connection::Stream { sock, sess: None },
+        crate::stream::Stream { sock, sess: None },
         crate::request::DataPath::new(Vec::new(), 0),
     );
     let mut bufs: Vec<Vec<u8>> = rooms.iter().map(|&n| vec![0u8; n]).collect();

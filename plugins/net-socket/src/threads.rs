@@ -25,7 +25,7 @@ use oxccl_plugin::ffi::profiler::NCCL_PROFILER_NET_TYPE_SOCK;
 use oxccl_plugin::{NetError, NetEvent, NetProf};
 use socket2::Socket;
 
-use crate::connection::{io_error, Io, Stream, MSG_NOSIGNAL};
+use crate::stream::{io_error, Io, Stream, MSG_NOSIGNAL};
 
 /// Completion state shared by the stripes of one message.
 #[derive(Debug)]

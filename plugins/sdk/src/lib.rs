@@ -9,6 +9,7 @@
 pub mod env;
 pub mod ffi;
 pub mod handle;
+pub mod loader;
 pub mod logger;
 pub mod net;
 pub mod net_prof;

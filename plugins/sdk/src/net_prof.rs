@@ -2,7 +2,7 @@
 //! `ncclProfilerCallback_t`, net v10 and later): the caller of `isend` /
 //! `irecv` passes a profiler handle with each operation, and the network
 //! starts its own events under it (NCCL's socket transport: one per socket
-//! transfer, [`crate::ffi::profiler::net_socket_v1`]), updates and stops
+//! transfer, [`crate::profiler::abi::net_socket_v1`]), updates and stops
 //! them. The profiler plugin receives them as `ncclProfileNetPlugin` events,
 //! children of the proxy step that posted the operation.
 //!

@@ -27,7 +27,7 @@ use oxccl_plugin::ffi::NCCL_SUCCESS;
 use tracing::info;
 
 use crate::error::{Error, Result};
-use crate::plugin::loader::Lib;
+use oxccl_plugin::loader::Lib;
 
 /// Collnet symbols NCCL looks up, newest first.
 pub fn symbols() -> Vec<&'static str> {

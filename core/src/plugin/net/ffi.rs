@@ -19,7 +19,7 @@ use oxccl_plugin::{
     PtrType, RecvComm, Request, SendComm, NET_HANDLE_MAXSIZE,
 };
 
-use crate::plugin::loader::Lib;
+use oxccl_plugin::loader::Lib;
 
 /// Net symbols NCCL has defined, newest first, with the version this
 /// adapter loads them as (`None`: known, not loadable here).
@@ -726,7 +726,7 @@ mod tests {
             PtrType, RecvComm, Request, SendComm,
         };
 
-        use crate::plugin::loader::Lib;
+        use oxccl_plugin::loader::Lib;
 
         /// (call, handle) in call order: the handle regMr made, or the one
         /// deregMr, isend or irecv received (0 for none).

@@ -1,4 +1,4 @@
-//! The network plugin: found as NCCL 2.30 finds it (see `plugin::loader`),
+//! The network plugin: found as NCCL 2.30 finds it (see `oxccl_plugin::loader`),
 //! the newest `ncclNetPlugin_vN` it exports taken (v12 down to v8), and
 //! reached through the C adapter in `ffi` — built-ins as well, so that every
 //! run exercises the ABI. A CollNet vtable exported beside it is `collnet`'s.
@@ -12,7 +12,7 @@ use oxccl_plugin::{BuiltinNet, Net, NetError, NetResult};
 use tracing::{info, warn};
 
 use crate::error::Result;
-use crate::plugin::loader::{self, Lib};
+use oxccl_plugin::loader::{self, Lib};
 
 pub use ffi::{Refusal, SYMBOLS};
 
@@ -21,7 +21,7 @@ pub fn candidates(setting: Option<&str>) -> Vec<String> {
     loader::candidates(loader::NET, setting)
 }
 
-pub use crate::plugin::loader::Outcome;
+pub use oxccl_plugin::loader::Outcome;
 
 /// A network as the process chose it, before any communicator's context:
 /// each communicator takes its own view ([`Network::for_comm`]). There is

@@ -19,7 +19,6 @@
 //! kernels stamp only each channel's start and end, so a phase would be a
 //! guess (NCCL, too, emits none for a kernel that stamps no phases).
 
-mod ffi;
 mod net_events;
 mod proxy_events;
 
@@ -35,15 +34,17 @@ use oxccl_plugin::ffi::profiler::{
 
 use tracing::{info, warn};
 
-use crate::error::{Error, Result};
-use crate::plugin::loader;
+use oxccl_plugin::profiler::load;
 
-pub use ffi::{
+use crate::error::{Error, Result};
+use oxccl_plugin::loader;
+
+pub use load::{
     cname, Codes, Event, Handle, StateArgs, GROUP_API_BITS, PROXY_OP_BITS, PROXY_STEP_BITS, SYMBOLS,
 };
 
-pub use crate::plugin::loader::Outcome;
 pub use net_events::{callback as net_callback, NetParent};
+pub use oxccl_plugin::loader::Outcome;
 pub use proxy_events::{OpDescr, OpEvents, ProxyProfiler};
 
 /// The most channels a plugin is told of. NCCL never runs more than its
@@ -71,7 +72,7 @@ fn refused(lib: &str, found: &[&str], reason: &str) -> String {
 }
 
 /// Finds and checks the profiler library.
-pub fn load(setting: Option<&str>) -> Result<(Option<Arc<ffi::CProfiler>>, Outcome)> {
+pub fn load(setting: Option<&str>) -> Result<(Option<Arc<load::CProfiler>>, Outcome)> {
     let search = loader::open(loader::PROFILER, setting);
     let searched = search.tried.clone();
     let lib = match (search.opened, search.failed.first()) {
@@ -97,7 +98,7 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Arc<ffi::CProfiler>>, Outco
         }
         (None, None) => return Ok((None, Outcome::NotFound { searched })),
     };
-    match ffi::CProfiler::negotiate(&lib) {
+    match load::CProfiler::negotiate(&lib) {
         Ok(p) => {
             let version = format!("v{}", p.version);
             info!(target: "oxccl::init|profiler",
@@ -126,8 +127,8 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Arc<ffi::CProfiler>>, Outco
 }
 
 /// The process's profiler, loaded once.
-pub fn shared(setting: Option<&str>) -> Result<Option<Arc<ffi::CProfiler>>> {
-    static PROFILER: OnceLock<Option<Arc<ffi::CProfiler>>> = OnceLock::new();
+pub fn shared(setting: Option<&str>) -> Result<Option<Arc<load::CProfiler>>> {
+    static PROFILER: OnceLock<Option<Arc<load::CProfiler>>> = OnceLock::new();
     if let Some(p) = PROFILER.get() {
         return Ok(p.clone());
     }
@@ -137,8 +138,8 @@ pub fn shared(setting: Option<&str>) -> Result<Option<Arc<ffi::CProfiler>>> {
 
 /// A profiler bound to one communicator.
 pub struct ProfilerComm {
-    p: Arc<ffi::CProfiler>,
-    ctx: ffi::Ctx,
+    p: Arc<load::CProfiler>,
+    ctx: load::Ctx,
     rank: i32,
     /// The communicator's hash, which descriptors before v4 carry.
     comm_hash: u64,
@@ -150,14 +151,21 @@ pub struct ProfilerComm {
 impl ProfilerComm {
     /// `None` (one WARN line) when `init` fails: NCCL disables the plugin.
     pub fn new(
-        p: Arc<ffi::CProfiler>,
+        p: Arc<load::CProfiler>,
         comm_id: u64,
         comm_name: Option<&str>,
         nranks: usize,
         rank: usize,
         nnodes: usize,
     ) -> Option<ProfilerComm> {
-        match p.init(comm_id, comm_name, nranks, rank, nnodes) {
+        match p.init(
+            crate::plugin::ffi_log::logger(),
+            comm_id,
+            comm_name,
+            nranks,
+            rank,
+            nnodes,
+        ) {
             Ok(ctx) => Some(ProfilerComm {
                 p,
                 ctx,
@@ -176,7 +184,7 @@ impl ProfilerComm {
     /// once per group and decides every event of the group with that
     /// value, as NCCL copies it into each task.
     pub fn mask(&self) -> i32 {
-        ffi::MASK.load(Ordering::Relaxed)
+        load::MASK.load(Ordering::Relaxed)
     }
 
     /// Starts an event if `mask` (from [`ProfilerComm::mask`]) enables it.

@@ -12,7 +12,7 @@ use oxccl_plugin::ffi::tuner::{v2, v3, v4, v5, v6, NCCL_NUM_ALGORITHMS, NCCL_NUM
 use oxccl_plugin::ffi::{Func, NCCL_SUCCESS};
 
 use crate::algo::cost::CostTable;
-use crate::plugin::loader::Lib;
+use oxccl_plugin::loader::Lib;
 
 /// Tuner symbols, newest first, with the version loaded for each.
 pub const SYMBOLS: &[(&str, u32)] = &[

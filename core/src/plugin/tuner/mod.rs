@@ -13,11 +13,11 @@ use tracing::{info, warn};
 use crate::algo::cost::CostTable;
 use crate::algo::Coll;
 use crate::error::{Error, Result};
-use crate::plugin::loader::{self, Lib};
+use oxccl_plugin::loader::{self, Lib};
 
 pub use ffi::SYMBOLS;
 
-pub use crate::plugin::loader::Outcome;
+pub use oxccl_plugin::loader::Outcome;
 
 /// The library names tried for a setting.
 pub fn candidates(setting: Option<&str>) -> Vec<String> {

@@ -6,10 +6,10 @@
 pub mod env;
 pub mod export;
 pub mod export_env;
-pub mod export_profiler;
 pub mod export_tuner;
 pub mod net;
-pub mod profiler;
+/// The profiler's frozen layouts, kept in the profiler's folder.
+pub use crate::profiler::abi as profiler;
 pub mod tuner;
 pub mod types;
 

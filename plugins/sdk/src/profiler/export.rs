@@ -16,8 +16,8 @@ use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
-use super::profiler::*;
-use super::types::*;
+use super::abi::*;
+use crate::ffi::types::*;
 use crate::logger::NcclLogger;
 use crate::plugin_error::{PluginError, PluginResult};
 use crate::profiler::*;
@@ -812,27 +812,25 @@ pub struct ExportedProfiler<T>(pub T);
 // functions, never mutated.
 unsafe impl<T> Sync for ExportedProfiler<T> {}
 
-/// Exports `ncclProfiler_v1` … `ncclProfiler_v7` for a type implementing
+/// Exports every version [`crate::profiler_versions!`] lists
+/// (`ncclProfiler_v1` … `ncclProfiler_v7`) for a type implementing
 /// [`crate::Profiler`].
 #[macro_export]
 macro_rules! export_profiler_plugin {
     ($profiler:ty) => {
-        $crate::export_profiler_plugin!(@one $profiler, ncclProfiler_v1, v1, ProfilerV1, vtable_v1);
-        $crate::export_profiler_plugin!(@one $profiler, ncclProfiler_v2, v2, ProfilerV2, vtable_v2);
-        $crate::export_profiler_plugin!(@one $profiler, ncclProfiler_v3, v3, ProfilerV3, vtable_v3);
-        $crate::export_profiler_plugin!(@one $profiler, ncclProfiler_v4, v4, ProfilerV4, vtable_v4);
-        $crate::export_profiler_plugin!(@one $profiler, ncclProfiler_v5, v5, ProfilerV5, vtable_v5);
-        $crate::export_profiler_plugin!(@one $profiler, ncclProfiler_v6, v6, ProfilerV6, vtable_v6);
-        $crate::export_profiler_plugin!(@one $profiler, ncclProfiler_v7, v7, ProfilerV7, vtable_v7);
+        $crate::profiler_versions!(($crate::export_profiler_plugin) @each $profiler;);
+    };
+    (@each $profiler:ty; $([$n:literal, $sym:ident, $m:ident, $ty:ident, $var:ident, $f:ident])*) => {
+        $($crate::export_profiler_plugin!(@one $profiler, $sym, $m, $ty, $f);)*
     };
     (@one $profiler:ty, $sym:ident, $m:ident, $ty:ident, $f:ident) => {
         #[doc = concat!("NCCL's profiler plugin symbol `", stringify!($sym), "`.")]
         #[no_mangle]
         #[allow(non_upper_case_globals)]
-        pub static $sym: $crate::ffi::export_profiler::ExportedProfiler<
-            $crate::ffi::profiler::$m::$ty,
-        > = $crate::ffi::export_profiler::ExportedProfiler(
-            $crate::ffi::export_profiler::$f::<$profiler>(),
+        pub static $sym: $crate::profiler::export::ExportedProfiler<
+            $crate::profiler::abi::$m::$ty,
+        > = $crate::profiler::export::ExportedProfiler(
+            $crate::profiler::export::$f::<$profiler>(),
         );
     };
 }

@@ -149,10 +149,10 @@ macro_rules! vtable {
         pub struct $name {
             pub name: *const std::os::raw::c_char,
             pub init: Option<$init>,
-            pub start_event: Option<$crate::ffi::profiler::StartEventFn<$descr>>,
-            pub stop_event: Option<$crate::ffi::profiler::StopEventFn>,
-            pub record_event_state: Option<$crate::ffi::profiler::RecordEventStateFn<$args>>,
-            pub finalize: Option<$crate::ffi::profiler::FinalizeFn>,
+            pub start_event: Option<$crate::profiler::abi::StartEventFn<$descr>>,
+            pub stop_event: Option<$crate::profiler::abi::StopEventFn>,
+            pub record_event_state: Option<$crate::profiler::abi::RecordEventStateFn<$args>>,
+            pub finalize: Option<$crate::profiler::abi::FinalizeFn>,
         }
     };
 }

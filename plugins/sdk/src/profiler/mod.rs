@@ -2,16 +2,26 @@
 //! collectives, point-to-point operations, proxy operations and steps,
 //! kernel channels, network plugin events) as start/stop pairs with state
 //! updates in between. Implement [`Profiler`] and export it with
-//! [`crate::export_profiler_plugin!`]; the glue in `ffi::export_profiler`
-//! turns every ABI version's descriptors (v1 to v7) into the one
-//! [`Event`] view below.
+//! [`crate::export_profiler_plugin!`]; the glue in [`export`] turns every
+//! ABI version's descriptors (v1 to v7) into the one [`Event`] view below.
+//!
+//! The whole profiler kind lives in this folder: the frozen C layouts of
+//! each version ([`abi`], also reachable as `ffi::profiler`), the export
+//! adapters ([`export`]) and the loader that drives a profiler library from
+//! the core ([`load`]), both generated from one list of versions
+//! ([`versions`]).
 
 use std::ffi::CStr;
 
 use crate::logger::NcclLogger;
 use crate::plugin_error::PluginResult;
 
-pub use crate::ffi::profiler::{
+pub mod abi;
+pub mod export;
+pub mod load;
+pub mod versions;
+
+pub use abi::{
     NCCL_PROFILE_COLL, NCCL_PROFILE_COLL_API, NCCL_PROFILE_GROUP, NCCL_PROFILE_GROUP_API,
     NCCL_PROFILE_KERNEL_CH, NCCL_PROFILE_KERNEL_LAUNCH, NCCL_PROFILE_KERNEL_PHASE,
     NCCL_PROFILE_NET_PLUGIN, NCCL_PROFILE_P2P, NCCL_PROFILE_P2P_API, NCCL_PROFILE_PROXY_CTRL,
@@ -234,7 +244,7 @@ pub enum StateArgs {
 /// One `recordEventState` call.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StateUpdate {
-    /// `NCCL_PROFILER_*` state value (see `ffi::profiler`).
+    /// `NCCL_PROFILER_*` state value (see [`abi`]).
     pub state: i32,
     pub args: StateArgs,
 }
