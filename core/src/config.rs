@@ -1232,6 +1232,18 @@ pub const NOT_VARIABLES: &[(&str, &str)] = &[
         "NCCL's inspector plugin's, set in its test",
     ),
     (
+        "NCCL_INSPECTOR_DUMP_VERBOSE",
+        "NCCL's inspector plugin's, set in its test",
+    ),
+    (
+        "NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES",
+        "NCCL's inspector plugin's, set in its test",
+    ),
+    (
+        "NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS",
+        "NCCL's inspector plugin's, set in its test",
+    ),
+    (
         "NCCL_PROFILE_PROXY_CTRL_POOL_SIZE",
         "NCCL's example profiler's, set in its test",
     ),
