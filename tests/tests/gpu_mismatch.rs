@@ -114,7 +114,7 @@ fn run_case(name: &str, env: &[(&str, &str)]) {
 fn gpu_mismatched_counts_every_ranks_kernels() {
     run_case(
         "gpu_mismatched_counts_every_ranks_kernels",
-        &[("OXCCL_SHARED_GPU", "kernels")],
+        &[("OXCCL_SHARED_GPU", "kernels"), ("OXCCL_DEVICE_WATCH", "1")],
     );
 }
 

@@ -380,7 +380,8 @@ impl Core {
     /// Starts the watch of a GPU communicator's launched collectives
     /// (nothing on host memory), once the core is shared.
     pub fn start_watch(self: &Arc<Self>) -> Result<()> {
-        if self.device.is_some() && self.watch.get().is_none() {
+        if self.device.is_some() && self.watch.get().is_none() && crate::config::ox::device_watch()?
+        {
             let w = DeviceWatch::start(Arc::downgrade(self), self.rank, self.nranks)?;
             let _ = self.watch.set(w);
         }
