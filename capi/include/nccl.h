@@ -869,7 +869,7 @@ enum ncclResult_t ncclCommQueryProperties(ncclComm_t comm, struct ncclCommProper
 
 /**
  * A device communicator for kernels that communicate by themselves:
- * refused (no symmetric memory windows).
+ * refused (NCCL's device API is not built).
  */
 enum ncclResult_t ncclDevCommCreate(ncclComm_t comm,
                                     const struct ncclDevCommRequirements *reqs,
@@ -893,7 +893,10 @@ enum ncclResult_t ncclGetMultimemDevicePointer(ncclWindow_t window,
                                                void **outPtr);
 
 /**
- * A load/store team peer's address of a window: refused.
+ * A load/store team peer's address of a window: where rank `lsaRank`'s
+ * part is mapped in this process, `offset` bytes in. Windows span one
+ * host, so the load/store team is the communicator and its ranks are the
+ * communicator's.
  */
 enum ncclResult_t ncclGetLsaDevicePointer(ncclWindow_t window,
                                           size_t offset,
@@ -901,7 +904,7 @@ enum ncclResult_t ncclGetLsaDevicePointer(ncclWindow_t window,
                                           void **outPtr);
 
 /**
- * A peer's address of a window: refused.
+ * A peer's address of a window: as ncclGetLsaDevicePointer.
  */
 enum ncclResult_t ncclGetPeerDevicePointer(ncclWindow_t window,
                                            size_t offset,
@@ -973,20 +976,33 @@ enum ncclResult_t ncclCommRegister(ncclComm_t comm, void *buff, size_t size, voi
  */
 enum ncclResult_t ncclCommDeregister(ncclComm_t comm, void *handle);
 
+/**
+ * Collective: every rank registers its buffer; same-host peers map it
+ * (see `oxccl::win`). The handle is the window object's address, kept
+ * alive by the communicator until ncclCommWindowDeregister.
+ */
 enum ncclResult_t ncclCommWindowRegister(ncclComm_t comm,
                                          void *buff,
                                          size_t size,
                                          ncclWindow_t *win,
                                          int winFlags);
 
+/**
+ * Local to the rank, as NCCL's: the peers' buffers are unmapped once the
+ * GPU's queued work is done.
+ */
 enum ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 
 /**
- * oxccl registers no windows (ncclCommWindowRegister refuses), so no
- * window exists to read a pointer from.
+ * The buffer this rank registered as `win`.
  */
 enum ncclResult_t ncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void **outUserPtr);
 
+/**
+ * One-sided: `count` elements from `localbuff` into `peer`'s part of
+ * `peerWin` at `peerWinOffset` bytes, then a signal to `peer`, on
+ * `stream` with no kernel (a copy-engine copy and a stream write).
+ */
 enum ncclResult_t ncclPutSignal(const void *localbuff,
                                 size_t count,
                                 ncclDataType_t datatype,
@@ -999,6 +1015,9 @@ enum ncclResult_t ncclPutSignal(const void *localbuff,
                                 ncclComm_t comm,
                                 cudaStream_t stream);
 
+/**
+ * A signal to `peer` with no data, on `stream` with no kernel.
+ */
 enum ncclResult_t ncclSignal(int peer,
                              int sigIdx,
                              int ctx,
@@ -1006,6 +1025,9 @@ enum ncclResult_t ncclSignal(int peer,
                              ncclComm_t comm,
                              cudaStream_t stream);
 
+/**
+ * The stream's later work waits for the signals each descriptor names.
+ */
 enum ncclResult_t ncclWaitSignal(int nDesc,
                                  struct ncclWaitSignalDesc_t *signalDescs,
                                  ncclComm_t comm,
