@@ -1710,6 +1710,7 @@ mod tests {
             ("OXCCL_HIER", "2"),
             ("OXCCL_PERF_HUGEPAGES", "huge"),
             ("OXCCL_CE_COLL", "sometimes"),
+            ("OXCCL_DEVICE_WATCH", "maybe"),
         ];
         for (name, value) in bad {
             let get = |k: &str| {
