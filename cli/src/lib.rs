@@ -1,6 +1,7 @@
 //! The `oxccl` command's library: the benchmark, the checker, and the local
 //! launcher, shared with the integration tests.
 
+mod bench;
 pub mod check;
 mod hostmem;
 pub mod info;

@@ -11,9 +11,9 @@ use std::time::Instant;
 use oxccl::cuda::{Context, Device, DeviceBuffer, Stream};
 use oxccl::{Comm, CommConfig, DataType, Op, OpKind, RedOp};
 
+use crate::bench::{report, selection, Case, Measured, PerfArgs, Stats};
 use crate::check::Coll;
 use crate::launch::RankEnv;
-use crate::perf::{report, selection, Case, Measured, PerfArgs, Stats};
 
 /// One rank on one GPU.
 struct DevRank {

@@ -1,4 +1,4 @@
-//! The host reduction of the direct path (`exec::mem::reduce_all`): every
+//! The host reduction of the direct path (`mem::reduce_all`): every
 //! rank's chunk of 64 KiB (the direct path's `CHUNK`) combined into one,
 //! as it runs (a pass over the whole result per input, the result staying
 //! in L2), against taking one L1-sized block of the result at a time
@@ -22,7 +22,7 @@ fn stage(pre_a: bool, last: bool) -> Stage {
     }
 }
 
-/// As `exec::mem::reduce_all`.
+/// As `mem::reduce_all`.
 fn passes(r: &Reducer, dst: &mut [u8], inputs: &[&[u8]]) {
     let [a, b, rest @ ..] = inputs else {
         return;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::comm::{check_extent, Comm, Core};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
-use crate::exec::mem::OpBuffers;
+use crate::mem::OpBuffers;
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{ApiEvents, GroupApi, Handle};
 
@@ -614,7 +614,7 @@ impl Comm {
 /// A host-memory communicator's executor reads and writes its buffers with
 /// the CPU: device memory there would be a segfault, so it is refused
 /// naming the argument (NCCL never meets this: it has no host path).
-fn check_host_side(op: &Op, bufs: &crate::exec::mem::OpBuffers) -> Result<()> {
+fn check_host_side(op: &Op, bufs: &crate::mem::OpBuffers) -> Result<()> {
     if op.count == 0 {
         return Ok(());
     }

@@ -16,6 +16,7 @@ pub mod comm;
 pub mod exec;
 pub mod group;
 pub mod log;
+pub mod mem;
 pub mod op;
 pub mod plugin;
 pub mod ras;

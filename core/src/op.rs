@@ -4,7 +4,7 @@
 use crate::algo::{Algo, Coll};
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Result};
-use crate::exec::mem::OpBuffers;
+use crate::mem::OpBuffers;
 
 /// What an operation does, with its root or peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1431,7 +1431,7 @@ mod device_proxy {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use oxccl::exec::reg::{RecvConn, SendConn};
+    use oxccl::mem::reg::{RecvConn, SendConn};
     use oxccl::plugin::profiler::{Handle, ProfilerComm};
     use oxccl::transport::layout::{Layout, Proto};
     use oxccl::transport::proxy::{Areas, ConnSteps, Launch, Link, Proxy};

@@ -51,7 +51,7 @@ use crate::algo::cost::{self, LinkModel};
 use crate::algo::Coll;
 use crate::dtype::RedOp;
 use crate::error::{Error, Result};
-use crate::exec::mem::OpBuffers;
+use crate::mem::OpBuffers;
 use crate::op::{Op, OpKind};
 use crate::plugin::net::collnet::{self as plugin, CollComm, Handle};
 use crate::plugin::profiler::{ApiEvents, Handle as ProfHandle};

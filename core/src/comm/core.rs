@@ -18,8 +18,8 @@ use crate::config::Config;
 use crate::dtype::{DataType, RedOp};
 use crate::error::{Error, Failure, Result};
 use crate::exec::header::OpHeader;
-use crate::exec::mem::OpBuffers;
 use crate::exec::{self, ExecCtx, Lane, ProxyProfiler, Stop, StopReason};
+use crate::mem::OpBuffers;
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{ApiEvents, Event, Handle, ProfilerComm, PROXY_OP_BITS};
 use crate::plugin::tuner::TunerComm;
@@ -1099,7 +1099,7 @@ impl Core {
             let bytes = Reducer::new(DataType::Uint8, RedOp::Sum, 1);
             let src = sb.span(Region::input(0), 0, sb.in_bytes, 1)?;
             let dst = rb.span(Region::output(0), 0, rb.out_bytes, 1)?;
-            crate::exec::mem::produce(&bytes, dst, Some((src, false)), None, false);
+            crate::mem::produce(&bytes, dst, Some((src, false)), None, false);
         }
         // The direct path numbers every message and carries the small ones;
         // the rest go on the rings.

@@ -43,7 +43,7 @@ use tracing::info;
 use crate::cuda::DeviceBuffer;
 use crate::dtype::RedOp;
 use crate::error::{Error, Result};
-use crate::exec::mem::OpBuffers;
+use crate::mem::OpBuffers;
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{ApiEvents, Handle};
 

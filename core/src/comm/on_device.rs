@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::exec::device::{
     Choice, DeviceComm, DeviceConfig, DeviceStop, Oob, ProxyParents, Transports,
 };
-use crate::exec::mem::OpBuffers;
+use crate::mem::OpBuffers;
 use crate::op::{Op, OpKind};
 use crate::plugin::profiler::{Event, Handle, ProfilerComm, ProxyProfiler};
 use crate::plugin::tuner::TunerComm;

@@ -26,8 +26,8 @@ use crate::transport::cma::{PeerMem, Poll, Post, INLINE};
 
 use super::header::{OpHeader, HEADER_BYTES};
 use super::mailbox::{exchange, Counts, Msg};
-use super::mem::{self, OpBuffers, Span};
 use super::{timeout_error, ExecCtx};
+use crate::mem::{self, OpBuffers, Span};
 
 /// Bytes of each input a reduction reads before combining: n of them per
 /// thread stay in its cache while they are combined.

@@ -21,7 +21,7 @@
 use crate::error::{Error, Result};
 use crate::transport::cma::{PeerMem, Poll, Taken};
 
-use super::mem::{self, Span};
+use crate::mem::{self, Span};
 
 /// One send or receive of a group, on this rank's host memory.
 #[derive(Debug, Clone, Copy)]

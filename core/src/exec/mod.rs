@@ -10,7 +10,7 @@
 //! lets sends and receives in any order complete without deadlock.
 //!
 //! Every buffer handed to the network is registered with that connection
-//! first, as the ncclNet ABI requires (see [`reg`]): staging slots once per
+//! first, as the ncclNet ABI requires (see [`crate::mem::reg`]): staging slots once per
 //! connection for as long as both live, the caller's buffers for the
 //! operation.
 
@@ -19,9 +19,7 @@ pub mod extent;
 pub mod header;
 pub mod host_direct;
 pub mod mailbox;
-pub mod mem;
 mod proxy_prof;
-pub mod reg;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -32,13 +30,13 @@ use oxccl_plugin::Request;
 use crate::algo::{Buf, Step};
 use crate::bootstrap::{Bootstrap, PeerCall, PeerProgress};
 use crate::error::{Error, Result};
+use crate::mem::reg::{RecvConn, Scope, SendConn};
+use crate::mem::{self, OpBuffers, Span};
 pub use crate::plugin::profiler::ProxyProfiler;
 use crate::plugin::profiler::{Handle, NetParent, ProfilerComm, ProxyCtrl};
 use crate::reduce::Reducer;
 use header::{OpHeader, HEADER_BYTES};
-use mem::{OpBuffers, Span};
 use proxy_prof::{Proxies, NO_OP};
-use reg::{RecvConn, Scope, SendConn};
 
 /// Staging slots in flight per lane.
 const WINDOW: usize = 4;

@@ -27,7 +27,7 @@ use tracing::info;
 
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
-use crate::exec::reg::{RecvConn, SendConn};
+use crate::mem::reg::{RecvConn, SendConn};
 
 /// Bootstrap tags of connection handles: one per (channel, purpose).
 pub const TAG_CONN: u64 = 1 << 32;

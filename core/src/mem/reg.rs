@@ -9,11 +9,12 @@
 //! A connection carries the registrations made with it ([`Conn`]), so that
 //! they are released with the connection that made them and before it is
 //! closed, whoever drops it.
+#![deny(unsafe_code)]
 
 use oxccl_plugin::{DmaBuf, MrHandle, NetResult, PtrType, RecvComm, SendComm};
 use tracing::warn;
 
-use super::mem::Span;
+use super::Span;
 
 /// How long a registration is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,10 @@
 //! The one place the host executor touches raw memory: user buffers and
-//! staging buffers by address, as the network plugin sees them.
+//! staging buffers by address, as the network plugin sees them, and their
+//! registrations with network connections ([`reg`]). It sits below the
+//! executors, the transports and the operations that all use these types.
 #![allow(unsafe_code)]
+
+pub mod reg;
 
 use crate::algo::{Buf, Region};
 use crate::error::{Error, Result};
