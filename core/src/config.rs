@@ -299,7 +299,7 @@ const NTHREADS: Check<Option<u64>> = Check {
 
 const CE_COLL: Check<Option<String>> = Check {
     expects: "auto, 1 or 0",
-    test: |v| crate::win::ce::mode(v.as_deref()).map(|_| ()),
+    test: |v| ce_coll_mode(v.as_deref()).map(|_| ()),
 };
 
 const CTA_POLICY: Check<Option<String>> = Check {
@@ -1577,6 +1577,32 @@ pub(crate) fn parse_conf(text: &str) -> Vec<(String, String)> {
             )
         })
         .collect()
+}
+
+/// How copy-engine collectives are chosen (`OXCCL_CE_COLL`; see
+/// `win::ce`), parsed here so that the settings table checks it.
+/// What `OXCCL_CE_COLL` asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CeCollMode {
+    /// Where the CTA policy is ZERO.
+    Auto,
+    /// Whenever the buffers allow.
+    Force,
+    /// Never.
+    Never,
+}
+
+/// Parses `OXCCL_CE_COLL`.
+pub fn ce_coll_mode(s: Option<&str>) -> std::result::Result<CeCollMode, String> {
+    match s.map(str::trim).filter(|s| !s.is_empty()) {
+        None => Ok(CeCollMode::Auto),
+        Some(v) => match v.to_ascii_lowercase().as_str() {
+            "auto" => Ok(CeCollMode::Auto),
+            "1" | "force" | "yes" => Ok(CeCollMode::Force),
+            "0" | "never" | "no" => Ok(CeCollMode::Never),
+            _ => Err(format!("{v:?}: auto, 1 or 0")),
+        },
+    }
 }
 
 #[cfg(test)]

@@ -28,29 +28,8 @@ use crate::comm::Comm;
 use crate::cuda::{MemOp, RawStream};
 use crate::error::{Error, Result};
 
-/// What `OXCCL_CE_COLL` asks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Where the CTA policy is ZERO.
-    Auto,
-    /// Whenever the buffers allow.
-    Force,
-    /// Never.
-    Never,
-}
-
-/// Parses `OXCCL_CE_COLL`.
-pub fn mode(s: Option<&str>) -> std::result::Result<Mode, String> {
-    match s.map(str::trim).filter(|s| !s.is_empty()) {
-        None => Ok(Mode::Auto),
-        Some(v) => match v.to_ascii_lowercase().as_str() {
-            "auto" => Ok(Mode::Auto),
-            "1" | "force" | "yes" => Ok(Mode::Force),
-            "0" | "never" | "no" => Ok(Mode::Never),
-            _ => Err(format!("{v:?}: auto, 1 or 0")),
-        },
-    }
-}
+/// `OXCCL_CE_COLL`'s values, parsed where the settings table checks them.
+pub use crate::config::{ce_coll_mode as mode, CeCollMode as Mode};
 
 /// The collectives that run on the copy engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
