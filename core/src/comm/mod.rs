@@ -427,6 +427,13 @@ fn choose_network(
     })
 }
 
+/// Work of a floor above the communicator (memory windows) when it ends,
+/// registered with `inventory` so that this module does not import that
+/// floor: the function gets the communicator and whether it was aborted.
+pub(crate) struct AtEnd(pub fn(&Comm, bool));
+
+oxccl_plugin::inventory::collect!(AtEnd);
+
 impl Comm {
     /// Creates a unique id for a new communicator and starts its root here
     /// (NCCL's `ncclGetUniqueId`).
@@ -1075,7 +1082,9 @@ impl Comm {
     }
 
     fn end(&self, how: &'static str) -> Result<()> {
-        crate::win::release(self, how == "aborted");
+        for hook in oxccl_plugin::inventory::iter::<AtEnd> {
+            (hook.0)(self, how == "aborted");
+        }
         let old = {
             let mut st = self.shared.status.lock().unwrap_or_else(|p| p.into_inner());
             if let Status::Destroyed(was) = *st {

@@ -307,7 +307,7 @@ pub fn holding(comm: &Comm, ptr: u64, bytes: usize) -> Result<Option<Arc<Window>
 /// unmapped once this GPU's queued work is done; where `aborted`, kept
 /// mapped until the process ends instead (an abort never waits, and work
 /// queued on the GPU may still use them).
-pub(crate) fn release(comm: &Comm, aborted: bool) {
+fn release(comm: &Comm, aborted: bool) {
     let Ok(k) = key(comm) else { return };
     let Some(rma) = table().remove(&k) else {
         return;
@@ -317,4 +317,9 @@ pub(crate) fn release(comm: &Comm, aborted: bool) {
     } else {
         let _ = rma.ctx.synchronize();
     }
+}
+
+// The communicator forgets its windows as it ends.
+oxccl_plugin::inventory::submit! {
+    crate::comm::AtEnd(release)
 }
