@@ -311,13 +311,31 @@ pub fn collnet_wins(
     collnet: LinkModel,
     held: impl Into<Held>,
 ) -> bool {
-    let held = held.into();
+    beats_the_rest(
+        Coll::AllReduce,
+        bytes,
+        n,
+        fabric,
+        held.into(),
+        predict_collnet(bytes, ppn, fabric.intra, collnet),
+    )
+}
+
+/// Whether `collnet_s` seconds through the CollNet is no slower than the
+/// best of what NCCL_ALGO leaves for `coll`; never with an algorithm forced.
+fn beats_the_rest(
+    coll: Coll,
+    bytes: usize,
+    n: usize,
+    fabric: Fabric,
+    held: Held,
+    collnet_s: f64,
+) -> bool {
     if held.forced.is_some() {
         return false;
     }
-    let best = choose(Coll::AllReduce, bytes, n, fabric, held);
-    let other = predict(best, Coll::AllReduce, bytes, n, fabric).unwrap_or(f64::INFINITY);
-    predict_collnet(bytes, ppn, fabric.intra, collnet) <= other
+    let best = choose(coll, bytes, n, fabric, held);
+    collnet_s <= predict(best, coll, bytes, n, fabric).unwrap_or(f64::INFINITY)
 }
 
 /// Predicted seconds of an all-gather or reduce-scatter of `bytes` per
@@ -357,13 +375,8 @@ pub fn collnet_gather_wins(
     collnet: LinkModel,
     held: impl Into<Held>,
 ) -> bool {
-    let held = held.into();
-    if held.forced.is_some() {
-        return false;
-    }
-    let best = choose(coll, bytes, n, fabric, held);
-    let other = predict(best, coll, bytes, n, fabric).unwrap_or(f64::INFINITY);
-    predict_collnet_gather(coll, bytes, n, ppn, fabric.intra, collnet) <= other
+    let collnet_s = predict_collnet_gather(coll, bytes, n, ppn, fabric.intra, collnet);
+    beats_the_rest(coll, bytes, n, fabric, held.into(), collnet_s)
 }
 
 /// NCCL's cost table (`collCostTable`): estimated microseconds per
