@@ -3,10 +3,15 @@
 //! Every call returns at once: an operation that cannot complete yet returns
 //! `Ok(None)` and is called again by the core (a `Poll`-like contract, not a
 //! status code). This is what lets one proxy thread drive many connections.
+//!
+//! The loader that drives a library's C vtable through this trait is
+//! [`load`].
 
 use std::fmt;
 
 pub use crate::net_prof::{NetEvent, NetProf};
+
+pub mod load;
 
 /// Size of the opaque connection handle a listener hands to its peer
 /// (NCCL's `NCCL_NET_HANDLE_MAXSIZE`).
