@@ -83,8 +83,8 @@ mod marked {
     use std::sync::{Mutex, OnceLock};
 
     use oxccl_net_socket::SocketNet;
-    use oxccl_plugin::ffi::export::{self, Exported, Provider};
     use oxccl_plugin::ffi::net::{v10, v11, v12, v8, v9};
+    use oxccl_plugin::net::export::{self, Exported, Provider};
     use oxccl_plugin::{
         DmaBuf, ListenComm, MrHandle, Net, NetError, NetHandle, NetProperties, NetResult, PtrType,
         RecvComm, Request, SendComm,

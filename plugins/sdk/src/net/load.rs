@@ -1,7 +1,7 @@
 //! The loader: a library's `ncclNet_vN_t` as the one [`Net`] trait the
 //! core drives.
 //!
-//! Written once against the newest version: [`crate::ffi::net::Abi`]
+//! Written once against the newest version: [`crate::net::abi::Abi`]
 //! presents any version's vtable in v12's shape (each version file converts
 //! its own arguments and fills what it lacks, as NCCL's `net_vN.cc` do), so
 //! nothing here matches on a version. What the host hands every plugin's
@@ -12,9 +12,9 @@ use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 use std::ptr::null_mut;
 
-use crate::ffi::net::{v12, Abi, Same, LOADABLE, MAX_NET_SIZE, NCCL_NET_TRAFFIC_CLASS_UNDEF};
 use crate::ffi::*;
 use crate::loader::Lib;
+use crate::net::abi::{v12, Abi, Same, LOADABLE, MAX_NET_SIZE, NCCL_NET_TRAFFIC_CLASS_UNDEF};
 use crate::{
     DmaBuf, ListenComm, MrHandle, Net, NetError, NetHandle, NetProf, NetProperties, NetResult,
     PtrType, RecvComm, Request, SendComm, NET_HANDLE_MAXSIZE,

@@ -4,13 +4,18 @@
 //! `Ok(None)` and is called again by the core (a `Poll`-like contract, not a
 //! status code). This is what lets one proxy thread drive many connections.
 //!
-//! The loader that drives a library's C vtable through this trait is
-//! [`load`].
+//! The whole net kind lives in this folder: the trait for authors (here),
+//! the frozen C layouts of each `ncclNet_vN` and `ncclCollNet_vN` ([`abi`],
+//! also reachable as `ffi::net`), the export adapters that offer a Rust
+//! [`Net`] through them ([`export`]) and the loader that drives a library's
+//! vtable through this trait for the core ([`load`]).
 
 use std::fmt;
 
 pub use crate::net_prof::{NetEvent, NetProf};
 
+pub mod abi;
+pub mod export;
 pub mod load;
 
 /// Size of the opaque connection handle a listener hands to its peer
