@@ -779,7 +779,7 @@ pub const fn vtable<P: Provider>() -> v12::NetV12 {
 impl<P: Provider> Newest for P {
     const VT: v12::NetV12 = vtable::<P>();
     /// One cell for every provider: they all keep the same context,
-    /// [`CONTEXT`], so sharing it changes nothing.
+    /// `CONTEXT`, so sharing it changes nothing.
     fn context() -> &'static std::sync::atomic::AtomicPtr<c_void> {
         static CTX: std::sync::atomic::AtomicPtr<c_void> =
             std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
@@ -794,7 +794,8 @@ pub struct Exported<T>(pub T);
 // SAFETY: the wrapped vtables point at 'static strings and functions only.
 unsafe impl<T> Sync for Exported<T> {}
 
-/// Exports `ncclNetPlugin_v8` to `ncclNetPlugin_v12` (no collnet symbol:
+/// Exports the versions [`crate::net_versions!`] marks for export
+/// (`ncclNetPlugin_v8` to `ncclNetPlugin_v12`; no collnet symbol:
 /// loaders then run without collnet) for a network made by `$make` (a
 /// `fn() -> NetResult<Box<dyn Net>>`), named `$name` in NCCL's logs. A
 /// third argument `irecv_consumed` exports that entry (see
@@ -821,45 +822,40 @@ macro_rules! export_net_plugin {
                 true
             };)?
         }
-        /// NCCL's net plugin symbol, version 8 (loaded by NCCL 2.19 to 2.30).
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclNetPlugin_v8: $crate::net::export::Exported<$crate::net::abi::v8::NetV8> =
-            $crate::net::export::Exported($crate::net::abi::v8::exported::<__OxcclNetProvider>());
-        /// NCCL's net plugin symbol, version 9 (NCCL 2.24 onwards).
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclNetPlugin_v9: $crate::net::export::Exported<$crate::net::abi::v9::NetV9> =
-            $crate::net::export::Exported($crate::net::abi::v9::exported::<__OxcclNetProvider>());
-        /// NCCL's net plugin symbol, version 10 (loaded by NCCL 2.28 and 2.30).
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclNetPlugin_v10: $crate::net::export::Exported<$crate::net::abi::v10::NetV10> =
-            $crate::net::export::Exported($crate::net::abi::v10::exported::<__OxcclNetProvider>());
-        /// NCCL's net plugin symbol, version 11 (loaded by NCCL 2.28 and 2.30).
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclNetPlugin_v11: $crate::net::export::Exported<$crate::net::abi::v11::NetV11> =
-            $crate::net::export::Exported($crate::net::abi::v11::exported::<__OxcclNetProvider>());
-        /// NCCL's net plugin symbol, version 12 (NCCL 2.30).
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclNetPlugin_v12: $crate::net::export::Exported<$crate::net::abi::v12::NetV12> =
-            $crate::net::export::Exported($crate::net::export::vtable::<__OxcclNetProvider>());
+        $crate::net_versions!(($crate::export_net_plugin) @statics);
+    };
+    (@statics $([$n:literal, $sym:ident, $coll:ident, $m:ident, $ty:ident, $cty:ident,
+        $export:ident, $nccl:literal])*) => {
+        $($crate::export_net_plugin!(@one $n, $sym, $m, $ty, $export, $nccl);)*
         /// The exported vtables by symbol name, as `dlsym` would find them:
         /// lets a loader take a built-in network through the same C ABI as
         /// a library (see [`BuiltinNet::abi`]).
         #[doc(hidden)]
         pub fn __oxccl_net_symbol(name: &str) -> Option<*const ::std::ffi::c_void> {
-            let p: *const ::std::ffi::c_void = match name {
-                "ncclNetPlugin_v8" => ::std::ptr::addr_of!(ncclNetPlugin_v8).cast(),
-                "ncclNetPlugin_v9" => ::std::ptr::addr_of!(ncclNetPlugin_v9).cast(),
-                "ncclNetPlugin_v10" => ::std::ptr::addr_of!(ncclNetPlugin_v10).cast(),
-                "ncclNetPlugin_v11" => ::std::ptr::addr_of!(ncclNetPlugin_v11).cast(),
-                "ncclNetPlugin_v12" => ::std::ptr::addr_of!(ncclNetPlugin_v12).cast(),
-                _ => return None,
-            };
-            Some(p)
+            $($crate::export_net_plugin!(@lookup name, $sym, $export);)*
+            None
+        }
+    };
+    (@one $n:literal, $sym:ident, $m:ident, $ty:ident, newest, $nccl:literal) => {
+        $crate::export_net_plugin!(@static $n, $sym, $m, $ty, $nccl,
+            $crate::net::export::vtable::<__OxcclNetProvider>());
+    };
+    (@one $n:literal, $sym:ident, $m:ident, $ty:ident, older, $nccl:literal) => {
+        $crate::export_net_plugin!(@static $n, $sym, $m, $ty, $nccl,
+            $crate::net::abi::$m::exported::<__OxcclNetProvider>());
+    };
+    (@one $n:literal, $sym:ident, $m:ident, $ty:ident, load, $nccl:literal) => {};
+    (@static $n:literal, $sym:ident, $m:ident, $ty:ident, $nccl:literal, $vt:expr) => {
+        #[doc = concat!("NCCL's net plugin symbol, version ", $n, " (loaded by ", $nccl, ").")]
+        #[no_mangle]
+        #[allow(non_upper_case_globals)]
+        pub static $sym: $crate::net::export::Exported<$crate::net::abi::$m::$ty> =
+            $crate::net::export::Exported($vt);
+    };
+    (@lookup $name:ident, $sym:ident, load) => {};
+    (@lookup $name:ident, $sym:ident, $export:ident) => {
+        if $name == stringify!($sym) {
+            return Some(::std::ptr::addr_of!($sym).cast());
         }
     };
 }

@@ -29,17 +29,16 @@ pub struct Host {
     pub prof: ProfilerCallback,
 }
 
-/// Net symbols NCCL has defined, newest first, with the version this
-/// adapter loads them as (`None`: known, not loadable here).
-pub const SYMBOLS: &[(&str, Option<u32>)] = &[
-    ("ncclNetPlugin_v12", Some(12)),
-    ("ncclNetPlugin_v11", Some(11)),
-    ("ncclNetPlugin_v10", Some(10)),
-    ("ncclNetPlugin_v9", Some(9)),
-    ("ncclNetPlugin_v8", Some(8)),
-    ("ncclNetPlugin_v7", Some(7)),
-    ("ncclNetPlugin_v6", Some(6)),
-];
+/// [`SYMBOLS`] from the one list of versions ([`crate::net_versions!`]).
+macro_rules! symbols {
+    ($([$n:literal, $sym:ident, $coll:ident, $m:ident, $ty:ident, $cty:ident,
+        $export:ident, $nccl:literal])*) => {
+        /// Net symbols NCCL has defined, newest first, with the version this
+        /// adapter loads them as (`None`: known, not loadable here).
+        pub const SYMBOLS: &[(&str, Option<u32>)] = &[$((stringify!($sym), Some($n)),)*];
+    };
+}
+crate::net_versions!((symbols));
 
 /// A v11+ context: one per communicator ([`CPlugin::open`]), as NCCL's
 /// `ncclNetInit` makes, or one shared by a communicator and the splits that
@@ -309,7 +308,7 @@ impl Net for CNet {
 
     /// Asked of the plugin once (a context is alive: this value's, or
     /// before v11 the process's `init` ran), then answered from
-    /// [`CPlugin::devices`]; a failure is not kept, the next call asks again.
+    /// the count its `CPlugin` keeps; a failure is not kept, the next call asks again.
     fn devices(&self) -> NetResult<usize> {
         let mut known = self
             .hold

@@ -8,7 +8,8 @@
 //! the frozen C layouts of each `ncclNet_vN` and `ncclCollNet_vN` ([`abi`],
 //! also reachable as `ffi::net`), the export adapters that offer a Rust
 //! [`Net`] through them ([`export`]) and the loader that drives a library's
-//! vtable through this trait for the core ([`load`]).
+//! vtable through this trait for the core ([`load`]), both generated from
+//! one list of versions ([`versions`]).
 
 use std::fmt;
 
@@ -17,6 +18,7 @@ pub use crate::net_prof::{NetEvent, NetProf};
 pub mod abi;
 pub mod export;
 pub mod load;
+pub mod versions;
 
 /// Size of the opaque connection handle a listener hands to its peer
 /// (NCCL's `NCCL_NET_HANDLE_MAXSIZE`).

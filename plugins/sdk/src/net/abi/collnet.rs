@@ -274,45 +274,22 @@ unsafe fn cast<T: CollAbi>(p: *const c_void) -> &'static dyn CollAbi {
     unsafe { &*(p as *const T) }
 }
 
-/// Every collnet version a loader can take, newest first (NCCL 2.31 looks
-/// up the same names in the same order).
-pub const COLL_LOADABLE: &[CollLoadable] = &[
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v12",
-        version: 12,
-        cast: cast::<super::v12::CollNetV12>,
-    },
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v11",
-        version: 11,
-        cast: cast::<super::v11::CollNetV11>,
-    },
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v10",
-        version: 10,
-        cast: cast::<super::v10::CollNetV10>,
-    },
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v9",
-        version: 9,
-        cast: cast::<super::v9::CollNetV9>,
-    },
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v8",
-        version: 8,
-        cast: cast::<super::v8::CollNetV8>,
-    },
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v7",
-        version: 7,
-        cast: cast::<super::v7::CollNetV7>,
-    },
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v6",
-        version: 6,
-        cast: cast::<super::v6::CollNetV6>,
-    },
-];
+/// [`COLL_LOADABLE`] from the one list of versions.
+macro_rules! coll_loadable {
+    ($([$n:literal, $sym:ident, $coll:ident, $m:ident, $ty:ident, $cty:ident,
+        $export:ident, $nccl:literal])*) => {
+        /// Every collnet version a loader can take, newest first (NCCL 2.31
+        /// looks up the same names in the same order).
+        pub const COLL_LOADABLE: &[CollLoadable] = &[$(
+            CollLoadable {
+                symbol: stringify!($coll),
+                version: $n,
+                cast: cast::<super::$m::$cty>,
+            },
+        )*];
+    };
+}
+crate::net_versions!((coll_loadable));
 
 /// `iallreduce` of v6 to v8 in the newest shape: a count above `INT_MAX`
 /// is refused (the core splits collectives by `maxCollBytes`, which for

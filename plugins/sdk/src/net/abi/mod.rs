@@ -433,44 +433,21 @@ unsafe fn cast<T: Abi>(p: *const c_void) -> &'static dyn Abi {
     unsafe { &*(p as *const T) }
 }
 
-/// Every version a loader can take, newest first.
-pub const LOADABLE: &[Loadable] = &[
-    Loadable {
-        symbol: "ncclNetPlugin_v12",
-        version: 12,
-        cast: cast::<v12::NetV12>,
-    },
-    Loadable {
-        symbol: "ncclNetPlugin_v11",
-        version: 11,
-        cast: cast::<v11::NetV11>,
-    },
-    Loadable {
-        symbol: "ncclNetPlugin_v10",
-        version: 10,
-        cast: cast::<v10::NetV10>,
-    },
-    Loadable {
-        symbol: "ncclNetPlugin_v9",
-        version: 9,
-        cast: cast::<v9::NetV9>,
-    },
-    Loadable {
-        symbol: "ncclNetPlugin_v8",
-        version: 8,
-        cast: cast::<v8::NetV8>,
-    },
-    Loadable {
-        symbol: "ncclNetPlugin_v7",
-        version: 7,
-        cast: cast::<v7::NetV7>,
-    },
-    Loadable {
-        symbol: "ncclNetPlugin_v6",
-        version: 6,
-        cast: cast::<v6::NetV6>,
-    },
-];
+/// [`LOADABLE`] from the one list of versions.
+macro_rules! loadable {
+    ($([$n:literal, $sym:ident, $coll:ident, $m:ident, $ty:ident, $cty:ident,
+        $export:ident, $nccl:literal])*) => {
+        /// Every version a loader can take, newest first.
+        pub const LOADABLE: &[Loadable] = &[$(
+            Loadable {
+                symbol: stringify!($sym),
+                version: $n,
+                cast: cast::<$m::$ty>,
+            },
+        )*];
+    };
+}
+crate::net_versions!((loadable));
 
 /// A v12 vtable offered under older versions too: each `vN::exported::<N>()`
 /// builds an `ncclNet_vN_t` whose entries convert their arguments and call
