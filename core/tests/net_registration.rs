@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use oxccl::{Comm, CommConfig, DataType, Group, RedOp};
 use oxccl_net_socket::SocketNet;
-use oxccl_plugin::ffi::export::{vtable, Exported, Provider};
 use oxccl_plugin::ffi::net::v12::NetV12;
+use oxccl_plugin::net::export::{vtable, Exported, Provider};
 use oxccl_plugin::{
     BuiltinNet, ListenComm, MrHandle, Net, NetError, NetHandle, NetProperties, NetResult, PtrType,
     RecvComm, Request, SendComm,

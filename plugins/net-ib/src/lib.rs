@@ -29,7 +29,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use oxccl_plugin::ffi::{export::log, NCCL_LOG_INFO, NCCL_LOG_WARN};
+use oxccl_plugin::ffi::{NCCL_LOG_INFO, NCCL_LOG_WARN};
+use oxccl_plugin::net::export::log;
 use oxccl_plugin::{ListenComm, Net, NetError, NetHandle, NetProperties, NetResult, SendComm};
 use socket2::{Domain, Protocol, Socket, Type};
 

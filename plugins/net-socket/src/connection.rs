@@ -50,7 +50,7 @@ const PROLOGUE: &[u8] = b"oxccl net-socket v1";
 /// gave at `init`, as NCCL's socket transport logs ("NET/Socket : ..."),
 /// else to stderr in NCCL's line form.
 pub fn warn(msg: &str) {
-    oxccl_plugin::ffi::export::log(
+    oxccl_plugin::net::export::log(
         oxccl_plugin::ffi::NCCL_LOG_WARN,
         &format!("NET/Socket : {msg}"),
     );

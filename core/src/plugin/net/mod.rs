@@ -1,10 +1,12 @@
 //! The network plugin: found as NCCL 2.30 finds it (see `oxccl_plugin::loader`),
 //! the newest `ncclNetPlugin_vN` it exports taken (v12 down to v8), and
-//! reached through the C adapter in `ffi` — built-ins as well, so that every
-//! run exercises the ABI. A CollNet vtable exported beside it is `collnet`'s.
+//! reached through the SDK's C loader ([`oxccl_plugin::net::load`]) —
+//! built-ins as well, so that every run exercises the ABI. A CollNet vtable
+//! exported beside it is `collnet`'s.
 
 pub mod collnet;
-mod ffi;
+#[cfg(test)]
+mod load_tests;
 
 use std::sync::Arc;
 
@@ -13,8 +15,19 @@ use tracing::{info, warn};
 
 use crate::error::Result;
 use oxccl_plugin::loader::{self, Lib};
+use oxccl_plugin::net::load::{self as ffi, Host};
 
 pub use ffi::{Refusal, SYMBOLS};
+
+/// What the core gives every net plugin's `init`: its logger, and the
+/// profiler callback through which events the plugin reports under an
+/// operation's handle reach the profiler (as NCCL gives it).
+pub(crate) fn host() -> Host {
+    Host {
+        log: crate::plugin::ffi_log::logger(),
+        prof: Some(crate::plugin::profiler::net_callback as _),
+    }
+}
 
 /// The library names tried for a setting, in order; none for `none`.
 pub fn candidates(setting: Option<&str>) -> Vec<String> {
@@ -133,7 +146,7 @@ pub fn load(setting: Option<&str>) -> Result<(Option<Network>, Outcome)> {
         return Ok((None, Outcome::NotFound { searched }));
     };
     collnet::note(&lib);
-    match ffi::CPlugin::negotiate(&lib) {
+    match ffi::CPlugin::negotiate(&lib, host()) {
         Ok(net) => {
             let version = net.version();
             info!(target: "oxccl::init|net",
@@ -184,7 +197,7 @@ pub fn builtin(b: &BuiltinNet) -> NetResult<Network> {
         name: b.name,
         symbols,
     };
-    match ffi::CPlugin::negotiate(&lib) {
+    match ffi::CPlugin::negotiate(&lib, host()) {
         Ok(net) => {
             tracing::debug!(target: "oxccl::net",
                 "built-in network {} through ncclNetPlugin_{}", b.name, net.version());
@@ -215,10 +228,13 @@ pub fn builtin_abis() -> Vec<(&'static str, String)> {
         .map(|b| {
             let abi = match b.abi {
                 None => "native (no C vtable exported)".to_string(),
-                Some(symbols) => match ffi::CPlugin::negotiate(&Lib::Builtin {
-                    name: b.name,
-                    symbols,
-                }) {
+                Some(symbols) => match ffi::CPlugin::negotiate(
+                    &Lib::Builtin {
+                        name: b.name,
+                        symbols,
+                    },
+                    host(),
+                ) {
                     Ok(n) => format!("ncclNetPlugin_{}", n.version()),
                     Err(r) => format!("unusable: {}", r.reason),
                 },
@@ -280,7 +296,7 @@ mod tests {
             name: b.name,
             symbols: b.abi.expect("exported"),
         };
-        let net = ffi::CPlugin::negotiate(&lib).unwrap();
+        let net = ffi::CPlugin::negotiate(&lib, host()).unwrap();
         assert_eq!(net.version(), "v12");
         assert_eq!(net.name(), "oxccl-Socket");
         assert_eq!(builtin(b).unwrap().name(), "Socket");

@@ -1,13 +1,14 @@
 //! NCCL's plugin C ABI: one frozen file per interface version (as NCCL
 //! keeps `net_v8.h` …; `net/`, `tuner/`, `profiler/`, `env`), the scalars they
-//! share (`types`), and the glue that exports a Rust [`crate::Net`] through
-//! it (`export`), so the same plugin loads into NCCL and oxccl.
+//! share (`types`), and the glue that exports the tuner and env kinds
+//! through it; the net's and the profiler's live in their own folders
+//! ([`crate::net`], [`crate::profiler`]).
 
 pub mod env;
-pub mod export;
 pub mod export_env;
 pub mod export_tuner;
-pub mod net;
+/// The net's frozen layouts, kept in the net's folder.
+pub use crate::net::abi as net;
 /// The profiler's frozen layouts, kept in the profiler's folder.
 pub use crate::profiler::abi as profiler;
 pub mod tuner;

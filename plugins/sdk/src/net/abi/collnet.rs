@@ -274,45 +274,22 @@ unsafe fn cast<T: CollAbi>(p: *const c_void) -> &'static dyn CollAbi {
     unsafe { &*(p as *const T) }
 }
 
-/// Every collnet version a loader can take, newest first (NCCL 2.31 looks
-/// up the same names in the same order).
-pub const COLL_LOADABLE: &[CollLoadable] = &[
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v12",
-        version: 12,
-        cast: cast::<super::v12::CollNetV12>,
-    },
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v11",
-        version: 11,
-        cast: cast::<super::v11::CollNetV11>,
-    },
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v10",
-        version: 10,
-        cast: cast::<super::v10::CollNetV10>,
-    },
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v9",
-        version: 9,
-        cast: cast::<super::v9::CollNetV9>,
-    },
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v8",
-        version: 8,
-        cast: cast::<super::v8::CollNetV8>,
-    },
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v7",
-        version: 7,
-        cast: cast::<super::v7::CollNetV7>,
-    },
-    CollLoadable {
-        symbol: "ncclCollNetPlugin_v6",
-        version: 6,
-        cast: cast::<super::v6::CollNetV6>,
-    },
-];
+/// [`COLL_LOADABLE`] from the one list of versions.
+macro_rules! coll_loadable {
+    ($([$n:literal, $sym:ident, $coll:ident, $m:ident, $ty:ident, $cty:ident,
+        $export:ident, $nccl:literal])*) => {
+        /// Every collnet version a loader can take, newest first (NCCL 2.31
+        /// looks up the same names in the same order).
+        pub const COLL_LOADABLE: &[CollLoadable] = &[$(
+            CollLoadable {
+                symbol: stringify!($coll),
+                version: $n,
+                cast: cast::<super::$m::$cty>,
+            },
+        )*];
+    };
+}
+crate::net_versions!((coll_loadable));
 
 /// `iallreduce` of v6 to v8 in the newest shape: a count above `INT_MAX`
 /// is refused (the core splits collectives by `maxCollBytes`, which for
@@ -382,7 +359,7 @@ macro_rules! coll_common {
             .collect()
         }
         unsafe fn devices(&self, ndev: *mut c_int) -> NcclResult {
-            $crate::ffi::net::call!(self.devices, ndev)
+            $crate::net::abi::call!(self.devices, ndev)
         }
         unsafe fn connect(
             &self,
@@ -392,7 +369,7 @@ macro_rules! coll_common {
             listen_comm: *mut c_void,
             coll_comm: *mut *mut c_void,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.connect, handles, nranks, rank, listen_comm, coll_comm)
+            $crate::net::abi::call!(self.connect, handles, nranks, rank, listen_comm, coll_comm)
         }
         unsafe fn reduce_support(
             &self,
@@ -400,10 +377,10 @@ macro_rules! coll_common {
             red_op: RedOp,
             supported: *mut c_int,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.reduce_support, data_type, red_op, supported)
+            $crate::net::abi::call!(self.reduce_support, data_type, red_op, supported)
         }
         unsafe fn dereg_mr(&self, coll_comm: *mut c_void, mhandle: *mut c_void) -> NcclResult {
-            $crate::ffi::net::call!(self.dereg_mr, coll_comm, mhandle)
+            $crate::net::abi::call!(self.dereg_mr, coll_comm, mhandle)
         }
         unsafe fn test(
             &self,
@@ -411,13 +388,13 @@ macro_rules! coll_common {
             done: *mut c_int,
             size: *mut c_int,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.test, request, done, size)
+            $crate::net::abi::call!(self.test, request, done, size)
         }
         unsafe fn close_coll(&self, coll_comm: *mut c_void) -> NcclResult {
-            $crate::ffi::net::call!(self.close_coll, coll_comm)
+            $crate::net::abi::call!(self.close_coll, coll_comm)
         }
         unsafe fn close_listen(&self, listen_comm: *mut c_void) -> NcclResult {
-            $crate::ffi::net::call!(self.close_listen, listen_comm)
+            $crate::net::abi::call!(self.close_listen, listen_comm)
         }
     };
 }
@@ -428,7 +405,7 @@ pub(crate) use coll_common;
 macro_rules! coll_no_ctx {
     () => {
         unsafe fn init(&self, _ctx: *mut *mut c_void, _comm_id: u64, log: Logger) -> NcclResult {
-            $crate::ffi::net::call!(self.init, log)
+            $crate::net::abi::call!(self.init, log)
         }
         unsafe fn listen(
             &self,
@@ -437,7 +414,7 @@ macro_rules! coll_no_ctx {
             handle: *mut c_void,
             listen_comm: *mut *mut c_void,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.listen, dev, handle, listen_comm)
+            $crate::net::abi::call!(self.listen, dev, handle, listen_comm)
         }
         unsafe fn finalize(&self, _ctx: *mut c_void) -> NcclResult {
             $crate::ffi::types::NCCL_SUCCESS
@@ -451,7 +428,7 @@ pub(crate) use coll_no_ctx;
 macro_rules! coll_ctx {
     () => {
         unsafe fn init(&self, ctx: *mut *mut c_void, comm_id: u64, log: Logger) -> NcclResult {
-            $crate::ffi::net::call!(self.init, ctx, comm_id, log)
+            $crate::net::abi::call!(self.init, ctx, comm_id, log)
         }
         unsafe fn listen(
             &self,
@@ -460,10 +437,10 @@ macro_rules! coll_ctx {
             handle: *mut c_void,
             listen_comm: *mut *mut c_void,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.listen, ctx, dev, handle, listen_comm)
+            $crate::net::abi::call!(self.listen, ctx, dev, handle, listen_comm)
         }
         unsafe fn finalize(&self, ctx: *mut c_void) -> NcclResult {
-            $crate::ffi::net::call!(self.finalize, ctx)
+            $crate::net::abi::call!(self.finalize, ctx)
         }
     };
 }
@@ -481,7 +458,7 @@ macro_rules! coll_reg_mr {
             ty: c_int,
             mhandle: *mut *mut c_void,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.reg_mr, coll_comm, data, size, ty, mhandle)
+            $crate::net::abi::call!(self.reg_mr, coll_comm, data, size, ty, mhandle)
         }
     };
 }
@@ -504,7 +481,7 @@ macro_rules! coll_iallreduce {
         ) -> NcclResult {
             // SAFETY: forwarded.
             unsafe {
-                $crate::ffi::net::collnet::iallreduce_int(
+                $crate::net::abi::collnet::iallreduce_int(
                     self.iallreduce,
                     coll_comm,
                     send_data,
@@ -532,7 +509,7 @@ macro_rules! coll_iallreduce {
             recv_mhandle: *mut c_void,
             request: *mut *mut c_void,
         ) -> NcclResult {
-            $crate::ffi::net::call!(
+            $crate::net::abi::call!(
                 self.iallreduce,
                 coll_comm,
                 send_data,
@@ -562,20 +539,20 @@ macro_rules! coll_gathers {
             coll_comm: *mut c_void,
             send_data: *mut c_void,
             n_recv_parts: c_int,
-            recv_parts: *mut $crate::ffi::net::v12::SgeV12,
+            recv_parts: *mut $crate::net::abi::v12::SgeV12,
             bytes_per_rank: usize,
             window_offset: usize,
             window_bytes: usize,
             send_mhandle: *mut c_void,
             request: *mut *mut c_void,
         ) -> NcclResult {
-            use $crate::ffi::net::collnet::$conv as conv;
+            use $crate::net::abi::collnet::$conv as conv;
             // SAFETY: the caller's `n_recv_parts` pieces.
             let parts = unsafe { conv::<$sge>(recv_parts, n_recv_parts) };
             let Some(mut parts) = parts else {
                 return $crate::ffi::types::NCCL_INTERNAL_ERROR;
             };
-            $crate::ffi::net::call!(
+            $crate::net::abi::call!(
                 self.iallgather,
                 coll_comm,
                 send_data,
@@ -592,7 +569,7 @@ macro_rules! coll_gathers {
             &self,
             coll_comm: *mut c_void,
             n_send_parts: c_int,
-            send_parts: *mut $crate::ffi::net::v12::SgeV12,
+            send_parts: *mut $crate::net::abi::v12::SgeV12,
             recv_data: *mut c_void,
             bytes_per_rank: usize,
             window_offset: usize,
@@ -602,13 +579,13 @@ macro_rules! coll_gathers {
             recv_mhandle: *mut c_void,
             request: *mut *mut c_void,
         ) -> NcclResult {
-            use $crate::ffi::net::collnet::$conv as conv;
+            use $crate::net::abi::collnet::$conv as conv;
             // SAFETY: the caller's `n_send_parts` pieces.
             let parts = unsafe { conv::<$sge>(send_parts, n_send_parts) };
             let Some(mut parts) = parts else {
                 return $crate::ffi::types::NCCL_INTERNAL_ERROR;
             };
-            $crate::ffi::net::call!(
+            $crate::net::abi::call!(
                 self.ireducescatter,
                 coll_comm,
                 n_send_parts,

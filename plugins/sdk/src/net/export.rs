@@ -3,7 +3,7 @@
 //! [`Provider`]: null checks, panics caught at the boundary, errors turned
 //! into `ncclResult_t` and a WARN line through NCCL's logger. The older
 //! versions are that vtable converted by their own files
-//! (`net::vN::exported`). A plugin writes one line:
+//! (`abi::vN::exported`). A plugin writes one line:
 //! [`crate::export_net_plugin!`].
 #![allow(unsafe_code)]
 
@@ -13,9 +13,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use super::net::v12::{self, PropertiesV12, VDevicePropsV12};
-use super::net::{DeviceHandle, Newest, INIT_AS, MAX_COLLNET_SIZE, NCCL_NET_ID_UNDEF};
-use super::*;
+use super::abi::v12::{self, PropertiesV12, VDevicePropsV12};
+use super::abi::{DeviceHandle, Newest, INIT_AS, MAX_COLLNET_SIZE, NCCL_NET_ID_UNDEF};
+use crate::ffi::*;
 use crate::{
     DmaBuf, ListenComm, MrHandle, Net, NetError, NetProperties, NetResult, PtrType, RecvComm,
     Request, SendComm, NET_HANDLE_MAXSIZE,
@@ -61,7 +61,7 @@ fn net_prof(phandle: *mut c_void) -> Option<crate::NetProf> {
     }
     // SAFETY: PROF_CB only ever holds a non-null `ncclProfilerCallback_t`
     // given to init, stored as an integer.
-    let cb: super::types::ProfilerCallback = unsafe { std::mem::transmute(f) };
+    let cb: crate::ffi::types::ProfilerCallback = unsafe { std::mem::transmute(f) };
     // SAFETY: the callback as given; the handle the caller passed with this
     // operation, valid while its request is (the ABI's contract).
     unsafe { crate::NetProf::new(cb, phandle) }
@@ -273,7 +273,7 @@ unsafe extern "C" fn get_properties<P: Provider>(dev: c_int, props: *mut Propert
             vprops: VDevicePropsV12 { ndevs: 1, devs },
             max_p2p_bytes: p
                 .max_p2p_bytes
-                .clamp(1, super::net::NCCL_MAX_NET_SIZE_BYTES),
+                .clamp(1, super::abi::NCCL_MAX_NET_SIZE_BYTES),
             max_coll_bytes: MAX_COLLNET_SIZE,
             max_multi_request_size: 1,
             rail_id: NCCL_NET_ID_UNDEF,
@@ -779,7 +779,7 @@ pub const fn vtable<P: Provider>() -> v12::NetV12 {
 impl<P: Provider> Newest for P {
     const VT: v12::NetV12 = vtable::<P>();
     /// One cell for every provider: they all keep the same context,
-    /// [`CONTEXT`], so sharing it changes nothing.
+    /// `CONTEXT`, so sharing it changes nothing.
     fn context() -> &'static std::sync::atomic::AtomicPtr<c_void> {
         static CTX: std::sync::atomic::AtomicPtr<c_void> =
             std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
@@ -794,7 +794,8 @@ pub struct Exported<T>(pub T);
 // SAFETY: the wrapped vtables point at 'static strings and functions only.
 unsafe impl<T> Sync for Exported<T> {}
 
-/// Exports `ncclNetPlugin_v8` to `ncclNetPlugin_v12` (no collnet symbol:
+/// Exports the versions [`crate::net_versions!`] marks for export
+/// (`ncclNetPlugin_v8` to `ncclNetPlugin_v12`; no collnet symbol:
 /// loaders then run without collnet) for a network made by `$make` (a
 /// `fn() -> NetResult<Box<dyn Net>>`), named `$name` in NCCL's logs. A
 /// third argument `irecv_consumed` exports that entry (see
@@ -804,7 +805,7 @@ macro_rules! export_net_plugin {
     ($name:literal, $make:path $(, $consumed:ident)?) => {
         #[doc(hidden)]
         pub struct __OxcclNetProvider;
-        impl $crate::ffi::export::Provider for __OxcclNetProvider {
+        impl $crate::net::export::Provider for __OxcclNetProvider {
             fn cell(
             ) -> &'static ::std::sync::OnceLock<Result<Box<dyn $crate::Net>, $crate::NetError>>
             {
@@ -821,49 +822,44 @@ macro_rules! export_net_plugin {
                 true
             };)?
         }
-        /// NCCL's net plugin symbol, version 8 (loaded by NCCL 2.19 to 2.30).
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclNetPlugin_v8: $crate::ffi::export::Exported<$crate::ffi::net::v8::NetV8> =
-            $crate::ffi::export::Exported($crate::ffi::net::v8::exported::<__OxcclNetProvider>());
-        /// NCCL's net plugin symbol, version 9 (NCCL 2.24 onwards).
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclNetPlugin_v9: $crate::ffi::export::Exported<$crate::ffi::net::v9::NetV9> =
-            $crate::ffi::export::Exported($crate::ffi::net::v9::exported::<__OxcclNetProvider>());
-        /// NCCL's net plugin symbol, version 10 (loaded by NCCL 2.28 and 2.30).
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclNetPlugin_v10: $crate::ffi::export::Exported<$crate::ffi::net::v10::NetV10> =
-            $crate::ffi::export::Exported($crate::ffi::net::v10::exported::<__OxcclNetProvider>());
-        /// NCCL's net plugin symbol, version 11 (loaded by NCCL 2.28 and 2.30).
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclNetPlugin_v11: $crate::ffi::export::Exported<$crate::ffi::net::v11::NetV11> =
-            $crate::ffi::export::Exported($crate::ffi::net::v11::exported::<__OxcclNetProvider>());
-        /// NCCL's net plugin symbol, version 12 (NCCL 2.30).
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclNetPlugin_v12: $crate::ffi::export::Exported<$crate::ffi::net::v12::NetV12> =
-            $crate::ffi::export::Exported($crate::ffi::export::vtable::<__OxcclNetProvider>());
+        $crate::net_versions!(($crate::export_net_plugin) @statics);
+    };
+    (@statics $([$n:literal, $sym:ident, $coll:ident, $m:ident, $ty:ident, $cty:ident,
+        $export:ident, $nccl:literal])*) => {
+        $($crate::export_net_plugin!(@one $n, $sym, $m, $ty, $export, $nccl);)*
         /// The exported vtables by symbol name, as `dlsym` would find them:
         /// lets a loader take a built-in network through the same C ABI as
         /// a library (see [`BuiltinNet::abi`]).
         #[doc(hidden)]
         pub fn __oxccl_net_symbol(name: &str) -> Option<*const ::std::ffi::c_void> {
-            let p: *const ::std::ffi::c_void = match name {
-                "ncclNetPlugin_v8" => ::std::ptr::addr_of!(ncclNetPlugin_v8).cast(),
-                "ncclNetPlugin_v9" => ::std::ptr::addr_of!(ncclNetPlugin_v9).cast(),
-                "ncclNetPlugin_v10" => ::std::ptr::addr_of!(ncclNetPlugin_v10).cast(),
-                "ncclNetPlugin_v11" => ::std::ptr::addr_of!(ncclNetPlugin_v11).cast(),
-                "ncclNetPlugin_v12" => ::std::ptr::addr_of!(ncclNetPlugin_v12).cast(),
-                _ => return None,
-            };
-            Some(p)
+            $($crate::export_net_plugin!(@lookup name, $sym, $export);)*
+            None
+        }
+    };
+    (@one $n:literal, $sym:ident, $m:ident, $ty:ident, newest, $nccl:literal) => {
+        $crate::export_net_plugin!(@static $n, $sym, $m, $ty, $nccl,
+            $crate::net::export::vtable::<__OxcclNetProvider>());
+    };
+    (@one $n:literal, $sym:ident, $m:ident, $ty:ident, older, $nccl:literal) => {
+        $crate::export_net_plugin!(@static $n, $sym, $m, $ty, $nccl,
+            $crate::net::abi::$m::exported::<__OxcclNetProvider>());
+    };
+    (@one $n:literal, $sym:ident, $m:ident, $ty:ident, load, $nccl:literal) => {};
+    (@static $n:literal, $sym:ident, $m:ident, $ty:ident, $nccl:literal, $vt:expr) => {
+        #[doc = concat!("NCCL's net plugin symbol, version ", $n, " (loaded by ", $nccl, ").")]
+        #[no_mangle]
+        #[allow(non_upper_case_globals)]
+        pub static $sym: $crate::net::export::Exported<$crate::net::abi::$m::$ty> =
+            $crate::net::export::Exported($vt);
+    };
+    (@lookup $name:ident, $sym:ident, load) => {};
+    (@lookup $name:ident, $sym:ident, $export:ident) => {
+        if $name == stringify!($sym) {
+            return Some(::std::ptr::addr_of!($sym).cast());
         }
     };
 }
 
 #[cfg(test)]
-#[path = "export_net_tests.rs"]
+#[path = "export_tests.rs"]
 mod tests;

@@ -8,7 +8,7 @@
 //!   vtable called in v12's shape, filling what the version lacks as NCCL's
 //!   `net_vN.cc` do) and `exported::<N>()` (a v12 vtable [`Newest`] offered
 //!   as a `vN` one, for NCCLs that load that version).
-//! - Loading (the core's adapter) and exporting (`ffi::export`) are written
+//! - Loading ([`crate::net::load`]) and exporting ([`crate::net::export`]) are written
 //!   once, against v12.
 //!
 //! A library exports a vtable under [`v10::SYMBOL`] (`ncclNetPlugin_v10`) and
@@ -129,7 +129,7 @@ macro_rules! call {
         match $f {
             // SAFETY: the caller's contract is the entry's (see `Abi`).
             Some(f) => unsafe { f($($arg),*) },
-            None => $crate::ffi::net::NULL_ENTRY,
+            None => $crate::net::abi::NULL_ENTRY,
         }
     };
 }
@@ -257,7 +257,7 @@ pub struct Same {
 /// [`Same`] of a vtable that has every one of its fields.
 macro_rules! same {
     ($v:expr) => {
-        $crate::ffi::net::Same {
+        $crate::net::abi::Same {
             devices: $v.devices,
             reg_mr_dma_buf: $v.reg_mr_dma_buf,
             dereg_mr: $v.dereg_mr,
@@ -433,44 +433,21 @@ unsafe fn cast<T: Abi>(p: *const c_void) -> &'static dyn Abi {
     unsafe { &*(p as *const T) }
 }
 
-/// Every version a loader can take, newest first.
-pub const LOADABLE: &[Loadable] = &[
-    Loadable {
-        symbol: "ncclNetPlugin_v12",
-        version: 12,
-        cast: cast::<v12::NetV12>,
-    },
-    Loadable {
-        symbol: "ncclNetPlugin_v11",
-        version: 11,
-        cast: cast::<v11::NetV11>,
-    },
-    Loadable {
-        symbol: "ncclNetPlugin_v10",
-        version: 10,
-        cast: cast::<v10::NetV10>,
-    },
-    Loadable {
-        symbol: "ncclNetPlugin_v9",
-        version: 9,
-        cast: cast::<v9::NetV9>,
-    },
-    Loadable {
-        symbol: "ncclNetPlugin_v8",
-        version: 8,
-        cast: cast::<v8::NetV8>,
-    },
-    Loadable {
-        symbol: "ncclNetPlugin_v7",
-        version: 7,
-        cast: cast::<v7::NetV7>,
-    },
-    Loadable {
-        symbol: "ncclNetPlugin_v6",
-        version: 6,
-        cast: cast::<v6::NetV6>,
-    },
-];
+/// [`LOADABLE`] from the one list of versions.
+macro_rules! loadable {
+    ($([$n:literal, $sym:ident, $coll:ident, $m:ident, $ty:ident, $cty:ident,
+        $export:ident, $nccl:literal])*) => {
+        /// Every version a loader can take, newest first.
+        pub const LOADABLE: &[Loadable] = &[$(
+            Loadable {
+                symbol: stringify!($sym),
+                version: $n,
+                cast: cast::<$m::$ty>,
+            },
+        )*];
+    };
+}
+crate::net_versions!((loadable));
 
 /// A v12 vtable offered under older versions too: each `vN::exported::<N>()`
 /// builds an `ncclNet_vN_t` whose entries convert their arguments and call
@@ -669,17 +646,17 @@ pub(crate) unsafe fn irecv_int(
 /// [`Abi`] methods for entries a version types as the newest does: each
 /// calls the entry of its name with its arguments unchanged.
 macro_rules! as_newest {
-    ($($entry:ident),* $(,)?) => { $($crate::ffi::net::as_newest!(@ $entry);)* };
+    ($($entry:ident),* $(,)?) => { $($crate::net::abi::as_newest!(@ $entry);)* };
     (@ init) => {
         unsafe fn init(
             &self,
             ctx: *mut *mut c_void,
             comm_id: u64,
-            config: *mut $crate::ffi::net::v12::CommConfigV12,
+            config: *mut $crate::net::abi::v12::CommConfigV12,
             log: $crate::ffi::types::Logger,
             prof: $crate::ffi::types::ProfilerCallback,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.init, ctx, comm_id, config, log, prof)
+            $crate::net::abi::call!(self.init, ctx, comm_id, config, log, prof)
         }
     };
     (@ listen) => {
@@ -690,7 +667,7 @@ macro_rules! as_newest {
             handle: *mut c_void,
             listen_comm: *mut *mut c_void,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.listen, ctx, dev, handle, listen_comm)
+            $crate::net::abi::call!(self.listen, ctx, dev, handle, listen_comm)
         }
     };
     (@ connect) => {
@@ -700,9 +677,9 @@ macro_rules! as_newest {
             dev: c_int,
             handle: *mut c_void,
             send_comm: *mut *mut c_void,
-            send_dev_comm: *mut *mut $crate::ffi::net::DeviceHandle,
+            send_dev_comm: *mut *mut $crate::net::abi::DeviceHandle,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.connect, ctx, dev, handle, send_comm, send_dev_comm)
+            $crate::net::abi::call!(self.connect, ctx, dev, handle, send_comm, send_dev_comm)
         }
     };
     (@ accept) => {
@@ -710,9 +687,9 @@ macro_rules! as_newest {
             &self,
             listen_comm: *mut c_void,
             recv_comm: *mut *mut c_void,
-            recv_dev_comm: *mut *mut $crate::ffi::net::DeviceHandle,
+            recv_dev_comm: *mut *mut $crate::net::abi::DeviceHandle,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.accept, listen_comm, recv_comm, recv_dev_comm)
+            $crate::net::abi::call!(self.accept, listen_comm, recv_comm, recv_dev_comm)
         }
     };
     (@ reg_mr) => {
@@ -724,7 +701,7 @@ macro_rules! as_newest {
             ty: c_int,
             mhandle: *mut *mut c_void,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.reg_mr, comm, data, size, ty, mhandle)
+            $crate::net::abi::call!(self.reg_mr, comm, data, size, ty, mhandle)
         }
     };
     (@ isend) => {
@@ -738,7 +715,7 @@ macro_rules! as_newest {
             phandle: *mut c_void,
             request: *mut *mut c_void,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.isend, send_comm, data, size, tag, mhandle, phandle, request)
+            $crate::net::abi::call!(self.isend, send_comm, data, size, tag, mhandle, phandle, request)
         }
     };
     (@ irecv) => {
@@ -753,14 +730,14 @@ macro_rules! as_newest {
             phandles: *mut *mut c_void,
             request: *mut *mut c_void,
         ) -> NcclResult {
-            $crate::ffi::net::call!(
+            $crate::net::abi::call!(
                 self.irecv, recv_comm, n, data, sizes, tags, mhandles, phandles, request
             )
         }
     };
     (@ finalize) => {
         unsafe fn finalize(&self, ctx: *mut c_void) -> NcclResult {
-            $crate::ffi::net::call!(self.finalize, ctx)
+            $crate::net::abi::call!(self.finalize, ctx)
         }
     };
     // Before v11: no context to finalize.
@@ -778,7 +755,7 @@ macro_rules! as_newest {
             handle: *mut c_void,
             listen_comm: *mut *mut c_void,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.listen, dev, handle, listen_comm)
+            $crate::net::abi::call!(self.listen, dev, handle, listen_comm)
         }
     };
     // v7 to v9: `connect` has neither context nor config.
@@ -789,9 +766,9 @@ macro_rules! as_newest {
             dev: c_int,
             handle: *mut c_void,
             send_comm: *mut *mut c_void,
-            send_dev_comm: *mut *mut $crate::ffi::net::DeviceHandle,
+            send_dev_comm: *mut *mut $crate::net::abi::DeviceHandle,
         ) -> NcclResult {
-            $crate::ffi::net::call!(self.connect, dev, handle, send_comm, send_dev_comm)
+            $crate::net::abi::call!(self.connect, dev, handle, send_comm, send_dev_comm)
         }
     };
     // Before v9: `isend` takes an `int` size and no profiler handle.
@@ -808,7 +785,7 @@ macro_rules! as_newest {
         ) -> NcclResult {
             // SAFETY: forwarded.
             unsafe {
-                $crate::ffi::net::isend_int(self.isend, send_comm, data, size, tag, mhandle, request)
+                $crate::net::abi::isend_int(self.isend, send_comm, data, size, tag, mhandle, request)
             }
         }
     };
@@ -827,7 +804,7 @@ macro_rules! as_newest {
         ) -> NcclResult {
             // SAFETY: forwarded.
             unsafe {
-                $crate::ffi::net::irecv_int(
+                $crate::net::abi::irecv_int(
                     self.irecv, recv_comm, n, data, sizes, tags, mhandles, request,
                 )
             }
@@ -844,7 +821,7 @@ macro_rules! as_newest {
             mhandle: *mut *mut c_void,
         ) -> NcclResult {
             // SAFETY: forwarded.
-            unsafe { $crate::ffi::net::reg_mr_int(self.reg_mr, comm, data, size, ty, mhandle) }
+            unsafe { $crate::net::abi::reg_mr_int(self.reg_mr, comm, data, size, ty, mhandle) }
         }
     };
     // Before v10: `init` takes the logger only, once for the process.
@@ -853,7 +830,7 @@ macro_rules! as_newest {
             &self,
             ctx: *mut *mut c_void,
             _comm_id: u64,
-            _config: *mut $crate::ffi::net::v12::CommConfigV12,
+            _config: *mut $crate::net::abi::v12::CommConfigV12,
             log: $crate::ffi::types::Logger,
             _prof: $crate::ffi::types::ProfilerCallback,
         ) -> NcclResult {
@@ -861,7 +838,7 @@ macro_rules! as_newest {
                 // SAFETY: a non-NULL out-pointer (the caller's contract).
                 unsafe { *ctx = std::ptr::null_mut() };
             }
-            $crate::ffi::net::call!(self.init, log)
+            $crate::net::abi::call!(self.init, log)
         }
     };
 }
@@ -878,10 +855,10 @@ macro_rules! abi_common {
             self.name
         }
         fn null_entries(&self) -> Vec<&'static str> {
-            $crate::ffi::net::null_entries!(self)
+            $crate::net::abi::null_entries!(self)
         }
-        fn same(&self) -> $crate::ffi::net::Same {
-            $crate::ffi::net::same!(self)
+        fn same(&self) -> $crate::net::abi::Same {
+            $crate::net::abi::same!(self)
         }
     };
 }

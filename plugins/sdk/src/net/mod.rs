@@ -3,10 +3,22 @@
 //! Every call returns at once: an operation that cannot complete yet returns
 //! `Ok(None)` and is called again by the core (a `Poll`-like contract, not a
 //! status code). This is what lets one proxy thread drive many connections.
+//!
+//! The whole net kind lives in this folder: the trait for authors (here),
+//! the frozen C layouts of each `ncclNet_vN` and `ncclCollNet_vN` ([`abi`],
+//! also reachable as `ffi::net`), the export adapters that offer a Rust
+//! [`Net`] through them ([`export`]) and the loader that drives a library's
+//! vtable through this trait for the core ([`load`]), both generated from
+//! one list of versions ([`versions`]).
 
 use std::fmt;
 
 pub use crate::net_prof::{NetEvent, NetProf};
+
+pub mod abi;
+pub mod export;
+pub mod load;
+pub mod versions;
 
 /// Size of the opaque connection handle a listener hands to its peer
 /// (NCCL's `NCCL_NET_HANDLE_MAXSIZE`).
