@@ -21,9 +21,9 @@
 //! requires. Inside ncclGroupStart/End the kernel path runs.
 #![allow(unsafe_code)] // copies and stream operations on mapped device addresses
 
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
 
-use super::{holding, rma_of, WIN_COLL_SYMMETRIC};
+use super::{rma_of, Rma, Window, WIN_COLL_SYMMETRIC};
 use crate::comm::Comm;
 use crate::cuda::{MemOp, RawStream};
 use crate::error::{Error, Result};
@@ -41,25 +41,42 @@ pub enum CeColl {
     AllToAll,
 }
 
-/// Whether `comm` runs this collective on the copy engine: the setting
-/// and the communicator's CTA policy, the output (`nranks * bytes` at
-/// `output`) in a symmetric window, no group open.
-fn chosen(comm: &Comm, output: u64, bytes: usize) -> Result<bool> {
-    let core = comm.core()?;
+/// The communicator's window state and the symmetric window holding the
+/// output (`nranks * bytes` at `output`) where `comm` runs this collective
+/// on the copy engine: no group open, such a window, and the setting and
+/// the communicator's CTA policy asking for it. The window is looked up
+/// first: a communicator without one (the usual case) pays no setting
+/// read per call.
+fn chosen(comm: &Comm, output: u64, bytes: usize) -> Result<Option<(Arc<Rma>, Arc<Window>)>> {
+    if bytes == 0 || crate::group::depth() > 0 {
+        return Ok(None);
+    }
+    let Some(total) = bytes.checked_mul(comm.count()) else {
+        return Ok(None);
+    };
+    let Some(rma) = rma_of(comm)? else {
+        return Ok(None);
+    };
+    let win = {
+        let ws = rma.windows.lock().unwrap_or_else(PoisonError::into_inner);
+        ws.iter()
+            .find(|w| w.holds(output, total) && w.flags() & WIN_COLL_SYMMETRIC != 0)
+            .cloned()
+    };
+    let Some(win) = win else {
+        return Ok(None);
+    };
     let m = mode(crate::config::ox::ce_coll()?.as_deref())
         .map_err(|why| Error::InvalidArgument(format!("OXCCL_CE_COLL: {why}")))?;
     let wanted = match m {
         Mode::Never => false,
         Mode::Force => true,
-        Mode::Auto => crate::config::cta_policy(core.cfg.cta_policy.as_deref()).unwrap_or(0) == 2,
+        Mode::Auto => {
+            let core = comm.core()?;
+            crate::config::cta_policy(core.cfg.cta_policy.as_deref()).unwrap_or(0) == 2
+        }
     };
-    if !wanted || crate::group::depth() > 0 || bytes == 0 {
-        return Ok(false);
-    }
-    let Some(total) = bytes.checked_mul(comm.count()) else {
-        return Ok(false);
-    };
-    Ok(holding(comm, output, total)?.is_some_and(|w| w.flags() & WIN_COLL_SYMMETRIC != 0))
+    Ok(wanted.then_some((rma, win)))
 }
 
 /// Runs `coll` on the copy engine where it is chosen (see the module);
@@ -79,14 +96,11 @@ pub unsafe fn try_run(
     bytes: usize,
     stream: RawStream,
 ) -> Result<bool> {
-    if !chosen(comm, output, bytes)? {
-        return Ok(false);
-    }
-    let n = comm.count();
-    let total = bytes * n;
-    let (Some(rma), Some(win)) = (rma_of(comm)?, holding(comm, output, total)?) else {
+    let Some((rma, win)) = chosen(comm, output, bytes)? else {
         return Ok(false);
     };
+    let n = comm.count();
+    let total = bytes * n;
     let me = rma.rank;
     rma.ctx.bind()?;
     if stream.is_capturing()? {
