@@ -594,23 +594,26 @@ impl Core {
             ));
         }
         if let Some(GpuPath(dc, _)) = &self.device {
-            let colls: Vec<&Op> = ops
-                .iter()
-                .map(|(op, _)| op)
-                .filter(|op| op.kind.coll().is_some())
-                .collect();
-            let n = colls.len() as u64;
+            let colls = || {
+                ops.iter()
+                    .map(|(op, _)| op)
+                    .filter(|op| op.kind.coll().is_some())
+            };
+            let n = colls().count() as u64;
             let seq = self.seq.fetch_add(n, Ordering::SeqCst);
-            // As on host memory (`run_collective`): what each collective
-            // is, for peers whose watch asks (`device_watch`), a count of
-            // 0 too.
-            for (at, op) in (seq..).zip(&colls) {
-                self.bootstrap.record_call(at, header_of(op, at).encode());
-            }
-            if n > 0 {
-                self.bootstrap.progress().store(seq + n, Ordering::SeqCst);
-            }
             let watch = self.watch.get();
+            // As on host memory (`run_collective`): what each collective
+            // is, a count of 0 too, for peers whose watch asks
+            // (`device_watch`); without a watch (OXCCL_DEVICE_WATCH=0, the
+            // default) nobody asks, and the launch does no more than before.
+            if watch.is_some() {
+                for (at, op) in (seq..).zip(colls()) {
+                    self.bootstrap.record_call(at, header_of(op, at).encode());
+                }
+                if n > 0 {
+                    self.bootstrap.progress().store(seq + n, Ordering::SeqCst);
+                }
+            }
             // The watch ended this communicator's device work: its kernels
             // no longer wait for their peers.
             if let Some(e) = watch.and_then(DeviceWatch::failure) {
