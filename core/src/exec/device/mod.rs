@@ -298,8 +298,15 @@ impl DeviceComm {
     /// Whether `len` bytes at `ptr` may be read by peers where they lie:
     /// registered, or (NCCL_GRAPH_REGISTER) device memory of an operation
     /// being captured into a graph. A registration whose memory was freed
-    /// is an error.
-    fn readable_in_place(&self, ptr: u64, len: usize, stream: RawStream) -> Result<bool> {
+    /// is an error. `captured`: whether the launch's stream is capturing,
+    /// asked of the driver at most once per launch (`None` until then).
+    fn readable_in_place(
+        &self,
+        ptr: u64,
+        len: usize,
+        stream: RawStream,
+        captured: &mut Option<bool>,
+    ) -> Result<bool> {
         if self
             .registry
             .covering(ptr, len, &registry::Probe::of)?
@@ -307,7 +314,14 @@ impl DeviceComm {
         {
             return Ok(true);
         }
-        if !self.graph_register || ptr == 0 || len == 0 || stream.capture_id()?.is_none() {
+        if !self.graph_register || ptr == 0 || len == 0 {
+            return Ok(false);
+        }
+        let captured = match *captured {
+            Some(c) => c,
+            None => *captured.insert(stream.capture_id()?.is_some()),
+        };
+        if !captured {
             return Ok(false);
         }
         let p = registry::Probe::of(ptr);
@@ -344,8 +358,10 @@ impl DeviceComm {
             (Coll::AllReduce, Algo::Ring) => (0, bytes),
             _ => return Ok(Direct::default()),
         };
-        let input = in_bytes > 0 && self.readable_in_place(send, in_bytes, stream)?;
-        let output = self.readable_in_place(recv, out_bytes, stream)?;
+        let mut captured = None;
+        let input =
+            in_bytes > 0 && self.readable_in_place(send, in_bytes, stream, &mut captured)?;
+        let output = self.readable_in_place(recv, out_bytes, stream, &mut captured)?;
         Ok(Direct {
             input: if input { peers } else { 0 },
             output: if output { peers } else { 0 },
@@ -764,11 +780,12 @@ impl DeviceComm {
             return Ok(Direct::default());
         }
         let (mut yes, mut no) = (0u64, 0u64);
+        let mut captured = None;
         for &(p, b) in sends {
             if p >= 64 || peers & (1 << p) == 0 {
                 continue;
             }
-            if self.readable_in_place(b, bytes, stream)? {
+            if self.readable_in_place(b, bytes, stream, &mut captured)? {
                 yes |= 1 << p;
             } else {
                 no |= 1 << p;
