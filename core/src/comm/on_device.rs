@@ -589,7 +589,7 @@ pub(crate) fn execute(
 /// default, so its peers' groups must mix alike (as NCCL, which asks
 /// every rank of a call for the same config).
 fn p2p_channels(dc: &DeviceComm, p2p: &[&Op], bytes: usize) -> usize {
-    let n = dc.channels_for(bytes);
+    let n = dc.p2p_channels_for(bytes);
     let mut calls = p2p
         .iter()
         .filter(|op| op.count * op.dtype.size() == bytes)

@@ -139,6 +139,21 @@ pub fn cta_bounds(cfg: &crate::config::Config) -> (usize, usize) {
     (min.min(max), max)
 }
 
+/// The CTAs sends and receives use where collectives use `coll`: NCCL's
+/// p2p count, `coll` rounded up to a power of two, within the maximum of
+/// `choice`'s bounds (NCCL honours maxCTAs there too) and never below
+/// `coll`. A fixed count is used for both.
+pub fn p2p_channels(coll: usize, choice: ChannelChoice) -> usize {
+    let max = match choice {
+        ChannelChoice::Fixed => return coll,
+        ChannelChoice::Topology { max, .. } | ChannelChoice::Path { max, .. } => max,
+    };
+    coll.next_power_of_two()
+        .min(max)
+        .min(MAX_CHANNELS)
+        .max(coll)
+}
+
 /// NCCL_CTA_POLICY's parser, beside the setting's declaration.
 pub fn cta_policy(s: Option<&str>) -> Result<u32> {
     crate::config::cta_policy(s)
@@ -398,6 +413,19 @@ mod tests {
                 "{name}: the table in core/src/config.rs shows {shown:?}, DeviceConfig holds {value}; change its `shown`"
             );
         }
+    }
+
+    #[test]
+    fn p2p_takes_nccls_power_of_two_within_the_maximum() {
+        let topo = |max| ChannelChoice::Topology { min: 1, max };
+        // 2 H200 on NV18: NCCL ran collectives on 24 CTAs, SendRecv on 32.
+        assert_eq!(p2p_channels(24, topo(MAX_CHANNELS)), 32);
+        assert_eq!(p2p_channels(32, topo(MAX_CHANNELS)), 32);
+        assert_eq!(p2p_channels(2, ChannelChoice::Path { min: 1, max: 64 }), 2);
+        // maxCTAs bounds both; never fewer than the collectives'.
+        assert_eq!(p2p_channels(24, topo(28)), 28);
+        assert_eq!(p2p_channels(8, topo(8)), 8);
+        assert_eq!(p2p_channels(24, ChannelChoice::Fixed), 24);
     }
 
     #[test]

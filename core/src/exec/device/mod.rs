@@ -110,7 +110,12 @@ pub struct DeviceComm {
     rank: usize,
     nranks: usize,
     ctx: Arc<Context>,
+    /// `channels` is the window's count, which sends and receives use.
     cfg: DeviceConfig,
+    /// Most CTAs a collective uses by default (NCCL's "coll channels"); at
+    /// most the window's. A tuner or a call's minCTAs may ask for more,
+    /// up to the window's.
+    coll_channels: usize,
     /// The links its cost table prices ([`Transports::fabric`]).
     fabric: cost::Fabric,
     kernels: Arc<KernelSet>,
@@ -218,24 +223,33 @@ impl DeviceComm {
     ) -> Result<DeviceComm> {
         cfg.validate()?;
         let dev = Device::get(device)?;
+        // Collectives take the link's count; sends and receives NCCL's
+        // p2p count, that count rounded up to a power of two (32 for 24:
+        // NCCL 2.28.9's SendRecv kernel ran 32 blocks on 2 H200, its
+        // collectives 24), within the maximum. The window has room for
+        // the larger.
+        let mut coll_channels = cfg.channels;
         if cfg.choice != ChannelChoice::Fixed {
-            cfg.channels = topology_channels(oob, &dev, &cfg, tr.topo.as_deref())?;
+            coll_channels = topology_channels(oob, &dev, &cfg, tr.topo.as_deref())?;
+            cfg.channels = config::p2p_channels(coll_channels, cfg.choice);
             cfg.choice = ChannelChoice::Fixed;
         }
         let ctx = Context::primary(dev)?;
         let kernels = KernelSet::shared(&ctx)?;
         let stop = Arc::new(DeviceStop::new(&ctx)?);
         let fabric = tr.fabric;
-        let window = Window::setup(&ctx, oob, &cfg, tr, &stop)?;
+        let window = Window::setup(&ctx, oob, &cfg, tr, &stop, coll_channels)?;
         cfg.channels = window.launch_channels;
+        let coll_channels = coll_channels.min(cfg.channels);
         let order = Event::new(&ctx, false)?;
-        tracing::info!(target: "oxccl::init", "rank {}/{} on GPU {device}: device window of {} MiB ({} channels x {} slots x {} KiB per P2P peer)",
-            oob.rank(), oob.nranks(), window.device_bytes() >> 20, cfg.channels, cfg.slots, cfg.slot_bytes >> 10);
+        tracing::info!(target: "oxccl::init", "rank {}/{} on GPU {device}: device window of {} MiB ({} channels x {} slots x {} KiB per P2P peer); collectives on up to {coll_channels} CTAs, sends and receives on up to {}",
+            oob.rank(), oob.nranks(), window.device_bytes() >> 20, cfg.channels, cfg.slots, cfg.slot_bytes >> 10, cfg.channels);
         Ok(DeviceComm {
             rank: oob.rank(),
             nranks: oob.nranks(),
             ctx,
             cfg,
+            coll_channels,
             fabric,
             kernels,
             window,
@@ -447,7 +461,7 @@ impl DeviceComm {
     /// kernel, on at most this communicator's CTA budget.
     pub fn copy(&self, dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<()> {
         self.kernels
-            .copy(dst, src, bytes, self.cfg.channels, stream)
+            .copy(dst, src, bytes, self.coll_channels, stream)
     }
 
     /// Each rank's GPU as an index where ranks of several processes share
@@ -498,10 +512,20 @@ impl DeviceComm {
         self.fabric
     }
 
-    /// The channels a launch moving `bytes` per rank (per message, for
-    /// sends and receives) uses by default.
+    /// The channels a collective moving `bytes` per rank uses by default.
     pub fn channels_for(&self, bytes: usize) -> usize {
+        plan::channels(&self.cfg, bytes).min(self.coll_channels)
+    }
+
+    /// The channels sends and receives of `bytes` per message use by
+    /// default: up to the window's count (NCCL's p2p count).
+    pub fn p2p_channels_for(&self, bytes: usize) -> usize {
         plan::channels(&self.cfg, bytes)
+    }
+
+    /// Most CTAs a collective uses by default.
+    pub fn coll_channels(&self) -> usize {
+        self.coll_channels
     }
 
     /// Device memory this rank allocated: its window, and with GPUDirect
@@ -760,7 +784,7 @@ impl DeviceComm {
         if self.window.shared.is_some() {
             return self.p2p(&[(peer, buf)], &[], count, dtype, stream);
         }
-        let nch = self.channels_for(count * dtype.size());
+        let nch = self.p2p_channels_for(count * dtype.size());
         let t = Template::send(peer);
         let direct = self.p2p_direct(&[(peer, buf)], count * dtype.size(), stream)?;
         self.launch(t, buf, 0, count, dtype, RedOp::Sum, stream, nch, direct)
@@ -811,7 +835,7 @@ impl DeviceComm {
         if self.window.shared.is_some() {
             return self.p2p(&[], &[(peer, buf)], count, dtype, stream);
         }
-        let nch = self.channels_for(count * dtype.size());
+        let nch = self.p2p_channels_for(count * dtype.size());
         let t = Template::recv(peer);
         self.launch(
             t,
@@ -843,7 +867,7 @@ impl DeviceComm {
         dtype: DataType,
         stream: RawStream,
     ) -> Result<()> {
-        let nch = self.channels_for(count * dtype.size());
+        let nch = self.p2p_channels_for(count * dtype.size());
         self.p2p_on(sends, recvs, count, dtype, stream, nch)
     }
 

@@ -339,11 +339,13 @@ pub(crate) struct Window {
     pub shared: Option<SharedGpu>,
     /// How the shared-GPU path was set up (its wait bound and stop flag),
     /// to set it up again at a resume; `None` where it is not used.
-    /// (all ranks in this process, wait bound, stop flag)
+    /// (all ranks in this process, wait bound, stop flag, most CTAs a
+    /// launch of the path takes)
     shared_setup: Option<(
         bool,
         std::time::Duration,
         Arc<std::sync::atomic::AtomicBool>,
+        usize,
     )>,
     /// Each rank's GPU as an index, where ranks of several processes share
     /// a GPU and the communicator spans other GPUs too (see
@@ -408,6 +410,7 @@ impl Window {
         cfg: &DeviceConfig,
         tr: Transports<'_>,
         stop: &super::DeviceStop,
+        coll_channels: usize,
     ) -> Result<Window> {
         let (rank, n) = (oob.rank(), oob.nranks());
         if n > MAX_RANKS {
@@ -635,15 +638,18 @@ impl Window {
             let votes = oob.allgather(&[u8::from(shared::wanted(local)?)])?;
             if votes.iter().all(|v| v.first() == Some(&1)) {
                 let stop = stop.host_flag();
+                // NCCL refuses ranks sharing a GPU, so it has no p2p count
+                // for them: every launch of the path takes the collectives'.
+                let blocks = coll_channels.clamp(1, cfg.channels);
                 shared = Some(SharedGpu::setup(
                     ctx,
                     oob,
                     local,
                     cfg.timeout,
                     stop.clone(),
-                    cfg.channels,
+                    blocks,
                 )?);
-                shared_setup = Some((local, cfg.timeout, stop));
+                shared_setup = Some((local, cfg.timeout, stop, blocks));
             }
         }
         say_shared(
@@ -896,14 +902,14 @@ impl Window {
         }
         self.fifo = fifo;
         self.write_header()?;
-        if let Some((local, timeout, stop)) = &self.shared_setup {
+        if let Some((local, timeout, stop, blocks)) = &self.shared_setup {
             self.shared = Some(SharedGpu::setup(
                 &self.ctx,
                 oob,
                 *local,
                 *timeout,
                 stop.clone(),
-                self.launch_channels,
+                (*blocks).min(self.launch_channels),
             )?);
         }
         self.suspended = false;
