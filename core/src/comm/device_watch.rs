@@ -15,7 +15,13 @@
 //! (work queued behind the caller's own kernels may wait long, rightly).
 //! A peer that called another collective is named on this rank, which
 //! tells the others; a peer's failure notice ends the wait of every rank
-//! with work still unfinished. Either way the kernels are told to end
+//! with work still unfinished.
+//!
+//! Counts that differ do not always hang: where each rank's slices fit
+//! the other's, both kernels end, and the output is wrong. So the newest
+//! finished group is compared too, behind the work and with the next rank
+//! of the ring only (ranks that all agree with their successor agree with
+//! each other), at most every [`ASK_AFTER`] while work finishes. Either way the kernels are told to end
 //! (the stop word they poll, as a revoke does), and the error is the
 //! communicator's asynchronous error from then on.
 //!
@@ -86,6 +92,8 @@ pub(crate) struct Schedule<F> {
     head_since: Instant,
     /// How long the head may wait before the next ask.
     ask_at: Duration,
+    /// The last collective of the newest group seen finished.
+    done: Option<u64>,
 }
 
 impl<F> Schedule<F> {
@@ -94,7 +102,14 @@ impl<F> Schedule<F> {
             groups: VecDeque::new(),
             head_since: now,
             ask_at: ASK_AFTER,
+            done: None,
         }
+    }
+
+    /// The last collective of the newest group finished since the last
+    /// call, if any.
+    pub fn take_done(&mut self) -> Option<u64> {
+        self.done.take()
     }
 
     /// Collectives `seqs` were launched, with `fence` behind them.
@@ -126,7 +141,12 @@ impl<F> Schedule<F> {
     ) -> Option<Range<u64>> {
         let mut moved = false;
         while self.groups.front().is_some_and(|g| finished(&g.fence)) {
-            freed.extend(self.groups.pop_front().map(|g| g.fence));
+            if let Some(g) = self.groups.pop_front() {
+                if g.seqs.end > g.seqs.start {
+                    self.done = Some(g.seqs.end - 1);
+                }
+                freed.push(g.fence);
+            }
             moved = true;
         }
         if moved {
@@ -189,8 +209,38 @@ pub(crate) fn compare(
     Ok(())
 }
 
+/// Compares this rank's finished collective `seq` with what the next rank
+/// of the ring called under that number: `Ok(true)` when compared (or
+/// nothing is left to compare), `Ok(false)` when that rank has not come to
+/// it yet (ask again later).
+pub(crate) fn compare_done(
+    w: &dyn Watched,
+    seq: u64,
+    rank: usize,
+    nranks: usize,
+    wait: Duration,
+) -> Result<bool> {
+    let next = (rank + 1) % nranks.max(1);
+    let Some(mine) = w.own_call(seq).and_then(|b| OpHeader::decode(&b)) else {
+        return Ok(true);
+    };
+    if next == rank {
+        return Ok(true);
+    }
+    for (peer, answer) in w.ask(&[next], seq, wait) {
+        if let PeerCall::Called(theirs) = answer {
+            mine.check(&theirs, peer, rank)?;
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 struct State<F> {
     schedule: Schedule<F>,
+    /// A finished collective not yet compared with the next rank's, and
+    /// when to ask about it next.
+    unchecked: Option<(u64, Instant)>,
     /// Fences of finished groups, for the next groups.
     free: Vec<F>,
     /// The communicator is going: the thread ends.
@@ -216,6 +266,7 @@ impl<F: Fence> DeviceWatch<F> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 schedule: Schedule::new(Instant::now()),
+                unchecked: None,
                 free: Vec::new(),
                 closed: false,
             }),
@@ -281,14 +332,34 @@ impl<F: Fence> DeviceWatch<F> {
 fn watch<F: Fence, W: Watched>(s: &Shared<F>, comm: &Weak<W>, rank: usize, nranks: usize) {
     let mut st = s.state.lock().unwrap_or_else(PoisonError::into_inner);
     loop {
-        while st.schedule.is_empty() && !st.closed {
+        while st.schedule.is_empty() && st.unchecked.is_none() && !st.closed {
             st = s.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
         }
         if st.closed {
             return;
         }
-        let State { schedule, free, .. } = &mut *st;
-        let ask = schedule.poll(Instant::now(), F::finished, free);
+        let now = Instant::now();
+        let State {
+            schedule,
+            free,
+            unchecked,
+            ..
+        } = &mut *st;
+        let ask = schedule.poll(now, F::finished, free);
+        // A collective asked about stays until the next rank had it; the
+        // newest finished one is taken after that.
+        if let Some(d) = schedule.take_done() {
+            if unchecked.is_none() {
+                *unchecked = Some((d, now));
+            }
+        }
+        let check = match *unchecked {
+            Some((seq, at)) if at <= now => {
+                *unchecked = Some((seq, now + ASK_AFTER));
+                Some(seq)
+            }
+            _ => None,
+        };
         let head = schedule.head();
         drop(st);
         let Some(w) = comm.upgrade() else {
@@ -308,6 +379,21 @@ fn watch<F: Fence, W: Watched>(s: &Shared<F>, comm: &Weak<W>, rank: usize, nrank
                 }),
             },
         };
+        let found = found.or_else(|| {
+            let seq = check?;
+            match compare_done(&*w, seq, rank, nranks, ASK_WAIT) {
+                Err(e) => Some((e, seq)),
+                Ok(done) => {
+                    if done {
+                        let mut st = s.state.lock().unwrap_or_else(PoisonError::into_inner);
+                        if st.unchecked.is_some_and(|(q, _)| q == seq) {
+                            st.unchecked = None;
+                        }
+                    }
+                    None
+                }
+            }
+        });
         if let Some((e, seq)) = found {
             let e = w.fail(e, seq);
             *s.failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
@@ -319,7 +405,7 @@ fn watch<F: Fence, W: Watched>(s: &Shared<F>, comm: &Weak<W>, rank: usize, nrank
         }
         drop(w);
         st = s.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if !st.schedule.is_empty() && !st.closed {
+        if (!st.schedule.is_empty() || st.unchecked.is_some()) && !st.closed {
             st = s
                 .wake
                 .wait_timeout(st, TICK)
@@ -517,6 +603,41 @@ mod tests {
             "a launch after the failure is not watched"
         );
         w.close();
+    }
+
+    /// Counts whose kernels both ended (each rank's slices fit the
+    /// other's): the finished group is compared with the next rank's call
+    /// and the mismatch named all the same; equal calls stay quiet.
+    #[test]
+    fn a_mismatch_whose_kernels_ended_is_named_after_the_work() {
+        let books = vec![
+            vec![call(0, 8), call(1, 1024)],
+            vec![call(0, 8), call(1, 2048)],
+        ];
+        let comm = Arc::new(Books::new(0, books));
+        let w: DeviceWatch<Flag> = DeviceWatch::start(Arc::downgrade(&comm), 0, 2).unwrap();
+        let done = Arc::new(AtomicBool::new(true));
+        w.launched(0..1, Flag(done.clone()));
+        std::thread::sleep(3 * ASK_AFTER);
+        assert!(w.failure().is_none(), "equal calls");
+        w.launched(1..2, Flag(done));
+        wait_for(|| w.failure().is_some(), 10 * ASK_AFTER);
+        let failed = comm.failed.lock().unwrap().clone();
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].1, 1);
+        assert!(failed[0].0.contains("mismatched counts"), "{}", failed[0].0);
+        w.close();
+    }
+
+    #[test]
+    fn a_finished_call_waits_for_the_next_rank_to_make_it() {
+        let books = vec![vec![call(0, 8), call(1, 4)], vec![call(0, 8)]];
+        let b = Books::new(0, books);
+        assert!(!compare_done(&b, 1, 0, 2, MS).unwrap(), "rank 1 is behind");
+        assert!(compare_done(&b, 0, 0, 2, MS).unwrap());
+        // One rank, or a call no longer in the book: nothing to compare.
+        assert!(compare_done(&b, 1, 0, 1, MS).unwrap());
+        assert!(compare_done(&b, 7, 0, 2, MS).unwrap());
     }
 
     /// A peer's failure notice ends the wait of a rank with work unfinished.
