@@ -365,12 +365,15 @@ fn watch<F: Fence, W: Watched>(s: &Shared<F>, comm: &Weak<W>, rank: usize, nrank
         let Some(w) = comm.upgrade() else {
             return;
         };
-        let found = match head {
-            None => None,
-            Some(h) => match w.remote_failure() {
-                Some((who, msg)) => {
-                    Some((Error::Remote(format!("rank {who} failed: {msg}")), h.start))
-                }
+        // A peer's failure notice ends unfinished work, and fails finished
+        // work not yet compared (the peer may have found it wrong).
+        let remote = || {
+            w.remote_failure()
+                .map(|(who, msg)| Error::Remote(format!("rank {who} failed: {msg}")))
+        };
+        let found = match (head, check) {
+            (Some(h), _) => match remote() {
+                Some(e) => Some((e, h.start)),
                 None => ask.and_then(|seqs| {
                     let first = seqs.start;
                     compare(&*w, seqs, rank, nranks, ASK_WAIT)
@@ -378,6 +381,8 @@ fn watch<F: Fence, W: Watched>(s: &Shared<F>, comm: &Weak<W>, rank: usize, nrank
                         .map(|e| (e, first))
                 }),
             },
+            (None, Some(seq)) => remote().map(|e| (e, seq)),
+            (None, None) => None,
         };
         let found = found.or_else(|| {
             let seq = check?;
@@ -638,6 +643,23 @@ mod tests {
         // One rank, or a call no longer in the book: nothing to compare.
         assert!(compare_done(&b, 1, 0, 1, MS).unwrap());
         assert!(compare_done(&b, 7, 0, 2, MS).unwrap());
+    }
+
+    /// A peer that found a mismatch and failed may no longer answer: its
+    /// notice fails this rank's finished work not yet compared.
+    #[test]
+    fn a_peer_failure_fails_finished_work_not_yet_compared() {
+        let books = vec![vec![call(0, 8)], vec![]];
+        let comm = Arc::new(Books::new(0, books));
+        let w: DeviceWatch<Flag> = DeviceWatch::start(Arc::downgrade(&comm), 0, 2).unwrap();
+        w.launched(0..1, Flag(Arc::new(AtomicBool::new(true))));
+        std::thread::sleep(2 * ASK_AFTER);
+        assert!(w.failure().is_none(), "rank 1 has not made the call");
+        *comm.remote.lock().unwrap() = Some((1, "mismatched counts: ...".into()));
+        wait_for(|| w.failure().is_some(), 10 * ASK_AFTER);
+        let e = w.failure().unwrap().to_string();
+        assert!(e.contains("rank 1 failed: mismatched counts"), "{e}");
+        w.close();
     }
 
     /// A peer's failure notice ends the wait of a rank with work unfinished.
