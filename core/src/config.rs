@@ -981,7 +981,7 @@ settings! {
         hier: bool = "OXCCL_HIER", "1" in SharedGpu;
         /// Copy-engine all_gather and all_to_all (no SM) where the output lies in a window registered with NCCL_WIN_COLL_SYMMETRIC and no group is open: `auto` where the CTA policy (NCCL_CTA_POLICY, the config's CTAPolicy) is ZERO, as NCCL chooses; `1` whenever the buffers allow; `0` never. Every rank must set it alike.
         ce_coll: Option<String> = "OXCCL_CE_COLL", "" in DevicePath, shown "auto", check CE_COLL;
-        /// 1: a thread of each GPU communicator watches its launched collectives (an event recorded behind every group) and, after 100 ms without progress, asks the peers what they called, naming mismatched counts instead of waiting until NCCL_TIMEOUT. Off by default: it costs each launch an event record, and on the H200 it did not yet name a mismatch between two processes' kernels.
+        /// 1: a thread of each GPU communicator watches its launched collectives (an event recorded behind every group): after 100 ms without progress it asks the peers what they called, and it compares finished work with the next rank's calls, naming mismatched counts instead of waiting until NCCL_TIMEOUT (or never, where the kernels end regardless). Off by default: the event recorded behind every group cost small collectives 4-6 us on the H200.
         device_watch: bool = "OXCCL_DEVICE_WATCH", "0" in DevicePath;
         /// 0: `oxccl perf`'s host buffers come from the heap instead of transparent huge pages (2 MiB and larger buffers).
         perf_hugepages: bool = "OXCCL_PERF_HUGEPAGES", "1" in Cli, by "oxccl-cli";
