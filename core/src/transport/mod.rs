@@ -15,6 +15,7 @@
 pub mod cma;
 pub mod gdr;
 pub mod layout;
+pub mod p2p;
 pub mod proxy;
 pub mod shm;
 

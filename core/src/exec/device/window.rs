@@ -2,7 +2,8 @@
 //! counters, and the receive areas its peers store into. A peer reaches
 //! this rank through the transport chosen for the pair (see
 //! `crate::transport`): P2P peers store into the window itself, mapped by
-//! address (ranks of one process, peer access on) or through CUDA IPC;
+//! address (ranks of one process, peer access on) or through CUDA IPC
+//! (`crate::transport::p2p`);
 //! SHM peers into this rank's host area, a POSIX segment every such peer
 //! maps into its own GPU; net peers through the proxy, which fills the same
 //! host area from the network and sends what the kernel stores into a
@@ -20,9 +21,10 @@ use super::config::{DeviceConfig, LL_CHANNELS};
 use super::oob::Oob;
 use super::shared::{self, SharedGpu};
 use crate::cuda::abi::WinHeader;
-use crate::cuda::{Context, Device, DeviceBuffer, IpcMapping, IpcMemHandle, Registered};
+use crate::cuda::{Context, DeviceBuffer, IpcMemHandle, Registered};
 use crate::error::{Error, Result};
 use crate::transport::layout::{Layout, Proto};
+use crate::transport::p2p;
 use crate::transport::proxy::{Areas, Link, Proxy, Slots};
 use crate::transport::shm::area::Area;
 use crate::transport::Transport;
@@ -280,14 +282,8 @@ fn node_id() -> u64 {
 /// How a peer's area is reached; held for as long as the window is used.
 #[derive(Debug)]
 enum PeerMap {
-    /// Same process: the address works once peer access to its context is on.
-    Direct { _peer_ctx: Option<Arc<Context>> },
-    /// Another process: IPC mappings of its window and of its FIFO slots
-    /// (none while suspended).
-    Ipc {
-        _window: IpcMapping,
-        fifo: Option<IpcMapping>,
-    },
+    /// A peer GPU's window (see `crate::transport::p2p`).
+    P2p(p2p::Mapping),
     /// A peer's host area, mapped here and into this GPU.
     Shm { _area: Registered<Area> },
 }
@@ -377,25 +373,6 @@ fn area_name(rank: usize) -> String {
         std::process::id(),
         rand::random::<u64>()
     )
-}
-
-/// The node of a P2P peer must be this one, whatever NCCL_HOSTID says:
-/// the mapping needs the same machine.
-fn check_p2p(ctx: &Arc<Context>, p: usize, info: &PeerInfo, me: &PeerInfo) -> Result<Device> {
-    if info.node != me.node {
-        return Err(Error::InvalidUsage(format!(
-            "rank {p} shares this rank's host id but runs on another machine: P2P needs one machine (set NCCL_HOSTID alike only on one machine, or NCCL_P2P_DISABLE=1)"
-        )));
-    }
-    let dev = Device::get(info.device as usize)?;
-    if !ctx.device().can_access_peer(&dev)? {
-        return Err(Error::System(format!(
-            "GPU {} cannot access GPU {} (no peer-to-peer path; NCCL_P2P_DISABLE=1 takes shared memory instead)",
-            ctx.device().ordinal(),
-            info.device
-        )));
-    }
-    Ok(dev)
 }
 
 impl Window {
@@ -561,43 +538,22 @@ impl Window {
                     mine[p] = buf.ptr();
                 }
                 Transport::P2p => {
-                    let dev = check_p2p(ctx, p, &info, &me)?;
+                    let peer = p2p::Peer {
+                        rank: p,
+                        node: info.node,
+                        device: info.device,
+                        same_process: info.pid == me.pid,
+                        window: info.window,
+                        fifo: info.fifo,
+                        ipc: info.ipc,
+                        fifo_ipc: info.fifo_ipc,
+                    };
+                    let c = p2p::connect(ctx, &peer, me.node)?;
                     mine[p] = buf.ptr();
                     fifo_mine[p] = my_fifo;
-                    if info.pid == me.pid {
-                        let peer_ctx = if dev == ctx.device() {
-                            None
-                        } else {
-                            let pc = Context::primary(dev)?;
-                            ctx.enable_peer_access(&pc)?;
-                            Some(pc)
-                        };
-                        peers[p] = info.window;
-                        fifo_peer[p] = info.fifo;
-                        maps.push((
-                            p,
-                            PeerMap::Direct {
-                                _peer_ctx: peer_ctx,
-                            },
-                        ));
-                    } else {
-                        let (Some(h), Some(fh)) = (info.ipc, info.fifo_ipc) else {
-                            return Err(Error::System(format!(
-                                "rank {p} could not export its window (CUDA IPC)"
-                            )));
-                        };
-                        let window = IpcMapping::open(ctx, &h)?;
-                        let f = IpcMapping::open(ctx, &fh)?;
-                        peers[p] = window.ptr();
-                        fifo_peer[p] = f.ptr();
-                        maps.push((
-                            p,
-                            PeerMap::Ipc {
-                                _window: window,
-                                fifo: Some(f),
-                            },
-                        ));
-                    }
+                    peers[p] = c.window;
+                    fifo_peer[p] = c.fifo;
+                    maps.push((p, PeerMap::P2p(c.mapping)));
                 }
                 Transport::Shm => {
                     if info.area.is_empty() {
@@ -789,7 +745,7 @@ impl Window {
     pub fn same_process_p2p(&self) -> u64 {
         self.maps
             .iter()
-            .filter(|(p, m)| *p < 64 && matches!(m, PeerMap::Direct { .. }))
+            .filter(|(p, m)| *p < 64 && matches!(m, PeerMap::P2p(p2p::Mapping::Direct { .. })))
             .fold(0, |mask, (p, _)| mask | 1 << p)
     }
 
@@ -830,8 +786,8 @@ impl Window {
         // stores into this rank's slots.
         oob.allgather(&[])?;
         for (_, m) in &mut self.maps {
-            if let PeerMap::Ipc { fifo, .. } = m {
-                *fifo = None;
+            if let PeerMap::P2p(m) = m {
+                m.unmap_fifo();
             }
         }
         if let Some(sh) = &mut self.shared {
@@ -865,7 +821,7 @@ impl Window {
         let ipc = self
             .maps
             .iter()
-            .any(|(_, m)| matches!(m, PeerMap::Ipc { .. }));
+            .any(|(_, m)| matches!(m, PeerMap::P2p(m) if m.is_ipc()));
         let mut me = fifo
             .as_ref()
             .map_or(0, DeviceBuffer::ptr)
@@ -875,29 +831,13 @@ impl Window {
             me.extend_from_slice(&f.ipc_handle()?.0);
         }
         let all = oob.allgather(&me)?;
-        let sent = |p: usize, at: std::ops::Range<usize>| {
-            all.get(p)
-                .and_then(|b| b.get(at))
-                .ok_or_else(|| Error::Remote(format!("rank {p} sent no FIFO slots at the resume")))
-        };
         let mine = fifo.as_ref().map_or(0, DeviceBuffer::ptr);
         for (p, m) in &mut self.maps {
             let p = *p;
-            match m {
-                PeerMap::Direct { .. } => {
-                    let b = sent(p, 0..8)?;
-                    self.fifo_peer[p] = u64::from_le_bytes(b.try_into().expect("8 bytes"));
-                    self.fifo_mine[p] = mine;
-                }
-                PeerMap::Ipc { fifo: map, .. } => {
-                    let h = IpcMemHandle(sent(p, 8..72)?.try_into().expect("64 bytes"));
-                    let mapped = IpcMapping::open(&self.ctx, &h)
-                        .map_err(|e| e.context(format!("mapping rank {p}'s FIFO slots again")))?;
-                    self.fifo_peer[p] = mapped.ptr();
-                    self.fifo_mine[p] = mine;
-                    *map = Some(mapped);
-                }
-                PeerMap::Shm { .. } => {}
+            if let PeerMap::P2p(m) = m {
+                let sent = all.get(p).map_or(&[][..], Vec::as_slice);
+                self.fifo_peer[p] = m.remap_fifo(&self.ctx, p, sent)?;
+                self.fifo_mine[p] = mine;
             }
         }
         self.fifo = fifo;
