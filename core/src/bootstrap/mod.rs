@@ -37,13 +37,14 @@
 //! - [`Bootstrap::barrier`] is a dissemination barrier: `L` each way.
 //!
 //! Through several roots (`ncclCommInitRankScalable`, [`roots`], `k`
-//! ids) every rank still ends with every address: a rank takes its set's
-//! table from its root and the whole table (`19n` bytes) from its block's
-//! first rank, 3 messages; a block's first rank also passes the tables
-//! along the first ranks (forward, then back: `2(k-1)` steps in sequence
-//! over the job) and sends the whole table to each rank of its block
-//! (`n/k` messages). Serving these from neighbours and lookups as one
-//! root's ranks are served is not done yet.
+//! ids) each root answers its set of about `n/k` ranks with their
+//! neighbours in the set, as one root does; the first rank of each block
+//! (its leader) passes the leaders' addresses along the leaders and down
+//! its block, so that every rank also knows the `k` leaders: at most 3
+//! messages received and `2 + ceil(log2(n/k))` sent per rank, of at most
+//! `k` addresses, besides the hello and the root's answer (two of each for
+//! a leader). Other addresses are looked up as through one root, starting
+//! at the target's leader.
 //!
 //! With NCCL_SOCKET_KEY_FILE set, every one of these connections (the
 //! root's included) starts with the handshake of `oxccl_secure` and carries
@@ -474,7 +475,7 @@ impl Bootstrap {
                 rank: local,
                 nranks: set.len(),
                 listen: service.listen,
-                neighbours: false,
+                neighbours: true,
             };
             let t = join_root(&cs[r], &hello, key.as_deref(), timeout, cfg.socket_retry(), &shared.traffic).map_err(|e| {
                 e.context(format!(
@@ -483,40 +484,50 @@ impl Bootstrap {
                     set[set.len() - 1]
                 ))
             })?;
+            // The root answers with the neighbours in the set (and this
+            // rank); the others are unknown here.
+            let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
             for (x, a) in set.iter().zip(t) {
-                table[*x] = Some(a);
+                if a != unknown {
+                    table[*x] = Some(a);
+                }
             }
         }
         let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
         let partial: Vec<_> = table.iter().map(|a| a.unwrap_or(unknown)).collect();
         shared.set_table(&partial);
-        let out = Outgoing::new(rank, magic, key.clone(), partial);
-        let full = roots::pass_tables(rank, nranks, k, table, |peer, step, t| {
+        let out = Outgoing::new(rank, magic, key.clone(), partial.clone());
+        let leaders = roots::pass_leaders(rank, nranks, k, service.listen, |peer, step, t| {
             let tag = proto::internal_tag(proto::TAG_JOIN, 0, step);
             match t {
                 Some(t) => {
-                    let b = proto::encode_table(t);
+                    let b = proto::encode_entries(t);
                     shared.traffic.sent(b.len());
                     out.send(peer, tag, &b, timeout).map(|_| None)
                 }
                 None => shared
                     .wait(peer, tag, timeout, Notices::Heed, &|| {
-                        "the address table of the roots before".to_string()
+                        "the addresses of the blocks' first ranks".to_string()
                     })
                     .and_then(|b| {
-                        proto::decode_table(&b)
-                            .filter(|t| t.len() == nranks)
+                        proto::decode_entries(&b)
+                            .filter(|e| e.len() <= k && e.iter().all(|&(r, _)| r < nranks))
                             .map(Some)
                             .ok_or_else(|| {
                                 Error::Internal(format!(
-                                    "bootstrap: rank {rank} got a malformed table from rank {peer}"
+                                    "bootstrap: rank {rank} got a malformed list of the blocks' first ranks from rank {peer}"
                                 ))
                             })
                     }),
             }
         })?;
         out.shutdown_all();
+        let mut full = partial;
+        for (r, a) in leaders {
+            full[r] = a;
+        }
         shared.set_table(&full);
+        shared.set_lazy();
         debug!(target: "oxccl::bootstrap", rank, nranks, roots = k, "bootstrap ready on {} ({}) through {k} roots", iface.name, service.listen);
         Ok(Bootstrap {
             out: Outgoing::new(rank, magic, key, full),

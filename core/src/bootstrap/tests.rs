@@ -1214,3 +1214,78 @@ fn messages_and_bytes_per_rank_at_init_grow_with_log_n() {
         );
     }
 }
+
+/// Through several roots, what each rank handles at init grows with the
+/// log of its block and with the number of roots, not with the job: the
+/// hello and the root's answer (two of each for a block's first rank, which
+/// joins the root before too), at most 3 lists of the `k` first ranks
+/// received and `2 + ceil(log2(n / k))` sent; then an allgather and a
+/// message to a far rank (with its lookups) as through one root.
+#[test]
+fn several_roots_cost_per_rank_grows_with_the_log_of_the_block() {
+    let c = cfg("30");
+    let entry = (4 + proto::ADDR_BYTES) as u64;
+    for (n, k) in [(64usize, 4usize), (37, 2), (16, 16)] {
+        let ids: Vec<UniqueId> = (0..k).map(|_| get_unique_id(&c).unwrap()).collect();
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (c, ids) = (c.clone(), ids.clone());
+                std::thread::spawn(move || Bootstrap::init_scalable(&ids, r, n, &c).unwrap())
+            })
+            .collect();
+        let bs: Vec<Bootstrap> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let block = n.div_ceil(k);
+        let log = (block as f64).log2().ceil() as u64;
+        let at_init: Vec<Traffic> = bs.iter().map(Bootstrap::traffic).collect();
+        for (r, t) in at_init.iter().enumerate() {
+            assert!(
+                t.sent <= 2 + 2 + log && t.received <= 2 + 3,
+                "{n} ranks, {k} roots: rank {r}: {t:?}"
+            );
+            let answers = 2 * 2 * (log + 1) * entry;
+            assert!(
+                t.received_bytes <= answers + 3 * k as u64 * entry,
+                "{n} ranks, {k} roots: rank {r}: {t:?}"
+            );
+        }
+        std::thread::scope(|s| {
+            for b in &bs {
+                s.spawn(move || {
+                    let all = b.allgather(&[b.rank() as u8]).unwrap();
+                    assert_eq!(all, (0..n).map(|x| vec![x as u8]).collect::<Vec<_>>());
+                });
+            }
+        });
+        let far = |me: usize| (me + 3 * n / 4 + 1) % n;
+        let before: Vec<Traffic> = bs.iter().map(Bootstrap::traffic).collect();
+        std::thread::scope(|s| {
+            for b in &bs {
+                s.spawn(move || {
+                    let me = b.rank();
+                    b.send(far(me), 5, &[me as u8]).unwrap();
+                    let from = (0..n).find(|&p| far(p) == me).unwrap();
+                    assert_eq!(b.recv(from, 5).unwrap(), vec![from as u8]);
+                });
+            }
+        });
+        let sent: u64 = bs
+            .iter()
+            .zip(&before)
+            .map(|(b, t0)| b.traffic().sent - t0.sent)
+            .sum();
+        let mean = |f: fn(&Traffic) -> u64| at_init.iter().map(f).sum::<u64>() as f64 / n as f64;
+        eprintln!(
+            "n {n:>3}, {k:>2} roots: per rank at init {:.1} msgs sent, {:.1} received, {:.0} B sent, {:.0} B received (max {}); one far message: {:.1} msgs sent per rank with its lookups",
+            mean(|t| t.sent),
+            mean(|t| t.received),
+            mean(|t| t.sent_bytes),
+            mean(|t| t.received_bytes),
+            at_init.iter().map(|t| t.received_bytes).max().unwrap_or(0),
+            sent as f64 / n as f64
+        );
+        assert!(
+            sent <= n as u64 * (1 + 2 * (log + 1)),
+            "{n} ranks, {k} roots: {sent} messages sent"
+        );
+    }
+}
