@@ -303,6 +303,12 @@ impl LocalGpu {
             let mut calls = self.rv.calls.lock().map_err(|_| poisoned())?;
             calls.arrive(self.me, seq, &what, capturing, timed, Bufs { send, recv })?
         };
+        tracing::trace!(target: "oxccl::coll", "rank {}: {what} as collective #{seq} of the GPU's ranks: {}", self.me, match &turn {
+            Turn::Early => "comes early, its stream waits for the last rank's launch".to_string(),
+            Turn::Last(w) => format!("comes last, launches over every rank's buffers and releases {:?}", w.iter().map(|a| a.rank).collect::<Vec<_>>()),
+            Turn::Kernels => "every rank runs its kernels".to_string(),
+            Turn::Failed { .. } => "failed".to_string(),
+        });
         match turn {
             Turn::Kernels => Ok(false),
             Turn::Early => {
