@@ -87,8 +87,12 @@ impl Counters {
 
 /// How long one question of a lookup waits for its answer before the
 /// asker tries another rank (a live rank answers in well under a
-/// millisecond; a stopped one never does).
+/// millisecond; a stopped one never does): first [`LOOKUP_FIRST_WAIT`],
+/// so that a stopped rank on the way costs little; where that passed
+/// over every way there (ranks slowed down by a loaded host), the walk
+/// starts again with this.
 const LOOKUP_WAIT: Duration = Duration::from_secs(2);
+const LOOKUP_FIRST_WAIT: Duration = Duration::from_millis(250);
 
 /// Which failure notices end a wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,11 +240,27 @@ impl Shared {
         // did not: the walk starts again from the nearest known rank
         // outside them, until none is left or the time is up.
         let mut skip: Vec<usize> = Vec::new();
+        let mut wait = LOOKUP_FIRST_WAIT;
         'walk: loop {
-            let (mut at, mut addr) = self.closest_known_but(rank, &skip)?;
+            let found = self.closest_known_but(rank, &skip);
+            let Some((mut at, mut addr)) = found.filter(|&(r, _)| r == rank || r != self.rank) else {
+                // Every way passed over, or none: once more, waiting long.
+                if wait < LOOKUP_WAIT && !skip.is_empty() {
+                    (wait, skip) = (LOOKUP_WAIT, Vec::new());
+                    continue 'walk;
+                }
+                return None;
+            };
             let mut path = Vec::new();
             while at != rank {
-                if at == self.rank || Instant::now() >= until {
+                if Instant::now() >= until {
+                    return None;
+                }
+                if at == self.rank {
+                    if wait < LOOKUP_WAIT && !skip.is_empty() {
+                        (wait, skip) = (LOOKUP_WAIT, Vec::new());
+                        continue 'walk;
+                    }
                     return None;
                 }
                 self.traffic.sent(4);
@@ -251,7 +271,7 @@ impl Shared {
                     self.magic,
                     self.rank as u32,
                     rank,
-                    until.min(Instant::now() + LOOKUP_WAIT),
+                    until.min(Instant::now() + wait),
                 )
                 .filter(|&(next, a)| {
                     next < n

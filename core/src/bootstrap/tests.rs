@@ -1289,3 +1289,30 @@ fn several_roots_cost_per_rank_grows_with_the_log_of_the_block() {
         );
     }
 }
+
+/// A rank on the way of a lookup that does not answer (stopped, or not a
+/// rank at all) costs the first pass's short wait, not the long one: the
+/// walk passes it over and reaches the target through another rank.
+#[test]
+fn a_lookup_passes_a_silent_rank_over_quickly() {
+    let n = 16;
+    let bs = ranks(n, "30");
+    // Rank 0 knows its neighbours 0 +- 2^k; rank 11 it learns through 8
+    // (then 10). Rank 8's address here is a listener that never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
+    let mut t = vec![unknown; n];
+    t[0] = bs[0].listen_addr();
+    for p in proto::neighbours(0, n) {
+        t[p] = bs[p].listen_addr();
+    }
+    t[8] = silent.local_addr().unwrap();
+    bs[0].shared.set_table(&t);
+    let start = Instant::now();
+    let got = bs[0].shared.resolve(11, start + Duration::from_secs(20));
+    let took = start.elapsed();
+    assert_eq!(got, Some(bs[11].listen_addr()));
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    eprintln!("rank 11 found past a silent rank 8 in {took:?}");
+    drop(silent);
+}
