@@ -243,7 +243,8 @@ impl Shared {
         let mut wait = LOOKUP_FIRST_WAIT;
         'walk: loop {
             let found = self.closest_known_but(rank, &skip);
-            let Some((mut at, mut addr)) = found.filter(|&(r, _)| r == rank || r != self.rank) else {
+            let Some((mut at, mut addr)) = found.filter(|&(r, _)| r == rank || r != self.rank)
+            else {
                 // Every way passed over, or none: once more, waiting long.
                 if wait < LOOKUP_WAIT && !skip.is_empty() {
                     (wait, skip) = (LOOKUP_WAIT, Vec::new());

@@ -23,6 +23,18 @@ fn init_all(id: UniqueId, n: usize, c: &Config) -> Vec<Bootstrap> {
     hs.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
+/// `n` ranks joined through `k` roots (each its own id), one thread each.
+fn init_roots(n: usize, k: usize, c: &Config) -> Vec<Bootstrap> {
+    let ids: Vec<UniqueId> = (0..k).map(|_| get_unique_id(c).unwrap()).collect();
+    let hs: Vec<_> = (0..n)
+        .map(|r| {
+            let (c, ids) = (c.clone(), ids.clone());
+            std::thread::spawn(move || Bootstrap::init_scalable(&ids, r, n, &c).unwrap())
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 fn ranks(n: usize, timeout: &str) -> Vec<Bootstrap> {
     let c = cfg(timeout);
     init_all(get_unique_id(&c).unwrap(), n, &c)
@@ -1085,14 +1097,7 @@ fn nccls_retries_bound_the_connect_to_the_root() {
 fn several_roots_make_the_bootstrap_one_root_makes() {
     let c = cfg("20");
     for (n, k) in [(4, 2), (5, 3), (3, 3), (4, 1)] {
-        let ids: Vec<UniqueId> = (0..k).map(|_| get_unique_id(&c).unwrap()).collect();
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                let (c, ids) = (c.clone(), ids.clone());
-                std::thread::spawn(move || Bootstrap::init_scalable(&ids, r, n, &c).unwrap())
-            })
-            .collect();
-        let bs: Vec<Bootstrap> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let bs = init_roots(n, k, &c);
         // Through one root, a rank holds its neighbours' addresses and
         // looks the others up.
         let until = Instant::now() + Duration::from_secs(10);
@@ -1143,6 +1148,28 @@ fn several_roots_refuse_bad_ids() {
     );
 }
 
+/// Every rank sends one message to the rank 3n/4 + 1 on (looking it up
+/// where it must) and receives the one meant for it: the messages sent
+/// over all ranks since `before`.
+fn far_messages(bs: &[Bootstrap], before: &[Traffic]) -> u64 {
+    let n = bs.len();
+    let far = |me: usize| (me + 3 * n / 4 + 1) % n;
+    std::thread::scope(|s| {
+        for b in bs {
+            s.spawn(move || {
+                let me = b.rank();
+                b.send(far(me), 5, &[me as u8]).unwrap();
+                let from = (0..n).find(|&p| far(p) == me).unwrap();
+                assert_eq!(b.recv(from, 5).unwrap(), vec![from as u8]);
+            });
+        }
+    });
+    bs.iter()
+        .zip(before)
+        .map(|(b, t0)| b.traffic().sent - t0.sent)
+        .sum()
+}
+
 /// What each rank sends and receives at init, in one allgather after, and
 /// to reach a rank it does not know, for several counts: at init one
 /// message each way (the hello, the root's answer of at most
@@ -1182,22 +1209,7 @@ fn messages_and_bytes_per_rank_at_init_grow_with_log_n() {
         }
         // A message to the rank 3n/4 + 1 on: at most log2 n lookups (a
         // question and an answer each) besides it, over all ranks.
-        let far = |me: usize| (me + 3 * n / 4 + 1) % n;
-        std::thread::scope(|s| {
-            for b in &bs {
-                s.spawn(move || {
-                    let me = b.rank();
-                    b.send(far(me), 5, &[me as u8]).unwrap();
-                    let from = (0..n).find(|&p| far(p) == me).unwrap();
-                    assert_eq!(b.recv(from, 5).unwrap(), vec![from as u8]);
-                });
-            }
-        });
-        let sent: u64 = bs
-            .iter()
-            .zip(&after)
-            .map(|(b, t0)| b.traffic().sent - t0.sent)
-            .sum();
+        let sent = far_messages(&bs, &after);
         let n64 = n as u64;
         assert!(
             sent <= n64 * (1 + 2 * log),
@@ -1226,14 +1238,7 @@ fn several_roots_cost_per_rank_grows_with_the_log_of_the_block() {
     let c = cfg("30");
     let entry = (4 + proto::ADDR_BYTES) as u64;
     for (n, k) in [(64usize, 4usize), (37, 2), (16, 16)] {
-        let ids: Vec<UniqueId> = (0..k).map(|_| get_unique_id(&c).unwrap()).collect();
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                let (c, ids) = (c.clone(), ids.clone());
-                std::thread::spawn(move || Bootstrap::init_scalable(&ids, r, n, &c).unwrap())
-            })
-            .collect();
-        let bs: Vec<Bootstrap> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let bs = init_roots(n, k, &c);
         let block = n.div_ceil(k);
         let log = (block as f64).log2().ceil() as u64;
         let at_init: Vec<Traffic> = bs.iter().map(Bootstrap::traffic).collect();
@@ -1256,23 +1261,8 @@ fn several_roots_cost_per_rank_grows_with_the_log_of_the_block() {
                 });
             }
         });
-        let far = |me: usize| (me + 3 * n / 4 + 1) % n;
         let before: Vec<Traffic> = bs.iter().map(Bootstrap::traffic).collect();
-        std::thread::scope(|s| {
-            for b in &bs {
-                s.spawn(move || {
-                    let me = b.rank();
-                    b.send(far(me), 5, &[me as u8]).unwrap();
-                    let from = (0..n).find(|&p| far(p) == me).unwrap();
-                    assert_eq!(b.recv(from, 5).unwrap(), vec![from as u8]);
-                });
-            }
-        });
-        let sent: u64 = bs
-            .iter()
-            .zip(&before)
-            .map(|(b, t0)| b.traffic().sent - t0.sent)
-            .sum();
+        let sent = far_messages(&bs, &before);
         let mean = |f: fn(&Traffic) -> u64| at_init.iter().map(f).sum::<u64>() as f64 / n as f64;
         eprintln!(
             "n {n:>3}, {k:>2} roots: per rank at init {:.1} msgs sent, {:.1} received, {:.0} B sent, {:.0} B received (max {}); one far message: {:.1} msgs sent per rank with its lookups",
