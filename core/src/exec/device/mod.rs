@@ -19,6 +19,7 @@
 
 pub mod config;
 pub mod oob;
+mod peers;
 mod plan;
 pub mod registry;
 mod shared;
