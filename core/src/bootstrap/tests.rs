@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
+use super::proto::Hello;
 use super::*;
 
 fn cfg(timeout: &str) -> Config {
