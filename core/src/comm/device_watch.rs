@@ -15,15 +15,16 @@
 //! (work queued behind the caller's own kernels may wait long, rightly).
 //! A peer that called another collective is named on this rank, which
 //! tells the others; a peer's failure notice ends the wait of every rank
-//! with work still unfinished.
+//! with work still unfinished. Either way the kernels are told to end
+//! (the stop word they poll, as a revoke does), and the error is the
+//! communicator's asynchronous error from then on.
 //!
 //! Counts that differ do not always hang: where each rank's slices fit
 //! the other's, both kernels end, and the output is wrong. So the newest
 //! finished group is compared too, behind the work and with the next rank
 //! of the ring only (ranks that all agree with their successor agree with
-//! each other), at most every [`ASK_AFTER`] while work finishes. Either way the kernels are told to end
-//! (the stop word they poll, as a revoke does), and the error is the
-//! communicator's asynchronous error from then on.
+//! each other), at most every [`ASK_AFTER`] while work finishes; a peer's
+//! failure notice fails finished work not yet compared.
 //!
 //! [`Schedule`] is the watch without clock or GPU; [`DeviceWatch`] its
 //! thread, over [`Fence`]s and a [`Watched`] communicator, so that both
