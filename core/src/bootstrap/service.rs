@@ -200,7 +200,11 @@ impl Shared {
     /// The table holds its neighbours' addresses only: look the others
     /// up when needed.
     pub fn set_lazy(&self) {
+        // Under the mail lock, so that a sender check waiting in
+        // `rank_addr` for the table cannot miss the switch.
+        let _mail = lock(&self.mail);
         self.lazy.store(true, Ordering::Release);
+        self.cv.notify_all();
     }
 
     /// Of the ranks whose address this rank knows (itself included), the
@@ -305,16 +309,20 @@ impl Shared {
     }
 
     /// Rank `rank`'s listen address, waiting until `until` for a table
-    /// that has it: through several roots a rank first holds its block's
-    /// part (other blocks' ranks at the unspecified address) while a rank
-    /// of another block, which has the whole table, may already write. In
-    /// a lazy table, looked up ([`Shared::resolve`]).
+    /// that has it or for the table to become lazy: through several roots
+    /// a rank holds its sets' neighbours while it joins, and a rank that
+    /// joined first may already write. In a lazy table, looked up
+    /// ([`Shared::resolve`]).
     fn rank_addr(&self, rank: usize, until: Instant) -> Option<SocketAddr> {
-        if self.lazy.load(Ordering::Acquire) {
-            return self.resolve(rank, until);
-        }
         let mut mail = lock(&self.mail);
         loop {
+            // Through several roots the table becomes lazy when the join
+            // ends, while a rank that finished first may already write: its
+            // address is then looked up.
+            if self.lazy.load(Ordering::Acquire) {
+                drop(mail);
+                return self.resolve(rank, until);
+            }
             if let Some(t) = &mail.table {
                 match t.get(rank) {
                     Some(a) if a.ip().is_unspecified() => {}
