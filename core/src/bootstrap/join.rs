@@ -96,27 +96,12 @@ impl Bootstrap {
         }
         let timeout = cfg.timeout();
         let mine = roots::root_of(rank, nranks, k);
-        let iface = bootstrap_iface(cfg, Some(cs[mine].root.ip()))?;
-        let listener = listen_on(&iface, "bootstrap")?;
-        info!(target: "oxccl::init", "Bootstrap: Using {}:{}<0>", iface.name, iface.addr);
-        if rank == 0 {
-            for line in protection_lines(key.is_some()) {
-                info!(target: "oxccl::init", "Security: {line}");
-            }
-        }
         // Ranks talk under the first id's magic; each root under its own.
         let magic = cs[0].magic;
-        let first_wait = HANDSHAKE_WAIT.min(timeout.max(Duration::from_secs(1)));
-        let shared = Arc::new(Shared::new(
-            rank,
-            nranks,
-            magic,
-            key.clone(),
-            first_wait,
-            timeout,
-        ));
-        let service = Service::start(shared.clone(), listener)?;
-        let mut table: Vec<Option<std::net::SocketAddr>> = vec![None; nranks];
+        let (iface, shared, service) =
+            serve(cfg, cs[mine].root.ip(), rank, nranks, magic, key.clone())?;
+        let unknown = SocketAddr::from(([0, 0, 0, 0], 0));
+        let mut table: Vec<Option<SocketAddr>> = vec![None; nranks];
         // The first rank of a block after the first joins the root before
         // too (as the last of its set), then its own.
         let mut joins = Vec::new();
@@ -145,14 +130,12 @@ impl Bootstrap {
             })?;
             // The root answers with the neighbours in the set (and this
             // rank); the others are unknown here.
-            let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
             for (x, a) in set.iter().zip(t) {
                 if a != unknown {
                     table[*x] = Some(a);
                 }
             }
         }
-        let unknown = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
         let partial: Vec<_> = table.iter().map(|a| a.unwrap_or(unknown)).collect();
         shared.set_table(&partial);
         let out = Outgoing::new(rank, magic, key.clone(), partial.clone());
@@ -185,18 +168,8 @@ impl Bootstrap {
         for (r, a) in leaders {
             full[r] = a;
         }
-        shared.set_table(&full);
-        shared.set_lazy();
         debug!(target: "oxccl::bootstrap", rank, nranks, roots = k, "bootstrap ready on {} ({}) through {k} roots", iface.name, service.listen);
-        Ok(Bootstrap {
-            out: Outgoing::new(rank, magic, key, full),
-            shared,
-            service,
-            timeout,
-            allgathers: AtomicU64::new(0),
-            last_probe: std::sync::Mutex::new(None),
-            barriers: AtomicU64::new(0),
-        })
+        Ok(ready(full, magic, key, shared, service))
     }
 
     /// [`Bootstrap::init`] with the key given.
@@ -234,28 +207,7 @@ impl Bootstrap {
             })?;
             root::spawn(l, c.magic, timeout, key.clone(), root_thread_name(cfg))?;
         }
-        let iface = bootstrap_iface(cfg, Some(c.root.ip()))?;
-        let listener = listen_on(&iface, "bootstrap")?;
-        // NCCL's line (INIT), which users grep to see the interface taken.
-        info!(target: "oxccl::init", "Bootstrap: Using {}:{}<0>", iface.name, iface.addr);
-        if rank == 0 {
-            for line in protection_lines(key.is_some()) {
-                info!(target: "oxccl::init", "Security: {line}");
-            }
-        }
-        // Bounded by NCCL_TIMEOUT too, so that a short one (tests, quick
-        // failure detection) frees silent connections' threads as soon.
-        let first_wait = HANDSHAKE_WAIT.min(timeout.max(Duration::from_secs(1)));
-        let shared = Arc::new(Shared::new(
-            rank,
-            nranks,
-            c.magic,
-            key.clone(),
-            first_wait,
-            timeout,
-        ));
-        // Serving before the table exists: peers may write as soon as they have it.
-        let service = Service::start(shared.clone(), listener)?;
+        let (iface, shared, service) = serve(cfg, c.root.ip(), rank, nranks, c.magic, key.clone())?;
         let hello = Hello {
             rank,
             nranks,
@@ -273,18 +225,59 @@ impl Bootstrap {
             cfg.socket_retry(),
             &shared.traffic,
         )?;
-        shared.set_table(&near);
-        shared.set_lazy();
         debug!(target: "oxccl::bootstrap", rank, nranks, "bootstrap ready on {} ({}), root {}", iface.name, service.listen, c.root);
-        Ok(Bootstrap {
-            out: Outgoing::new(rank, c.magic, key, near),
-            shared,
-            service,
-            timeout,
-            allgathers: AtomicU64::new(0),
-            last_probe: std::sync::Mutex::new(None),
-            barriers: AtomicU64::new(0),
-        })
+        Ok(ready(near, c.magic, key, shared, service))
+    }
+}
+
+/// Binds this rank's listener on the bootstrap interface (the one that
+/// reaches `root`), says which (NCCL's INIT line, which users grep for),
+/// and starts serving peers: before the table exists, since peers may
+/// write as soon as they have it.
+fn serve(
+    cfg: &Config,
+    root: std::net::IpAddr,
+    rank: usize,
+    nranks: usize,
+    magic: u64,
+    key: Option<Arc<Key>>,
+) -> Result<(oxccl_netif::Iface, Arc<Shared>, Service)> {
+    let iface = bootstrap_iface(cfg, Some(root))?;
+    let listener = listen_on(&iface, "bootstrap")?;
+    info!(target: "oxccl::init", "Bootstrap: Using {}:{}<0>", iface.name, iface.addr);
+    if rank == 0 {
+        for line in protection_lines(key.is_some()) {
+            info!(target: "oxccl::init", "Security: {line}");
+        }
+    }
+    // Bounded by NCCL_TIMEOUT too, so that a short one (tests, quick
+    // failure detection) frees silent connections' threads as soon.
+    let timeout = cfg.timeout();
+    let first_wait = HANDSHAKE_WAIT.min(timeout.max(Duration::from_secs(1)));
+    let shared = Arc::new(Shared::new(rank, nranks, magic, key, first_wait, timeout));
+    let service = Service::start(shared.clone(), listener)?;
+    Ok((iface, shared, service))
+}
+
+/// The joined bootstrap: `table` holds the addresses this rank learned
+/// (the others unspecified, looked up when needed).
+fn ready(
+    table: Vec<SocketAddr>,
+    magic: u64,
+    key: Option<Arc<Key>>,
+    shared: Arc<Shared>,
+    service: Service,
+) -> Bootstrap {
+    shared.set_table(&table);
+    shared.set_lazy();
+    Bootstrap {
+        out: Outgoing::new(shared.rank, magic, key, table),
+        timeout: shared.timeout,
+        shared,
+        service,
+        allgathers: AtomicU64::new(0),
+        last_probe: std::sync::Mutex::new(None),
+        barriers: AtomicU64::new(0),
     }
 }
 

@@ -246,21 +246,16 @@ impl Shared {
         let mut skip: Vec<usize> = Vec::new();
         let mut wait = LOOKUP_FIRST_WAIT;
         'walk: loop {
-            let found = self.closest_known_but(rank, &skip);
-            let Some((mut at, mut addr)) = found.filter(|&(r, _)| r == rank || r != self.rank)
-            else {
-                // Every way passed over, or none: once more, waiting long.
-                if wait < LOOKUP_WAIT && !skip.is_empty() {
-                    (wait, skip) = (LOOKUP_WAIT, Vec::new());
-                    continue 'walk;
-                }
-                return None;
-            };
+            // This rank is always known and never passed over: `None` only
+            // without a table.
+            let (mut at, mut addr) = self.closest_known_but(rank, &skip)?;
             let mut path = Vec::new();
             while at != rank {
                 if Instant::now() >= until {
                     return None;
                 }
+                // No known rank leads nearer: where ranks were passed over
+                // on the short wait, once more, waiting long.
                 if at == self.rank {
                     if wait < LOOKUP_WAIT && !skip.is_empty() {
                         (wait, skip) = (LOOKUP_WAIT, Vec::new());
