@@ -57,41 +57,31 @@ pub trait Registrar {
     fn deregister(&mut self, mr: MrHandle) -> NetResult<()>;
 }
 
-impl Registrar for dyn SendComm {
-    fn register(&mut self, ptr: *mut u8, len: usize, ty: PtrType) -> NetResult<MrHandle> {
-        self.reg_mr(ptr, len, ty)
-    }
-    fn register_dmabuf(
-        &mut self,
-        ptr: *mut u8,
-        len: usize,
-        ty: PtrType,
-        d: DmaBuf,
-    ) -> NetResult<MrHandle> {
-        self.reg_mr_dma_buf(ptr, len, ty, d)
-    }
-    fn deregister(&mut self, mr: MrHandle) -> NetResult<()> {
-        self.dereg_mr(mr)
-    }
+/// Both ends of a connection register alike: the net plugin's send and
+/// receive sides carry the same three calls.
+macro_rules! registrar_for {
+    ($end:ty) => {
+        impl Registrar for $end {
+            fn register(&mut self, ptr: *mut u8, len: usize, ty: PtrType) -> NetResult<MrHandle> {
+                self.reg_mr(ptr, len, ty)
+            }
+            fn register_dmabuf(
+                &mut self,
+                ptr: *mut u8,
+                len: usize,
+                ty: PtrType,
+                d: DmaBuf,
+            ) -> NetResult<MrHandle> {
+                self.reg_mr_dma_buf(ptr, len, ty, d)
+            }
+            fn deregister(&mut self, mr: MrHandle) -> NetResult<()> {
+                self.dereg_mr(mr)
+            }
+        }
+    };
 }
-
-impl Registrar for dyn RecvComm {
-    fn register(&mut self, ptr: *mut u8, len: usize, ty: PtrType) -> NetResult<MrHandle> {
-        self.reg_mr(ptr, len, ty)
-    }
-    fn register_dmabuf(
-        &mut self,
-        ptr: *mut u8,
-        len: usize,
-        ty: PtrType,
-        d: DmaBuf,
-    ) -> NetResult<MrHandle> {
-        self.reg_mr_dma_buf(ptr, len, ty, d)
-    }
-    fn deregister(&mut self, mr: MrHandle) -> NetResult<()> {
-        self.dereg_mr(mr)
-    }
-}
+registrar_for!(dyn SendComm);
+registrar_for!(dyn RecvComm);
 
 /// One end of a connection with the registrations made through it.
 pub struct Conn<C: ?Sized + Registrar> {
