@@ -107,3 +107,47 @@ fn topology_of_this_machine() {
         println!("one GPU: no pair to check");
     }
 }
+
+/// Ranks of one process detect their topology on threads of their own at
+/// once; every thread must see what one thread alone sees. (When each
+/// opened and shut NVML itself, one thread's shutdown made another's link
+/// queries fail, and an NVLink pair looked like PCIe.)
+#[test]
+fn threads_detecting_at_once_see_the_same_links() {
+    let n = match cuda::device_count() {
+        Ok(n) if n > 0 => n,
+        Ok(_) => return println!("skipped: the CUDA driver sees no GPU"),
+        Err(e) => return println!("skipped: {e}"),
+    };
+    let buses: Vec<_> = (0..n)
+        .filter_map(|i| {
+            cuda::Device::get(i)
+                .ok()?
+                .pci_bus_id()
+                .ok()?
+                .parse::<topo::BusId>()
+                .ok()
+        })
+        .collect();
+    let alone = match topo::nvlink::detect(&buses) {
+        Ok(l) => l,
+        Err(e) => return println!("skipped: {e}"),
+    };
+    println!("{} GPU(s), alone: {alone:?}", buses.len());
+    std::thread::scope(|s| {
+        let seen: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    (0..25)
+                        .map(|_| topo::nvlink::detect(&buses))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for (t, h) in seen.into_iter().enumerate() {
+            for (i, got) in h.join().unwrap().into_iter().enumerate() {
+                assert_eq!(got.as_ref(), Ok(&alone), "thread {t}, detection {i}");
+            }
+        }
+    });
+}

@@ -60,7 +60,7 @@ impl NvLinks {
 /// the caller to report as "no NVLink information"; a GPU NVML does not
 /// know is left out.
 pub fn detect(gpus: &[BusId]) -> Result<NvLinks, TopoError> {
-    let nvml = Nvml::open()?;
+    let nvml = Nvml::shared()?;
     let mut ends = Vec::new();
     for g in gpus {
         match nvml.links(*g) {

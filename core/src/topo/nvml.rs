@@ -5,6 +5,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use libloading::Library;
 
@@ -48,18 +49,36 @@ type ByBusFn = unsafe extern "C" fn(*const c_char, *mut Handle) -> Ret;
 type StateFn = unsafe extern "C" fn(Handle, c_uint, *mut c_int) -> Ret;
 type RemoteFn = unsafe extern "C" fn(Handle, c_uint, *mut PciInfo) -> Ret;
 
-/// NVML, initialised; shut down when dropped.
+/// NVML, initialised once for the process and never shut down.
 pub(crate) struct Nvml {
     by_bus: ByBusFn,
     state: StateFn,
     remote: RemoteFn,
-    shutdown: InitFn,
     // Last: the function pointers above point into it.
     _lib: Library,
 }
 
+/// The process's NVML, or why it could not be opened.
+static NVML: OnceLock<Result<Mutex<Nvml>, TopoError>> = OnceLock::new();
+
 impl Nvml {
-    pub fn open() -> Result<Nvml, TopoError> {
+    /// The process's NVML, for one caller at a time. Ranks of one process
+    /// detect their topology on threads of their own at once; each opening
+    /// and shutting NVML down itself, one rank's shutdown raced another's
+    /// queries, which then failed ("not supported") and made an NVLink
+    /// pair look like PCIe (4 channels instead of 24, a quarter of the
+    /// bandwidth, on 2 H200 in one process, 2026-11-29). NCCL, too, keeps
+    /// NVML open and calls it under one lock.
+    pub fn shared() -> Result<MutexGuard<'static, Nvml>, TopoError> {
+        match NVML.get_or_init(|| Nvml::open().map(Mutex::new)) {
+            // A panic while the lock was held left no NVML state half
+            // changed: every call here is a query.
+            Ok(m) => Ok(m.lock().unwrap_or_else(|p| p.into_inner())),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    fn open() -> Result<Nvml, TopoError> {
         const NAME: &str = "libnvidia-ml.so.1";
         // SAFETY: loading NVML runs no initialiser beyond the library's own
         // static constructors, which the driver installs for this use.
@@ -67,7 +86,7 @@ impl Nvml {
         let sym = |name: &'static str| TopoError::NvmlSymbol(name);
         // SAFETY: each type is the C prototype of the named function in
         // nvml.h; the pointers are used only while `lib` lives (held below).
-        let (init, by_bus, state, remote, shutdown) = unsafe {
+        let (init, by_bus, state, remote) = unsafe {
             (
                 *lib.get::<InitFn>(b"nvmlInit_v2\0")
                     .map_err(|_| sym("nvmlInit_v2"))?,
@@ -77,8 +96,6 @@ impl Nvml {
                     .map_err(|_| sym("nvmlDeviceGetNvLinkState"))?,
                 *lib.get::<RemoteFn>(b"nvmlDeviceGetNvLinkRemotePciInfo_v2\0")
                     .map_err(|_| sym("nvmlDeviceGetNvLinkRemotePciInfo_v2"))?,
-                *lib.get::<InitFn>(b"nvmlShutdown\0")
-                    .map_err(|_| sym("nvmlShutdown"))?,
             )
         };
         // SAFETY: takes no arguments; NVML counts its inits, so other users
@@ -94,7 +111,6 @@ impl Nvml {
             by_bus,
             state,
             remote,
-            shutdown,
             _lib: lib,
         })
     }
@@ -161,12 +177,5 @@ impl Nvml {
             Some(e) if out.is_empty() => Err(e),
             _ => Ok(out),
         }
-    }
-}
-
-impl Drop for Nvml {
-    fn drop(&mut self) {
-        // SAFETY: pairs with the successful nvmlInit_v2 in `open`.
-        unsafe { (self.shutdown)() };
     }
 }
