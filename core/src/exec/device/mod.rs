@@ -157,6 +157,22 @@ pub struct DeviceComm {
     graph_register: bool,
     /// Launches whose peers read a registered buffer where it lies.
     direct_launches: u64,
+    /// Where a rank's message to itself is copied beside the group's
+    /// kernel; made at the first such group.
+    side: Option<SideCopy>,
+}
+
+/// A stream of the communicator's own and the events that fork a copy
+/// onto it from the caller's stream and join it back, so that the copy
+/// engine moves a rank's message to itself while the kernel moves the
+/// peers' (in a graph capture the fork and the join are captured too).
+/// Copied before the kernel on the caller's stream instead, an
+/// all_to_all's own block added its whole copy to the call: 14 us at
+/// 1 KiB on 2 H200, where NCCL took 21 us in all.
+struct SideCopy {
+    stream: crate::cuda::Stream,
+    fork: Event,
+    join: Event,
 }
 
 /// Which peers (a bit per rank) a launch lets read its input and its
@@ -258,6 +274,7 @@ impl DeviceComm {
             last: None,
             opened: None,
             order,
+            side: None,
             stamps: None,
             timed: false,
             launched: Vec::new(),
@@ -914,24 +931,41 @@ impl DeviceComm {
             .is_some_and(|sh| sh.routes_self());
         let mut sends: Vec<(usize, u64)> = sends.to_vec();
         let mut recvs: Vec<(usize, u64)> = recvs.to_vec();
+        let mut forked = false;
         if !routes_self {
-            // A rank's message to itself goes by the copy engine, as NCCL's
-            // does, taking no SM.
-            for (s, r) in self_sends.iter().zip(&self_recvs) {
-                if s != r {
-                    #[allow(unsafe_code)]
-                    // SAFETY: both buffers passed `check` for `count`
-                    // elements of `dtype` (device memory of this context)
-                    // and stay the caller's until the stream has run the
-                    // group; a send and a receive buffer of one group are
-                    // the same buffer or apart, as NCCL requires.
-                    unsafe {
-                        stream.copy_device(*r, *s, bytes)?
-                    };
-                }
-            }
+            // A rank's message to itself goes by the copy engine, taking no
+            // SM; beside the kernel where there is one.
+            let copies: Vec<(u64, u64)> = self_sends
+                .iter()
+                .zip(&self_recvs)
+                .filter(|(s, r)| s != r)
+                .map(|(s, r)| (*s, *r))
+                .collect();
             sends.retain(|s| s.0 != me);
             recvs.retain(|r| r.0 != me);
+            let peers = !(sends.is_empty() && recvs.is_empty());
+            let beside = !copies.is_empty() && peers;
+            let on = if beside {
+                Some(self.fork(stream)?)
+            } else {
+                None
+            };
+            for (s, r) in copies {
+                #[allow(unsafe_code)]
+                // SAFETY: both buffers passed `check` for `count` elements
+                // of `dtype` (device memory of this context) and stay the
+                // caller's until the stream has run the group (the side
+                // stream's copy joins it below); a send and a receive
+                // buffer of one group are the same buffer or apart, as
+                // NCCL requires.
+                unsafe {
+                    on.unwrap_or(stream).copy_device(r, s, bytes)?
+                };
+            }
+            if let (Some(side), Some(c)) = (on, self.side.as_ref()) {
+                c.join.record(side)?;
+                forked = true;
+            }
         }
         if let Some(sh) = self.window.shared.as_mut() {
             (sends, recvs) = sh.p2p(
@@ -959,11 +993,52 @@ impl DeviceComm {
         if sends.is_empty() && recvs.is_empty() {
             return self.mark();
         }
-        match fused_p2p(&sends, &recvs, bytes) {
+        let launched = self.launch_p2p(&sends, &recvs, count, dtype, stream, nch, bytes);
+        if forked {
+            // Joined whether or not the launch went through, so the side
+            // stream never holds the caller's work back.
+            if let Some(c) = self.side.as_ref() {
+                c.join.wait_on(stream)?;
+            }
+            launched?;
+            return self.mark();
+        }
+        launched
+    }
+
+    /// The caller's stream's work so far forks onto the side stream
+    /// (made on the first call), which is returned.
+    fn fork(&mut self, stream: RawStream) -> Result<RawStream> {
+        if self.side.is_none() {
+            self.side = Some(SideCopy {
+                stream: crate::cuda::Stream::new(&self.ctx)?,
+                fork: Event::new(&self.ctx, false)?,
+                join: Event::new(&self.ctx, false)?,
+            });
+        }
+        let c = self.side.as_ref().expect("made above");
+        c.fork.record(stream)?;
+        c.fork.wait_on(c.stream.handle())?;
+        Ok(c.stream.handle())
+    }
+
+    /// The kernels of a group's messages to other ranks.
+    #[allow(clippy::too_many_arguments)] // one group's messages
+    fn launch_p2p(
+        &mut self,
+        sends: &[(usize, u64)],
+        recvs: &[(usize, u64)],
+        count: usize,
+        dtype: DataType,
+        stream: RawStream,
+        nch: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        match fused_p2p(sends, recvs, bytes) {
             Some((t, input, output)) => {
                 // One kernel moves every message, so a send's wait for its
                 // reader at the end never holds up a receive.
-                let direct = self.p2p_direct(&sends, bytes, stream)?;
+                let direct = self.p2p_direct(sends, bytes, stream)?;
                 self.launch(
                     t,
                     input,
@@ -981,11 +1056,11 @@ impl DeviceComm {
                 // Sends never read in place here: a send kernel that waited
                 // for its reader would hold up this rank's receives after it.
                 let none = Direct::default();
-                for &(p, b) in &sends {
+                for &(p, b) in sends {
                     let t = Template::send(p);
                     self.launch(t, b, 0, count, dtype, RedOp::Sum, stream, nch, none)?;
                 }
-                for &(p, b) in &recvs {
+                for &(p, b) in recvs {
                     let t = Template::recv(p);
                     self.launch(t, 0, b, count, dtype, RedOp::Sum, stream, nch, none)?;
                 }
