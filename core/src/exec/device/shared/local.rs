@@ -43,11 +43,33 @@ const READY: u64 = 8;
 pub(super) const FLAG_BYTES: usize = 64;
 
 /// One rank's arrival at a call that the last rank runs: its buffers (its
-/// stream says when they are ready in its READY word).
+/// stream says when they are ready in its READY word) and that stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Arrival {
     pub rank: usize,
     pub bufs: Bufs,
+    pub on: StreamId,
+}
+
+/// Which stream a call came on: its handle, and for the per-thread default
+/// stream (one handle, a stream per thread) the calling thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StreamId {
+    handle: u64,
+    thread: Option<std::thread::ThreadId>,
+}
+
+impl StreamId {
+    /// `stream`, called on this thread.
+    pub fn of(stream: RawStream) -> StreamId {
+        // CUDA's CU_STREAM_PER_THREAD.
+        const PER_THREAD: u64 = 2;
+        let handle = stream.raw();
+        StreamId {
+            handle,
+            thread: (handle == PER_THREAD).then(|| std::thread::current().id()),
+        }
+    }
 }
 
 /// What coming to a call means for one rank.
@@ -112,6 +134,7 @@ impl Calls {
         capturing: bool,
         timed: bool,
         bufs: Bufs,
+        on: StreamId,
     ) -> Result<Turn> {
         let nranks = self.nranks;
         let open = self.open.entry(seq).or_insert_with(|| Open {
@@ -150,7 +173,7 @@ impl Calls {
         } else if last {
             Turn::Last(std::mem::take(&mut open.waiting))
         } else {
-            open.waiting.push(Arrival { rank, bufs });
+            open.waiting.push(Arrival { rank, bufs, on });
             Turn::Early
         };
         if last {
@@ -182,6 +205,8 @@ pub(crate) struct LocalGpu {
     rv: Arc<Rendezvous>,
     awaited: Awaited,
     own: DeviceBuffer,
+    /// Stores DONE words apart from any rank's stream; made at first use.
+    side: Option<Stream>,
 }
 
 fn poisoned() -> Error {
@@ -244,7 +269,15 @@ impl LocalGpu {
             rv,
             awaited: Awaited::default(),
             own,
+            side: None,
         })
+    }
+
+    fn side(&mut self) -> Result<RawStream> {
+        if self.side.is_none() {
+            self.side = Some(Stream::new(&self.ctx)?);
+        }
+        Ok(self.side.as_ref().expect("made above").handle())
     }
 
     /// As the processes' path: stores what this rank's stream waits for.
@@ -301,7 +334,15 @@ impl LocalGpu {
         let capturing = stream.is_capturing()?;
         let turn = {
             let mut calls = self.rv.calls.lock().map_err(|_| poisoned())?;
-            calls.arrive(self.me, seq, &what, capturing, timed, Bufs { send, recv })?
+            calls.arrive(
+                self.me,
+                seq,
+                &what,
+                capturing,
+                timed,
+                Bufs { send, recv },
+                StreamId::of(stream),
+            )?
         };
         tracing::trace!(target: "oxccl::coll", "rank {}: {what} as collective #{seq} of the GPU's ranks: {}", self.me, match &turn {
             Turn::Early => "comes early, its stream waits for the last rank's launch".to_string(),
@@ -349,6 +390,28 @@ impl LocalGpu {
             Turn::Last(waiting) => {
                 let mut bufs = vec![Bufs { send: 0, recv: 0 }; self.nranks];
                 bufs[self.me] = Bufs { send, recv };
+                // An earlier rank that came on this very stream (one thread
+                // calling every rank on the null stream) has its wait for
+                // DONE ahead of this launch there: stored now, from the
+                // side, it lets the stream reach the launch, which the
+                // stream's own order still puts after that rank's work.
+                // Such a rank's DONE is stored from the side only: stored
+                // on the stream too, an earlier call's store, still queued
+                // there, could land after this one and undo it.
+                let here = StreamId::of(stream);
+                let (same, apart): (Vec<&Arrival>, Vec<&Arrival>) =
+                    waiting.iter().partition(|a| a.on == here);
+                if !same.is_empty() {
+                    let side = self.side()?;
+                    for r in same.iter().map(|a| a.rank) {
+                        #[allow(unsafe_code)]
+                        // SAFETY: rank r's DONE word, alive while r's
+                        // communicator is, which waits for its stream.
+                        unsafe {
+                            side.write_u32(self.rv.done[r], flag)?;
+                        }
+                    }
+                }
                 #[allow(unsafe_code)]
                 // SAFETY: the earlier ranks' READY words, alive while their
                 // communicators are, each of which waits for this stream's
@@ -373,7 +436,7 @@ impl LocalGpu {
                 // SAFETY: the earlier ranks' DONE words, alive while their
                 // communicators are, which wait for their streams.
                 unsafe {
-                    stream.write_all(waiting.iter().map(|a| self.rv.done[a.rank]), flag)?;
+                    stream.write_all(apart.iter().map(|a| self.rv.done[a.rank]), flag)?;
                 }
                 r.map(|()| true)
             }
@@ -384,6 +447,13 @@ impl LocalGpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn on() -> StreamId {
+        StreamId {
+            handle: 0,
+            thread: None,
+        }
+    }
 
     fn b(r: u64) -> Bufs {
         Bufs {
@@ -397,18 +467,18 @@ mod tests {
         let mut c = Calls::new(3);
         // Call 1: ranks 2, 0, 1; call 2 opened by rank 0 before call 1 ends.
         assert!(matches!(
-            c.arrive(2, 1, "ar", false, false, b(2)).unwrap(),
+            c.arrive(2, 1, "ar", false, false, b(2), on()).unwrap(),
             Turn::Early
         ));
         assert!(matches!(
-            c.arrive(0, 1, "ar", false, false, b(0)).unwrap(),
+            c.arrive(0, 1, "ar", false, false, b(0), on()).unwrap(),
             Turn::Early
         ));
         assert!(matches!(
-            c.arrive(0, 2, "bc", false, false, b(0)).unwrap(),
+            c.arrive(0, 2, "bc", false, false, b(0), on()).unwrap(),
             Turn::Early
         ));
-        match c.arrive(1, 1, "ar", false, false, b(1)).unwrap() {
+        match c.arrive(1, 1, "ar", false, false, b(1), on()).unwrap() {
             Turn::Last(w) => {
                 let got: Vec<(usize, Bufs)> = w.iter().map(|a| (a.rank, a.bufs)).collect();
                 assert_eq!(got, vec![(2, b(2)), (0, b(0))]);
@@ -416,11 +486,11 @@ mod tests {
             t => panic!("{t:?}"),
         }
         assert!(matches!(
-            c.arrive(1, 2, "bc", false, false, b(1)).unwrap(),
+            c.arrive(1, 2, "bc", false, false, b(1), on()).unwrap(),
             Turn::Early
         ));
         assert!(
-            matches!(c.arrive(2, 2, "bc", false, false, b(2)).unwrap(), Turn::Last(w) if w.len() == 2)
+            matches!(c.arrive(2, 2, "bc", false, false, b(2), on()).unwrap(), Turn::Last(w) if w.len() == 2)
         );
         assert!(c.open.is_empty());
     }
@@ -429,11 +499,11 @@ mod tests {
     fn a_call_the_first_rank_captures_runs_on_kernels_everywhere() {
         let mut c = Calls::new(2);
         assert!(matches!(
-            c.arrive(1, 1, "ar", true, false, b(1)).unwrap(),
+            c.arrive(1, 1, "ar", true, false, b(1), on()).unwrap(),
             Turn::Kernels
         ));
         assert!(matches!(
-            c.arrive(0, 1, "ar", false, false, b(0)).unwrap(),
+            c.arrive(0, 1, "ar", false, false, b(0), on()).unwrap(),
             Turn::Kernels
         ));
         assert!(c.open.is_empty());
@@ -443,21 +513,21 @@ mod tests {
     fn a_call_the_first_rank_times_runs_on_kernels_everywhere() {
         let mut c = Calls::new(2);
         assert!(matches!(
-            c.arrive(0, 1, "ar", false, true, b(0)).unwrap(),
+            c.arrive(0, 1, "ar", false, true, b(0), on()).unwrap(),
             Turn::Kernels
         ));
         assert!(matches!(
-            c.arrive(1, 1, "ar", false, false, b(1)).unwrap(),
+            c.arrive(1, 1, "ar", false, false, b(1), on()).unwrap(),
             Turn::Kernels
         ));
         // A later rank timed where the first was not: it runs the call
         // without channel times, no failure.
         assert!(matches!(
-            c.arrive(1, 2, "ar", false, false, b(1)).unwrap(),
+            c.arrive(1, 2, "ar", false, false, b(1), on()).unwrap(),
             Turn::Early
         ));
         assert!(matches!(
-            c.arrive(0, 2, "ar", false, true, b(0)).unwrap(),
+            c.arrive(0, 2, "ar", false, true, b(0), on()).unwrap(),
             Turn::Last(_)
         ));
     }
@@ -466,10 +536,10 @@ mod tests {
     fn a_mismatch_fails_every_rank_and_releases_the_early_ones() {
         let mut c = Calls::new(3);
         assert!(matches!(
-            c.arrive(0, 1, "ar", false, false, b(0)).unwrap(),
+            c.arrive(0, 1, "ar", false, false, b(0), on()).unwrap(),
             Turn::Early
         ));
-        match c.arrive(1, 1, "bc", false, false, b(1)).unwrap() {
+        match c.arrive(1, 1, "bc", false, false, b(1), on()).unwrap() {
             Turn::Failed { msg, release } => {
                 assert_eq!(release, vec![0]);
                 assert!(
@@ -481,7 +551,7 @@ mod tests {
         }
         // The third rank is told too, and nothing is left open.
         assert!(
-            matches!(c.arrive(2, 1, "ar", false, false, b(2)).unwrap(), Turn::Failed { release, .. } if release.is_empty())
+            matches!(c.arrive(2, 1, "ar", false, false, b(2), on()).unwrap(), Turn::Failed { release, .. } if release.is_empty())
         );
         assert!(c.open.is_empty());
         assert!(c.take_owed(0).unwrap().contains("rank 1 called bc"));
@@ -489,11 +559,37 @@ mod tests {
         assert_eq!(c.take_owed(1), None, "rank 1 got its error at once");
         // A capture after an eager start is a mismatch too.
         assert!(matches!(
-            c.arrive(0, 2, "ar", false, false, b(0)).unwrap(),
+            c.arrive(0, 2, "ar", false, false, b(0), on()).unwrap(),
             Turn::Early
         ));
         assert!(
-            matches!(c.arrive(1, 2, "ar", true, false, b(1)).unwrap(), Turn::Failed { msg, .. } if msg.contains("capture"))
+            matches!(c.arrive(1, 2, "ar", true, false, b(1), on()).unwrap(), Turn::Failed { msg, .. } if msg.contains("capture"))
         );
+    }
+
+    #[test]
+    fn the_per_thread_stream_is_one_per_thread() {
+        #[allow(unsafe_code)]
+        // SAFETY: the handles are only compared, never given to the driver.
+        let (null, per_thread, made) = unsafe {
+            (
+                RawStream::from_raw(0),
+                RawStream::from_raw(2),
+                RawStream::from_raw(0x7f00_1000),
+            )
+        };
+        let there = std::thread::spawn(move || {
+            (
+                StreamId::of(null),
+                StreamId::of(per_thread),
+                StreamId::of(made),
+            )
+        })
+        .join()
+        .unwrap();
+        assert_eq!(StreamId::of(null), there.0, "the legacy stream is shared");
+        assert_ne!(StreamId::of(per_thread), there.1);
+        assert_eq!(StreamId::of(per_thread), StreamId::of(per_thread));
+        assert_eq!(StreamId::of(made), there.2, "a stream the caller made");
     }
 }
