@@ -13,13 +13,14 @@
 //       # after 2; MEM 0 cudaMalloc, 1 ncclMemAlloc; STREAMS 0 non-blocking,
 //       # 1 blocking, 2 the null stream. CALLS 0: one all_reduce, then each
 //       # rank's stream is polled for 5 s (what does not complete).
+//   PROBE_NO_MEMALLOC=1: no ncclMemAlloc; its rows reuse the cudaMalloc buffers.
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1); } } while (0)
-#define NK(x) do { ncclResult_t r = (x); if (r != ncclSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, ncclGetErrorString(r)); exit(1); } } while (0)
+#define CK(x) do { cudaError_t ck_e_ = (x); if (ck_e_ != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(ck_e_)); exit(1); } } while (0)
+#define NK(x) do { ncclResult_t nk_r_ = (x); if (nk_r_ != ncclSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, ncclGetErrorString(nk_r_)); exit(1); } } while (0)
 int devs[2];
 ncclComm_t comms[2];
 cudaStream_t st[2];
@@ -54,7 +55,8 @@ int main(int argc, char** argv) {
     else if (sk == 1) CK(cudaStreamCreate(&st[r]));
     else st[r] = 0;
     CK(cudaMalloc(&sb[0][r], MAXB)); CK(cudaMalloc(&rb[0][r], MAXB));
-    { ncclResult_t a = ncclMemAlloc(&sb[1][r], MAXB), b = ncclMemAlloc(&rb[1][r], MAXB);
+    if (getenv("PROBE_NO_MEMALLOC")) { sb[1][r] = sb[0][r]; rb[1][r] = rb[0][r]; }
+    else { ncclResult_t a = ncclMemAlloc(&sb[1][r], MAXB), b = ncclMemAlloc(&rb[1][r], MAXB);
       int cur = -1; cudaGetDevice(&cur);
       printf("ncclMemAlloc rank %d (device %d, current %d): %d %p, %d %p\n", r, devs[r], cur, (int)a, sb[1][r], (int)b, rb[1][r]); fflush(stdout); }
     for (int k = 0; k < 2; k++) {
