@@ -24,7 +24,7 @@
 
 use std::os::raw::{c_char, c_int, c_void};
 
-use super::v12::{PropertiesV12, SgeV12};
+use super::v12::{CollNetV12, PropertiesV12, SgeV12};
 use crate::ffi::types::{DataType, Logger, NcclResult, RedOp};
 
 /// `connect` of every version: the group of `nranks` from all handles.
@@ -640,13 +640,17 @@ pub(crate) trait From8: Sized {
     fn from_v12(p: &SgeV12) -> Option<Self>;
 }
 
-impl From8 for super::v8::SgeV8 {
-    fn from_v12(p: &SgeV12) -> Option<Self> {
-        Some(Self {
-            mhandle: p.mhandle,
-            address: p.address,
-            size: u32::try_from(p.size).ok()?,
-        })
+// The newest version's table, whose types the trait speaks, is implemented
+// here; older versions implement it in their own files.
+// SAFETY: every method calls the entry of the same name with its arguments.
+unsafe impl CollAbi for CollNetV12 {
+    coll_common!(12);
+    coll_ctx!();
+    coll_reg_mr!();
+    coll_iallreduce!(size);
+    coll_gathers!(SgeV12, sge_same);
+    unsafe fn get_properties(&self, dev: c_int, props: *mut PropertiesV12) -> NcclResult {
+        super::call!(self.get_properties, dev, props)
     }
 }
 

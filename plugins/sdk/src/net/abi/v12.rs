@@ -447,18 +447,6 @@ pub struct CollNetV12 {
 }
 
 // SAFETY: every method calls the entry of the same name with its arguments.
-unsafe impl super::collnet::CollAbi for CollNetV12 {
-    super::collnet::coll_common!(12);
-    super::collnet::coll_ctx!();
-    super::collnet::coll_reg_mr!();
-    super::collnet::coll_iallreduce!(size);
-    super::collnet::coll_gathers!(SgeV12, sge_same);
-    unsafe fn get_properties(&self, dev: c_int, props: *mut PropertiesV12) -> NcclResult {
-        call!(self.get_properties, dev, props)
-    }
-}
-
-// SAFETY: every method calls the entry of the same name with its arguments.
 unsafe impl Abi for NetV12 {
     abi_common!(12);
     as_newest!(init, listen, connect, accept, reg_mr, isend, irecv, finalize);

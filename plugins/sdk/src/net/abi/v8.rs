@@ -8,7 +8,7 @@
 
 use std::os::raw::{c_char, c_int, c_void};
 
-use super::v12::PropertiesV12;
+use super::v12::{PropertiesV12, SgeV12};
 use super::*;
 use crate::ffi::types::Logger;
 use crate::ffi::types::NcclResult;
@@ -291,6 +291,17 @@ unsafe impl collnet::CollAbi for CollNetV8 {
     unsafe fn get_properties(&self, dev: c_int, props: *mut PropertiesV12) -> NcclResult {
         // SAFETY: forwarded.
         unsafe { props_via(self.get_properties, dev, props, |p| up(p, dev)) }
+    }
+}
+
+/// v12's piece as v8 carries it (`uint32_t` size); `None` where it does not fit.
+impl collnet::From8 for SgeV8 {
+    fn from_v12(p: &SgeV12) -> Option<Self> {
+        Some(Self {
+            mhandle: p.mhandle,
+            address: p.address,
+            size: u32::try_from(p.size).ok()?,
+        })
     }
 }
 
