@@ -12,7 +12,7 @@ use oxccl::topo::{NicKind, Topology};
 #[derive(clap::Args, Debug, Default)]
 pub struct InfoArgs {
     /// Print docs/settings.md (every setting, its default and meaning, by
-    /// subject) from the table in core/src/config.rs, and nothing else.
+    /// subject) from the table in core/src/config/mod.rs, and nothing else.
     #[arg(long)]
     pub settings_markdown: bool,
     /// Print, per collective and size (8 B .. 4 GiB), the algorithm,

@@ -1,5 +1,5 @@
 //! docs/settings.md is what `oxccl info --settings-markdown` prints from
-//! the settings table in core/src/config.rs: this fails where the file
+//! the settings table in core/src/config/mod.rs: this fails where the file
 //! differs, and says which command regenerates it.
 
 use std::process::Command;

@@ -410,7 +410,7 @@ mod tests {
             assert_eq!(
                 parse_size(shown),
                 Some(value),
-                "{name}: the table in core/src/config.rs shows {shown:?}, DeviceConfig holds {value}; change its `shown`"
+                "{name}: the table in core/src/config/mod.rs shows {shown:?}, DeviceConfig holds {value}; change its `shown`"
             );
         }
     }
