@@ -14,12 +14,14 @@
 //! connection for as long as both live, the caller's buffers for the
 //! operation.
 
+mod cursor;
 pub mod device;
 pub mod extent;
 pub mod header;
 pub mod host_direct;
 pub mod mailbox;
 mod proxy_prof;
+mod stall;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -35,8 +37,10 @@ use crate::mem::{self, OpBuffers, Span};
 pub use crate::plugin::profiler::ProxyProfiler;
 use crate::plugin::profiler::{Handle, NetParent, ProfilerComm, ProxyCtrl};
 use crate::reduce::Reducer;
+use cursor::Cursor;
 use header::{OpHeader, HEADER_BYTES};
 use proxy_prof::{Proxies, NO_OP};
+use stall::{ask_peers, prefer_peer_report, timeout_error, ASK_AFTER, ASK_EVERY};
 
 /// Staging slots in flight per lane.
 const WINDOW: usize = 4;
@@ -58,74 +62,6 @@ const GROUP: usize = WINDOW / 2;
 /// their steps within it.
 pub fn joinable(slice_bytes: usize, esize: usize) -> usize {
     GROUP * (slice_bytes.max(64) / esize.max(1)).max(1)
-}
-
-/// The order slices are opened in: `GROUP` slices of every step, then the
-/// next `GROUP` of every step, and so on (NCCL's loops run chunk by chunk
-/// over the steps in the same way). Both ends of a connection open their
-/// matching steps in the same order, so messages still meet in FIFO order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Cursor {
-    /// Elements per slice, and the most slices any step has: fixed for
-    /// the lane, so counted once rather than at every poll.
-    slice: usize,
-    most: usize,
-    group: usize,
-    step: usize,
-    /// Slices of `step` already opened in this group.
-    taken: usize,
-}
-
-impl Cursor {
-    fn new(steps: &[Step], slice: usize) -> Cursor {
-        let slice = slice.max(1);
-        Cursor {
-            slice,
-            most: steps
-                .iter()
-                .map(|s| s.count.div_ceil(slice))
-                .max()
-                .unwrap_or(0),
-            group: 0,
-            step: 0,
-            taken: 0,
-        }
-    }
-
-    /// The next slice to open, as (step, element offset, elements), without
-    /// moving; `None` once every slice is open. Steps of zero elements
-    /// have no slices.
-    fn peek(&self, steps: &[Step]) -> Option<(usize, usize, usize)> {
-        let mut c = *self;
-        c.next(steps)
-    }
-
-    fn advance(&mut self, steps: &[Step]) {
-        let _ = self.next(steps);
-    }
-
-    fn next(&mut self, steps: &[Step]) -> Option<(usize, usize, usize)> {
-        let slice = self.slice;
-        loop {
-            if self.step >= steps.len() {
-                self.step = 0;
-                self.taken = 0;
-                self.group += 1;
-            }
-            if self.group * GROUP >= self.most {
-                return None;
-            }
-            let count = steps[self.step].count;
-            let idx = self.group * GROUP + self.taken;
-            if self.taken < GROUP && idx < count.div_ceil(slice) {
-                self.taken += 1;
-                let off = idx * slice;
-                return Some((self.step, off, slice.min(count - off)));
-            }
-            self.step += 1;
-            self.taken = 0;
-        }
-    }
 }
 
 /// One sequence of steps and the connections it uses.
@@ -1067,192 +1003,5 @@ fn drive(
                 return Err(timeout_error(ctx, &waits));
             }
         }
-    }
-}
-
-/// How long a wait on the rings goes before it asks its peers, through
-/// the bootstrap, what they called as this collective: long beside a
-/// message's trip between hosts, short beside NCCL_TIMEOUT. A rank that
-/// only comes late is asked again, after twice the wait so far, then at
-/// least every [`ASK_EVERY`].
-const ASK_AFTER: Duration = Duration::from_millis(100);
-const ASK_EVERY: Duration = Duration::from_secs(1);
-/// How long one round of asking waits for the peers' answers: a stopped
-/// peer never answers, and the wait's other checks wait meanwhile.
-const ASK_WAIT: Duration = Duration::from_millis(500);
-
-/// Asks the peers this collective still waits on (the lanes' unfinished
-/// sends and receives) what they called under its number, and fails,
-/// naming both calls, where one called another. Ranks whose counts differ
-/// may take different paths (algorithms, channels, peers) or, with a
-/// count of 0, none, so that the operation header that would have named
-/// the mismatch never travels: they would wait until NCCL_TIMEOUT. Some
-/// rank of such a stall always waits on a rank with another call (ranks
-/// that called alike run the same plan, which does not stall), so that
-/// one names it and its failure notice ends the others' waits.
-fn ask_peers(ctx: &ExecCtx<'_>, lanes: &[Lane], states: &[LaneState<'_>]) -> Result<()> {
-    let Some(seq) = ctx.seq else {
-        return Ok(());
-    };
-    let open = || {
-        lanes
-            .iter()
-            .zip(states)
-            .filter(|(_, s)| !s.done)
-            .map(|(l, _)| l)
-    };
-    let Some(mine) = open().next().map(|l| OpHeader {
-        plan: None,
-        ..l.header
-    }) else {
-        return Ok(());
-    };
-    let peers: Vec<usize> = open()
-        .flat_map(|l| l.send.keys().chain(l.recv.keys()).copied())
-        .collect();
-    for (peer, answer) in ctx.bootstrap.query_call(&peers, seq, ASK_WAIT) {
-        match answer {
-            PeerCall::Called(theirs) => mine.check(&theirs, peer, ctx.rank)?,
-            // Behind, in an earlier collective, which this rank left
-            // without it (with a count of 0, say): compare that one.
-            PeerCall::Started(n) if n > 0 && n <= seq => {
-                let at = n - 1;
-                let Some(own) = ctx
-                    .bootstrap
-                    .own_call(at)
-                    .and_then(|b| OpHeader::decode(&b))
-                else {
-                    continue;
-                };
-                for (p, a) in ctx.bootstrap.query_call(&[peer], at, ASK_WAIT) {
-                    if let PeerCall::Called(theirs) = a {
-                        own.check(&theirs, p, ctx.rank)?;
-                    }
-                }
-            }
-            PeerCall::Started(_) => {}
-        }
-    }
-    Ok(())
-}
-
-/// How long a broken connection waits for a report that may explain it,
-/// where nothing says that none is coming.
-const REPORT_GRACE: Duration = Duration::from_millis(300);
-
-/// A broken connection is often the echo of a failure another rank has
-/// already reported (and then left): its report says more, so prefer it.
-/// Where the connection says its peer left (a remote error: its process
-/// exited or was killed, or it closed the connection), any report that
-/// peer made has already been recorded here, since a rank's failure
-/// notice waits for each peer to take it before the rank goes on (see
-/// `Bootstrap::broadcast_failure`): one look, no wait. A killed rank
-/// sends none, and survivors used to wait the whole grace for it. Other
-/// errors wait up to [`REPORT_GRACE`].
-fn prefer_peer_report(ctx: &ExecCtx<'_>, e: Error) -> Error {
-    if !matches!(e, Error::Remote(_) | Error::System(_)) {
-        return e;
-    }
-    let grace = match e {
-        Error::Remote(_) => Duration::ZERO,
-        _ => REPORT_GRACE,
-    };
-    let start = Instant::now();
-    loop {
-        if let Some((who, msg)) = ctx.bootstrap.remote_failure() {
-            return Error::Remote(format!("rank {who} failed: {msg} (seen here as: {e})"));
-        }
-        if start.elapsed() >= grace {
-            return e;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Names what this rank waited for and, by asking every rank how far it
-/// got, the ranks that never arrived at this operation.
-fn timeout_error(ctx: &ExecCtx<'_>, waits: &[String]) -> Error {
-    let mut msg = format!(
-        "{} on rank {}: no progress for {:.1} s (NCCL_TIMEOUT) waiting {}",
-        (ctx.what)(),
-        ctx.rank,
-        ctx.timeout.as_secs_f64(),
-        if waits.is_empty() {
-            "on peers".to_string()
-        } else {
-            waits.join(", ")
-        }
-    );
-    if let Some(seq) = ctx.seq {
-        let progress = ctx.bootstrap.query_progress();
-        let behind: Vec<String> = progress
-            .iter()
-            .enumerate()
-            .filter_map(|(r, p)| match p {
-                PeerProgress::Started(n) if *n <= seq => {
-                    Some(format!("{r} (started {n} operations)"))
-                }
-                _ => None,
-            })
-            .collect();
-        let gone: Vec<String> = progress
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| matches!(p, PeerProgress::Unreachable))
-            .map(|(r, _)| r.to_string())
-            .collect();
-        if !behind.is_empty() {
-            msg += &format!(
-                "; ranks that never arrived at operation #{seq}: {}",
-                behind.join(", ")
-            );
-        }
-        if !gone.is_empty() {
-            msg += &format!("; ranks not answering (dead or hung): {}", gone.join(", "));
-        }
-    }
-    Error::Remote(msg)
-}
-
-#[cfg(test)]
-mod cursor_tests {
-    use super::{Cursor, GROUP};
-    use crate::algo::Step;
-
-    fn order(counts: &[usize], slice: usize) -> Vec<(usize, usize, usize)> {
-        let steps: Vec<Step> = counts.iter().map(|&c| Step::new(c)).collect();
-        let mut c = Cursor::new(&steps, slice);
-        let mut out = Vec::new();
-        while let Some(x) = c.peek(&steps) {
-            c.advance(&steps);
-            out.push(x);
-        }
-        out
-    }
-
-    #[test]
-    fn groups_of_slices_step_by_step_cover_everything_once() {
-        assert_eq!(GROUP, 2);
-        assert_eq!(
-            order(&[5, 0, 3], 1),
-            vec![
-                (0, 0, 1),
-                (0, 1, 1),
-                (2, 0, 1),
-                (2, 1, 1),
-                (0, 2, 1),
-                (0, 3, 1),
-                (2, 2, 1),
-                (0, 4, 1)
-            ]
-        );
-        // A ragged last slice, and steps of different lengths.
-        let o = order(&[10, 7], 4);
-        assert_eq!(
-            o,
-            vec![(0, 0, 4), (0, 4, 4), (1, 0, 4), (1, 4, 3), (0, 8, 2)]
-        );
-        assert!(order(&[0, 0], 4).is_empty());
-        assert!(order(&[], 4).is_empty());
     }
 }
