@@ -3,8 +3,6 @@
 //! the net plugin library), `ncclTunerPlugin_v6` down to `_v2`. The core
 //! hands it NCCL's cost table before each collective (see `algo::cost`).
 
-mod ffi;
-
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -15,7 +13,8 @@ use crate::algo::Coll;
 use crate::error::{Error, Result};
 use oxccl_plugin::loader::{self, Lib};
 
-pub use ffi::SYMBOLS;
+pub use oxccl_plugin::tuner::load::SYMBOLS;
+use oxccl_plugin::tuner::load::{CTuner, Ctx};
 
 pub use oxccl_plugin::loader::Outcome;
 
@@ -31,10 +30,7 @@ fn refused(lib: &str, found: &[&str], reason: &str) -> String {
 
 /// Finds and checks the tuner library. `net_lib` is the net plugin library,
 /// searched when no tuner library is found and none was named.
-pub fn load(
-    setting: Option<&str>,
-    net_lib: Option<Lib>,
-) -> Result<(Option<Arc<ffi::CTuner>>, Outcome)> {
+pub fn load(setting: Option<&str>, net_lib: Option<Lib>) -> Result<(Option<Arc<CTuner>>, Outcome)> {
     let search = loader::open(loader::TUNER, setting);
     let mut searched = search.tried.clone();
     let from_net = search.opened.is_none() && !loader::explicit(setting) && !searched.is_empty();
@@ -73,7 +69,7 @@ pub fn load(
             None => return Ok((None, Outcome::NotFound { searched })),
         },
     };
-    match ffi::CTuner::negotiate(&lib) {
+    match CTuner::negotiate(&lib) {
         Ok(t) => {
             let version = format!("v{}", t.version);
             info!(target: "oxccl::init|tuning",
@@ -103,8 +99,8 @@ pub fn load(
 
 /// The process's tuner, loaded once (as NCCL shares one tuner library
 /// between communicators).
-pub fn shared(setting: Option<&str>) -> Result<Option<Arc<ffi::CTuner>>> {
-    static TUNER: OnceLock<Option<Arc<ffi::CTuner>>> = OnceLock::new();
+pub fn shared(setting: Option<&str>) -> Result<Option<Arc<CTuner>>> {
+    static TUNER: OnceLock<Option<Arc<CTuner>>> = OnceLock::new();
     if let Some(t) = TUNER.get() {
         return Ok(t.clone());
     }
@@ -114,8 +110,8 @@ pub fn shared(setting: Option<&str>) -> Result<Option<Arc<ffi::CTuner>>> {
 
 /// A tuner bound to one communicator.
 pub struct TunerComm {
-    tuner: Arc<ffi::CTuner>,
-    ctx: ffi::Ctx,
+    tuner: Arc<CTuner>,
+    ctx: Ctx,
     /// (collective, log2 of size) already logged at INFO.
     logged: Mutex<HashSet<(&'static str, u32)>>,
 }
@@ -124,12 +120,12 @@ impl TunerComm {
     /// The tuner of a new communicator; `None` (with one WARN line) when its
     /// `init` fails, as NCCL then runs without it.
     pub fn new(
-        tuner: Arc<ffi::CTuner>,
+        tuner: Arc<CTuner>,
         comm_id: u64,
         nranks: usize,
         nnodes: usize,
     ) -> Option<TunerComm> {
-        match tuner.init(comm_id, nranks, nnodes) {
+        match tuner.init(comm_id, nranks, nnodes, crate::plugin::ffi_log::logger()) {
             Ok(ctx) => Some(TunerComm {
                 tuner,
                 ctx,

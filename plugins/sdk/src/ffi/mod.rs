@@ -6,12 +6,11 @@
 
 pub mod env;
 pub mod export_env;
-pub mod export_tuner;
 /// The net's frozen layouts, kept in the net's folder.
 pub use crate::net::abi as net;
 /// The profiler's frozen layouts, kept in the profiler's folder.
 pub use crate::profiler::abi as profiler;
-pub mod tuner;
+pub use crate::tuner::abi as tuner;
 pub mod types;
 
 pub use types::*;

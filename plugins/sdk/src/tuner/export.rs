@@ -11,16 +11,16 @@
 use std::os::raw::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use super::tuner::v2::TunerV2;
-use super::tuner::v3::TunerV3;
-use super::tuner::v4::TunerV4;
-use super::tuner::v5::{ConstantsV5, NvlDomainInfoV5, TunerV5};
-use super::tuner::v6::TunerV6;
-use super::tuner::{
+use super::abi::v2::TunerV2;
+use super::abi::v3::TunerV3;
+use super::abi::v4::TunerV4;
+use super::abi::v5::{ConstantsV5, NvlDomainInfoV5, TunerV5};
+use super::abi::v6::TunerV6;
+use super::abi::{
     NCCL_ALGO_COLLNET_CHAIN, NCCL_ALGO_COLLNET_DIRECT, NCCL_ALGO_NVLS, NCCL_ALGO_NVLS_TREE,
     NCCL_ALGO_PROTO_IGNORE, NCCL_NUM_ALGORITHMS, NCCL_NUM_PROTOCOLS,
 };
-use super::types::*;
+use crate::ffi::types::*;
 use crate::logger::NcclLogger;
 use crate::plugin_error::{PluginError, PluginResult};
 use crate::tuner::{CollInfoRequest, CollType, CostTable, NvlDomainInfo, Tuner, TunerInit};
@@ -389,43 +389,33 @@ macro_rules! export_tuner_plugin {
         /// NCCL's tuner plugin symbol, version 2.
         #[no_mangle]
         #[allow(non_upper_case_globals)]
-        pub static ncclTunerPlugin_v2: $crate::ffi::export_tuner::ExportedTuner<
-            $crate::ffi::tuner::v2::TunerV2,
-        > = $crate::ffi::export_tuner::ExportedTuner(
-            $crate::ffi::export_tuner::vtable_v2::<$tuner>(),
-        );
+        pub static ncclTunerPlugin_v2: $crate::tuner::export::ExportedTuner<
+            $crate::tuner::abi::v2::TunerV2,
+        > = $crate::tuner::export::ExportedTuner($crate::tuner::export::vtable_v2::<$tuner>());
         /// NCCL's tuner plugin symbol, version 3.
         #[no_mangle]
         #[allow(non_upper_case_globals)]
-        pub static ncclTunerPlugin_v3: $crate::ffi::export_tuner::ExportedTuner<
-            $crate::ffi::tuner::v3::TunerV3,
-        > = $crate::ffi::export_tuner::ExportedTuner(
-            $crate::ffi::export_tuner::vtable_v3::<$tuner>(),
-        );
+        pub static ncclTunerPlugin_v3: $crate::tuner::export::ExportedTuner<
+            $crate::tuner::abi::v3::TunerV3,
+        > = $crate::tuner::export::ExportedTuner($crate::tuner::export::vtable_v3::<$tuner>());
         /// NCCL's tuner plugin symbol, version 4.
         #[no_mangle]
         #[allow(non_upper_case_globals)]
-        pub static ncclTunerPlugin_v4: $crate::ffi::export_tuner::ExportedTuner<
-            $crate::ffi::tuner::v4::TunerV4,
-        > = $crate::ffi::export_tuner::ExportedTuner(
-            $crate::ffi::export_tuner::vtable_v4::<$tuner>(),
-        );
+        pub static ncclTunerPlugin_v4: $crate::tuner::export::ExportedTuner<
+            $crate::tuner::abi::v4::TunerV4,
+        > = $crate::tuner::export::ExportedTuner($crate::tuner::export::vtable_v4::<$tuner>());
         /// NCCL's tuner plugin symbol, version 5 (NCCL 2.28).
         #[no_mangle]
         #[allow(non_upper_case_globals)]
-        pub static ncclTunerPlugin_v5: $crate::ffi::export_tuner::ExportedTuner<
-            $crate::ffi::tuner::v5::TunerV5,
-        > = $crate::ffi::export_tuner::ExportedTuner(
-            $crate::ffi::export_tuner::vtable_v5::<$tuner>(),
-        );
+        pub static ncclTunerPlugin_v5: $crate::tuner::export::ExportedTuner<
+            $crate::tuner::abi::v5::TunerV5,
+        > = $crate::tuner::export::ExportedTuner($crate::tuner::export::vtable_v5::<$tuner>());
         /// NCCL's tuner plugin symbol, version 6 (NCCL 2.30).
         #[no_mangle]
         #[allow(non_upper_case_globals)]
-        pub static ncclTunerPlugin_v6: $crate::ffi::export_tuner::ExportedTuner<
-            $crate::ffi::tuner::v6::TunerV6,
-        > = $crate::ffi::export_tuner::ExportedTuner(
-            $crate::ffi::export_tuner::vtable_v6::<$tuner>(),
-        );
+        pub static ncclTunerPlugin_v6: $crate::tuner::export::ExportedTuner<
+            $crate::tuner::abi::v6::TunerV6,
+        > = $crate::tuner::export::ExportedTuner($crate::tuner::export::vtable_v6::<$tuner>());
     };
 }
 

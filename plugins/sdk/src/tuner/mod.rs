@@ -1,16 +1,20 @@
 //! The tuner interface for plugin authors: NCCL asks, per collective, which
 //! algorithm, protocol and channel count to use, by handing the tuner its
 //! cost table to edit. Implement [`Tuner`] and export it with
-//! [`crate::export_tuner_plugin!`]; the glue in `ffi::export_tuner` adapts
+//! [`crate::export_tuner_plugin!`]; the glue in [`export`] adapts
 //! every ABI version (v2 to v6) to this one trait.
 
 use std::ffi::CStr;
 use std::fmt;
 
-use crate::ffi::tuner::{NCCL_ALGO_PROTO_IGNORE, NCCL_NUM_ALGORITHMS, NCCL_NUM_PROTOCOLS};
+pub mod abi;
+pub mod export;
+pub mod load;
+
 use crate::ffi::types::*;
 use crate::logger::NcclLogger;
 use crate::plugin_error::PluginResult;
+use abi::{NCCL_ALGO_PROTO_IGNORE, NCCL_NUM_ALGORITHMS, NCCL_NUM_PROTOCOLS};
 
 /// `ncclFunc_t` as a Rust enum; values this SDK does not know are kept in
 /// `Other` so a newer NCCL does not make the tuner fail.

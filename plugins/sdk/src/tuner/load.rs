@@ -1,4 +1,5 @@
-//! `ncclTuner_v2_t` … `ncclTuner_v6_t` as the core's [`super::TunerComm`].
+//! Loading a tuner plugin: `ncclTuner_v2_t` … `ncclTuner_v6_t` behind one
+//! adapter, [`CTuner`], which the host (oxccl's core) drives.
 //! One adapter; each entry whose signature changed has one match arm per
 //! version. v2 predates the cost table: its chosen (algorithm, protocol) is
 //! written into the table as cost 0, as NCCL's `tuner_v2.cc` does.
@@ -8,11 +9,14 @@ use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 use std::ptr::null_mut;
 
-use oxccl_plugin::ffi::tuner::{v2, v3, v4, v5, v6, NCCL_NUM_ALGORITHMS, NCCL_NUM_PROTOCOLS};
-use oxccl_plugin::ffi::{Func, NCCL_SUCCESS};
+use super::abi::{v2, v3, v4, v5, v6, NCCL_NUM_ALGORITHMS, NCCL_NUM_PROTOCOLS};
+use crate::ffi::types::Logger;
+use crate::ffi::{Func, NCCL_SUCCESS};
+use crate::loader::Lib;
 
-use crate::algo::cost::CostTable;
-use oxccl_plugin::loader::Lib;
+/// NCCL's cost table as the host keeps it (`collCostTable`): estimated
+/// microseconds per algorithm and protocol.
+pub type Costs = [[f32; NCCL_NUM_PROTOCOLS]; NCCL_NUM_ALGORITHMS];
 
 /// Tuner symbols, newest first, with the version loaded for each.
 pub const SYMBOLS: &[(&str, u32)] = &[
@@ -152,8 +156,15 @@ impl CTuner {
     }
 
     /// `init` for one communicator.
-    pub fn init(&self, comm_id: u64, nranks: usize, nnodes: usize) -> Result<Ctx, String> {
-        let log = crate::plugin::ffi_log::logger();
+    /// `log`: the host's logger, which the plugin may call at any time
+    /// until `finalize`.
+    pub fn init(
+        &self,
+        comm_id: u64,
+        nranks: usize,
+        nnodes: usize,
+        log: Logger,
+    ) -> Result<Ctx, String> {
         let mut ctx = null_mut();
         // Zeroed: we have no NVLink domains and no latency/bandwidth
         // constants of NCCL's model to share; a tuner only reads them.
@@ -205,7 +216,7 @@ impl CTuner {
         ctx: &Ctx,
         func: Func,
         bytes: usize,
-        table: &mut CostTable,
+        table: &mut Costs,
         nchannels: &mut c_int,
     ) -> Result<(), String> {
         let (na, np) = (NCCL_NUM_ALGORITHMS as c_int, NCCL_NUM_PROTOCOLS as c_int);
