@@ -381,41 +381,23 @@ unsafe extern "C" fn chunk_size<T: Tuner>(
     })
 }
 
-/// Exports `ncclTunerPlugin_v2` … `ncclTunerPlugin_v6` for a type
-/// implementing [`crate::Tuner`].
+/// Exports every version [`crate::tuner_versions!`] lists
+/// (`ncclTunerPlugin_v2` … `ncclTunerPlugin_v6`) for a type implementing
+/// [`crate::Tuner`].
 #[macro_export]
 macro_rules! export_tuner_plugin {
     ($tuner:ty) => {
-        /// NCCL's tuner plugin symbol, version 2.
+        $crate::tuner_versions!(($crate::export_tuner_plugin) @each $tuner;);
+    };
+    (@each $tuner:ty; $([$n:literal, $sym:ident, $m:ident, $ty:ident, $var:ident, $f:ident])*) => {
+        $($crate::export_tuner_plugin!(@one $tuner, $sym, $m, $ty, $f);)*
+    };
+    (@one $tuner:ty, $sym:ident, $m:ident, $ty:ident, $f:ident) => {
+        #[doc = concat!("NCCL's tuner plugin symbol `", stringify!($sym), "`.")]
         #[no_mangle]
         #[allow(non_upper_case_globals)]
-        pub static ncclTunerPlugin_v2: $crate::tuner::export::ExportedTuner<
-            $crate::tuner::abi::v2::TunerV2,
-        > = $crate::tuner::export::ExportedTuner($crate::tuner::export::vtable_v2::<$tuner>());
-        /// NCCL's tuner plugin symbol, version 3.
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclTunerPlugin_v3: $crate::tuner::export::ExportedTuner<
-            $crate::tuner::abi::v3::TunerV3,
-        > = $crate::tuner::export::ExportedTuner($crate::tuner::export::vtable_v3::<$tuner>());
-        /// NCCL's tuner plugin symbol, version 4.
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclTunerPlugin_v4: $crate::tuner::export::ExportedTuner<
-            $crate::tuner::abi::v4::TunerV4,
-        > = $crate::tuner::export::ExportedTuner($crate::tuner::export::vtable_v4::<$tuner>());
-        /// NCCL's tuner plugin symbol, version 5 (NCCL 2.28).
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclTunerPlugin_v5: $crate::tuner::export::ExportedTuner<
-            $crate::tuner::abi::v5::TunerV5,
-        > = $crate::tuner::export::ExportedTuner($crate::tuner::export::vtable_v5::<$tuner>());
-        /// NCCL's tuner plugin symbol, version 6 (NCCL 2.30).
-        #[no_mangle]
-        #[allow(non_upper_case_globals)]
-        pub static ncclTunerPlugin_v6: $crate::tuner::export::ExportedTuner<
-            $crate::tuner::abi::v6::TunerV6,
-        > = $crate::tuner::export::ExportedTuner($crate::tuner::export::vtable_v6::<$tuner>());
+        pub static $sym: $crate::tuner::export::ExportedTuner<$crate::tuner::abi::$m::$ty> =
+            $crate::tuner::export::ExportedTuner($crate::tuner::export::$f::<$tuner>());
     };
 }
 

@@ -18,23 +18,34 @@ use crate::loader::Lib;
 /// microseconds per algorithm and protocol.
 pub type Costs = [[f32; NCCL_NUM_PROTOCOLS]; NCCL_NUM_ALGORITHMS];
 
-/// Tuner symbols, newest first, with the version loaded for each.
-pub const SYMBOLS: &[(&str, u32)] = &[
-    ("ncclTunerPlugin_v6", 6),
-    ("ncclTunerPlugin_v5", 5),
-    ("ncclTunerPlugin_v4", 4),
-    ("ncclTunerPlugin_v3", 3),
-    ("ncclTunerPlugin_v2", 2),
-];
+/// The symbol table, the vtable of each version and the cast from a
+/// symbol's address, from the one list of versions.
+macro_rules! loadable {
+    ($([$n:literal, $sym:ident, $m:ident, $ty:ident, $var:ident, $f:ident])*) => {
+        /// Tuner symbols, newest first, with the version loaded for each.
+        pub const SYMBOLS: &[(&str, u32)] = &[$((stringify!($sym), $n),)*];
 
-#[derive(Clone, Copy)]
-enum Vt {
-    V2(&'static v2::TunerV2),
-    V3(&'static v3::TunerV3),
-    V4(&'static v4::TunerV4),
-    V5(&'static v5::TunerV5),
-    V6(&'static v6::TunerV6),
+        #[derive(Clone, Copy)]
+        enum Vt {
+            $($var(&'static $m::$ty),)*
+        }
+
+        /// The vtable of `version` at `p`.
+        ///
+        /// # Safety
+        /// `p` is the address of the symbol `SYMBOLS` gives for `version`,
+        /// in a library that stays loaded for `'static`.
+        unsafe fn vtable_at(version: u32, p: *const c_void) -> Option<Vt> {
+            match version {
+                // SAFETY: by the ABI the symbol `ncclTunerPlugin_vN` is an
+                // `ncclTuner_vN_t` (the caller's contract).
+                $($n => Some(Vt::$var(unsafe { &*(p as *const $m::$ty) })),)*
+                _ => None,
+            }
+        }
+    };
 }
+crate::tuner_versions!((loadable));
 
 /// A loaded tuner vtable (process-wide, like NCCL's).
 pub struct CTuner {
@@ -87,16 +98,10 @@ impl CTuner {
             ));
         };
         let p = lib.symbol(sym).expect("found above");
-        // SAFETY: by the ABI the symbol `ncclTunerPlugin_vN` is an
-        // `ncclTuner_vN_t`; `lib` keeps it loaded for as long as we hold it.
-        let vt = unsafe {
-            match version {
-                6 => Vt::V6(&*(p as *const v6::TunerV6)),
-                5 => Vt::V5(&*(p as *const v5::TunerV5)),
-                4 => Vt::V4(&*(p as *const v4::TunerV4)),
-                3 => Vt::V3(&*(p as *const v3::TunerV3)),
-                _ => Vt::V2(&*(p as *const v2::TunerV2)),
-            }
+        // SAFETY: `p` is the address of `sym`, the symbol of `version` in
+        // SYMBOLS; `lib` keeps it loaded for as long as we hold it.
+        let Some(vt) = (unsafe { vtable_at(version, p as *const c_void) }) else {
+            return Err((found, format!("{sym}: no vtable for version {version}")));
         };
         let (name, init, get, fin) = match vt {
             Vt::V2(v) => (
