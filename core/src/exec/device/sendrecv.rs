@@ -261,14 +261,14 @@ impl DeviceComm {
     /// The caller's stream's work so far forks onto the side stream
     /// (made on the first call), which is returned.
     fn fork(&mut self, stream: RawStream) -> Result<RawStream> {
-        if self.side.is_none() {
-            self.side = Some(SideCopy {
+        let c = match &mut self.side {
+            Some(c) => c,
+            None => self.side.insert(SideCopy {
                 stream: crate::cuda::Stream::new(&self.ctx)?,
                 fork: Event::new(&self.ctx, false)?,
                 join: Event::new(&self.ctx, false)?,
-            });
-        }
-        let c = self.side.as_ref().expect("made above");
+            }),
+        };
         c.fork.record(stream)?;
         c.fork.wait_on(c.stream.handle())?;
         Ok(c.stream.handle())

@@ -274,10 +274,11 @@ impl LocalGpu {
     }
 
     fn side(&mut self) -> Result<RawStream> {
-        if self.side.is_none() {
-            self.side = Some(Stream::new(&self.ctx)?);
-        }
-        Ok(self.side.as_ref().expect("made above").handle())
+        let side = match &mut self.side {
+            Some(s) => s,
+            None => self.side.insert(Stream::new(&self.ctx)?),
+        };
+        Ok(side.handle())
     }
 
     /// As the processes' path: stores what this rank's stream waits for.
