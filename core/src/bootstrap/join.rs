@@ -34,10 +34,11 @@ impl Bootstrap {
     /// `ncclCommInitRankScalable`): the ranks are spread over the roots as
     /// NCCL spreads them ([`roots::first_of`]), each rank says hello to its
     /// own root, and the first rank of each root's block also to the root
-    /// before, which links the blocks; the blocks' tables then travel
-    /// along those first ranks and back, and each first rank hands the
-    /// whole table to its block. The result is the bootstrap one root
-    /// would have made. One id is [`Bootstrap::init`].
+    /// before, which links the blocks; each root answers with neighbours,
+    /// the first ranks pass their addresses along and back, and each hands
+    /// them down its block ([`roots::pass_leaders`]). Other addresses are
+    /// looked up when needed, as after one root. One id is
+    /// [`Bootstrap::init`].
     pub fn init_scalable(
         ids: &[UniqueId],
         rank: usize,
@@ -138,7 +139,7 @@ impl Bootstrap {
         }
         let partial: Vec<_> = table.iter().map(|a| a.unwrap_or(unknown)).collect();
         shared.set_table(&partial);
-        let out = Outgoing::new(rank, magic, key.clone(), partial.clone());
+        let out = Outgoing::new(rank, magic, key, partial.clone());
         let leaders = roots::pass_leaders(rank, nranks, k, service.listen, |peer, step, t| {
             let tag = proto::internal_tag(proto::TAG_JOIN, 0, step);
             match t {
@@ -163,13 +164,14 @@ impl Bootstrap {
                     }),
             }
         })?;
-        out.shutdown_all();
         let mut full = partial;
         for (r, a) in leaders {
             full[r] = a;
         }
         debug!(target: "oxccl::bootstrap", rank, nranks, roots = k, "bootstrap ready on {} ({}) through {k} roots", iface.name, service.listen);
-        Ok(ready(full, magic, key, shared, service))
+        // The connections the leaders' pass opened (to neighbours, each
+        // after a key exchange where a key is set) serve the bootstrap on.
+        Ok(ready(full, out, shared, service))
     }
 
     /// [`Bootstrap::init`] with the key given.
@@ -226,7 +228,8 @@ impl Bootstrap {
             &shared.traffic,
         )?;
         debug!(target: "oxccl::bootstrap", rank, nranks, "bootstrap ready on {} ({}), root {}", iface.name, service.listen, c.root);
-        Ok(ready(near, c.magic, key, shared, service))
+        let out = Outgoing::new(rank, c.magic, key, near.clone());
+        Ok(ready(near, out, shared, service))
     }
 }
 
@@ -260,18 +263,17 @@ fn serve(
 }
 
 /// The joined bootstrap: `table` holds the addresses this rank learned
-/// (the others unspecified, looked up when needed).
+/// (the others unspecified, looked up when needed); `out` sends to them.
 fn ready(
     table: Vec<SocketAddr>,
-    magic: u64,
-    key: Option<Arc<Key>>,
+    out: Outgoing,
     shared: Arc<Shared>,
     service: Service,
 ) -> Bootstrap {
     shared.set_table(&table);
     shared.set_lazy();
     Bootstrap {
-        out: Outgoing::new(shared.rank, magic, key, table),
+        out,
         timeout: shared.timeout,
         shared,
         service,
