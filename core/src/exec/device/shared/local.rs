@@ -273,12 +273,25 @@ impl LocalGpu {
         })
     }
 
-    fn side(&mut self) -> Result<RawStream> {
+    /// Stores `flag` in the DONE words of `ranks` from a stream of this
+    /// rank's own (made at first use), apart from every rank's stream.
+    fn release_from_side(&mut self, ranks: &[usize], flag: u32) -> Result<()> {
+        if ranks.is_empty() {
+            return Ok(());
+        }
         let side = match &mut self.side {
             Some(s) => s,
             None => self.side.insert(Stream::new(&self.ctx)?),
         };
-        Ok(side.handle())
+        for &r in ranks {
+            #[allow(unsafe_code)]
+            // SAFETY: rank r's DONE word, alive while r's communicator is,
+            // which waits for its stream.
+            unsafe {
+                side.handle().write_u32(self.rv.done[r], flag)?;
+            }
+        }
+        Ok(())
     }
 
     /// As the processes' path: stores what this rank's stream waits for.
@@ -375,17 +388,7 @@ impl LocalGpu {
                 Ok(true)
             }
             Turn::Failed { msg, release } => {
-                if !release.is_empty() {
-                    let side = Stream::new(&self.ctx)?;
-                    for r in release {
-                        #[allow(unsafe_code)]
-                        // SAFETY: rank r's flag word, alive while r's
-                        // communicator is, which waits for its stream.
-                        unsafe {
-                            side.handle().write_u32(self.rv.done[r], flag)?;
-                        }
-                    }
-                }
+                self.release_from_side(&release, flag)?;
                 Err(Error::InvalidUsage(msg))
             }
             Turn::Last(waiting) => {
@@ -402,17 +405,8 @@ impl LocalGpu {
                 let here = StreamId::of(stream);
                 let (same, apart): (Vec<&Arrival>, Vec<&Arrival>) =
                     waiting.iter().partition(|a| a.on == here);
-                if !same.is_empty() {
-                    let side = self.side()?;
-                    for r in same.iter().map(|a| a.rank) {
-                        #[allow(unsafe_code)]
-                        // SAFETY: rank r's DONE word, alive while r's
-                        // communicator is, which waits for its stream.
-                        unsafe {
-                            side.write_u32(self.rv.done[r], flag)?;
-                        }
-                    }
-                }
+                let same: Vec<usize> = same.iter().map(|a| a.rank).collect();
+                self.release_from_side(&same, flag)?;
                 #[allow(unsafe_code)]
                 // SAFETY: the earlier ranks' READY words, alive while their
                 // communicators are, each of which waits for this stream's
