@@ -231,7 +231,7 @@ pub(crate) enum Served {
     Pull,
     /// The sender is the leader, whose own stream writes the message into
     /// the receiver's buffer once the receiver says it is free (see
-    /// `server::Words::push`).
+    /// `words::Words::push`).
     Pushed,
     /// It could not enqueue the request (the driver's error).
     Failed(String),

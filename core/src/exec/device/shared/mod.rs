@@ -35,6 +35,7 @@ mod local;
 mod mailbox;
 mod server;
 mod steps;
+mod words;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,8 +52,9 @@ use crate::transport::shm::area::Area;
 use super::oob::Oob;
 use super::stop::Awaited;
 use mailbox::{Answer, Buf, Mailbox, Post, Request, Served};
-use server::{Forwards, Move, Op, Server, ServerWords, Words};
+use server::{Forwards, Server, ServerWords};
 use steps::Bufs;
+use words::{Move, Op, Words};
 
 /// Offsets of the words in each rank's flag buffer, each written by the
 /// peer that signals and waited on by the buffer's rank: DONE, the
@@ -135,7 +137,7 @@ impl P2pPath {
                 .and_then(|v| v.trim().parse::<u32>().ok())
         };
         Ok(match asked.trim() {
-            _ if nranks > server::MAX_SERVED => P2pPath::Pull,
+            _ if nranks > words::MAX_SERVED => P2pPath::Pull,
             "pull" => P2pPath::Pull,
             "server" => match queues() {
                 Some(q) if q < 2 => {
@@ -911,7 +913,7 @@ impl Processes {
         // only after this rank's DONE.
         unsafe {
             let mine = Some((self.words.flags[self.me], &mut self.awaited));
-            server::enqueue(ops, stream, kernels, self.max_blocks, mine)
+            words::enqueue(ops, stream, kernels, self.max_blocks, mine)
         }
     }
 }
