@@ -21,7 +21,8 @@ use std::sync::Arc;
 use tracing::info;
 
 use super::{
-    bytes_to_id, child_config, Child, Comm, CommConfig, Core, InitState, RevokedBy, Status,
+    split::{bytes_to_id, child_config, Child},
+    Comm, CommConfig, Core, InitState, RevokedBy, Status,
 };
 use crate::bootstrap::UniqueId;
 use crate::error::{Error, Result};
