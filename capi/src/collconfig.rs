@@ -18,9 +18,10 @@
 //!   forced (oxccl has LL and Simple), else falls back. A selection left with
 //!   neither for the collective is an error naming it when forced, else
 //!   the call falls back to the automatic choice (an INFO says so).
-//! - `cgaClusterSize`, `CTAPolicy`: checked as NCCL checks them; like the
-//!   communicator's, oxccl runs without clusters and with the DEFAULT
-//!   policy (a WARN says so once).
+//! - `cgaClusterSize`, `CTAPolicy`: checked as NCCL checks them; a call
+//!   runs in the communicator's clusters (NCCL_CGA_CLUSTER_SIZE,
+//!   cgaClusterSize of its config) and with the DEFAULT policy (a WARN
+//!   says so once).
 //! - `nvlsCTAs`: accepted; a WARN says once that oxccl runs no NVLS.
 //! - `ext`: vendor options, ignored as NCCL ignores them (an INFO says so).
 //! - `userProfilerTag`: read into [`PerCall::user_tag`], which becomes the
@@ -324,7 +325,7 @@ pub(crate) fn read(
             static CGA: Once = Once::new();
             once(
                 &CGA,
-                || tracing::warn!(target: "oxccl::coll", "ncclCollConfig_t cgaClusterSize {n} is not implemented by oxccl and is ignored: its kernels share nothing between blocks and launch without clusters"),
+                || tracing::warn!(target: "oxccl::coll", "ncclCollConfig_t cgaClusterSize {n} is not implemented by oxccl for one call and is ignored: the call runs in the communicator's clusters (NCCL_CGA_CLUSTER_SIZE or the config's cgaClusterSize; 4 unset)"),
             );
         }
     }

@@ -476,7 +476,7 @@ settings! {
         max_ctas: Option<u64> = "MAX_CTAS", "" in DevicePath, check CTAS;
         /// Threads per CTA of the device kernels. Unset: 1024 (or OXCCL_DEV_THREADS), twice NCCL's 512: the SM is the budget, and at NCCL's CTA count 1024 threads keep more loads in flight.
         nthreads: Option<u64> = "NTHREADS", "" in DevicePath, check NTHREADS;
-        /// NCCL's thread-block cluster size. oxccl's kernels share nothing between blocks and launch without clusters: a value above 1 is accepted and named in a WARN.
+        /// CTAs per thread-block cluster of the device kernels' launches on Hopper and later (compute capability 9.0+), as NCCL: a cluster runs within one GPC and clusters are spread over the GPCs, so that a collective's CTAs share the GPU's crossbar evenly. 0 or 1: no clusters; above 8 means 8; a launch whose CTA count it does not divide runs in clusters of one. Replaces the config's cgaClusterSize where set. Unset: 4, NCCL's.
         cga_cluster_size: Option<u64> = "CGA_CLUSTER_SIZE", "" in DevicePath;
         /// NCCL's CTA policy. ZERO runs all_gather and all_to_all on the copy engine (no SM) where the output lies in a symmetric window (see OXCCL_CE_COLL); otherwise every policy runs as DEFAULT (NCCL's CTA count within minCTAs and maxCTAs) and the others are named in a WARN. Replaces the config's CTAPolicy where set.
         cta_policy: Option<String> = "CTA_POLICY", "" in DevicePath, check CTA_POLICY;

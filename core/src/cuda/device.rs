@@ -52,6 +52,7 @@ const SYMBOLS: &[&str] = &[
     "cuFuncGetAttribute",
     "cuModuleUnload",
     "cuLaunchKernel",
+    "cuLaunchKernelEx",
     "cuStreamGetCaptureInfo_v3",
     "cuStreamCreate",
     "cuStreamDestroy_v2",

@@ -252,6 +252,11 @@ pub struct KernelSet {
 }
 
 impl KernelSet {
+    /// The GPU's compute capability, which the kernels are built for.
+    pub fn arch(&self) -> (i32, i32) {
+        self.arch
+    }
+
     pub fn new(ctx: &Arc<Context>) -> Result<KernelSet> {
         let dev = ctx.device();
         Ok(KernelSet {

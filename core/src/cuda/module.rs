@@ -123,6 +123,61 @@ impl<A: KernelArg> Kernel<A> {
         })
     }
 
+    /// [`Kernel::launch`] in thread-block clusters of `cluster` blocks
+    /// (compute capability 9.0 and later), spread over the GPU's GPCs as
+    /// NCCL launches its kernels: a cluster runs within one GPC. A `grid`
+    /// that `cluster` does not divide runs in clusters of one, as in NCCL;
+    /// 0 or 1: a plain launch.
+    pub fn launch_in_clusters(
+        &self,
+        grid: u32,
+        block: u32,
+        cluster: u32,
+        stream: RawStream,
+        arg: &A,
+    ) -> Result<()> {
+        if cluster <= 1 {
+            return self.launch(grid, block, stream, arg);
+        }
+        self.module.ctx.bind()?;
+        let dim = if grid.is_multiple_of(cluster) {
+            cluster
+        } else {
+            1
+        };
+        // SAFETY: an all-zero launch attribute is a valid value of the C
+        // struct (an id and a union of plain data); both are set below.
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        attrs[0].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attrs[0].value.clusterDim =
+            sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: dim, y: 1, z: 1 };
+        attrs[1].id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+        attrs[1].value.clusterSchedulingPolicyPreference =
+            sys::CUclusterSchedulingPolicy::CU_CLUSTER_SCHEDULING_POLICY_SPREAD;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream.sys(),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
+        };
+        let mut params = [arg as *const A as *mut c_void];
+        check(
+            // SAFETY: as in `launch`; `config` and its attributes outlive
+            // the call, which copies them.
+            unsafe {
+                sys::cuLaunchKernelEx(&config, self.raw, params.as_mut_ptr(), std::ptr::null_mut())
+            },
+            "cuLaunchKernelEx",
+        )
+    }
+
     /// Enqueues `grid` blocks of `block` threads on `stream`; returns at once.
     pub fn launch(&self, grid: u32, block: u32, stream: RawStream, arg: &A) -> Result<()> {
         self.module.ctx.bind()?;

@@ -36,6 +36,19 @@ pub const DEFAULT_THREADS: u32 = 1024;
 /// ("24 coll channels" in its INFO log).
 pub const DEFAULT_P2P_CTAS: usize = 24;
 
+/// CTAs per thread-block cluster of a launch (NCCL_CGA_CLUSTER_SIZE,
+/// cgaClusterSize): NCCL's default on Hopper. A cluster runs within one
+/// GPC, and clusters are spread over the GPCs, so that a launch's CTAs
+/// share the GPU's crossbar evenly; launched plainly, the 24 CTAs of a
+/// collective put 8 on the SMs of one GPC (SMs 124-131 of an H200), which
+/// moved their data over NVLink up to 30 % slower than the others, and the
+/// launch lasted as long as they did (broadcast of 1 GiB on 2 H200).
+pub const DEFAULT_CLUSTER: u32 = 4;
+
+/// Most CTAs per cluster that every Hopper launch may ask for (NCCL's
+/// NCCL_MAX_CGA_CLUSTER_SIZE): a larger value is taken as this.
+pub const MAX_CLUSTER: u32 = 8;
+
 /// CTAs of a window whose peers are reached through host memory (shared
 /// memory or the network): NCCL 2.28.9 ran 2 between two H200 as two
 /// hosts through its socket transport ("2 coll channels"), and its graph
@@ -98,6 +111,11 @@ pub struct DeviceConfig {
     /// where the window has one (NCCL_PROTO: 0 with `Simple` alone or
     /// `^LL`, every size with `LL` alone). `OXCCL_DEV_LL_BYTES`.
     pub ll_max_bytes: usize,
+    /// CTAs per thread-block cluster where the GPU has clusters (compute
+    /// capability 9.0 and later): [`DEFAULT_CLUSTER`], or
+    /// NCCL_CGA_CLUSTER_SIZE / cgaClusterSize; 0 or 1: no clusters. A
+    /// launch whose CTA count it does not divide runs in clusters of one.
+    pub cluster: u32,
 }
 
 /// LL slot bytes: 4 KiB of data per slice.
@@ -177,6 +195,7 @@ impl Default for DeviceConfig {
             timeout: Duration::from_secs(120),
             ll_slot_bytes: 0,
             ll_max_bytes: LL_MAX_BYTES,
+            cluster: DEFAULT_CLUSTER,
         }
     }
 }
@@ -241,8 +260,11 @@ impl DeviceConfig {
             // Checked at load (64-1024, multiples of 32).
             self.threads = u32::try_from(t).unwrap_or(u32::MAX);
         }
-        if let Some(n) = cfg.cga_cluster_size.filter(|&n| n > 1) {
-            tracing::warn!(target: "oxccl::init", "NCCL_CGA_CLUSTER_SIZE (cgaClusterSize) {n} is not implemented by oxccl and is ignored: its kernels share nothing between blocks and launch without clusters");
+        if let Some(n) = cfg.cga_cluster_size {
+            if n > u64::from(MAX_CLUSTER) {
+                tracing::info!(target: "oxccl::init", "NCCL_CGA_CLUSTER_SIZE (cgaClusterSize) {n} is above {MAX_CLUSTER}: clusters of {MAX_CLUSTER}, as NCCL");
+            }
+            self.cluster = n.min(u64::from(MAX_CLUSTER)) as u32;
         }
         let policy = cta_policy(cfg.cta_policy.as_deref())?;
         if policy != 0 {
@@ -543,6 +565,22 @@ mod tests {
         assert!(e.to_string().contains("NCCL_NTHREADS"), "{e}");
         let e = crate::config::Config::load_with(&[("MAX_CTAS", "0")]).unwrap_err();
         assert!(e.to_string().contains("NCCL_MAX_CTAS"), "{e}");
+    }
+
+    #[test]
+    fn cluster_size_as_nccl_reads_it() {
+        let load = |kv: &[(&str, &str)]| crate::config::Config::load_with(kv).unwrap();
+        let cluster = |kv: &[(&str, &str)]| {
+            DeviceConfig::default()
+                .with_nccl_bounds(&load(kv))
+                .unwrap()
+                .cluster
+        };
+        assert_eq!(cluster(&[]), DEFAULT_CLUSTER, "NCCL's 4 unset");
+        assert_eq!(cluster(&[("CGA_CLUSTER_SIZE", "2")]), 2);
+        assert_eq!(cluster(&[("CGA_CLUSTER_SIZE", "0")]), 0, "no clusters");
+        assert_eq!(cluster(&[("CGA_CLUSTER_SIZE", "20")]), MAX_CLUSTER);
+        assert!(crate::config::Config::load_with(&[("CGA_CLUSTER_SIZE", "two")]).is_err());
     }
 
     #[test]

@@ -110,7 +110,13 @@ impl DeviceComm {
                 self.window.announce(l);
             }
         }
-        let r = kernel.launch(shape.channels, self.cfg.threads, stream, &args);
+        // Thread-block clusters exist from Hopper on.
+        let cluster = if self.kernels.arch() >= (9, 0) {
+            self.cfg.cluster
+        } else {
+            0
+        };
+        let r = kernel.launch_in_clusters(shape.channels, self.cfg.threads, cluster, stream, &args);
         if r.is_ok() && in_place != 0 {
             self.direct_launches += 1;
             if self.direct_launches == 1 {
