@@ -192,9 +192,8 @@ pub fn main(args: &InfoArgs) -> Result<i32, String> {
     }
     println!(
         "  looks for: {}",
-        tuner::SYMBOLS
-            .iter()
-            .map(|s| s.0)
+        std::iter::once(tuner::ROOT_SYMBOL)
+            .chain(tuner::SYMBOLS.iter().map(|s| s.0))
             .collect::<Vec<_>>()
             .join(", ")
     );
@@ -328,7 +327,15 @@ fn show(o: &oxccl::plugin::net::Outcome, abi: &str, instead: &str) {
             library,
             version,
             searched,
-        } => loaded(searched, library, &format!("{abi}{version}")),
+        } => {
+            // A root module names itself ("oxccl_tuner_root_module, ...").
+            let how = if version.starts_with("oxccl_") {
+                version.clone()
+            } else {
+                format!("{abi}{version}")
+            };
+            loaded(searched, library, &how)
+        }
         Outcome::Refused {
             library,
             reason,

@@ -15,6 +15,7 @@ pub mod net;
 pub mod net_prof;
 pub mod plugin_error;
 pub mod profiler;
+pub mod stable;
 pub mod tuner;
 
 pub use net::{
@@ -33,6 +34,10 @@ pub use profiler::{
 pub use tuner::{
     Algorithm, CollInfoRequest, CollType, CostTable, NvlDomainInfo, Protocol, Tuner, TunerInit,
 };
+
+/// Re-exported so that the export macros can name it from plugin crates
+/// that do not depend on it themselves.
+pub use abi_stable;
 
 /// Re-exported so that plugin crates can register built-ins without naming
 /// `inventory` in their own manifests.

@@ -9,9 +9,12 @@
 use std::ffi::CString;
 use std::os::raw::c_char;
 
+use abi_stable::std_types::RStr;
+
 use crate::ffi::types::{
     LogLevel, LogSubsys, Logger, NCCL_LOG_ABORT, NCCL_LOG_INFO, NCCL_LOG_TRACE, NCCL_LOG_WARN,
 };
+use crate::stable::LogSink;
 
 /// `msg` as NCCL prints a line: `host:pid:tid [dev] NCCL LEVEL msg`. A
 /// plugin does not know the communicator's GPU: `[0]`, what NCCL shows for
@@ -61,26 +64,49 @@ pub fn to_stderr(level: LogLevel, msg: &str) {
 pub struct NcclLogger {
     f: Logger,
     subsys: LogSubsys,
+    /// The host's sink when loaded through a root module (`crate::stable`).
+    sink: Option<LogSink>,
 }
 
 impl NcclLogger {
     /// Wraps the logger NCCL gave (possibly NULL: then lines go to stderr).
     pub fn new(f: Logger, subsys: LogSubsys) -> Self {
-        Self { f, subsys }
+        Self {
+            f,
+            subsys,
+            sink: None,
+        }
+    }
+
+    /// Logs through the sink a host handed a root module.
+    pub fn from_sink(sink: LogSink, subsys: LogSubsys) -> Self {
+        Self {
+            f: None,
+            subsys,
+            sink: Some(sink),
+        }
     }
 
     /// A logger that writes to stderr (tests, or NCCL gave none).
     pub fn stderr(subsys: LogSubsys) -> Self {
-        Self { f: None, subsys }
+        Self {
+            f: None,
+            subsys,
+            sink: None,
+        }
     }
 
     /// Whether NCCL gave a logger (else lines go to stderr).
     pub fn has_sink(&self) -> bool {
-        self.f.is_some()
+        self.f.is_some() || self.sink.is_some()
     }
 
     /// Logs one line at `level` (`NCCL_LOG_*`).
     pub fn log(&self, level: LogLevel, msg: &str) {
+        if let Some(sink) = self.sink {
+            sink(level, self.subsys, RStr::from_str(msg));
+            return;
+        }
         let Some(f) = self.f else {
             to_stderr(level, msg);
             return;

@@ -1,7 +1,9 @@
 //! The tuner plugin: `NCCL_TUNER_PLUGIN` as NCCL 2.30 reads it (a name, a
 //! path, `none`; unset tries `libnccl-tuner.so`, then the tuner symbols of
-//! the net plugin library), `ncclTunerPlugin_v6` down to `_v2`. The core
-//! hands it NCCL's cost table before each collective (see `algo::cost`).
+//! the net plugin library): its abi_stable root module where it has one
+//! (unless OXCCL_PLUGIN_ABI=c), else `ncclTunerPlugin_v6` down to `_v2`.
+//! The core hands it NCCL's cost table before each collective (see
+//! `algo::cost`), the same calls on either path.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -12,9 +14,12 @@ use crate::algo::cost::CostTable;
 use crate::algo::Coll;
 use crate::error::{Error, Result};
 use oxccl_plugin::loader::{self, Lib};
+use oxccl_plugin::stable::AbiChoice;
 
 pub use oxccl_plugin::tuner::load::SYMBOLS;
 use oxccl_plugin::tuner::load::{CTuner, Ctx};
+/// The symbol of a tuner's abi_stable root module, tried before `SYMBOLS`.
+pub use oxccl_plugin::tuner::stable::SYMBOL as ROOT_SYMBOL;
 
 pub use oxccl_plugin::loader::Outcome;
 
@@ -24,13 +29,16 @@ pub fn candidates(setting: Option<&str>) -> Vec<String> {
 }
 
 fn refused(lib: &str, found: &[&str], reason: &str) -> String {
-    let looked: Vec<&str> = SYMBOLS.iter().map(|s| s.0).collect();
+    let looked: Vec<&str> = std::iter::once(ROOT_SYMBOL)
+        .chain(SYMBOLS.iter().map(|s| s.0))
+        .collect();
     loader::refusal("tuner", lib, &looked, found, reason)
 }
 
 /// Finds and checks the tuner library. `net_lib` is the net plugin library,
 /// searched when no tuner library is found and none was named.
 pub fn load(setting: Option<&str>, net_lib: Option<Lib>) -> Result<(Option<Arc<CTuner>>, Outcome)> {
+    let abi = AbiChoice::from_env().map_err(|e| Error::InvalidArgument(e.to_string()))?;
     let search = loader::open(loader::TUNER, setting);
     let mut searched = search.tried.clone();
     let from_net = search.opened.is_none() && !loader::explicit(setting) && !searched.is_empty();
@@ -59,9 +67,9 @@ pub fn load(setting: Option<&str>, net_lib: Option<Lib>) -> Result<(Option<Arc<C
             Some(l) => {
                 searched.push(format!("{} (net plugin library)", l.name()));
                 // NCCL looks there silently: a net plugin without a tuner is normal.
-                if l.present(&SYMBOLS.iter().map(|s| s.0).collect::<Vec<_>>())
-                    .is_empty()
-                {
+                let mut syms: Vec<&str> = SYMBOLS.iter().map(|s| s.0).collect();
+                syms.push(ROOT_SYMBOL);
+                if l.present(&syms).is_empty() {
                     return Ok((None, Outcome::NotFound { searched }));
                 }
                 l
@@ -69,11 +77,16 @@ pub fn load(setting: Option<&str>, net_lib: Option<Lib>) -> Result<(Option<Arc<C
             None => return Ok((None, Outcome::NotFound { searched })),
         },
     };
-    match CTuner::negotiate(&lib) {
+    match CTuner::open(&lib, abi) {
         Ok(t) => {
-            let version = format!("v{}", t.version);
             info!(target: "oxccl::init|tuning",
-                "loaded tuner plugin {} from {} (ncclTunerPlugin_{version})", t.name, lib.name());
+                "loaded tuner plugin {} from {} ({})", t.name, lib.name(), t.loaded_as());
+            // `oxccl info` prefixes a C version with its symbol's stem.
+            let version = if t.is_stable() {
+                t.loaded_as()
+            } else {
+                format!("v{}", t.version)
+            };
             Ok((
                 Some(Arc::new(t)),
                 Outcome::Loaded {

@@ -383,11 +383,19 @@ unsafe extern "C" fn chunk_size<T: Tuner>(
 
 /// Exports every version [`crate::tuner_versions!`] lists
 /// (`ncclTunerPlugin_v2` … `ncclTunerPlugin_v6`) for a type implementing
-/// [`crate::Tuner`].
+/// [`crate::Tuner`], and the tuner's abi_stable root module
+/// ([`crate::tuner::stable::SYMBOL`]) that oxccl prefers.
 #[macro_export]
 macro_rules! export_tuner_plugin {
     ($tuner:ty) => {
         $crate::tuner_versions!(($crate::export_tuner_plugin) @each $tuner;);
+
+        /// The tuner's abi_stable root module, which oxccl loads with the
+        /// layout of every type checked (NCCL ignores it).
+        #[no_mangle]
+        #[allow(non_upper_case_globals)]
+        pub static oxccl_tuner_root_module: $crate::abi_stable::library::LibHeader =
+            $crate::tuner::stable::lib_header::<$tuner>();
     };
     (@each $tuner:ty; $([$n:literal, $sym:ident, $m:ident, $ty:ident, $var:ident, $f:ident])*) => {
         $($crate::export_tuner_plugin!(@one $tuner, $sym, $m, $ty, $f);)*

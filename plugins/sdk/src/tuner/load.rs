@@ -1,5 +1,7 @@
-//! Loading a tuner plugin: `ncclTuner_v2_t` … `ncclTuner_v6_t` behind one
-//! adapter, [`CTuner`], which the host (oxccl's core) drives.
+//! Loading a tuner plugin: its abi_stable root module
+//! ([`super::stable`]) where it has one, else `ncclTuner_v2_t` …
+//! `ncclTuner_v6_t`, behind one adapter, [`CTuner`], which the host
+//! (oxccl's core) drives the same way whichever was taken.
 //! One adapter; each entry whose signature changed has one match arm per
 //! version. v2 predates the cost table: its chosen (algorithm, protocol) is
 //! written into the table as cost 0, as NCCL's `tuner_v2.cc` does.
@@ -9,10 +11,14 @@ use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 use std::ptr::null_mut;
 
+use abi_stable::std_types::{RSliceMut, RSome};
+
 use super::abi::{v2, v3, v4, v5, v6, NCCL_NUM_ALGORITHMS, NCCL_NUM_PROTOCOLS};
+use super::stable::{self as rs, TunerModRef};
 use crate::ffi::types::Logger;
 use crate::ffi::{Func, NCCL_SUCCESS};
 use crate::loader::Lib;
+use crate::stable::{host_sink, load_root, AbiChoice, SDK_VERSION};
 
 /// NCCL's cost table as the host keeps it (`collCostTable`): estimated
 /// microseconds per algorithm and protocol.
@@ -47,11 +53,19 @@ macro_rules! loadable {
 }
 crate::tuner_versions!((loadable));
 
-/// A loaded tuner vtable (process-wide, like NCCL's).
+/// The functions a [`CTuner`] calls.
+#[derive(Clone, Copy)]
+enum Api {
+    C(Vt),
+    Stable(TunerModRef),
+}
+
+/// A loaded tuner (process-wide, like NCCL's).
 pub struct CTuner {
-    vt: Vt,
+    api: Api,
     _lib: Lib,
     pub name: String,
+    /// The NCCL ABI version taken; 0 for the root module.
     pub version: u32,
 }
 
@@ -86,6 +100,41 @@ fn ok(what: &str, r: i32) -> Result<(), String> {
 }
 
 impl CTuner {
+    /// The tuner in `lib`: its root module unless `abi` is
+    /// [`AbiChoice::C`] or it has none, else the newest C version (see
+    /// [`CTuner::negotiate`]). A root module built against another SDK is
+    /// refused, not passed over: its message says what to rebuild.
+    pub fn open(lib: &Lib, abi: AbiChoice) -> Result<CTuner, (Vec<&'static str>, String)> {
+        if abi == AbiChoice::Auto {
+            match load_root::<TunerModRef>(lib, rs::SYMBOL) {
+                Some(Ok(m)) => {
+                    return Ok(CTuner {
+                        api: Api::Stable(m),
+                        _lib: lib.clone(),
+                        name: m.name()().as_str().to_string(),
+                        version: 0,
+                    })
+                }
+                Some(Err(e)) => return Err((vec![rs::SYMBOL], e.to_string())),
+                None => {}
+            }
+        }
+        Self::negotiate(lib)
+    }
+
+    /// Which ABI was taken, for logs: the C symbol or the root module.
+    pub fn loaded_as(&self) -> String {
+        match self.api {
+            Api::C(_) => format!("ncclTunerPlugin_v{}", self.version),
+            Api::Stable(_) => format!("{}, oxccl-plugin {SDK_VERSION}", rs::SYMBOL),
+        }
+    }
+
+    /// Whether the root module was taken.
+    pub fn is_stable(&self) -> bool {
+        matches!(self.api, Api::Stable(_))
+    }
+
     /// The newest tuner version the library exports, with its required
     /// entries checked. `Err((found, reason))` when none is usable.
     pub fn negotiate(lib: &Lib) -> Result<CTuner, (Vec<&'static str>, String)> {
@@ -153,7 +202,7 @@ impl CTuner {
             .to_string_lossy()
             .into_owned();
         Ok(CTuner {
-            vt,
+            api: Api::C(vt),
             _lib: lib.clone(),
             name,
             version,
@@ -180,11 +229,35 @@ impl CTuner {
         });
         // SAFETY: an all-zero block of f64 arrays is a valid value.
         let mut constants: Box<v5::ConstantsV5> = Box::new(unsafe { std::mem::zeroed() });
+        let vt = match self.api {
+            Api::C(vt) => vt,
+            Api::Stable(m) => {
+                let args = rs::InitArgs {
+                    n_ranks: nranks,
+                    n_nodes: nnodes,
+                    comm_id: RSome(comm_id),
+                    nvl_domain: RSome(rs::NvlDomain {
+                        n_nvl_domains: 0,
+                        min_ranks_per_nvl_domain: 0,
+                        max_ranks_per_nvl_domain: 0,
+                    }),
+                    log: host_sink(log),
+                };
+                return match m.init()(&args).into_result() {
+                    Ok(inst) => Ok(Ctx {
+                        ptr: inst.0,
+                        _nvl: nvl,
+                        _constants: constants,
+                    }),
+                    Err(e) => Err(format!("init: {e}")),
+                };
+            }
+        };
         // SAFETY: entries checked non-null at load; valid out-pointers and
         // structs of the version's types, boxed in the returned `Ctx` so
         // that they outlive `finalize` as NCCL's communicator fields do.
         let r = unsafe {
-            match self.vt {
+            match vt {
                 Vt::V2(v) => v.init.expect("checked")(nranks, nnodes, log, &mut ctx),
                 Vt::V3(v) => v.init.expect("checked")(nranks, nnodes, log, &mut ctx),
                 Vt::V4(v) => v.init.expect("checked")(nranks, nnodes, log, &mut ctx),
@@ -224,6 +297,28 @@ impl CTuner {
         table: &mut Costs,
         nchannels: &mut c_int,
     ) -> Result<(), String> {
+        let vt = match self.api {
+            Api::C(vt) => vt,
+            Api::Stable(m) => {
+                let req = rs::CollRequest {
+                    coll: func,
+                    n_bytes: bytes,
+                    num_pipe_ops: 1,
+                    reg_buff: RSome(false),
+                };
+                let cells = RSliceMut::from_mut_slice(table.as_flattened_mut());
+                return m.get_coll_info()(
+                    rs::Instance(ctx.ptr),
+                    &req,
+                    cells,
+                    NCCL_NUM_ALGORITHMS,
+                    NCCL_NUM_PROTOCOLS,
+                    nchannels,
+                )
+                .into_result()
+                .map_err(|e| format!("getCollInfo: {e}"));
+            }
+        };
         let (na, np) = (NCCL_NUM_ALGORITHMS as c_int, NCCL_NUM_PROTOCOLS as c_int);
         // NCCL passes its `float[NUM_ALGO][NUM_PROTO]` cast to `float**`;
         // tuners cast it back to rows of `numProto` floats.
@@ -231,7 +326,7 @@ impl CTuner {
         // SAFETY: entries checked non-null at load; `t` points at
         // NUM_ALGORITHMS x NUM_PROTOCOLS floats as announced; valid out-pointers.
         let r = unsafe {
-            match self.vt {
+            match vt {
                 Vt::V2(v) => {
                     let (mut a, mut p) = (-1, -1);
                     let r = v.get_coll_info.expect("checked")(
@@ -261,7 +356,15 @@ impl CTuner {
 
     /// `destroy` / `finalize` of a context.
     pub fn finalize(&self, ctx: &Ctx) {
-        let f = match self.vt {
+        let vt = match self.api {
+            Api::C(vt) => vt,
+            Api::Stable(m) => {
+                // As on the C path, a failing destroy leaves nothing to do.
+                let _ = m.destroy()(rs::Instance(ctx.ptr));
+                return;
+            }
+        };
+        let f = match vt {
             Vt::V2(v) => v.destroy,
             Vt::V3(v) => v.destroy,
             Vt::V4(v) => v.destroy,

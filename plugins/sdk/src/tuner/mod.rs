@@ -10,6 +10,7 @@ use std::fmt;
 pub mod abi;
 pub mod export;
 pub mod load;
+pub mod stable;
 pub mod versions;
 
 use crate::ffi::types::*;
