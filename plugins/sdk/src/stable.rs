@@ -25,8 +25,14 @@ use crate::logger::NcclLogger;
 use crate::plugin_error::PluginResult;
 
 /// The version of this SDK a plugin carries in its root modules and oxccl
-/// names when it refuses one.
-pub const SDK_VERSION: &str = env!("CARGO_PKG_VERSION");
+/// names when it refuses one. The test-only skew feature marks it, so that
+/// the refusal a test provokes shows two different versions as a real one
+/// does.
+pub const SDK_VERSION: &str = if cfg!(feature = "abi-skew-for-tests") {
+    concat!(env!("CARGO_PKG_VERSION"), "+abi-skew-for-tests")
+} else {
+    env!("CARGO_PKG_VERSION")
+};
 
 /// The setting that picks the ABI oxccl loads a plugin through.
 pub const ABI_KEY: &str = "OXCCL_PLUGIN_ABI";

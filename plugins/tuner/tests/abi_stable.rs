@@ -1,8 +1,11 @@
 //! The built `liboxccl_tuner.so` loaded the way oxccl loads it: through its
 //! abi_stable root module, and through NCCL's C symbols when that is asked
-//! for, with the same answers.
+//! for, with the same answers; and a tuner built against an SDK whose
+//! types changed, refused with the type and both SDK versions named.
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use oxccl_plugin::ffi::types::NCCL_FUNC_ALL_REDUCE;
 use oxccl_plugin::loader::{self, Lib};
@@ -94,4 +97,67 @@ fn the_root_module_is_preferred_and_both_paths_agree() {
     let e = t.init(1, 8, 1, None).err().expect("a bad rules file");
     assert!(e.starts_with("init: ") && e.contains("warp"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Builds the fixture once, with the SDK's test-only skew feature, in a
+/// target directory of its own (its dependencies are those of the
+/// workspace, already fetched: offline, pinned by a copy of the lockfile).
+fn skewed_fixture() -> PathBuf {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let fixture = manifest_dir.join("abi-skew-fixture");
+    let workspace = manifest_dir.join("../..");
+    std::fs::copy(workspace.join("Cargo.lock"), fixture.join("Cargo.lock"))
+        .expect("copying the workspace's Cargo.lock beside the fixture");
+    // target/<profile>/deps -> target/abi-skew
+    let target = deps_dir().join("../../abi-skew");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let start = Instant::now();
+    let mut child = Command::new(cargo)
+        .args(["build", "--offline", "--quiet", "--manifest-path"])
+        .arg(fixture.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .spawn()
+        .expect("running cargo");
+    let limit = Duration::from_secs(600);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("building the abi-skew fixture took over {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(status.success(), "building the abi-skew fixture failed");
+    eprintln!("abi-skew fixture built in {:?}", start.elapsed());
+    target.join("debug/liboxccl_abi_skew_tuner.so")
+}
+
+#[test]
+fn a_tuner_built_against_a_changed_sdk_is_refused() {
+    let lib = open(&skewed_fixture());
+    let Err((found, why)) = CTuner::open(&lib, AbiChoice::Auto) else {
+        panic!("the skewed tuner was loaded");
+    };
+    eprintln!("refused: {why}");
+    assert_eq!(found, ["oxccl_tuner_root_module"]);
+    for said in [
+        format!(
+            "oxccl_tuner_root_module was built against oxccl-plugin {}+abi-skew-for-tests",
+            env!("CARGO_PKG_VERSION")
+        ),
+        format!("this oxccl has oxccl-plugin {SDK_VERSION}"),
+        "abi_stable found types whose layout differs: CollRequest: incompatible type size \
+         (expected 24, found 32), too many fields (expected 4, found 5);"
+            .to_string(),
+        format!("rebuild the plugin against oxccl-plugin {SDK_VERSION}"),
+    ] {
+        assert!(why.contains(&said), "no {said:?} in: {why}");
+    }
+    // Its NCCL C symbols are frozen structs, not the changed Rust ones:
+    // asked for, they still load.
+    let t = CTuner::open(&lib, AbiChoice::C).unwrap_or_else(|(_, why)| panic!("{why}"));
+    assert_eq!((t.name.as_str(), t.version), ("abi-skew", 6));
 }

@@ -305,6 +305,8 @@ impl CTuner {
                     n_bytes: bytes,
                     num_pipe_ops: 1,
                     reg_buff: RSome(false),
+                    #[cfg(feature = "abi-skew-for-tests")]
+                    skew: 0,
                 };
                 let cells = RSliceMut::from_mut_slice(table.as_flattened_mut());
                 return m.get_coll_info()(

@@ -61,6 +61,10 @@ pub struct CollRequest {
     pub n_bytes: usize,
     pub num_pipe_ops: i32,
     pub reg_buff: ROption<bool>,
+    /// Only in plugins built with the test-only skew feature: the changed
+    /// struct that the host must refuse.
+    #[cfg(feature = "abi-skew-for-tests")]
+    pub skew: u64,
 }
 
 /// One tuner instance of the plugin, opaque to the host.
@@ -127,6 +131,8 @@ impl From<&CollInfoRequest> for CollRequest {
             n_bytes: r.n_bytes,
             num_pipe_ops: r.num_pipe_ops,
             reg_buff: r.reg_buff.into(),
+            #[cfg(feature = "abi-skew-for-tests")]
+            skew: 0,
         }
     }
 }
