@@ -118,9 +118,8 @@ pub fn main(args: &InfoArgs) -> Result<i32, String> {
     }
     println!(
         "  looks for: {}",
-        env::LOADABLE
-            .iter()
-            .map(|l| l.0)
+        std::iter::once(env::ROOT_SYMBOL)
+            .chain(env::LOADABLE.iter().map(|l| l.0))
             .collect::<Vec<_>>()
             .join(", ")
     );

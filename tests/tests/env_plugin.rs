@@ -118,9 +118,9 @@ fn c_env_plugin_v1_feeds_every_setting() {
 /// Our plugin serving a TOML file to oxccl: the values reach the library
 /// through the plugin (the rank body checks their source), and the plugin's
 /// own init line (logged before oxccl's logging was set up) is in the log.
-#[test]
-fn our_env_plugin_serves_the_toml_file() {
-    let name = "our_env_plugin_serves_the_toml_file";
+/// oxccl takes its abi_stable root module, or with OXCCL_PLUGIN_ABI=c its
+/// NCCL C symbols, which serve the same.
+fn our_env_plugin_serves_the_toml_file(name: &str, abi: &str, loaded_as: &str) {
     if as_child(name, rank_body("oxccl-env")) {
         return;
     }
@@ -142,6 +142,7 @@ fn our_env_plugin_serves_the_toml_file() {
         &[
             ("NCCL_ENV_PLUGIN", &lib),
             ("OXCCL_CONFIG", toml.to_str().unwrap()),
+            ("OXCCL_PLUGIN_ABI", abi),
         ],
         Duration::from_secs(60),
     );
@@ -149,7 +150,7 @@ fn our_env_plugin_serves_the_toml_file() {
     assert_all_ok(&done);
     assert_log(
         &done,
-        &format!("loaded env plugin oxccl-env from {lib} (ncclEnvPlugin_v2)"),
+        &format!("loaded env plugin oxccl-env from {lib} ({loaded_as})"),
     );
     for f in &done {
         assert!(
@@ -161,6 +162,27 @@ fn our_env_plugin_serves_the_toml_file() {
             f.stderr
         );
     }
+}
+
+#[test]
+fn our_env_plugin_serves_the_toml_file_through_its_root_module() {
+    our_env_plugin_serves_the_toml_file(
+        "our_env_plugin_serves_the_toml_file_through_its_root_module",
+        "auto",
+        &format!(
+            "oxccl_env_root_module, oxccl-plugin {}",
+            env!("CARGO_PKG_VERSION")
+        ),
+    );
+}
+
+#[test]
+fn our_env_plugin_serves_the_toml_file_through_its_c_symbols() {
+    our_env_plugin_serves_the_toml_file(
+        "our_env_plugin_serves_the_toml_file_through_its_c_symbols",
+        "c",
+        "ncclEnvPlugin_v2",
+    );
 }
 
 /// `oxccl info` names the plugin, its ABI version and, per setting, that

@@ -576,7 +576,7 @@ settings! {
     own {
         /// The environment plugin library: a name (`foo` loads libnccl-env-foo.so), a path, or `none`. Read with getenv before any plugin, as NCCL does.
         "NCCL_ENV_PLUGIN" = "" in Plugins, expects "a library name, a path, or none", by "oxccl";
-        /// Which of a plugin's two ABIs oxccl loads: `auto` takes the abi_stable root module that a plugin built with oxccl-plugin exports (the layout of every type checked at load; one built against a different SDK is refused, naming the type and both versions), else NCCL's C symbols; `c` takes NCCL's C symbols only, as NCCL does. Tuner plugins; read with getenv where the plugin is loaded.
+        /// Which of a plugin's two ABIs oxccl loads: `auto` takes the abi_stable root module that a plugin built with oxccl-plugin exports (the layout of every type checked at load; one built against a different SDK is refused, naming the type and both versions), else NCCL's C symbols; `c` takes NCCL's C symbols only, as NCCL does. Tuner and env plugins (net and profiler plugins load through their C symbols); read with getenv, from the process environment only.
         "OXCCL_PLUGIN_ABI" = "auto" in Plugins, expects "auto or c", by "oxccl (through oxccl-plugin)";
         /// oxccl's TOML configuration file; its `[env]` table gives NCCL_ settings below the environment and above NCCL_CONF_FILE, and our env plugin serves it to NCCL. Environment only.
         "OXCCL_CONFIG" = "" in Plugins, expects "a path to a TOML file",

@@ -1,6 +1,7 @@
 //! The env plugin: `NCCL_ENV_PLUGIN` as NCCL 2.30 reads it (a name →
 //! `libnccl-env-NAME.so`, a path, `none`; unset tries `libnccl-env.so`),
-//! `ncclEnvPlugin_v2`, else `_v1`. Loaded once per process, at the first
+//! its abi_stable root module where it has one (unless OXCCL_PLUGIN_ABI=c),
+//! else `ncclEnvPlugin_v2`, else `_v1`. Loaded once per process, at the first
 //! read of a setting; from then on every `NCCL_*` value oxccl reads comes
 //! through its `getEnv` ([`var`]), and `finalize` runs at exit, as NCCL
 //! registers it with `atexit`. Without one (none found, refused, or its
@@ -15,9 +16,14 @@
 use std::ffi::{CStr, CString};
 use std::sync::{Mutex, Once, OnceLock};
 
+use oxccl_plugin::abi_stable::std_types::RStr;
+/// The symbol of an env plugin's abi_stable root module, tried first.
+pub use oxccl_plugin::env::stable::SYMBOL as ROOT_SYMBOL;
+use oxccl_plugin::env::stable::{self as rs, EnvModRef};
 use oxccl_plugin::ffi::env::Vtable;
 pub use oxccl_plugin::ffi::env::LOADABLE;
 use oxccl_plugin::ffi::NCCL_SUCCESS;
+use oxccl_plugin::stable::{host_sink, load_root, AbiChoice, SDK_VERSION};
 use tracing::{info, warn};
 
 use crate::error::Error;
@@ -33,8 +39,14 @@ pub const SETTING: &str = "NCCL_ENV_PLUGIN";
 const NCCL_VERSION: (u8, u8, u8) = (2, 31, 2);
 const SUFFIX: &CStr = c"+oxccl";
 
+/// The functions of a loaded plugin.
+enum Api {
+    C(Vtable),
+    Stable(EnvModRef),
+}
+
 struct Loaded {
-    vt: Vtable,
+    api: Api,
     /// Keeps the library mapped for the life of the process.
     _lib: Lib,
 }
@@ -80,6 +92,10 @@ fn load(setting: Option<String>) -> State {
     let search = loader::open(loader::ENV, setting.as_deref());
     let searched = search.tried.clone();
     let looked: Vec<&str> = LOADABLE.iter().map(|l| l.0).collect();
+    // What a refusal names as looked for: the root module first.
+    let named: Vec<&str> = std::iter::once(rs::SYMBOL)
+        .chain(looked.iter().copied())
+        .collect();
     let mut st = State {
         report: Report {
             outcome: Outcome::NotFound {
@@ -98,7 +114,7 @@ fn load(setting: Option<String>) -> State {
             true,
             format!(
                 "{}; reading the process environment",
-                loader::refusal("env", library, &looked, found, &reason)
+                loader::refusal("env", library, &named, found, &reason)
             ),
         ));
         st.report.outcome = Outcome::Refused {
@@ -124,6 +140,28 @@ fn load(setting: Option<String>) -> State {
             return st;
         }
     };
+    let abi = match AbiChoice::from_env() {
+        Ok(a) => a,
+        Err(e) => {
+            // As an explicit setting naming no library: every read fails
+            // with it, rather than a guess at what was meant.
+            st.error = Some(e.to_string());
+            return st;
+        }
+    };
+    if abi == AbiChoice::Auto {
+        match load_root::<EnvModRef>(&lib, rs::SYMBOL) {
+            Some(Ok(m)) => {
+                load_stable(&mut st, m, lib, searched);
+                return st;
+            }
+            Some(Err(e)) => {
+                refuse(&mut st, lib.name(), &[rs::SYMBOL], e.to_string());
+                return st;
+            }
+            None => {}
+        }
+    }
     let found = lib.present(&looked);
     let Some((vt, sym)) = LOADABLE.iter().find_map(|&(sym, version)| {
         let p = lib.symbol(sym)?;
@@ -174,10 +212,63 @@ fn load(setting: Option<String>) -> State {
         searched,
     };
     st.report.name = Some(name);
-    st.plugin = Mutex::new(Some(Loaded { vt, _lib: lib }));
+    st.plugin = Mutex::new(Some(Loaded {
+        api: Api::C(vt),
+        _lib: lib,
+    }));
     // SAFETY: registers a plain function that never unwinds.
     unsafe { libc::atexit(finalize_at_exit) };
     st
+}
+
+/// The root module's side of [`load`]: the same steps and lines, the
+/// plugin's own error message where its `init` fails.
+fn load_stable(st: &mut State, m: EnvModRef, lib: Lib, searched: Vec<String>) {
+    let name = m.name()().as_str().to_string();
+    let (major, minor, patch) = NCCL_VERSION;
+    let args = rs::InitArgs {
+        major,
+        minor,
+        patch,
+        suffix: SUFFIX.to_string_lossy().as_ref().into(),
+        log: host_sink(ffi_log::logger()),
+    };
+    if let Err(e) = m.init()(&args).into_result() {
+        let reason = format!("{name}'s init failed: {e}");
+        st.lines.push((
+            true,
+            format!(
+                "{}; reading the process environment",
+                loader::refusal("env", lib.name(), &[rs::SYMBOL], &[rs::SYMBOL], &reason)
+            ),
+        ));
+        st.report.outcome = Outcome::Refused {
+            library: lib.name().to_string(),
+            reason,
+            searched,
+        };
+        return;
+    }
+    let how = format!("{}, oxccl-plugin {SDK_VERSION}", rs::SYMBOL);
+    st.lines.push((
+        false,
+        format!(
+            "loaded env plugin {name} from {} ({how}); every NCCL_ value is read through it",
+            lib.name()
+        ),
+    ));
+    st.report.outcome = Outcome::Loaded {
+        library: lib.name().to_string(),
+        version: how,
+        searched,
+    };
+    st.report.name = Some(name);
+    st.plugin = Mutex::new(Some(Loaded {
+        api: Api::Stable(m),
+        _lib: lib,
+    }));
+    // SAFETY: registers a plain function that never unwinds.
+    unsafe { libc::atexit(finalize_at_exit) };
 }
 
 extern "C" fn finalize_at_exit() {
@@ -186,10 +277,20 @@ extern "C" fn finalize_at_exit() {
         let Some(Ok(mut slot)) = STATE.get().map(|s| s.plugin.lock()) else {
             return;
         };
-        if let Some(p) = slot.take() {
-            // SAFETY: once (the slot is emptied), after init, with no
-            // getEnv after it (later reads see an empty slot).
-            unsafe { p.vt.finalize() };
+        // `p` keeps the library mapped until its finalize has returned.
+        let Some(p) = slot.take() else {
+            return;
+        };
+        match p.api {
+            Api::C(vt) => {
+                // SAFETY: once (the slot is emptied), after init, with no
+                // getEnv after it (later reads see an empty slot).
+                unsafe { vt.finalize() };
+            }
+            // At exit a failing finalize has nobody left to tell.
+            Api::Stable(m) => {
+                let _ = m.finalize()();
+            }
         }
     });
 }
@@ -202,11 +303,19 @@ pub fn var(name: &str) -> Option<String> {
         drop(slot);
         return std::env::var(name).ok();
     };
+    let vt = match p.api {
+        Api::C(vt) => vt,
+        Api::Stable(m) => {
+            return m.get()(RStr::from_str(name))
+                .into_option()
+                .map(String::from)
+        }
+    };
     let c = CString::new(name).ok()?;
     // SAFETY: after init, before finalize (the slot holds the plugin); the
     // lock keeps the result valid while it is copied (no other getEnv of
     // this name can run meanwhile).
-    let v = unsafe { p.vt.get_env(c.as_ptr()) };
+    let v = unsafe { vt.get_env(c.as_ptr()) };
     if v.is_null() {
         return None;
     }

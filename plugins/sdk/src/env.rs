@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use crate::logger::NcclLogger;
 use crate::plugin_error::PluginResult;
 
+pub mod stable;
+
 /// The NCCL (or oxccl) that initialised the plugin.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NcclVersion {

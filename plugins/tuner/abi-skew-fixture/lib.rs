@@ -1,5 +1,5 @@
-//! The smallest tuner: it keeps NCCL's choice. What matters is the SDK it
-//! is built against (see Cargo.toml).
+//! The smallest tuner and env plugin. What matters is the SDK they are
+//! built against (see Cargo.toml).
 
 use oxccl_plugin::{CollInfoRequest, CostTable, PluginResult, Tuner, TunerInit};
 
@@ -23,3 +23,24 @@ impl Tuner for Skewed {
 }
 
 oxccl_plugin::export_tuner_plugin!(Skewed);
+
+/// An env plugin in the same library (each kind has a root module symbol
+/// of its own), built against the same changed SDK.
+pub struct SkewedEnv;
+
+impl oxccl_plugin::EnvPlugin for SkewedEnv {
+    const NAME: &'static std::ffi::CStr = c"abi-skew-env";
+
+    fn init(
+        _nccl: &oxccl_plugin::NcclVersion,
+        _logger: oxccl_plugin::NcclLogger,
+    ) -> PluginResult<Self> {
+        Ok(SkewedEnv)
+    }
+
+    fn get(&mut self, _name: &str) -> Option<String> {
+        None
+    }
+}
+
+oxccl_plugin::export_env_plugin!(SkewedEnv);

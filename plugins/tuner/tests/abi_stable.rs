@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use oxccl_plugin::env::stable::EnvModRef;
 use oxccl_plugin::ffi::types::NCCL_FUNC_ALL_REDUCE;
 use oxccl_plugin::loader::{self, Lib};
-use oxccl_plugin::stable::{AbiChoice, SDK_VERSION};
+use oxccl_plugin::stable::{load_root, AbiChoice, SDK_VERSION};
 use oxccl_plugin::tuner::load::CTuner;
 
 /// Where cargo put this test binary: target/<profile>/deps.
@@ -136,7 +137,7 @@ fn skewed_fixture() -> PathBuf {
 }
 
 #[test]
-fn a_tuner_built_against_a_changed_sdk_is_refused() {
+fn plugins_built_against_a_changed_sdk_are_refused() {
     let lib = open(&skewed_fixture());
     let Err((found, why)) = CTuner::open(&lib, AbiChoice::Auto) else {
         panic!("the skewed tuner was loaded");
@@ -160,4 +161,16 @@ fn a_tuner_built_against_a_changed_sdk_is_refused() {
     // asked for, they still load.
     let t = CTuner::open(&lib, AbiChoice::C).unwrap_or_else(|(_, why)| panic!("{why}"));
     assert_eq!((t.name.as_str(), t.version), ("abi-skew", 6));
+
+    // The env plugin beside it: its root module is refused the same way
+    // (oxccl's env loader, in the core, calls this same check).
+    let Some(Err(e)) = load_root::<EnvModRef>(&lib, "oxccl_env_root_module") else {
+        panic!("the skewed env plugin's root module was not refused");
+    };
+    let why = e.to_string();
+    eprintln!("refused: {why}");
+    assert!(
+        why.contains("found types whose layout differs: InitArgs: incompatible type size"),
+        "{why}"
+    );
 }

@@ -17,13 +17,29 @@ use std::sync::Mutex;
 use super::types::*;
 use crate::env::{EnvPlugin, NcclVersion};
 use crate::logger::NcclLogger;
+use crate::plugin_error::{PluginError, PluginResult};
 
-/// Exports `$plugin` (an [`EnvPlugin`]) under NCCL's env symbols.
+/// Exports `$plugin` (an [`EnvPlugin`]) under NCCL's env symbols, and its
+/// abi_stable root module ([`crate::env::stable::SYMBOL`]) that oxccl
+/// prefers; both serve the one plugin of the library.
 #[macro_export]
 macro_rules! export_env_plugin {
     ($plugin:ty) => {
         static __OXCCL_ENV_SLOT: $crate::ffi::export_env::Slot<$plugin> =
             $crate::ffi::export_env::Slot::new();
+
+        impl $crate::env::stable::EnvSlot for $plugin {
+            fn slot() -> &'static $crate::ffi::export_env::Slot<Self> {
+                &__OXCCL_ENV_SLOT
+            }
+        }
+
+        /// The env plugin's abi_stable root module, which oxccl loads with
+        /// the layout of every type checked (NCCL ignores it).
+        #[no_mangle]
+        #[allow(non_upper_case_globals)]
+        pub static oxccl_env_root_module: $crate::abi_stable::library::LibHeader =
+            $crate::env::stable::lib_header::<$plugin>();
 
         unsafe extern "C" fn __oxccl_env_init_v1(
             major: u8,
@@ -129,7 +145,7 @@ impl<T: EnvPlugin> Slot<T> {
         log: Logger,
     ) -> NcclResult {
         let logger = NcclLogger::new(log, NCCL_ENV);
-        let suffix = if suffix.is_null() {
+        let suffix: String = if suffix.is_null() {
             String::new()
         } else {
             // SAFETY: non-null: NCCL's C string, valid for the call.
@@ -143,22 +159,49 @@ impl<T: EnvPlugin> Slot<T> {
             patch,
             suffix,
         };
-        match catch_unwind(AssertUnwindSafe(|| T::init(&nccl, logger))) {
+        match self.init_with(&nccl, logger) {
+            Ok(()) => NCCL_SUCCESS,
+            Err(e) => {
+                logger.warn(&format!("env plugin init: {e}"));
+                e.code()
+            }
+        }
+    }
+
+    /// `init` of any ABI, the C versions' and the root module's: a panic
+    /// is an internal error.
+    pub fn init_with(&self, nccl: &NcclVersion, logger: NcclLogger) -> PluginResult<()> {
+        match catch_unwind(AssertUnwindSafe(|| T::init(nccl, logger))) {
             Ok(Ok(plugin)) => {
                 *self.lock() = Some(State {
                     plugin,
                     logger,
                     given: HashMap::new(),
                 });
-                NCCL_SUCCESS
+                Ok(())
             }
-            Ok(Err(e)) => {
-                logger.warn(&format!("env plugin init: {e}"));
-                e.code()
-            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(PluginError::Internal(
+                "panic inside the plugin (caught at the plugin boundary)".into(),
+            )),
+        }
+    }
+
+    /// `getEnv` returning an owned value (the root module's): `None` when
+    /// unset, before `init`, after `finalize` or when the plugin panicked.
+    pub fn get_owned(&self, name: &str) -> Option<String> {
+        let mut guard = self.lock();
+        let state = guard.as_mut()?;
+        match catch_unwind(AssertUnwindSafe(|| state.plugin.get(name))) {
+            Ok(v) => v,
             Err(_) => {
-                logger.warn("env plugin init: panic inside the plugin (caught at the C boundary)");
-                NCCL_INTERNAL_ERROR
+                let logger = state.logger;
+                // Logged without the lock, as in `get`.
+                drop(guard);
+                logger.warn(&format!(
+                    "env plugin getEnv({name}): panic inside the plugin (caught at the plugin boundary); reading it as unset"
+                ));
+                None
             }
         }
     }
@@ -216,7 +259,6 @@ impl<T: EnvPlugin> Slot<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin_error::{PluginError, PluginResult};
 
     struct Fixed {
         n: u32,
