@@ -14,7 +14,11 @@ use abi_stable::std_types::RStr;
 use crate::ffi::types::{
     LogLevel, LogSubsys, Logger, NCCL_LOG_ABORT, NCCL_LOG_INFO, NCCL_LOG_TRACE, NCCL_LOG_WARN,
 };
-use crate::stable::LogSink;
+
+/// How a plugin logs through an abi_stable root module (`crate::stable`):
+/// a line at an `NCCL_LOG_*` level for an `NCCL_*` subsystem, as a Rust
+/// string (no varargs to cross).
+pub type LogSink = extern "C" fn(level: LogLevel, subsys: LogSubsys, msg: RStr<'_>);
 
 /// `msg` as NCCL prints a line: `host:pid:tid [dev] NCCL LEVEL msg`. A
 /// plugin does not know the communicator's GPU: `[0]`, what NCCL shows for

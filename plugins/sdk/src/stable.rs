@@ -218,9 +218,7 @@ pub fn guarded<R>(what: &str, f: impl FnOnce() -> PluginResult<R>) -> RResult<R,
     }
 }
 
-/// How a plugin logs through a root module: a line at an `NCCL_LOG_*` level
-/// for an `NCCL_*` subsystem, as a Rust string (no varargs to cross).
-pub type LogSink = extern "C" fn(level: LogLevel, subsys: LogSubsys, msg: RStr<'_>);
+pub use crate::logger::LogSink;
 
 /// NCCL's C logger the host handed last, which [`host_sink`] forwards to.
 /// The host has one logger for the process (oxccl's core passes the same

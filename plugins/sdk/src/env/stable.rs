@@ -16,8 +16,8 @@ use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::{ROption, RResult, RStr, RString};
 use abi_stable::StableAbi;
 
+use super::slot::Slot;
 use crate::env::{EnvPlugin, NcclVersion};
-use crate::ffi::export_env::Slot;
 use crate::ffi::types::{LogLevel, LogSubsys, NCCL_ENV};
 use crate::logger::NcclLogger;
 use crate::stable::{guarded, SDK_VERSION};
