@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use oxccl_secure::{Key, Role};
 use tracing::{debug, info};
 
+use super::inbox::{Counters, Notices, Shared};
 use super::proto::{self, Frame, FrameReader, Hello, IdContents};
-use super::service::{self, Notices, Service, Shared};
+use super::service::Service;
 use super::tcp::{self, Link, Outgoing};
 use super::{
     bootstrap_iface, listen_on, protection_lines, root, root_thread_name, roots, socket_key,
@@ -291,7 +292,7 @@ fn join_root(
     key: Option<&Key>,
     timeout: Duration,
     retry: Option<oxccl_netif::Retry>,
-    traffic: &service::Counters,
+    traffic: &Counters,
 ) -> Result<Vec<std::net::SocketAddr>> {
     let (rank, nranks) = (hello.rank, hello.nranks);
     let hint = if c.from_env {

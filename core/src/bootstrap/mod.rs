@@ -54,6 +54,7 @@
 //! logged, before any byte of it reaches a frame reader.
 
 mod calls;
+mod inbox;
 mod join;
 mod limits;
 pub mod proto;
@@ -75,8 +76,9 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::error::{Error, Result};
 pub use calls::CALL_BYTES;
+use inbox::{Notices, Shared};
 use proto::{Frame, IdContents};
-use service::{Notices, Service, Shared};
+use service::Service;
 use tcp::Outgoing;
 
 /// How long an accepted connection may take over its handshake, and a
@@ -432,7 +434,7 @@ impl Bootstrap {
     }
 
     /// `peer`'s listen address: known, or looked up (see
-    /// [`service::Shared::resolve`]) by `until`.
+    /// [`inbox::Shared::resolve`]) by `until`.
     fn addr_of(&self, peer: usize, until: Instant) -> Result<SocketAddr> {
         self.shared.resolve(peer, until).ok_or_else(|| {
             Error::Remote(format!(
