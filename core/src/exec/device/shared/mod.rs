@@ -33,6 +33,7 @@
 
 mod local;
 mod mailbox;
+mod records;
 mod server;
 mod steps;
 mod words;
@@ -51,7 +52,8 @@ use crate::transport::shm::area::Area;
 
 use super::oob::Oob;
 use super::stop::Awaited;
-use mailbox::{Answer, Buf, Mailbox, Post, Request, Served};
+use mailbox::Mailbox;
+use records::{Answer, Buf, Post, Request, Served};
 use server::{Forwards, Server, ServerWords};
 use steps::Bufs;
 use words::{Move, Op, Words};

@@ -89,7 +89,8 @@ use crate::cuda::ipc::Exported;
 use crate::cuda::{ipc, Context, HostMapping, KernelSet, Stream};
 use crate::error::{Error, Result};
 
-use super::mailbox::{Mailbox, Request, Served};
+use super::mailbox::Mailbox;
+use super::records::{Request, Served};
 use super::words::{enqueue, Backlog, Move, Op, Pending, Words};
 
 const SPIN: Duration = Duration::from_micros(100);
