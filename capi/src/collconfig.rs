@@ -18,10 +18,10 @@
 //!   forced (oxccl has LL and Simple), else falls back. A selection left with
 //!   neither for the collective is an error naming it when forced, else
 //!   the call falls back to the automatic choice (an INFO says so).
-//! - `cgaClusterSize`, `CTAPolicy`: checked as NCCL checks them; a call
-//!   runs in the communicator's clusters (NCCL_CGA_CLUSTER_SIZE,
-//!   cgaClusterSize of its config) and with the DEFAULT policy (a WARN
-//!   says so once).
+//! - `cgaClusterSize`: the CTAs per thread-block cluster of the call's
+//!   kernels (0..=8; outside, ignored with an INFO), as NCCL.
+//! - `CTAPolicy`: checked as NCCL checks it; the call runs with the
+//!   DEFAULT policy (a WARN says so once).
 //! - `nvlsCTAs`: accepted; a WARN says once that oxccl runs no NVLS.
 //! - `ext`: vendor options, ignored as NCCL ignores them (an INFO says so).
 //! - `userProfilerTag`: read into [`PerCall::user_tag`], which becomes the
@@ -321,12 +321,8 @@ pub(crate) fn read(
     if let Some(n) = int(c.cgaClusterSize) {
         if !(0..=8).contains(&n) {
             tracing::info!(target: "oxccl::coll", "ncclCollConfig_t cgaClusterSize {n} is ignored: out of bounds 0..=8");
-        } else if n > 1 {
-            static CGA: Once = Once::new();
-            once(
-                &CGA,
-                || tracing::warn!(target: "oxccl::coll", "ncclCollConfig_t cgaClusterSize {n} is not implemented by oxccl for one call and is ignored: the call runs in the communicator's clusters (NCCL_CGA_CLUSTER_SIZE or the config's cgaClusterSize; 4 unset)"),
-            );
+        } else {
+            out.call.cluster = Some(n as u32);
         }
     }
     if let Some(n) = int(c.nvlsCTAs) {

@@ -113,6 +113,10 @@ pub struct CallOptions {
     /// the window has LL FIFOs (peers through host memory), for sizes
     /// within their bound; else Simple. Host memory has one protocol.
     pub proto: Option<crate::transport::layout::Proto>,
+    /// CTAs per thread-block cluster of the call's kernels
+    /// (`cgaClusterSize`, 0..=8) on the device path; `None`: the
+    /// communicator's. Host memory launches no kernel.
+    pub cluster: Option<u32>,
 }
 
 impl CallOptions {

@@ -458,6 +458,7 @@ pub(crate) fn execute(
         let coll = op.kind.coll().expect("a collective");
         let choice = choose(&dc, &tuning, coll, op);
         dc.hold_protocol(op.call.proto);
+        dc.hold_cluster(op.call.cluster);
         debug!(target: "oxccl::coll", "{}: {} on {} channel(s), {}", op.describe(), choice.algo.name(), choice.channels, dc.protocol(op.count * op.dtype.size()).name());
         let event = match (p, &group) {
             (Some(p), Some(g)) => {
@@ -487,6 +488,7 @@ pub(crate) fn execute(
         }
         let r = dc.collective(coll, Some(choice), i, o, n, t, op.redop, s);
         dc.hold_protocol(None);
+        dc.hold_cluster(None);
         dc.run_for(None);
         r?;
         drop(launched);

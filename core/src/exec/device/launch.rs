@@ -112,7 +112,7 @@ impl DeviceComm {
         }
         // Thread-block clusters exist from Hopper on.
         let cluster = if self.kernels.arch() >= (9, 0) {
-            self.cfg.cluster
+            self.cluster()
         } else {
             0
         };

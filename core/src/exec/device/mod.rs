@@ -148,6 +148,9 @@ pub struct DeviceComm {
     /// The protocol the next launches are held to (a call's own, see
     /// [`DeviceComm::hold_protocol`]).
     held: Option<Proto>,
+    /// The CTAs per cluster a call holds its launches to (its
+    /// `cgaClusterSize`), until released ([`DeviceComm::hold_cluster`]).
+    held_cluster: Option<u32>,
     /// Buffers registered with this rank (`ncclCommRegister`).
     registry: registry::Registry,
     /// NCCL_GRAPH_REGISTER: buffers of launches captured into a CUDA graph
@@ -269,6 +272,7 @@ impl DeviceComm {
             announce: false,
             parents: None,
             held: None,
+            held_cluster: None,
             registry: registry::Registry::new(device),
             graph_register: true,
             direct_launches: 0,
@@ -828,6 +832,18 @@ impl DeviceComm {
             (Some(max), _) if bytes <= max => Proto::Ll,
             _ => Proto::Simple,
         }
+    }
+
+    /// Holds the launches that follow to clusters of `cluster` CTAs (a
+    /// call's `cgaClusterSize`, within 0..=8) instead of the
+    /// communicator's; `None` releases them.
+    pub fn hold_cluster(&mut self, cluster: Option<u32>) {
+        self.held_cluster = cluster;
+    }
+
+    /// The CTAs per cluster of the next launch.
+    pub(super) fn cluster(&self) -> u32 {
+        self.held_cluster.unwrap_or(self.cfg.cluster)
     }
 
     /// Holds the next launches to `proto` (a call's `algSelection`), or
