@@ -1,9 +1,11 @@
 //! The env plugin: `NCCL_ENV_PLUGIN` as NCCL 2.30 reads it (a name →
 //! `libnccl-env-NAME.so`, a path, `none`; unset tries `libnccl-env.so`),
 //! its abi_stable root module where it has one (unless OXCCL_PLUGIN_ABI=c),
-//! else `ncclEnvPlugin_v2`, else `_v1`. Loaded once per process, at the first
-//! read of a setting; from then on every `NCCL_*` value oxccl reads comes
-//! through its `getEnv` ([`var`]), and `finalize` runs at exit, as NCCL
+//! else `ncclEnvPlugin_v2`, else `_v1`, opened and called by the SDK's
+//! [`CEnv`], so that all the unsafe calls into a plugin live beside its
+//! frozen ABI. Loaded once per process, at the first read of a setting;
+//! from then on every `NCCL_*` value oxccl reads comes through its
+//! `getEnv` ([`var`]), and `finalize` runs at exit, as NCCL
 //! registers it with `atexit`. Without one (none found, refused, or its
 //! `init` failed) values come from the process environment, as from NCCL's
 //! internal plugin.
@@ -13,23 +15,19 @@
 //! is logged by [`announce`] once logging is up.
 #![allow(unsafe_code)]
 
-use std::ffi::{CStr, CString};
 use std::sync::{Mutex, Once, OnceLock};
 
-use oxccl_plugin::abi_stable::std_types::RStr;
+use oxccl_plugin::env::load::{self as sdk, CEnv};
 /// The symbol of an env plugin's abi_stable root module, tried first.
 pub use oxccl_plugin::env::stable::SYMBOL as ROOT_SYMBOL;
-use oxccl_plugin::env::stable::{self as rs, EnvModRef};
-use oxccl_plugin::ffi::env::Vtable;
 pub use oxccl_plugin::ffi::env::LOADABLE;
-use oxccl_plugin::ffi::NCCL_SUCCESS;
-use oxccl_plugin::stable::{host_sink, load_root, AbiChoice, SDK_VERSION};
+use oxccl_plugin::stable::AbiChoice;
 use tracing::{info, warn};
 
 use crate::error::Error;
 use crate::plugin::ffi_log::{self, Captured};
+use oxccl_plugin::loader;
 pub use oxccl_plugin::loader::Outcome;
-use oxccl_plugin::loader::{self, Lib};
 
 /// The variable naming the plugin (read from the process environment, as
 /// NCCL reads it with `getenv`).
@@ -37,23 +35,7 @@ pub const SETTING: &str = "NCCL_ENV_PLUGIN";
 
 /// The NCCL version oxccl passes to `init`: the API it implements.
 const NCCL_VERSION: (u8, u8, u8) = (2, 31, 2);
-const SUFFIX: &CStr = c"+oxccl";
-
-/// The functions of a loaded plugin.
-enum Api {
-    C(Vtable),
-    Stable(EnvModRef),
-}
-
-struct Loaded {
-    api: Api,
-    /// Keeps the library mapped for the life of the process.
-    _lib: Lib,
-}
-
-// SAFETY: the vtable points into the library's static data, which `_lib`
-// keeps mapped; calls into it are serialized by the mutex around `Loaded`.
-unsafe impl Send for Loaded {}
+const SUFFIX: &str = "+oxccl";
 
 /// What the search found, for `oxccl info` and [`announce`].
 #[derive(Debug, Clone)]
@@ -75,7 +57,7 @@ struct State {
     lines: Vec<(bool, String)>,
     held: Vec<Captured>,
     /// `None` after `finalize`, or when no plugin is in use.
-    plugin: Mutex<Option<Loaded>>,
+    plugin: Mutex<Option<CEnv>>,
 }
 
 static STATE: OnceLock<State> = OnceLock::new();
@@ -91,11 +73,6 @@ fn state() -> &'static State {
 fn load(setting: Option<String>) -> State {
     let search = loader::open(loader::ENV, setting.as_deref());
     let searched = search.tried.clone();
-    let looked: Vec<&str> = LOADABLE.iter().map(|l| l.0).collect();
-    // What a refusal names as looked for: the root module first.
-    let named: Vec<&str> = std::iter::once(rs::SYMBOL)
-        .chain(looked.iter().copied())
-        .collect();
     let mut st = State {
         report: Report {
             outcome: Outcome::NotFound {
@@ -109,24 +86,29 @@ fn load(setting: Option<String>) -> State {
         held: Vec::new(),
         plugin: Mutex::new(None),
     };
-    let refuse = |st: &mut State, library: &str, found: &[&str], reason: String| {
+    let refuse = |st: &mut State, library: &str, e: sdk::Refused| {
         st.lines.push((
             true,
             format!(
                 "{}; reading the process environment",
-                loader::refusal("env", library, &named, found, &reason)
+                loader::refusal("env", library, &e.looked, &e.found, &e.reason)
             ),
         ));
         st.report.outcome = Outcome::Refused {
             library: library.to_string(),
-            reason,
+            reason: e.reason,
             searched: searched.clone(),
         };
     };
     let lib = match (search.opened, search.failed.first()) {
         (Some(l), _) => l,
         (None, Some((library, why))) => {
-            refuse(&mut st, library, &[], format!("cannot be opened: {why}"));
+            let e = sdk::Refused {
+                looked: sdk::symbols(),
+                found: Vec::new(),
+                reason: format!("cannot be opened: {why}"),
+            };
+            refuse(&mut st, library, e);
             return st;
         }
         (None, None) => {
@@ -149,126 +131,42 @@ fn load(setting: Option<String>) -> State {
             return st;
         }
     };
-    if abi == AbiChoice::Auto {
-        match load_root::<EnvModRef>(&lib, rs::SYMBOL) {
-            Some(Ok(m)) => {
-                load_stable(&mut st, m, lib, searched);
-                return st;
-            }
-            Some(Err(e)) => {
-                refuse(&mut st, lib.name(), &[rs::SYMBOL], e.to_string());
-                return st;
-            }
-            None => {}
+    let opened = CEnv::open(&lib, abi).and_then(|mut p| {
+        p.init(NCCL_VERSION, SUFFIX, ffi_log::logger())?;
+        Ok(p)
+    });
+    let plugin = match opened {
+        Ok(p) => p,
+        Err(e) => {
+            refuse(&mut st, lib.name(), e);
+            return st;
         }
-    }
-    let found = lib.present(&looked);
-    let Some((vt, sym)) = LOADABLE.iter().find_map(|&(sym, version)| {
-        let p = lib.symbol(sym)?;
-        // SAFETY: `p` is the address of the library's `ncclEnv_vN_t` of
-        // this version; `lib` stays mapped (kept in `Loaded`, or dropped
-        // with the vtable unused).
-        unsafe { Vtable::from_symbol(version, p) }.map(|vt| (vt, sym))
-    }) else {
-        refuse(
-            &mut st,
-            lib.name(),
-            &found,
-            "no env ABI version this oxccl loads (v1, v2)".into(),
-        );
-        return st;
     };
-    let null = vt.null_entries();
-    if !null.is_empty() {
-        let reason = format!("{sym} has NULL entries: {}", null.join(", "));
-        refuse(&mut st, lib.name(), &found, reason);
-        return st;
-    }
-    let name = if vt.name().is_null() {
-        lib.name().to_string()
-    } else {
-        // SAFETY: a non-null `name` is the plugin's static C string.
-        unsafe { CStr::from_ptr(vt.name()) }
-            .to_string_lossy()
-            .into_owned()
-    };
-    // SAFETY: first call into the vtable, with a C string and our logger.
-    let r = unsafe { vt.init(NCCL_VERSION, SUFFIX.as_ptr(), ffi_log::logger()) };
-    if r != NCCL_SUCCESS {
-        let reason = format!("{name}'s init returned {r}");
-        refuse(&mut st, lib.name(), &found, reason);
-        return st;
-    }
     st.lines.push((
         false,
         format!(
-            "loaded env plugin {name} from {} ({sym}); every NCCL_ value is read through it",
-            lib.name()
+            "loaded env plugin {} from {} ({}); every NCCL_ value is read through it",
+            plugin.name(),
+            lib.name(),
+            plugin.loaded_as()
         ),
     ));
+    // `oxccl info` prefixes a C version with its symbol's stem.
+    let version = if plugin.is_stable() {
+        plugin.loaded_as()
+    } else {
+        format!("v{}", plugin.version())
+    };
     st.report.outcome = Outcome::Loaded {
         library: lib.name().to_string(),
-        version: format!("v{}", vt.version()),
+        version,
         searched,
     };
-    st.report.name = Some(name);
-    st.plugin = Mutex::new(Some(Loaded {
-        api: Api::C(vt),
-        _lib: lib,
-    }));
+    st.report.name = Some(plugin.name().to_string());
+    st.plugin = Mutex::new(Some(plugin));
     // SAFETY: registers a plain function that never unwinds.
     unsafe { libc::atexit(finalize_at_exit) };
     st
-}
-
-/// The root module's side of [`load`]: the same steps and lines, the
-/// plugin's own error message where its `init` fails.
-fn load_stable(st: &mut State, m: EnvModRef, lib: Lib, searched: Vec<String>) {
-    let name = m.name()().as_str().to_string();
-    let (major, minor, patch) = NCCL_VERSION;
-    let args = rs::InitArgs {
-        major,
-        minor,
-        patch,
-        suffix: SUFFIX.to_string_lossy().as_ref().into(),
-        log: host_sink(ffi_log::logger()),
-    };
-    if let Err(e) = m.init()(&args).into_result() {
-        let reason = format!("{name}'s init failed: {e}");
-        st.lines.push((
-            true,
-            format!(
-                "{}; reading the process environment",
-                loader::refusal("env", lib.name(), &[rs::SYMBOL], &[rs::SYMBOL], &reason)
-            ),
-        ));
-        st.report.outcome = Outcome::Refused {
-            library: lib.name().to_string(),
-            reason,
-            searched,
-        };
-        return;
-    }
-    let how = format!("{}, oxccl-plugin {SDK_VERSION}", rs::SYMBOL);
-    st.lines.push((
-        false,
-        format!(
-            "loaded env plugin {name} from {} ({how}); every NCCL_ value is read through it",
-            lib.name()
-        ),
-    ));
-    st.report.outcome = Outcome::Loaded {
-        library: lib.name().to_string(),
-        version: how,
-        searched,
-    };
-    st.report.name = Some(name);
-    st.plugin = Mutex::new(Some(Loaded {
-        api: Api::Stable(m),
-        _lib: lib,
-    }));
-    // SAFETY: registers a plain function that never unwinds.
-    unsafe { libc::atexit(finalize_at_exit) };
 }
 
 extern "C" fn finalize_at_exit() {
@@ -277,20 +175,10 @@ extern "C" fn finalize_at_exit() {
         let Some(Ok(mut slot)) = STATE.get().map(|s| s.plugin.lock()) else {
             return;
         };
-        // `p` keeps the library mapped until its finalize has returned.
-        let Some(p) = slot.take() else {
-            return;
-        };
-        match p.api {
-            Api::C(vt) => {
-                // SAFETY: once (the slot is emptied), after init, with no
-                // getEnv after it (later reads see an empty slot).
-                unsafe { vt.finalize() };
-            }
-            // At exit a failing finalize has nobody left to tell.
-            Api::Stable(m) => {
-                let _ = m.finalize()();
-            }
+        // Taken, so later reads see no plugin and never follow finalize;
+        // at exit a failing finalize has nobody left to tell.
+        if let Some(p) = slot.take() {
+            let _ = p.finalize();
         }
     });
 }
@@ -299,29 +187,14 @@ extern "C" fn finalize_at_exit() {
 /// use, else the process environment's.
 pub fn var(name: &str) -> Option<String> {
     let slot = state().plugin.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(p) = slot.as_ref() else {
-        drop(slot);
-        return std::env::var(name).ok();
-    };
-    let vt = match p.api {
-        Api::C(vt) => vt,
-        Api::Stable(m) => {
-            return m.get()(RStr::from_str(name))
-                .into_option()
-                .map(String::from)
+    match slot.as_ref() {
+        // The lock keeps one read at a time, as the C ABI's results ask.
+        Some(p) => p.get(name),
+        None => {
+            drop(slot);
+            std::env::var(name).ok()
         }
-    };
-    let c = CString::new(name).ok()?;
-    // SAFETY: after init, before finalize (the slot holds the plugin); the
-    // lock keeps the result valid while it is copied (no other getEnv of
-    // this name can run meanwhile).
-    let v = unsafe { vt.get_env(c.as_ptr()) };
-    if v.is_null() {
-        return None;
     }
-    // SAFETY: non-null: the plugin's C string, valid until the next getEnv
-    // of this name, which the lock holds off.
-    Some(unsafe { CStr::from_ptr(v) }.to_string_lossy().into_owned())
 }
 
 /// The plugin's name while values come through it.

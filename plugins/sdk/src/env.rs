@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use crate::logger::NcclLogger;
 use crate::plugin_error::PluginResult;
 
+pub mod load;
 pub mod slot;
 pub mod stable;
 

@@ -1,7 +1,8 @@
 //! NCCL's environment plugin ABI, `ncclEnv_vN_t` (NCCL 2.28 has v1, 2.30
 //! adds v2): a library NCCL reads every `NCCL_*` value through
 //! (`ncclGetEnv`). Both versions are frozen here; v2 is the newest shape,
-//! and [`Vtable`] calls either in it, as NCCL's `env_v1.cc` adapts v1.
+//! and `crate::env::load` calls either in it, as NCCL's `env_v1.cc` adapts
+//! v1.
 //!
 //! The contract (NCCL's `env_v2.h` and `plugins/env/README.md`):
 //! - `init` comes first, once per process, with NCCL's version; an error
@@ -13,7 +14,7 @@
 
 use std::os::raw::c_char;
 
-use super::types::{Logger, NcclResult, NCCL_INTERNAL_ERROR};
+use super::types::{Logger, NcclResult};
 
 /// Symbol of [`EnvV1`].
 pub const SYMBOL_V1: &str = "ncclEnvPlugin_v1";
@@ -57,110 +58,8 @@ pub struct EnvV2 {
     pub get_env: Option<GetEnvFn>,
 }
 
-/// A library's env vtable of either version, called in v2's shape.
-#[derive(Debug, Clone, Copy)]
-pub enum Vtable {
-    V1(&'static EnvV1),
-    V2(&'static EnvV2),
-}
-
 /// Every version a loader can take, newest first.
 pub const LOADABLE: [(&str, u32); 2] = [(SYMBOL_V2, 2), (SYMBOL_V1, 1)];
-
-impl Vtable {
-    /// The vtable at a symbol's address.
-    ///
-    /// # Safety
-    /// `p` is the address of `LOADABLE`'s symbol of `version`: a static
-    /// `ncclEnv_vN_t` that stays mapped for the rest of the process.
-    pub unsafe fn from_symbol(version: u32, p: *const std::os::raw::c_void) -> Option<Vtable> {
-        match version {
-            // SAFETY: per the contract.
-            2 => Some(Vtable::V2(unsafe { &*(p as *const EnvV2) })),
-            // SAFETY: per the contract.
-            1 => Some(Vtable::V1(unsafe { &*(p as *const EnvV1) })),
-            _ => None,
-        }
-    }
-
-    /// N of `ncclEnv_vN_t`.
-    pub fn version(&self) -> u32 {
-        match self {
-            Vtable::V1(_) => 1,
-            Vtable::V2(_) => 2,
-        }
-    }
-
-    /// The vtable's `name` (NULL when the plugin gives none).
-    pub fn name(&self) -> *const c_char {
-        match self {
-            Vtable::V1(v) => v.name,
-            Vtable::V2(v) => v.name,
-        }
-    }
-
-    /// The entries NCCL calls without a NULL check that are NULL here.
-    pub fn null_entries(&self) -> Vec<&'static str> {
-        let (init, finalize, get_env) = match self {
-            Vtable::V1(v) => (v.init.is_some(), v.finalize.is_some(), v.get_env.is_some()),
-            Vtable::V2(v) => (v.init.is_some(), v.finalize.is_some(), v.get_env.is_some()),
-        };
-        [("init", init), ("finalize", finalize), ("getEnv", get_env)]
-            .into_iter()
-            .filter(|(_, ok)| !ok)
-            .map(|(n, _)| n)
-            .collect()
-    }
-
-    /// `init`; v1 gets no logger, as in NCCL's adapter.
-    ///
-    /// # Safety
-    /// `suffix` is a C string; `log` a valid logger or none.
-    pub unsafe fn init(
-        &self,
-        version: (u8, u8, u8),
-        suffix: *const c_char,
-        log: Logger,
-    ) -> NcclResult {
-        let (major, minor, patch) = version;
-        match self {
-            // SAFETY: the plugin's entry, with the arguments its C type takes.
-            Vtable::V1(v) => v.init.map_or(NCCL_INTERNAL_ERROR, |f| unsafe {
-                f(major, minor, patch, suffix)
-            }),
-            // SAFETY: as above.
-            Vtable::V2(v) => v.init.map_or(NCCL_INTERNAL_ERROR, |f| unsafe {
-                f(major, minor, patch, suffix, log)
-            }),
-        }
-    }
-
-    /// `getEnv`: NULL when unset (or the entry is NULL).
-    ///
-    /// # Safety
-    /// After a successful `init` and before `finalize`; `name` a C string.
-    pub unsafe fn get_env(&self, name: *const c_char) -> *const c_char {
-        let f = match self {
-            Vtable::V1(v) => v.get_env,
-            Vtable::V2(v) => v.get_env,
-        };
-        // SAFETY: per the contract.
-        f.map_or(std::ptr::null(), |f| unsafe { f(name) })
-    }
-
-    /// `finalize`.
-    ///
-    /// # Safety
-    /// Once, after `init`, with no `getEnv` after it.
-    pub unsafe fn finalize(&self) -> NcclResult {
-        let f = match self {
-            Vtable::V1(v) => v.finalize,
-            Vtable::V2(v) => v.finalize,
-        };
-        // SAFETY: per the contract.
-        f.map_or(NCCL_INTERNAL_ERROR, |f| unsafe { f() })
-    }
-}
 
 #[cfg(test)]
 mod tests {
