@@ -1,7 +1,7 @@
 //! The environment plugin interface for plugin authors: NCCL (2.28 and
 //! later) and oxccl read every `NCCL_*` value through it. Implement
 //! [`EnvPlugin`] and export it with [`crate::export_env_plugin!`]; the glue
-//! in `ffi::export_env` serves both ABI versions (v1, v2) and keeps each
+//! in [`export`] serves both ABI versions (v1, v2) and keeps each
 //! returned string alive as long as NCCL may read it.
 //!
 //! Also here: oxccl's TOML configuration file ([`OXCCL_CONFIG`]), read by
@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 use crate::logger::NcclLogger;
 use crate::plugin_error::PluginResult;
 
+pub mod abi;
+pub mod export;
 pub mod load;
 pub mod slot;
 pub mod stable;

@@ -10,8 +10,8 @@ use std::os::raw::c_void;
 
 use abi_stable::std_types::RStr;
 
+use super::abi::{EnvV1, EnvV2, FinalizeFn, GetEnvFn, InitV1Fn, InitV2Fn, LOADABLE};
 use super::stable::{self as rs, EnvModRef};
-use crate::ffi::env::{EnvV1, EnvV2, FinalizeFn, GetEnvFn, InitV1Fn, InitV2Fn, LOADABLE};
 use crate::ffi::types::{Logger, NCCL_SUCCESS};
 use crate::loader::Lib;
 use crate::stable::{host_sink, load_root, AbiChoice, SDK_VERSION};

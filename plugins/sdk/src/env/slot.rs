@@ -1,5 +1,5 @@
 //! The plugin of one library between `init` and `finalize`, which both of
-//! its ABIs serve: NCCL's C symbols (`crate::ffi::export_env`) and the
+//! its ABIs serve: NCCL's C symbols (`super::export`) and the
 //! abi_stable root module (`super::stable`). NCCL's env ABI has no context
 //! pointer, so the state is the library's; `getEnv`'s result must stay
 //! valid until `finalize` or the next `getEnv` of the same name, so the

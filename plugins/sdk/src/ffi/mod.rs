@@ -1,11 +1,11 @@
 //! NCCL's plugin C ABI: one frozen file per interface version (as NCCL
-//! keeps `net_v8.h` …; `net/`, `tuner/`, `profiler/`, `env`), the scalars they
-//! share (`types`), and the glue that exports the tuner and env kinds
-//! through it; the net's and the profiler's live in their own folders
-//! ([`crate::net`], [`crate::profiler`]).
+//! keeps `net_v8.h` …) and the scalars they share (`types`); each kind's
+//! frozen files and export glue live in its own folder ([`crate::net`],
+//! [`crate::profiler`], [`crate::tuner`], [`crate::env`]), re-exported here
+//! under the paths plugins and the core already use.
 
-pub mod env;
-pub mod export_env;
+/// The env plugin's frozen layouts, kept in the env's folder.
+pub use crate::env::abi as env;
 /// The net's frozen layouts, kept in the net's folder.
 pub use crate::net::abi as net;
 /// The profiler's frozen layouts, kept in the profiler's folder.

@@ -14,7 +14,7 @@
 
 use std::os::raw::c_char;
 
-use super::types::{Logger, NcclResult};
+use crate::ffi::types::{Logger, NcclResult};
 
 /// Symbol of [`EnvV1`].
 pub const SYMBOL_V1: &str = "ncclEnvPlugin_v1";

@@ -14,11 +14,11 @@ use crate::env::EnvPlugin;
 #[macro_export]
 macro_rules! export_env_plugin {
     ($plugin:ty) => {
-        static __OXCCL_ENV_SLOT: $crate::ffi::export_env::Slot<$plugin> =
-            $crate::ffi::export_env::Slot::new();
+        static __OXCCL_ENV_SLOT: $crate::env::export::Slot<$plugin> =
+            $crate::env::export::Slot::new();
 
         impl $crate::env::stable::EnvSlot for $plugin {
-            fn slot() -> &'static $crate::ffi::export_env::Slot<Self> {
+            fn slot() -> &'static $crate::env::export::Slot<Self> {
                 &__OXCCL_ENV_SLOT
             }
         }
@@ -62,8 +62,8 @@ macro_rules! export_env_plugin {
         /// NCCL's env plugin symbol, version 1 (NCCL 2.28).
         #[no_mangle]
         #[allow(non_upper_case_globals)]
-        pub static ncclEnvPlugin_v1: $crate::ffi::export_env::Exported<$crate::ffi::env::EnvV1> =
-            $crate::ffi::export_env::Exported($crate::ffi::env::EnvV1 {
+        pub static ncclEnvPlugin_v1: $crate::env::export::Exported<$crate::env::abi::EnvV1> =
+            $crate::env::export::Exported($crate::env::abi::EnvV1 {
                 name: <$plugin as $crate::env::EnvPlugin>::NAME.as_ptr(),
                 init: Some(__oxccl_env_init_v1),
                 finalize: Some(__oxccl_env_finalize),
@@ -72,8 +72,8 @@ macro_rules! export_env_plugin {
         /// NCCL's env plugin symbol, version 2 (NCCL 2.30).
         #[no_mangle]
         #[allow(non_upper_case_globals)]
-        pub static ncclEnvPlugin_v2: $crate::ffi::export_env::Exported<$crate::ffi::env::EnvV2> =
-            $crate::ffi::export_env::Exported($crate::ffi::env::EnvV2 {
+        pub static ncclEnvPlugin_v2: $crate::env::export::Exported<$crate::env::abi::EnvV2> =
+            $crate::env::export::Exported($crate::env::abi::EnvV2 {
                 name: <$plugin as $crate::env::EnvPlugin>::NAME.as_ptr(),
                 init: Some(__oxccl_env_init_v2),
                 finalize: Some(__oxccl_env_finalize),
