@@ -205,6 +205,8 @@ impl CEnv {
                     minor,
                     patch,
                     suffix: suffix.into(),
+                    #[cfg(feature = "abi-skew-for-tests")]
+                    skew: 0,
                     log: host_sink(log),
                 };
                 m.init()(&args).into_result().map_err(|e| {
