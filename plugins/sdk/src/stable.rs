@@ -97,6 +97,21 @@ pub enum StableError {
     Other { symbol: String, detail: String },
 }
 
+/// The root module a loader takes from `lib`: `symbol`'s, unless `abi`
+/// is [`AbiChoice::C`] or the library has none (`Ok(None)`: the caller
+/// takes NCCL's C symbols). One built against another SDK is an error,
+/// not passed over: its message says what to rebuild.
+pub fn root_module<M: RootModule>(
+    lib: &Lib,
+    abi: AbiChoice,
+    symbol: &str,
+) -> Result<Option<M>, StableError> {
+    match abi {
+        AbiChoice::C => Ok(None),
+        AbiChoice::Auto => load_root(lib, symbol).transpose(),
+    }
+}
+
 /// The root module `M` a library exports as `symbol`, with its layout
 /// checked against this SDK's; `None` when the library has none (or is a
 /// built-in, which has only the C tables), so the caller takes the C path.

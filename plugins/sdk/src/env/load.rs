@@ -14,7 +14,7 @@ use super::abi::{EnvV1, EnvV2, FinalizeFn, GetEnvFn, InitV1Fn, InitV2Fn, LOADABL
 use super::stable::{self as rs, EnvModRef};
 use crate::ffi::types::{Logger, NCCL_SUCCESS};
 use crate::loader::Lib;
-use crate::stable::{host_sink, load_root, AbiChoice, SDK_VERSION};
+use crate::stable::{host_sink, root_module, AbiChoice, SDK_VERSION};
 
 /// Why a library's env plugin was not taken, with what the refusal line
 /// names: the symbols looked for and those the library has.
@@ -94,28 +94,21 @@ impl CEnv {
     /// another SDK is refused, not passed over: its message says what to
     /// rebuild.
     pub fn open(lib: &Lib, abi: AbiChoice) -> Result<CEnv, Refused> {
-        if abi == AbiChoice::Auto {
-            match load_root::<EnvModRef>(lib, rs::SYMBOL) {
-                Some(Ok(m)) => {
-                    return Ok(CEnv {
-                        api: Api::Stable(m),
-                        _lib: lib.clone(),
-                        name: m.name()().as_str().to_string(),
-                        symbol: rs::SYMBOL,
-                        found: vec![rs::SYMBOL],
-                        suffix: None,
-                        ready: false,
-                    })
-                }
-                Some(Err(e)) => {
-                    return Err(Refused {
-                        looked: symbols(),
-                        found: vec![rs::SYMBOL],
-                        reason: e.to_string(),
-                    })
-                }
-                None => {}
-            }
+        let root = root_module::<EnvModRef>(lib, abi, rs::SYMBOL).map_err(|e| Refused {
+            looked: symbols(),
+            found: vec![rs::SYMBOL],
+            reason: e.to_string(),
+        })?;
+        if let Some(m) = root {
+            return Ok(CEnv {
+                api: Api::Stable(m),
+                _lib: lib.clone(),
+                name: m.name()().as_str().to_string(),
+                symbol: rs::SYMBOL,
+                found: vec![rs::SYMBOL],
+                suffix: None,
+                ready: false,
+            });
         }
         let looked: Vec<&'static str> = LOADABLE.iter().map(|l| l.0).collect();
         let found = lib.present(&looked);

@@ -18,7 +18,7 @@ use super::stable::{self as rs, TunerModRef};
 use crate::ffi::types::Logger;
 use crate::ffi::{Func, NCCL_SUCCESS};
 use crate::loader::Lib;
-use crate::stable::{host_sink, load_root, AbiChoice, SDK_VERSION};
+use crate::stable::{host_sink, root_module, AbiChoice, SDK_VERSION};
 
 /// NCCL's cost table as the host keeps it (`collCostTable`): estimated
 /// microseconds per algorithm and protocol.
@@ -105,21 +105,16 @@ impl CTuner {
     /// [`CTuner::negotiate`]). A root module built against another SDK is
     /// refused, not passed over: its message says what to rebuild.
     pub fn open(lib: &Lib, abi: AbiChoice) -> Result<CTuner, (Vec<&'static str>, String)> {
-        if abi == AbiChoice::Auto {
-            match load_root::<TunerModRef>(lib, rs::SYMBOL) {
-                Some(Ok(m)) => {
-                    return Ok(CTuner {
-                        api: Api::Stable(m),
-                        _lib: lib.clone(),
-                        name: m.name()().as_str().to_string(),
-                        version: 0,
-                    })
-                }
-                Some(Err(e)) => return Err((vec![rs::SYMBOL], e.to_string())),
-                None => {}
-            }
+        match root_module::<TunerModRef>(lib, abi, rs::SYMBOL) {
+            Ok(Some(m)) => Ok(CTuner {
+                api: Api::Stable(m),
+                _lib: lib.clone(),
+                name: m.name()().as_str().to_string(),
+                version: 0,
+            }),
+            Err(e) => Err((vec![rs::SYMBOL], e.to_string())),
+            Ok(None) => Self::negotiate(lib),
         }
-        Self::negotiate(lib)
     }
 
     /// Which ABI was taken, for logs: the C symbol or the root module.
