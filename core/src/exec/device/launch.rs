@@ -110,13 +110,13 @@ impl DeviceComm {
                 self.window.announce(l);
             }
         }
-        // Thread-block clusters exist from Hopper on.
-        let cluster = if self.kernels.arch() >= (9, 0) {
-            self.cluster()
-        } else {
-            0
-        };
-        let r = kernel.launch_in_clusters(shape.channels, self.cfg.threads, cluster, stream, &args);
+        let r = kernel.launch_in_clusters(
+            shape.channels,
+            self.cfg.threads,
+            self.cluster(),
+            stream,
+            &args,
+        );
         if r.is_ok() && in_place != 0 {
             self.direct_launches += 1;
             if self.direct_launches == 1 {

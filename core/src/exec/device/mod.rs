@@ -841,8 +841,12 @@ impl DeviceComm {
         self.held_cluster = cluster;
     }
 
-    /// The CTAs per cluster of the next launch.
+    /// The CTAs per cluster of the next launch: 0 before Hopper, which
+    /// has no thread-block clusters.
     pub(super) fn cluster(&self) -> u32 {
+        if self.kernels.arch() < (9, 0) {
+            return 0;
+        }
         self.held_cluster.unwrap_or(self.cfg.cluster)
     }
 
